@@ -1,0 +1,59 @@
+"""Whole-batch helpers shared by the losses: pairwise distances and label masks.
+
+Everything here works on the full [N, N] matrix of a batch; no Python loop over anchors or
+pairs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Squared distances below this are treated as this when taking the square root, so the
+# gradient of sqrt stays finite (1 / (2 sqrt(eps))) for identical embeddings.
+DISTANCE_EPS = 1e-12
+
+
+def pairwise_squared_distances(
+    emb: torch.Tensor, other: torch.Tensor | None = None
+) -> torch.Tensor:
+    """[N, M] squared Euclidean distances between rows of ``emb`` and rows of ``other``
+    (``emb`` itself when omitted), clamped at 0 against rounding."""
+    other = emb if other is None else other
+    sq_emb = (emb * emb).sum(dim=1, keepdim=True)
+    sq_other = (other * other).sum(dim=1, keepdim=True).t()
+    return (sq_emb + sq_other - 2.0 * emb @ other.t()).clamp(min=0.0)
+
+
+def pairwise_distances(
+    emb: torch.Tensor, other: torch.Tensor | None = None, eps: float = DISTANCE_EPS
+) -> torch.Tensor:
+    """[N, M] Euclidean (not squared) distances ``d_ij = ||emb_i - other_j||``.
+
+    The gradient is finite everywhere: the squared distance is clamped below at ``eps`` before
+    the square root (so identical embeddings give a distance of sqrt(eps) and a bounded
+    gradient, not NaN). When ``other`` is omitted the diagonal is set to exactly 0 with no
+    gradient (a point's distance to itself carries no information)."""
+    distances = pairwise_squared_distances(emb, other).clamp(min=eps).sqrt()
+    if other is None:
+        eye = torch.eye(emb.shape[0], dtype=torch.bool, device=emb.device)
+        distances = distances.masked_fill(eye, 0.0)
+    return distances
+
+
+def label_masks(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(positive_mask, negative_mask)``, both [N, N] bool: ``positive_mask[i, j]`` is true
+    for ``j != i`` with the same label (P_i), ``negative_mask[i, j]`` for a different label
+    (N_i)."""
+    labels = labels.reshape(-1)
+    same = labels[:, None] == labels[None, :]
+    eye = torch.eye(labels.shape[0], dtype=torch.bool, device=labels.device)
+    return same & ~eye, ~same
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int = 1) -> torch.Tensor:
+    """Mean of ``values`` over the true entries of ``mask`` along ``dim``; 0 (not NaN, with a
+    zero gradient) where the mask has no true entry."""
+    count = mask.sum(dim=dim).to(values.dtype)
+    # where, not multiply: masked-out entries may be inf (e.g. logs of 0) and must not leak
+    total = torch.where(mask, values, torch.zeros_like(values)).sum(dim=dim)
+    return total / count.clamp(min=1.0)
