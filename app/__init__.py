@@ -1,0 +1,1 @@
+"""What a person touches: the ``nearsight`` command line and the Gradio page."""

@@ -1,0 +1,1 @@
+"""Images in, vectors out: image loading, dataset readers, the gallery catalog, retrieval metrics."""

@@ -1,0 +1,15 @@
+"""The one exception type for bad input that a person can fix.
+
+Every layer raises :class:`NearsightError` (or a subclass) for a problem with what it was
+given: a missing file, a wrong dataset layout, an unreadable image, a model and gallery that do
+not match. The CLI prints its message as a single line and exits with status 2; anything else is
+a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class NearsightError(Exception):
+    """Bad input: the message is one line that names the problem and, where possible, the fix."""
+
+    exit_code = 2

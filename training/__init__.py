@@ -1,0 +1,1 @@
+"""Losses, batch samplers, the trainer and the reproduction configs."""
