@@ -1,0 +1,153 @@
+"""The embedding network: torchvision ResNet trunk, global pooling, linear head, L2 norm.
+
+This is the network of the deep-metric-learning papers nearsight reproduces: an ImageNet
+ResNet-50 without its classifier, global pooling over the last feature map, one linear layer to
+the embedding dimension, and L2 normalisation, so that inner product = cosine similarity.
+
+Design decisions
+- Input is float RGB in [0, 1], shape [N, 3, H, W]. ImageNet mean/std normalisation happens
+  INSIDE ``forward`` (non-persistent buffers), so training, the torch Embedder and the exported
+  ONNX graph share one normalisation and no caller can forget or double it.
+- Pooling: ``avg`` (global average, the papers'), ``max`` (global max), or ``avgmax``: the SUM
+  of the two, as in common DML code (e.g. Proxy-Anchor's and Roth et al.'s ResNet-50 wrappers);
+  the sum keeps the 2048-d width, so the head is the same size for all three.
+- Head ``embedding``: nn.Linear(2048, dim) with Kaiming-normal weights (fan_out) and zero bias,
+  the initialisation Proxy-Anchor and Roth et al. use for this layer.
+- ``freeze_bn``: every BatchNorm2d of the trunk stays in eval mode (running statistics frozen,
+  batch statistics unused) even under ``model.train()``; their affine weights still train.
+  Small per-class batches make BatchNorm statistics noisy, which is why DML code freezes them.
+- State-dict keys are ``trunk.<torchvision name>`` and ``embedding.{weight,bias}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.errors import NearsightError
+from models.weights import load_trunk_weights, resolve_pretrained
+
+POOLINGS = ("avg", "max", "avgmax")
+# torchvision ResNets whose children up to layer4 form the trunk -> width of layer4's output
+ARCHS: dict[str, int] = {"resnet18": 512, "resnet34": 512, "resnet50": 2048, "resnet101": 2048}
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+TRUNK_LAYERS = ("conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3", "layer4")
+
+
+@dataclass
+class EmbeddingConfig:
+    """Everything needed to rebuild the network; stored in every checkpoint."""
+
+    dim: int = 128
+    pooling: str = "avg"  # avg | max | avgmax (avg + max, summed)
+    # "imagenet" (= IMAGENET1K_V1, the papers'), "imagenet-v1", "imagenet-v2", "none", or a
+    # path to a .pth file (see models/weights.py)
+    pretrained: str = "none"
+    freeze_bn: bool = False
+    image_size: int = 224  # the training/export resolution; forward accepts any size >= 32
+    arch: str = "resnet50"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.dim, bool) or not isinstance(self.dim, int) or self.dim <= 0:
+            raise NearsightError(f"embedding dim must be a positive integer, got {self.dim!r}")
+        if self.pooling not in POOLINGS:
+            raise NearsightError(
+                f"pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}"
+            )
+        if not isinstance(self.pretrained, str) or not self.pretrained:
+            raise NearsightError(f"pretrained must be a name or a path, got {self.pretrained!r}")
+        if not isinstance(self.freeze_bn, bool):
+            raise NearsightError(f"freeze_bn must be true or false, got {self.freeze_bn!r}")
+        if (
+            isinstance(self.image_size, bool)
+            or not isinstance(self.image_size, int)
+            or self.image_size < 32
+        ):
+            raise NearsightError(f"image size must be an integer >= 32, got {self.image_size!r}")
+        if self.arch not in ARCHS:
+            raise NearsightError(f"arch must be one of {', '.join(ARCHS)}, got {self.arch!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> EmbeddingConfig:
+        known = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise NearsightError(
+                f"unknown embedding setting(s): {', '.join(map(str, unknown))} "
+                f"(known: {', '.join(sorted(known))})"
+            )
+        return cls(**dict(values))
+
+
+class EmbeddingNet(nn.Module):
+    """images float [N, 3, H, W] in [0, 1] RGB -> embeddings [N, dim], unit L2 norm."""
+
+    def __init__(self, config: EmbeddingConfig | None = None) -> None:
+        super().__init__()
+        self.config = config if config is not None else EmbeddingConfig()
+        from torchvision import models as tv_models
+
+        resnet = getattr(tv_models, self.config.arch)(weights=None)
+        self.trunk = nn.Sequential(
+            OrderedDict((name, getattr(resnet, name)) for name in TRUNK_LAYERS)
+        )
+        self.pooling = self.config.pooling
+        self.embedding = nn.Linear(ARCHS[self.config.arch], self.config.dim)
+        nn.init.kaiming_normal_(self.embedding.weight, mode="fan_out")
+        nn.init.zeros_(self.embedding.bias)
+        mean = torch.tensor(IMAGENET_MEAN, dtype=torch.float32).view(1, 3, 1, 1)
+        std = torch.tensor(IMAGENET_STD, dtype=torch.float32).view(1, 3, 1, 1)
+        self.register_buffer("mean", mean, persistent=False)
+        self.register_buffer("std", std, persistent=False)
+
+    @property
+    def dim(self) -> int:
+        return self.config.dim
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        features = self.trunk((images - self.mean) / self.std)
+        if self.pooling == "avg":
+            pooled = F.adaptive_avg_pool2d(features, 1)
+        elif self.pooling == "max":
+            pooled = F.adaptive_max_pool2d(features, 1)
+        else:
+            pooled = F.adaptive_avg_pool2d(features, 1) + F.adaptive_max_pool2d(features, 1)
+        # flatten (not view): the pooled map may be channels_last-strided
+        return F.normalize(self.embedding(torch.flatten(pooled, 1)), p=2, dim=1)
+
+    def trunk_parameters(self) -> Iterator[nn.Parameter]:
+        """The pretrained ResNet layers (the trainer gives them the smaller learning rate)."""
+        return self.trunk.parameters()
+
+    def head_parameters(self) -> Iterator[nn.Parameter]:
+        """The new layers: the linear embedding head."""
+        return self.embedding.parameters()
+
+    def train(self, mode: bool = True) -> EmbeddingNet:
+        super().train(mode)
+        if mode and self.config.freeze_bn:
+            for module in self.trunk.modules():
+                if isinstance(module, nn.BatchNorm2d):
+                    module.eval()
+        return self
+
+
+def build_embedding_net(config: EmbeddingConfig | None = None) -> EmbeddingNet:
+    """A new EmbeddingNet with its trunk initialised per ``config.pretrained``."""
+    config = config if config is not None else EmbeddingConfig()
+    net = EmbeddingNet(config)
+    state = resolve_pretrained(config.pretrained, config.arch)
+    if state is not None:
+        load_trunk_weights(net.trunk, state, source=f"--pretrained {config.pretrained}")
+    return net
