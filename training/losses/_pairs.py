@@ -57,3 +57,25 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int = 1) -> torch
     # where, not multiply: masked-out entries may be inf (e.g. logs of 0) and must not leak
     total = torch.where(mask, values, torch.zeros_like(values)).sum(dim=dim)
     return total / count.clamp(min=1.0)
+
+
+def masked_softmax(logits: torch.Tensor, mask: torch.Tensor, dim: int = 1) -> torch.Tensor:
+    """Softmax of ``logits`` over the true entries of ``mask`` along ``dim`` (0 elsewhere).
+
+    Computed with the row maximum subtracted, so logits of any size (e.g. a temperature of
+    1000) do not overflow; a row with no true entry, or whose entries are all -inf, gives 0
+    everywhere instead of NaN."""
+    neg_inf = torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device)
+    masked = torch.where(mask, logits, neg_inf)
+    row_max = masked.amax(dim=dim, keepdim=True)
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    exp = torch.exp(masked - row_max)  # exactly 0 outside the mask
+    total = exp.sum(dim=dim, keepdim=True)
+    return exp / torch.where(total > 0, total, torch.ones_like(total))
+
+
+def masked_logsumexp(values: torch.Tensor, mask: torch.Tensor, dim: int = 1) -> torch.Tensor:
+    """log(sum(exp(values))) over the true entries of ``mask`` along ``dim`` (keepdim);
+    -inf for a row with no true entry."""
+    neg_inf = torch.tensor(float("-inf"), dtype=values.dtype, device=values.device)
+    return torch.logsumexp(torch.where(mask, values, neg_inf), dim=dim, keepdim=True)
