@@ -1,0 +1,87 @@
+"""Nonlinear rank approximation (NRA) loss.
+
+Paper: K. Schall, K. U. Barthel, N. Hezel, K. Jung, "Deep Metric Learning using Similarities
+from Nonlinear Rank Approximations", MMSP 2019; ``shared/papers/nra-slides.txt`` (slides
+"Nonlinear Rank Approximation", "Evaluation of Nonlinear Transfer Function w", "NRA Loss
+Function"), as pinned by ``shared/LOSSES.md``.
+
+For anchor i, over its row j != i, with d_ij = ||f_i - f_j||_2:
+
+    Dmin_i = min_j d_ij,  Dmax_i = max_j d_ij
+    r_ij = (d_ij - Dmin_i) / (Dmax_i - Dmin_i)                        approximated normalised rank
+    w(r; alpha) = 0.5 (2r)^alpha          for r in [0, 1/2)
+                = 1 - 0.5 (2(1-r))^alpha  for r in [1/2, 1]           nonlinear transfer
+    s_ij = 1 - w(r_ij)                                                 similarity
+    D+_i = max_{j in P_i} d_ij (hardest positive),  D-_i = min_{j in N_i} d_ij (hardest negative)
+    J = -(1/N) sum_i [ log s(r(D+_i)) + log(1 - s(r(D-_i))) ]
+
+s is clamped into [1e-7, 1 - 1e-7]; Dmin and Dmax are not detached (the gradient flows through
+them as through D+ and D-). An anchor without positives (a class with one image in the batch)
+contributes only its negative term, one without negatives only its positive term, and both
+still count in the 1/N over the whole batch (N the batch size), as in the slide's 1/m.
+Rows whose distances are all equal (Dmax = Dmin, e.g. identical embeddings) get r = 0.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from training.losses._pairs import label_masks, pairwise_distances
+
+SIMILARITY_CLAMP = 1e-7
+
+
+def rank_transfer(rank: torch.Tensor, alpha: float) -> torch.Tensor:
+    """The transfer function w(r; alpha) on ranks in [0, 1], with a finite gradient everywhere
+    (a power of exactly 0 is taken as 0 with a zero gradient, even for alpha < 1)."""
+
+    def safe_power(base: torch.Tensor) -> torch.Tensor:
+        positive = base > 0
+        powered = torch.where(positive, base, torch.ones_like(base)) ** alpha
+        return torch.where(positive, powered, torch.zeros_like(base))
+
+    low = 0.5 * safe_power(2.0 * rank)
+    high = 1.0 - 0.5 * safe_power(2.0 * (1.0 - rank))
+    return torch.where(rank < 0.5, low, high)
+
+
+class NonlinearRankApproximationLoss(nn.Module):
+    """NRA: ``loss(embeddings [N, D] L2-normalised, labels [N]) -> scalar``."""
+
+    def __init__(self, alpha: float = 2.0) -> None:
+        super().__init__()
+        self.alpha = float(alpha)
+
+    def extra_repr(self) -> str:
+        return f"alpha={self.alpha}"
+
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        n = embeddings.shape[0]
+        if n < 2:  # no row to rank
+            return embeddings.sum() * 0.0
+        positive, negative = label_masks(labels)
+        distances = pairwise_distances(embeddings)
+        eye = torch.eye(n, dtype=torch.bool, device=embeddings.device)
+        # diagonal is exactly 0 with no gradient; keep it out of the row's min and max
+        d_min = distances.masked_fill(eye, float("inf")).amin(dim=1)
+        d_max = distances.masked_fill(eye, float("-inf")).amax(dim=1)
+        span = d_max - d_min
+        span = torch.where(span > 0, span, torch.ones_like(span))  # Dmax = Dmin: r = 0
+        # rows without positives (negatives) take an in-range stand-in, masked out below
+        hardest_positive = torch.where(positive, distances, d_min[:, None]).amax(dim=1)
+        hardest_negative = torch.where(negative, distances, d_max[:, None]).amin(dim=1)
+        rank_positive = (hardest_positive - d_min) / span
+        rank_negative = (hardest_negative - d_min) / span
+
+        low, high = SIMILARITY_CLAMP, 1.0 - SIMILARITY_CLAMP
+        similarity_positive = (1.0 - rank_transfer(rank_positive, self.alpha)).clamp(low, high)
+        similarity_negative = (1.0 - rank_transfer(rank_negative, self.alpha)).clamp(low, high)
+        has_positive = positive.any(dim=1)
+        has_negative = negative.any(dim=1)
+        zero = torch.zeros_like(similarity_positive)
+        log_likelihood = torch.where(has_positive, torch.log(similarity_positive), zero)
+        log_likelihood = log_likelihood + torch.where(
+            has_negative, torch.log1p(-similarity_negative), zero
+        )
+        return -log_likelihood.sum() / n
