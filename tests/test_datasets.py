@@ -71,7 +71,7 @@ def test_cub_splits_labels_and_names(tmp_path):
     assert train.class_names == {1: "Black_footed_Albatross", 2: "Laysan_Albatross"}
     assert test.num_classes == 2 and every.num_classes == 4
     first = train.samples[0]
-    assert first.path == root / "images" / "001.Black_footed_Albatross/Black_footed_Albatross_0000.jpg"
+    assert first.path == root / "images/001.Black_footed_Albatross/Black_footed_Albatross_0000.jpg"
     assert load_image(first.path).size == (8, 6)
     assert train.labels == sorted(train.labels)  # sorted by (label, path)
     assert train.name == "cub" and train.split == "train" and train.root == root

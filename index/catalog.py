@@ -1,0 +1,326 @@
+"""The gallery catalog: one SQLite database (through sqlite-utils) per gallery folder.
+
+``catalog.db`` holds two tables:
+
+- ``items``: one row per indexed image. ``id`` is the image's FAISS id; ``path``, ``label``
+  (NULL when unlabelled), ``class_name``, ``split``, ``sha256`` (of the file's bytes),
+  ``width`` and ``height``.
+- ``meta``: ``key`` -> ``value`` where the value is JSON text (so ``dim`` comes back as an int):
+  ``model_sha256``, ``dim``, ``metric``, ``index_type``, ``created`` and any extras; ``next_id``
+  is kept by :meth:`Catalog.add_items` so that a removed id is never given to a new image.
+
+A gallery folder is written whole into a temporary folder and renamed into place
+(:func:`gallery_writer`); other gallery files (the FAISS index, the embeddings) are written into
+the same temporary folder before the rename.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import numpy as np
+from sqlite_utils import Database
+
+from models.atomic import atomic_dir, recover_dir
+from models.errors import NearsightError
+
+CATALOG_FILE = "catalog.db"
+ITEM_COLUMNS: dict[str, type] = {
+    "id": int,
+    "path": str,
+    "label": int,
+    "class_name": str,
+    "split": str,
+    "sha256": str,
+    "width": int,
+    "height": int,
+}
+META_COLUMNS: dict[str, type] = {"key": str, "value": str}
+_SQLITE_HEADER = b"SQLite format 3\x00"
+_CHUNK = 500  # ids per "IN (...)" query, well under SQLite's variable limit
+
+
+class GalleryError(NearsightError):
+    """A gallery folder or catalog that is missing, damaged or inconsistent."""
+
+
+def create_catalog(
+    db_path: str | os.PathLike[str], items: Iterable[dict[str, Any]], meta: dict[str, object]
+) -> None:
+    """Create a new catalog at ``db_path`` holding ``items`` and ``meta``.
+
+    An item is a dict with ``path`` and optionally ``id`` (default: its position, 0, 1, ...),
+    ``label``, ``class_name``, ``split``, ``sha256``, ``width``, ``height``. ``created`` is added
+    to ``meta`` when missing.
+    """
+    path = Path(db_path)
+    if path.exists():
+        raise GalleryError(f"cannot create catalog {path}: the file already exists")
+    rows = [_item_row(item, position) for position, item in enumerate(items)]
+    meta = dict(meta)
+    meta.setdefault("created", datetime.now(UTC).isoformat(timespec="seconds"))
+    meta.setdefault("next_id", max((row["id"] for row in rows), default=-1) + 1)
+    db = Database(path)
+    try:
+        with db.conn:
+            db["items"].create(ITEM_COLUMNS, pk="id", not_null={"path"})
+            db["items"].create_index(["label"])
+            db["meta"].create(META_COLUMNS, pk="key", not_null={"value"})
+            db.conn.executemany(_INSERT_ITEM, [_row_values(row) for row in rows])
+            db.conn.executemany(_UPSERT_META, _meta_values(meta))
+    except sqlite3.IntegrityError as error:
+        db.close()
+        path.unlink(missing_ok=True)
+        raise ValueError(f"cannot create catalog {path}: {error} (duplicate ids?)") from None
+    db.close()
+
+
+class Catalog:
+    """An open catalog; use :meth:`open` (or :func:`open_catalog_dir`), ideally in a ``with``."""
+
+    def __init__(self, db: Database, path: Path):
+        self._db = db
+        self.path = path
+        self._lock = threading.RLock()
+
+    @classmethod
+    def open(cls, db_path: str | os.PathLike[str], *, readonly: bool = False) -> Catalog:
+        """Open and check a catalog: a SQLite file with both tables and all their columns."""
+        path = Path(db_path)
+        if not path.is_file():
+            raise GalleryError(f"no gallery catalog at {path}")
+        with open(path, "rb") as handle:
+            header = handle.read(len(_SQLITE_HEADER))
+        if header and header != _SQLITE_HEADER:
+            raise GalleryError(f"{path} is not a SQLite database (damaged, or not a catalog)")
+        try:
+            if readonly:
+                uri = f"file:{quote(str(path.absolute()))}?mode=ro"
+                conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+            else:
+                conn = sqlite3.connect(path, check_same_thread=False)
+        except sqlite3.Error as error:
+            raise GalleryError(f"cannot open gallery catalog {path}: {error}") from None
+        catalog = cls(Database(conn), path)
+        try:
+            catalog._check()
+        except BaseException:
+            catalog.close()
+            raise
+        return catalog
+
+    def _check(self) -> None:
+        with self._guard():
+            tables = set(self._db.table_names())
+            for table, columns in (("items", ITEM_COLUMNS), ("meta", META_COLUMNS)):
+                if table not in tables:
+                    raise GalleryError(
+                        f"{self.path} is not a nearsight catalog: no '{table}' table"
+                    )
+                present = {column.name for column in self._db[table].columns}
+                missing = [name for name in columns if name not in present]
+                if missing:
+                    raise GalleryError(
+                        f"{self.path} is not a nearsight catalog: table '{table}' has no "
+                        f"'{missing[0]}' column"
+                    )
+            self.count()  # walks a b-tree of items: most truncated files fail here
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def count(self) -> int:
+        with self._guard():
+            return int(self._db.execute("SELECT count(*) FROM items").fetchone()[0])
+
+    def meta(self) -> dict[str, object]:
+        with self._guard():
+            rows = self._db.execute("SELECT key, value FROM meta ORDER BY key").fetchall()
+        return {key: _decode(value) for key, value in rows}
+
+    def items(self, ids: Iterable[int] | None = None) -> list[dict[str, Any]]:
+        """All items, or those with ``ids`` (unknown ids are skipped), ordered by id."""
+        select = f"SELECT {', '.join(ITEM_COLUMNS)} FROM items"
+        with self._guard():
+            if ids is None:
+                cursor = self._db.execute(f"{select} ORDER BY id")
+                return [dict(zip(ITEM_COLUMNS, row, strict=True)) for row in cursor]
+            wanted = sorted({int(i) for i in ids})
+            rows = []
+            for start in range(0, len(wanted), _CHUNK):
+                chunk = wanted[start : start + _CHUNK]
+                marks = ",".join("?" * len(chunk))
+                cursor = self._db.execute(f"{select} WHERE id IN ({marks}) ORDER BY id", chunk)
+                rows.extend(dict(zip(ITEM_COLUMNS, row, strict=True)) for row in cursor)
+        return rows
+
+    def get(self, item_id: int) -> dict[str, Any] | None:
+        found = self.items([item_id])
+        return found[0] if found else None
+
+    def labels(self) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, labels) as int64 arrays ordered by id; an unlabelled item has label -1."""
+        with self._guard():
+            rows = self._db.execute("SELECT id, label FROM items ORDER BY id").fetchall()
+        ids = np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows))
+        labels = np.fromiter(
+            (-1 if row[1] is None else row[1] for row in rows), dtype=np.int64, count=len(rows)
+        )
+        return ids, labels
+
+    # -- writing (each call is one transaction) ----------------------------------------------
+
+    def set_meta(self, **values: object) -> None:
+        with self._guard(), self._db.conn:
+            self._db.conn.executemany(_UPSERT_META, _meta_values(values))
+
+    def add_items(self, items: Iterable[dict[str, Any]]) -> list[int]:
+        """Insert ``items`` (without ids) and return the ids given to them: after every id the
+        catalog has ever held, so ids of removed items are not reused."""
+        new = list(items)
+        for item in new:
+            if "id" in item:
+                raise ValueError("add_items assigns ids itself; remove 'id' from the items")
+        with self._guard(), self._db.conn:
+            conn = self._db.conn
+            highest = conn.execute("SELECT max(id) FROM items").fetchone()[0]
+            stored_next = conn.execute("SELECT value FROM meta WHERE key = 'next_id'").fetchone()
+            start = 0 if highest is None else int(highest) + 1
+            if stored_next is not None:
+                start = max(start, int(_decode(stored_next[0])))
+            rows = [_item_row(item, start + offset) for offset, item in enumerate(new)]
+            conn.executemany(_INSERT_ITEM, [_row_values(row) for row in rows])
+            conn.executemany(_UPSERT_META, _meta_values({"next_id": start + len(rows)}))
+        return [row["id"] for row in rows]
+
+    def remove(self, ids: Iterable[int]) -> None:
+        """Delete the items with ``ids``; all of them must exist (else nothing is deleted)."""
+        wanted = sorted({int(i) for i in ids})
+        with self._guard(), self._db.conn:
+            present = {item["id"] for item in self.items(wanted)}
+            missing = [i for i in wanted if i not in present]
+            if missing:
+                shown = ", ".join(map(str, missing[:10])) + (", ..." if len(missing) > 10 else "")
+                raise GalleryError(f"gallery catalog {self.path} has no item with id {shown}")
+            for start in range(0, len(wanted), _CHUNK):
+                chunk = wanted[start : start + _CHUNK]
+                marks = ",".join("?" * len(chunk))
+                self._db.conn.execute(f"DELETE FROM items WHERE id IN ({marks})", chunk)
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> Catalog:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        """One caller at a time (a served gallery is searched from several threads); SQLite
+        errors from the file (damaged, read-only) become a one-line :class:`GalleryError`."""
+        with self._lock:
+            try:
+                yield
+            except sqlite3.ProgrammingError:
+                raise  # misuse (a closed catalog): a bug, keep the traceback
+            except sqlite3.DatabaseError as error:
+                problem = "cannot be written" if "readonly" in str(error) else "is damaged"
+                raise GalleryError(f"gallery catalog {self.path} {problem}: {error}") from None
+
+
+@contextlib.contextmanager
+def gallery_writer(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield an empty temporary folder beside ``out_dir``; when the block succeeds it replaces
+    ``out_dir``, when it fails it is deleted and the previous gallery is left untouched. A folder
+    that exists and is not a gallery (no ``catalog.db``) is refused rather than replaced."""
+    final = Path(out_dir).expanduser()
+    recover_dir(final)
+    if final.exists():
+        if not final.is_dir():
+            raise GalleryError(f"cannot write a gallery to {final}: it is a file")
+        if any(final.iterdir()) and not (final / CATALOG_FILE).is_file():
+            raise GalleryError(
+                f"{final} already exists and is not a nearsight gallery (no {CATALOG_FILE}): "
+                "choose a new folder or remove it"
+            )
+    with atomic_dir(final) as tmp:
+        yield tmp
+
+
+def write_catalog_dir(
+    out_dir: str | os.PathLike[str], items: Iterable[dict[str, Any]], meta: dict[str, object]
+) -> Path:
+    """Write a gallery folder holding only ``catalog.db``; returns the folder."""
+    with gallery_writer(out_dir) as tmp:
+        create_catalog(tmp / CATALOG_FILE, items, meta)
+    return Path(out_dir).expanduser()
+
+
+def open_catalog_dir(gallery_dir: str | os.PathLike[str], *, readonly: bool = False) -> Catalog:
+    """Open the catalog of a gallery folder (after undoing a crash in the middle of a replace)."""
+    folder = Path(gallery_dir).expanduser()
+    recover_dir(folder)
+    if not (folder / CATALOG_FILE).is_file():
+        raise GalleryError(f"not a nearsight gallery: {folder} has no {CATALOG_FILE}")
+    return Catalog.open(folder / CATALOG_FILE, readonly=readonly)
+
+
+# -- rows -------------------------------------------------------------------------------------
+
+_INSERT_ITEM = (
+    f"INSERT INTO items ({', '.join(ITEM_COLUMNS)}) VALUES ({', '.join('?' * len(ITEM_COLUMNS))})"
+)
+_UPSERT_META = (
+    "INSERT INTO meta (key, value) VALUES (?, ?) "
+    "ON CONFLICT(key) DO UPDATE SET value = excluded.value"
+)
+
+
+def _item_row(item: dict[str, Any], default_id: int) -> dict[str, Any]:
+    unknown = set(item) - set(ITEM_COLUMNS)
+    if unknown:
+        raise ValueError(f"unknown catalog item fields: {', '.join(sorted(unknown))}")
+    if item.get("path") is None:
+        raise ValueError("a catalog item needs a 'path'")
+    row: dict[str, Any] = {}
+    for name, kind in ITEM_COLUMNS.items():
+        value = item.get(name, default_id if name == "id" else None)
+        if value is not None:
+            value = os.fspath(value) if name == "path" else kind(value)
+        row[name] = value
+    return row
+
+
+def _row_values(row: dict[str, Any]) -> tuple:
+    return tuple(row[name] for name in ITEM_COLUMNS)
+
+
+def _meta_values(values: dict[str, object]) -> list[tuple[str, str]]:
+    return [(str(key), json.dumps(value, default=_to_json)) for key, value in values.items()]
+
+
+def _to_json(value: object) -> object:
+    if isinstance(value, np.generic | np.ndarray):
+        return value.tolist()
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    raise TypeError(f"catalog meta values must be JSON-serialisable, got {type(value).__name__}")
+
+
+def _decode(text: str) -> object:
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return text  # written by something else: give it back as it is
