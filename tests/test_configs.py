@@ -273,11 +273,6 @@ def test_set_options_parse_yaml_scalars():
         parse_set_option("optim.lr")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="training/config.py parses values with PyYAML (YAML 1.1), which reads 1e-4 "
-    "(no dot) as a string; remove this mark once parse_set_option reads it as a float",
-)
 def test_set_option_reads_scientific_notation_as_a_number():
     assert parse_set_option("optim.lr=1e-4") == ("optim.lr", 0.0001)
 

@@ -1,0 +1,256 @@
+"""The training configuration: defaults, a YAML file on top, command-line overrides last.
+
+The fully resolved configuration is what a run saves as ``config.yaml``; loading that file
+gives back the same :class:`TrainConfig`, so a run can always be repeated or resumed.
+Unknown keys are errors (a typo must not silently train something else).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from models.errors import NearsightError
+
+
+class ConfigError(NearsightError, ValueError):
+    """A configuration file or override that does not fit the schema."""
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """PyYAML follows YAML 1.1, where ``1e-4`` (no dot) is a string; configs mean a number."""
+
+
+_ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+][0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def parse_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+@dataclass
+class DataConfig:
+    dataset: str = "folder"
+    root: str = ""
+    image_size: int = 224
+    resize: int | None = None  # test-time short side; None = image_size * 256 / 224
+    crop_scale: list[float] = field(default_factory=lambda: [0.16, 1.0])  # RandomResizedCrop
+    flip: bool = True
+    workers: int = 2
+    eval_batch_size: int = 64
+
+
+@dataclass
+class ModelConfig:
+    dim: int = 128
+    pooling: str = "avg"  # avg | max | avgmax
+    pretrained: str = "none"  # imagenet | imagenet-v1 | imagenet-v2 | none | FILE.pth
+    freeze_bn: bool = True
+
+
+@dataclass
+class LossConfig:
+    name: str = "ice"
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SamplerConfig:
+    # auto (the (m,n)-group design for bcontrastive, m-per-class otherwise) | group |
+    # m_per_class | random_pairs. A batch holds classes_per_batch x per_class images; params
+    # are further keyword arguments of the sampler (e.g. p for random_pairs).
+    name: str = "auto"
+    classes_per_batch: int = 16
+    per_class: int = 4
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adam"  # adam | adamw | sgd
+    lr: float = 1e-5  # pretrained trunk
+    head_lr: float = 1e-4  # new layers (the embedding head)
+    weight_decay: float = 5e-4
+    momentum: float = 0.9  # sgd only
+    schedule: str = "constant"  # constant | step | cosine
+    milestones: list[int] = field(default_factory=list)  # steps, for "step"
+    gamma: float = 0.1
+    warmup_steps: int = 0
+    # RankMI's statistics network (Algorithm 1) has its own Adam
+    critic_lr: float = 1e-3
+    critic_weight_decay: float = 1e-4
+
+
+@dataclass
+class TrainConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    steps: int | None = 1000  # optimiser steps; `epochs` wins when set
+    epochs: int | None = None
+    eval_every: int = 500  # steps; every run also ends with an evaluation
+    eval_at_start: bool = False  # also evaluate the untrained network (step 0)
+    save_every: int = 100  # steps between last.pt saves (and at every evaluation)
+    ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda
+    amp: bool = True  # bf16 autocast on CUDA (ignored on CPU)
+    channels_last: bool = True  # on CUDA
+    log_every: int = 10
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def dump(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def _merge(target: Any, values: dict[str, Any], where: str) -> Any:
+    """Copy ``values`` into the dataclass ``target`` recursively, rejecting unknown keys."""
+    if not isinstance(values, dict):
+        raise ConfigError(
+            f"config {where or 'file'} must be a mapping, got {type(values).__name__}"
+        )
+    names = {f.name: f for f in dataclasses.fields(target)}
+    for key, value in values.items():
+        path = f"{where}.{key}" if where else key
+        if key not in names:
+            raise ConfigError(f"unknown config key {path!r}; valid keys: {', '.join(names)}")
+        current = getattr(target, key)
+        if dataclasses.is_dataclass(current):
+            _merge(current, value, path)
+        elif key == "params":
+            if not isinstance(value, dict):
+                raise ConfigError(f"config {path} must be a mapping")
+            setattr(target, key, dict(value))
+        else:
+            setattr(target, key, value)
+    return target
+
+
+def load_config(
+    path: str | Path | None = None, overrides: dict[str, Any] | None = None
+) -> TrainConfig:
+    """Defaults, then the YAML file at ``path``, then ``overrides`` (dotted keys)."""
+    config = TrainConfig()
+    if path is not None:
+        path = Path(path)
+        try:
+            values = parse_yaml(path.read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except yaml.YAMLError as error:
+            line = getattr(getattr(error, "problem_mark", None), "line", None)
+            at = f" (line {line + 1})" if line is not None else ""
+            raise ConfigError(f"config file {path} is not valid YAML{at}") from None
+        _merge(config, values, "")
+    for dotted, value in (overrides or {}).items():
+        apply_override(config, dotted, value)
+    validate(config)
+    return config
+
+
+def apply_override(config: TrainConfig, dotted: str, value: Any) -> None:
+    """Set ``a.b.c`` = value; ``loss.params.x`` and ``sampler.params.x`` may be new keys."""
+    *parents, last = dotted.split(".")
+    node: Any = config
+    for part in parents:
+        if isinstance(node, dict):
+            node = node.setdefault(part, {})
+        elif dataclasses.is_dataclass(node) and hasattr(node, part):
+            node = getattr(node, part)
+        else:
+            raise ConfigError(f"unknown config key {dotted!r}")
+    if isinstance(node, dict):
+        node[last] = value
+    elif dataclasses.is_dataclass(node) and hasattr(node, last):
+        setattr(node, last, value)
+    else:
+        raise ConfigError(f"unknown config key {dotted!r}")
+
+
+def parse_set_option(text: str) -> tuple[str, Any]:
+    """``--set optim.lr=1e-4`` -> ("optim.lr", 0.0001); values are parsed as YAML scalars."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"--set takes KEY=VALUE, got {text!r}")
+    try:
+        return key.strip(), parse_yaml(raw)
+    except yaml.YAMLError:
+        raise ConfigError(f"--set {key}: cannot parse value {raw!r}") from None
+
+
+def _check_types(node: Any, where: str) -> None:
+    """Each value has its field's type (an int is accepted, and converted, for a float)."""
+    hints = typing.get_type_hints(type(node))
+    for item in dataclasses.fields(node):
+        value = getattr(node, item.name)
+        path = f"{where}.{item.name}" if where else item.name
+        if dataclasses.is_dataclass(value):
+            _check_types(value, path)
+            continue
+        expected = hints[item.name]
+        options = (
+            typing.get_args(expected)
+            if typing.get_origin(expected) is types.UnionType
+            else (expected,)
+        )
+        if value is None and type(None) in options:
+            continue
+        bases = tuple(typing.get_origin(o) or o for o in options if o is not type(None))
+        if float in bases and isinstance(value, int) and not isinstance(value, bool):
+            setattr(node, item.name, float(value))
+            continue
+        # bool is an int subclass: `steps: true` must not pass as an integer
+        is_bool_mismatch = isinstance(value, bool) and bool not in bases
+        if is_bool_mismatch or not isinstance(value, bases):
+            names = " or ".join(getattr(o, "__name__", str(o)) for o in options)
+            raise ConfigError(f"config {path} must be {names}, got {value!r}")
+
+
+def validate(config: TrainConfig) -> None:
+    _check_types(config, "")
+    if config.steps is None and config.epochs is None:
+        raise ConfigError("set either steps or epochs")
+    for name, value in (("steps", config.steps), ("epochs", config.epochs)):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    if config.device not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"device must be auto, cpu or cuda, got {config.device!r}")
+    if config.optim.name not in ("adam", "adamw", "sgd"):
+        raise ConfigError(f"optim.name must be adam, adamw or sgd, got {config.optim.name!r}")
+    if config.optim.schedule not in ("constant", "step", "cosine"):
+        raise ConfigError(
+            f"optim.schedule must be constant, step or cosine, got {config.optim.schedule!r}"
+        )
+    if config.sampler.classes_per_batch < 2 or config.sampler.per_class < 1:
+        raise ConfigError("a batch needs at least 2 classes and 1 image per class")
+    if config.data.image_size < 16:
+        raise ConfigError(f"image size must be at least 16, got {config.data.image_size}")
+    if not config.ks or any(k < 1 for k in config.ks):
+        raise ConfigError(f"ks must be positive integers, got {config.ks}")
+
+
+def config_from_file(path: str | Path) -> TrainConfig:
+    """A run's saved ``config.yaml``."""
+    return load_config(path)
