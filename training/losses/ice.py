@@ -60,9 +60,15 @@ class InstanceCrossEntropyLoss(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(wt_pos, wt_neg, nll)``: the [N, N] normalised weights wt_ap and wt_an of eqs.
         13-14 (0 outside P_a / N_a) and the [N] per-anchor mean of -log p_s(p|a)."""
-        n = embeddings.shape[0]
+        return self._weights(embeddings @ embeddings.t(), labels)
+
+    @torch.no_grad()
+    def _weights(
+        self, similarity: torch.Tensor, labels: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        n = similarity.shape[0]
         positive, negative = label_masks(labels)
-        logits = self.scale * (embeddings @ embeddings.t())
+        logits = self.scale * similarity
         # log sum_{n in N_a} exp(s S_an): -inf for an anchor with no negatives
         lse_neg = masked_logsumexp(logits, negative)
         # log of the denominator of p_s(.|a;p), for every (a, p)
@@ -79,9 +85,9 @@ class InstanceCrossEntropyLoss(nn.Module):
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         n = embeddings.shape[0]
-        wt_pos, wt_neg, nll = self.weights(embeddings.detach(), labels)
         anchors = embeddings if self.symmetric else embeddings.detach()
         similarity = anchors @ embeddings.t()  # row a: S_a. with f_a constant unless symmetric
+        wt_pos, wt_neg, nll = self._weights(similarity.detach(), labels)
         loss_grad = ((wt_neg - wt_pos) * similarity).sum()
         loss_log = nll.sum() / n
         return loss_grad - loss_grad.detach() + loss_log

@@ -1,0 +1,180 @@
+"""Forward+backward time per batch of every registered loss, beside pytorch-metric-learning.
+
+    python bench/losses.py [--device cpu|cuda] [--repeats R] [--warmup W] [--threads T]
+
+Measures, for each batch shape (N = 120 and 180 images, 3 per class as in RLL's and ICE's SOP
+setting; D = 128 and 512), the median over R repeats (after W warm-up runs; a cell stops
+repeating after ``--cell-seconds`` once it has 3 runs, so slow losses do not stall it) of one
+``loss(embeddings, labels)`` plus ``backward()``, for every loss in the registry (rankmi and
+bcontrastive when their modules exist; rankmi's time is its embedding step only, the critic
+steps are separate calls) and for pytorch-metric-learning's RankedListLoss, ContrastiveLoss
+and MarginLoss measured in the same run. Without ``--device`` it runs on the CPU and, when
+torch.cuda.is_available(), on CUDA too. It ends with the ratio ours-RLL / PML-RLL at N = 180,
+D = 512. A script, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+
+import torch
+from pytorch_metric_learning import losses as pml_losses
+
+from training.losses.registry import LOSSES, build_loss
+
+SHAPES = [(120, 128), (120, 512), (180, 128), (180, 512)]
+IMAGES_PER_CLASS = 3
+RATIO_SHAPE = (180, 512)
+
+
+def registered_losses(batch_size: int) -> dict[str, torch.nn.Module]:
+    """Every registered loss that can be built, with defaults (plus the batch design that
+    bcontrastive needs, matching the benchmark's batches)."""
+    built: dict[str, torch.nn.Module] = {}
+    for name in LOSSES:
+        module_name = LOSSES[name].split(":")[0]
+        try:
+            importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            if error.name == module_name:
+                print(f"# {name}: {module_name} not present, skipped", file=sys.stderr)
+                continue
+            raise
+        params: dict = {}
+        if name == "bcontrastive":
+            classes = batch_size // IMAGES_PER_CLASS
+            # a synthetic training set: 2 x as many classes as a batch holds, 30-59 images each
+            params = {
+                "class_counts": {c: 30 + (c * 7) % 30 for c in range(2 * classes)},
+                "design": "group",
+                "m": IMAGES_PER_CLASS,
+                "n": classes,
+            }
+        built[name] = build_loss(name, **params)
+    return built
+
+
+def pml_references() -> dict[str, Callable]:
+    with warnings.catch_warnings():  # PML warns that Tn > 5 may overflow; T = 10 is RLL's value
+        warnings.simplefilter("ignore", UserWarning)
+        rll = pml_losses.RankedListLoss(margin=0.4, Tn=10.0, imbalance=0.5, alpha=1.2, Tp=0.0)
+    return {
+        # RLL's paper values; imbalance 0.5 weighs L_P and L_N equally (ours: lam = 1)
+        "PML RankedListLoss": rll,
+        "PML ContrastiveLoss": pml_losses.ContrastiveLoss(),
+        "PML MarginLoss": pml_losses.MarginLoss(),
+    }
+
+
+def time_loss(
+    loss: Callable,
+    emb: torch.Tensor,
+    labels: torch.Tensor,
+    repeats: int,
+    warmup: int,
+    cell_seconds: float,
+) -> float:
+    """Median seconds of one forward+backward (at least min(3, repeats) timed runs; no new
+    run starts once ``cell_seconds`` have been spent timing)."""
+    device = emb.device
+
+    def step() -> None:
+        leaf = emb.detach().clone().requires_grad_(True)
+        loss(leaf, labels).backward()
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    for _ in range(warmup):
+        step()
+    times: list[float] = []
+    for _ in range(repeats):
+        if len(times) >= 3 and sum(times) > cell_seconds:
+            break
+        sync()
+        start = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def bench_device(
+    device: torch.device, repeats: int, warmup: int, cell_seconds: float
+) -> dict[str, dict]:
+    results: dict[str, dict] = {}
+    for batch_size, dim in SHAPES:
+        generator = torch.Generator().manual_seed(batch_size * 1000 + dim)
+        emb = torch.randn(batch_size, dim, generator=generator)
+        emb = torch.nn.functional.normalize(emb, dim=1).to(device)
+        labels = torch.arange(batch_size // IMAGES_PER_CLASS).repeat_interleave(IMAGES_PER_CLASS)
+        labels = labels.to(device)
+        candidates = {**registered_losses(batch_size), **pml_references()}
+        for name, loss in candidates.items():
+            if isinstance(loss, torch.nn.Module):
+                loss.to(device)
+            torch.manual_seed(0)
+            seconds = time_loss(loss, emb, labels, repeats, warmup, cell_seconds)
+            results.setdefault(name, {})[batch_size, dim] = seconds
+    return results
+
+
+def print_table(device: torch.device, results: dict[str, dict]) -> None:
+    header = f"{'loss (' + device.type + ', ms fwd+bwd)':<26}" + "".join(
+        f"{f'N={n} D={d}':>15}" for n, d in SHAPES
+    )
+    print(header)
+    print("-" * len(header))
+    for name, by_shape in results.items():
+        print(f"{name:<26}" + "".join(f"{1000 * by_shape[shape]:>15.3f}" for shape in SHAPES))
+    ours, pml = results["rll"][RATIO_SHAPE], results["PML RankedListLoss"][RATIO_SHAPE]
+    n, d = RATIO_SHAPE
+    print(
+        f"ratio ours-RLL / PML-RLL at N={n}, D={d} on {device.type}: "
+        f"{ours / pml:.2f} ({1000 * ours:.3f} ms vs {1000 * pml:.3f} ms)"
+    )
+    print()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=["cpu", "cuda"], help="default: cpu, and cuda if any")
+    parser.add_argument("--repeats", type=int, default=9, help="timed runs per cell (median)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed runs per cell first")
+    parser.add_argument(
+        "--cell-seconds", type=float, default=1.0, help="stop repeating a cell after this long"
+    )
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    args = parser.parse_args(argv)
+    if args.repeats < 1 or args.warmup < 0:
+        parser.error("--repeats must be >= 1 and --warmup >= 0")
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error("--threads must be >= 1")
+        torch.set_num_threads(args.threads)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available")
+    if args.device:
+        devices = [args.device]
+    else:
+        devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, "
+        f"{args.repeats} repeats after {args.warmup} warm-up runs, {IMAGES_PER_CLASS} images "
+        "per class\n"
+    )
+    for device_name in devices:
+        device = torch.device(device_name)
+        print_table(device, bench_device(device, args.repeats, args.warmup, args.cell_seconds))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
