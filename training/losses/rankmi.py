@@ -221,10 +221,11 @@ class RankMILoss(nn.Module):
     @torch.no_grad()
     def _newton(self, beta: float) -> tuple[float, int]:
         params = {name: p.detach().to(torch.float64) for name, p in self.critic.named_parameters()}
+        device = next(self.critic.parameters()).device
 
         def value_and_slope(x: float) -> tuple[float, float]:
             with torch.enable_grad():
-                point = torch.tensor([[x]], dtype=torch.float64, requires_grad=True)
+                point = torch.tensor([[x]], dtype=torch.float64, device=device, requires_grad=True)
                 value = functional_call(self.critic, params, (point,)).squeeze() - point.squeeze()
                 (slope,) = torch.autograd.grad(value, point)
             return float(value), float(slope)
