@@ -266,3 +266,14 @@ def test_no_gradient_reaches_the_anchor_unless_symmetric():
     # anchor 0's own gradient comes only from being a positive/negative of the other anchors
     _, sym_grad = autograd(InstanceCrossEntropyLoss(scale=4.0, symmetric=True), emb, labels)
     assert not torch.allclose(grad[0], sym_grad[0])
+
+
+def test_float32_agrees_with_float64():
+    # training runs in float32: the same batch must give the same loss and gradient
+    emb, labels = random_batch(24, 16, 6, seed=21)
+    loss = InstanceCrossEntropyLoss(scale=64.0)
+    value64, grad64 = autograd(loss, emb, labels)
+    value32, grad32 = autograd(loss, emb.float(), labels)
+    assert value32.dtype == torch.float32 and grad32.dtype == torch.float32
+    assert value32.item() == pytest.approx(value64.item(), rel=1e-4)
+    torch.testing.assert_close(grad32.double(), grad64, rtol=1e-3, atol=1e-5)

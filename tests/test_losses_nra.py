@@ -158,11 +158,12 @@ def test_nearest_negative_saturates_the_clamp():
     assert value.item() >= -math.log(1e-7) / 3
 
 
-def test_identical_embeddings_give_finite_value_and_gradient():
-    emb = torch.nn.functional.normalize(torch.ones(12, 8, dtype=torch.float64), dim=1)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_identical_embeddings_give_finite_value_and_gradient(dtype):
+    emb = torch.nn.functional.normalize(torch.ones(12, 8, dtype=dtype), dim=1)
     labels = torch.arange(12) % 3
     value, grad = autograd(NonlinearRankApproximationLoss(), emb, labels)
-    # all distances equal: r = 0, s = 1 - 1e-7 for both terms
+    # all distances equal: r = 0, s = 1 - 1e-7 for both terms (exact in float32 too)
     expected = -(math.log(1 - 1e-7) + math.log(1e-7))
     assert value.item() == pytest.approx(expected, rel=1e-6)
     assert torch.isfinite(grad).all()
@@ -206,3 +207,35 @@ def test_no_python_loop_over_anchors():
         loss(emb, labels)
         counts.append(count_python_calls(lambda emb=emb, labels=labels: loss(emb, labels)))
     assert counts[0] == counts[1], counts
+
+
+def test_float32_agrees_with_float64():
+    # training runs in float32: the same batch must give the same loss and gradient
+    emb, labels = random_batch(24, 16, 6, seed=21)
+    loss = NonlinearRankApproximationLoss(alpha=2.0)
+    value64, grad64 = autograd(loss, emb, labels)
+    value32, grad32 = autograd(loss, emb.float(), labels)
+    assert value32.dtype == torch.float32 and grad32.dtype == torch.float32
+    assert value32.item() == pytest.approx(value64.item(), rel=1e-4)
+    torch.testing.assert_close(grad32.double(), grad64, rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("alpha", [0.5, 1.0, 2.0, 3.0])
+def test_log_similarities_match_clamped_logs_with_their_derivatives(alpha):
+    from training.losses.nra import log_similarities
+
+    ranks = [0.0, 0.1, 0.3, 0.5, 0.7, 0.95, 1.0]
+    r = torch.tensor(ranks, dtype=torch.float64, requires_grad=True)
+    log_s, log_one_minus_s = log_similarities(r, alpha)
+    (grad_s,) = torch.autograd.grad(log_s.sum(), r, retain_graph=True)
+    (grad_one_minus_s,) = torch.autograd.grad(log_one_minus_s.sum(), r)
+    for k, x in enumerate(ranks):
+        s = min(max(1 - reference_w(x, alpha), 1e-7), 1 - 1e-7)
+        assert log_s[k].item() == pytest.approx(math.log(s), rel=1e-9, abs=1e-12)
+        assert log_one_minus_s[k].item() == pytest.approx(math.log(1 - s), rel=1e-9, abs=1e-12)
+        if 0 < x < 1:  # inside: d/dr log s = -w'(r)/s and d/dr log(1 - s) = w'(r)/(1 - s)
+            w_prime = (
+                alpha * (2 * x) ** (alpha - 1) if x < 0.5 else alpha * (2 * (1 - x)) ** (alpha - 1)
+            )
+            assert grad_s[k].item() == pytest.approx(-w_prime / s, rel=1e-9)
+            assert grad_one_minus_s[k].item() == pytest.approx(w_prime / (1 - s), rel=1e-9)

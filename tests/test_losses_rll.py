@@ -193,3 +193,14 @@ def test_no_python_loop_over_anchors():
         loss(emb, labels)
         counts.append(count_python_calls(lambda emb=emb, labels=labels: loss(emb, labels)))
     assert counts[0] == counts[1], counts
+
+
+def test_float32_agrees_with_float64():
+    # training runs in float32: the same batch must give the same loss and gradient
+    emb, labels = random_batch(24, 16, 6, seed=21)
+    loss = RankedListLoss(temperature=10.0)
+    value64, grad64 = autograd(loss, emb, labels)
+    value32, grad32 = autograd(loss, emb.float(), labels)
+    assert value32.dtype == torch.float32 and grad32.dtype == torch.float32
+    assert value32.item() == pytest.approx(value64.item(), rel=1e-4)
+    torch.testing.assert_close(grad32.double(), grad64, rtol=1e-3, atol=1e-5)

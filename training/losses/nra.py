@@ -32,18 +32,38 @@ from training.losses._pairs import label_masks, pairwise_distances
 SIMILARITY_CLAMP = 1e-7
 
 
+def _safe_power(base: torch.Tensor, alpha: float) -> torch.Tensor:
+    """base ** alpha for base >= 0, with 0 ** alpha = 0 and a zero (not infinite) gradient
+    there, even for alpha < 1."""
+    positive = base > 0
+    powered = torch.where(positive, base, torch.ones_like(base)) ** alpha
+    return torch.where(positive, powered, torch.zeros_like(base))
+
+
 def rank_transfer(rank: torch.Tensor, alpha: float) -> torch.Tensor:
-    """The transfer function w(r; alpha) on ranks in [0, 1], with a finite gradient everywhere
-    (a power of exactly 0 is taken as 0 with a zero gradient, even for alpha < 1)."""
-
-    def safe_power(base: torch.Tensor) -> torch.Tensor:
-        positive = base > 0
-        powered = torch.where(positive, base, torch.ones_like(base)) ** alpha
-        return torch.where(positive, powered, torch.zeros_like(base))
-
-    low = 0.5 * safe_power(2.0 * rank)
-    high = 1.0 - 0.5 * safe_power(2.0 * (1.0 - rank))
+    """The transfer function w(r; alpha) on ranks in [0, 1], with a finite gradient
+    everywhere."""
+    low = 0.5 * _safe_power(2.0 * rank, alpha)
+    high = 1.0 - 0.5 * _safe_power(2.0 * (1.0 - rank), alpha)
     return torch.where(rank < 0.5, low, high)
+
+
+def log_similarities(rank: torch.Tensor, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(log s, log(1 - s))`` for s = 1 - w(r; alpha) clamped into [1e-7, 1 - 1e-7].
+
+    Each branch of w gives the *small* one of s and 1 - s exactly (0.5 (2r)^alpha = w for
+    r < 1/2, 0.5 (2(1-r))^alpha = s for r >= 1/2), so the clamp is applied to that small
+    number and the other log is log1p(-small): 1 - 1e-7 is not representable in float32, and
+    clamping s itself there would move the saturated log(1 - s) by 17%."""
+    below_half = rank < 0.5
+    # the small quantity of each branch lies in [0, 1/2]: clamping it below at 1e-7 is the
+    # clamp of s into [1e-7, 1 - 1e-7]; the cap at 3/4 (never reached by the branch taken)
+    # keeps log1p(-x) of the branch not taken finite, so torch.where passes no NaN gradient
+    small_low = (0.5 * _safe_power(2.0 * rank, alpha)).clamp(SIMILARITY_CLAMP, 0.75)
+    small_high = (0.5 * _safe_power(2.0 * (1.0 - rank), alpha)).clamp(SIMILARITY_CLAMP, 0.75)
+    log_s = torch.where(below_half, torch.log1p(-small_low), torch.log(small_high))
+    log_one_minus_s = torch.where(below_half, torch.log(small_low), torch.log1p(-small_high))
+    return log_s, log_one_minus_s
 
 
 class NonlinearRankApproximationLoss(nn.Module):
@@ -74,14 +94,11 @@ class NonlinearRankApproximationLoss(nn.Module):
         rank_positive = (hardest_positive - d_min) / span
         rank_negative = (hardest_negative - d_min) / span
 
-        low, high = SIMILARITY_CLAMP, 1.0 - SIMILARITY_CLAMP
-        similarity_positive = (1.0 - rank_transfer(rank_positive, self.alpha)).clamp(low, high)
-        similarity_negative = (1.0 - rank_transfer(rank_negative, self.alpha)).clamp(low, high)
-        has_positive = positive.any(dim=1)
-        has_negative = negative.any(dim=1)
-        zero = torch.zeros_like(similarity_positive)
-        log_likelihood = torch.where(has_positive, torch.log(similarity_positive), zero)
+        log_s_positive, _ = log_similarities(rank_positive, self.alpha)
+        _, log_one_minus_s_negative = log_similarities(rank_negative, self.alpha)
+        zero = torch.zeros_like(log_s_positive)
+        log_likelihood = torch.where(positive.any(dim=1), log_s_positive, zero)
         log_likelihood = log_likelihood + torch.where(
-            has_negative, torch.log1p(-similarity_negative), zero
+            negative.any(dim=1), log_one_minus_s_negative, zero
         )
         return -log_likelihood.sum() / n
