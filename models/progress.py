@@ -34,7 +34,10 @@ def progress(
         if now - last >= every_s:
             last = now
             of = f"/{total}" if total is not None else ""
-            print(f"{desc}: {done}{of} {unit} ({done / (now - start):.1f} {unit}/s)",
-                  file=sys.stderr, flush=True)
+            print(
+                f"{desc}: {done}{of} {unit} ({done / (now - start):.1f} {unit}/s)",
+                file=sys.stderr,
+                flush=True,
+            )
     elapsed = time.perf_counter() - start
     print(f"{desc}: {done} {unit} in {elapsed:.1f}s", file=sys.stderr, flush=True)

@@ -75,8 +75,8 @@ class LossConfig:
 @dataclass
 class SamplerConfig:
     # auto (the (m,n)-group design for bcontrastive, m-per-class otherwise) | group |
-    # m_per_class | random_pairs. A batch holds classes_per_batch x per_class images; params
-    # are further keyword arguments of the sampler (e.g. p for random_pairs).
+    # m_per_class | random (the p-random pair design). A batch holds classes_per_batch x
+    # per_class images; params are further keyword arguments of the sampler (e.g. p).
     name: str = "auto"
     classes_per_batch: int = 16
     per_class: int = 4
