@@ -1,0 +1,237 @@
+"""Retrieval metrics of the deep-metric-learning papers: Recall@k, MAP@R and NMI.
+
+Protocol (all papers): the evaluation split is the gallery and every item queries all the
+others.
+
+- Recall@k: share of queries with at least one item of their class among their k nearest
+  neighbours, the query itself excluded (Oh Song et al. 2016, "Deep Metric Learning via Lifted
+  Structured Feature Embedding"). Every query counts, including one whose class has no other
+  item: it can only miss. (pytorch-metric-learning's precision_at_1 drops such "lone" queries;
+  on CUB, CARS and SOP there are none, so the numbers agree.)
+- MAP@R (Musgrave, Belongie & Lim 2020, "A Metric Learning Reality Check", sec. 3.2): for a query
+  with R other items of its class, AP@R = (1/R) sum_{i=1..R} P(i) rel(i), where rel(i) = 1 if
+  the i-th neighbour is of the query's class and P(i) is the precision among the first i
+  neighbours; MAP@R is the mean over queries. Queries with R = 0 are excluded (AP@R is undefined
+  for them; pytorch-metric-learning drops them too); with no query left the result is NaN.
+- NMI: k-means on the embeddings (faiss; k = number of classes; k-means++ seeding, as in the
+  MATLAB and scikit-learn k-means of the original evaluation code; fixed seed), then the
+  normalised mutual information between the cluster assignment and the labels (scikit-learn's
+  normalized_mutual_info_score, arithmetic normalisation).
+
+Neighbours come from exact inner-product search (faiss.IndexFlatIP): the embeddings are L2
+normalised, so inner product ranks like cosine similarity and like Euclidean distance. The query
+is excluded by id, not by position: with duplicate vectors the query may not come first. Work
+is done in chunks of queries, so memory is O(chunk * k), never O(N^2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import faiss
+import numpy as np
+from sklearn.cluster import kmeans_plusplus
+from sklearn.metrics import normalized_mutual_info_score
+
+from models.errors import NearsightError
+
+CUB_KS: tuple[int, ...] = (1, 2, 4, 8)  # CUB-200-2011, CARS196
+SOP_KS: tuple[int, ...] = (1, 10, 100, 1000)  # Stanford Online Products
+# default_ks switches to SOP_KS from this gallery size on (SOP's test split has 60,502 images,
+# CUB's 5,924 and CARS196's 8,131): k = 1000 means nothing on a small gallery, and k <= 8
+# saturates less on a large one. Callers that know the dataset should pass ks themselves.
+SOP_SCALE_ITEMS = 20_000
+KMEANS_INITS = {
+    "k-means++": "ClusteringInitMethod_KMEANS_PLUS_PLUS",
+    "afk-mc2": "ClusteringInitMethod_AFK_MC2",
+    "random": "ClusteringInitMethod_RANDOM",
+}
+# upper bound on neighbour ids held at once (chunk * (k + 1)): ~100 MB with ids and distances
+_MAX_RESULTS_PER_CHUNK = 1 << 23
+
+
+def default_ks(num_items: int) -> tuple[int, ...]:
+    """(1, 2, 4, 8) for CUB/CARS-size galleries, (1, 10, 100, 1000) from SOP_SCALE_ITEMS on."""
+    return SOP_KS if num_items >= SOP_SCALE_ITEMS else CUB_KS
+
+
+def recall_at_k(
+    embeddings: np.ndarray,
+    labels: Sequence | np.ndarray,
+    ks: Sequence[int] = CUB_KS,
+    *,
+    chunk: int = 4096,
+) -> dict[int, float]:
+    """Recall@k for each k in ``ks``: {k: share of queries with a same-class item in the top k}.
+    A k larger than N - 1 is evaluated on all N - 1 other items."""
+    vectors, codes = _prepare(embeddings, labels)
+    ks = _check_ks(ks)
+    recalls, _ = _retrieval_scores(vectors, codes, ks, with_map=False, chunk=chunk)
+    return recalls
+
+
+def map_at_r(embeddings: np.ndarray, labels: Sequence | np.ndarray, *, chunk: int = 4096) -> float:
+    """MAP@R (Musgrave et al. 2020); queries whose class has no other item are excluded."""
+    vectors, codes = _prepare(embeddings, labels)
+    _, mean_ap = _retrieval_scores(vectors, codes, (), with_map=True, chunk=chunk)
+    return mean_ap
+
+
+def nmi(
+    embeddings: np.ndarray,
+    labels: Sequence | np.ndarray,
+    *,
+    seed: int = 0,
+    niter: int = 20,
+    init: str = "k-means++",
+) -> float:
+    """NMI between the labels and a k-means clustering (k = number of classes) of the
+    embeddings. ``init``: "k-means++" (default; MATLAB's and scikit-learn's default, which the
+    original DML evaluation code used), "afk-mc2" (faiss's fast approximation of k-means++, for
+    galleries with thousands of classes) or "random" (faiss's default: often merges clusters)."""
+    vectors, codes = _prepare(embeddings, labels)
+    if init not in KMEANS_INITS:
+        raise NearsightError(f"k-means init must be one of {', '.join(KMEANS_INITS)}, got {init!r}")
+    num_classes = int(codes.max()) + 1
+    if num_classes == 1:
+        return 1.0  # one class, one cluster: the assignment is the labelling
+    options = {
+        "niter": niter,
+        "seed": seed,
+        "verbose": False,
+        # small galleries have few points per class: no "please provide more points" warning
+        "min_points_per_centroid": 1,
+    }
+    init_centroids = None
+    init_method = getattr(faiss, KMEANS_INITS[init], None)
+    if init_method is not None:
+        options["init_method"] = init_method
+    elif init != "random":  # faiss before init_method existed: seed with scikit-learn
+        init_centroids, _ = kmeans_plusplus(vectors, num_classes, random_state=seed)
+    kmeans = faiss.Kmeans(vectors.shape[1], num_classes, **options)
+    kmeans.train(vectors, init_centroids=init_centroids)
+    _, assignment = kmeans.index.search(vectors, 1)
+    return float(normalized_mutual_info_score(codes, assignment[:, 0]))
+
+
+def evaluate(
+    embeddings: np.ndarray,
+    labels: Sequence | np.ndarray,
+    ks: Sequence[int] = CUB_KS,
+    *,
+    chunk: int = 4096,
+    seed: int = 0,
+    nmi_init: str = "k-means++",
+) -> dict[str, float | int]:
+    """All metrics in the `nearsight eval --json` shape:
+    {"recall@1": ..., "recall@2": ..., ..., "nmi": ..., "map@r": ..., "queries": N}.
+    Recall@k and MAP@R share one neighbour search; ``seed`` and ``nmi_init`` go to :func:`nmi`."""
+    vectors, codes = _prepare(embeddings, labels)
+    ks = _check_ks(ks)
+    recalls, mean_ap = _retrieval_scores(vectors, codes, ks, with_map=True, chunk=chunk)
+    result: dict[str, float | int] = {f"recall@{k}": value for k, value in recalls.items()}
+    result["nmi"] = nmi(vectors, codes, seed=seed, init=nmi_init)
+    result["map@r"] = mean_ap
+    result["queries"] = len(vectors)
+    return result
+
+
+# ---------------------------------------------------------------- internals
+
+
+def _prepare(embeddings, labels) -> tuple[np.ndarray, np.ndarray]:
+    """float32 C-contiguous [N, D] vectors and int64 class codes 0..C-1 for faiss/numpy."""
+    vectors = np.ascontiguousarray(np.asarray(embeddings), dtype=np.float32)
+    if vectors.ndim != 2 or vectors.shape[1] == 0:
+        raise NearsightError(f"embeddings must be a 2-D array [N, D], got shape {vectors.shape}")
+    labels = np.asarray(labels)
+    if labels.ndim != 1 or len(labels) != len(vectors):
+        raise NearsightError(
+            f"labels must be one per embedding: {labels.shape} labels for {len(vectors)} embeddings"
+        )
+    if len(vectors) < 2:
+        raise NearsightError(f"need at least 2 items to evaluate retrieval, got {len(vectors)}")
+    if not np.isfinite(vectors).all():
+        raise NearsightError("embeddings contain NaN or infinite values")
+    _, codes = np.unique(labels, return_inverse=True)
+    return vectors, codes.astype(np.int64).reshape(-1)
+
+
+def _check_ks(ks: Sequence[int]) -> tuple[int, ...]:
+    ks = tuple(int(k) for k in ks)
+    if not ks or any(k < 1 for k in ks):
+        raise NearsightError(f"k values must be positive integers, got {list(ks)}")
+    return ks
+
+
+def _retrieval_scores(
+    vectors: np.ndarray,
+    codes: np.ndarray,
+    ks: tuple[int, ...],
+    *,
+    with_map: bool,
+    chunk: int,
+) -> tuple[dict[int, float], float]:
+    """({k: Recall@k}, MAP@R or NaN) from one chunked exact kNN pass over all queries."""
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    n = len(vectors)
+    index = faiss.IndexFlatIP(vectors.shape[1])
+    index.add(vectors)
+
+    k_recall = min(max(ks), n - 1) if ks else 0
+    others_of_class = np.bincount(codes)[codes] - 1  # R per query
+    # MAP@R needs R neighbours: process queries by increasing R so that a chunk searches only
+    # as deep as its own largest R.
+    order = np.argsort(others_of_class, kind="stable") if with_map else np.arange(n)
+    first_hit_counts = np.zeros(k_recall + 1, dtype=np.int64)  # rank of first same-class item
+    # per-query AP (NaN where R = 0), averaged at the end: the sum is the same for any chunking
+    average_precision = np.full(n, np.nan)
+
+    start = 0
+    while start < n:
+        end = min(start + chunk, n)
+        depth = _depth(k_recall, others_of_class, order, end, with_map)
+        end = min(end, start + max(1, _MAX_RESULTS_PER_CHUNK // (depth + 1)))
+        depth = _depth(k_recall, others_of_class, order, end, with_map)
+        queries = order[start:end]
+        neighbours = _neighbours_without_self(index, vectors, queries, depth)
+        same_class = codes[neighbours] == codes[queries][:, None]  # [q, depth]
+
+        if k_recall:
+            top = same_class[:, :k_recall]
+            first = np.where(top.any(axis=1), top.argmax(axis=1), k_recall)
+            first_hit_counts += np.bincount(first, minlength=k_recall + 1)
+        if with_map:
+            r = others_of_class[queries]
+            ranks = np.arange(1, depth + 1)
+            relevant = same_class & (ranks[None, :] <= r[:, None])
+            precision = np.cumsum(relevant, axis=1) / ranks[None, :]
+            with np.errstate(invalid="ignore", divide="ignore"):  # R = 0 -> NaN, excluded
+                average_precision[queries] = (precision * relevant).sum(axis=1) / r
+        start = end
+
+    hits_within = np.cumsum(first_hit_counts)  # hits_within[j]: first hit at rank <= j + 1
+    recalls = {k: float(hits_within[min(k, k_recall) - 1] / n) for k in ks}
+    scored = average_precision[~np.isnan(average_precision)]
+    mean_ap = float(scored.mean()) if len(scored) else float("nan")
+    return recalls, mean_ap
+
+
+def _depth(k_recall: int, r: np.ndarray, order: np.ndarray, end: int, with_map: bool) -> int:
+    """How many neighbours the chunk ending at ``end`` (of queries sorted by R) needs."""
+    if not with_map:
+        return k_recall
+    return max(k_recall, int(r[order[end - 1]]), 1)
+
+
+def _neighbours_without_self(
+    index: faiss.Index, vectors: np.ndarray, queries: np.ndarray, k: int
+) -> np.ndarray:
+    """Ids [len(queries), k] of each query's k nearest neighbours, the query itself excluded.
+    Searches k + 1 and drops the query's own id wherever it is (duplicates of the query may
+    rank before it); where it is absent (tied duplicates pushed it out), drops the last."""
+    _, ids = index.search(vectors[queries], k + 1)
+    is_self = ids == queries[:, None]
+    is_self[~is_self.any(axis=1), -1] = True
+    return ids[~is_self].reshape(len(queries), k)
