@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from models.atomic import atomic_write_path
 from models.embedding import EmbeddingConfig, EmbeddingNet
@@ -31,9 +32,17 @@ RESERVED_KEYS = ("format", "version", "model_config", "state_dict")
 
 
 def save_checkpoint(
-    path: str | os.PathLike[str], model: EmbeddingNet, *, extra: Mapping[str, Any] | None = None
+    path: str | os.PathLike[str],
+    model: EmbeddingNet | nn.Module,
+    *,
+    extra: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write ``model`` (config + weights) and ``extra`` to ``path`` atomically."""
+    """Write ``model`` (config + weights) and ``extra`` to ``path`` atomically. A DDP- or
+    torch.compile-wrapped net is unwrapped first, so the keys are always the plain net's."""
+    for wrapper_attribute in ("module", "_orig_mod"):  # DistributedDataParallel, torch.compile
+        model = getattr(model, wrapper_attribute, model)
+    if not isinstance(model, EmbeddingNet):
+        raise TypeError(f"save_checkpoint wants an EmbeddingNet, got {type(model).__name__}")
     extra = dict(extra or {})
     clashes = [key for key in RESERVED_KEYS if key in extra]
     if clashes:

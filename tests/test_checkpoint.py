@@ -119,6 +119,20 @@ print(json.dumps({{"loaded": loaded, "out": out.tolist()}}))
     torch.testing.assert_close(torch.tensor(report["out"]), expected)
 
 
+def test_wrapped_net_is_saved_with_plain_keys(tmp_path, trained):
+    net, _ = trained
+
+    class Wrapper(torch.nn.Module):  # stands in for DistributedDataParallel
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+    path = save_checkpoint(tmp_path / "wrapped.pt", Wrapper(net))
+    assert set(load_checkpoint(path)["state_dict"]) == set(net.state_dict())
+    with pytest.raises(TypeError, match="EmbeddingNet"):
+        save_checkpoint(tmp_path / "other.pt", torch.nn.Linear(2, 2))
+
+
 def test_sha256_is_the_file_digest(trained):
     _, path = trained
     assert checkpoint_sha256(path) == hashlib.sha256(path.read_bytes()).hexdigest()
