@@ -5,6 +5,6 @@ Each module has ``register(subparsers)``, which adds its parser and sets ``func`
 
 from __future__ import annotations
 
-from app.commands import data, train
+from app.commands import data, export, train
 
-COMMANDS = [data, train]
+COMMANDS = [data, train, export]

@@ -1,0 +1,353 @@
+"""Embedder runtimes: one interface over an exported ONNX model and a training checkpoint.
+
+An :class:`Embedder` turns images into L2-normalised embeddings. Two implementations:
+
+- :class:`OnnxEmbedder`: a ``model.onnx`` written by ``nearsight export``, run by onnxruntime
+  (CUDA when a GPU really works here, the CPU otherwise);
+- :class:`TorchEmbedder`: a ``best.pt``/``last.pt`` checkpoint, run by torch.
+
+Both take float RGB in [0, 1] ([N, 3, image_size, image_size]; ImageNet normalisation is inside
+the model) and both preprocess PIL images with :func:`models.preprocess.test_transform`, so a
+gallery built with one and a query embedded with the other see the same pixels.
+
+Which hash identifies a model (``model_sha256``, recorded by galleries): the sha256 of the FILE
+that was loaded, the ``.onnx`` file itself for ONNX. The checkpoint's sha256 (kept in the
+metadata as ``checkpoint_sha256``) is not enough: the fp32 and int8 models exported from one
+checkpoint share it but give different vectors, and a gallery must be searched with the model
+that built it. So a gallery built from model.onnx is searchable with that same model.onnx (and
+with nothing else, not even the checkpoint it came from, whose vectors differ by up to 1e-4).
+
+Metadata: every nearsight model carries the string map :data:`METADATA_KEYS` (ONNX
+``metadata_props``; for a checkpoint it is computed from the checkpoint), and a file without the
+``format`` tag is refused: "PATH is not a nearsight model: ...".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+from PIL import Image
+
+from models.errors import NearsightError
+from models.preprocess import default_resize, test_transform
+
+MODEL_FORMAT = "nearsight-embedding"
+MODEL_FORMAT_VERSION = 1
+INPUT_NAME = "images"
+OUTPUT_NAME = "embeddings"
+# what every nearsight model says about itself (all values are strings, as in ONNX metadata)
+METADATA_KEYS = (
+    "format",  # MODEL_FORMAT
+    "format_version",
+    "embedding_dim",
+    "image_size",  # the square crop the model takes
+    "resize",  # the short side test_transform resizes to before cropping
+    "arch",
+    "pooling",
+    "loss",  # the training loss ("" when the checkpoint does not say)
+    "dataset",  # the training dataset ("" when the checkpoint does not say)
+    "training_step",
+    "training_metrics",  # JSON of the evaluation that selected the checkpoint
+    "checkpoint_sha256",
+    "nearsight_version",
+    "precision",  # fp32 | int8
+    "opset",  # ONNX only
+)
+
+
+def nearsight_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("nearsight")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def checkpoint_metadata(payload: Mapping[str, Any], checkpoint_sha256: str) -> dict[str, str]:
+    """The metadata of the model in a loaded checkpoint (``models.checkpoint.load_checkpoint``).
+    The test-time resize comes from the training config (``data.resize``) when it set one."""
+    model_config = payload.get("model_config") or {}
+    training = payload.get("training") if isinstance(payload.get("training"), dict) else {}
+    data_config = ((training.get("config") or {}).get("data") or {}) if training else {}
+    image_size = int(model_config.get("image_size", 224))
+    resize = data_config.get("resize") or default_resize(image_size)
+    metrics = training.get("metrics") or {}
+    return {
+        "format": MODEL_FORMAT,
+        "format_version": str(MODEL_FORMAT_VERSION),
+        "embedding_dim": str(int(model_config.get("dim", 0))),
+        "image_size": str(image_size),
+        "resize": str(int(resize)),
+        "arch": str(model_config.get("arch", "")),
+        "pooling": str(model_config.get("pooling", "")),
+        "loss": str(training.get("loss") or ""),
+        "dataset": str(training.get("dataset") or ""),
+        "training_step": str(training.get("step", "")),
+        "training_metrics": json.dumps(metrics, sort_keys=True, default=str),
+        "checkpoint_sha256": checkpoint_sha256,
+        "nearsight_version": nearsight_version(),
+        "precision": "fp32",
+    }
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    import hashlib
+
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """images -> embeddings [N, dim] float32, unit L2 norm."""
+
+    path: Path
+    dim: int
+    image_size: int
+    resize: int
+    metadata: dict[str, str]
+
+    @property
+    def model_sha256(self) -> str:
+        """sha256 of the model file that was loaded (what galleries record)."""
+        ...
+
+    def embed(self, images: torch.Tensor | np.ndarray) -> np.ndarray:
+        """[N, 3, image_size, image_size] float RGB in [0, 1] -> [N, dim] float32."""
+        ...
+
+    def embed_images(self, images: Sequence[Image.Image], batch_size: int = 32) -> np.ndarray:
+        """RGB PIL images -> [N, dim] float32, through models.preprocess.test_transform."""
+        ...
+
+
+class _EmbedderBase:
+    """What both runtimes share: metadata parsing, input checks, PIL preprocessing."""
+
+    path: Path
+    metadata: dict[str, str]
+
+    def _init_metadata(self, metadata: Mapping[str, str]) -> None:
+        self.metadata = dict(metadata)
+        try:
+            self.dim = int(self.metadata["embedding_dim"])
+            self.image_size = int(self.metadata["image_size"])
+            self.resize = int(self.metadata.get("resize") or default_resize(self.image_size))
+        except (KeyError, ValueError) as error:
+            raise NearsightError(
+                f"{self.path} is not a nearsight model: bad metadata ({error!r})"
+            ) from None
+        if self.dim <= 0 or self.image_size <= 0:
+            raise NearsightError(f"{self.path} is not a nearsight model: bad metadata")
+        self._transform = test_transform(self.image_size, self.resize)
+
+    @cached_property
+    def model_sha256(self) -> str:
+        return file_sha256(self.path)
+
+    def _check_batch(self, images: torch.Tensor | np.ndarray) -> np.ndarray | torch.Tensor:
+        shape = tuple(images.shape)
+        expected = (3, self.image_size, self.image_size)
+        if len(shape) != 4 or shape[1:] != expected:
+            raise NearsightError(
+                f"images must have shape [N, {expected[0]}, {expected[1]}, {expected[2]}] "
+                f"for {self.path.name}, got {list(shape)}"
+            )
+        return images
+
+    def embed(self, images: torch.Tensor | np.ndarray) -> np.ndarray:  # pragma: no cover
+        raise NotImplementedError
+
+    def embed_images(self, images: Sequence[Image.Image], batch_size: int = 32) -> np.ndarray:
+        if batch_size <= 0:
+            raise NearsightError(f"batch size must be positive, got {batch_size}")
+        chunks = [np.zeros((0, self.dim), np.float32)]
+        for start in range(0, len(images), batch_size):
+            batch = torch.stack(
+                [
+                    self._transform(image.convert("RGB"))
+                    for image in images[start : start + batch_size]
+                ]
+            )
+            chunks.append(self.embed(batch))
+        return np.concatenate(chunks)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.path)!r}, dim={self.dim}, image_size={self.image_size})"
+
+
+def physical_cores() -> int:
+    """Physical cores this process may run on (hyper-threads counted once)."""
+    try:
+        allowed = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+    cores = set()
+    for cpu in allowed:
+        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            package = (topology / "physical_package_id").read_text().strip()
+            core = (topology / "core_id").read_text().strip()
+        except OSError:
+            return max(1, len(allowed))
+        cores.add((package, core))
+    return max(1, len(cores))
+
+
+def _cuda_works() -> bool:
+    """onnxruntime-gpu lists CUDAExecutionProvider even on a machine without a GPU; ask torch."""
+    try:
+        return torch.cuda.is_available()
+    except Exception:  # a broken driver install
+        return False
+
+
+def default_providers(device: str = "auto") -> list[str]:
+    """The providers to ask onnxruntime for: CUDA first when it really works here."""
+    import onnxruntime as ort
+
+    if device not in ("auto", "cpu", "cuda"):
+        raise NearsightError(f"device must be auto, cpu or cuda, got {device!r}")
+    cuda_listed = "CUDAExecutionProvider" in ort.get_available_providers()
+    if device == "cuda" and not (cuda_listed and _cuda_works()):
+        raise NearsightError("--device cuda: no working CUDA GPU for onnxruntime here")
+    if device != "cpu" and cuda_listed and _cuda_works():
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
+def _open_session(path: Path, options: Any, providers: list[str]) -> Any:
+    """An onnxruntime session on ``providers``; a GPU provider that fails to start falls back to
+    the CPU quietly (onnxruntime would print "EP Error ... Falling back"); a file onnxruntime
+    cannot read is NearsightError."""
+    import onnxruntime as ort
+
+    try:
+        if providers == ["CPUExecutionProvider"]:
+            return ort.InferenceSession(str(path), options, providers=providers)
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                return ort.InferenceSession(str(path), options, providers=providers)
+            except Exception:
+                return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as error:
+        reason = " ".join(str(error).split())[:200]
+        raise NearsightError(
+            f"{path} is not a nearsight model: onnxruntime cannot read it ({reason})"
+        ) from None
+
+
+class OnnxEmbedder(_EmbedderBase):
+    """A ``nearsight export`` model run by onnxruntime.
+
+    ``providers``: onnxruntime provider names (default: CUDA when a GPU really works, else CPU;
+    :attr:`providers` says what the session actually uses). ``threads``: intra-op threads for
+    the CPU provider (default: the physical cores)."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        providers: Sequence[str] | None = None,
+        threads: int | None = None,
+    ) -> None:
+        import onnxruntime as ort
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise NearsightError(f"model not found: {self.path}")
+        if threads is not None and threads <= 0:
+            raise NearsightError(f"threads must be positive, got {threads}")
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.intra_op_num_threads = threads or physical_cores()
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.log_severity_level = 3  # errors only: no per-node placement warnings
+        wanted = list(providers) if providers is not None else default_providers("auto")
+        session = _open_session(self.path, options, wanted)
+        self.session = session
+        self.providers: list[str] = session.get_providers()
+        metadata = dict(session.get_modelmeta().custom_metadata_map)
+        if metadata.get("format") != MODEL_FORMAT:
+            raise NearsightError(
+                f"{self.path} is not a nearsight model: its ONNX metadata has no "
+                f"format={MODEL_FORMAT} (write one with `nearsight export`)"
+            )
+        inputs, outputs = session.get_inputs(), session.get_outputs()
+        if [i.name for i in inputs] != [INPUT_NAME] or OUTPUT_NAME not in [o.name for o in outputs]:
+            raise NearsightError(
+                f"{self.path} is not a nearsight model: expected input '{INPUT_NAME}' and "
+                f"output '{OUTPUT_NAME}'"
+            )
+        self._init_metadata(metadata)
+
+    @property
+    def device(self) -> str:
+        return "cuda" if self.providers and self.providers[0] == "CUDAExecutionProvider" else "cpu"
+
+    def embed(self, images: torch.Tensor | np.ndarray) -> np.ndarray:
+        self._check_batch(images)
+        if isinstance(images, torch.Tensor):
+            images = images.detach().cpu().numpy()
+        batch = np.ascontiguousarray(images, dtype=np.float32)
+        if batch.shape[0] == 0:
+            return np.zeros((0, self.dim), np.float32)
+        (embeddings,) = self.session.run([OUTPUT_NAME], {INPUT_NAME: batch})
+        return np.asarray(embeddings, dtype=np.float32)
+
+
+class TorchEmbedder(_EmbedderBase):
+    """A training checkpoint (``best.pt``) run by torch; ``device``: auto | cpu | cuda."""
+
+    def __init__(self, checkpoint_path: str | os.PathLike[str], device: str = "auto") -> None:
+        from models.checkpoint import load_checkpoint, load_embedding_net
+
+        self.path = Path(checkpoint_path)
+        if device not in ("auto", "cpu", "cuda"):
+            raise NearsightError(f"device must be auto, cpu or cuda, got {device!r}")
+        if device == "cuda" and not _cuda_works():
+            raise NearsightError("--device cuda: no working CUDA GPU for torch here")
+        if device == "auto":
+            device = "cuda" if _cuda_works() else "cpu"
+        self.device = device
+        payload = load_checkpoint(self.path)  # one-line errors for missing/foreign files
+        self.net = load_embedding_net(self.path, map_location=device)
+        self._init_metadata(checkpoint_metadata(payload, self.model_sha256))
+
+    def embed(self, images: torch.Tensor | np.ndarray) -> np.ndarray:
+        self._check_batch(images)
+        batch = torch.as_tensor(images, dtype=torch.float32)
+        if batch.shape[0] == 0:
+            return np.zeros((0, self.dim), np.float32)
+        with torch.inference_mode():
+            out = self.net(batch.to(self.device))
+        return out.float().cpu().numpy()
+
+
+def load_embedder(path: str | os.PathLike[str], device: str = "auto") -> Embedder:
+    """The embedder for a model file, by suffix: ``.onnx`` (onnxruntime) or ``.pt``/``.pth``
+    (a torch checkpoint). ``device``: auto | cpu | cuda."""
+    file = Path(path)
+    if not file.is_file():
+        raise NearsightError(f"model not found: {file}")
+    suffix = file.suffix.lower()
+    if suffix == ".onnx":
+        return OnnxEmbedder(file, providers=default_providers(device))
+    if suffix in (".pt", ".pth"):
+        return TorchEmbedder(file, device=device)
+    raise NearsightError(
+        f"{file} is not a nearsight model: expected a .onnx file (from `nearsight export`) "
+        "or a .pt checkpoint"
+    )
