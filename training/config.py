@@ -106,8 +106,9 @@ class TrainConfig:
     loss: LossConfig = field(default_factory=LossConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    steps: int | None = 1000  # optimiser steps; `epochs` wins when set
+    steps: int | None = 1000  # batches (optimiser steps); `epochs` wins when set
     epochs: int | None = None
+    time_limit_s: float | None = None  # stop early (with the final evaluation) after this long
     eval_every: int = 500  # steps; every run also ends with an evaluation
     eval_at_start: bool = False  # also evaluate the untrained network (step 0)
     save_every: int = 100  # steps between last.pt saves (and at every evaluation)

@@ -324,6 +324,12 @@ class Trainer:
                             flush=True,
                         )
                     last_log = (now, step)
+                if step < total_steps and self._time_is_up(start_time):
+                    total_steps = step  # the time limit ends the run here, with its evaluation
+                    print(
+                        f"time limit of {config.time_limit_s:g}s reached after {step} steps",
+                        file=sys.stderr,
+                    )
                 evaluate_now = step % config.eval_every == 0 or step == total_steps
                 if evaluate_now:
                     self._evaluate_and_save(state, optimizer, scheduler, loss_fn, critic_optimizer)
@@ -388,6 +394,17 @@ class Trainer:
         (loss * self.dist.world).backward()
         optimizer.step()
         return float(loss.detach()), "embedding"
+
+    def _time_is_up(self, start_time: float) -> bool:
+        """Whether ``time_limit_s`` has passed; every process follows process 0's clock."""
+        if self.config.time_limit_s is None:
+            return False
+        up = time.perf_counter() - start_time >= self.config.time_limit_s
+        if self.dist.world > 1:
+            flag = torch.tensor([int(up)], device=self.device if self.cuda else "cpu")
+            dist.broadcast(flag, src=0)
+            up = bool(flag.item())
+        return up
 
     def _autocast(self):
         if self.cuda and self.config.amp:

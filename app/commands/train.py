@@ -30,6 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     length = parser.add_mutually_exclusive_group()
     length.add_argument("--steps", type=int, help="optimiser steps")
     length.add_argument("--epochs", type=int, help="epochs of the batch sampler")
+    parser.add_argument(
+        "--time-limit", type=float, metavar="SECONDS", help="stop after this long (then evaluate)"
+    )
     parser.add_argument("--classes-per-batch", type=int, help="classes in a batch (n)")
     parser.add_argument("--per-class", type=int, help="images of each class in a batch (m)")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"])
@@ -66,6 +69,7 @@ def overrides_from_args(args: argparse.Namespace, file_loss: str | None) -> dict
         "workers": "data.workers",
         "eval_every": "eval_every",
         "seed": "seed",
+        "time_limit": "time_limit_s",
     }
     for attr, key in simple.items():
         value = getattr(args, attr)

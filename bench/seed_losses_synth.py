@@ -1,0 +1,99 @@
+"""Each seed loss, trained briefly from scratch on the synthetic dataset: Recall@1 before/after.
+
+The training issue's acceptance: on the synthetic dataset at 64 px on a CPU, two minutes of
+training with each seed loss lifts Recall@1 on the unseen test classes clearly above the
+untrained network's. Each run evaluates at step 0 (the untrained network, same seed, same
+weights) and at the end, on the class-disjoint test split.
+
+    python bench/seed_losses_synth.py                      # 120 s per loss, all five
+    python bench/seed_losses_synth.py --seconds 30 --losses ice rll
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+from index.datasets.synthetic import write_synthetic
+from training.config import load_config
+from training.trainer import train
+
+SEED_LOSSES = ["ice", "rll", "nra", "rankmi", "bcontrastive"]
+
+# From scratch (no ImageNet weights here): BatchNorm learns its statistics, and the trunk
+# trains at the head's rate. Loss parameters are the defaults of LOSSES.md except where a
+# default assumes a pretrained start (noted).
+SETTINGS = {
+    "model.pretrained": "none",
+    "model.freeze_bn": False,
+    "optim.name": "adam",
+    "optim.lr": 1e-3,
+    "optim.head_lr": 1e-3,
+    "optim.weight_decay": 1e-4,
+    "sampler.classes_per_batch": 8,
+    "sampler.per_class": 4,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=120.0, help="training time per loss")
+    parser.add_argument("--losses", nargs="+", default=SEED_LOSSES)
+    parser.add_argument("--image-size", type=int, default=64)
+    parser.add_argument("--data", type=Path, help="synthetic dataset (made if missing)")
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data = args.data or Path(tmp) / "synth"
+        if not (data / "synthetic.json").exists():
+            write_synthetic(data, classes=100, per_class=24, size=96, seed=0)
+        results = []
+        for loss in args.losses:
+            overrides = {
+                **SETTINGS,
+                "data.dataset": "folder",
+                "data.root": str(data),
+                "data.image_size": args.image_size,
+                "data.workers": args.workers,
+                "loss.name": loss,
+                "steps": 100_000,
+                "time_limit_s": args.seconds,
+                "eval_every": 100_000,
+                "eval_at_start": True,
+                "save_every": 100_000,
+            }
+            out = Path(tmp) / f"run-{loss}"
+            summary = train(load_config(None, overrides), out)
+            evaluations = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+            before, after = evaluations[0], evaluations[-1]
+            results.append(
+                {
+                    "loss": loss,
+                    "steps": summary["steps"],
+                    "seconds": round(summary["seconds"], 1),
+                    "untrained_recall@1": before["recall@1"],
+                    "trained_recall@1": after["recall@1"],
+                    "untrained_nmi": before["nmi"],
+                    "trained_nmi": after["nmi"],
+                }
+            )
+            print(json.dumps(results[-1]), flush=True)
+
+    print(
+        f"\n{'loss':<14}{'steps':>6}{'R@1 untrained':>15}{'R@1 trained':>13}{'NMI before':>12}{'NMI after':>11}"
+    )
+    for r in results:
+        print(
+            f"{r['loss']:<14}{r['steps']:>6}{r['untrained_recall@1']:>15.4f}"
+            f"{r['trained_recall@1']:>13.4f}{r['untrained_nmi']:>12.4f}{r['trained_nmi']:>11.4f}"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
