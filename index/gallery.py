@@ -1,0 +1,644 @@
+"""The gallery: a folder holding a catalog, a FAISS index and the embeddings, always consistent.
+
+Layout (DESIGN.md)::
+
+    GALLERY/catalog.db      items (id = FAISS id, path, label, ...) and meta (index.catalog)
+    GALLERY/index.faiss     the CPU FAISS index; its ids are the catalog ids
+    GALLERY/embeddings.npy  float32 [N, D], L2-normalised, row i = the i-th catalog id in order
+
+Writing. A gallery is written whole into a temporary folder beside ``GALLERY`` and renamed into
+place (:func:`index.catalog.gallery_writer`). ``add`` and ``remove`` are copy-on-write: they
+write a new folder holding the updated catalog, index and embeddings, then rename it. A crash
+(even SIGKILL) at any point leaves the previous gallery whole; the next writer sweeps the
+hidden temporary folder it left. Writers are serialised by an ``fcntl.flock`` on
+``.GALLERY.lock`` beside the folder (never deleted, so every writer locks the same file), and a
+writer re-reads the gallery from disk once it holds the lock, so two concurrent ``add`` calls
+both land. Readers take the lock shared while they load, so they never see the instant between
+the two renames of a replace.
+
+Index types (the choice FAISS's own guidelines make by size):
+
+- ``flat``: exact inner product, ``IndexIDMap2(IndexFlatIP)``;
+- ``ivf``: ``IndexIVFFlat`` over an inner-product quantizer, ``nlist`` = 4 sqrt(N) lists (at
+  most N / 39 so that k-means has 39 points per centroid), ``nprobe`` = max(8, sqrt(nlist)),
+  capped at ``nlist``;
+- ``hnsw``: ``IndexIDMap2(IndexHNSWFlat(M=32, inner product))``, efConstruction 80, efSearch 64
+  (raised to k for a search deeper than that);
+- ``auto``: flat up to 1M items, ivf past that.
+
+The parameters are stored in the catalog meta (``nlist``, ``nprobe``, ``hnsw_m``,
+``ef_construction``, ``ef_search``). With a GPU (``faiss.get_num_gpus() > 0``) flat and IVF
+indexes are searched on it; the file is always the CPU index.
+
+Distances. The embeddings are unit vectors, so FAISS ranks by inner product ``ip``; a search
+reports the Euclidean distance between the unit vectors, ``sqrt(max(0, 2 - 2 ip))``: 0 for the
+same direction, sqrt(2) for orthogonal, 2 for opposite. Smaller is nearer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import math
+import os
+import re
+import shutil
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import faiss
+import numpy as np
+from PIL import Image
+
+from index.catalog import CATALOG_FILE, Catalog, GalleryError, create_catalog, gallery_writer
+from index.images import file_sha256
+from index.metrics import CUB_KS, SOP_KS, default_ks, evaluate
+from models.atomic import recover_dir
+from models.errors import NearsightError
+
+INDEX_FILE = "index.faiss"
+EMBEDDINGS_FILE = "embeddings.npy"
+GALLERY_FILES = (CATALOG_FILE, INDEX_FILE, EMBEDDINGS_FILE)
+INDEX_TYPES = ("auto", "flat", "ivf", "hnsw")
+METRIC = "inner_product"
+FLAT_MAX_ITEMS = 1_000_000  # auto: exact search up to here, IVF past it
+HNSW_M = 32
+HNSW_EF_CONSTRUCTION = 80
+HNSW_EF_SEARCH = 64
+IVF_MIN_POINTS_PER_LIST = 39  # FAISS warns below this many training points per centroid
+UNIT_NORM_TOLERANCE = 1e-3
+# NMI's k-means++ seeding is O(N k); past this many classes use faiss's AFK-MC2 approximation
+EXACT_KMEANSPP_MAX_CLASSES = 1000
+_EXIF_ORIENTATION = 0x0112
+
+
+def unit_distance(inner_products: np.ndarray) -> np.ndarray:
+    """Euclidean distance between unit vectors from their inner products."""
+    ip = np.asarray(inner_products, dtype=np.float32)
+    return np.sqrt(np.maximum(0.0, 2.0 - 2.0 * ip)).astype(np.float32)
+
+
+# -- locking ---------------------------------------------------------------------------------
+
+
+def lock_path(gallery_dir: str | os.PathLike[str]) -> Path:
+    folder = Path(gallery_dir).expanduser().absolute()
+    return folder.with_name(f".{folder.name}.lock")
+
+
+@contextlib.contextmanager
+def gallery_lock(gallery_dir: str | os.PathLike[str], *, exclusive: bool) -> Iterator[None]:
+    """Hold ``.GALLERY.lock`` (beside the gallery) exclusively (writers) or shared (readers).
+
+    A reader that cannot create the lock file (a read-only location) reads without it: nobody
+    can be writing there either."""
+    path = lock_path(gallery_dir)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as error:
+        if not exclusive and error.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
+            yield
+            return
+        raise GalleryError(f"cannot lock gallery {path.parent}: {error.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def _sweep_temporaries(final: Path) -> None:
+    """Remove temporary folders left by writers that were killed (call under the write lock)."""
+    # exactly the names tempfile.mkdtemp gives (an 8-character random part), so that the
+    # temporaries of a gallery called "g.x" are not taken for those of "g"
+    pattern = re.compile(rf"\.{re.escape(final.name)}\.[a-z0-9_]{{8}}\.tmp")
+    for leftover in final.parent.iterdir():
+        if pattern.fullmatch(leftover.name) and leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+# -- building --------------------------------------------------------------------------------
+
+
+def resolve_index_type(index_type: str, count: int) -> str:
+    if index_type not in INDEX_TYPES:
+        raise NearsightError(
+            f"unknown index type '{index_type}' (choose one of: {', '.join(INDEX_TYPES)})"
+        )
+    if index_type == "auto":
+        return "flat" if count <= FLAT_MAX_ITEMS else "ivf"
+    return index_type
+
+
+def ivf_parameters(count: int) -> tuple[int, int]:
+    """(nlist, nprobe) for an IVF index over ``count`` vectors."""
+    nlist = max(1, min(round(4 * math.sqrt(count)), count // IVF_MIN_POINTS_PER_LIST))
+    nprobe = min(nlist, max(8, round(math.sqrt(nlist))))
+    return nlist, nprobe
+
+
+def make_index(
+    vectors: np.ndarray, ids: np.ndarray, index_type: str
+) -> tuple[faiss.Index, dict[str, Any]]:
+    """A CPU FAISS index of type ``index_type`` (flat, ivf, hnsw) holding ``vectors`` under
+    ``ids``, and its parameters for the gallery meta."""
+    dim = vectors.shape[1]
+    params: dict[str, Any] = {}
+    if index_type == "flat":
+        index = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
+    elif index_type == "ivf":
+        nlist, nprobe = ivf_parameters(len(vectors))
+        quantizer = faiss.IndexFlatIP(dim)
+        index = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
+        index.cp.min_points_per_centroid = 1  # tiny galleries: no "provide more points" warning
+        index.train(vectors)
+        index.nprobe = nprobe
+        params = {"nlist": nlist, "nprobe": nprobe}
+    elif index_type == "hnsw":
+        hnsw = faiss.IndexHNSWFlat(dim, HNSW_M, faiss.METRIC_INNER_PRODUCT)
+        hnsw.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
+        hnsw.hnsw.efSearch = HNSW_EF_SEARCH
+        index = faiss.IndexIDMap2(hnsw)
+        params = {
+            "hnsw_m": HNSW_M,
+            "ef_construction": HNSW_EF_CONSTRUCTION,
+            "ef_search": HNSW_EF_SEARCH,
+        }
+    else:
+        raise ValueError(f"unknown index type {index_type!r}")
+    if len(vectors):
+        index.add_with_ids(vectors, ids)
+    return index, params
+
+
+def _check_vectors(vectors: np.ndarray, count: int, dim: int | None = None) -> np.ndarray:
+    array = np.ascontiguousarray(np.asarray(vectors), dtype=np.float32)
+    if array.ndim != 2 or array.shape[1] == 0:
+        raise ValueError(f"vectors must be a 2-D array [N, D], got shape {array.shape}")
+    if len(array) != count:
+        raise ValueError(f"{len(array)} vectors for {count} items")
+    if dim is not None and array.shape[1] != dim:
+        raise ValueError(f"vectors have dim {array.shape[1]}, the gallery has dim {dim}")
+    if not np.isfinite(array).all():
+        raise ValueError("vectors contain NaN or infinite values")
+    norms = np.linalg.norm(array, axis=1)
+    if len(norms) and np.abs(norms - 1.0).max() > UNIT_NORM_TOLERANCE:
+        raise ValueError("vectors must be L2-normalised (the embedder's output is)")
+    return array
+
+
+def build_gallery(
+    out_dir: str | os.PathLike[str],
+    vectors: np.ndarray,
+    items: Sequence[dict[str, Any]],
+    *,
+    model_sha256: str,
+    index_type: str = "auto",
+    meta: dict[str, Any] | None = None,
+) -> Path:
+    """Write a new gallery folder at ``out_dir`` (replacing a gallery there) holding ``items``
+    (catalog rows without ids: path, label, class_name, split, sha256, width, height) and their
+    L2-normalised ``vectors`` [N, D]; ids are 0..N-1. ``meta`` adds to the catalog meta (model
+    path, image size, dataset...). Returns the folder."""
+    if not items:
+        raise NearsightError("cannot build a gallery of no images")
+    array = _check_vectors(vectors, len(items))
+    resolved = resolve_index_type(index_type, len(array))
+    ids = np.arange(len(array), dtype=np.int64)
+    final = Path(out_dir).expanduser().absolute()
+    with gallery_lock(final, exclusive=True):
+        _sweep_temporaries(final)
+        with gallery_writer(final) as tmp:
+            index, params = make_index(array, ids, resolved)
+            full_meta = {
+                **(meta or {}),
+                "model_sha256": model_sha256,
+                "dim": int(array.shape[1]),
+                "metric": METRIC,
+                "index_type": resolved,
+                "count": len(array),
+                **params,
+            }
+            rows = [{**item, "id": int(i)} for i, item in zip(ids, items, strict=True)]
+            create_catalog(tmp / CATALOG_FILE, rows, full_meta)
+            _write_arrays(tmp, index, array)
+    return final
+
+
+def _write_arrays(folder: Path, index: faiss.Index, embeddings: np.ndarray) -> None:
+    faiss.write_index(index, str(folder / INDEX_FILE))
+    np.save(folder / EMBEDDINGS_FILE, np.ascontiguousarray(embeddings, dtype=np.float32))
+    for name in GALLERY_FILES:  # on disk before the rename makes them the gallery
+        with open(folder / name, "rb") as handle:
+            os.fsync(handle.fileno())
+
+
+def describe_image_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Catalog fields of an image file: sha256 of its bytes, and width/height as loaded (EXIF
+    orientation applied). Fields that cannot be read are None (the image was already decoded
+    once by the embedder, so this does not judge it)."""
+    info: dict[str, Any] = {"sha256": None, "width": None, "height": None}
+    with contextlib.suppress(NearsightError):
+        info["sha256"] = file_sha256(path)
+    with contextlib.suppress(Exception), Image.open(path) as image:  # reads the header only
+        width, height = image.size
+        # EXIF orientations 5-8 turn the image a quarter: load_image gives height x width
+        if image.getexif().get(_EXIF_ORIENTATION, 1) in (5, 6, 7, 8):
+            width, height = height, width
+        info["width"], info["height"] = int(width), int(height)
+    return info
+
+
+# -- the open gallery ------------------------------------------------------------------------
+
+
+class Gallery:
+    """An open gallery: catalog, index and embeddings, checked to agree. Use :meth:`open`.
+
+    The object is a snapshot: ``add`` and ``remove`` rewrite the folder and refresh this object;
+    changes made by other processes are seen after :meth:`reload`. Searching from several
+    threads at once is safe."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._catalog: Catalog | None = None
+        self._gpu_lock = threading.Lock()
+
+    # -- opening -----------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, gallery_dir: str | os.PathLike[str], *, model: Any = None) -> Gallery:
+        """Open and check the gallery at ``gallery_dir``; with ``model`` (an Embedder: ``dim``
+        and ``model_sha256``) also check it is the model the gallery was built with."""
+        gallery = cls(Path(gallery_dir).expanduser().absolute())
+        gallery._load()
+        if model is not None:
+            try:
+                gallery.check_model(model)
+            except BaseException:
+                gallery.close()
+                raise
+        return gallery
+
+    def reload(self) -> None:
+        """Read the gallery again from disk (after another process changed it)."""
+        self._load()
+
+    def _load(self, *, locked: bool = False) -> None:
+        """Read and check the folder; ``locked``: the caller holds the write lock already (a
+        second flock from this process would wait for itself)."""
+        folder = self.path
+        if not locked:
+            # plain mistakes are reported before a lock file is made beside the folder
+            if not folder.exists() and not _previous(folder).exists():
+                raise GalleryError(f"no gallery at {folder}")
+            if folder.is_dir() and not (folder / CATALOG_FILE).exists():
+                raise GalleryError(f"not a nearsight gallery: {folder} has no {CATALOG_FILE}")
+            if folder.exists() and not folder.is_dir():
+                raise GalleryError(f"not a nearsight gallery: {folder} is a file, not a folder")
+            _recover(folder)
+        reading = contextlib.nullcontext() if locked else gallery_lock(folder, exclusive=False)
+        with reading:  # under the lock: a writer may be between the two renames of a replace
+            if not folder.exists():
+                raise GalleryError(f"no gallery at {folder}")
+            if not folder.is_dir():
+                raise GalleryError(f"not a nearsight gallery: {folder} is a file, not a folder")
+            if not (folder / CATALOG_FILE).is_file():
+                raise GalleryError(f"not a nearsight gallery: {folder} has no {CATALOG_FILE}")
+            for name in (INDEX_FILE, EMBEDDINGS_FILE):
+                if not (folder / name).is_file():
+                    raise GalleryError(f"gallery {folder} is incomplete: it has no {name}")
+            catalog = Catalog.open(folder / CATALOG_FILE, readonly=True)
+            try:
+                ids, labels = catalog.labels()
+                meta = catalog.meta()
+                index = _read_index(folder / INDEX_FILE)
+                embeddings = _read_embeddings(folder / EMBEDDINGS_FILE)
+                _check_consistent(folder, meta, ids, index, embeddings)
+            except BaseException:
+                catalog.close()
+                raise
+        self.close()
+        self._catalog = catalog
+        self.meta: dict[str, Any] = meta
+        self.ids: np.ndarray = ids  # catalog ids in order; row i of embeddings is ids[i]
+        self.labels: np.ndarray = labels  # -1 where unlabelled
+        self.embeddings: np.ndarray = embeddings
+        self.dim: int = int(meta["dim"])
+        self.index_type: str = str(meta["index_type"])
+        self.model_sha256: str = str(meta["model_sha256"])
+        self._index = index
+        _apply_search_parameters(index, meta)
+        self._gpu_index = _to_gpu(index, self.index_type)
+
+    def check_model(self, model: Any, name: str | os.PathLike[str] | None = None) -> None:
+        """GalleryError unless ``model`` (``dim``, ``model_sha256``) is the gallery's model."""
+        model_dim = int(model.dim)
+        model_sha = str(model.model_sha256)
+        if model_dim == self.dim and model_sha == self.model_sha256:
+            return
+        label = os.fspath(name) if name is not None else getattr(model, "path", None) or "MODEL"
+        raise GalleryError(
+            f"gallery {self.path} was built with model sha256 {self.model_sha256[:12]}.. "
+            f"(dim {self.dim}) but {label} is {model_sha[:12]}.. (dim {model_dim}): rebuild the "
+            "gallery or pass the model it was built with"
+        )
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def count(self) -> int:
+        return len(self.ids)
+
+    def search(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` nearest items of each query vector [Q, D]: (distances [Q, k'] float32,
+        ids [Q, k'] int64), nearest first, k' = min(k, len(gallery)). Distance: Euclidean
+        between unit vectors (see the module docstring). An approximate index may find fewer
+        than k' neighbours: the missing ones have id -1 and distance inf."""
+        if k < 1:
+            raise NearsightError(f"k must be a positive integer, got {k}")
+        queries = np.ascontiguousarray(np.asarray(vectors), dtype=np.float32)
+        if queries.ndim == 1:
+            queries = queries[None, :]
+        if queries.ndim != 2 or queries.shape[1] != self.dim:
+            raise NearsightError(
+                f"query vectors must have shape [Q, {self.dim}], got {tuple(queries.shape)}"
+            )
+        depth = min(k, self.count)
+        if depth == 0 or len(queries) == 0:
+            shape = (len(queries), depth)
+            return np.zeros(shape, np.float32), np.zeros(shape, np.int64)
+        inner, ids = self._search_index(queries, depth)
+        distances = unit_distance(inner)
+        distances[ids < 0] = np.inf
+        return distances, ids.astype(np.int64, copy=False)
+
+    def _search_index(self, queries: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
+        if self._gpu_index is not None and depth <= 2048:  # GPU k-selection limit
+            with self._gpu_lock:
+                return self._gpu_index.search(queries, depth)
+        if self.index_type == "hnsw":
+            ef = max(int(self.meta.get("ef_search", HNSW_EF_SEARCH)), depth)
+            return self._index.search(
+                queries, depth, params=faiss.SearchParametersHNSW(efSearch=ef)
+            )
+        return self._index.search(queries, depth)
+
+    def items(self, ids: Iterable[int]) -> list[dict[str, Any]]:
+        """Catalog rows of ``ids``, in the order given; GalleryError for an unknown id."""
+        wanted = [int(i) for i in ids]
+        assert self._catalog is not None
+        rows = {row["id"]: row for row in self._catalog.items(wanted)}
+        missing = [i for i in wanted if i not in rows]
+        if missing:
+            raise GalleryError(f"gallery {self.path} has no item with id {missing[0]}")
+        return [dict(rows[i]) for i in wanted]
+
+    def all_items(self) -> list[dict[str, Any]]:
+        assert self._catalog is not None
+        return self._catalog.items()
+
+    def default_ks(self) -> tuple[int, ...]:
+        """The papers' k values: SOP's for a gallery of the sop dataset, CUB/CARS's for other
+        datasets, by size for a gallery of loose images."""
+        dataset = self.meta.get("dataset")
+        if dataset == "sop":
+            return SOP_KS
+        if dataset:
+            return CUB_KS
+        return default_ks(int((self.labels >= 0).sum()))
+
+    def evaluate(self, ks: Sequence[int] | None = None) -> dict[str, float | int]:
+        """The papers' protocol on the stored embeddings: every labelled item queries all the
+        other labelled items (unlabelled ones are left out). Returns index.metrics.evaluate's
+        dict: recall@k..., nmi, map@r, queries."""
+        labelled = self.labels >= 0
+        if labelled.sum() < 2:
+            raise NearsightError(
+                f"gallery {self.path} has {int(labelled.sum())} labelled items: evaluation needs "
+                "at least 2"
+            )
+        vectors = np.asarray(self.embeddings)
+        labels = self.labels
+        if not labelled.all():
+            vectors, labels = vectors[labelled], labels[labelled]
+        classes = len(np.unique(labels))
+        init = "k-means++" if classes <= EXACT_KMEANSPP_MAX_CLASSES else "afk-mc2"
+        return evaluate(vectors, labels, tuple(ks or self.default_ks()), nmi_init=init)
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def add(self, vectors: np.ndarray, items: Sequence[dict[str, Any]]) -> list[int]:
+        """Add ``items`` (catalog rows without ids) with their L2-normalised ``vectors``;
+        returns their new ids (never an id the gallery held before). Rewrites the folder."""
+        if not items:
+            return []
+        array = _check_vectors(vectors, len(items), self.dim)
+        new_ids: list[int] = []
+
+        def change(catalog: Catalog, index: faiss.Index, embeddings: np.ndarray, meta: dict):
+            new_ids.extend(catalog.add_items([dict(item) for item in items]))
+            ids = np.asarray(new_ids, dtype=np.int64)
+            merged = np.concatenate([embeddings, array])
+            if meta["index_type"] == "flat":
+                all_ids, _ = catalog.labels()
+                index, _ = make_index(merged, all_ids, "flat")
+            else:  # IVF keeps its trained lists; HNSW links the new points into its graph
+                index.add_with_ids(array, ids)
+            return index, merged
+
+        self._rewrite(change)
+        return new_ids
+
+    def remove(self, ids: Iterable[int]) -> None:
+        """Remove the items ``ids`` (all must exist, else nothing changes). Rewrites the folder."""
+        wanted = sorted({int(i) for i in ids})
+        if not wanted:
+            return
+        folder = self.path
+
+        def change(catalog: Catalog, index: faiss.Index, embeddings: np.ndarray, meta: dict):
+            old_ids, _ = catalog.labels()
+            unknown = np.setdiff1d(wanted, old_ids)
+            if len(unknown):
+                shown = ", ".join(map(str, unknown[:10])) + (", ..." if len(unknown) > 10 else "")
+                raise GalleryError(f"gallery {folder} has no item with id {shown}")
+            catalog.remove(wanted)
+            keep = ~np.isin(old_ids, wanted)
+            kept = np.ascontiguousarray(embeddings[keep])
+            if meta["index_type"] == "ivf":
+                index.remove_ids(np.asarray(wanted, dtype=np.int64))
+            else:  # flat: cheap to rebuild; HNSW cannot remove points from its graph
+                index, _ = make_index(kept, old_ids[keep], meta["index_type"])
+            return index, kept
+
+        self._rewrite(change)
+
+    def _rewrite(self, change) -> None:
+        """Copy-on-write under the write lock: read the gallery as it is on disk now, apply
+        ``change`` to copies in a temporary folder, check them, rename the folder into place."""
+        folder = self.path
+        with gallery_lock(folder, exclusive=True):
+            recover_dir(folder)
+            _sweep_temporaries(folder)
+            current = Gallery(folder)
+            current._load(locked=True)  # what is on disk now, with what other writers added
+            try:
+                with gallery_writer(folder) as tmp:
+                    _copy_catalog(folder / CATALOG_FILE, tmp / CATALOG_FILE)
+                    catalog = Catalog.open(tmp / CATALOG_FILE)
+                    try:
+                        index = faiss.clone_index(current._index)
+                        index, embeddings = change(
+                            catalog, index, np.asarray(current.embeddings), dict(current.meta)
+                        )
+                        ids, _ = catalog.labels()
+                        catalog.set_meta(count=len(ids))
+                        meta = catalog.meta()
+                    finally:
+                        catalog.close()
+                    _check_consistent(folder, meta, ids, index, embeddings)
+                    _write_arrays(tmp, index, embeddings)
+            finally:
+                current.close()
+        self._load()
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._catalog is not None:
+            self._catalog.close()
+            self._catalog = None
+
+    def __enter__(self) -> Gallery:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+# -- internals -------------------------------------------------------------------------------
+
+
+def _recover(folder: Path) -> None:
+    """Undo a writer killed between the two renames of a replace (under the write lock)."""
+    if _previous(folder).exists() and not folder.exists():
+        with gallery_lock(folder, exclusive=True):
+            recover_dir(folder)
+
+
+def _previous(folder: Path) -> Path:
+    """Where models.atomic.replace_dir parks the old folder between its two renames."""
+    return folder.with_name(f".{folder.name}.previous")
+
+
+def _read_index(path: Path) -> faiss.Index:
+    try:
+        return faiss.read_index(str(path))
+    except RuntimeError as error:
+        reason = " ".join(str(error).split()[-12:])
+        raise GalleryError(f"{path} is not a readable FAISS index ({reason})") from None
+
+
+def _read_embeddings(path: Path) -> np.ndarray:
+    try:
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as error:
+        raise GalleryError(f"{path} is not a readable embeddings file ({error})") from None
+    if array.ndim != 2 or array.dtype != np.float32:
+        raise GalleryError(
+            f"{path} should hold float32 [N, D] embeddings, it holds {array.dtype} "
+            f"{tuple(array.shape)}"
+        )
+    return array
+
+
+def index_ids(index: faiss.Index) -> np.ndarray:
+    """Every id an index holds (IDMap2 keeps them in a list; IVF in its inverted lists)."""
+    if isinstance(index, faiss.IndexIDMap2 | faiss.IndexIDMap):
+        return faiss.vector_to_array(index.id_map).astype(np.int64)
+    ivf = faiss.extract_index_ivf(index)
+    lists = ivf.invlists
+    chunks = [
+        faiss.rev_swig_ptr(lists.get_ids(number), lists.list_size(number)).copy()
+        for number in range(ivf.nlist)
+        if lists.list_size(number)
+    ]
+    return np.concatenate(chunks).astype(np.int64) if chunks else np.zeros(0, np.int64)
+
+
+def _check_consistent(
+    folder: Path, meta: dict, ids: np.ndarray, index: faiss.Index, embeddings: np.ndarray
+) -> None:
+    missing = [key for key in ("model_sha256", "dim", "metric", "index_type") if key not in meta]
+    if missing:
+        raise GalleryError(f"gallery {folder} is damaged: its catalog meta has no '{missing[0]}'")
+    if meta["metric"] != METRIC:
+        raise GalleryError(f"gallery {folder} uses metric {meta['metric']!r}, not {METRIC!r}")
+    dim = int(meta["dim"])
+    count = len(ids)
+    if index.d != dim or embeddings.shape[1] != dim:
+        raise GalleryError(
+            f"gallery {folder} is inconsistent: catalog dim {dim}, index dim {index.d}, "
+            f"embeddings dim {embeddings.shape[1]}"
+        )
+    if index.ntotal != count or len(embeddings) != count:
+        raise GalleryError(
+            f"gallery {folder} is inconsistent: {count} catalog items, {index.ntotal} index "
+            f"vectors, {len(embeddings)} embeddings"
+        )
+    held = np.sort(index_ids(index))
+    if not np.array_equal(held, ids):  # ids is sorted (catalog order)
+        absent = np.setdiff1d(ids, held)
+        shown = int(absent[0]) if len(absent) else int(np.setdiff1d(held, ids)[0])
+        raise GalleryError(
+            f"gallery {folder} is inconsistent: catalog and index ids differ (id {shown})"
+        )
+
+
+def _apply_search_parameters(index: faiss.Index, meta: dict) -> None:
+    if meta.get("index_type") == "ivf" and "nprobe" in meta:
+        faiss.extract_index_ivf(index).nprobe = int(meta["nprobe"])
+    if meta.get("index_type") == "hnsw" and "ef_search" in meta:
+        faiss.downcast_index(index.index).hnsw.efSearch = int(meta["ef_search"])
+
+
+def _to_gpu(index: faiss.Index, index_type: str) -> faiss.Index | None:
+    """A GPU copy of a flat or IVF index when FAISS sees a GPU (HNSW is CPU-only); None
+    otherwise, or if the copy fails (search then stays on the CPU)."""
+    if index_type not in ("flat", "ivf") or index.ntotal == 0:
+        return None
+    try:
+        if not hasattr(faiss, "StandardGpuResources") or faiss.get_num_gpus() < 1:
+            return None
+        resources = faiss.StandardGpuResources()
+        gpu = faiss.index_cpu_to_gpu(resources, 0, index)
+        gpu.referenced_objects = [resources]  # keep the resources alive with the index
+        return gpu
+    except (RuntimeError, AttributeError):
+        return None
+
+
+def _copy_catalog(source: Path, target: Path) -> None:
+    """A consistent copy of a SQLite catalog (the backup API, not a file copy)."""
+    uri = f"file:{quote(str(source))}?mode=ro"
+    src = sqlite3.connect(uri, uri=True)
+    try:
+        dst = sqlite3.connect(target)
+        try:
+            src.backup(dst)
+        finally:
+            dst.close()
+    except sqlite3.DatabaseError as error:
+        raise GalleryError(f"gallery catalog {source} cannot be copied: {error}") from None
+    finally:
+        src.close()
