@@ -25,12 +25,12 @@ Metadata: every nearsight model carries the string map :data:`METADATA_KEYS` (ON
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import os
 import warnings
 from collections.abc import Mapping, Sequence
-from functools import cached_property
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -152,7 +152,7 @@ class _EmbedderBase:
             raise NearsightError(f"{self.path} is not a nearsight model: bad metadata")
         self._transform = test_transform(self.image_size, self.resize)
 
-    @cached_property
+    @functools.cached_property
     def model_sha256(self) -> str:
         return file_sha256(self.path)
 
@@ -227,6 +227,16 @@ def default_providers(device: str = "auto") -> list[str]:
     return ["CPUExecutionProvider"]
 
 
+@functools.cache
+def _preload_cuda_libraries() -> None:
+    """onnxruntime-gpu finds CUDA/cuDNN (cuBLAS, cuRAND...) in the nvidia-* pip packages only
+    when told to; torch does not load all of them (cuRAND), so the CUDA provider would fail."""
+    import onnxruntime as ort
+
+    with contextlib.suppress(Exception):
+        ort.preload_dlls()
+
+
 def _open_session(path: Path, options: Any, providers: list[str]) -> Any:
     """An onnxruntime session on ``providers``; a GPU provider that fails to start falls back to
     the CPU quietly (onnxruntime would print "EP Error ... Falling back"); a file onnxruntime
@@ -238,10 +248,16 @@ def _open_session(path: Path, options: Any, providers: list[str]) -> Any:
             return ort.InferenceSession(str(path), options, providers=providers)
         with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            _preload_cuda_libraries()
+            # a GPU provider that cannot start logs through the default logger; quiet it for
+            # this attempt (then back to onnxruntime's default, warnings)
+            ort.set_default_logger_severity(4)
             try:
                 return ort.InferenceSession(str(path), options, providers=providers)
             except Exception:
                 return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+            finally:
+                ort.set_default_logger_severity(2)
     except Exception as error:
         reason = " ".join(str(error).split())[:200]
         raise NearsightError(
