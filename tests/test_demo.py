@@ -1,0 +1,57 @@
+"""`nearsight demo --no-launch` end to end at a tiny setting, and the reuse of finished steps."""
+
+from __future__ import annotations
+
+import json
+
+from app.cli import main
+
+TINY = [
+    "--no-launch",
+    "--classes",
+    "6",
+    "--per-class",
+    "4",
+    "--synth-size",
+    "32",
+    "--image-size",
+    "32",
+    "--steps",
+    "3",
+    "--workers",
+    "0",
+]
+
+
+def test_demo_runs_the_pipeline_then_reuses_it(tmp_path, capsys):
+    work = tmp_path / "demo"
+    assert main(["demo", "--workdir", str(work), *TINY]) == 0
+    out = capsys.readouterr().out
+    for step in (
+        "[1/5] generating",
+        "[2/5] training",
+        "[3/5] exporting",
+        "[4/5] indexing",
+        "[5/5] evaluating",
+    ):
+        assert step in out, step
+    assert "done in" in out
+    # the comparison table: untrained (step 0 of the run) beside trained (the gallery)
+    row = next(line for line in out.splitlines() if line.startswith("recall@1 "))
+    untrained, trained = (float(x) for x in row.split()[1:])
+    first = json.loads((work / "run-ice" / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["step"] == 0 and untrained == round(first["recall@1"], 4)
+    assert 0.0 <= trained <= 1.0
+    for artifact in (
+        "data/synthetic.json",
+        "run-ice/best.pt",
+        "model-ice.onnx",
+        "gallery-ice/catalog.db",
+    ):
+        assert (work / artifact).exists(), artifact
+
+    # second run: every step is reused
+    assert main(["demo", "--workdir", str(work), *TINY]) == 0
+    out = capsys.readouterr().out
+    assert out.count("reusing") == 4
+    assert "generating" not in out and "training ResNet-50" not in out
