@@ -1,0 +1,40 @@
+"""``nearsight eval``: the papers' retrieval metrics on a gallery's stored embeddings."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "eval",
+        help="Recall@k, NMI and MAP@R of a gallery (leave-one-out, the papers' protocol)",
+        description="Evaluate a gallery by the deep-metric-learning protocol: every labelled "
+        "item queries all the other labelled items, using the embeddings stored in the gallery "
+        "(nothing is re-embedded). Recall@k, NMI (k-means, k = number of classes) and MAP@R.",
+    )
+    parser.add_argument("--gallery", type=Path, required=True, help="gallery folder")
+    parser.add_argument(
+        "--k",
+        type=int,
+        nargs="+",
+        metavar="K",
+        help="Recall@k values (default 1 2 4 8; 1 10 100 1000 for a gallery of the sop dataset)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(func=run_eval)
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from index.gallery import Gallery
+
+    with Gallery.open(args.gallery) as gallery:
+        metrics = gallery.evaluate(args.k)
+    if args.json:
+        print(json.dumps(metrics))
+        return 0
+    shown = "  ".join(f"{name} {value:.4f}" for name, value in metrics.items() if name != "queries")
+    print(f"{shown}  ({metrics['queries']} queries)")
+    return 0
