@@ -355,3 +355,15 @@ def test_two_concurrent_adds_both_land(setup, gallery_copy):
         np.testing.assert_array_equal(gallery.ids, np.arange(17))
         added = {item["path"] for item in gallery.items(range(12, 17))}
         assert added == {str(path) for path in extra[:5]}
+
+
+def test_eval_json_stays_valid_when_map_at_r_is_undefined(tmp_path, capsys):
+    from index.gallery import build_gallery
+
+    vectors = np.eye(4, dtype=np.float32)
+    items = [{"path": f"/x/{i}.png", "label": i} for i in range(4)]  # no class has two items
+    build_gallery(tmp_path / "g", vectors, items, model_sha256="0" * 64)
+    code, out, err = run(capsys, "eval", "--gallery", tmp_path / "g", "--json")
+    assert code == 0, err
+    result = json.loads(out)  # strict JSON: no NaN
+    assert result["map@r"] is None and result["recall@1"] == 0.0 and result["queries"] == 4

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 
@@ -33,8 +34,13 @@ def run_eval(args: argparse.Namespace) -> int:
     with Gallery.open(args.gallery) as gallery:
         metrics = gallery.evaluate(args.k)
     if args.json:
-        print(json.dumps(metrics))
+        # MAP@R is NaN when no class has two items: null keeps the output valid JSON
+        print(json.dumps({key: _json_number(value) for key, value in metrics.items()}))
         return 0
     shown = "  ".join(f"{name} {value:.4f}" for name, value in metrics.items() if name != "queries")
     print(f"{shown}  ({metrics['queries']} queries)")
     return 0
+
+
+def _json_number(value: float | int) -> float | int | None:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
