@@ -335,7 +335,8 @@ class Gallery:
         self.model_sha256: str = str(meta["model_sha256"])
         self._index = index
         _apply_search_parameters(index, meta)
-        self._gpu_index = _to_gpu(index, self.index_type)
+        # a writer's private read (locked) is never searched: no GPU copy for it
+        self._gpu_index = None if locked else _to_gpu(index, self.index_type)
 
     def check_model(self, model: Any, name: str | os.PathLike[str] | None = None) -> None:
         """GalleryError unless ``model`` (``dim``, ``model_sha256``) is the gallery's model."""
@@ -497,9 +498,12 @@ class Gallery:
                     _copy_catalog(folder / CATALOG_FILE, tmp / CATALOG_FILE)
                     catalog = Catalog.open(tmp / CATALOG_FILE)
                     try:
-                        index = faiss.clone_index(current._index)
+                        # current's index is changed in place: current is thrown away after
                         index, embeddings = change(
-                            catalog, index, np.asarray(current.embeddings), dict(current.meta)
+                            catalog,
+                            current._index,
+                            np.asarray(current.embeddings),
+                            dict(current.meta),
                         )
                         ids, _ = catalog.labels()
                         catalog.set_meta(count=len(ids))
