@@ -184,7 +184,8 @@ class _EmbedderBase:
         return np.concatenate(chunks)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({str(self.path)!r}, dim={self.dim}, image_size={self.image_size})"
+        name = type(self).__name__
+        return f"{name}({str(self.path)!r}, dim={self.dim}, image_size={self.image_size})"
 
 
 def physical_cores() -> int:

@@ -24,7 +24,12 @@ from models.checkpoint import save_checkpoint
 from models.embedder import METADATA_KEYS, OnnxEmbedder, nearsight_version
 from models.embedding import EmbeddingConfig, EmbeddingNet
 from models.errors import NearsightError
-from models.export import default_int8_path, export_onnx, pick_calibration_paths
+from models.export import (
+    default_int8_path,
+    export_onnx,
+    pick_calibration_paths,
+    quantize_int8,
+)
 from models.preprocess import test_transform as make_test_transform
 
 SIZE, DIM, RESIZE = 32, 16, 40
@@ -180,6 +185,22 @@ def test_int8_model_is_close_to_fp32(exported):
     fp32 = OnnxEmbedder(exported["out"], providers=["CPUExecutionProvider"]).embed(batch)
     int8 = OnnxEmbedder(int8_path, providers=["CPUExecutionProvider"]).embed(batch)
     assert np.sum(fp32 * int8, axis=1).min() >= 0.9
+
+
+def test_quantize_int8_of_an_exported_model(exported, tmp_path):
+    calibration = sorted((exported["root"] / "calibration").glob("*.png"))[:8]
+    int8 = quantize_int8(exported["out"], tmp_path / "q.onnx", calibration)
+    assert int8.path == tmp_path / "q.onnx" and int8.calibration_images == 8
+    assert int8.cosine_min >= 0.9
+    assert int8.model_sha256 == hashlib.sha256(int8.path.read_bytes()).hexdigest()
+    embedder = OnnxEmbedder(int8.path, providers=["CPUExecutionProvider"])
+    assert embedder.metadata["precision"] == "int8" and embedder.dim == DIM
+    assert embedder.metadata["checkpoint_sha256"] == exported["report"].checkpoint_sha256
+    with pytest.raises(NearsightError, match="already int8"):
+        quantize_int8(int8.path, tmp_path / "qq.onnx", calibration)
+    with pytest.raises(NearsightError, match="its own file"):
+        quantize_int8(exported["out"], exported["out"], calibration)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q.onnx"]
 
 
 def test_failed_parity_check_leaves_no_file(exported, tmp_path, monkeypatch):

@@ -78,7 +78,8 @@ def run_export(args: argparse.Namespace) -> int:
     if args.int8:
         if not (args.calibration_dataset and args.calibration_root):
             raise NearsightError(
-                "--int8 needs calibration images: --calibration-dataset NAME --calibration-root PATH"
+                "--int8 needs calibration images: "
+                "--calibration-dataset NAME --calibration-root PATH"
             )
         if args.calibration_images <= 0:
             raise NearsightError(
