@@ -361,7 +361,13 @@ def load_embedder(path: str | os.PathLike[str], device: str = "auto") -> Embedde
         raise NearsightError(f"model not found: {file}")
     suffix = file.suffix.lower()
     if suffix == ".onnx":
-        return OnnxEmbedder(file, providers=default_providers(device))
+        embedder = OnnxEmbedder(file, providers=default_providers(device))
+        if device == "cuda" and embedder.device != "cuda":
+            raise NearsightError(
+                "--device cuda: onnxruntime could not start its CUDA provider here "
+                "(see onnxruntime's CUDA requirements); use --device auto or cpu"
+            )
+        return embedder
     if suffix in (".pt", ".pth"):
         return TorchEmbedder(file, device=device)
     raise NearsightError(

@@ -126,12 +126,15 @@ def export_onnx(
     int8_calibration: Sequence[str | os.PathLike[str]] | None = None,
     int8_out: str | os.PathLike[str] | None = None,
     image_loader: Callable[[Path], Image.Image] | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> ExportReport:
     """Export ``checkpoint`` to the one-file ONNX model ``out`` and check it against torch.
 
     With ``int8_calibration`` (image paths), also write the static-int8 model ``int8_out``
     (default :func:`default_int8_path`), calibrated on those images read by ``image_loader``
-    (default: PIL, EXIF-oriented, RGB). Both files appear together or not at all."""
+    (default: PIL, EXIF-oriented, RGB). Both files appear together or not at all. ``log``
+    receives a line as each stage starts (the CLI prints them)."""
+    log = log or (lambda line: None)
     start = time.perf_counter()
     checkpoint, out = Path(checkpoint), Path(out)
     if isinstance(opset, bool) or not isinstance(opset, int) or not MIN_OPSET <= opset <= MAX_OPSET:
@@ -164,9 +167,11 @@ def export_onnx(
     )
 
     with atomic_write_path(out) as tmp:
+        log(f"exporting {checkpoint} ({net.config.arch}, {image_size} px, opset {opset})")
         _torch_export(net, tmp, opset)
         _finish_model(tmp, metadata, net.dim)
         batches = (batch_for_check, 1) if batch_for_check != 1 else (1,)
+        log(f"parity check: torch vs onnxruntime on batches of {' and '.join(map(str, batches))}")
         max_diff = _parity(net, tmp, batches)
         if not max_diff <= PARITY_TOLERANCE:  # also catches NaN
             raise NearsightError(
@@ -188,6 +193,7 @@ def export_onnx(
             seconds=0.0,
         )
         if calibration is not None and int8_path is not None:
+            log(f"int8: calibrating and quantising on {len(calibration)} images")
             with atomic_write_path(int8_path) as tmp_int8:
                 int8 = _write_int8(
                     tmp, tmp_int8, int8_path, calibration, metadata, report.model_sha256, checkpoint

@@ -191,6 +191,20 @@ def test_provider_choice(monkeypatch):
     assert default_providers("cpu") == CPU
 
 
+def test_device_cuda_is_refused_when_onnxruntime_cannot_use_it(models, monkeypatch):
+    import onnxruntime as ort
+
+    if OnnxEmbedder(models["onnx"]).device == "cuda":
+        pytest.skip("a working GPU")
+    monkeypatch.setattr(
+        ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    )
+    monkeypatch.setattr(embedder_module, "_cuda_works", lambda: True)  # torch says yes...
+    with pytest.raises(NearsightError, match="could not start its CUDA provider"):
+        load_embedder(models["onnx"], device="cuda")  # ...onnxruntime ends up on the CPU
+    assert load_embedder(models["onnx"], device="auto").device == "cpu"  # auto falls back
+
+
 def test_gpu_provider_that_cannot_start_falls_back_to_cpu_quietly(models, capfd):
     if OnnxEmbedder(models["onnx"]).providers[0] != "CPUExecutionProvider":
         pytest.skip("a working GPU: nothing to fall back from")

@@ -263,10 +263,11 @@ def _cli(argv: list[str]) -> tuple[int, str, str]:
 
 def test_cli_exports_a_run_dir_and_prints_parity(exported, tmp_path):
     out = tmp_path / "cli.onnx"
-    code, stdout, _ = _cli(
+    code, stdout, stderr = _cli(
         ["export", "--checkpoint", str(exported["checkpoint"].parent), "--out", str(out)]
     )
     assert code == 0
+    assert "exporting" in stderr and "parity check" in stderr  # stage lines on stderr
     assert "opset 17" in stdout and "max |torch - onnxruntime| = " in stdout
     parity = float(stdout.split("max |torch - onnxruntime| = ")[1].split()[0])
     assert 0 <= parity <= 1e-4

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 
@@ -104,6 +105,7 @@ def run_export(args: argparse.Namespace) -> int:
         int8_calibration=calibration,
         int8_out=args.int8_out,
         image_loader=image_loader,
+        log=lambda line: print(f"{line} ...", file=sys.stderr, flush=True),
     )
     if args.json:
         print(json.dumps(report.to_dict()))
