@@ -14,6 +14,27 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
+def _umask() -> int:
+    # os.umask can only be read by setting it, which races with other threads creating files;
+    # Linux reports it in /proc
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _publishable(path: str | os.PathLike[str], mode: int = 0o666) -> None:
+    """mkstemp/mkdtemp create owner-only files; give the result the permissions a plain
+    open() would have (mode & ~umask), so a model or gallery can be served by another user."""
+    os.chmod(path, mode & ~_umask())
+
+
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike[str], mode: str = "wb") -> Iterator:
     """Open a temporary file beside ``path``; on success fsync it and rename it onto ``path``."""
@@ -25,6 +46,7 @@ def atomic_file(path: str | os.PathLike[str], mode: str = "wb") -> Iterator:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
+        _publishable(tmp_name)
         os.replace(tmp_name, final)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -46,6 +68,8 @@ def _atomic_path(final: Path) -> Iterator[Path]:
     tmp = Path(tmp_name)
     try:
         yield tmp
+        if tmp.exists():
+            _publishable(tmp)
         os.replace(tmp, final)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -62,6 +86,7 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
     try:
         yield tmp
+        _publishable(tmp, 0o777)
         replace_dir(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

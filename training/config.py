@@ -230,7 +230,19 @@ def _check_types(node: Any, where: str) -> None:
 
 
 def validate(config: TrainConfig) -> None:
+    from training.losses.registry import LOSSES
+    from training.samplers import SAMPLERS
+
     _check_types(config, "")
+    if config.loss.name not in LOSSES:
+        raise ConfigError(
+            f"unknown loss {config.loss.name!r}; valid losses: {', '.join(sorted(LOSSES))}"
+        )
+    if config.sampler.name != "auto" and config.sampler.name not in SAMPLERS:
+        raise ConfigError(
+            f"unknown sampler {config.sampler.name!r}; valid samplers: auto, "
+            + ", ".join(sorted(SAMPLERS))
+        )
     if config.steps is None and config.epochs is None:
         raise ConfigError("set either steps or epochs")
     for name, value in (("steps", config.steps), ("epochs", config.epochs)):

@@ -1,0 +1,289 @@
+"""The trainer end to end at a tiny size: run folder, resume, RankMI's alternation, DDP."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from app.cli import main
+from index.datasets.synthetic import write_synthetic
+from models.checkpoint import load_checkpoint, load_embedding_net
+from training.config import load_config
+from training.trainer import Trainer, lr_factor, train
+
+TINY = {
+    "data.dataset": "folder",
+    "data.image_size": 32,
+    "data.workers": 0,
+    "data.eval_batch_size": 16,
+    "model.dim": 16,
+    "model.pretrained": "none",
+    "sampler.classes_per_batch": 3,
+    "sampler.per_class": 2,
+    "eval_every": 3,
+    "save_every": 1,
+    "log_every": 1,
+}
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("synth") / "data"
+    write_synthetic(root, classes=8, per_class=4, size=32, seed=0)
+    return root
+
+
+def tiny_config(root: Path, loss: str = "ice", steps: int = 6, **extra):
+    overrides = dict(TINY)
+    overrides.update({"data.root": str(root), "loss.name": loss, "steps": steps})
+    overrides.update(extra)
+    return load_config(None, overrides)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_run_dir_holds_every_artifact(synth, tmp_path):
+    out = tmp_path / "run"
+    summary = train(tiny_config(synth, steps=4, eval_at_start=True), out)
+    assert summary["steps"] == 4
+    for name in ("config.yaml", "best.pt", "last.pt", "metrics.jsonl", "train.jsonl"):
+        assert (out / name).exists(), name
+    assert any((out / "tensorboard").iterdir())
+    evaluations = read_jsonl(out / "metrics.jsonl")
+    # step 0 (untrained), step 3 (eval_every) and the final step 4
+    assert [e["step"] for e in evaluations] == [0, 3, 4]
+    assert evaluations[-1]["queries"] == 16  # 4 test classes x 4 images
+    assert set(evaluations[-1]) >= {"recall@1", "recall@2", "recall@4", "recall@8", "nmi", "map@r"}
+    assert [r["step"] for r in read_jsonl(out / "train.jsonl")] == [1, 2, 3, 4]
+    # the saved config is the resolved one and loads back to the same settings
+    saved = load_config(out / "config.yaml")
+    assert saved.to_dict() == yaml.safe_load((out / "config.yaml").read_text())
+    assert saved.steps == 4 and saved.model.dim == 16
+    # best.pt loads with the models package alone and embeds to unit vectors
+    net = load_embedding_net(out / "best.pt")
+    with torch.no_grad():
+        emb = net(torch.rand(2, 3, 32, 32))
+    assert emb.shape == (2, 16)
+    torch.testing.assert_close(emb.norm(dim=1), torch.ones(2))
+    best = load_checkpoint(out / "best.pt")
+    assert best["training"]["loss"] == "ice"
+    assert best["training"]["metrics"]["recall@1"] == max(e["recall@1"] for e in evaluations)
+
+
+def test_existing_run_is_not_overwritten(synth, tmp_path):
+    out = tmp_path / "run"
+    train(tiny_config(synth, steps=1), out)
+    with pytest.raises(Exception, match="--resume"):
+        train(tiny_config(synth, steps=1), out)
+
+
+class Interrupt(Exception):
+    pass
+
+
+@pytest.mark.parametrize("loss", ["ice", "rankmi"])
+def test_interrupt_and_resume_reproduces_the_uninterrupted_run(synth, tmp_path, monkeypatch, loss):
+    config = tiny_config(synth, loss=loss, steps=6)
+    straight = tmp_path / "straight"
+    train(config, straight)
+
+    interrupted = tmp_path / "interrupted"
+    original = Trainer._train_step
+    calls = {"n": 0}
+
+    def dying_step(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 5:  # steps 1-4 done and saved (save_every=1), die inside step 5
+            raise Interrupt
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "_train_step", dying_step)
+    with pytest.raises(Interrupt):
+        train(config, interrupted)
+    monkeypatch.setattr(Trainer, "_train_step", original)
+    assert load_checkpoint(interrupted / "last.pt")["state"]["step"] == 4
+    train(config, interrupted, resume=True)
+
+    assert read_jsonl(interrupted / "metrics.jsonl") == read_jsonl(straight / "metrics.jsonl")
+    losses_a = [r["loss"] for r in read_jsonl(straight / "train.jsonl")]
+    losses_b = [r["loss"] for r in read_jsonl(interrupted / "train.jsonl")]
+    assert losses_b == pytest.approx(losses_a, rel=1e-6, abs=1e-7)
+    a = load_checkpoint(straight / "last.pt")["state_dict"]
+    b = load_checkpoint(interrupted / "last.pt")["state_dict"]
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-6, atol=1e-7, msg=key)
+
+
+def test_rankmi_alternates_critic_and_embedding_steps(synth, tmp_path):
+    out = tmp_path / "rankmi"
+    train(tiny_config(synth, loss="rankmi", steps=3), out)
+    last = load_checkpoint(out / "last.pt")
+    # Algorithm 1 with k = 1: batch t updates the critic when t mod 2 != 0, else the embedding
+    phases = [r.get("phase", "embedding") for r in read_jsonl(out / "train.jsonl")]
+    assert phases == ["embedding", "critic", "embedding"]
+    critic_steps = [s["step"] for s in last["critic_optimizer"]["state"].values()]
+    assert critic_steps and all(int(s) == 1 for s in critic_steps)
+    embedding_steps = [s["step"] for s in last["optimizer"]["state"].values()]
+    assert embedding_steps and all(int(s) == 2 for s in embedding_steps)
+    assert 0.0 <= float(last["loss_state"]["beta_state"]) <= 2.0
+
+
+def test_bcontrastive_gets_class_counts_and_design_from_the_sampler(synth, tmp_path):
+    trainer_summary = train(tiny_config(synth, loss="bcontrastive", steps=2), tmp_path / "bc")
+    assert trainer_summary["steps"] == 2
+
+
+def test_learning_rate_schedules():
+    config = load_config(None, {"steps": 100, "optim.schedule": "step", "optim.milestones": [50]})
+    assert lr_factor(0, 100, config) == 1.0 and lr_factor(50, 100, config) == pytest.approx(0.1)
+    config = load_config(None, {"steps": 100, "optim.schedule": "cosine", "optim.warmup_steps": 10})
+    assert lr_factor(0, 100, config) == pytest.approx(0.1)
+    assert lr_factor(10, 100, config) == pytest.approx(1.0)
+    assert lr_factor(100, 100, config) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_cli_train_and_bad_input(synth, tmp_path, capsys):
+    out = tmp_path / "cli"
+    args = [
+        "train",
+        "--dataset",
+        "folder",
+        "--root",
+        str(synth),
+        "--loss",
+        "nra",
+        "--out",
+        str(out),
+        "--dim",
+        "16",
+        "--image-size",
+        "32",
+        "--steps",
+        "2",
+        "--classes-per-batch",
+        "3",
+        "--per-class",
+        "2",
+        "--workers",
+        "0",
+        "--set",
+        "data.eval_batch_size=16",
+    ]
+    assert main(args) == 0
+    assert "best recall@1" in capsys.readouterr().out
+    assert load_config(out / "config.yaml").loss.name == "nra"
+    # a wrong layout is one line and exit 2
+    assert (
+        main(
+            [
+                "train",
+                "--dataset",
+                "cub",
+                "--root",
+                str(tmp_path),
+                "--loss",
+                "ice",
+                "--out",
+                str(tmp_path / "x"),
+            ]
+        )
+        == 2
+    )
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("nearsight: error:") and "\n" not in err
+    # an unknown loss is refused before any data is read, listing the valid ones
+    assert (
+        main(
+            [
+                "train",
+                "--dataset",
+                "folder",
+                "--root",
+                str(synth),
+                "--loss",
+                "nope",
+                "--out",
+                str(tmp_path / "y"),
+                "--steps",
+                "1",
+            ]
+        )
+        == 2
+    )
+    assert "rll" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_two_process_ddp_follows_the_single_process_loss_curve(synth, tmp_path):
+    """torchrun with 2 CPU processes (gloo): each embeds half of the same global batch, the
+    loss sees the whole batch, so the loss curve matches one process (BatchNorm frozen)."""
+    common = [
+        "--dataset",
+        "folder",
+        "--root",
+        str(synth),
+        "--loss",
+        "ice",
+        "--dim",
+        "16",
+        "--image-size",
+        "32",
+        "--steps",
+        "4",
+        "--classes-per-batch",
+        "3",
+        "--per-class",
+        "2",
+        "--workers",
+        "0",
+        "--eval-every",
+        "4",
+        "--device",
+        "cpu",
+        "--set",
+        "model.freeze_bn=true",
+        "--set",
+        "data.eval_batch_size=16",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    single = tmp_path / "single"
+    subprocess.run(
+        [sys.executable, "-m", "app.cli", "train", *common, "--out", str(single)],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    ddp = tmp_path / "ddp"
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
+    result = subprocess.run(
+        [
+            torchrun,
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "app.cli",
+            "train",
+            *common,
+            "--out",
+            str(ddp),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    a = [r["loss"] for r in read_jsonl(single / "train.jsonl")]
+    b = [r["loss"] for r in read_jsonl(ddp / "train.jsonl")]
+    assert len(a) == len(b) == 4
+    assert b == pytest.approx(a, rel=1e-3, abs=1e-4)
