@@ -1,0 +1,101 @@
+"""``nearsight serve``: the Gradio page over one or more galleries (app/page.py)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve the search page (Gradio) over one or more galleries",
+        description="Serve a web page to query the galleries by image: the top-k framed green "
+        "(the query's class) or red (another class), the gallery's leave-one-out failures and "
+        "its Recall@k. Also an API endpoint /search for gradio_client. Prints the URL and "
+        "serves until interrupted.",
+    )
+    parser.add_argument(
+        "--gallery",
+        type=Path,
+        action="append",
+        required=True,
+        metavar="DIR",
+        help="gallery folder (repeat for several; the page offers a choice)",
+    )
+    parser.add_argument(
+        "--model",
+        type=Path,
+        help="model that embeds uploads (default: the model each gallery was built with; "
+        "it must be the gallery's model)",
+    )
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1; 0.0.0.0 serves the local network)",
+    )
+    parser.add_argument("--port", type=int, default=7860, help="default 7860")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument(
+        "--max-upload-mb",
+        type=float,
+        default=10.0,
+        help="largest image a user may upload, in MB (default 10)",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=2,
+        help="searches embedded at once; more wait in the queue (default 2)",
+    )
+    parser.add_argument(
+        "--max-queue",
+        type=int,
+        default=64,
+        help="events allowed to wait in the queue; more are refused (default 64)",
+    )
+    parser.set_defaults(func=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from models.errors import NearsightError
+
+    if not 0 <= args.port <= 65535:
+        raise NearsightError(f"--port must be from 0 to 65535, got {args.port}")
+    if not args.max_upload_mb > 0:
+        raise NearsightError(f"--max-upload-mb must be positive, got {args.max_upload_mb}")
+    if args.concurrency < 1:
+        raise NearsightError(f"--concurrency must be at least 1, got {args.concurrency}")
+    if args.max_queue < 1:
+        raise NearsightError(f"--max-queue must be at least 1, got {args.max_queue}")
+
+    from app.page import build_app, launch_app
+
+    demo = build_app(
+        args.gallery,
+        args.model,
+        device=args.device,
+        concurrency=args.concurrency,
+        max_queue=args.max_queue,
+    )
+    try:
+        url = launch_app(
+            demo,
+            host=args.host,
+            port=args.port,
+            max_upload_mb=args.max_upload_mb,
+            prevent_thread_lock=True,
+            quiet=True,
+        )
+    except OSError as error:  # the port is taken, or the address is not ours
+        demo.nearsight.close()
+        raise NearsightError(f"cannot serve on {args.host}:{args.port}: {error}") from None
+    print(f"nearsight: serving {len(demo.nearsight.names)} gallery(ies) at {url}", flush=True)
+    try:
+        demo.block_thread()  # until Ctrl-C
+    finally:
+        demo.close(verbose=False)
+        demo.nearsight.close()
+    print("nearsight: stopped", file=sys.stderr)
+    return 0

@@ -1,0 +1,134 @@
+"""HTML of the page's result grids (for gr.HTML), with inline styles and data attributes.
+
+Every cell carries ``data-rank``, ``data-id``, ``data-label`` and ``data-correct`` ("true",
+"false" or "unknown"), so that scripts and browser tests need not parse text. The frame colour
+says the same as ``data-correct``: green when the neighbour's class is the query's, red when it
+is not, grey when the query's class is unknown (or the neighbour is unlabelled). Images are
+inline JPEG data URIs made from the gallery files on the server: the browser never asks the
+server for a file by its path. All text is escaped.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from app.page_data import Neighbour
+
+FRAME_COLOURS = {"true": "#16a34a", "false": "#dc2626", "unknown": "#9ca3af"}
+QUERY_COLOUR = "#2563eb"
+CELL_SIDE = 152  # pixels of the image area of a cell
+_CELL_STYLE = (
+    "margin:0;padding:4px;border:4px solid {colour};border-radius:8px;box-sizing:content-box;"
+    "width:{side}px;cursor:pointer;background:rgba(127,127,127,0.06)"
+)
+_IMAGE_STYLE = "display:block;width:{side}px;height:{side}px;object-fit:contain"
+_MISSING_STYLE = (
+    "display:flex;align-items:center;justify-content:center;width:{side}px;height:{side}px;"
+    "font-size:12px;opacity:0.7;background:rgba(127,127,127,0.15)"
+)
+_CAPTION_STYLE = "font-size:12px;line-height:1.35;margin-top:4px;overflow-wrap:anywhere"
+
+
+@dataclass
+class QueryCard:
+    """The query beside the grid."""
+
+    title: str  # "uploaded image" or "gallery item #12"
+    thumbnail: str | None  # data URI
+    label: int | None  # the known class, or None
+    class_name: str  # shown class ("unknown" when None)
+    kind: str  # "upload" or "item"
+    item_id: int | None = None
+    note: str = ""  # e.g. "identical to gallery item #3"
+
+
+def correctness(query_label: int | None, neighbour_label: int | None) -> str:
+    if query_label is None or query_label < 0 or neighbour_label is None or neighbour_label < 0:
+        return "unknown"
+    return "true" if neighbour_label == query_label else "false"
+
+
+def _image(uri: str | None, alt: str) -> str:
+    if uri is None:
+        return f'<div style="{_MISSING_STYLE.format(side=CELL_SIDE)}">image not readable</div>'
+    style = _IMAGE_STYLE.format(side=CELL_SIDE)
+    return f'<img src="{html.escape(uri, quote=True)}" alt="{html.escape(alt)}" style="{style}">'
+
+
+def result_html(
+    query: QueryCard,
+    neighbours: Sequence[Neighbour],
+    thumbnails: Sequence[str | None],
+    class_names: Sequence[str],
+    *,
+    gallery: str,
+    gallery_size: int,
+) -> str:
+    """The query card and its top-k grid."""
+    e = html.escape
+    verdicts = [correctness(query.label, n.label) for n in neighbours]
+    right = verdicts.count("true")
+    if query.label is None:
+        summary = f"{len(neighbours)} nearest of {gallery_size} items in {e(gallery)}"
+    else:
+        summary = (
+            f"{len(neighbours)} nearest of {gallery_size} items in {e(gallery)}: "
+            f"{right} of the query's class"
+        )
+    if query.kind == "item":
+        summary += " (the query itself left out)"
+
+    query_style = _CELL_STYLE.format(colour=QUERY_COLOUR, side=CELL_SIDE) + ";cursor:default"
+    note = f"<br><em>{e(query.note)}</em>" if query.note else ""
+    query_id = f' data-id="{query.item_id}"' if query.item_id is not None else ""
+    query_label = "" if query.label is None else str(query.label)
+    parts = [
+        f'<div class="ns-result" data-gallery="{e(gallery)}" data-query-kind="{query.kind}"'
+        f'{query_id} data-query-label="{query_label}" data-k="{len(neighbours)}"'
+        ' style="display:flex;gap:18px;align-items:flex-start;flex-wrap:wrap">',
+        f'<figure class="ns-query" data-role="query" style="{query_style}">',
+        _image(query.thumbnail, "query"),
+        f'<figcaption style="{_CAPTION_STYLE}"><strong>Query</strong>: {e(query.title)}<br>'
+        f'class: <span class="ns-class">{e(query.class_name)}</span>{note}</figcaption>',
+        "</figure>",
+        '<div style="flex:1;min-width:200px">',
+        f'<div class="ns-summary" style="font-size:13px;margin-bottom:8px">{summary}</div>',
+        '<div class="ns-grid" style="display:flex;flex-wrap:wrap;gap:10px">',
+    ]
+    for neighbour, verdict, uri, name in zip(
+        neighbours, verdicts, thumbnails, class_names, strict=True
+    ):
+        distance = "n/a" if neighbour.distance is None else f"{neighbour.distance:.4f}"
+        label = "" if neighbour.label is None else str(neighbour.label)
+        style = _CELL_STYLE.format(colour=FRAME_COLOURS[verdict], side=CELL_SIDE)
+        title = f"id {neighbour.id}: {neighbour.path}"
+        parts += [
+            f'<figure class="ns-cell" data-rank="{neighbour.rank}" data-id="{neighbour.id}"'
+            f' data-label="{label}" data-correct="{verdict}" data-distance="{distance}"'
+            f' title="{e(title, quote=True)}" style="{style}">',
+            _image(uri, f"rank {neighbour.rank}"),
+            f'<figcaption style="{_CAPTION_STYLE}"><strong>#{neighbour.rank}</strong> '
+            f'<span class="ns-class">{e(name)}</span><br>'
+            f'distance <span class="ns-distance">{distance}</span> · id {neighbour.id}'
+            "</figcaption>",
+            "</figure>",
+        ]
+    parts += ["</div>", "</div>", "</div>"]
+    return "".join(parts)
+
+
+def message_html(text: str) -> str:
+    """A plain note in place of a grid (nothing searched yet, an empty failure list...)."""
+    return f'<div class="ns-message" style="padding:12px;opacity:0.8">{html.escape(text)}</div>'
+
+
+# Clicking a neighbour asks the server for that item's leave-one-out grid (gr.HTML's
+# js_on_load: ``trigger`` sends the event with this data to the Python listener).
+CLICK_JS = """
+element.addEventListener('click', (event) => {
+  const cell = event.target.closest('.ns-cell');
+  if (cell && cell.dataset.id) { trigger('click', {item_id: Number(cell.dataset.id)}); }
+});
+"""

@@ -1,0 +1,197 @@
+"""The page in a real browser: Debian's chromium (/usr/bin/chromium) driven by Playwright,
+against the real server on 127.0.0.1. Never `playwright install` (no internet): `make test`
+installs the Debian package when it is missing. A failing test leaves a screenshot in
+test-artifacts/."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from app.page import build_app, launch_app
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+GREEN, RED, GREY = "rgb(22, 163, 74)", "rgb(220, 38, 38)", "rgb(156, 163, 175)"
+TIMEOUT_MS = 60_000  # the 2-core test machine is shared: be patient, not flaky
+
+pytestmark = pytest.mark.skipif(
+    not CHROMIUM.exists(),
+    reason="no /usr/bin/chromium (Debian package chromium; `make test` installs it)",
+)
+sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is missing")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from test_page import make_tiny_gallery  # the same tiny gallery as the server tests
+
+    return make_tiny_gallery(tmp_path_factory.mktemp("browser"))
+
+
+@pytest.fixture(scope="module")
+def server(tiny):
+    from test_page import free_port
+
+    demo = build_app([tiny.gallery], device="cpu")
+    url = launch_app(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
+    assert demo.nearsight.wait_analysis(timeout=120)
+    yield url, demo
+    demo.close(verbose=False)
+    demo.nearsight.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser, server, request):
+    """A fresh tab on the page; ``page.outside`` lists requests that left 127.0.0.1. On a
+    failure the tab's screenshot is saved to test-artifacts/<test>.png."""
+    url = server[0]
+    context = browser.new_context(viewport={"width": 1400, "height": 1100})
+    tab = context.new_page()
+    tab.set_default_timeout(TIMEOUT_MS)
+    tab.outside = []
+    local = url.rstrip("/")
+
+    def watch(req) -> None:
+        if not req.url.startswith((local, "data:", "blob:")):
+            tab.outside.append(req.url)
+
+    tab.on("request", watch)
+    failed_before = request.session.testsfailed
+    tab.goto(url)
+    tab.wait_for_selector("#ns-results .ns-message")
+    yield tab
+    if request.session.testsfailed > failed_before:  # the call phase has been reported
+        ARTIFACTS.mkdir(exist_ok=True)
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", request.node.name)
+        tab.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+    context.close()
+
+
+def border_colour(locator) -> str:
+    return locator.evaluate("element => getComputedStyle(element).borderTopColor")
+
+
+def upload(page, path: Path | str) -> None:
+    page.set_input_files("#ns-query-image input[type=file]", str(path))
+
+
+def test_an_upload_shows_k_thumbnails_framed_by_class(page, tiny):
+    item = tiny.items[6]  # a gallery file: the page knows its class (identical bytes)
+    upload(page, item["path"])
+    page.wait_for_selector("#ns-results .ns-cell[data-rank='8']")
+    cells = page.locator("#ns-results .ns-cell")
+    assert cells.count() == 8
+    assert page.locator("#ns-results .ns-query").inner_text().count(item["class_name"]) >= 1
+    labels = {row["id"]: row["label"] for row in tiny.items}
+    seen = set()
+    for rank in range(1, 9):
+        cell = page.locator(f"#ns-results .ns-cell[data-rank='{rank}']")
+        right = labels[int(cell.get_attribute("data-id"))] == item["label"]
+        assert cell.get_attribute("data-correct") == ("true" if right else "false")
+        assert border_colour(cell) == (GREEN if right else RED)
+        assert cell.locator("img").evaluate("img => img.complete && img.naturalWidth > 0")
+        seen.add(right)
+    assert seen == {True, False}  # the random net mixes classes: both colours are checked
+    first = page.locator("#ns-results .ns-cell[data-rank='1']")
+    assert first.get_attribute("data-id") == str(item["id"])  # uploads are not left out
+
+
+def test_an_unlabelled_upload_is_neutral_until_given_a_class(page, tiny):
+    item = tiny.items[13]
+    flipped = tiny.root / "flipped-browser.png"
+    Image.open(item["path"]).transpose(Image.Transpose.FLIP_TOP_BOTTOM).save(flipped)
+    upload(page, flipped)
+    page.wait_for_selector("#ns-results .ns-cell[data-rank='8']")
+    cells = page.locator("#ns-results .ns-cell")
+    for index in range(cells.count()):
+        assert cells.nth(index).get_attribute("data-correct") == "unknown"
+        assert border_colour(cells.nth(index)) == GREY
+    # give the query its class through the dropdown: the frames turn green/red
+    page.locator("#ns-query-class input").click()
+    page.get_by_role("option", name=item["class_name"], exact=True).click()
+    page.wait_for_selector(f"#ns-results .ns-result[data-query-label='{item['label']}']")
+    verdicts = {
+        page.locator("#ns-results .ns-cell").nth(i).get_attribute("data-correct") for i in range(8)
+    }
+    assert verdicts <= {"true", "false"} and verdicts
+
+
+def test_k_changes_the_number_of_thumbnails(page, tiny):
+    page.click("#ns-random")
+    page.wait_for_selector("#ns-results .ns-result[data-query-kind='item']")
+    k_box = page.locator("#ns-k input[type='number']")
+    k_box.fill("3")
+    k_box.press("Tab")  # the slider's number box reports on blur
+    page.wait_for_selector("#ns-results .ns-result[data-k='3']")
+    assert page.locator("#ns-results .ns-cell").count() == 3
+
+
+def test_a_failing_query_opens_from_the_failure_list_with_a_red_rank_1(page, server):
+    failures = server[1].nearsight.view("gallery").analysis().failures
+    assert failures
+    page.get_by_role("tab", name="Failures").click()
+    table = page.locator("#ns-failures")
+    first_id = table.locator("[data-testid='cell-0-0']")  # row 1, column "id"
+    first_id.wait_for()
+    clicked = int(first_id.inner_text().strip())
+    first_id.click()
+    grid = page.locator("#ns-failure-results")
+    grid.locator(f".ns-result[data-id='{clicked}']").wait_for()
+    rank_1 = grid.locator(".ns-cell[data-rank='1']")
+    assert rank_1.get_attribute("data-correct") == "false"
+    assert border_colour(rank_1) == RED
+    expected = next(f for f in failures if f.id == clicked)
+    assert rank_1.get_attribute("data-id") == str(expected.top1_id)
+
+
+def test_clicking_a_neighbour_queries_by_it(page, tiny):
+    page.click("#ns-random")
+    page.wait_for_selector("#ns-results .ns-result[data-query-kind='item']")
+    third = page.locator("#ns-results .ns-cell[data-rank='3']")
+    target = third.get_attribute("data-id")
+    third.click()
+    page.wait_for_selector(f"#ns-results .ns-result[data-query-kind='item'][data-id='{target}']")
+    ids = [page.locator("#ns-results .ns-cell").nth(i).get_attribute("data-id") for i in range(8)]
+    assert target not in ids  # leave-one-out
+
+
+def test_a_non_image_upload_shows_a_message(page, tiny):
+    fake = tiny.root / "fake.png"
+    fake.write_text("definitely not a PNG")
+    upload(page, fake)
+    page.get_by_text("cannot read image fake.png").first.wait_for()
+
+
+def test_the_summary_and_nothing_fetched_from_outside(page, tiny):
+    upload(page, tiny.items[0]["path"])
+    page.wait_for_selector("#ns-results .ns-cell[data-rank='8']")
+    page.get_by_role("tab", name="Summary").click()
+    metric = page.locator("#ns-metrics [data-testid='cell-0-0']")
+    metric.wait_for()
+    assert metric.inner_text().strip() == "recall@1"
+    page.locator("#ns-distances canvas, #ns-distances svg").first.wait_for()
+    page.get_by_role("tab", name="Failures").click()
+    page.locator("#ns-failures [data-testid='cell-0-0']").wait_for()
+    assert page.outside == []
