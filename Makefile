@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv lint clean
+.PHONY: demo test venv lint clean browser
 
 venv: $(STAMP)
 
@@ -24,9 +24,23 @@ demo: venv
 lint: venv
 	$(BIN)/ruff check .
 
-test: venv
+test: venv browser
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
+
+# The page's browser tests drive Debian's chromium through Playwright (never `playwright
+# install`: no internet). Installed here when missing; without apt-get they are skipped.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+browser:
+	@if [ ! -x /usr/bin/chromium ]; then \
+		if command -v apt-get >/dev/null; then \
+			$(SUDO) apt-get update && \
+			$(SUDO) env DEBIAN_FRONTEND=noninteractive \
+				apt-get install -y --no-install-recommends chromium; \
+		else \
+			echo "no /usr/bin/chromium and no apt-get: the browser tests will be skipped"; \
+		fi; \
+	fi
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache
