@@ -183,6 +183,12 @@ class Page:
             _, decoded = self.read_upload(image)
             return json.dumps([n.as_json() for n in view.search_image(decoded, k)])
 
+    def image_changed(self, gallery: str, image_path: str | None, k: Any, query_class):
+        """A new query image (uploaded, pasted or dropped); nothing when it was cleared."""
+        if not image_path:
+            return gr.skip(), gr.skip(), gr.skip()
+        return self.upload_grid(gallery, image_path, k, query_class)
+
     def upload_grid(
         self, gallery: str, image_path: str | None, k: Any, query_class: str | None
     ) -> tuple[str, str, dict]:
@@ -616,11 +622,12 @@ def build_app(
             **embed_limits,
         )
         upload_inputs = [gallery_choice, query_image, k_slider, query_class]
-        query_image.upload(
-            page.upload_grid,
+        # change, not upload: a pasted image counts too; clearing the image changes nothing
+        query_image.change(
+            page.image_changed,
             upload_inputs,
             grid_out,
-            api_name="upload_grid",
+            api_name="image_changed",
             **private,
             **embed_limits,
         )

@@ -23,7 +23,7 @@ from PIL import Image
 
 from app.cli import main
 from app.page import build_app, launch_app
-from app.page_data import Failure, confused_pairs, pair_distance_histogram
+from app.page_data import Failure, confused_pairs, gallery_names, pair_distance_histogram
 from index.datasets.synthetic import write_synthetic
 from index.gallery import Gallery
 from models.checkpoint import save_checkpoint
@@ -77,9 +77,19 @@ def tiny(tmp_path_factory) -> TinyGallery:
 
 
 @pytest.fixture(scope="module")
-def server(tiny):
-    """(url, demo): the page served on 127.0.0.1 for the whole module."""
-    demo = build_app([tiny.gallery], device="cpu")
+def test_split_gallery(tiny) -> Path:
+    """A second gallery: the test split only (classes 3-5)."""
+    out = tiny.root / "gallery-test"
+    argv = ["index", "build", "--model", str(tiny.model), "--dataset", "folder"]
+    argv += ["--root", str(tiny.data), "--split", "test", "--out", str(out), "--workers", "0"]
+    assert main(argv) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(tiny, test_split_gallery):
+    """(url, demo): the page over both galleries, served on 127.0.0.1 for the whole module."""
+    demo = build_app([tiny.gallery, test_split_gallery], device="cpu")
     url = launch_app(
         demo,
         port=free_port(),
@@ -143,6 +153,26 @@ def test_search_api_takes_k_and_the_gallery_name(tiny, client):
         client.predict(handle_file(path), 3, "nope", api_name="/search")
     with pytest.raises(AppError, match="k must be an integer from 1 to 64"):
         client.predict(handle_file(path), 0, "gallery", api_name="/search")
+
+
+def test_each_gallery_is_searched_by_its_name(tiny, client, server):
+    page = server[1].nearsight
+    assert page.names == ["gallery", "gallery-test"]
+    path = tiny.items[0]["path"]  # a train image: not in the test-split gallery
+    rows = json.loads(client.predict(handle_file(path), 12, "gallery-test", api_name="/search"))
+    assert len(rows) == 12 and all("/data/test/" in row["path"] for row in rows)
+    rows = json.loads(client.predict(handle_file(path), 1, api_name="/search"))
+    assert rows[0]["path"] == path  # the default gallery is the first one
+    query_class, pick_class, header, *_ = page.gallery_changed("gallery-test")
+    labels = [value for _, value in query_class["choices"]]
+    assert labels == ["-1", "3", "4", "5"]
+    assert [value for _, value in pick_class["choices"]] == labels
+    assert "12 items (12 labelled), 3 classes" in header
+
+
+def test_gallery_names_are_unique():
+    assert gallery_names(["/a/g", "/b/g", "/c/h"]) == ["a/g", "b/g", "h"]
+    assert gallery_names(["/a/g", "/a/g/"]) == ["a/g", "a/g (2)"]
 
 
 def test_a_non_image_upload_gets_a_clear_message_and_the_server_lives_on(tiny, client):

@@ -1,0 +1,321 @@
+"""Query latency of `nearsight serve` through its API, as a user of gradio_client sees it.
+
+    python bench/app_latency.py [--items 60000] [--dim 128] [--classes 100] [--image-size 224]
+                                [--model-format onnx|pt] [--queries 40] [--clients 1 4]
+                                [--concurrency 2] [--k 8] [--analysis] [--workdir DIR]
+                                [--json FILE] [--quick]
+
+Setup (timed, not measured as latency):
+
+1. a random (untrained) 224-px ResNet-50 embedding net, saved as a checkpoint and, by default,
+   exported to ONNX (what a deployment serves; ``--model-format pt`` serves the checkpoint);
+2. a gallery of ``--items`` random unit vectors (D = ``--dim``) written by index.gallery's
+   build_gallery, each item pointing at one of a few real image files (search by upload never
+   opens them; the page's thumbnails would) with ``--classes`` balanced labels, so that the
+   page's leave-one-out analysis runs at full size too;
+3. the page (app.page.build_app / launch_app) in a separate server process on 127.0.0.1, CPU
+   only. The page's leave-one-out analysis (Recall@k and the failure list: two O(N^2) passes)
+   is left out by default, as /search never needs it; with ``--analysis`` the server computes
+   it at start as `nearsight serve` does, and the bench times it and measures after it.
+
+Measured: the same query images uploaded to ``/search`` (k = ``--k``) by N concurrent
+gradio_client clients (each a thread with its own Client; default N = 1 and 4), every client
+sending ``--queries`` queries back to back: p50/p95 per query and the throughput. Beside it,
+in the bench process before the server starts, the embedding and the FAISS search alone
+(``GalleryView.search_image`` without Gradio) for the server's overhead.
+
+``--quick``: 10k items and 12 queries per client. A script, not a test. The machine may be
+shared: the load average is printed with the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+READY = "NEARSIGHT-BENCH-READY"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--items", type=int, default=60_000, help="gallery size (default 60k)")
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--classes", type=int, default=100)
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--model-format", choices=["onnx", "pt"], default="onnx")
+    parser.add_argument("--queries", type=int, default=40, help="queries per client (default 40)")
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--concurrency", type=int, default=2, help="server's embedding limit")
+    parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--workdir", type=Path, help="keep the model and gallery here")
+    parser.add_argument(
+        "--analysis",
+        action="store_true",
+        help="also time the page's leave-one-out analysis (Recall@k + failure list; two "
+        "O(N^2) passes: minutes at 60k on 2 cores) and measure after it, as after a start",
+    )
+    parser.add_argument("--json", type=Path, help="also write the numbers to this file")
+    parser.add_argument("--quick", action="store_true", help="10k items, 12 queries per client")
+    parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)  # the server process
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.items, args.queries = min(args.items, 10_000), min(args.queries, 12)
+    return args
+
+
+# -- the server process ------------------------------------------------------------------------
+
+
+def serve(args: argparse.Namespace) -> int:
+    from app.page import build_app, launch_app
+
+    start = time.perf_counter()
+    demo = build_app(
+        [args.serve],
+        device="cpu",
+        concurrency=args.concurrency,
+        max_queue=256,
+        analyse=args.analysis,
+    )
+    opened = time.perf_counter() - start
+    url = launch_app(demo, port=args.port, prevent_thread_lock=True, quiet=True)
+    start = time.perf_counter()
+    demo.nearsight.wait_analysis()
+    analysed = time.perf_counter() - start if args.analysis else float("nan")
+    print(f"{READY} {url} {opened:.2f} {analysed:.2f}", flush=True)
+    try:
+        demo.block_thread()
+    finally:
+        demo.close(verbose=False)
+    return 0
+
+
+# -- setup -------------------------------------------------------------------------------------
+
+
+def make_model(workdir: Path, args: argparse.Namespace) -> tuple[Path, dict]:
+    import torch
+
+    from models.checkpoint import save_checkpoint
+    from models.embedding import EmbeddingConfig, build_embedding_net
+
+    timings = {}
+    torch.manual_seed(0)
+    start = time.perf_counter()
+    net = build_embedding_net(EmbeddingConfig(dim=args.dim, image_size=args.image_size))
+    checkpoint = workdir / "model.pt"
+    save_checkpoint(checkpoint, net)
+    timings["checkpoint_s"] = time.perf_counter() - start
+    if args.model_format == "pt":
+        return checkpoint, timings
+    from models.export import export_onnx
+
+    start = time.perf_counter()
+    model = workdir / "model.onnx"
+    export_onnx(checkpoint, model)
+    timings["onnx_export_s"] = time.perf_counter() - start
+    return model, timings
+
+
+def make_images(workdir: Path) -> list[Path]:
+    from index.datasets.synthetic import write_synthetic
+
+    data = workdir / "images"
+    write_synthetic(data, classes=4, per_class=4, size=320)
+    return sorted(data.rglob("*.png"))
+
+
+def make_gallery(workdir: Path, model: Path, images: list[Path], args) -> tuple[Path, float]:
+    from index.gallery import build_gallery, describe_image_file
+    from models.embedder import load_embedder
+
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((args.items, args.dim), dtype=np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    described = [describe_image_file(path) for path in images]
+    items = [
+        {
+            "path": str(images[i % len(images)]),
+            "label": i % args.classes,
+            "class_name": f"class {i % args.classes:03d}",
+            "split": "test",
+            **described[i % len(images)],
+        }
+        for i in range(args.items)
+    ]
+    embedder = load_embedder(model, device="cpu")
+    start = time.perf_counter()
+    gallery = build_gallery(
+        workdir / "gallery",
+        vectors,
+        items,
+        model_sha256=embedder.model_sha256,
+        meta={"model": str(model), "image_size": embedder.image_size, "source": "bench"},
+    )
+    return gallery, time.perf_counter() - start
+
+
+def direct_latency(gallery: Path, images: list[Path], args) -> dict:
+    """Embedding + search without Gradio, in this process (the server is not running yet)."""
+    from app.page_data import open_views
+    from index.images import load_image
+
+    (view,) = open_views([gallery], device="cpu")
+    pictures = [load_image(path) for path in images]
+    for picture in pictures[:2]:  # warm-up
+        view.search_image(picture, args.k)
+    embed, search = [], []
+    for i in range(max(8, args.queries // 2)):
+        picture = pictures[i % len(pictures)]
+        start = time.perf_counter()
+        vector = view.embed(picture)
+        middle = time.perf_counter()
+        view.search_vector(vector, args.k)
+        search.append(time.perf_counter() - middle)
+        embed.append(middle - start)
+    view.close()
+    return {"embed": summary(embed), "search": summary(search)}
+
+
+# -- measuring ---------------------------------------------------------------------------------
+
+
+def summary(seconds: list[float]) -> dict:
+    values = np.asarray(seconds) * 1000
+    return {
+        "n": len(values),
+        "p50_ms": float(np.percentile(values, 50)),
+        "p95_ms": float(np.percentile(values, 95)),
+        "mean_ms": float(values.mean()),
+    }
+
+
+def api_latency(url: str, images: list[Path], clients: int, args) -> dict:
+    from gradio_client import Client, handle_file
+
+    latencies: list[float] = []
+    errors: queue.Queue = queue.Queue()
+    lock = threading.Lock()
+    barrier = threading.Barrier(clients)
+
+    def run(offset: int) -> None:
+        try:
+            client = Client(url, verbose=False)
+            client.predict(handle_file(images[offset % len(images)]), args.k, api_name="/search")
+            barrier.wait()
+            for i in range(args.queries):
+                path = images[(offset + i) % len(images)]
+                start = time.perf_counter()
+                rows = json.loads(client.predict(handle_file(path), args.k, api_name="/search"))
+                elapsed = time.perf_counter() - start
+                assert len(rows) == args.k
+                with lock:
+                    latencies.append(elapsed)
+        except BaseException as error:  # reported after the run
+            errors.put(error)
+            barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(clients)]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - start
+    if not errors.empty():
+        raise errors.get()
+    result = summary(latencies)
+    result["clients"] = clients
+    result["queries_per_s"] = len(latencies) / wall  # includes the warm-up call per client
+    return result
+
+
+def start_server(gallery: Path, args) -> tuple[subprocess.Popen, str, float, float]:
+    command = [sys.executable, __file__, "--serve", str(gallery)]
+    command += ["--concurrency", str(args.concurrency), "--port", str(free_port())]
+    command += ["--analysis"] if args.analysis else []
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    assert server.stdout is not None
+    for line in server.stdout:
+        if line.startswith(READY):
+            _, url, opened, analysed = line.split()
+            return server, url, float(opened), float(analysed)
+    raise SystemExit(f"the server process ended (status {server.wait()})")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.serve:
+        return serve(args)
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="nearsight-app-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    report: dict = {"settings": {k: v for k, v in vars(args).items() if k not in ("serve", "port")}}
+    try:
+        print(
+            f"setup in {workdir}: {args.image_size}-px model ({args.model_format}), "
+            f"{args.items} x {args.dim} gallery, {args.classes} classes",
+            flush=True,
+        )
+        model, timings = make_model(workdir, args)
+        images = make_images(workdir)
+        gallery, build_s = make_gallery(workdir, model, images, args)
+        timings["gallery_build_s"] = build_s
+        report["setup"] = timings
+        print("  " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()), flush=True)
+
+        report["direct"] = direct_latency(gallery, images, args)
+        for part in ("embed", "search"):
+            s = report["direct"][part]
+            print(f"direct {part:6s}: p50 {s['p50_ms']:7.1f} ms  p95 {s['p95_ms']:7.1f} ms")
+
+        server, url, opened, analysed = start_server(gallery, args)
+        report["server"] = {"open_s": opened, "analysis_s": analysed}
+        analysis = f", leave-one-out analysis {analysed:.1f}s" if args.analysis else ""
+        print(f"server {url}: opened in {opened:.1f}s{analysis}", flush=True)
+        try:
+            report["api"] = []
+            for clients in args.clients:
+                result = api_latency(url, images, clients, args)
+                report["api"].append(result)
+                print(
+                    f"API /search, {clients} client(s) x {args.queries}: "
+                    f"p50 {result['p50_ms']:7.1f} ms  p95 {result['p95_ms']:7.1f} ms  "
+                    f"{result['queries_per_s']:.2f} queries/s",
+                    flush=True,
+                )
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+        report["load_average"] = os.getloadavg()
+        print(f"load average {report['load_average'][0]:.2f} (cores: {os.cpu_count()})")
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=2, default=str))
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
