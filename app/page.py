@@ -43,7 +43,13 @@ from typing import Any  # noqa: E402
 import gradio as gr  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from app.page_data import GalleryView, Neighbour, open_views, thumbnail_uri  # noqa: E402
+from app.page_data import (  # noqa: E402
+    ANALYSIS_MAX_ITEMS,
+    GalleryView,
+    Neighbour,
+    open_views,
+    thumbnail_uri,
+)
 from app.page_html import CLICK_JS, QueryCard, message_html, result_html  # noqa: E402
 from index.images import load_image_bytes  # noqa: E402
 from models.errors import NearsightError  # noqa: E402
@@ -487,15 +493,19 @@ def build_app(
     concurrency: int = DEFAULT_CONCURRENCY,
     max_queue: int = DEFAULT_MAX_QUEUE,
     analyse: bool = True,
+    analysis_max_items: int = ANALYSIS_MAX_ITEMS,
 ) -> gr.Blocks:
     """The page over ``galleries`` (folders, or views already open). ``model``: the model that
     embeds uploads (default: each gallery's recorded model; it must match). ``analyse``: start
-    the leave-one-out analysis in the background now (otherwise on first use). The returned
+    the leave-one-out analysis in the background now (otherwise on first use); galleries with
+    more than ``analysis_max_items`` labelled items are not analysed. The returned
     Blocks has ``.nearsight`` (the :class:`Page`); start it with :func:`launch_app`."""
     if galleries and isinstance(galleries[0], GalleryView):
         views = list(galleries)  # type: ignore[arg-type]
     else:
         views = open_views(galleries, model, device)  # type: ignore[arg-type]
+    for view in views:
+        view.analysis_max_items = analysis_max_items
     page = Page(views)
     first = page.names[0]
 

@@ -23,7 +23,13 @@ from PIL import Image
 
 from app.cli import main
 from app.page import build_app, launch_app
-from app.page_data import Failure, confused_pairs, gallery_names, pair_distance_histogram
+from app.page_data import (
+    Failure,
+    GalleryView,
+    confused_pairs,
+    gallery_names,
+    pair_distance_histogram,
+)
 from index.datasets.synthetic import write_synthetic
 from index.gallery import Gallery
 from models.checkpoint import save_checkpoint
@@ -382,6 +388,25 @@ def test_serve_refuses_a_model_that_is_not_the_gallerys(tiny, capsys):
     assert "no gallery at" in capsys.readouterr().err
     assert main(["serve", "--gallery", str(tiny.gallery), "--max-upload-mb", "0"]) == 2
     assert "--max-upload-mb must be positive" in capsys.readouterr().err
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        argv = ["serve", "--gallery", str(tiny.gallery), "--port", port, "--device", "cpu"]
+        assert main(argv) == 2
+    error = capsys.readouterr().err.strip()
+    assert error == (
+        f"nearsight: error: cannot serve on 127.0.0.1:{port}: the port is in use "
+        "(choose another with --port)"
+    )
+
+
+def test_a_gallery_past_the_analysis_limit_is_not_analysed(tiny):
+    with Gallery.open(tiny.gallery) as gallery:
+        view = GalleryView("big", gallery, embedder=None, analysis_max_items=23)
+        analysis = view.analysis()
+    assert analysis.metrics is None and analysis.failures == []
+    assert "24 labelled items, more than the page analyses (23" in analysis.error
 
 
 @pytest.mark.slow

@@ -55,6 +55,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=64,
         help="events allowed to wait in the queue; more are refused (default 64)",
     )
+    parser.add_argument(
+        "--analysis-max-items",
+        type=int,
+        default=100_000,
+        help="largest gallery (labelled items) whose leave-one-out failure list and Recall@k "
+        "the page computes at start: two exact O(N^2) passes (default 100000)",
+    )
     parser.set_defaults(func=run_serve)
 
 
@@ -69,6 +76,10 @@ def run_serve(args: argparse.Namespace) -> int:
         raise NearsightError(f"--concurrency must be at least 1, got {args.concurrency}")
     if args.max_queue < 1:
         raise NearsightError(f"--max-queue must be at least 1, got {args.max_queue}")
+    if args.analysis_max_items < 0:
+        raise NearsightError(
+            f"--analysis-max-items must be 0 or more, got {args.analysis_max_items}"
+        )
 
     from app.page import build_app, launch_app
 
@@ -78,6 +89,7 @@ def run_serve(args: argparse.Namespace) -> int:
         device=args.device,
         concurrency=args.concurrency,
         max_queue=args.max_queue,
+        analysis_max_items=args.analysis_max_items,
     )
     try:
         url = launch_app(
@@ -90,7 +102,12 @@ def run_serve(args: argparse.Namespace) -> int:
         )
     except OSError as error:  # the port is taken, or the address is not ours
         demo.nearsight.close()
-        raise NearsightError(f"cannot serve on {args.host}:{args.port}: {error}") from None
+        reason = (
+            "the port is in use (choose another with --port)"
+            if "empty port" in str(error)
+            else str(error)
+        )
+        raise NearsightError(f"cannot serve on {args.host}:{args.port}: {reason}") from None
     print(f"nearsight: serving {len(demo.nearsight.names)} gallery(ies) at {url}", flush=True)
     try:
         demo.block_thread()  # until Ctrl-C
