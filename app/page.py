@@ -27,10 +27,9 @@ from __future__ import annotations
 
 import os
 
-# before gradio is imported: no telemetry, no version check, no Hugging Face Hub calls
+# before gradio is imported: no telemetry, no version check
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import html  # noqa: E402
 import json  # noqa: E402

@@ -176,6 +176,26 @@ def test_each_gallery_is_searched_by_its_name(tiny, client, server):
     assert "12 items (12 labelled), 3 classes" in header
 
 
+def test_an_unlabelled_gallery_is_searchable_and_says_why_it_has_no_failure_list(tiny):
+    out = tiny.root / "loose"
+    images = [row["path"] for row in tiny.items[:3]]
+    argv = ["index", "build", "--model", str(tiny.model), "--images", *images]
+    assert main([*argv, "--out", str(out), "--workers", "0"]) == 0
+    demo = build_app([out], device="cpu", analyse=False)
+    page = demo.nearsight
+    try:
+        html, _, _ = page.item_grid("loose", 0, 8)
+        assert [c["correct"] for c in cells(html)] == ["unknown", "unknown"]  # 3 items - 1
+        failures, pairs, note, _, summary, metrics, plot = page.analysis_outputs("loose")
+        assert failures.empty and pairs.empty and metrics.empty and plot.empty
+        assert "the gallery has 0 labelled items" in note
+        assert "leave-one-out evaluation: not available" in summary
+        grid, _, _, item = page.random_item("loose", "-1", 8)
+        assert item in (0, 1, 2) and len(cells(grid)) == 2
+    finally:
+        page.close()
+
+
 def test_gallery_names_are_unique():
     assert gallery_names(["/a/g", "/b/g", "/c/h"]) == ["a/g", "b/g", "h"]
     assert gallery_names(["/a/g", "/a/g/"]) == ["a/g", "a/g (2)"]
