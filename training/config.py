@@ -160,6 +160,10 @@ def load_config(
             values = parse_yaml(path.read_text()) or {}
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"config file {path} is not UTF-8 text (not a YAML file?)") from None
+        except OSError as error:  # a folder, no permission
+            raise ConfigError(f"cannot read config file {path}: {error.strerror}") from None
         except yaml.YAMLError as error:
             line = getattr(getattr(error, "problem_mark", None), "line", None)
             at = f" (line {line + 1})" if line is not None else ""
@@ -260,6 +264,17 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError("a batch needs at least 2 classes and 1 image per class")
     if config.data.image_size < 16:
         raise ConfigError(f"image size must be at least 16, got {config.data.image_size}")
+    # a zero period would be a modulo by zero mid-run; a negative count a DataLoader error
+    for name, value in (
+        ("eval_every", config.eval_every),
+        ("save_every", config.save_every),
+        ("log_every", config.log_every),
+        ("data.eval_batch_size", config.data.eval_batch_size),
+    ):
+        if value < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {value}")
+    if config.data.workers < 0:
+        raise ConfigError(f"data.workers must be 0 or more, got {config.data.workers}")
     if not config.ks or any(k < 1 for k in config.ks):
         raise ConfigError(f"ks must be positive integers, got {config.ks}")
 

@@ -105,7 +105,7 @@ def run_train(args: argparse.Namespace) -> int:
                 file_loss = ((parse_yaml(args.config.read_text()) or {}).get("loss") or {}).get(
                     "name"
                 )
-            except (yaml.YAMLError, AttributeError):
+            except (yaml.YAMLError, AttributeError, OSError, UnicodeDecodeError):
                 file_loss = None  # load_config reports the problem
         config = load_config(args.config, overrides_from_args(args, file_loss))
         if not config.data.root:
