@@ -184,7 +184,10 @@ class Trainer:
 
     # -- setup --------------------------------------------------------------------------
     def _prepare_out_dir(self) -> None:
+        """Refuse a run folder that cannot take this run (checks only: nothing is written)."""
         last = self.out_dir / "last.pt"
+        if self.out_dir.exists() and not self.out_dir.is_dir():
+            raise NearsightError(f"--out {self.out_dir} is a file, not a run folder")
         if self.resume:
             if not last.exists():
                 raise NearsightError(f"cannot resume: {last} does not exist")
@@ -194,8 +197,15 @@ class Trainer:
                 f"{self.out_dir} already holds a run (last.pt): use --resume to continue it, "
                 "or choose another --out"
             )
-        if self.dist.main:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
+
+    def _start_out_dir(self) -> None:
+        """Create the run folder and its config.yaml, once data, model, sampler and loss are
+        known to be good: a run refused for bad input leaves no folder behind."""
+        if not self.resume and self.dist.main:
+            try:
+                self.out_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as error:  # a file where a parent folder should be, no permission
+                raise NearsightError(f"cannot create {self.out_dir}: {error.strerror}") from None
             with atomic_file(self.out_dir / "config.yaml", "w") as handle:
                 handle.write(self.config.dump())
 
@@ -257,6 +267,7 @@ class Trainer:
             else None
         )
         optimizer = build_optimizer(model, config)
+        self._start_out_dir()
         total_steps = config.steps if config.epochs is None else config.epochs * len(sampler)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: lr_factor(step, total_steps, config)
