@@ -92,7 +92,12 @@ def run_demo(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     work: Path = args.workdir
-    work.mkdir(parents=True, exist_ok=True)
+    if work.exists() and not work.is_dir():
+        raise NearsightError(f"--workdir {work} is a file, not a folder")
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # a file where a parent folder should be, no permission
+        raise NearsightError(f"cannot create --workdir {work}: {error.strerror}") from None
     data = work / "data"
     run = work / f"run-{args.loss}"
     model = work / f"model-{args.loss}.onnx"
