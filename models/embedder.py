@@ -169,6 +169,22 @@ class _EmbedderBase:
     def embed(self, images: torch.Tensor | np.ndarray) -> np.ndarray:  # pragma: no cover
         raise NotImplementedError
 
+    def _check_output(self, embeddings: np.ndarray, count: int) -> np.ndarray:
+        """The model's output must be [N, dim] finite unit vectors: a checkpoint whose training
+        diverged gives NaN, a foreign graph tagged as ours anything at all; either would
+        otherwise fail far from here (a gallery write, a FAISS search)."""
+        if embeddings.shape != (count, self.dim):
+            problem = f"shape {list(embeddings.shape)}, not [{count}, {self.dim}]"
+        elif not np.isfinite(embeddings).all():
+            problem = "NaN or infinite values (broken weights: did its training diverge?)"
+        elif count and np.abs(np.linalg.norm(embeddings, axis=1) - 1.0).max() > 1e-3:
+            problem = "vectors that are not L2-normalised"
+        else:
+            return embeddings
+        raise NearsightError(
+            f"{self.path} is not a usable nearsight model: its output has {problem}"
+        )
+
     def embed_images(self, images: Sequence[Image.Image], batch_size: int = 32) -> np.ndarray:
         if batch_size <= 0:
             raise NearsightError(f"batch size must be positive, got {batch_size}")
@@ -322,7 +338,7 @@ class OnnxEmbedder(_EmbedderBase):
         if batch.shape[0] == 0:
             return np.zeros((0, self.dim), np.float32)
         (embeddings,) = self.session.run([OUTPUT_NAME], {INPUT_NAME: batch})
-        return np.asarray(embeddings, dtype=np.float32)
+        return self._check_output(np.asarray(embeddings, dtype=np.float32), len(batch))
 
 
 class TorchEmbedder(_EmbedderBase):
@@ -350,7 +366,7 @@ class TorchEmbedder(_EmbedderBase):
             return np.zeros((0, self.dim), np.float32)
         with torch.inference_mode():
             out = self.net(batch.to(self.device))
-        return out.float().cpu().numpy()
+        return self._check_output(out.float().cpu().numpy(), len(batch))
 
 
 def load_embedder(path: str | os.PathLike[str], device: str = "auto") -> Embedder:
