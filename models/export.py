@@ -32,6 +32,7 @@ Decisions
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import time
@@ -173,7 +174,12 @@ def export_onnx(
         batches = (batch_for_check, 1) if batch_for_check != 1 else (1,)
         log(f"parity check: torch vs onnxruntime on batches of {' and '.join(map(str, batches))}")
         max_diff = _parity(net, tmp, batches)
-        if not max_diff <= PARITY_TOLERANCE:  # also catches NaN
+        if math.isnan(max_diff):
+            raise NearsightError(
+                f"{checkpoint} gives NaN or infinite embeddings (broken weights: did its "
+                "training diverge?); nothing written"
+            )
+        if not max_diff <= PARITY_TOLERANCE:
             raise NearsightError(
                 f"ONNX export of {checkpoint} failed its parity check: max |torch - onnxruntime| "
                 f"= {max_diff:.3g} > {PARITY_TOLERANCE:g}; nothing written"
@@ -263,6 +269,8 @@ def _parity(net: EmbeddingNet, path: Path, batches: Sequence[int]) -> float:
         images = torch.rand(count, 3, size, size, generator=generator)
         with torch.inference_mode():
             expected = net(images).numpy()
+        if not np.isfinite(expected).all():
+            return float("nan")  # broken weights; max() below would drop a NaN difference
         got = embedder.embed(images)
         if got.shape != expected.shape:
             return float("inf")
