@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import errno
+import socket
 import sys
 from pathlib import Path
 
@@ -81,6 +83,8 @@ def run_serve(args: argparse.Namespace) -> int:
             f"--analysis-max-items must be 0 or more, got {args.analysis_max_items}"
         )
 
+    _check_address(args.host, args.port)  # before minutes of loading galleries
+
     from app.page import build_app, launch_app
 
     demo = build_app(
@@ -116,3 +120,26 @@ def run_serve(args: argparse.Namespace) -> int:
         demo.nearsight.close()
     print("nearsight: stopped", file=sys.stderr)
     return 0
+
+
+def _check_address(host: str, port: int) -> None:
+    """NearsightError unless ``host``:``port`` can be listened on. Gradio reports every failure
+    to listen (an unknown host, an address that is not this machine's) as "no empty port"."""
+    from models.errors import NearsightError
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise NearsightError(f"cannot serve on {host}:{port}: unknown host ({reason})") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind(address)
+        except OSError as error:
+            reason = (
+                "the port is in use (choose another with --port)"
+                if error.errno == errno.EADDRINUSE
+                else error.strerror or str(error)
+            )
+            raise NearsightError(f"cannot serve on {host}:{port}: {reason}") from None
