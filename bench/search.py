@@ -14,8 +14,10 @@
    k-means++ seeding ``nearsight eval`` uses: exact up to 1000 classes, AFK-MC2 past that)
    against pytorch-metric-learning's AccuracyCalculator(include=("precision_at_1", "NMI"),
    k=1) on the same vectors, timed in alternation (ours, PML, ours, PML, ...) so that load from
-   other processes falls on both alike; the ratio PML / ours > 1 means ours is faster. Also the
-   full ``nearsight eval`` (Recall@{1,10,100,1000}, NMI, MAP@R) with ``--full-eval``.
+   other processes falls on both alike; the ratio PML / ours > 1 means ours is faster (ours: a
+   torch matmul + top-k kNN, PML's: faiss flat search). Also the full ``nearsight eval``
+   (Recall@{1,10,100,1000}, NMI, MAP@R) with ``--full-eval``, and a bare torch matmul + argmax
+   Recall@1 as a floor for the kNN step.
 
 ``--quick``: sizes 20k and 200k, 20k eval items, fewer queries. A script, not a test.
 """
@@ -156,8 +158,8 @@ def bench_eval(count: int, classes: int, repeats: int, full: bool) -> dict:
 
 
 def torch_recall_at_1(vectors: np.ndarray, labels: np.ndarray, chunk: int = 4096) -> float:
-    """Reference for the kNN step only: Recall@1 from torch matmul + topk in query chunks (the
-    query itself excluded by id), to compare faiss's flat k-selection with."""
+    """Floor for the kNN step only: Recall@1 from torch matmul + argmax in query chunks (the
+    query itself masked out), to compare index.metrics' matmul + top-k (k + 1) with."""
     import torch
 
     base = torch.from_numpy(vectors)

@@ -168,6 +168,35 @@ def test_chunked_equals_unchunked(monkeypatch):
     # the memory bound that shrinks chunks for deep searches
     monkeypatch.setattr(metrics, "_MAX_RESULTS_PER_CHUNK", 50)
     assert evaluate(vectors, labels, ks, chunk=4096) == whole
+    monkeypatch.undo()
+    # the bound on query x gallery scores: 1000 scores of a 400-item gallery is 2 queries
+    monkeypatch.setattr(metrics, "_MAX_SCORES_PER_CHUNK", 1000)
+    searched = []
+    search = metrics._TorchFlatIP.search
+    monkeypatch.setattr(
+        metrics._TorchFlatIP,
+        "search",
+        lambda self, q, k: searched.append(len(q)) or search(self, q, k),
+    )
+    assert evaluate(vectors, labels, ks, chunk=4096) == whole
+    assert max(searched) == 2 and sum(searched) == 400
+
+
+def test_torch_search_matches_faiss_flat_search():
+    """The torch kNN keeps faiss.IndexFlatIP's search contract: same ids (no ties in random
+    data), scores best first and equal to the inner products."""
+    import faiss
+
+    vectors, _ = random_gallery(300, 16, 10, seed=9)
+    vectors = vectors.astype(np.float32)
+    reference = faiss.IndexFlatIP(16)
+    reference.add(vectors)
+    expected_scores, expected_ids = reference.search(vectors[:50], 7)
+    scores, ids = metrics._TorchFlatIP(vectors).search(vectors[:50], 7)
+    assert ids.dtype == np.int64 and ids.shape == (50, 7)
+    assert ids.tolist() == expected_ids.tolist()
+    assert scores == pytest.approx(expected_scores, abs=1e-6)
+    assert (np.diff(scores, axis=1) <= 0).all()
 
 
 def test_accepts_float64_and_non_contiguous_input():
