@@ -3,7 +3,8 @@
 Each subcommand lives in its own module under ``app/commands`` with two functions:
 ``register(subparsers)`` adds its parser and sets ``func``; the parsed namespace is then passed
 to that ``func``. Bad input raises :class:`models.errors.NearsightError`: the message is printed
-as one line on stderr and the exit status is 2, never a traceback.
+as one line on stderr and the exit status is 2, never a traceback. So is an OSError (a full
+disk, no permission): a fault of the machine, not of the code.
 """
 
 from __future__ import annotations
@@ -44,6 +45,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         # `nearsight search ... | head`: the reader left; that is not an error.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as error:
+        # the machine rather than the code: a full disk, a quota, no permission, a file where
+        # a folder should be. Writes are atomic, so nothing was left half-written.
+        print(f"nearsight: error: {_os_error_line(error)}", file=sys.stderr)
+        return 2
+
+
+def _os_error_line(error: OSError) -> str:
+    if error.strerror and error.filename:
+        return f"{error.filename}: {error.strerror}"
+    return " ".join(str(error).split()) or type(error).__name__
 
 
 if __name__ == "__main__":

@@ -212,7 +212,7 @@ def build_gallery(
     resolved = resolve_index_type(index_type, len(array))
     ids = np.arange(len(array), dtype=np.int64)
     final = Path(out_dir).expanduser().absolute()
-    with gallery_lock(final, exclusive=True):
+    with gallery_lock(final, exclusive=True), _write_errors(final):
         _sweep_temporaries(final)
         with gallery_writer(final) as tmp:
             index, params = make_index(array, ids, resolved)
@@ -232,11 +232,27 @@ def build_gallery(
 
 
 def _write_arrays(folder: Path, index: faiss.Index, embeddings: np.ndarray) -> None:
-    faiss.write_index(index, str(folder / INDEX_FILE))
+    try:
+        faiss.write_index(index, str(folder / INDEX_FILE))
+    except RuntimeError as error:  # how faiss reports a failed write (a full disk)
+        raise OSError(str(error).split("failed: ", 1)[-1]) from None
     np.save(folder / EMBEDDINGS_FILE, np.ascontiguousarray(embeddings, dtype=np.float32))
     for name in GALLERY_FILES:  # on disk before the rename makes them the gallery
         with open(folder / name, "rb") as handle:
             os.fsync(handle.fileno())
+
+
+@contextlib.contextmanager
+def _write_errors(folder: Path) -> Iterator[None]:
+    """A write that fails for a reason outside nearsight (a full disk, a quota, a read-only
+    folder) becomes an OSError naming the gallery (SQLite's and numpy's own messages name
+    neither the file nor the gallery). gallery_writer has removed its temporary folder by
+    then: the previous gallery is untouched."""
+    try:
+        yield
+    except (OSError, sqlite3.OperationalError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise OSError(f"cannot write gallery {folder}: {reason}") from None
 
 
 def describe_image_file(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -494,7 +510,7 @@ class Gallery:
             current = Gallery(folder)
             current._load(locked=True)  # what is on disk now, with what other writers added
             try:
-                with gallery_writer(folder) as tmp:
+                with _write_errors(folder), gallery_writer(folder) as tmp:
                     _copy_catalog(folder / CATALOG_FILE, tmp / CATALOG_FILE)
                     catalog = Catalog.open(tmp / CATALOG_FILE)
                     try:

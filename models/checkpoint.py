@@ -56,8 +56,12 @@ def save_checkpoint(
         **extra,
     }
     final = Path(path)
-    with atomic_write_path(final) as tmp:
-        torch.save(payload, tmp)
+    try:
+        with atomic_write_path(final) as tmp:
+            torch.save(payload, tmp)
+    except RuntimeError as error:  # how torch's zip writer reports a failed write
+        reason = " ".join(str(error).split())[:200]
+        raise OSError(f"cannot write checkpoint {final} (a full disk?): {reason}") from None
     return final
 
 
