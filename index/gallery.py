@@ -405,9 +405,11 @@ class Gallery:
                 return self._gpu_index.search(queries, depth)
         if self.index_type == "hnsw":
             ef = max(int(self.meta.get("ef_search", HNSW_EF_SEARCH)), depth)
-            return self._index.search(
-                queries, depth, params=faiss.SearchParametersHNSW(efSearch=ef)
-            )
+            # faiss.contrib.torch_utils (imported by pytorch-metric-learning's
+            # AccuracyCalculator) replaces Index.search with a wrapper that has no `params`;
+            # it keeps the original as search_numpy
+            search = getattr(self._index, "search_numpy", self._index.search)
+            return search(queries, depth, params=faiss.SearchParametersHNSW(efSearch=ef))
         return self._index.search(queries, depth)
 
     def items(self, ids: Iterable[int]) -> list[dict[str, Any]]:
