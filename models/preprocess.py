@@ -15,6 +15,9 @@ from PIL import Image
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms import functional as TF
 
+# Past this ratio of long to short side, the long side is cut before resizing (see below).
+MAX_ASPECT_RATIO = 16
+
 
 def default_resize(image_size: int) -> int:
     """The papers' ratio: resize to 256 then crop 224."""
@@ -28,6 +31,13 @@ def test_transform(
     resize = resize or default_resize(image_size)
 
     def transform(image: Image.Image) -> torch.Tensor:
+        width, height = image.size
+        if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
+            # Resizing the short side scales the long side too: a 1 x 100000 PNG (a few hundred
+            # bytes) would become 256 x 25.6M pixels (20 GB) before the crop keeps 224 x 224.
+            # Only the centre can reach the crop: cut the long side to 16 short sides first.
+            keep = MAX_ASPECT_RATIO * min(width, height)
+            image = TF.center_crop(image, [height, keep] if width > height else [keep, width])
         image = TF.resize(image, resize, interpolation=InterpolationMode.BILINEAR, antialias=True)
         image = TF.center_crop(image, [image_size, image_size])
         return TF.pil_to_tensor(image).float().div_(255.0)
