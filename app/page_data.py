@@ -505,7 +505,7 @@ def open_views(
         for name, folder in zip(names, gallery_dirs, strict=True):
             gallery = Gallery.open(folder)
             try:
-                path = _model_path(gallery, model)
+                path = gallery.model_path(model)
                 key = path.expanduser().resolve()
                 if key not in embedders:
                     embedders[key] = load_embedder(path, device=device)
@@ -519,21 +519,6 @@ def open_views(
             view.close()
         raise
     return views
-
-
-def _model_path(gallery: Gallery, override: str | os.PathLike[str] | None) -> Path:
-    if override is not None:
-        return Path(override)
-    recorded = gallery.meta.get("model")
-    if not recorded:
-        raise NearsightError(f"gallery {gallery.path} does not record its model: pass --model")
-    path = Path(str(recorded))
-    if not path.is_file():
-        raise NearsightError(
-            f"the model gallery {gallery.path} was built with is not at {path} any more: "
-            "pass --model"
-        )
-    return path
 
 
 def gallery_names(gallery_dirs: Sequence[str | os.PathLike[str]]) -> list[str]:

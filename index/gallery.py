@@ -354,6 +354,22 @@ class Gallery:
         # a writer's private read (locked) is never searched: no GPU copy for it
         self._gpu_index = None if locked else _to_gpu(index, self.index_type)
 
+    def model_path(self, override: str | os.PathLike[str] | None = None) -> Path:
+        """The model to embed queries with: ``override``, else the one the gallery records
+        (one-line NearsightError when it records none or the file is gone)."""
+        if override is not None:
+            return Path(override)
+        recorded = self.meta.get("model")
+        if not recorded:
+            raise NearsightError(f"gallery {self.path} does not record its model: pass --model")
+        path = Path(str(recorded))
+        if not path.is_file():
+            raise NearsightError(
+                f"the model gallery {self.path} was built with is not at {path} any more: "
+                "pass --model"
+            )
+        return path
+
     def check_model(self, model: Any, name: str | os.PathLike[str] | None = None) -> None:
         """GalleryError unless ``model`` (``dim``, ``model_sha256``) is the gallery's model."""
         model_dim = int(model.dim)

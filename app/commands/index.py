@@ -104,20 +104,8 @@ def load_gallery_model(gallery: Any, override: Path | None, device: str = "auto"
     """The embedder for ``gallery``: ``override`` or the model path its meta records; checked
     to be the model the gallery was built with."""
     from models.embedder import load_embedder
-    from models.errors import NearsightError
 
-    if override is not None:
-        path = override
-    else:
-        recorded = gallery.meta.get("model")
-        if not recorded:
-            raise NearsightError(f"gallery {gallery.path} does not record its model: pass --model")
-        path = Path(str(recorded))
-        if not path.is_file():
-            raise NearsightError(
-                f"the model gallery {gallery.path} was built with is not at {path} any more: "
-                "pass --model"
-            )
+    path = gallery.model_path(override)
     embedder = load_embedder(path, device=device)
     gallery.check_model(embedder, path)
     return embedder
