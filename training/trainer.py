@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -119,6 +120,12 @@ def build_optimizer(model: EmbeddingNet, config: TrainConfig) -> torch.optim.Opt
     return cls(groups, lr=optim.lr, weight_decay=optim.weight_decay)
 
 
+# models.atomic's temporary names (tempfile: 8 random characters) for the files of a run
+_RUN_TEMPORARY = re.compile(
+    r"\.(last\.pt|best\.pt|config\.yaml|metrics\.jsonl|train\.jsonl)\.[a-z0-9_]{8}\.tmp"
+)
+
+
 def _line_step(line: str) -> float:
     """The step of a JSON log line; a line cut short by a kill counts as past any step."""
     try:
@@ -199,15 +206,23 @@ class Trainer:
             )
 
     def _start_out_dir(self) -> None:
-        """Create the run folder and its config.yaml, once data, model, sampler and loss are
-        known to be good: a run refused for bad input leaves no folder behind."""
-        if not self.resume and self.dist.main:
+        """Create the run folder and its config.yaml (a new run) once data, model, sampler and
+        loss are known to be good, so a run refused for bad input leaves no folder behind; sweep
+        the temporaries of a killed run (a resumed one)."""
+        if not self.dist.main:
+            return
+        if not self.resume:
             try:
                 self.out_dir.mkdir(parents=True, exist_ok=True)
             except OSError as error:  # a file where a parent folder should be, no permission
                 raise NearsightError(f"cannot create {self.out_dir}: {error.strerror}") from None
             with atomic_file(self.out_dir / "config.yaml", "w") as handle:
                 handle.write(self.config.dump())
+        # a run killed mid-write (SIGKILL, power loss) leaves its temporary file behind: up to
+        # a whole checkpoint, hidden, never read; the run that takes over the folder removes it
+        for path in self.out_dir.iterdir():
+            if _RUN_TEMPORARY.fullmatch(path.name) and path.is_file():
+                path.unlink(missing_ok=True)
 
     def _load_data(self) -> tuple[DatasetSplit, DatasetSplit]:
         data = self.config.data
