@@ -1,0 +1,283 @@
+"""Faults: a training run and a gallery writer killed with SIGKILL part-way, and a disk that
+fills up mid-write. Real processes (`python -m app.cli ...`) where the fault is a kill.
+
+Already covered elsewhere (not repeated here):
+- tests/test_index_cli.py::test_killing_a_build_part_way_leaves_the_previous_gallery (SIGKILL
+  during `index build`) and ::test_two_concurrent_adds_both_land (two `index add` processes on
+  one gallery: both land, ids 0..16, catalog and index agree, serialised by the gallery lock);
+- tests/test_gallery.py::test_sigkill_mid_write_leaves_the_previous_gallery (a writer killed
+  between writing the new folder and renaming it) and ::test_concurrent_writers_lose_nothing
+  (3 threads x 3 adds);
+- tests/test_trainer.py::test_interrupt_and_resume_reproduces_the_uninterrupted_run (an
+  in-process interruption; here the process is SIGKILLed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from app.cli import main
+from index.datasets import load_dataset
+from index.datasets.synthetic import write_synthetic
+from index.gallery import Gallery
+from models.checkpoint import load_checkpoint, save_checkpoint
+from models.embedding import EmbeddingConfig, build_embedding_net
+
+FAST = ["--workers", "0"]
+# one thread per process: the two concurrent training processes share 2 cores, and a CPU
+# run is bit-for-bit repeatable only with the same thread count
+CHILD_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+             "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}  # fmt: skip
+TRAIN_STEPS = 6
+
+
+def cli(*argv) -> list[str]:
+    return [sys.executable, "-m", "app.cli", *[str(arg) for arg in argv]]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def wait_for(condition, timeout: float, process: subprocess.Popen | None = None) -> bool:
+    """Poll ``condition`` every 20 ms until it holds, ``timeout`` passes or ``process`` ends."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        if process is not None and process.poll() is not None:
+            return condition()
+        time.sleep(0.02)
+    return False
+
+
+def temporaries(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tmp"))
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("faults") / "data"
+    write_synthetic(root, classes=6, per_class=4, size=32)
+    return root
+
+
+@pytest.fixture(scope="module")
+def gallery(data, tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("faults-gallery")
+    torch.manual_seed(0)
+    model = save_checkpoint(
+        root / "model.pt",
+        build_embedding_net(EmbeddingConfig(dim=16, image_size=32, arch="resnet18")),
+    )
+    out = root / "gallery"
+    argv = ["index", "build", "--model", str(model), "--dataset", "folder", "--root", str(data)]
+    assert main([*argv, "--out", str(out), *FAST]) == 0
+    return {"model": model, "gallery": out}
+
+
+def gallery_state(folder: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(folder.iterdir())}
+
+
+def assert_whole(folder: Path) -> tuple[int, list[str]]:
+    """Opens (catalog, index and embeddings agree: Gallery.open checks) and every stored
+    embedding finds itself in the index at distance 0 (the added images repeat, so the id found
+    may be a twin's); returns (count, paths)."""
+    with Gallery.open(folder) as opened:
+        distances, ids = opened.search(np.asarray(opened.embeddings), 1)
+        assert distances.max() < 1e-3 and set(ids[:, 0].tolist()) <= set(opened.ids.tolist())
+        return len(opened), [row["path"] for row in opened.all_items()]
+
+
+# -- SIGKILL during training, then --resume -----------------------------------------------------
+
+
+@pytest.mark.slow  # three training processes (two at once): ~30 s on 2 cores
+def test_sigkill_during_train_then_resume_matches_an_uninterrupted_run(data, tmp_path):
+    common = ["train", "--dataset", "folder", "--root", data, "--loss", "ice",
+              "--image-size", "32", "--dim", "16", "--classes-per-batch", "3", "--per-class", "2",
+              "--steps", TRAIN_STEPS, "--eval-every", "3", "--device", "cpu", *FAST,
+              "--set", "save_every=1", "--set", "log_every=1",
+              "--set", "data.eval_batch_size=16"]  # fmt: skip
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "env": CHILD_ENV}
+    reference = subprocess.Popen(cli(*common, "--out", straight), **quiet)
+    victim = subprocess.Popen(cli(*common, "--out", killed), **quiet)
+    try:
+        # step 3 trained: last.pt holds step 2 (save_every=1). Then kill the moment a checkpoint
+        # write begins (step 3's evaluation writes best.pt and last.pt): the hardest point, a
+        # half-written checkpoint beside a whole one, and an evaluation line already logged
+        def writing_a_checkpoint_after_step_3() -> bool:
+            log = killed / "train.jsonl"
+            return (
+                log.exists()
+                and len(read_jsonl(log)) >= 3
+                and any(name.endswith(".tmp") for name in temporaries(killed))
+            )
+
+        hit = wait_for(writing_a_checkpoint_after_step_3, 240, victim)
+        assert hit, victim.stderr.read().decode()[-2000:]
+        victim.send_signal(signal.SIGKILL)
+        assert victim.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+    saved_step = load_checkpoint(killed / "last.pt")["state"]["step"]
+    assert 2 <= saved_step < TRAIN_STEPS
+    left = temporaries(killed)
+    assert left  # the half-written checkpoint
+    print(f"\nkilled after step {len(read_jsonl(killed / 'train.jsonl'))} was logged, writing "
+          f"{left}; last.pt at step {saved_step}")  # fmt: skip
+
+    resumed = subprocess.run(
+        cli("train", "--out", killed, "--resume"), capture_output=True, env=CHILD_ENV, timeout=300
+    )
+    assert resumed.returncode == 0, resumed.stderr.decode()[-3000:]
+    assert f"resumed from {killed / 'last.pt'} at step {saved_step}" in resumed.stderr.decode()
+    _, err = reference.communicate(timeout=300)
+    assert reference.returncode == 0, err.decode()[-3000:]
+
+    # the loss curve: every step once, the same losses and learning rates
+    expected, got = read_jsonl(straight / "train.jsonl"), read_jsonl(killed / "train.jsonl")
+    assert [r["step"] for r in got] == list(range(1, TRAIN_STEPS + 1))
+    for want, have in zip(expected, got, strict=True):
+        assert have["loss"] == pytest.approx(want["loss"], rel=1e-6, abs=1e-6), have["step"]
+        lrs = {k: v for k, v in want.items() if k.startswith("lr_")}
+        assert {k: have[k] for k in lrs} == pytest.approx(lrs, rel=1e-9)
+    # the evaluations (steps 3 and 6): the same numbers
+    expected, got = read_jsonl(straight / "metrics.jsonl"), read_jsonl(killed / "metrics.jsonl")
+    assert [r["step"] for r in got] == [3, TRAIN_STEPS]
+    for want, have in zip(expected, got, strict=True):
+        assert have == pytest.approx(want, rel=1e-6, abs=1e-6)
+    assert (
+        load_checkpoint(killed / "best.pt")["training"]["step"]
+        == (load_checkpoint(straight / "best.pt")["training"]["step"])
+    )
+    assert temporaries(killed) == []  # the resumed run swept the half-written file
+
+
+# -- SIGKILL while `index add` writes -----------------------------------------------------------
+
+
+@pytest.mark.slow  # a CLI process (imports torch) per attempt
+def test_sigkill_while_index_add_writes_leaves_a_whole_gallery(data, gallery, tmp_path):
+    """Kill `index add` the moment its new gallery folder appears (the writer's temporary
+    folder beside the gallery: it then copies the catalog, rebuilds the index, writes and
+    fsyncs three files, renames). The gallery must open whole: the old one, or the new one
+    if the rename won the race, never a mix; the next writer sweeps the leftover."""
+    extra = [str(p) for p in load_dataset("folder", data, "train").paths] * 4  # 48 images
+    hits = 0
+    for attempt in range(3):
+        target = tmp_path / f"try{attempt}" / "gallery"
+        shutil.copytree(gallery["gallery"], target)
+        before = gallery_state(target)
+        process = subprocess.Popen(
+            cli("index", "add", "--gallery", target, *extra, *FAST),
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=CHILD_ENV,
+        )  # fmt: skip
+        try:
+            writing = wait_for(lambda target=target: bool(temporaries(target.parent)), 120, process)
+            if writing:
+                process.send_signal(signal.SIGKILL)
+            code = process.wait(timeout=60)
+        finally:
+            if process.poll() is None:
+                process.kill()
+        count, paths = assert_whole(target)
+        if code == -signal.SIGKILL:
+            hits += 1
+            assert count in (12, 60)
+            if count == 12:
+                assert gallery_state(target) == before  # byte for byte
+            # the next writer sweeps what the killed one left
+            assert main(["index", "add", "--gallery", str(target), extra[0], *FAST]) == 0
+            assert temporaries(target.parent) == []
+            assert assert_whole(target)[0] == count + 1
+            print(f"\nattempt {attempt}: killed while writing; gallery whole with {count} items")
+            break
+        assert code == 0, process.stderr.read().decode()[-2000:]  # finished before the kill
+        assert count == 60 and paths[12:] == extra
+    assert hits == 1, "the writer finished three times before it could be killed mid-write"
+
+
+# -- a full disk ------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def file_size_limit(limit_bytes: int) -> Iterator[None]:
+    """Writes past ``limit_bytes`` fail with EFBIG, as on a full disk (RLIMIT_FSIZE, soft limit
+    only, restored after; SIGXFSZ ignored so that the write fails instead of killing us)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    previous_bytecode = sys.dont_write_bytecode
+    sys.dont_write_bytecode = True  # an import meanwhile must not write a truncated .pyc
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        sys.dont_write_bytecode = previous_bytecode
+        signal.signal(signal.SIGXFSZ, previous_handler)
+
+
+def one_error_line(err: str) -> str:
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.startswith("nearsight: error:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_a_full_disk_while_writing_a_gallery_keeps_the_previous_one(
+    data, gallery, tmp_path, capsys
+):
+    target = tmp_path / "gallery"
+    shutil.copytree(gallery["gallery"], target)
+    before = gallery_state(target)
+    extra = [str(p) for p in load_dataset("folder", data, "train").paths]
+    rebuild = ["index", "build", "--model", str(gallery["model"]), "--dataset", "folder",
+               "--root", str(data), "--split", "all", "--out", str(target), *FAST]  # fmt: skip
+    add = ["index", "add", "--gallery", str(target), *extra, *FAST]
+    for argv in (rebuild, add):
+        with file_size_limit(4096):  # the catalog alone is larger
+            code = main(argv)
+        err = capsys.readouterr().err
+        assert code == 2
+        line = one_error_line(err)  # build: writing the new folder; add: copying the catalog
+        assert str(target) in line and ("cannot write" in line or "cannot be copied" in line)
+        assert gallery_state(target) == before
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".gallery.lock", "gallery"]
+    assert main(add) == 0  # space again: the same command works
+    assert assert_whole(target)[0] == 24
+
+
+def test_a_full_disk_while_saving_a_checkpoint_is_one_line(data, tmp_path, capsys):
+    run = tmp_path / "run"
+    argv = ["train", "--dataset", "folder", "--root", str(data), "--loss", "ice",
+            "--image-size", "32", "--dim", "16", "--classes-per-batch", "3", "--per-class", "2",
+            "--steps", "2", "--device", "cpu", *FAST, "--set", "save_every=1"]  # fmt: skip
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with file_size_limit(1_000_000):  # a ResNet-50 checkpoint is ~100 MB
+            code = main([*argv, "--out", str(run)])
+    finally:
+        torch.set_num_threads(threads)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"cannot write checkpoint {run / 'last.pt'}" in one_error_line(err)
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml", "train.jsonl"]  # no .tmp
