@@ -58,6 +58,10 @@ MAX_K = 64
 DEFAULT_MAX_UPLOAD_MB = 10.0
 DEFAULT_CONCURRENCY = 2  # embedding calls at once (each one uses every core already)
 DEFAULT_MAX_QUEUE = 64  # waiting events beyond this are refused ("queue full")
+# Sessions whose state Gradio keeps (least recently used dropped first). Every call of the API
+# over plain HTTP is a new session holding a copy of every component's config, ~80 KB here:
+# Gradio's default of 10000 let a busy API client grow the server by ~0.8 GB.
+STATE_SESSIONS = 1000
 FAILURE_ROWS = 1000  # rows of the failure table sent to the browser (worst first)
 UNKNOWN_CLASS = "-1"
 ANY_CLASS = "-1"
@@ -741,6 +745,7 @@ def launch_app(
         pwa=False,
         mcp_server=False,
         run_history=False,
+        state_session_capacity=STATE_SESSIONS,
         footer_links=["api"],
         theme=system_theme(),
     )
