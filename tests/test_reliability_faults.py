@@ -157,6 +157,8 @@ def test_sigkill_during_train_then_resume_matches_an_uninterrupted_run(data, tmp
     # the loss curve: every step once, the same losses and learning rates
     expected, got = read_jsonl(straight / "train.jsonl"), read_jsonl(killed / "train.jsonl")
     assert [r["step"] for r in got] == list(range(1, TRAIN_STEPS + 1))
+    worst = max(abs(h["loss"] - w["loss"]) for w, h in zip(expected, got, strict=True))
+    print(f"resumed from step {saved_step}: max |loss - uninterrupted loss| = {worst:.1e}")
     for want, have in zip(expected, got, strict=True):
         assert have["loss"] == pytest.approx(want["loss"], rel=1e-6, abs=1e-6), have["step"]
         lrs = {k: v for k, v in want.items() if k.startswith("lr_")}
