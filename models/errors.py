@@ -2,8 +2,9 @@
 
 Every layer raises :class:`NearsightError` (or a subclass) for a problem with what it was
 given: a missing file, a wrong dataset layout, an unreadable image, a model and gallery that do
-not match. The CLI prints its message as a single line and exits with status 2; anything else is
-a bug and keeps its traceback.
+not match. The CLI prints its message as a single line and exits with status 2. An ``OSError`` that
+reaches the CLI (a full disk, a quota, no permission) is a fault of the machine and is
+reported the same way; anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
