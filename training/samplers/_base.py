@@ -161,3 +161,29 @@ class SeededBatchSampler(Sampler[list[int]]):
 
 def groups_per_pass(num_classes: int, n: int) -> int:
     return math.ceil(num_classes / n)
+
+
+class ClassGroupSampler(SeededBatchSampler):
+    """Batches of n classes x m images whose epoch is ``passes`` random class permutations
+    cut into groups of n (the group and m-per-class samplers). Subclasses set ``m``, ``n``
+    and ``index`` and then call :meth:`_set_passes`."""
+
+    m: int
+    n: int
+    index: ClassIndex
+    passes: int
+
+    def _set_passes(self, passes: int | None) -> None:
+        self.passes = (
+            default_passes(self.index, self.m) if passes is None else check_int("passes", passes, 1)
+        )
+
+    def __len__(self) -> int:
+        return self.passes * groups_per_pass(len(self.index), self.n)
+
+    @property
+    def batch_size(self) -> int:
+        return self.m * self.n
+
+    def class_counts(self) -> dict[int, int]:
+        return self.index.counts()

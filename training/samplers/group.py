@@ -12,18 +12,16 @@ from collections.abc import Sequence
 import numpy as np
 
 from training.samplers._base import (
+    ClassGroupSampler,
     ClassIndex,
     SamplerConfigError,
-    SeededBatchSampler,
     check_int,
     class_groups,
-    default_passes,
     draw_without_replacement,
-    groups_per_pass,
 )
 
 
-class GroupBatchSampler(SeededBatchSampler):
+class GroupBatchSampler(ClassGroupSampler):
     """Batches of the (m,n)-group design: ``n`` distinct classes, ``m`` distinct images each,
     listed class by class (batch size m*n).
 
@@ -68,19 +66,7 @@ class GroupBatchSampler(SeededBatchSampler):
                 f"class(es) have at least m={self.m} images"
             )
         self.index = ClassIndex(self.labels, keep)
-        self.passes = (
-            default_passes(self.index, self.m) if passes is None else check_int("passes", passes, 1)
-        )
-
-    def __len__(self) -> int:
-        return self.passes * groups_per_pass(len(self.index), self.n)
-
-    @property
-    def batch_size(self) -> int:
-        return self.m * self.n
-
-    def class_counts(self) -> dict[int, int]:
-        return self.index.counts()
+        self._set_passes(passes)
 
     def design_params(self) -> dict[str, object]:
         return {"design": "group", "m": self.m, "n": self.n}

@@ -11,19 +11,17 @@ from collections.abc import Sequence
 import numpy as np
 
 from training.samplers._base import (
+    ClassGroupSampler,
     ClassIndex,
     SamplerConfigError,
-    SeededBatchSampler,
     check_int,
     class_groups,
-    default_passes,
     draw_without_replacement,
-    groups_per_pass,
     uniform_below,
 )
 
 
-class MPerClassSampler(SeededBatchSampler):
+class MPerClassSampler(ClassGroupSampler):
     """Batches of ``batch_size // m`` distinct classes with ``m`` images each, class by class.
 
     An epoch is ``passes`` random permutations of all classes cut into groups (the last group
@@ -60,19 +58,7 @@ class MPerClassSampler(SeededBatchSampler):
                 f"m-per-class sampler: {self.n} classes per batch, but the labels have only "
                 f"{len(self.index)} classes"
             )
-        self.passes = (
-            default_passes(self.index, self.m) if passes is None else check_int("passes", passes, 1)
-        )
-
-    def __len__(self) -> int:
-        return self.passes * groups_per_pass(len(self.index), self.n)
-
-    @property
-    def batch_size(self) -> int:
-        return self.m * self.n
-
-    def class_counts(self) -> dict[int, int]:
-        return self.index.counts()
+        self._set_passes(passes)
 
     def design_params(self) -> dict[str, object]:
         """These batches are the (m,n)-group design when every class has at least m images
