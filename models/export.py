@@ -156,6 +156,7 @@ def export_onnx(
 
     payload = load_checkpoint(checkpoint)  # one-line errors: missing, foreign, damaged
     net = load_embedding_net(checkpoint)
+    net.eval().fold_feature_norm()  # one Gemm head, as the papers; tests check the fold
     sha = checkpoint_sha256(checkpoint)
     metadata = checkpoint_metadata(payload, sha)
     metadata["opset"] = str(opset)

@@ -77,6 +77,7 @@ def test_payload_layout_and_extra_state(trained):
         "freeze_bn": True,
         "image_size": 224,
         "arch": "resnet18",
+        "feature_norm": "none",
     }
     assert payload["step"] == 7
     assert payload["sampler"]["order"] == [3, 1, 2]

@@ -50,6 +50,7 @@ def test_config_round_trips_through_dict():
         "freeze_bn": True,
         "image_size": 224,
         "arch": "resnet50",
+        "feature_norm": "none",  # "auto" is stored resolved
     }
     assert EmbeddingConfig.from_dict(values) == config
 
@@ -68,6 +69,7 @@ def test_config_from_dict_rejects_unknown_keys():
         {"pooling": "gem"},
         {"image_size": 8},
         {"arch": "vgg16"},
+        {"feature_norm": "layernorm"},
     ],
 )
 def test_config_rejects_bad_values(values):
@@ -155,11 +157,20 @@ def test_trunk_and_head_parameters_cover_every_parameter_once(net):
 def test_freeze_bn_keeps_running_stats_and_trains_affine():
     torch.manual_seed(0)
     frozen = EmbeddingNet(EmbeddingConfig(dim=8, freeze_bn=True))
+    with torch.no_grad():  # as after loading pretrained weights: no zero-initialised branch
+        for block in frozen.trunk.modules():
+            if isinstance(block, torchvision.models.resnet.Bottleneck):
+                block.bn3.weight.fill_(1.0)
     frozen.train()
     batch_norms = [m for m in frozen.trunk.modules() if isinstance(m, nn.BatchNorm2d)]
     assert len(batch_norms) == 53
     assert frozen.training and not any(m.training for m in batch_norms)
-    before = {k: v.clone() for k, v in frozen.state_dict().items() if "running" in k}
+    # the trunk's statistics; the head's feature_norm (from scratch) is new and keeps learning
+    before = {
+        k: v.clone()
+        for k, v in frozen.state_dict().items()
+        if k.startswith("trunk.") and "running" in k
+    }
     frozen(torch.rand(2, 3, 32, 32)).pow(2).sum().backward()  # batch of 2: fine in eval BN
     after = frozen.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
@@ -168,6 +179,63 @@ def test_freeze_bn_keeps_running_stats_and_trains_affine():
     frozen.eval()
     frozen.train()  # going back to train mode re-freezes
     assert not any(m.training for m in batch_norms)
+
+
+def test_feature_norm_auto_is_batchnorm_exactly_from_scratch():
+    assert EmbeddingConfig().feature_norm == "batchnorm"
+    assert EmbeddingConfig(pretrained="imagenet").feature_norm == "none"
+    assert EmbeddingConfig(pretrained="weights.pth").feature_norm == "none"
+    assert EmbeddingConfig(pretrained="imagenet", feature_norm="batchnorm").feature_norm == (
+        "batchnorm"
+    )
+    assert EmbeddingConfig(feature_norm="none").feature_norm == "none"
+    standardised = EmbeddingNet(EmbeddingConfig(dim=8))
+    assert {"feature_norm.running_mean", "feature_norm.running_var"} <= set(
+        standardised.state_dict()
+    )
+    plain = EmbeddingNet(EmbeddingConfig(dim=8, feature_norm="none"))
+    assert not any(key.startswith("feature_norm") for key in plain.state_dict())
+
+
+def test_untrained_residual_branches_start_at_zero(net):
+    blocks = [m for m in net.trunk.modules() if isinstance(m, torchvision.models.resnet.Bottleneck)]
+    assert len(blocks) == 16
+    assert all(torch.count_nonzero(block.bn3.weight) == 0 for block in blocks)
+
+
+def _mean_pairwise_cosine(embeddings: torch.Tensor) -> float:
+    n = embeddings.shape[0]
+    similarities = embeddings @ embeddings.T
+    return float((similarities.sum() - similarities.diagonal().sum()) / (n * (n - 1)))
+
+
+def test_feature_norm_spreads_the_embeddings_of_an_untrained_net():
+    """The reason for batchnorm from scratch: without it, embeddings of unrelated images of an
+    untrained ResNet-50 point almost the same way."""
+    images = torch.rand(16, 3, 64, 64, generator=torch.Generator().manual_seed(3))
+    cosines = {}
+    for feature_norm in ("none", "batchnorm"):
+        torch.manual_seed(0)
+        model = EmbeddingNet(EmbeddingConfig(dim=32, feature_norm=feature_norm)).train()
+        with torch.no_grad():
+            cosines[feature_norm] = _mean_pairwise_cosine(model(images))
+    assert cosines["none"] > 0.4  # measured 0.61 (0.99 without zero_init_residual)
+    assert abs(cosines["batchnorm"]) < 0.15  # measured -0.07
+
+
+def test_folding_feature_norm_into_the_head_keeps_the_function():
+    torch.manual_seed(0)
+    model = EmbeddingNet(EmbeddingConfig(dim=16, arch="resnet18")).eval()
+    with torch.no_grad():  # statistics unlike a fresh build's 0 and 1
+        model.feature_norm.running_mean.uniform_(-1.0, 1.0)
+        model.feature_norm.running_var.uniform_(0.1, 3.0)
+    images = torch.rand(4, 3, 32, 32)
+    with torch.no_grad():
+        before = model(images)
+        model.fold_feature_norm()
+        after = model(images)
+    assert isinstance(model.feature_norm, nn.Identity)
+    torch.testing.assert_close(after, before, atol=1e-5, rtol=0)
 
 
 def test_without_freeze_bn_train_mode_updates_running_stats(net):

@@ -16,6 +16,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
+import torchvision
 from PIL import Image
 
 import models.export as export_module
@@ -43,6 +44,11 @@ def _make_checkpoint(folder: Path) -> tuple[EmbeddingNet, Path]:
     with torch.no_grad():  # BatchNorm statistics unlike a fresh build: folding must use them
         net.trunk.bn1.running_mean.add_(0.3)
         net.trunk.bn1.running_var.mul_(2.0)
+        net.feature_norm.running_mean.uniform_(0.0, 0.5)
+        net.feature_norm.running_var.uniform_(0.5, 2.0)
+        for block in net.trunk.modules():  # residual branches on, as in a trained net
+            if isinstance(block, torchvision.models.resnet.BasicBlock):
+                block.bn2.weight.fill_(1.0)
     path = save_checkpoint(
         folder / "best.pt",
         net,

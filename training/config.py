@@ -64,6 +64,9 @@ class ModelConfig:
     pooling: str = "avg"  # avg | max | avgmax
     pretrained: str = "none"  # imagenet | imagenet-v1 | imagenet-v2 | none | FILE.pth
     freeze_bn: bool = True
+    # auto | none | batchnorm: standardise the pooled features before the head (auto: when
+    # training from scratch; see models/embedding.py)
+    feature_norm: str = "auto"
 
 
 @dataclass
@@ -273,6 +276,13 @@ def validate(config: TrainConfig) -> None:
     ):
         if value < 1:
             raise ConfigError(f"{name} must be a positive integer, got {value}")
+    if config.model.feature_norm not in ("auto", "none", "batchnorm"):
+        raise ConfigError(
+            f"model.feature_norm must be auto, none or batchnorm, got {config.model.feature_norm!r}"
+        )
+    if config.model.feature_norm == "auto":  # resolved, so config.yaml says what ran
+        scratch = config.model.pretrained == "none"
+        config.model.feature_norm = "batchnorm" if scratch else "none"
     if config.data.workers < 0:
         raise ConfigError(f"data.workers must be 0 or more, got {config.data.workers}")
     if not config.ks or any(k < 1 for k in config.ks):

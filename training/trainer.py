@@ -243,6 +243,7 @@ class Trainer:
                 pooling=model_cfg.pooling,
                 pretrained=model_cfg.pretrained,
                 freeze_bn=model_cfg.freeze_bn,
+                feature_norm=model_cfg.feature_norm,
                 image_size=self.config.data.image_size,
             )
         )
