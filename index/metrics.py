@@ -252,6 +252,8 @@ class _TorchFlatIP:
 
     def __init__(self, vectors: np.ndarray, device: str | torch.device = "cpu") -> None:
         self.device = torch.device(device)
+        if not vectors.flags.writeable:  # e.g. a gallery's memory-mapped vectors
+            vectors = vectors.copy()  # torch cannot wrap read-only memory without a warning
         self.gallery = torch.from_numpy(vectors).to(self.device)  # no copy on the CPU
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -38,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--loss", default="ice", help="seed loss to train with (default ice)")
     parser.add_argument(
-        "--train-seconds", type=float, default=100.0, help="training time (default 100)"
+        "--train-seconds", type=float, default=150.0, help="training time (default 150)"
     )
     parser.add_argument("--steps", type=int, help="train this many steps instead of by time")
     parser.add_argument("--image-size", type=int, default=64, help="training crop (default 64)")
