@@ -56,7 +56,9 @@ def make_tiny_gallery(root: Path) -> TinyGallery:
     """6 classes x 4 images of 32 px, a random 16-d network and its gallery (built by the CLI)."""
     data = root / "data"
     write_synthetic(data, classes=CLASSES, per_class=PER_CLASS, size=32)
-    torch.manual_seed(0)
+    # seed 2: this random net gets 4 of the 24 rank-1 neighbours right, so the page shows both
+    # kinds (seed 0 got none right)
+    torch.manual_seed(2)
     model = root / "model.pt"
     save_checkpoint(model, build_embedding_net(EmbeddingConfig(dim=16, image_size=32)))
     gallery = root / "gallery"

@@ -226,7 +226,8 @@ def test_cli_train_and_bad_input(synth, tmp_path, capsys):
 @pytest.mark.slow
 def test_two_process_ddp_follows_the_single_process_loss_curve(synth, tmp_path):
     """torchrun with 2 CPU processes (gloo): each embeds half of the same global batch, the
-    loss sees the whole batch, so the loss curve matches one process (BatchNorm frozen)."""
+    loss sees the whole batch, so the loss curve matches one process (no BatchNorm in train
+    mode: the trunk's frozen, the head's feature_norm off)."""
     common = [
         "--dataset",
         "folder",
@@ -252,6 +253,8 @@ def test_two_process_ddp_follows_the_single_process_loss_curve(synth, tmp_path):
         "cpu",
         "--set",
         "model.freeze_bn=true",
+        "--set",
+        "model.feature_norm=none",  # batch statistics are per process: not comparable
         "--set",
         "data.eval_batch_size=16",
     ]
