@@ -55,6 +55,18 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 TRUNK_LAYERS = ("conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3", "layer4")
 
 
+def resolve_feature_norm(feature_norm: str, pretrained: str) -> str:
+    """``none`` or ``batchnorm``: ``auto`` means batchnorm exactly when training from scratch
+    (``pretrained`` is "none"); see the module docstring for why."""
+    if feature_norm not in FEATURE_NORMS:
+        raise NearsightError(
+            f"feature_norm must be one of {', '.join(FEATURE_NORMS)}, got {feature_norm!r}"
+        )
+    if feature_norm == "auto":
+        return "batchnorm" if pretrained == "none" else "none"
+    return feature_norm
+
+
 @dataclass
 class EmbeddingConfig:
     """Everything needed to rebuild the network; stored in every checkpoint."""
@@ -89,12 +101,7 @@ class EmbeddingConfig:
             raise NearsightError(f"image size must be an integer >= 32, got {self.image_size!r}")
         if self.arch not in ARCHS:
             raise NearsightError(f"arch must be one of {', '.join(ARCHS)}, got {self.arch!r}")
-        if self.feature_norm not in FEATURE_NORMS:
-            raise NearsightError(
-                f"feature_norm must be one of {', '.join(FEATURE_NORMS)}, got {self.feature_norm!r}"
-            )
-        if self.feature_norm == "auto":
-            self.feature_norm = "batchnorm" if self.pretrained == "none" else "none"
+        self.feature_norm = resolve_feature_norm(self.feature_norm, self.pretrained)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from models.embedding import resolve_feature_norm
 from models.errors import NearsightError
 
 
@@ -276,13 +277,13 @@ def validate(config: TrainConfig) -> None:
     ):
         if value < 1:
             raise ConfigError(f"{name} must be a positive integer, got {value}")
-    if config.model.feature_norm not in ("auto", "none", "batchnorm"):
-        raise ConfigError(
-            f"model.feature_norm must be auto, none or batchnorm, got {config.model.feature_norm!r}"
+    # resolved here, so config.yaml says what ran
+    try:
+        config.model.feature_norm = resolve_feature_norm(
+            config.model.feature_norm, config.model.pretrained
         )
-    if config.model.feature_norm == "auto":  # resolved, so config.yaml says what ran
-        scratch = config.model.pretrained == "none"
-        config.model.feature_norm = "batchnorm" if scratch else "none"
+    except NearsightError as error:
+        raise ConfigError(f"model.{error}") from None
     if config.data.workers < 0:
         raise ConfigError(f"data.workers must be 0 or more, got {config.data.workers}")
     if not config.ks or any(k < 1 for k in config.ks):
