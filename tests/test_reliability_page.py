@@ -29,13 +29,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import torch
-
-from app.cli import main
-from index.datasets.synthetic import write_synthetic
-from index.gallery import Gallery
-from models.checkpoint import save_checkpoint
-from models.embedding import EmbeddingConfig, build_embedding_net
 
 CLIENTS = 8
 QUERIES = 50  # per client
@@ -74,21 +67,12 @@ def rss_mb(pid: int) -> float:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Server:
-    root = tmp_path_factory.mktemp("reliability-page")
-    data = root / "data"
-    write_synthetic(data, classes=6, per_class=4, size=32)
-    torch.manual_seed(0)
-    net = build_embedding_net(EmbeddingConfig(dim=16, image_size=32, arch="resnet18"))
-    model = save_checkpoint(root / "model.pt", net)
-    gallery = root / "gallery"
-    argv = ["index", "build", "--model", str(model), "--dataset", "folder", "--root", str(data)]
-    assert main([*argv, "--split", "all", "--out", str(gallery), "--workers", "0"]) == 0
-    with Gallery.open(gallery) as opened:
-        items = opened.all_items()
-    secret = root / "secret.txt"
-    secret.write_text(SECRET + "\n")
-    link = Path(items[0]["path"]).parent / "link-to-secret.png"
-    link.symlink_to(secret)
+    from test_page import make_tiny_gallery  # the page tests' gallery, secret and symlink
+
+    # ResNet-18: 400 queries in a test; the page code is the same for any network
+    tiny = make_tiny_gallery(tmp_path_factory.mktemp("reliability-page"), "resnet18", seed=0)
+    root, items, secret, link, gallery = tiny.root, tiny.items, tiny.secret, tiny.link, tiny.gallery
+    assert secret.read_text() == SECRET + "\n"
     bad = root / "notes.png"
     bad.write_text("this is not an image\n")
     cache = root / "gradio-cache"
