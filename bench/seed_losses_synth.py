@@ -44,8 +44,9 @@ SEED_LOSSES = ["ice", "rll", "nra", "rankmi", "bcontrastive"]
 
 # From scratch (no ImageNet weights here): BatchNorm learns its statistics, and the trunk
 # trains at the head's rate; the model's own from-scratch defaults apply (zero-initialised
-# residual branches, model.feature_norm auto = batchnorm: see models/embedding.py). Loss parameters are the defaults of LOSSES.md except where a
-# default assumes a pretrained start (noted).
+# residual branches, model.feature_norm auto = batchnorm: see models/embedding.py). Loss
+# parameters are the defaults of LOSSES.md except where a default assumes a pretrained start
+# (noted).
 SETTINGS = {
     "model.pretrained": "none",
     "model.freeze_bn": False,
@@ -61,7 +62,27 @@ SETTINGS = {
 }
 
 
-def standin_pretrain(tmp: Path, seconds: float, image_size: int) -> Path:
+def run_settings(
+    data: Path, loss: str, seconds: float, image_size: int, workers: int, eval_every: int
+) -> dict[str, object]:
+    """SETTINGS plus one timed run's own: its dataset, loss, length and evaluation cadence
+    (always at step 0 too: the untrained network's numbers)."""
+    return {
+        **SETTINGS,
+        "data.dataset": "folder",
+        "data.root": str(data),
+        "data.image_size": image_size,
+        "data.workers": workers,
+        "loss.name": loss,
+        "steps": 100_000,
+        "time_limit_s": seconds,
+        "eval_every": eval_every,
+        "eval_at_start": True,
+        "save_every": 100_000,
+    }
+
+
+def standin_pretrain(tmp: Path, seconds: float, image_size: int, workers: int) -> Path:
     """The best checkpoint of ICE trained for ``seconds`` on synthetic classes 105-209 (seed 1
     images): 85 classes to train on, the last 20 to choose the checkpoint by. The benchmark's
     own classes are 0-99, so the stand-in has seen none of them, as ImageNet has seen no CUB
@@ -73,20 +94,9 @@ def standin_pretrain(tmp: Path, seconds: float, image_size: int) -> Path:
     for position, folder in enumerate(classes):
         split = "train" if position < len(classes) - 20 else "test"
         shutil.copytree(folder, data / split / folder.name)
-    overrides = {
-        **SETTINGS,
-        "data.dataset": "folder",
-        "data.root": str(data),
-        "data.image_size": image_size,
-        "loss.name": "ice",
-        "steps": 100_000,
-        "time_limit_s": seconds,
-        "eval_every": 50,
-        "eval_at_start": True,
-        "save_every": 100_000,
-    }
     out = tmp / "standin-run"
-    summary = train(load_config(None, overrides), out)
+    settings = run_settings(data, "ice", seconds, image_size, workers, eval_every=50)
+    summary = train(load_config(None, settings), out)
     print(
         f"stand-in trunk: best Recall@1 {summary['best_recall@1']:.4f} at step "
         f"{summary['best_step']} of {summary['steps']}",
@@ -120,23 +130,15 @@ def main() -> None:
         if not (data / "synthetic.json").exists():
             write_synthetic(data, classes=100, per_class=24, size=96, seed=0)
         if args.standin_pretrain:
-            trunk = standin_pretrain(Path(tmp), args.standin_pretrain, args.image_size)
+            trunk = standin_pretrain(
+                Path(tmp), args.standin_pretrain, args.image_size, args.workers
+            )
             args.set.insert(0, f"model.pretrained={trunk}")
         results = []
         for loss in args.losses:
-            overrides = {
-                **SETTINGS,
-                "data.dataset": "folder",
-                "data.root": str(data),
-                "data.image_size": args.image_size,
-                "data.workers": args.workers,
-                "loss.name": loss,
-                "steps": 100_000,
-                "time_limit_s": args.seconds,
-                "eval_every": 100_000,
-                "eval_at_start": True,
-                "save_every": 100_000,
-            }
+            overrides = run_settings(
+                data, loss, args.seconds, args.image_size, args.workers, eval_every=100_000
+            )
             overrides.update(parse_set_option(text) for text in args.set)
             out = Path(tmp) / f"run-{loss}"
             summary = train(load_config(None, overrides), out)
