@@ -19,8 +19,9 @@ Design decisions
   randomly initialised ResNet-50 share one dominant direction (mean cosine 0.99 between
   the synthetic test images' embeddings under torchvision's default initialisation, 0.6
   between noise images with zero_init_residual), and a loss on the unit sphere spends its
-  first hundreds of steps undoing that; standardised features start spread out. Pretrained features do not have
-  that problem and the papers' head is a plain linear layer, so ``auto`` leaves it out there.
+  first hundreds of steps undoing that; standardised features start spread out. Pretrained
+  features do not have that problem and the papers' head is a plain linear layer, so ``auto``
+  leaves it out there.
 - The trunk is built with torchvision's ``zero_init_residual``: the last BatchNorm of every
   residual block starts at zero, so an untrained ResNet-50 starts as a shallow network and
   trains from scratch much faster (Goyal et al. 2017). Pretrained weights overwrite it.
