@@ -26,7 +26,7 @@ lint: venv
 
 test: venv browser
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest
+	$(BIN)/pytest
 
 # The page's browser tests drive Debian's chromium through Playwright (never `playwright
 # install`: no internet). Installed here when missing; without apt-get they are skipped.

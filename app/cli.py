@@ -14,8 +14,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from app.commands import COMMANDS
-from models.errors import NearsightError
+from nearsight.app.commands import COMMANDS
+from nearsight.models.errors import NearsightError
 
 
 def build_parser() -> argparse.ArgumentParser:

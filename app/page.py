@@ -42,16 +42,16 @@ from typing import Any  # noqa: E402
 import gradio as gr  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from app.page_data import (  # noqa: E402
+from nearsight.app.page_data import (  # noqa: E402
     ANALYSIS_MAX_ITEMS,
     GalleryView,
     Neighbour,
     open_views,
     thumbnail_uri,
 )
-from app.page_html import CLICK_JS, QueryCard, message_html, result_html  # noqa: E402
-from index.images import load_image_bytes  # noqa: E402
-from models.errors import NearsightError  # noqa: E402
+from nearsight.app.page_html import CLICK_JS, QueryCard, message_html, result_html  # noqa: E402
+from nearsight.index.images import load_image_bytes  # noqa: E402
+from nearsight.models.errors import NearsightError  # noqa: E402
 
 DEFAULT_K = 8
 MAX_K = 64

@@ -30,9 +30,9 @@ import faiss
 import numpy as np
 from PIL import Image
 
-from index.gallery import Gallery, unit_distance
-from index.images import load_image
-from models.errors import NearsightError
+from nearsight.index.gallery import Gallery, unit_distance
+from nearsight.index.images import load_image
+from nearsight.models.errors import NearsightError
 
 THUMBNAIL_SIDE = 160  # pixels, the longer side of a grid thumbnail
 THUMBNAIL_CACHE_ITEMS = 4096  # per gallery; ~6 KB each as base64 JPEG
@@ -496,7 +496,7 @@ def open_views(
     all of them) or the model path each gallery's meta records. One embedder per model file.
     Raises NearsightError (one line) for a missing/damaged gallery or a model that does not
     match."""
-    from models.embedder import load_embedder
+    from nearsight.models.embedder import load_embedder
 
     embedders: dict[Path, Any] = {}
     views: list[GalleryView] = []

@@ -79,7 +79,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from app.page import build_app, launch_app
+    from nearsight.app.page import build_app, launch_app
 
     start = time.perf_counter()
     demo = build_app(
@@ -108,8 +108,8 @@ def serve(args: argparse.Namespace) -> int:
 def make_model(workdir: Path, args: argparse.Namespace) -> tuple[Path, dict]:
     import torch
 
-    from models.checkpoint import save_checkpoint
-    from models.embedding import EmbeddingConfig, build_embedding_net
+    from nearsight.models.checkpoint import save_checkpoint
+    from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
 
     timings = {}
     torch.manual_seed(0)
@@ -120,7 +120,7 @@ def make_model(workdir: Path, args: argparse.Namespace) -> tuple[Path, dict]:
     timings["checkpoint_s"] = time.perf_counter() - start
     if args.model_format == "pt":
         return checkpoint, timings
-    from models.export import export_onnx
+    from nearsight.models.export import export_onnx
 
     start = time.perf_counter()
     model = workdir / "model.onnx"
@@ -130,7 +130,7 @@ def make_model(workdir: Path, args: argparse.Namespace) -> tuple[Path, dict]:
 
 
 def make_images(workdir: Path) -> list[Path]:
-    from index.datasets.synthetic import write_synthetic
+    from nearsight.index.datasets.synthetic import write_synthetic
 
     data = workdir / "images"
     write_synthetic(data, classes=4, per_class=4, size=320)
@@ -138,8 +138,8 @@ def make_images(workdir: Path) -> list[Path]:
 
 
 def make_gallery(workdir: Path, model: Path, images: list[Path], args) -> tuple[Path, float]:
-    from index.gallery import build_gallery, describe_image_file
-    from models.embedder import load_embedder
+    from nearsight.index.gallery import build_gallery, describe_image_file
+    from nearsight.models.embedder import load_embedder
 
     rng = np.random.default_rng(0)
     vectors = rng.standard_normal((args.items, args.dim), dtype=np.float32)
@@ -169,8 +169,8 @@ def make_gallery(workdir: Path, model: Path, images: list[Path], args) -> tuple[
 
 def direct_latency(gallery: Path, images: list[Path], args) -> dict:
     """Embedding + search without Gradio, in this process (the server is not running yet)."""
-    from app.page_data import open_views
-    from index.images import load_image
+    from nearsight.app.page_data import open_views
+    from nearsight.index.images import load_image
 
     (view,) = open_views([gallery], device="cpu")
     pictures = [load_image(path) for path in images]

@@ -29,15 +29,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from index.datasets import load_dataset
-from index.datasets.synthetic import write_synthetic
-from index.embed import embed_paths
-from index.images import load_image
-from index.metrics import recall_at_k
-from models.checkpoint import load_embedding_net, save_checkpoint
-from models.embedder import OnnxEmbedder, physical_cores
-from models.embedding import EmbeddingConfig, EmbeddingNet
-from models.export import default_int8_path, export_onnx, pick_calibration_paths, quantize_int8
+from nearsight.index.datasets import load_dataset
+from nearsight.index.datasets.synthetic import write_synthetic
+from nearsight.index.embed import embed_paths
+from nearsight.index.images import load_image
+from nearsight.index.metrics import recall_at_k
+from nearsight.models.checkpoint import load_embedding_net, save_checkpoint
+from nearsight.models.embedder import OnnxEmbedder, physical_cores
+from nearsight.models.embedding import EmbeddingConfig, EmbeddingNet
+from nearsight.models.export import default_int8_path, export_onnx, pick_calibration_paths, quantize_int8
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

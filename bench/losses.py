@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 from pytorch_metric_learning import losses as pml_losses
 
-from training.losses.registry import LOSSES, build_loss
+from nearsight.training.losses.registry import LOSSES, build_loss
 
 SHAPES = [(120, 128), (120, 512), (180, 128), (180, 512)]
 IMAGES_PER_CLASS = 3

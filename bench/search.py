@@ -36,8 +36,8 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from index.gallery import EXACT_KMEANSPP_MAX_CLASSES, Gallery, build_gallery
-from index.metrics import SOP_KS, evaluate, nmi, recall_at_k
+from nearsight.index.gallery import EXACT_KMEANSPP_MAX_CLASSES, Gallery, build_gallery
+from nearsight.index.metrics import SOP_KS, evaluate, nmi, recall_at_k
 
 DIM = 128
 K = 10

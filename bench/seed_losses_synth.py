@@ -36,9 +36,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from index.datasets.synthetic import write_synthetic
-from training.config import load_config, parse_set_option
-from training.trainer import train
+from nearsight.index.datasets.synthetic import write_synthetic
+from nearsight.training.config import load_config, parse_set_option
+from nearsight.training.trainer import train
 
 SEED_LOSSES = ["ice", "rll", "nra", "rankmi", "bcontrastive"]
 

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 
-from index.datasets.synthetic import write_synthetic
-from models.embedding import EmbeddingConfig, build_embedding_net
-from training.config import load_config
-from training.trainer import train
+from nearsight.index.datasets.synthetic import write_synthetic
+from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
+from nearsight.training.config import load_config
+from nearsight.training.trainer import train
 
 
 def bare_images_per_s(args: argparse.Namespace, device: torch.device) -> float:

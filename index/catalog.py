@@ -30,8 +30,8 @@ from urllib.parse import quote
 import numpy as np
 from sqlite_utils import Database
 
-from models.atomic import atomic_dir, recover_dir
-from models.errors import NearsightError
+from nearsight.models.atomic import atomic_dir, recover_dir
+from nearsight.models.errors import NearsightError
 
 CATALOG_FILE = "catalog.db"
 ITEM_COLUMNS: dict[str, type] = {

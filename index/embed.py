@@ -16,9 +16,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from index.images import ImageLoadError, load_image
-from models.preprocess import test_transform
-from models.progress import progress
+from nearsight.index.images import ImageLoadError, load_image
+from nearsight.models.preprocess import test_transform
+from nearsight.models.progress import progress
 
 
 class ImagePathDataset(Dataset):

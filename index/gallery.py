@@ -55,11 +55,11 @@ import faiss
 import numpy as np
 from PIL import Image
 
-from index.catalog import CATALOG_FILE, Catalog, GalleryError, create_catalog, gallery_writer
-from index.images import file_sha256
-from index.metrics import CUB_KS, SOP_KS, default_ks, evaluate
-from models.atomic import recover_dir
-from models.errors import NearsightError
+from nearsight.index.catalog import CATALOG_FILE, Catalog, GalleryError, create_catalog, gallery_writer
+from nearsight.index.images import file_sha256
+from nearsight.index.metrics import CUB_KS, SOP_KS, default_ks, evaluate
+from nearsight.models.atomic import recover_dir
+from nearsight.models.errors import NearsightError
 
 INDEX_FILE = "index.faiss"
 EMBEDDINGS_FILE = "embeddings.npy"

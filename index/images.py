@@ -25,7 +25,7 @@ import warnings
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from models.errors import NearsightError
+from nearsight.models.errors import NearsightError
 
 # Images with more pixels than this are refused before decoding (64 megapixels, 192 MB as RGB).
 MAX_PIXELS = 64_000_000

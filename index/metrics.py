@@ -50,7 +50,7 @@ import torch
 from sklearn.cluster import kmeans_plusplus
 from sklearn.metrics import normalized_mutual_info_score
 
-from models.errors import NearsightError
+from nearsight.models.errors import NearsightError
 
 CUB_KS: tuple[int, ...] = (1, 2, 4, 8)  # CUB-200-2011, CARS196
 SOP_KS: tuple[int, ...] = (1, 10, 100, 1000)  # Stanford Online Products

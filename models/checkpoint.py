@@ -22,9 +22,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from models.atomic import atomic_write_path
-from models.embedding import EmbeddingConfig, EmbeddingNet
-from models.errors import NearsightError
+from nearsight.models.atomic import atomic_write_path
+from nearsight.models.embedding import EmbeddingConfig, EmbeddingNet
+from nearsight.models.errors import NearsightError
 
 CHECKPOINT_FORMAT = "nearsight-checkpoint"
 CHECKPOINT_VERSION = 1

@@ -38,8 +38,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from models.errors import NearsightError
-from models.preprocess import default_resize, test_transform
+from nearsight.models.errors import NearsightError
+from nearsight.models.preprocess import default_resize, test_transform
 
 MODEL_FORMAT = "nearsight-embedding"
 MODEL_FORMAT_VERSION = 1
@@ -345,7 +345,7 @@ class TorchEmbedder(_EmbedderBase):
     """A training checkpoint (``best.pt``) run by torch; ``device``: auto | cpu | cuda."""
 
     def __init__(self, checkpoint_path: str | os.PathLike[str], device: str = "auto") -> None:
-        from models.checkpoint import load_checkpoint, load_embedding_net
+        from nearsight.models.checkpoint import load_checkpoint, load_embedding_net
 
         self.path = Path(checkpoint_path)
         if device not in ("auto", "cpu", "cuda"):

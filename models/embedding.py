@@ -44,8 +44,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.errors import NearsightError
-from models.weights import load_trunk_weights, resolve_pretrained
+from nearsight.models.errors import NearsightError
+from nearsight.models.weights import load_trunk_weights, resolve_pretrained
 
 POOLINGS = ("avg", "max", "avgmax")
 FEATURE_NORMS = ("auto", "none", "batchnorm")

@@ -48,18 +48,18 @@ import torch
 from onnxruntime.quantization import CalibrationDataReader
 from PIL import Image
 
-from models.atomic import atomic_write_path
-from models.checkpoint import checkpoint_sha256, load_checkpoint, load_embedding_net
-from models.embedder import (
+from nearsight.models.atomic import atomic_write_path
+from nearsight.models.checkpoint import checkpoint_sha256, load_checkpoint, load_embedding_net
+from nearsight.models.embedder import (
     INPUT_NAME,
     OUTPUT_NAME,
     OnnxEmbedder,
     checkpoint_metadata,
     file_sha256,
 )
-from models.embedding import EmbeddingNet
-from models.errors import NearsightError
-from models.preprocess import test_transform
+from nearsight.models.embedding import EmbeddingNet
+from nearsight.models.errors import NearsightError
+from nearsight.models.preprocess import test_transform
 
 DEFAULT_OPSET = 17
 MIN_OPSET = 13  # per-channel QuantizeLinear (int8) and ReduceL2 as exported need >= 13

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from models.errors import NearsightError
+from nearsight.models.errors import NearsightError
 
 IMAGENET_CHOICES: dict[str, str] = {
     "imagenet": "IMAGENET1K_V1",

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from index.catalog import (
+from nearsight.index.catalog import (
     CATALOG_FILE,
     Catalog,
     GalleryError,

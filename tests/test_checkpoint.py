@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.checkpoint import (
+from nearsight.models.checkpoint import (
     checkpoint_sha256,
     load_checkpoint,
     load_embedding_net,
     save_checkpoint,
 )
-from models.embedding import EmbeddingConfig, EmbeddingNet
-from models.errors import NearsightError
+from nearsight.models.embedding import EmbeddingConfig, EmbeddingNet
+from nearsight.models.errors import NearsightError
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +104,7 @@ def test_loads_in_a_process_that_imports_only_models(trained):
     torch.save(images, images_path)
     script = f"""
 import json, sys, torch
-from models.checkpoint import load_embedding_net
+from nearsight.models.checkpoint import load_embedding_net
 net = load_embedding_net({str(path)!r})
 with torch.no_grad():
     out = net(torch.load({str(images_path)!r}))

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-import training
-from training.config import ConfigError, apply_override, load_config, parse_set_option
-from training.losses import LOSSES, loss_parameters
+import nearsight.training as training_package
+from nearsight.training.config import ConfigError, apply_override, load_config, parse_set_option
+from nearsight.training.losses import LOSSES, loss_parameters
 
-CONFIG_DIR = Path(training.__file__).parent / "configs"
+CONFIG_DIR = Path(training_package.__file__).parent / "configs"
 SEED_LOSSES = ("ice", "rll", "nra", "rankmi", "bcontrastive")
 DATASETS = ("cub", "cars", "sop")
 EXPECTED_FILES = sorted(f"{loss}_{dataset}.yaml" for loss in SEED_LOSSES for dataset in DATASETS)
@@ -178,7 +178,7 @@ def dataset_shaped_labels(dataset: str) -> list[int]:
 
 @pytest.mark.parametrize("path", config_files(), ids=lambda p: p.stem)
 def test_trainer_builds_the_batch_design_and_the_loss(path: Path):
-    from training.trainer import build_train_sampler, build_training_loss
+    from nearsight.training.trainer import build_train_sampler, build_training_loss
 
     config = load_config(path)
     labels = dataset_shaped_labels(config.data.dataset)
@@ -191,7 +191,7 @@ def test_trainer_builds_the_batch_design_and_the_loss(path: Path):
 
 def test_sop_cannot_fill_the_default_4_16_group_design():
     """Why bcontrastive_sop.yaml uses (2,32): SOP classes with < 4 images drop out of (4,16)."""
-    from training.trainer import build_train_sampler
+    from nearsight.training.trainer import build_train_sampler
 
     config = load_config(
         CONFIG_DIR / "bcontrastive_sop.yaml",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from app.cli import main
+from nearsight.app.cli import main
 
 TINY = [
     "--no-launch",

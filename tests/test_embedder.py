@@ -16,9 +16,9 @@ import torch
 from onnx import TensorProto, helper
 from PIL import Image
 
-import models.embedder as embedder_module
-from models.checkpoint import save_checkpoint
-from models.embedder import (
+import nearsight.models.embedder as embedder_module
+from nearsight.models.checkpoint import save_checkpoint
+from nearsight.models.embedder import (
     Embedder,
     OnnxEmbedder,
     TorchEmbedder,
@@ -26,10 +26,10 @@ from models.embedder import (
     load_embedder,
     physical_cores,
 )
-from models.embedding import EmbeddingConfig, EmbeddingNet
-from models.errors import NearsightError
-from models.export import export_onnx
-from models.preprocess import test_transform as make_test_transform
+from nearsight.models.embedding import EmbeddingConfig, EmbeddingNet
+from nearsight.models.errors import NearsightError
+from nearsight.models.export import export_onnx
+from nearsight.models.preprocess import test_transform as make_test_transform
 
 SIZE, DIM = 32, 16
 RESIZE = round(SIZE * 256 / 224)  # the checkpoint has no training config: the default ratio

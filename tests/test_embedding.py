@@ -14,15 +14,15 @@ import torch
 import torchvision
 from torch import nn
 
-from models.embedding import (
+from nearsight.models.embedding import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     EmbeddingConfig,
     EmbeddingNet,
     build_embedding_net,
 )
-from models.errors import NearsightError
-from models.weights import imagenet_cache_path
+from nearsight.models.errors import NearsightError
+from nearsight.models.weights import imagenet_cache_path
 
 
 @pytest.fixture(scope="module")

@@ -19,19 +19,19 @@ import torch
 import torchvision
 from PIL import Image
 
-import models.export as export_module
-from app.cli import main
-from models.checkpoint import save_checkpoint
-from models.embedder import METADATA_KEYS, OnnxEmbedder, nearsight_version
-from models.embedding import EmbeddingConfig, EmbeddingNet
-from models.errors import NearsightError
-from models.export import (
+import nearsight.models.export as export_module
+from nearsight.app.cli import main
+from nearsight.models.checkpoint import save_checkpoint
+from nearsight.models.embedder import METADATA_KEYS, OnnxEmbedder, nearsight_version
+from nearsight.models.embedding import EmbeddingConfig, EmbeddingNet
+from nearsight.models.errors import NearsightError
+from nearsight.models.export import (
     default_int8_path,
     export_onnx,
     pick_calibration_paths,
     quantize_int8,
 )
-from models.preprocess import test_transform as make_test_transform
+from nearsight.models.preprocess import test_transform as make_test_transform
 
 SIZE, DIM, RESIZE = 32, 16, 40
 

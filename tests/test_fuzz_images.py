@@ -29,8 +29,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from index.images import ImageLoadError, load_image, load_image_bytes
-from models.preprocess import test_transform as make_test_transform
+from nearsight.index.images import ImageLoadError, load_image, load_image_bytes
+from nearsight.models.preprocess import test_transform as make_test_transform
 
 EXAMPLES = 250  # ~3 ms each here; the whole file runs in a few seconds
 DEADLINE = timedelta(seconds=5)  # per example (hypothesis reports slower ones)

@@ -15,8 +15,8 @@ import faiss
 import numpy as np
 import pytest
 
-from index.catalog import CATALOG_FILE, Catalog, GalleryError
-from index.gallery import (
+from nearsight.index.catalog import CATALOG_FILE, Catalog, GalleryError
+from nearsight.index.gallery import (
     EMBEDDINGS_FILE,
     INDEX_FILE,
     Gallery,
@@ -26,7 +26,7 @@ from index.gallery import (
     resolve_index_type,
     unit_distance,
 )
-from index.metrics import evaluate
+from nearsight.index.metrics import evaluate
 
 SHA = "ab" * 32
 OTHER_SHA = "cd" * 32
@@ -303,7 +303,7 @@ def test_a_failed_write_leaves_the_previous_gallery(flat, monkeypatch):
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr("index.gallery._write_arrays", broken)
+    monkeypatch.setattr("nearsight.index.gallery._write_arrays", broken)
     with Gallery.open(flat) as gallery, pytest.raises(OSError, match="disk full"):
         gallery.add(unit_vectors(1, seed=3), items_for(1))
     monkeypatch.undo()
@@ -314,7 +314,7 @@ def test_a_failed_write_leaves_the_previous_gallery(flat, monkeypatch):
 KILL_MID_WRITE = """
 import os, signal, sys
 import numpy as np
-import index.gallery as gallery_module
+import nearsight.index.gallery as gallery_module
 real_write = gallery_module._write_arrays
 
 def write_then_die(folder, index, embeddings):

@@ -21,15 +21,15 @@ import numpy as np
 import pytest
 import torch
 
-from app.cli import main
-from index.datasets import load_dataset
-from index.datasets.synthetic import write_synthetic
-from index.gallery import Gallery
-from index.images import load_image
-from index.metrics import evaluate, recall_at_k
-from models.checkpoint import load_embedding_net, save_checkpoint
-from models.embedding import EmbeddingConfig, EmbeddingNet
-from models.preprocess import test_transform as make_test_transform
+from nearsight.app.cli import main
+from nearsight.index.datasets import load_dataset
+from nearsight.index.datasets.synthetic import write_synthetic
+from nearsight.index.gallery import Gallery
+from nearsight.index.images import load_image
+from nearsight.index.metrics import evaluate, recall_at_k
+from nearsight.models.checkpoint import load_embedding_net, save_checkpoint
+from nearsight.models.embedding import EmbeddingConfig, EmbeddingNet
+from nearsight.models.preprocess import test_transform as make_test_transform
 
 FAST = ["--workers", "0"]
 
@@ -270,7 +270,7 @@ def test_bad_input_is_one_line_and_exit_2(setup, tmp_path, capsys):
 
 
 def test_search_through_the_exported_onnx_model(setup, tmp_path, capsys):
-    from models.export import export_onnx
+    from nearsight.models.export import export_onnx
 
     onnx_path = tmp_path / "model.onnx"
     export_onnx(setup["model"], onnx_path)
@@ -292,7 +292,7 @@ def test_search_through_the_exported_onnx_model(setup, tmp_path, capsys):
 
 
 def _cli(*argv) -> list[str]:
-    return [sys.executable, "-m", "app.cli", *[str(arg) for arg in argv]]
+    return [sys.executable, "-m", "nearsight.app.cli", *[str(arg) for arg in argv]]
 
 
 @pytest.mark.slow  # a CLI process (imports torch)
@@ -358,7 +358,7 @@ def test_two_concurrent_adds_both_land(setup, gallery_copy):
 
 
 def test_eval_json_stays_valid_when_map_at_r_is_undefined(tmp_path, capsys):
-    from index.gallery import build_gallery
+    from nearsight.index.gallery import build_gallery
 
     vectors = np.eye(4, dtype=np.float32)
     items = [{"path": f"/x/{i}.png", "label": i} for i in range(4)]  # no class has two items

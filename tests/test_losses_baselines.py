@@ -8,13 +8,13 @@ import pytest
 import torch
 from pytorch_metric_learning import distances, losses, miners
 
-from training.losses.contrastive import ContrastiveLoss
-from training.losses.lifted import LiftedStructureLoss
-from training.losses.margin import MarginLoss
-from training.losses.multisimilarity import MultiSimilarityLoss
-from training.losses.npairs import NPairsLoss
-from training.losses.registry import build_loss
-from training.losses.triplet import SemiHardTripletLoss
+from nearsight.training.losses.contrastive import ContrastiveLoss
+from nearsight.training.losses.lifted import LiftedStructureLoss
+from nearsight.training.losses.margin import MarginLoss
+from nearsight.training.losses.multisimilarity import MultiSimilarityLoss
+from nearsight.training.losses.npairs import NPairsLoss
+from nearsight.training.losses.registry import build_loss
+from nearsight.training.losses.triplet import SemiHardTripletLoss
 
 BASELINES = ["contrastive", "triplet", "margin", "multisimilarity", "lifted", "npairs"]
 

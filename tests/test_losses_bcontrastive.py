@@ -11,9 +11,9 @@ from fractions import Fraction
 import pytest
 import torch
 
-from training.losses import build_loss
-from training.losses.bcontrastive import BalancedContrastiveLoss
-from training.losses.registry import LossConfigError
+from nearsight.training.losses import build_loss
+from nearsight.training.losses.bcontrastive import BalancedContrastiveLoss
+from nearsight.training.losses.registry import LossConfigError
 
 COUNTS = {0: 3, 1: 4, 2: 5, 3: 6, 4: 7, 7: 8}  # unequal classes; label 7 leaves a gap
 

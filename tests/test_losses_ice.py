@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from training.losses.ice import InstanceCrossEntropyLoss
+from nearsight.training.losses.ice import InstanceCrossEntropyLoss
 
 
 def random_batch(n: int, dim: int, classes: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from training.losses.nra import NonlinearRankApproximationLoss, rank_transfer
+from nearsight.training.losses.nra import NonlinearRankApproximationLoss, rank_transfer
 
 
 def random_batch(n: int, dim: int, classes: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -222,7 +222,7 @@ def test_float32_agrees_with_float64():
 
 @pytest.mark.parametrize("alpha", [0.5, 1.0, 2.0, 3.0])
 def test_log_similarities_match_clamped_logs_with_their_derivatives(alpha):
-    from training.losses.nra import log_similarities
+    from nearsight.training.losses.nra import log_similarities
 
     ranks = [0.0, 0.1, 0.3, 0.5, 0.7, 0.95, 1.0]
     r = torch.tensor(ranks, dtype=torch.float64, requires_grad=True)

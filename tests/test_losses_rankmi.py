@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from training.losses import build_loss
-from training.losses.rankmi import RankMILoss, distance_weighted_sample
-from training.losses.registry import LossConfigError
+from nearsight.training.losses import build_loss
+from nearsight.training.losses.rankmi import RankMILoss, distance_weighted_sample
+from nearsight.training.losses.registry import LossConfigError
 
 
 def unit(x: torch.Tensor) -> torch.Tensor:

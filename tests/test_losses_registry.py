@@ -9,8 +9,8 @@ import inspect
 import pytest
 import torch
 
-from models.errors import NearsightError
-from training.losses.registry import LOSSES, LossConfigError, build_loss, loss_parameters
+from nearsight.models.errors import NearsightError
+from nearsight.training.losses.registry import LOSSES, LossConfigError, build_loss, loss_parameters
 
 # written by another helper at the same time: skipped while their module does not exist
 OPTIONAL_MODULES = {"rankmi", "bcontrastive"}

@@ -8,8 +8,8 @@ import sys
 import pytest
 import torch
 
-from training.losses.registry import build_loss
-from training.losses.rll import RankedListLoss
+from nearsight.training.losses.registry import build_loss
+from nearsight.training.losses.rll import RankedListLoss
 
 
 def random_batch(n: int, dim: int, classes: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,8 +15,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from index.metrics import recall_at_k
-from training.losses import build_loss
+from nearsight.index.metrics import recall_at_k
+from nearsight.training.losses import build_loss
 
 CLASSES, PER_CLASS, DIM = 16, 8, 32
 BATCH_CLASSES, BATCH_PER_CLASS = 8, 4

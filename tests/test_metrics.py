@@ -10,8 +10,8 @@ import pytest
 import torch
 from sklearn.metrics import normalized_mutual_info_score
 
-from index import metrics
-from index.metrics import (
+from nearsight.index import metrics
+from nearsight.index.metrics import (
     CUB_KS,
     SOP_KS,
     default_ks,
@@ -20,7 +20,7 @@ from index.metrics import (
     nmi,
     recall_at_k,
 )
-from models.errors import NearsightError
+from nearsight.models.errors import NearsightError
 
 
 def on_circle(degrees: list[float]) -> np.ndarray:

@@ -21,20 +21,20 @@ from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 from PIL import Image
 
-from app.cli import main
-from app.page import build_app, launch_app
-from app.page_data import (
+from nearsight.app.cli import main
+from nearsight.app.page import build_app, launch_app
+from nearsight.app.page_data import (
     Failure,
     GalleryView,
     confused_pairs,
     gallery_names,
     pair_distance_histogram,
 )
-from index.datasets.synthetic import write_synthetic
-from index.gallery import Gallery
-from models.checkpoint import save_checkpoint
-from models.embedder import load_embedder
-from models.embedding import EmbeddingConfig, build_embedding_net
+from nearsight.index.datasets.synthetic import write_synthetic
+from nearsight.index.gallery import Gallery
+from nearsight.models.checkpoint import save_checkpoint
+from nearsight.models.embedder import load_embedder
+from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
 
 MAX_UPLOAD_MB = 0.25  # small, so that the oversized upload in the test is small too
 CLASSES = 6
@@ -122,7 +122,7 @@ def reference_neighbours(tiny: TinyGallery, image_path: str | Path, k: int):
     """(ids, distances) straight from the gallery and the embedder, no server."""
     embedder = load_embedder(tiny.model, device="cpu")
     with Gallery.open(tiny.gallery) as gallery:
-        from index.images import load_image
+        from nearsight.index.images import load_image
 
         distances, ids = gallery.search(embedder.embed_images([load_image(image_path)]), k)
     return ids[0].tolist(), distances[0].tolist()
@@ -437,7 +437,7 @@ def test_a_gallery_past_the_analysis_limit_is_not_analysed(tiny):
 def test_nearsight_serve_prints_the_url_and_serves(tiny):
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, "-m", "app.cli", "serve", "--gallery", str(tiny.gallery)]
+    command = [sys.executable, "-m", "nearsight.app.cli", "serve", "--gallery", str(tiny.gallery)]
     process = subprocess.Popen(
         [*command, "--port", str(port), "--device", "cpu"],
         stdout=subprocess.PIPE,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from app.page import build_app, launch_app
+from nearsight.app.page import build_app, launch_app
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [

@@ -22,12 +22,12 @@ import torch
 from onnx import TensorProto, helper
 from PIL import Image
 
-from app.cli import main
-from index.datasets import load_dataset
-from index.datasets.synthetic import write_synthetic
-from index.gallery import Gallery
-from models.checkpoint import save_checkpoint
-from models.embedding import EmbeddingConfig, build_embedding_net
+from nearsight.app.cli import main
+from nearsight.index.datasets import load_dataset
+from nearsight.index.datasets.synthetic import write_synthetic
+from nearsight.index.gallery import Gallery
+from nearsight.models.checkpoint import save_checkpoint
+from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
 
 FAST = ["--workers", "0"]
 DATASETS = ["cub", "cars", "sop", "folder", "csv"]

@@ -30,12 +30,12 @@ import numpy as np
 import pytest
 import torch
 
-from app.cli import main
-from index.datasets import load_dataset
-from index.datasets.synthetic import write_synthetic
-from index.gallery import Gallery
-from models.checkpoint import load_checkpoint, save_checkpoint
-from models.embedding import EmbeddingConfig, build_embedding_net
+from nearsight.app.cli import main
+from nearsight.index.datasets import load_dataset
+from nearsight.index.datasets.synthetic import write_synthetic
+from nearsight.index.gallery import Gallery
+from nearsight.models.checkpoint import load_checkpoint, save_checkpoint
+from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
 
 FAST = ["--workers", "0"]
 # one thread per process: the two concurrent training processes share 2 cores, and a CPU
@@ -46,7 +46,7 @@ TRAIN_STEPS = 4
 
 
 def cli(*argv) -> list[str]:
-    return [sys.executable, "-m", "app.cli", *[str(arg) for arg in argv]]
+    return [sys.executable, "-m", "nearsight.app.cli", *[str(arg) for arg in argv]]
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -184,8 +184,8 @@ BIG = 100_000  # items: the writer's temporary folder then lives ~0.4 s here, lo
 def big_gallery(gallery, tmp_path_factory) -> Path:
     """A gallery of BIG random unit vectors under the tiny model (items are never read back
     from their files by `index add`, so their paths need not exist)."""
-    from index.gallery import build_gallery
-    from models.embedder import load_embedder
+    from nearsight.index.gallery import build_gallery
+    from nearsight.models.embedder import load_embedder
 
     embedder = load_embedder(gallery["model"], device="cpu")
     vectors = np.random.default_rng(0).standard_normal((BIG, embedder.dim)).astype(np.float32)

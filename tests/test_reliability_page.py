@@ -81,7 +81,7 @@ def server(tmp_path_factory) -> Server:
     env = {**os.environ, "GRADIO_TEMP_DIR": str(cache), "OMP_NUM_THREADS": "1",
            "PYTHONDONTWRITEBYTECODE": "1"}  # fmt: skip
     process = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve", "--gallery", str(gallery), "--port", str(port),
+        [sys.executable, "-m", "nearsight.app.cli", "serve", "--gallery", str(gallery), "--port", str(port),
          "--device", "cpu", "--max-upload-mb", "1"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
     )  # fmt: skip
@@ -278,7 +278,7 @@ def test_sessions_kept_by_the_server_are_capped(server, monkeypatch):
     """Each plain-HTTP call of the API is a new Gradio session holding a copy of the page's
     config (~80 KB, measured): the server keeps the STATE_SESSIONS most recent ones, not
     Gradio's default 10000. Here with the cap lowered to 10, in a server of this process."""
-    import app.page as page_module
+    import nearsight.app.page as page_module
 
     monkeypatch.setattr(page_module, "STATE_SESSIONS", 10)
     demo = page_module.build_app([server.gallery], device="cpu", analyse=False)

@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from training.losses import build_loss
-from training.samplers import (
+from nearsight.training.losses import build_loss
+from nearsight.training.samplers import (
     SAMPLERS,
     GroupBatchSampler,
     MPerClassSampler,

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app.cli import main
-from index.datasets import load_dataset
-from index.datasets.synthetic import MAX_CLASSES, SynthClass, render, write_synthetic
-from models.errors import NearsightError
+from nearsight.app.cli import main
+from nearsight.index.datasets import load_dataset
+from nearsight.index.datasets.synthetic import MAX_CLASSES, SynthClass, render, write_synthetic
+from nearsight.models.errors import NearsightError
 
 SMALL = {"classes": 6, "per_class": 4, "size": 32}
 

@@ -13,11 +13,11 @@ import pytest
 import torch
 import yaml
 
-from app.cli import main
-from index.datasets.synthetic import write_synthetic
-from models.checkpoint import load_checkpoint, load_embedding_net
-from training.config import load_config
-from training.trainer import Trainer, lr_factor, train
+from nearsight.app.cli import main
+from nearsight.index.datasets.synthetic import write_synthetic
+from nearsight.models.checkpoint import load_checkpoint, load_embedding_net
+from nearsight.training.config import load_config
+from nearsight.training.trainer import Trainer, lr_factor, train
 
 TINY = {
     "data.dataset": "folder",
@@ -261,7 +261,7 @@ def test_two_process_ddp_follows_the_single_process_loss_curve(synth, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     single = tmp_path / "single"
     subprocess.run(
-        [sys.executable, "-m", "app.cli", "train", *common, "--out", str(single)],
+        [sys.executable, "-m", "nearsight.app.cli", "train", *common, "--out", str(single)],
         check=True,
         env=env,
         capture_output=True,
@@ -275,7 +275,7 @@ def test_two_process_ddp_follows_the_single_process_loss_curve(synth, tmp_path):
             "--nproc_per_node",
             "2",
             "-m",
-            "app.cli",
+            "nearsight.app.cli",
             "train",
             *common,
             "--out",

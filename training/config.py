@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
-from models.embedding import resolve_feature_norm
-from models.errors import NearsightError
+from nearsight.models.embedding import resolve_feature_norm
+from nearsight.models.errors import NearsightError
 
 
 class ConfigError(NearsightError, ValueError):
@@ -238,8 +238,8 @@ def _check_types(node: Any, where: str) -> None:
 
 
 def validate(config: TrainConfig) -> None:
-    from training.losses.registry import LOSSES
-    from training.samplers import SAMPLERS
+    from nearsight.training.losses.registry import LOSSES
+    from nearsight.training.samplers import SAMPLERS
 
     _check_types(config, "")
     if config.loss.name not in LOSSES:

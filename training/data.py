@@ -16,8 +16,8 @@ from PIL import Image
 from torch.utils.data import Dataset, Sampler
 from torchvision import transforms as T
 
-from index.datasets import Sample
-from index.images import ImageLoadError, load_image
+from nearsight.index.datasets import Sample
+from nearsight.index.images import ImageLoadError, load_image
 
 log = logging.getLogger(__name__)
 

@@ -35,17 +35,17 @@ from torch import nn
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from index.datasets import DatasetSplit, load_dataset
-from index.embed import embed_paths
-from index.metrics import evaluate
-from models.atomic import atomic_file
-from models.checkpoint import load_checkpoint, save_checkpoint
-from models.embedding import EmbeddingConfig, EmbeddingNet, build_embedding_net
-from models.errors import NearsightError
-from training.config import TrainConfig, load_config
-from training.data import SeededBatches, SeededTrainDataset, collate
-from training.losses import build_loss, loss_parameters
-from training.samplers import build_sampler
+from nearsight.index.datasets import DatasetSplit, load_dataset
+from nearsight.index.embed import embed_paths
+from nearsight.index.metrics import evaluate
+from nearsight.models.atomic import atomic_file
+from nearsight.models.checkpoint import load_checkpoint, save_checkpoint
+from nearsight.models.embedding import EmbeddingConfig, EmbeddingNet, build_embedding_net
+from nearsight.models.errors import NearsightError
+from nearsight.training.config import TrainConfig, load_config
+from nearsight.training.data import SeededBatches, SeededTrainDataset, collate
+from nearsight.training.losses import build_loss, loss_parameters
+from nearsight.training.samplers import build_sampler
 
 log = logging.getLogger(__name__)
 

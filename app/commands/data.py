@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_synth(args: argparse.Namespace) -> int:
-    from index.datasets.synthetic import write_synthetic
+    from nearsight.index.datasets.synthetic import write_synthetic
 
     start = time.perf_counter()
     summary = write_synthetic(

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from models.errors import NearsightError
+from nearsight.models.errors import NearsightError
 
 DONE_MARKER = "demo-done.json"
 
@@ -66,7 +66,7 @@ class _StepFailed(Exception):
 
 
 def _call(argv: list[str]) -> None:
-    from app.cli import main
+    from nearsight.app.cli import main
 
     code = main(argv)
     if code:
@@ -76,7 +76,7 @@ def _call(argv: list[str]) -> None:
 def _pretrained() -> tuple[str, dict[str, Any]]:
     """ImageNet weights when torchvision's cache has them; otherwise from scratch, where
     BatchNorm must learn its statistics and the trunk needs the head's learning rate."""
-    from models.weights import imagenet_cache_path
+    from nearsight.models.weights import imagenet_cache_path
 
     if imagenet_cache_path("resnet50", "imagenet").exists():
         return "imagenet", {"model.freeze_bn": True, "optim.lr": 1e-4, "optim.head_lr": 1e-3}
@@ -252,8 +252,8 @@ def _run(args: argparse.Namespace) -> int:
 def _gallery_matches(gallery: Path, model: Path) -> bool:
     if not (gallery / "catalog.db").exists() or not model.exists():
         return False
-    from index.gallery import Gallery
-    from models.embedder import load_embedder
+    from nearsight.index.gallery import Gallery
+    from nearsight.models.embedder import load_embedder
 
     try:
         Gallery.open(gallery, model=load_embedder(model, device="cpu")).close()
@@ -263,7 +263,7 @@ def _gallery_matches(gallery: Path, model: Path) -> bool:
 
 
 def _gallery_metrics(gallery: Path) -> dict[str, Any]:
-    from index.gallery import Gallery
+    from nearsight.index.gallery import Gallery
 
     opened = Gallery.open(gallery)
     try:

@@ -29,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from index.gallery import Gallery
+    from nearsight.index.gallery import Gallery
 
     with Gallery.open(args.gallery) as gallery:
         metrics = gallery.evaluate(args.k)

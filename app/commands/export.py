@@ -61,8 +61,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from models.errors import NearsightError
-    from models.export import export_onnx, pick_calibration_paths
+    from nearsight.models.errors import NearsightError
+    from nearsight.models.export import export_onnx, pick_calibration_paths
 
     checkpoint: Path = args.checkpoint
     if checkpoint.is_dir():
@@ -88,8 +88,8 @@ def run_export(args: argparse.Namespace) -> int:
             )
         if not checkpoint.is_file():
             raise NearsightError(f"checkpoint not found: {checkpoint}")
-        from index.datasets import load_dataset
-        from index.images import load_image
+        from nearsight.index.datasets import load_dataset
+        from nearsight.index.images import load_image
 
         split = load_dataset(
             args.calibration_dataset, args.calibration_root, args.calibration_split

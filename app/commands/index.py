@@ -103,7 +103,7 @@ def _add_embedding_options(parser: argparse.ArgumentParser) -> None:
 def load_gallery_model(gallery: Any, override: Path | None, device: str = "auto") -> Any:
     """The embedder for ``gallery``: ``override`` or the model path its meta records; checked
     to be the model the gallery was built with."""
-    from models.embedder import load_embedder
+    from nearsight.models.embedder import load_embedder
 
     path = gallery.model_path(override)
     embedder = load_embedder(path, device=device)
@@ -112,7 +112,7 @@ def load_gallery_model(gallery: Any, override: Path | None, device: str = "auto"
 
 
 def _check_batching(args: argparse.Namespace) -> None:
-    from models.errors import NearsightError
+    from nearsight.models.errors import NearsightError
 
     if args.batch_size < 1:
         raise NearsightError(f"--batch-size must be at least 1, got {args.batch_size}")
@@ -126,7 +126,7 @@ def _embed_files(
     """(vectors of the readable images, their positions in ``paths``, error lines)."""
     import numpy as np
 
-    from index.embed import embed_paths
+    from nearsight.index.embed import embed_paths
 
     result = embed_paths(
         embedder.embed,
@@ -153,7 +153,7 @@ def _report_unreadable(errors: Sequence[str]) -> None:
 
 def _describe(paths: Sequence[Path], workers: int) -> list[dict[str, Any]]:
     """sha256, width and height of each file (hashing releases the GIL: threads overlap I/O)."""
-    from index.gallery import describe_image_file
+    from nearsight.index.gallery import describe_image_file
 
     with ThreadPoolExecutor(max_workers=max(1, min(8, workers or 1))) as pool:
         return list(pool.map(describe_image_file, paths))
@@ -172,7 +172,7 @@ def _skipped_note(errors: Sequence[str]) -> str:
 
 
 def _read_list(list_file: Path) -> list[Path]:
-    from models.errors import NearsightError
+    from nearsight.models.errors import NearsightError
 
     try:
         text = list_file.read_text(encoding="utf-8-sig")
@@ -193,8 +193,8 @@ def _read_list(list_file: Path) -> list[Path]:
 
 def _build_sources(args: argparse.Namespace) -> tuple[list[Path], list[dict[str, Any]], dict]:
     """(paths, catalog fields per path, meta about where they came from)."""
-    from index.datasets import load_dataset
-    from models.errors import NearsightError
+    from nearsight.index.datasets import load_dataset
+    from nearsight.models.errors import NearsightError
 
     if args.dataset is not None:
         if args.root is None:
@@ -220,8 +220,8 @@ def _build_sources(args: argparse.Namespace) -> tuple[list[Path], list[dict[str,
 
 def _check_out(out: Path) -> None:
     """Refuse a folder that is not a gallery before spending minutes embedding."""
-    from index.catalog import CATALOG_FILE
-    from models.errors import NearsightError
+    from nearsight.index.catalog import CATALOG_FILE
+    from nearsight.models.errors import NearsightError
 
     if out.exists() and not out.is_dir():
         raise NearsightError(f"cannot write a gallery to {out}: it is a file")
@@ -233,9 +233,9 @@ def _check_out(out: Path) -> None:
 
 
 def run_build(args: argparse.Namespace) -> int:
-    from index.gallery import build_gallery, resolve_index_type
-    from models.embedder import load_embedder
-    from models.errors import NearsightError
+    from nearsight.index.gallery import build_gallery, resolve_index_type
+    from nearsight.models.embedder import load_embedder
+    from nearsight.models.errors import NearsightError
 
     start = time.perf_counter()
     _check_batching(args)
@@ -276,8 +276,8 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def run_add(args: argparse.Namespace) -> int:
-    from index.gallery import Gallery
-    from models.errors import NearsightError
+    from nearsight.index.gallery import Gallery
+    from nearsight.models.errors import NearsightError
 
     start = time.perf_counter()
     _check_batching(args)
@@ -305,7 +305,7 @@ def run_add(args: argparse.Namespace) -> int:
 
 
 def run_remove(args: argparse.Namespace) -> int:
-    from index.gallery import Gallery
+    from nearsight.index.gallery import Gallery
 
     start = time.perf_counter()
     with Gallery.open(args.gallery) as gallery:

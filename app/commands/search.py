@@ -31,10 +31,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_search(args: argparse.Namespace) -> int:
-    from app.commands.index import load_gallery_model
-    from index.gallery import Gallery
-    from index.images import load_image
-    from models.errors import NearsightError
+    from nearsight.app.commands.index import load_gallery_model
+    from nearsight.index.gallery import Gallery
+    from nearsight.index.images import load_image
+    from nearsight.models.errors import NearsightError
 
     if args.k < 1:
         raise NearsightError(f"--k must be at least 1, got {args.k}")

@@ -68,7 +68,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from models.errors import NearsightError
+    from nearsight.models.errors import NearsightError
 
     if not 0 <= args.port <= 65535:
         raise NearsightError(f"--port must be from 0 to 65535, got {args.port}")
@@ -85,7 +85,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     _check_address(args.host, args.port)  # before minutes of loading galleries
 
-    from app.page import build_app, launch_app
+    from nearsight.app.page import build_app, launch_app
 
     demo = build_app(
         args.gallery,
@@ -125,7 +125,7 @@ def run_serve(args: argparse.Namespace) -> int:
 def _check_address(host: str, port: int) -> None:
     """NearsightError unless ``host``:``port`` can be listened on. Gradio reports every failure
     to listen (an unknown host, an address that is not this machine's) as "no empty port"."""
-    from models.errors import NearsightError
+    from nearsight.models.errors import NearsightError
 
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]

@@ -54,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def overrides_from_args(args: argparse.Namespace, file_loss: str | None) -> dict[str, Any]:
-    from training.config import parse_set_option
+    from nearsight.training.config import parse_set_option
 
     overrides: dict[str, Any] = {}
     simple = {
@@ -92,9 +92,9 @@ def overrides_from_args(args: argparse.Namespace, file_loss: str | None) -> dict
 def run_train(args: argparse.Namespace) -> int:
     import yaml
 
-    from models.errors import NearsightError
-    from training.config import load_config, parse_yaml
-    from training.trainer import resume_config, train
+    from nearsight.models.errors import NearsightError
+    from nearsight.training.config import load_config, parse_yaml
+    from nearsight.training.trainer import resume_config, train
 
     if args.resume:
         config = resume_config(args.out)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from index.datasets.base import (
+from nearsight.index.datasets.base import (
     IMAGE_EXTENSIONS,
     SPLITS,
     DatasetLayoutError,
@@ -17,7 +17,7 @@ from index.datasets.base import (
     Sample,
     normalise_root,
 )
-from models.errors import NearsightError
+from nearsight.models.errors import NearsightError
 
 DATASETS = ("cub", "cars", "sop", "folder", "csv")
 
@@ -41,21 +41,21 @@ def load_dataset(name: str, root: str | os.PathLike[str], split: str = "train") 
         raise NearsightError(f"unknown split '{split}' (choose one of: {', '.join(SPLITS)})")
     folder = normalise_root(root)
     if name == "cub":
-        from index.datasets.cub import load_cub
+        from nearsight.index.datasets.cub import load_cub
 
         return load_cub(folder, split)
     if name == "cars":
-        from index.datasets.cars import load_cars
+        from nearsight.index.datasets.cars import load_cars
 
         return load_cars(folder, split)
     if name == "sop":
-        from index.datasets.sop import load_sop
+        from nearsight.index.datasets.sop import load_sop
 
         return load_sop(folder, split)
     if name == "folder":
-        from index.datasets.folder import load_folder
+        from nearsight.index.datasets.folder import load_folder
 
         return load_folder(folder, split)
-    from index.datasets.csv_manifest import load_csv
+    from nearsight.index.datasets.csv_manifest import load_csv
 
     return load_csv(folder, split)

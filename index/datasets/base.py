@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from models.errors import NearsightError
+from nearsight.models.errors import NearsightError
 
 SPLITS = ("train", "test", "all")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from index.datasets.base import (
+from nearsight.index.datasets.base import (
     DatasetLayoutError,
     DatasetSplit,
     Sample,

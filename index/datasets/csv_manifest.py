@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from index.datasets.base import (
+from nearsight.index.datasets.base import (
     DatasetLayoutError,
     DatasetSplit,
     Sample,

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from index.datasets.base import (
+from nearsight.index.datasets.base import (
     DatasetLayoutError,
     DatasetSplit,
     Sample,

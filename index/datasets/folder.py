@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from index.datasets.base import (
+from nearsight.index.datasets.base import (
     DatasetLayoutError,
     DatasetSplit,
     Sample,

@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from models.atomic import atomic_dir
-from models.errors import NearsightError
+from nearsight.models.atomic import atomic_dir
+from nearsight.models.errors import NearsightError
 
 SHAPES = ("circle", "triangle", "square", "pentagon", "star", "cross", "crescent")
 PATTERNS = ("halves", "stripes", "dots", "checker", "rings", "grid")

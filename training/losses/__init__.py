@@ -9,6 +9,6 @@ Each loss lives in its own module and is a ``torch.nn.Module`` called as
 The five seed losses follow ../shared/LOSSES.md; the baselines wrap pytorch-metric-learning.
 """
 
-from training.losses.registry import LOSSES, build_loss, loss_parameters
+from nearsight.training.losses.registry import LOSSES, build_loss, loss_parameters
 
 __all__ = ["LOSSES", "build_loss", "loss_parameters"]

@@ -37,8 +37,8 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from training.losses._pairs import DISTANCE_EPS, pairwise_distances, pairwise_squared_distances
-from training.losses.registry import LossConfigError
+from nearsight.training.losses._pairs import DISTANCE_EPS, pairwise_distances, pairwise_squared_distances
+from nearsight.training.losses.registry import LossConfigError
 
 DESIGNS = ("group", "random")
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from training.losses._pairs import label_masks, pairwise_distances
+from nearsight.training.losses._pairs import label_masks, pairwise_distances
 
 SIMILARITY_CLAMP = 1e-7
 

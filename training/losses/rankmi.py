@@ -45,8 +45,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from training.losses._pairs import label_masks, pairwise_distances
-from training.losses.registry import LossConfigError
+from nearsight.training.losses._pairs import label_masks, pairwise_distances
+from nearsight.training.losses.registry import LossConfigError
 
 LOG2 = math.log(2.0)
 BETA_MIN = 0.0

@@ -8,24 +8,24 @@ from typing import Any
 
 from torch import nn
 
-from models.errors import NearsightError
+from nearsight.models.errors import NearsightError
 
 # name -> "module:Class"; modules are imported on first use so that building one loss does not
 # import the others (pytorch-metric-learning is only needed by the baselines).
 LOSSES: dict[str, str] = {
     # seed losses (../shared/LOSSES.md)
-    "ice": "training.losses.ice:InstanceCrossEntropyLoss",
-    "rll": "training.losses.rll:RankedListLoss",
-    "nra": "training.losses.nra:NonlinearRankApproximationLoss",
-    "rankmi": "training.losses.rankmi:RankMILoss",
-    "bcontrastive": "training.losses.bcontrastive:BalancedContrastiveLoss",
+    "ice": "nearsight.training.losses.ice:InstanceCrossEntropyLoss",
+    "rll": "nearsight.training.losses.rll:RankedListLoss",
+    "nra": "nearsight.training.losses.nra:NonlinearRankApproximationLoss",
+    "rankmi": "nearsight.training.losses.rankmi:RankMILoss",
+    "bcontrastive": "nearsight.training.losses.bcontrastive:BalancedContrastiveLoss",
     # baselines through pytorch-metric-learning
-    "contrastive": "training.losses.contrastive:ContrastiveLoss",
-    "triplet": "training.losses.triplet:SemiHardTripletLoss",
-    "margin": "training.losses.margin:MarginLoss",
-    "multisimilarity": "training.losses.multisimilarity:MultiSimilarityLoss",
-    "lifted": "training.losses.lifted:LiftedStructureLoss",
-    "npairs": "training.losses.npairs:NPairsLoss",
+    "contrastive": "nearsight.training.losses.contrastive:ContrastiveLoss",
+    "triplet": "nearsight.training.losses.triplet:SemiHardTripletLoss",
+    "margin": "nearsight.training.losses.margin:MarginLoss",
+    "multisimilarity": "nearsight.training.losses.multisimilarity:MultiSimilarityLoss",
+    "lifted": "nearsight.training.losses.lifted:LiftedStructureLoss",
+    "npairs": "nearsight.training.losses.npairs:NPairsLoss",
 }
 
 

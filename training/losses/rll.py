@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from training.losses._pairs import label_masks, masked_softmax, pairwise_distances
+from nearsight.training.losses._pairs import label_masks, masked_softmax, pairwise_distances
 
 
 class RankedListLoss(nn.Module):

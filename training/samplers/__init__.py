@@ -21,10 +21,10 @@ import inspect
 from collections.abc import Sequence
 from typing import Any
 
-from training.samplers._base import SamplerConfigError, SeededBatchSampler
-from training.samplers.group import GroupBatchSampler
-from training.samplers.m_per_class import MPerClassSampler
-from training.samplers.random_pairs import RandomPairBatchSampler
+from nearsight.training.samplers._base import SamplerConfigError, SeededBatchSampler
+from nearsight.training.samplers.group import GroupBatchSampler
+from nearsight.training.samplers.m_per_class import MPerClassSampler
+from nearsight.training.samplers.random_pairs import RandomPairBatchSampler
 
 SAMPLERS: dict[str, type[SeededBatchSampler]] = {
     "group": GroupBatchSampler,

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 from torch.utils.data import Sampler
 
-from models.errors import NearsightError
+from nearsight.models.errors import NearsightError
 
 
 class SamplerConfigError(NearsightError, ValueError):

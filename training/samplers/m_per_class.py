@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from training.samplers._base import (
+from nearsight.training.samplers._base import (
     ClassGroupSampler,
     ClassIndex,
     SamplerConfigError,
