@@ -37,7 +37,12 @@ from nearsight.index.metrics import recall_at_k
 from nearsight.models.checkpoint import load_embedding_net, save_checkpoint
 from nearsight.models.embedder import OnnxEmbedder, physical_cores
 from nearsight.models.embedding import EmbeddingConfig, EmbeddingNet
-from nearsight.models.export import default_int8_path, export_onnx, pick_calibration_paths, quantize_int8
+from nearsight.models.export import (
+    default_int8_path,
+    export_onnx,
+    pick_calibration_paths,
+    quantize_int8,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

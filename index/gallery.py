@@ -55,7 +55,13 @@ import faiss
 import numpy as np
 from PIL import Image
 
-from nearsight.index.catalog import CATALOG_FILE, Catalog, GalleryError, create_catalog, gallery_writer
+from nearsight.index.catalog import (
+    CATALOG_FILE,
+    Catalog,
+    GalleryError,
+    create_catalog,
+    gallery_writer,
+)
 from nearsight.index.images import file_sha256
 from nearsight.index.metrics import CUB_KS, SOP_KS, default_ks, evaluate
 from nearsight.models.atomic import recover_dir

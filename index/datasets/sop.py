@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nearsight.index.datasets.base import DatasetSplit, Sample, bad_line, find_root, make_split, read_lines
+from nearsight.index.datasets.base import (
+    DatasetSplit,
+    Sample,
+    bad_line,
+    find_root,
+    make_split,
+    read_lines,
+)
 
 TITLE = "Stanford Online Products"
 MARKERS = ("Ebay_train.txt", "Ebay_test.txt")

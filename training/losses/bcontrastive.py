@@ -37,7 +37,11 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from nearsight.training.losses._pairs import DISTANCE_EPS, pairwise_distances, pairwise_squared_distances
+from nearsight.training.losses._pairs import (
+    DISTANCE_EPS,
+    pairwise_distances,
+    pairwise_squared_distances,
+)
 from nearsight.training.losses.registry import LossConfigError
 
 DESIGNS = ("group", "random")

@@ -40,7 +40,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nearsight.training.losses._pairs import label_masks, masked_logsumexp, masked_mean, masked_softmax
+from nearsight.training.losses._pairs import (
+    label_masks,
+    masked_logsumexp,
+    masked_mean,
+    masked_softmax,
+)
 
 
 class InstanceCrossEntropyLoss(nn.Module):
