@@ -71,3 +71,13 @@ def test_heads_and_losses_must_agree():
     embeddings, labels = heads_batch(heads=2)
     with pytest.raises(ValueError, match="2 heads"):
         PerHeadLoss([build_loss("ice") for _ in range(3)])(embeddings, labels)
+
+
+def test_parameter_groups_are_named_by_head():
+    loss = PerHeadLoss(
+        [build_loss("normsoftmax", class_labels=range(4), embedding_size=6) for _ in range(3)]
+    )
+    assert loss.parameter_role == "joint"
+    groups = loss.parameter_groups()
+    assert [g["name"] for g in groups] == [f"head{k}_normsoftmax_proxies" for k in range(3)]
+    assert PerHeadLoss([build_loss("ice")]).parameter_role == "none"

@@ -155,3 +155,12 @@ def test_bad_construction_is_a_clear_error(name):
         build_loss(name, class_labels=[0, 1], embedding_size=0)
     with pytest.raises(LossConfigError, match="needs parameter"):
         build_loss(name)
+
+
+@pytest.mark.parametrize("name", PROXY_LOSSES)
+def test_proxies_declare_a_joint_parameter_group(name):
+    loss = build(name)
+    assert loss.parameter_role == "joint"
+    (group,) = loss.parameter_groups()
+    assert group["name"] == f"{name}_proxies"
+    assert [id(p) for p in group["params"]] == [id(p) for p in loss.parameters()]

@@ -2,7 +2,7 @@
 
 A proxy loss (Proxy Anchor, NormSoftmax, ArcFace) keeps a [C, D] matrix of class proxies as
 its own ``parameters()``: they train with the embedding network, in their own optimiser group
-(``loss.lr``, see training/trainer.py), are saved in ``last.pt`` with the loss's
+(``optim.loss_lr``, see training/loss_roles.py), are saved in ``last.pt`` with the loss's
 ``state_dict()`` and restored on resume. pytorch-metric-learning indexes proxies by the label
 itself, so the training set's labels (any integers, e.g. CUB's 0..99) are mapped to rows
 0..C-1 here, in the order of the sorted ``class_labels``.
@@ -24,6 +24,9 @@ class ProxyLossBase(nn.Module):
     builds in ``__init__`` (after calling this one)."""
 
     name = "proxy"
+    # the proxies train with the embedding network, in their own optimiser group
+    # (training/loss_roles.py)
+    parameter_role = "joint"
 
     def __init__(self, class_labels: Sequence[int], embedding_size: int) -> None:
         super().__init__()
@@ -36,6 +39,10 @@ class ProxyLossBase(nn.Module):
         self.embedding_size = int(embedding_size)
         # rebuilt from the data on every start (not part of the state_dict)
         self.register_buffer("class_labels", torch.tensor(labels), persistent=False)
+
+    def parameter_groups(self) -> list[dict]:
+        """One optimiser group, the proxies (its learning rate: ``optim.loss_lr``)."""
+        return [{"name": f"{self.name}_proxies", "params": list(self.parameters())}]
 
     def class_index(self, labels: torch.Tensor) -> torch.Tensor:
         """Rows of the proxy matrix for ``labels``; a label the loss was not built with is an

@@ -35,10 +35,31 @@ class PerHeadLoss(nn.Module):
             total = total + loss(head, labels)
         return total
 
+    @property
+    def parameter_role(self) -> str:
+        """The heads' loss's (training/loss_roles.py)."""
+        return getattr(self.heads[0], "parameter_role", "none")
+
+    def parameter_groups(self) -> list[dict]:
+        """Every head's groups, named by head (``head0_...``, low to high)."""
+        return [
+            {**group, "name": f"head{index}_{group.get('name', 'loss')}"}
+            for index, loss in enumerate(self.heads)
+            for group in loss.parameter_groups()
+        ]
+
+    def logged_scalars(self) -> dict[str, float]:
+        scalars = {}
+        for index, loss in enumerate(self.heads):
+            own = getattr(loss, "logged_scalars", None)
+            if callable(own):
+                scalars.update({f"head{index}_{k}": v for k, v in own().items()})
+        return scalars
+
     # RankMI's critic step (Algorithm 1), when the heads' loss has one
     @property
     def has_critic(self) -> bool:
-        return hasattr(self.heads[0], "critic_loss")
+        return self.parameter_role == "critic"
 
     def is_critic_step(self, step: int) -> bool:
         return self.heads[0].is_critic_step(step)

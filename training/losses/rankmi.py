@@ -131,6 +131,10 @@ class RankMILoss(nn.Module):
     negative sampling generator).
     """
 
+    # the statistics network trains on its own batches with its own optimiser
+    # (training/loss_roles.py)
+    parameter_role = "critic"
+
     def __init__(
         self,
         margin: float = 0.2,
