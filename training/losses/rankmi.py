@@ -129,6 +129,10 @@ class RankMILoss(nn.Module):
     negative sampling generator).
     """
 
+    # the statistics network trains on its own batches with its own optimiser
+    # (training/loss_roles.py)
+    parameter_role = "critic"
+
     def __init__(
         self,
         margin: float = 0.2,
@@ -166,6 +170,9 @@ class RankMILoss(nn.Module):
     def beta(self) -> float:
         """The current threshold: the root of V found by the last ``update_beta``."""
         return float(self.beta_state)
+
+    def logged_scalars(self) -> dict[str, float]:
+        return {"rankmi_beta": self.beta}
 
     def get_extra_state(self) -> dict[str, torch.Tensor]:
         # the negative-sampling generator, so that a resumed run draws the same negatives
