@@ -46,7 +46,7 @@ from pathlib import Path
 
 from nearsight.index.datasets.synthetic import write_synthetic
 from nearsight.training.config import load_config, parse_set_option
-from nearsight.training.trainer import train
+from nearsight.training.run import train
 
 SEED_LOSSES = ["ice", "rll", "nra", "rankmi", "bcontrastive"]
 

@@ -178,7 +178,7 @@ def dataset_shaped_labels(dataset: str) -> list[int]:
 
 @pytest.mark.parametrize("path", config_files(), ids=lambda p: p.stem)
 def test_trainer_builds_the_batch_design_and_the_loss(path: Path):
-    from nearsight.training.trainer import build_train_sampler, build_training_loss
+    from nearsight.training.builders import build_train_sampler, build_training_loss
 
     config = load_config(path)
     labels = dataset_shaped_labels(config.data.dataset)
@@ -191,7 +191,7 @@ def test_trainer_builds_the_batch_design_and_the_loss(path: Path):
 
 def test_sop_cannot_fill_the_default_4_16_group_design():
     """Why bcontrastive_sop.yaml uses (2,32): SOP classes with < 4 images drop out of (4,16)."""
-    from nearsight.training.trainer import build_train_sampler
+    from nearsight.training.builders import build_train_sampler
 
     config = load_config(
         CONFIG_DIR / "bcontrastive_sop.yaml",

@@ -173,6 +173,9 @@ class RankMILoss(nn.Module):
         """The current threshold: the root of V found by the last ``update_beta``."""
         return float(self.beta_state)
 
+    def logged_scalars(self) -> dict[str, float]:
+        return {"rankmi_beta": self.beta}
+
     def get_extra_state(self) -> dict[str, torch.Tensor]:
         # the negative-sampling generator, so that a resumed run draws the same negatives
         return {"generator_state": self.generator.get_state()}
