@@ -11,6 +11,7 @@ from nearsight.models.embedding import EmbeddingConfig, EmbeddingNet, build_embe
 from nearsight.training.config import TrainConfig
 from nearsight.training.loss_roles import parameter_role
 from nearsight.training.losses import build_loss, loss_parameters
+from nearsight.training.losses.multihead import PerHeadLoss
 from nearsight.training.samplers import build_sampler
 
 
@@ -26,6 +27,8 @@ def build_model(config: TrainConfig, device: torch.device) -> EmbeddingNet:
             freeze_bn=bool(model_cfg.freeze_bn),
             feature_norm=model_cfg.feature_norm,
             image_size=config.data.image_size,
+            heads=list(model_cfg.heads),
+            embedding=model_cfg.embedding,
         )
     )
     model.to(device)
@@ -62,8 +65,18 @@ def build_train_sampler(config: TrainConfig, labels: list[int]):
 def build_training_loss(config: TrainConfig, sampler: Any) -> nn.Module:
     """The configured loss. Parameters the training data decide are filled in unless the config
     pins them: balanced contrastive's class counts and design (from the sampler), a proxy
-    loss's ``num_classes`` (labels index the classes of both splits, so the largest training
-    label + 1) and ``embedding_size``, the run's seed."""
+    loss's ``class_labels`` (the training classes) and ``embedding_size``, the run's seed.
+    A network with several heads gets one instance of the loss per head (``PerHeadLoss``, the
+    sum), each with its own parameters; head k's sampling seed is the run's seed + k."""
+    heads = len(config.model.heads)
+    if heads == 1:
+        return _build_one_loss(config, sampler, config.seed)
+    loss = PerHeadLoss([_build_one_loss(config, sampler, config.seed + k) for k in range(heads)])
+    parameter_role(loss)
+    return loss
+
+
+def _build_one_loss(config: TrainConfig, sampler: Any, seed: int) -> nn.Module:
     params = dict(config.loss.params)
     accepted = loss_parameters(config.loss.name)
     if "class_counts" in accepted and "class_counts" not in params:
@@ -73,7 +86,8 @@ def build_training_loss(config: TrainConfig, sampler: Any) -> nn.Module:
             {k: v for k, v in sampler.design_params().items() if k in accepted and k not in params}
         )
     for name, value in (
-        ("seed", config.seed),
+        ("seed", seed),
+        ("class_labels", sorted(sampler.class_counts())),
         ("num_classes", max(sampler.class_counts()) + 1),
         ("embedding_size", config.model.dim),
     ):

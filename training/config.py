@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from nearsight.models.embedding import FEATURE_NORMS, resolve_feature_norm
+from nearsight.models.embedding import FEATURE_NORMS, check_heads, resolve_feature_norm
 from nearsight.models.errors import NearsightError
 
 
@@ -77,6 +77,12 @@ class ModelConfig:
     # auto | none | batchnorm: standardise the pooled features before the head (auto: when
     # training from scratch; see models/embedding.py)
     feature_norm: str = "auto"
+    # trunk stages with an embedding head of `dim`, low to high, ending at layer4; the loss is
+    # applied to each and summed (the RLL/ICE papers' L, M, H: [layer2, layer3, layer4])
+    heads: list[str] = field(default_factory=lambda: ["layer4"])
+    # what evaluation, export and galleries use: last (the layer4 head) | concat (every head,
+    # L2-normalised concatenation, dim x len(heads))
+    embedding: str = "last"
 
 
 @dataclass
@@ -114,6 +120,9 @@ class OptimConfig:
     # learning rate of parameters a loss owns and trains with the embedding (class proxies, a
     # learnt margin); None = head_lr
     loss_lr: float | None = None
+    # the first steps train only the new layers (heads, a loss's own parameters), the trunk
+    # frozen: Proxy Anchor's warm-up epoch
+    freeze_trunk_steps: int = 0
     # RankMI's statistics network (Algorithm 1) has its own Adam
     critic_lr: float = 1e-3
     critic_weight_decay: float = 1e-4
@@ -312,6 +321,14 @@ def validate(config: TrainConfig) -> None:
             f"got {config.model.feature_norm!r}"
         )
     resolve_defaults(config)  # here, so config.yaml says what ran
+    try:
+        config.model.heads = check_heads(config.model.heads, config.model.embedding)
+    except NearsightError as error:
+        raise ConfigError(f"model.{error}") from None
+    if config.optim.freeze_trunk_steps < 0:
+        raise ConfigError(
+            f"optim.freeze_trunk_steps must be 0 or more, got {config.optim.freeze_trunk_steps}"
+        )
     if config.data.workers < 0:
         raise ConfigError(f"data.workers must be 0 or more, got {config.data.workers}")
     if not config.ks or any(k < 1 for k in config.ks):

@@ -85,3 +85,19 @@ class RankSlice:
     def __iter__(self) -> Iterator[list]:
         for batch in self.batches:
             yield batch[self.rank * self.local : (self.rank + 1) * self.local]
+
+
+def average_replicated_grads(
+    parameters: Iterable[torch.nn.Parameter], info: DistInfo, scale: float = 1.0
+) -> None:
+    """Gradients of parameters each process holds a copy of outside DDP (a loss's proxies or
+    critic). Every process computed its loss on the whole gathered batch, so each gradient is
+    already the full-batch one times ``scale`` (the world-size factor the embedding loss is
+    multiplied by); divide it out and average over the processes (the same numbers up to
+    rounding), so the copies step identically."""
+    if info.world == 1:
+        return
+    for parameter in parameters:
+        if parameter.grad is not None:
+            dist.all_reduce(parameter.grad, op=dist.ReduceOp.SUM)
+            parameter.grad.div_(info.world * scale)

@@ -45,6 +45,7 @@ from nearsight.training.data import SeededBatches, SeededTrainDataset, collate, 
 from nearsight.training.distributed import (
     RankSlice,
     agree,
+    average_replicated_grads,
     barrier,
     gather_with_grad,
     init_distributed,
@@ -201,7 +202,8 @@ class Trainer:
             critic = self._is_critic_batch(state.batch)
             if not critic:
                 set_learning_rates(self.optimizer, self.schedule.factor(state.step, elapsed))
-            loss_value = self._train_step(images, labels, critic, state.batch)
+            freeze_trunk = state.step < config.optim.freeze_trunk_steps
+            loss_value = self._train_step(images, labels, critic, state.batch, freeze_trunk)
             state.batch += 1
             state.batch_in_epoch += 1
             state.step += 0 if critic else 1
@@ -229,7 +231,12 @@ class Trainer:
             state.batch_in_epoch = 0
 
     def _train_step(
-        self, images: torch.Tensor, labels: torch.Tensor, critic: bool, batch: int
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        critic: bool,
+        batch: int,
+        freeze_trunk: bool = False,
     ) -> float:
         """One batch: an update of the embedding network or, for RankMI when Algorithm 1 says
         so (batch t updates the statistics network when t mod (k+1) != 0), of the critic."""
@@ -240,15 +247,22 @@ class Trainer:
             images = images.contiguous(memory_format=torch.channels_last)
         labels = labels.to(self.device)
         grad = torch.no_grad() if critic else contextlib.nullcontext()
+        multi_head = len(self.config.model.heads) > 1
         with grad, self._autocast():
-            local_embeddings = model(images)
-        embeddings = gather_with_grad(local_embeddings.float(), self.dist)
+            # several heads: every head's embeddings, one loss instance each (PerHeadLoss)
+            local_embeddings = model(images, all_heads=True) if multi_head else model(images)
+        if multi_head:
+            embeddings = [gather_with_grad(e.float(), self.dist) for e in local_embeddings]
+        else:
+            embeddings = gather_with_grad(local_embeddings.float(), self.dist)
         all_labels = gather_with_grad(labels, self.dist)
         if critic:
             # all pairs of the batch, embeddings detached; then beta by Newton (lines 9-15)
             self.critic_optimizer.zero_grad(set_to_none=True)
-            critic_loss = loss_fn.critic_loss(embeddings.detach(), all_labels)
+            detached = [e.detach() for e in embeddings] if multi_head else embeddings.detach()
+            critic_loss = loss_fn.critic_loss(detached, all_labels)
             critic_loss.backward()
+            average_replicated_grads(loss_fn.parameters(), self.dist)
             self.critic_optimizer.step()
             loss_fn.update_beta()
             return float(critic_loss.detach())
@@ -257,6 +271,14 @@ class Trainer:
         # DDP averages gradients over processes; each process's backward only reaches its own
         # slice of the global batch, so scaling by the world size gives the full-batch gradient.
         (loss * self.dist.world).backward()
+        # a loss's own parameters (proxies) are outside DDP: their gradient is already the
+        # full-batch one, times the world size
+        average_replicated_grads(loss_fn.parameters(), self.dist, scale=self.dist.world)
+        if freeze_trunk:
+            # the warm-up of new layers (optim.freeze_trunk_steps): no gradient, so neither
+            # the step nor weight decay nor the optimiser's moments touch the trunk
+            for parameter in self.model.trunk_parameters():
+                parameter.grad = None
         self.optimizer.step()
         return float(loss.detach())
 
