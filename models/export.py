@@ -223,7 +223,7 @@ def _torch_export(net: EmbeddingNet, path: Path, opset: int) -> None:
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", FutureWarning)
         torch.onnx.export(
-            net.eval(),
+            _ServedEmbedding(net).eval(),
             (example,),
             str(path),
             dynamo=False,
@@ -234,6 +234,18 @@ def _torch_export(net: EmbeddingNet, path: Path, opset: int) -> None:
             output_names=[OUTPUT_NAME],
             dynamic_axes={INPUT_NAME: {0: "N"}, OUTPUT_NAME: {0: "N"}},
         )
+
+
+class _ServedEmbedding(torch.nn.Module):
+    """``images -> net(images)``, the served embedding (last head or concat) alone: the
+    tracer would otherwise turn forward's ``all_heads`` flag into a graph input."""
+
+    def __init__(self, net: EmbeddingNet) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.net(images)
 
 
 def _finish_model(path: Path, metadata: dict[str, str], dim: int) -> None:
