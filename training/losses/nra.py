@@ -32,8 +32,7 @@ is that same negative's distance, so it moves the negative (and the anchor) all 
 anchors whose positive term is dead too (the hardest positive is the row's farthest sample, so
 r(D+_i) is identically 1) get no gradient at all, a small share of a batch. With
 ``include_anchor=True`` Dmin_i = 0 and the negative term stays alive when the nearest
-neighbour is a negative. Measured learning of both readings: bench/seed_losses_synth.py and
-docs/decisions.md.
+neighbour is a negative. Measured learning of both readings: bench/seed_losses_synth.py.
 """
 
 from __future__ import annotations
