@@ -122,8 +122,8 @@ def standin_pretrain(tmp: Path, seconds: float, image_size: int, workers: int) -
     settings = run_settings(data, "ice", seconds, image_size, workers, eval_every=50)
     summary = train(load_config(None, settings), out)
     print(
-        f"stand-in trunk: best Recall@1 {summary['best_recall@1']:.4f} at step "
-        f"{summary['best_step']} of {summary['steps']}",
+        f"stand-in trunk: best Recall@1 {summary.best_score:.4f} at step "
+        f"{summary.best_step} of {summary.steps}",
         flush=True,
     )
     return out / "best.pt"
@@ -182,8 +182,8 @@ def main() -> None:
             results.append(
                 {
                     "loss": loss,
-                    "steps": summary["steps"],
-                    "seconds": round(summary["seconds"], 1),
+                    "steps": summary.steps,
+                    "seconds": round(summary.seconds, 1),
                     "untrained_recall@1": before["recall@1"],
                     "trained_recall@1": after["recall@1"],
                     "untrained_nmi": before["nmi"],
