@@ -77,11 +77,22 @@ def _flatten(values: dict, prefix: str = "") -> dict:
     return flat
 
 
-def test_from_scratch_without_settings_learns_as_well_as_the_hand_tuned_flags(synth, tmp_path):
-    """The issue's tuned flags (BatchNorm learning, trunk and head at 1e-3) against no flags at
-    all, same data and steps: the defaults must do at least as well (within 0.02 Recall@1)."""
-    steps = 12
-    defaults = train(config_for(synth, steps=steps, eval_every=100), tmp_path / "defaults")
+@pytest.mark.slow
+def test_from_scratch_without_settings_learns_as_well_as_the_hand_tuned_flags(tmp_path):
+    """The issue's tuned flags (BatchNorm learning, trunk and head at 1e-3, constant rate)
+    against no flags at all, same data and steps: the defaults resolve the same rates and do at
+    least as well (within 0.02 Recall@1; one query of the 48 is 0.021)."""
+    root = tmp_path / "data"
+    write_synthetic(root, classes=12, per_class=8, size=32, seed=0)
+    common = {
+        "steps": 40,
+        "eval_every": 100,
+        "eval_at_start": True,
+        "sampler.classes_per_batch": 4,
+        "sampler.per_class": 4,
+        "data.crop_scale": [0.6, 1.0],
+    }
+    defaults = train(config_for(root, **common), tmp_path / "defaults")
     tuned_flags = {
         "model.freeze_bn": False,
         "optim.lr": 1e-3,
@@ -89,10 +100,15 @@ def test_from_scratch_without_settings_learns_as_well_as_the_hand_tuned_flags(sy
         "optim.schedule": "constant",
         "optim.warmup_steps": 0,
     }
-    tuned = train(config_for(synth, steps=steps, eval_every=100, **tuned_flags), tmp_path / "tuned")
+    tuned = train(config_for(root, **common, **tuned_flags), tmp_path / "tuned")
     saved = load_config(tmp_path / "defaults" / "config.yaml")
-    assert "optim.lr" in saved.auto and saved.optim.lr == 1e-3
-    print("R@1 defaults", defaults.last["recall@1"], "tuned flags", tuned.last["recall@1"])
+    assert {"optim.lr", "optim.head_lr", "model.freeze_bn"} <= set(saved.auto)
+    assert (saved.optim.lr, saved.optim.head_lr, saved.model.freeze_bn) == (1e-3, 1e-3, False)
+    untrained = read_jsonl(tmp_path / "defaults" / "metrics.jsonl")[0]["recall@1"]
+    print(
+        f"R@1 untrained {untrained}, defaults {defaults.last['recall@1']}, "
+        f"tuned flags {tuned.last['recall@1']}"
+    )
     assert defaults.last["recall@1"] >= tuned.last["recall@1"] - 0.02
 
 
