@@ -141,7 +141,8 @@ def run_demo(args: argparse.Namespace) -> int:
 
     # 2. train
     config = demo_config(args, data)
-    if (run / DONE_MARKER).exists() and (run / "last.pt").exists():
+    finished = [run / DONE_MARKER, run / "last.pt", untrained_checkpoint]
+    if all(path.exists() for path in finished):
         print(f"[2/{total}] training: reusing {run}")
     else:
         if run.exists():
