@@ -16,24 +16,16 @@ weights) and at the end, on the class-disjoint test split.
 on top), the comparison to use on a shared CPU; ``--seconds`` stops on the clock instead. A
 loss may carry its own parameters after a colon (``nra:include_anchor=true,alpha=3``).
 
-Measured 2026-11-21 on the 2-core CPU (quiet machine, 120 s each, R@1 untrained -> trained):
-ice 0.030 -> 0.110 (105 steps), rll 0.030 -> 0.084 (97), rankmi 0.030 -> 0.056 (148 batches,
-critic and embedding alternating), bcontrastive 0.030 -> 0.059 (91), nra 0.030 -> 0.030 (99):
-NRA as LOSSES.md defines it does not learn in two minutes from scratch (see its module).
+Results: README, Benchmarks.
 
 The papers fine-tune ImageNet weights, which this machine cannot fetch. ``--standin-pretrain S``
 trains a stand-in first: ICE for S seconds on synthetic classes that the benchmark never uses
 (105-209 of the 210-class set, other images: seed 1), keeping its best checkpoint by Recall@1
 on 20 of those classes held out. Every loss then starts from that trunk (``model.pretrained``),
-at the learning rates given with ``--set``. Measured the same day (the stand-in: 420 s of ICE,
-342 steps, best Recall@1 0.181 at step 100 on its held-out classes), 120 s per loss:
+at the learning rates given with ``--set``, e.g. the NRA config's recipe:
 
     python bench/seed_losses_synth.py --losses nra ice --standin-pretrain 420 \
-        --set optim.lr=1e-5 --set model.freeze_bn=true    # the NRA config's recipe
-
-nra 0.092 -> 0.103 (113 steps), ice 0.092 -> 0.112 (113). From the same trunk, NRA at other
-rates: 0.108 after 367 steps (420 s, same recipe); trunk 1e-4: 0.088; the from-scratch rates
-(trunk 1e-3, BatchNorm learning): 0.042, where ice reached 0.135.
+        --set optim.lr=1e-5 --set model.freeze_bn=true
 """
 
 from __future__ import annotations
@@ -50,17 +42,13 @@ from nearsight.training.run import train
 
 SEED_LOSSES = ["ice", "rll", "nra", "rankmi", "bcontrastive"]
 
-# From scratch (no ImageNet weights here): BatchNorm learns its statistics, and the trunk
-# trains at the head's rate; the model's own from-scratch defaults apply (zero-initialised
-# residual branches, model.feature_norm auto = batchnorm: see models/embedding.py). Loss
-# parameters are the defaults of LOSSES.md except where a default assumes a pretrained start
-# (noted).
+# From scratch (no ImageNet weights here), with the library's from-scratch defaults
+# (training/config.py resolve_defaults: BatchNorm learning, the trunk at the head's rate 1e-3,
+# warmup then cosine decay over the time limit; models/embedding.py: zero-initialised residual
+# branches, feature_norm batchnorm). Loss parameters are the defaults of LOSSES.md.
 SETTINGS = {
     "model.pretrained": "none",
-    "model.freeze_bn": False,
     "optim.name": "adam",
-    "optim.lr": 1e-3,
-    "optim.head_lr": 1e-3,
     "optim.weight_decay": 1e-4,
     # the object covers a fraction of each synthetic image: a crop of 16% of the area (the
     # papers' ImageNet-style setting) would often cut it out and teach noise
@@ -98,7 +86,8 @@ def run_settings(
         "data.workers": workers,
         "loss.name": name,
         "loss.params": params,
-        "steps": steps if steps is not None else 100_000,
+        # fixed updates, or the time limit as the run's length (the schedule decays over it)
+        "steps": steps,
         "time_limit_s": None if steps is not None else seconds,
         "eval_every": eval_every,
         "eval_at_start": True,
@@ -120,10 +109,10 @@ def standin_pretrain(tmp: Path, seconds: float, image_size: int, workers: int) -
         shutil.copytree(folder, data / split / folder.name)
     out = tmp / "standin-run"
     settings = run_settings(data, "ice", seconds, image_size, workers, eval_every=50)
-    summary = train(load_config(None, settings), out)
+    result = train(load_config(None, settings), out)
     print(
-        f"stand-in trunk: best Recall@1 {summary.best_score:.4f} at step "
-        f"{summary.best_step} of {summary.steps}",
+        f"stand-in trunk: best Recall@1 {result.best_score:.4f} at step "
+        f"{result.best_step} of {result.steps}",
         flush=True,
     )
     return out / "best.pt"
@@ -176,14 +165,15 @@ def main() -> None:
             )
             overrides.update(parse_set_option(text) for text in args.set)
             out = Path(tmp) / f"run-{len(results)}"
-            summary = train(load_config(None, overrides), out)
+            result = train(load_config(None, overrides), out)
             evaluations = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
             before, after = evaluations[0], evaluations[-1]
             results.append(
                 {
                     "loss": loss,
-                    "steps": summary.steps,
-                    "seconds": round(summary.seconds, 1),
+                    "steps": result.steps,
+                    "batches": result.batches,
+                    "seconds": round(result.train_seconds, 1),
                     "untrained_recall@1": before["recall@1"],
                     "trained_recall@1": after["recall@1"],
                     "untrained_nmi": before["nmi"],

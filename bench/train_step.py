@@ -8,6 +8,7 @@ overhead (1.0 = no overhead).
 
     python bench/train_step.py                       # CPU, 64 px, batch 32
     python bench/train_step.py --device cuda --image-size 224 --batch 120 --steps 40
+    python bench/train_step.py --image-size 48 --workers 1 --cache-images   # the demo's data path
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ def full_images_per_s(args: argparse.Namespace, data: Path, out: Path) -> float:
             "data.root": str(data),
             "data.image_size": args.image_size,
             "data.workers": args.workers,
+            "data.cache_images": args.cache_images,
             "model.dim": args.dim,
             "model.pretrained": "none",
             "loss.name": args.loss,
@@ -92,6 +94,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8, help="timed steps")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--cache-images",
+        action="store_true",
+        help="decode the training images once and keep them in memory (data.cache_images)",
+    )
     args = parser.parse_args()
     device = torch.device(args.device)
     with tempfile.TemporaryDirectory() as tmp:
@@ -103,7 +110,8 @@ def main() -> None:
         full = full_images_per_s(args, data, Path(tmp) / "run")
         bare = max(bare_before, bare_images_per_s(args, device))
     print(
-        f"device {args.device}, ResNet-50, {args.image_size} px, batch {args.batch}, loss {args.loss}"
+        f"device {args.device}, ResNet-50, {args.image_size} px, batch {args.batch}, loss "
+        f"{args.loss}, workers {args.workers}, cached images {args.cache_images}"
     )
     print(f"{'bare forward+backward':<28} {bare:8.1f} images/s")
     print(f"{'full training step':<28} {full:8.1f} images/s")

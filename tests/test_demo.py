@@ -36,7 +36,7 @@ def test_demo_runs_the_pipeline_then_reuses_it(tmp_path, capsys):
     ):
         assert step in out, step
     assert "done in" in out
-    # the comparison table: untrained (step 0 of the run) beside trained (the gallery)
+    # the comparison table: the untrained gallery (the network of step 0) beside the trained one
     row = next(line for line in out.splitlines() if line.startswith("recall@1 "))
     untrained, trained = (float(x) for x in row.split()[1:])
     first = json.loads((work / "run-ice" / "metrics.jsonl").read_text().splitlines()[0])
@@ -44,14 +44,16 @@ def test_demo_runs_the_pipeline_then_reuses_it(tmp_path, capsys):
     assert 0.0 <= trained <= 1.0
     for artifact in (
         "data/synthetic.json",
-        "run-ice/best.pt",
+        "run-ice/last.pt",
         "model-ice.onnx",
+        "model-untrained.onnx",
         "gallery-ice/catalog.db",
+        "gallery-untrained/catalog.db",
     ):
         assert (work / artifact).exists(), artifact
 
     # second run: every step is reused
     assert main(["demo", "--workdir", str(work), *TINY]) == 0
     out = capsys.readouterr().out
-    assert out.count("reusing") == 4
+    assert out.count("reusing") == 5  # data, run, models, two galleries
     assert "generating" not in out and "training ResNet-50" not in out

@@ -201,7 +201,8 @@ def test_cli_train_and_bad_input(synth, tmp_path, capsys):
         "data.eval_batch_size=16",
     ]
     assert main(args) == 0
-    assert "best recall@1" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "best.pt (step" in printed and "last.pt (step 2): test recall@1" in printed
     assert load_config(out / "config.yaml").loss.name == "nra"
     # a wrong layout is one line and exit 2
     assert (

@@ -1,0 +1,96 @@
+"""The demo's recipe, one choice at a time: Recall@1 on the unseen synthetic classes at a fixed
+number of steps, and the training images/s, for the shipped recipe and each variant.
+
+Every run is the real trainer (``training.run.train``) on the demo's dataset (100 classes x 24
+images at 96 px, seed 0: 50 classes to train on, 50 unseen test classes), from scratch, with
+the demo's own config (``app.commands.demo.demo_config``) and one change. Comparing at a fixed
+step count keeps the comparison fair on a shared, loaded CPU; images/s says what a step costs.
+
+    python bench/demo_recipe.py --steps 300                    # every variant
+    python bench/demo_recipe.py --steps 300 --variants demo constant-lr
+
+Results go in the README ("The demo") and docs/decisions.md, with the load they ran under.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from nearsight.app.commands.demo import demo_config
+from nearsight.index.datasets.synthetic import write_synthetic
+from nearsight.training.config import apply_override, validate
+from nearsight.training.run import train
+
+# one change each against the shipped demo recipe
+VARIANTS: dict[str, dict[str, Any]] = {
+    "demo": {},
+    "constant-lr": {"optim.schedule": "constant", "optim.warmup_steps": 0},
+    "64px": {"data.image_size": 64},
+    "32px": {"data.image_size": 32},
+    "no-cache": {"data.cache_images": False},
+    "16x4": {"sampler.classes_per_batch": 16},
+    "16x2": {"sampler.classes_per_batch": 16, "sampler.per_class": 2},
+    "crop-0.16": {"data.crop_scale": [0.16, 1.0]},
+    "rll": {"loss.name": "rll"},
+}
+
+
+def run_variant(data: Path, out: Path, name: str, steps: int, workers: int) -> dict[str, Any]:
+    args = argparse.Namespace(
+        image_size=48, workers=workers, loss="ice", classes=100, steps=steps, train_seconds=None
+    )
+    config = demo_config(args, data)
+    for key, value in VARIANTS[name].items():
+        apply_override(config, key, value)
+    validate(config)
+    result = train(config, out)
+    evaluations = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    rates = [json.loads(x)["images_per_s"] for x in (out / "train.jsonl").read_text().splitlines()]
+    return {
+        "variant": name,
+        "steps": result.steps,
+        "train_seconds": round(result.train_seconds, 1),
+        "images_per_s": round(statistics.median(rates[2:] or rates), 1),
+        "untrained_recall@1": evaluations[0]["recall@1"],
+        "trained_recall@1": result.last["recall@1"],
+        "trained_recall@8": result.last.get("recall@8"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--data", type=Path, help="the demo's synthetic dataset (made if missing)")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        data = args.data or Path(tmp) / "synth"
+        if not (data / "synthetic.json").exists():
+            write_synthetic(data, classes=100, per_class=24, size=96, seed=0)
+        for name in args.variants:
+            results.append(
+                run_variant(data, Path(tmp) / f"run-{name}", name, args.steps, args.workers)
+            )
+            print(json.dumps(results[-1]), flush=True)
+    print(
+        f"\n{'variant':<14}{'steps':>6}{'seconds':>9}{'img/s':>7}{'R@1 before':>12}{'R@1 after':>11}"
+    )
+    for r in results:
+        print(
+            f"{r['variant']:<14}{r['steps']:>6}{r['train_seconds']:>9}{r['images_per_s']:>7}"
+            f"{r['untrained_recall@1']:>12.4f}{r['trained_recall@1']:>11.4f}"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

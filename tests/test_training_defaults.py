@@ -1,0 +1,205 @@
+"""Settings that follow the starting point, schedules over steps and time, resume mid-schedule,
+and model selection on held-out training classes (tiny images and networks)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nearsight.index.datasets import load_dataset
+from nearsight.index.datasets.synthetic import write_synthetic
+from nearsight.models.checkpoint import load_checkpoint
+from nearsight.training import trainer as trainer_module
+from nearsight.training.config import load_config
+from nearsight.training.data import hold_out_classes
+from nearsight.training.run import train
+from nearsight.training.schedule import LRSchedule
+from nearsight.training.trainer import Trainer
+
+TINY = {
+    "data.dataset": "folder",
+    "data.image_size": 32,
+    "data.workers": 0,
+    "data.eval_batch_size": 32,
+    "model.dim": 16,
+    "model.pretrained": "none",
+    "sampler.classes_per_batch": 3,
+    "sampler.per_class": 2,
+    "save_every": 1,
+    "log_every": 1,
+}
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("synth") / "data"
+    write_synthetic(root, classes=12, per_class=4, size=32, seed=0)
+    return root
+
+
+def config_for(root: Path, **extra):
+    return load_config(None, {**TINY, "data.root": str(root), **extra})
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_from_scratch_resolves_its_own_settings_and_explicit_ones_win():
+    scratch = load_config(None, {"model.pretrained": "none", "steps": 400})
+    assert (scratch.optim.lr, scratch.optim.head_lr) == (1e-3, 1e-3)
+    assert scratch.model.freeze_bn is False and scratch.model.feature_norm == "batchnorm"
+    assert (scratch.optim.schedule, scratch.optim.warmup_steps) == ("cosine", 20)
+    assert {"optim.lr", "optim.head_lr", "model.freeze_bn", "optim.schedule"} <= set(scratch.auto)
+    pretrained = load_config(None, {"model.pretrained": "imagenet"})
+    assert (pretrained.optim.lr, pretrained.optim.head_lr) == (1e-5, 1e-4)
+    assert pretrained.model.freeze_bn is True and pretrained.model.feature_norm == "none"
+    assert (pretrained.optim.schedule, pretrained.optim.warmup_steps) == ("constant", 0)
+    # the user's values win, and are not listed as automatic; the trunk follows the head
+    mixed = load_config(None, {"model.pretrained": "none", "optim.head_lr": 3e-4})
+    assert (mixed.optim.lr, mixed.optim.head_lr) == (3e-4, 3e-4)
+    assert "optim.head_lr" not in mixed.auto and "optim.lr" in mixed.auto
+    # a saved config has nothing left to resolve and loads back to itself
+    again = load_config(None, _flatten(yaml.safe_load(scratch.dump())))
+    assert again.to_dict() == scratch.to_dict()
+
+
+def _flatten(values: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in values.items():
+        if isinstance(value, dict) and key != "params":
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+@pytest.mark.slow
+def test_from_scratch_without_settings_learns_as_well_as_the_hand_tuned_flags(tmp_path):
+    """The issue's tuned flags (BatchNorm learning, trunk and head at 1e-3, constant rate)
+    against no flags at all, same data and steps: the defaults resolve the same rates and do at
+    least as well (within 0.02 Recall@1; one query of the 48 is 0.021). At this size neither
+    run beats the untrained network's Recall@1 (a weak test of learning: it checks that the
+    automatic settings are the tuned ones and that warmup + cosine does no harm)."""
+    root = tmp_path / "data"
+    write_synthetic(root, classes=12, per_class=8, size=32, seed=0)
+    common = {
+        "steps": 40,
+        "eval_every": 100,
+        "eval_at_start": True,
+        "sampler.classes_per_batch": 4,
+        "sampler.per_class": 4,
+        "data.crop_scale": [0.6, 1.0],
+    }
+    defaults = train(config_for(root, **common), tmp_path / "defaults")
+    tuned_flags = {
+        "model.freeze_bn": False,
+        "optim.lr": 1e-3,
+        "optim.head_lr": 1e-3,
+        "optim.schedule": "constant",
+        "optim.warmup_steps": 0,
+    }
+    tuned = train(config_for(root, **common, **tuned_flags), tmp_path / "tuned")
+    saved = load_config(tmp_path / "defaults" / "config.yaml")
+    assert {"optim.lr", "optim.head_lr", "model.freeze_bn"} <= set(saved.auto)
+    assert (saved.optim.lr, saved.optim.head_lr, saved.model.freeze_bn) == (1e-3, 1e-3, False)
+    untrained = read_jsonl(tmp_path / "defaults" / "metrics.jsonl")[0]["recall@1"]
+    print(
+        f"R@1 untrained {untrained}, defaults {defaults.last['recall@1']}, "
+        f"tuned flags {tuned.last['recall@1']}"
+    )
+    assert defaults.last["recall@1"] >= tuned.last["recall@1"] - 0.02
+
+
+class Interrupt(Exception):
+    pass
+
+
+REAL_STEP = Trainer._train_step
+
+
+def fake_clock(monkeypatch, die_at: int | None = None) -> None:
+    """Training time advances by exactly one second per batch (evaluations take none), so a
+    time-based schedule is reproducible; optionally die inside batch ``die_at``."""
+    now = {"t": 0.0, "calls": 0}
+
+    def step(self, *args, **kwargs):
+        now["calls"] += 1
+        if die_at is not None and now["calls"] == die_at:
+            raise Interrupt
+        now["t"] += 1.0
+        return REAL_STEP(self, *args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "clock", lambda: now["t"])
+    monkeypatch.setattr(Trainer, "_train_step", step)
+
+
+def lrs(run: Path) -> list[float]:
+    return [r["lr_trunk"] for r in read_jsonl(run / "train.jsonl")]
+
+
+@pytest.mark.parametrize("length", ["steps", "time"])
+def test_warmup_cosine_and_resume_mid_schedule_give_the_uninterrupted_rates(
+    synth, tmp_path, monkeypatch, length
+):
+    budget = (
+        {"steps": 6}
+        if length == "steps"
+        else {"steps": None, "time_limit_s": 6.0}  # six one-second batches
+    )
+    config = config_for(synth, eval_every=3, **{"optim.warmup_steps": 2}, **budget)
+    assert config.optim.schedule == "cosine"
+    fake_clock(monkeypatch)
+    straight = train(config, tmp_path / "straight")
+    assert straight.steps == 6
+    schedule = LRSchedule.from_config(config, config.steps)
+    expected = [1e-3 * schedule.factor(step, float(step)) for step in range(6)]
+    assert lrs(tmp_path / "straight") == pytest.approx(expected, rel=1e-9)
+    assert expected[0] == pytest.approx(0.5e-3)  # warmup: (0 + 1) / 2
+    assert expected[-1] < 0.2e-3  # the run ends at the low rate
+
+    fake_clock(monkeypatch, die_at=5)
+    with pytest.raises(Interrupt):
+        train(config, tmp_path / "resumed")
+    assert load_checkpoint(tmp_path / "resumed" / "last.pt")["state"]["train_seconds"] == 4.0
+    fake_clock(monkeypatch)
+    resumed = train(config, tmp_path / "resumed", resume=True)
+    assert resumed.steps == 6
+    assert lrs(tmp_path / "resumed") == pytest.approx(lrs(tmp_path / "straight"), rel=1e-12)
+    losses = [r["loss"] for r in read_jsonl(tmp_path / "resumed" / "train.jsonl")]
+    assert losses == pytest.approx(
+        [r["loss"] for r in read_jsonl(tmp_path / "straight" / "train.jsonl")], rel=1e-6, abs=1e-7
+    )
+
+
+def test_validation_classes_are_held_out_class_disjointly_by_seed(synth):
+    train_split = load_dataset("folder", synth, "train")
+    kept, val = hold_out_classes(train_split, 2, seed=0)
+    assert len(set(val.labels)) == 2 and not set(val.labels) & set(kept.labels)
+    assert len(kept) + len(val) == len(train_split)
+    assert hold_out_classes(train_split, 2, seed=0)[1].labels == val.labels
+    assert len(set(hold_out_classes(train_split, 0.5, seed=1)[1].labels)) == 3  # half of 6
+
+
+def test_val_classes_write_val_and_test_metrics_and_choose_best_by_validation(synth, tmp_path):
+    out = tmp_path / "val"
+    result = train(
+        config_for(synth, steps=6, eval_every=2, eval_at_start=True, **{"data.val_classes": 2}),
+        out,
+    )
+    lines = read_jsonl(out / "metrics.jsonl")
+    assert [line["step"] for line in lines] == [0, 2, 4, 6]
+    for line in lines:
+        assert {"recall@1", "val/recall@1", "val/nmi", "queries", "val/queries"} <= set(line)
+        assert line["val/queries"] == 8 and line["queries"] == 24  # 2 x 4 held out, 6 x 4 test
+    best_line = max(lines, key=lambda line: line["val/recall@1"])  # the first of ties
+    best = load_checkpoint(out / "best.pt")["training"]
+    assert best["selected_by"] == "val/recall@1" and best["step"] == best_line["step"]
+    assert result.selected_by == "val/recall@1" and result.best_step == best_line["step"]
+    assert result.best["recall@1"] == best_line["recall@1"]  # test metrics of best.pt
+    assert result.last["recall@1"] == lines[-1]["recall@1"]
+    text = result.summary()
+    assert "best.pt" in text and "last.pt" in text and "best validation recall@1" in text
