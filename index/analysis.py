@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from nearsight.index.gallery import unit_distance
+from nearsight.index.faiss_index import unit_distance
 
 MAX_PAIRS = 200_000  # pair distances sampled for the histogram (half matching, half not)
 HISTOGRAM_BINS = 50
