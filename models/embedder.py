@@ -32,14 +32,16 @@ import os
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
-import torch
 from PIL import Image
 
 from nearsight.models.errors import NearsightError
 from nearsight.models.preprocess import default_resize, test_transform
+
+if TYPE_CHECKING:  # torch only for checkpoints: serving an ONNX model never imports it
+    import torch
 
 MODEL_FORMAT = "nearsight-embedding"
 MODEL_FORMAT_VERSION = 1
@@ -190,7 +192,7 @@ class _EmbedderBase:
             raise NearsightError(f"batch size must be positive, got {batch_size}")
         chunks = [np.zeros((0, self.dim), np.float32)]
         for start in range(0, len(images), batch_size):
-            batch = torch.stack(
+            batch = np.stack(
                 [
                     self._transform(image.convert("RGB"))
                     for image in images[start : start + batch_size]
@@ -223,10 +225,21 @@ def physical_cores() -> int:
 
 
 def _cuda_works() -> bool:
-    """onnxruntime-gpu lists CUDAExecutionProvider even on a machine without a GPU; ask torch."""
+    """onnxruntime-gpu lists CUDAExecutionProvider even on a machine without a GPU; ask the
+    CUDA driver (libcuda) whether it sees a device. No torch: serving must not need it."""
+    import ctypes
+    import ctypes.util
+
+    name = "nvcuda.dll" if os.name == "nt" else "libcuda.so.1"
     try:
-        return torch.cuda.is_available()
-    except Exception:  # a broken driver install
+        driver = ctypes.CDLL(ctypes.util.find_library("cuda") or name)
+        count = ctypes.c_int(0)
+        return (
+            driver.cuInit(0) == 0
+            and driver.cuDeviceGetCount(ctypes.byref(count)) == 0
+            and count.value > 0
+        )
+    except (OSError, AttributeError):  # no driver, or a broken one
         return False
 
 
@@ -332,7 +345,7 @@ class OnnxEmbedder(_EmbedderBase):
 
     def embed(self, images: torch.Tensor | np.ndarray) -> np.ndarray:
         self._check_batch(images)
-        if isinstance(images, torch.Tensor):
+        if hasattr(images, "detach"):  # a torch tensor (the trainer's batches)
             images = images.detach().cpu().numpy()
         batch = np.ascontiguousarray(images, dtype=np.float32)
         if batch.shape[0] == 0:
@@ -345,21 +358,25 @@ class TorchEmbedder(_EmbedderBase):
     """A training checkpoint (``best.pt``) run by torch; ``device``: auto | cpu | cuda."""
 
     def __init__(self, checkpoint_path: str | os.PathLike[str], device: str = "auto") -> None:
+        import torch
+
         from nearsight.models.checkpoint import load_checkpoint, load_embedding_net
 
         self.path = Path(checkpoint_path)
         if device not in ("auto", "cpu", "cuda"):
             raise NearsightError(f"device must be auto, cpu or cuda, got {device!r}")
-        if device == "cuda" and not _cuda_works():
+        if device == "cuda" and not torch.cuda.is_available():
             raise NearsightError("--device cuda: no working CUDA GPU for torch here")
         if device == "auto":
-            device = "cuda" if _cuda_works() else "cpu"
+            device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = device
         payload = load_checkpoint(self.path)  # one-line errors for missing/foreign files
         self.net = load_embedding_net(self.path, map_location=device)
         self._init_metadata(checkpoint_metadata(payload, self.model_sha256))
 
     def embed(self, images: torch.Tensor | np.ndarray) -> np.ndarray:
+        import torch
+
         self._check_batch(images)
         batch = torch.as_tensor(images, dtype=torch.float32)
         if batch.shape[0] == 0:

@@ -303,7 +303,7 @@ def _calibration_batch(
             skipped += 1
     if not tensors:
         raise NearsightError(f"none of the {len(paths)} calibration images could be read")
-    return torch.stack(tensors).numpy()
+    return np.stack(tensors)
 
 
 class _CalibrationReader(CalibrationDataReader):

@@ -84,7 +84,7 @@ def test_onnx_and_torch_agree_on_pil_images(onnx_embedder, torch_embedder):
 def test_embed_images_is_the_shared_test_transform(onnx_embedder, torch_embedder):
     photos = _photos()[:3]
     transform = make_test_transform(SIZE, RESIZE)
-    batch = torch.stack([transform(photo.convert("RGB")) for photo in photos])
+    batch = torch.from_numpy(np.stack([transform(photo.convert("RGB")) for photo in photos]))
     for embedder in (onnx_embedder, torch_embedder):
         assert (embedder.image_size, embedder.resize) == (SIZE, RESIZE)
         np.testing.assert_array_equal(embedder.embed_images(photos), embedder.embed(batch))

@@ -187,7 +187,7 @@ def test_int8_model_is_close_to_fp32(exported):
     # held-out images (not the calibration ones) through the shared preprocessing
     held_out = _write_images(exported["root"] / "held_out", 6, seed=7)
     transform = make_test_transform(SIZE, RESIZE)
-    batch = torch.stack([transform(Image.open(p).convert("RGB")) for p in held_out])
+    batch = torch.from_numpy(np.stack([transform(Image.open(p).convert("RGB")) for p in held_out]))
     fp32 = OnnxEmbedder(exported["out"], providers=["CPUExecutionProvider"]).embed(batch)
     int8 = OnnxEmbedder(int8_path, providers=["CPUExecutionProvider"]).embed(batch)
     assert np.sum(fp32 * int8, axis=1).min() >= 0.9

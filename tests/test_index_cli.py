@@ -85,7 +85,7 @@ def test_eval_equals_recall_computed_from_the_checkpoint(setup, capsys):
     net = load_embedding_net(setup["model"])
     transform = make_test_transform(32)
     with torch.no_grad():
-        batch = torch.stack([transform(load_image(path)) for path in split.paths])
+        batch = torch.from_numpy(np.stack([transform(load_image(path)) for path in split.paths]))
         embeddings = net(batch).numpy()
     expected = recall_at_k(embeddings, split.labels, (1, 2, 4, 8))
 
