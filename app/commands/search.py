@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
+
+JSON_KEYS = ("id", "path", "label", "class_name", "distance")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,30 +32,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_search(args: argparse.Namespace) -> int:
-    from nearsight.app.commands.index import load_gallery_model
-    from nearsight.index.gallery import Gallery
-    from nearsight.index.images import load_image
+    from nearsight.index.searchable import open_gallery
     from nearsight.models.errors import NearsightError
 
     if args.k < 1:
         raise NearsightError(f"--k must be at least 1, got {args.k}")
-    with Gallery.open(args.gallery) as gallery:
-        image = load_image(args.image)  # a missing or unreadable query: one-line error
-        embedder = load_gallery_model(gallery, args.model, args.device)
-        query = embedder.embed_images([image])
-        distances, ids = gallery.search(query, args.k)
-        found = [(int(i), float(d)) for i, d in zip(ids[0], distances[0], strict=True) if i >= 0]
-        rows = gallery.items([i for i, _ in found])
-    results = [
-        {
-            "id": item["id"],
-            "path": item["path"],
-            "label": item["label"],
-            "class_name": item["class_name"],
-            "distance": distance if math.isfinite(distance) else None,
-        }
-        for item, (_, distance) in zip(rows, found, strict=True)
-    ]
+    with open_gallery(args.gallery, args.model, device=args.device) as gallery:
+        found = gallery.search(args.image, args.k)
+    results = [{key: row[key] for key in JSON_KEYS} for row in found]
     if args.json:
         print(json.dumps(results))
         return 0
