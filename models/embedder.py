@@ -38,7 +38,8 @@ import numpy as np
 from PIL import Image
 
 from nearsight.models.errors import NearsightError
-from nearsight.models.preprocess import default_resize, test_transform
+from nearsight.models.preprocess import test_transform
+from nearsight.models.spec import SPEC_KEY, ModelSpec, spec_from_checkpoint, spec_from_onnx_metadata
 
 if TYPE_CHECKING:  # torch only for checkpoints: serving an ONNX model never imports it
     import torch
@@ -51,11 +52,7 @@ OUTPUT_NAME = "embeddings"
 METADATA_KEYS = (
     "format",  # MODEL_FORMAT
     "format_version",
-    "embedding_dim",
-    "image_size",  # the square crop the model takes
-    "resize",  # the short side test_transform resizes to before cropping
-    "arch",
-    "pooling",
+    SPEC_KEY,  # ModelSpec as JSON: arch, dim, image size, test resize, pooling, ...
     "loss",  # the training loss ("" when the checkpoint does not say)
     "dataset",  # the training dataset ("" when the checkpoint does not say)
     "training_step",
@@ -77,22 +74,15 @@ def nearsight_version() -> str:
 
 
 def checkpoint_metadata(payload: Mapping[str, Any], checkpoint_sha256: str) -> dict[str, str]:
-    """The metadata of the model in a loaded checkpoint (``models.checkpoint.load_checkpoint``).
-    The test-time resize comes from the training config (``data.resize``) when it set one."""
-    model_config = payload.get("model_config") or {}
+    """The metadata of the model in a loaded checkpoint (``models.checkpoint.load_checkpoint``):
+    its :class:`ModelSpec` (legacy checkpoints: from their model config and training config)
+    and where it came from."""
     training = payload.get("training") if isinstance(payload.get("training"), dict) else {}
-    data_config = ((training.get("config") or {}).get("data") or {}) if training else {}
-    image_size = int(model_config.get("image_size", 224))
-    resize = data_config.get("resize") or default_resize(image_size)
     metrics = training.get("metrics") or {}
     return {
         "format": MODEL_FORMAT,
         "format_version": str(MODEL_FORMAT_VERSION),
-        "embedding_dim": str(int(model_config.get("dim", 0))),
-        "image_size": str(image_size),
-        "resize": str(int(resize)),
-        "arch": str(model_config.get("arch", "")),
-        "pooling": str(model_config.get("pooling", "")),
+        SPEC_KEY: spec_from_checkpoint(payload).to_json(),
         "loss": str(training.get("loss") or ""),
         "dataset": str(training.get("dataset") or ""),
         "training_step": str(training.get("step", "")),
@@ -115,6 +105,7 @@ class Embedder(Protocol):
     """images -> embeddings [N, dim] float32, unit L2 norm."""
 
     path: Path
+    spec: ModelSpec
     dim: int
     image_size: int
     resize: int
@@ -143,16 +134,25 @@ class _EmbedderBase:
     def _init_metadata(self, metadata: Mapping[str, str]) -> None:
         self.metadata = dict(metadata)
         try:
-            self.dim = int(self.metadata["embedding_dim"])
-            self.image_size = int(self.metadata["image_size"])
-            self.resize = int(self.metadata.get("resize") or default_resize(self.image_size))
-        except (KeyError, ValueError) as error:
+            self.spec = spec_from_onnx_metadata(self.metadata)
+        except NearsightError as error:
             raise NearsightError(
-                f"{self.path} is not a nearsight model: bad metadata ({error!r})"
+                f"{self.path} is not a nearsight model: bad metadata ({error})"
             ) from None
-        if self.dim <= 0 or self.image_size <= 0:
-            raise NearsightError(f"{self.path} is not a nearsight model: bad metadata")
         self._transform = test_transform(self.image_size, self.resize)
+
+    @property
+    def dim(self) -> int:
+        return self.spec.dim
+
+    @property
+    def image_size(self) -> int:
+        return self.spec.image_size
+
+    @property
+    def resize(self) -> int:
+        """The short side the test transform resizes to before cropping."""
+        return self.spec.test_resize
 
     @functools.cached_property
     def model_sha256(self) -> str:

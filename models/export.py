@@ -66,6 +66,7 @@ from nearsight.models.quantize import (  # noqa: F401  (quantize_int8, Int8Repor
     set_metadata,
     write_int8,
 )
+from nearsight.models.spec import spec_from_checkpoint
 
 DEFAULT_OPSET = 17
 MIN_OPSET = 13  # per-channel QuantizeLinear (int8) and ReduceL2 as exported need >= 13
@@ -198,7 +199,8 @@ def export_onnx(
     sha = checkpoint_sha256(checkpoint)
     metadata = checkpoint_metadata(payload, sha)
     metadata["opset"] = str(opset)
-    image_size, resize = net.config.image_size, int(metadata["resize"])
+    spec = spec_from_checkpoint(payload)
+    image_size, resize = spec.image_size, spec.test_resize
     # images first: an unreadable calibration set fails before minutes of export
     calibration = (
         calibration_batch(int8_calibration, image_size, resize, image_loader)

@@ -17,13 +17,10 @@ from collections.abc import Callable
 import numpy as np
 from PIL import Image
 
+from nearsight.models.spec import default_resize
+
 # Past this ratio of long to short side, the long side is cut before resizing (see below).
 MAX_ASPECT_RATIO = 16
-
-
-def default_resize(image_size: int) -> int:
-    """The papers' ratio: resize to 256 then crop 224."""
-    return round(image_size * 256 / 224)
 
 
 def _crop_offset(size: int, crop: int) -> int:

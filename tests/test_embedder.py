@@ -121,7 +121,8 @@ def test_hashes_and_metadata(models, onnx_embedder, torch_embedder):
     assert torch_embedder.metadata["checkpoint_sha256"] == checkpoint_sha
     for embedder in (onnx_embedder, torch_embedder):
         assert embedder.dim == DIM
-        assert embedder.metadata["embedding_dim"] == str(DIM)
+        assert embedder.spec.dim == DIM and embedder.spec.image_size == SIZE
+        assert embedder.spec.test_resize == embedder.resize == RESIZE
         assert embedder.metadata["loss"] == "" and embedder.metadata["dataset"] == ""
         assert isinstance(embedder, Embedder)
     assert onnx_embedder.metadata["opset"] == "17"

@@ -111,7 +111,7 @@ def test_build_records_the_catalog_and_meta(setup):
     with Gallery.open(setup["gallery"]) as gallery:
         meta = gallery.meta
         assert meta["dataset"] == "folder" and meta["split"] == "test" and meta["count"] == 12
-        assert meta["model"] == str(setup["model"]) and meta["image_size"] == 32
+        assert meta["model"] == str(setup["model"]) and meta["model_spec"]["image_size"] == 32
         assert meta["index_type"] == "flat" and meta["dim"] == 16 and meta["skipped"] == 0
         items = gallery.all_items()
     split = load_dataset("folder", setup["data"], "test")

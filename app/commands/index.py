@@ -236,6 +236,7 @@ def run_build(args: argparse.Namespace) -> int:
     from nearsight.index.gallery import build_gallery, resolve_index_type
     from nearsight.models.embedder import load_embedder
     from nearsight.models.errors import NearsightError
+    from nearsight.models.spec import SPEC_KEY
 
     start = time.perf_counter()
     _check_batching(args)
@@ -258,8 +259,7 @@ def run_build(args: argparse.Namespace) -> int:
     meta = {
         **source_meta,
         "model": str(_absolute(args.model)),
-        "image_size": embedder.image_size,
-        "resize": embedder.resize,
+        SPEC_KEY: embedder.spec.to_dict(),
         "skipped": len(errors),
     }
     build_gallery(
