@@ -20,9 +20,7 @@ def register(actions: argparse._SubParsersAction, index_types: list[str]) -> Non
         "gallery is searched by --id or --vector and evaluated.",
     )
     imported.add_argument("--vectors", type=Path, required=True, help="FILE.npy or DIR")
-    imported.add_argument(
-        "--meta", type=Path, required=True, help="FILE.csv, FILE.parquet or DIR"
-    )
+    imported.add_argument("--meta", type=Path, required=True, help="FILE.csv, FILE.parquet or DIR")
     imported.add_argument("--out", type=Path, required=True, help="gallery folder to write")
     imported.add_argument("--model", type=Path, help="the model.onnx the vectors came from")
     imported.add_argument("--index-type", default="auto", choices=index_types)
