@@ -66,12 +66,35 @@ class SearchableGallery:
 
     def search_many(self, images: Sequence[ImageLike], k: int = 8) -> list[list[dict[str, Any]]]:
         """:meth:`search` of several images, embedded in one batch."""
-        if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
-            raise NearsightError(f"k must be a whole number of at least 1, got {k!r}")
+        k = _check_k(k)
         decoded = [as_image(image) for image in images]  # one-line errors before the model loads
         if not decoded:
             return []
-        distances, ids = self.gallery.search(self.embedder.embed_images(decoded), int(k))
+        return self._neighbours(self.embedder.embed_images(decoded), k)
+
+    def search_vector(self, vector: np.ndarray, k: int = 8) -> list[dict[str, Any]]:
+        """The ``k`` nearest items of an embedding (any length: it is L2-normalised here)."""
+        query = np.asarray(vector, dtype=np.float32).reshape(1, -1)
+        norm = float(np.linalg.norm(query))
+        if not np.isfinite(query).all() or norm == 0:
+            raise NearsightError("the query vector is zero or not finite")
+        if query.shape[1] != self.gallery.dim:
+            raise NearsightError(
+                f"the query vector has {query.shape[1]} values, the gallery's dim is "
+                f"{self.gallery.dim}"
+            )
+        return self._neighbours(query / norm, _check_k(k))[0]
+
+    def search_item(self, item_id: int, k: int = 8) -> list[dict[str, Any]]:
+        """The ``k`` nearest items of a gallery item, from its stored embedding (the item
+        itself comes first, at distance 0)."""
+        self.gallery.items([item_id])  # one-line error for an unknown id
+        position = int(np.searchsorted(self.gallery.ids, item_id))
+        vector = np.asarray(self.gallery.embeddings[position : position + 1], dtype=np.float32)
+        return self._neighbours(vector, _check_k(k))[0]
+
+    def _neighbours(self, queries: np.ndarray, k: int) -> list[list[dict[str, Any]]]:
+        distances, ids = self.gallery.search(queries, int(k))
         results = []
         for row_ids, row_distances in zip(ids, distances, strict=True):
             found = [
@@ -109,6 +132,12 @@ class SearchableGallery:
 
     def __repr__(self) -> str:
         return f"SearchableGallery({str(self.path)!r}, items={len(self)})"
+
+
+def _check_k(k: Any) -> int:
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
+        raise NearsightError(f"k must be a whole number of at least 1, got {k!r}")
+    return int(k)
 
 
 def as_image(image: ImageLike) -> Image.Image:

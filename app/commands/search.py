@@ -19,7 +19,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "direction, 2 the opposite.",
     )
     parser.add_argument("--gallery", type=Path, required=True, help="gallery folder")
-    parser.add_argument("image", type=Path, metavar="IMAGE", help="query image file")
+    parser.add_argument("image", type=Path, nargs="?", metavar="IMAGE", help="query image file")
+    parser.add_argument(
+        "--id", type=int, dest="item_id", help="query by a gallery item's stored vector instead"
+    )
+    parser.add_argument(
+        "--vector", type=Path, help="query by a vector: a .npy file of D floats (or [1, D])"
+    )
     parser.add_argument("--k", type=int, default=8, help="neighbours to show (default 8)")
     parser.add_argument(
         "--json",
@@ -37,8 +43,17 @@ def run_search(args: argparse.Namespace) -> int:
 
     if args.k < 1:
         raise NearsightError(f"--k must be at least 1, got {args.k}")
+    given = [name for name, value in (("IMAGE", args.image), ("--id", args.item_id),
+                                      ("--vector", args.vector)) if value is not None]  # fmt: skip
+    if len(given) != 1:
+        raise NearsightError("give one query: IMAGE, --id ID or --vector FILE.npy")
     with open_gallery(args.gallery, args.model, device=args.device) as gallery:
-        found = gallery.search(args.image, args.k)
+        if args.item_id is not None:
+            found = gallery.search_item(args.item_id, args.k)
+        elif args.vector is not None:
+            found = gallery.search_vector(_vector_file(args.vector), args.k)
+        else:
+            found = gallery.search(args.image, args.k)
     results = [{key: row[key] for key in JSON_KEYS} for row in found]
     if args.json:
         print(json.dumps(results))
@@ -51,3 +66,18 @@ def run_search(args: argparse.Namespace) -> int:
             f"{rank:>4}  {row['id']:>8}  {row['distance']:>8.4f}  {label:>6}  {name}{row['path']}"
         )
     return 0
+
+
+def _vector_file(path: Path):
+    import numpy as np
+
+    from nearsight.models.errors import NearsightError
+
+    try:
+        vector = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as error:
+        raise NearsightError(f"cannot read query vector {path}: {error}") from None
+    vector = np.asarray(vector, dtype=np.float32).reshape(1, -1)
+    if not np.isfinite(vector).all() or not vector.any():
+        raise NearsightError(f"query vector {path} is zero or not finite")
+    return vector
