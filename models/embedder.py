@@ -143,7 +143,8 @@ class _EmbedderBase:
 
     @property
     def dim(self) -> int:
-        return self.spec.dim
+        """The width of the embeddings this model serves."""
+        return self.spec.output_dim
 
     @property
     def image_size(self) -> int:

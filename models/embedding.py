@@ -116,14 +116,21 @@ class EmbeddingConfig:
     @classmethod
     def from_spec(cls, spec: ModelSpec, **training: Any) -> EmbeddingConfig:
         """The config of a network with ``spec``; ``training``: pretrained, freeze_bn."""
-        return cls(
-            dim=spec.dim,
-            pooling=spec.pooling,
-            image_size=spec.image_size,
-            arch=spec.arch,
-            feature_norm=spec.feature_norm,
-            **training,
-        )
+        architecture = {
+            "dim": spec.dim,
+            "pooling": spec.pooling,
+            "image_size": spec.image_size,
+            "arch": spec.arch,
+            "feature_norm": spec.feature_norm,
+            "heads": list(spec.heads),
+            "embedding": spec.embedding,
+        }
+        known = {field.name for field in dataclasses.fields(cls)}
+        # multi-level heads (heads/embedding) exist only where this config has those fields
+        dropped = {key for key in ("heads", "embedding") if key not in known}
+        if dropped and (spec.heads != ("layer4",) or spec.embedding != "last"):
+            raise NearsightError(f"this network does not support the spec's {sorted(dropped)}")
+        return cls(**{k: v for k, v in architecture.items() if k in known}, **training)
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> EmbeddingConfig:
