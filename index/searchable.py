@@ -35,11 +35,13 @@ class SearchableGallery:
         model: str | os.PathLike[str] | None = None,
         *,
         device: str = "auto",
+        optimization: str = "all",
     ) -> None:
         self.gallery = Gallery.open(path)
         self.path = self.gallery.path
         self._model_override = model
         self._device = device
+        self._optimization = optimization
         self._embedder: Any = None
 
     @property
@@ -50,7 +52,7 @@ class SearchableGallery:
             from nearsight.models.embedder import load_embedder
 
             path = self.gallery.model_path(self._model_override)
-            embedder = load_embedder(path, device=self._device)
+            embedder = load_embedder(path, device=self._device, optimization=self._optimization)
             self.gallery.check_model(embedder, path)
             self._embedder = embedder
         return self._embedder
@@ -170,8 +172,10 @@ def open_gallery(
     model: str | os.PathLike[str] | None = None,
     *,
     device: str = "auto",
+    optimization: str = "all",
 ) -> SearchableGallery:
     """Open the gallery folder ``path`` for searching. ``model``: the model that embeds queries
     (default: the one the gallery records; it must be the model that built it). ``device``:
-    auto | cpu | cuda."""
-    return SearchableGallery(path, model, device=device)
+    auto | cpu | cuda. ``optimization``: onnxruntime's graph optimisation, ``all`` (fastest per
+    query) or ``extended`` (half the load time and memory, for a few queries)."""
+    return SearchableGallery(path, model, device=device, optimization=optimization)

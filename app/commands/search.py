@@ -47,7 +47,10 @@ def run_search(args: argparse.Namespace) -> int:
                                       ("--vector", args.vector)) if value is not None]  # fmt: skip
     if len(given) != 1:
         raise NearsightError("give one query: IMAGE, --id ID or --vector FILE.npy")
-    with open_gallery(args.gallery, args.model, device=args.device) as gallery:
+    # one query per process: the lighter onnxruntime session (docs/decisions.md)
+    with open_gallery(
+        args.gallery, args.model, device=args.device, optimization="extended"
+    ) as gallery:
         if args.item_id is not None:
             found = gallery.search_item(args.item_id, args.k)
         elif args.vector is not None:
