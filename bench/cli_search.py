@@ -9,7 +9,7 @@ whose items point at a few real image files; the query is one of those files.
 
 Measured, each in a fresh interpreter, ``--repeats`` times (the median is reported): the
 command ``python -m nearsight.app.cli search --gallery G QUERY --json`` from process start to
-exit, wall time and the child's peak RSS (``os.wait4``'s ru_maxrss).
+exit, wall time, CPU time and the child's peak RSS (``os.wait4``'s rusage).
 
 - ``after``: the command as it is;
 - ``before`` (the peer, same run, same machine): the same command in an interpreter that first
@@ -105,8 +105,10 @@ def make_gallery(workdir: Path, model: Path, items: int) -> tuple[Path, Path]:
     return gallery, images[0]
 
 
-def measure(command: list[str]) -> tuple[float, float]:
-    """(wall seconds, peak RSS in MB) of one run of ``command``, which must succeed."""
+def measure(command: list[str]) -> tuple[float, float, float]:
+    """(wall seconds, peak RSS in MB, CPU seconds) of one run of ``command``, which must
+    succeed. CPU time (user + system, all threads) moves less than wall time on a busy
+    machine."""
     start = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(process.pid, 0)
@@ -115,7 +117,7 @@ def measure(command: list[str]) -> tuple[float, float]:
     error = process.stderr.read().decode() if process.stderr else ""
     if process.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed: {error[-1000:]}")
-    return wall, usage.ru_maxrss / 1024  # Linux: kilobytes
+    return wall, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime  # maxrss: kB
 
 
 def run(args: argparse.Namespace, workdir: Path) -> dict:
@@ -127,7 +129,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
         "before": [sys.executable, "-c", f"{HEAVY}; {RUN_CLI}", *argv],
     }
     measure(commands["after"])  # warm the page cache for both
-    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
+    samples: dict[str, list[tuple[float, float, float]]] = {name: [] for name in commands}
     for _ in range(args.repeats):
         for name, command in commands.items():  # interleaved: load changes hit both alike
             samples[name].append(measure(command))
@@ -141,9 +143,10 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     }
     for name, runs in samples.items():
         results[name] = {
-            "wall_s": statistics.median(wall for wall, _ in runs),
-            "peak_mb": statistics.median(peak for _, peak in runs),
-            "wall_s_all": [round(wall, 3) for wall, _ in runs],
+            "wall_s": statistics.median(wall for wall, _, _ in runs),
+            "peak_mb": statistics.median(peak for _, peak, _ in runs),
+            "cpu_s": statistics.median(cpu for _, _, cpu in runs),
+            "wall_s_all": [round(wall, 3) for wall, _, _ in runs],
         }
     after, before = results["after"], results["before"]
     results["wall_ratio_after_to_before"] = after["wall_s"] / before["wall_s"]
@@ -167,7 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     for name in ("before", "after"):
         entry = results[name]
-        print(f"  {name:>6}: {entry['wall_s']:.2f} s wall, {entry['peak_mb']:.0f} MB peak RSS")
+        print(
+            f"  {name:>6}: {entry['wall_s']:.2f} s wall, {entry['cpu_s']:.2f} s CPU, "
+            f"{entry['peak_mb']:.0f} MB peak RSS"
+        )
     print(
         f"  after/before: wall {results['wall_ratio_after_to_before']:.2f}, "
         f"peak {results['peak_ratio_after_to_before']:.2f}; goal (<= {GOAL_WALL_S} s, "
