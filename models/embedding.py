@@ -54,6 +54,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nearsight.models.errors import NearsightError
+from nearsight.models.spec import ModelSpec, spec_from_model_config
 from nearsight.models.weights import load_trunk_weights, resolve_pretrained
 
 POOLINGS = ("avg", "max", "avgmax")
@@ -98,11 +99,8 @@ def check_heads(heads: object, embedding: object) -> list[str]:
 
 def output_dim(model_config: Mapping[str, Any]) -> int:
     """The dimension of what a network with this (stored) config serves: ``dim``, or
-    ``dim`` x the number of heads for the ``concat`` embedding."""
-    dim = int(model_config.get("dim", 0))
-    if model_config.get("embedding", "last") == "concat":
-        return dim * len(model_config.get("heads") or ["layer4"])
-    return dim
+    ``dim`` x the number of heads for the ``concat`` embedding (the spec's rule)."""
+    return spec_from_model_config(model_config).output_dim
 
 
 def resolve_feature_norm(feature_norm: str, pretrained: str) -> str:
@@ -166,6 +164,25 @@ class EmbeddingConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def spec(self, test_resize: int | None = None) -> ModelSpec:
+        """The :class:`ModelSpec` of the network this config builds (``test_resize``: the
+        test-time short side; None: the default ratio)."""
+        return spec_from_model_config(self.to_dict(), test_resize)
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec, **training: Any) -> EmbeddingConfig:
+        """The config of a network with ``spec``; ``training``: pretrained, freeze_bn."""
+        return cls(
+            dim=spec.dim,
+            pooling=spec.pooling,
+            image_size=spec.image_size,
+            arch=spec.arch,
+            feature_norm=spec.feature_norm,
+            heads=list(spec.heads),
+            embedding=spec.embedding,
+            **training,
+        )
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> EmbeddingConfig:

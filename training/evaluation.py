@@ -40,7 +40,7 @@ class EvalSplit:
         tensors, ok = [], np.zeros(len(self.split), dtype=bool)
         for i, sample in enumerate(self.split.samples):
             try:
-                tensors.append(transform(load_image(sample.path)))
+                tensors.append(torch.from_numpy(transform(load_image(sample.path))))
                 ok[i] = True
             except ImageLoadError as error:
                 log.warning("skipped in evaluation: %s", error)
@@ -81,7 +81,7 @@ class EvalSplit:
 
         def embed_batch(images: torch.Tensor) -> torch.Tensor:
             with context():
-                return model(images.to(device)).float()
+                return model(torch.as_tensor(images).to(device)).float()
 
         embeddings, ok = self.embed(embed_batch)
         labels = np.asarray(self.split.labels)[ok]

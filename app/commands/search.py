@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
+
+JSON_KEYS = ("id", "path", "label", "class_name", "distance")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -18,7 +19,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "direction, 2 the opposite.",
     )
     parser.add_argument("--gallery", type=Path, required=True, help="gallery folder")
-    parser.add_argument("image", type=Path, metavar="IMAGE", help="query image file")
+    parser.add_argument("image", type=Path, nargs="?", metavar="IMAGE", help="query image file")
+    parser.add_argument(
+        "--id", type=int, dest="item_id", help="query by a gallery item's stored vector instead"
+    )
+    parser.add_argument(
+        "--vector", type=Path, help="query by a vector: a .npy file of D floats (or [1, D])"
+    )
     parser.add_argument("--k", type=int, default=8, help="neighbours to show (default 8)")
     parser.add_argument(
         "--json",
@@ -31,30 +38,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_search(args: argparse.Namespace) -> int:
-    from nearsight.app.commands.index import load_gallery_model
-    from nearsight.index.gallery import Gallery
-    from nearsight.index.images import load_image
+    from nearsight.index.searchable import open_gallery
     from nearsight.models.errors import NearsightError
 
     if args.k < 1:
         raise NearsightError(f"--k must be at least 1, got {args.k}")
-    with Gallery.open(args.gallery) as gallery:
-        image = load_image(args.image)  # a missing or unreadable query: one-line error
-        embedder = load_gallery_model(gallery, args.model, args.device)
-        query = embedder.embed_images([image])
-        distances, ids = gallery.search(query, args.k)
-        found = [(int(i), float(d)) for i, d in zip(ids[0], distances[0], strict=True) if i >= 0]
-        rows = gallery.items([i for i, _ in found])
-    results = [
-        {
-            "id": item["id"],
-            "path": item["path"],
-            "label": item["label"],
-            "class_name": item["class_name"],
-            "distance": distance if math.isfinite(distance) else None,
-        }
-        for item, (_, distance) in zip(rows, found, strict=True)
-    ]
+    given = [name for name, value in (("IMAGE", args.image), ("--id", args.item_id),
+                                      ("--vector", args.vector)) if value is not None]  # fmt: skip
+    if len(given) != 1:
+        raise NearsightError("give one query: IMAGE, --id ID or --vector FILE.npy")
+    # one query per process: the lighter onnxruntime session (docs/decisions.md)
+    with open_gallery(
+        args.gallery, args.model, device=args.device, optimization="extended"
+    ) as gallery:
+        if args.item_id is not None:
+            found = gallery.search_item(args.item_id, args.k)
+        elif args.vector is not None:
+            found = gallery.search_vector(_vector_file(args.vector), args.k)
+        else:
+            found = gallery.search(args.image, args.k)
+    results = [{key: row[key] for key in JSON_KEYS} for row in found]
     if args.json:
         print(json.dumps(results))
         return 0
@@ -66,3 +69,18 @@ def run_search(args: argparse.Namespace) -> int:
             f"{rank:>4}  {row['id']:>8}  {row['distance']:>8.4f}  {label:>6}  {name}{row['path']}"
         )
     return 0
+
+
+def _vector_file(path: Path):
+    import numpy as np
+
+    from nearsight.models.errors import NearsightError
+
+    try:
+        vector = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as error:
+        raise NearsightError(f"cannot read query vector {path}: {error}") from None
+    vector = np.asarray(vector, dtype=np.float32).reshape(1, -1)
+    if not np.isfinite(vector).all() or not vector.any():
+        raise NearsightError(f"query vector {path} is zero or not finite")
+    return vector

@@ -1,0 +1,81 @@
+"""Test helpers shared by several test files."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+ONNX_CLASSES, ONNX_PER_CLASS, ONNX_SIZE, ONNX_DIM = 4, 3, 32, 8
+
+
+@dataclass
+class OnnxGallery:
+    data: Path  # the image folder (class folders)
+    checkpoint: Path
+    model: Path  # model.onnx exported from ``checkpoint``
+    gallery: Path  # built from ``data`` with ``model``
+    query: Path  # one of the gallery's images
+
+
+def make_onnx_gallery(root: Path, seed: int = 0) -> OnnxGallery:
+    """A random resnet18 (8-d, 32 px) exported to ONNX and a gallery of 4 x 3 synthetic images
+    built with it by the CLI."""
+    import torch
+
+    from nearsight.app.cli import main
+    from nearsight.index.datasets.synthetic import write_synthetic
+    from nearsight.models.checkpoint import save_checkpoint
+    from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
+    from nearsight.models.export import export_onnx
+
+    data = root / "data"
+    write_synthetic(data, classes=ONNX_CLASSES, per_class=ONNX_PER_CLASS, size=ONNX_SIZE)
+    torch.manual_seed(seed)
+    checkpoint = root / "model.pt"
+    config = EmbeddingConfig(dim=ONNX_DIM, image_size=ONNX_SIZE, arch="resnet18")
+    save_checkpoint(checkpoint, build_embedding_net(config))
+    model = root / "model.onnx"
+    export_onnx(checkpoint, model)
+    gallery = root / "gallery"
+    argv = ["index", "build", "--model", str(model), "--dataset", "folder", "--root", str(data)]
+    assert main([*argv, "--split", "all", "--out", str(gallery), "--workers", "0"]) == 0
+    query = next(path for path in sorted(data.rglob("*.png")))
+    return OnnxGallery(data, checkpoint, model, gallery, query)
+
+
+@pytest.fixture(scope="session")
+def onnx_gallery(tmp_path_factory) -> OnnxGallery:
+    return make_onnx_gallery(tmp_path_factory.mktemp("onnx-gallery"))
+
+
+def build_wheel(out: Path) -> Path:
+    """`pip wheel` of a copy of the checkout (the build writes build/ and egg-info into the
+    source folder, so not into the checkout); returns the wheel's path."""
+    source = out / "source"
+    skip = shutil.ignore_patterns(
+        ".venv", ".git", "__pycache__", "*.egg-info", "build", "dist", ".pytest_cache",
+        ".ruff_cache", "runs", "data", "*.onnx", "test-artifacts", ".whl",
+    )  # fmt: skip
+    shutil.copytree(ROOT, source, ignore=skip)
+    wheels = out / "wheels"
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+         "--quiet", "-w", str(wheels), str(source)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    (wheel,) = wheels.glob("nearsight-*.whl")
+    return wheel
+
+
+@pytest.fixture(scope="session")
+def nearsight_wheel(tmp_path_factory) -> Path:
+    """A wheel of the checkout, built once per session."""
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
