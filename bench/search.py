@@ -15,7 +15,7 @@
    against pytorch-metric-learning's AccuracyCalculator(include=("precision_at_1", "NMI"),
    k=1) on the same vectors, timed in alternation (ours, PML, ours, PML, ...) so that load from
    other processes falls on both alike; the ratio PML / ours > 1 means ours is faster (ours: a
-   torch matmul + top-k kNN, PML's: faiss flat search). Also the full ``nearsight eval``
+   faiss.knn in query chunks, PML's: a faiss flat index). Also the full ``nearsight eval``
    (Recall@{1,10,100,1000}, NMI, MAP@R) with ``--full-eval``, and a bare torch matmul + argmax
    Recall@1 as a floor for the kNN step.
 

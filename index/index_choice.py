@@ -13,7 +13,7 @@ budget B bytes:
    builds M = 32, so it asks for 4 (D + 2 * 32) + 8 bytes per item);
 3. below 1M items (or with a GPU) an IVF-Flat that fits B (autofaiss's ivf_flat_threshold);
 4. otherwise product quantization: autofaiss's "OPQ{m}_{y},IVF{n},PQ{m}x8" with the largest
-   code that fits B; here ``opq`` with dim / 2 bytes per vector (index.faiss_index.pq_bytes),
+   code that fits B; here ``opq`` with dim / 4 bytes per vector (index.faiss_index.pq_bytes),
    plus an 8-byte id, searched with an exact re-rank of the candidates from embeddings.npy.
 
 nlist stays 4 sqrt(N) (autofaiss's rule below 1M items; it moves to 16k-256k lists past that,

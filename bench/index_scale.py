@@ -1,0 +1,179 @@
+"""Index types at scale: build time, memory, open time, latency and recall@10, per index type.
+
+    python bench/index_scale.py [--quick] [--items 1000000 10000000] [--types flat ivf ...]
+                                [--dim 128] [--queries 1000] [--json FILE] [--workdir DIR]
+
+Clustered unit vectors (--clusters centres on the sphere, Gaussian noise around them: the
+shape of real embeddings, where a uniform cloud would make every index look bad) are written
+as real galleries with index.gallery.build_gallery for each index type, so build_s includes
+training, adding, the build-time nprobe/efSearch tuning to 0.95 recall@10 (index.tuning) and
+writing the folder. For each:
+
+- build_s; memory_mb: the FAISS index as serialised (the codes, lists, links and ids it holds
+  in RAM; PQ types re-rank from the memory-mapped embeddings.npy, counted apart as
+  rerank_source_mb); open_s: Gallery.open;
+- p50_ms / p95_ms: one query at a time (--single queries); batch64_p50_ms / batch64_p95_ms per
+  batch of 64 and per query;
+- recall_at_10: the mean share of the exact 10 nearest (faiss.knn over all the vectors) that
+  the gallery returns, on --queries held-out queries drawn like the gallery but not in it.
+
+``--quick``: 1M items only (within ~10 minutes on a quiet 2-core machine). The goal at 10M:
+recall@10 >= 0.95 at p50 <= 10 ms per query with memory <= 1/4 of the flat index. A script,
+not a test; timings on a shared machine are noisy: say so when quoting them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+from nearsight.index.gallery import INDEX_FILE, Gallery, build_gallery
+from nearsight.index.tuning import recall_at_k
+
+TYPES = ("flat", "ivf", "ivfpq", "opq", "hnsw")
+BATCH = 64
+
+
+def clustered(count: int, dim: int, clusters: int, seed: int) -> np.ndarray:
+    """``count`` unit vectors around ``clusters`` centres, made in chunks (no float64 copy)."""
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((clusters, dim), dtype=np.float32)
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+    out = np.empty((count, dim), np.float32)
+    for start in range(0, count, 250_000):
+        size = min(250_000, count - start)
+        chunk = centres[rng.integers(0, clusters, size)]
+        chunk += rng.standard_normal((size, dim), dtype=np.float32) * np.float32(0.6 / dim**0.5)
+        out[start : start + size] = chunk / np.linalg.norm(chunk, axis=1, keepdims=True)
+    return out
+
+
+def percentiles(times_s: list[float], scale: float = 1.0) -> tuple[float, float]:
+    ms = np.asarray(times_s) * 1000 / scale
+    return float(np.percentile(ms, 50)), float(np.percentile(ms, 95))
+
+
+def bench_type(
+    index_type: str,
+    vectors: np.ndarray,
+    queries: np.ndarray,
+    exact: np.ndarray,
+    workdir: Path,
+    single: int,
+    batches: int,
+) -> dict:
+    folder = workdir / f"g-{index_type}"
+    items = [{"path": f"/bench/{i}"} for i in range(len(vectors))]
+    start = time.perf_counter()
+    build_gallery(folder, vectors, items, model_sha256="bench", index_type=index_type)
+    build_s = time.perf_counter() - start
+    del items
+    start = time.perf_counter()
+    gallery = Gallery.open(folder)
+    open_s = time.perf_counter() - start
+    try:
+        memory_mb = len(faiss.serialize_index(gallery._index)) / 2**20
+        gallery.search(queries[:BATCH], 10)  # warm-up
+        one = []
+        for row in queries[:single]:
+            start = time.perf_counter()
+            gallery.search(row[None], 10)
+            one.append(time.perf_counter() - start)
+        many = []
+        for number in range(batches):
+            rows = queries[(number * BATCH) % len(queries) :][:BATCH]
+            start = time.perf_counter()
+            gallery.search(rows, 10)
+            many.append(time.perf_counter() - start)
+        _, found = gallery.search(queries, 10)
+        p50, p95 = percentiles(one)
+        b50, b95 = percentiles(many)
+        q50, _ = percentiles(many, BATCH)
+        result = {
+            "index_type": index_type,
+            "items": len(vectors),
+            "build_s": round(build_s, 2),
+            "memory_mb": round(memory_mb, 1),
+            "open_s": round(open_s, 3),
+            "p50_ms": round(p50, 3),
+            "p95_ms": round(p95, 3),
+            "batch64_p50_ms": round(b50, 3),
+            "batch64_p95_ms": round(b95, 3),
+            "batch64_per_query_p50_ms": round(q50, 3),
+            "recall_at_10": round(recall_at_k(found, exact), 4),
+            "tuned": {
+                key: gallery.meta[key]
+                for key in ("nlist", "nprobe", "pq_m", "ef_search", "tuned_recall_at_10")
+                if key in gallery.meta
+            },
+            "index_file_mb": round((folder / INDEX_FILE).stat().st_size / 2**20, 1),
+        }
+        if index_type in ("ivfpq", "opq"):
+            result["rerank_source_mb"] = round(vectors.nbytes / 2**20, 1)
+    finally:
+        gallery.close()
+        shutil.rmtree(folder, ignore_errors=True)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1M items only")
+    parser.add_argument("--items", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    parser.add_argument("--types", nargs="+", default=list(TYPES), choices=TYPES)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--clusters", type=int, default=10_000)
+    parser.add_argument("--queries", type=int, default=1000, help="held-out queries for recall")
+    parser.add_argument("--single", type=int, default=200, help="queries timed one at a time")
+    parser.add_argument("--batches", type=int, default=20, help="batches of 64 timed")
+    parser.add_argument("--workdir", type=Path, help="where galleries are written (temp dir)")
+    parser.add_argument("--json", type=Path, help="write the results here (after each type)")
+    args = parser.parse_args(argv)
+    sizes = [1_000_000] if args.quick else args.items
+    workdir = Path(tempfile.mkdtemp(prefix="index-scale-", dir=args.workdir))
+    results: list[dict] = []
+    try:
+        for size in sizes:
+            start = time.perf_counter()
+            everything = clustered(size + args.queries, args.dim, args.clusters, seed=size)
+            vectors, queries = everything[:size], np.ascontiguousarray(everything[size:])
+            _, exact = faiss.knn(queries, vectors, 10, metric=faiss.METRIC_INNER_PRODUCT)
+            print(f"{size} items: data and exact neighbours in {time.perf_counter() - start:.1f}s",
+                  file=sys.stderr)  # fmt: skip
+            for index_type in args.types:
+                result = bench_type(
+                    index_type, vectors, queries, exact, workdir, args.single, args.batches
+                )
+                results.append(result)
+                print(json.dumps(result), flush=True)
+                if args.json:
+                    args.json.write_text(json.dumps(results, indent=1) + "\n")
+            del vectors, queries, everything
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    flat = {r["items"]: r["memory_mb"] for r in results if r["index_type"] == "flat"}
+    for r in results:
+        goal = (
+            r["recall_at_10"] >= 0.95
+            and r["p50_ms"] <= 10
+            and (r["items"] not in flat or r["memory_mb"] <= flat[r["items"]] / 4)
+        )
+        print(
+            f"{r['index_type']:>6} {r['items']:>9}: build {r['build_s']:.0f}s, "
+            f"{r['memory_mb']:.0f} MB, open {r['open_s']:.2f}s, p50 {r['p50_ms']:.2f} ms, "
+            f"p95 {r['p95_ms']:.2f} ms, recall@10 {r['recall_at_10']:.3f}"
+            f"{'  (meets the 10M goal)' if goal else ''}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
