@@ -16,34 +16,18 @@ writer re-reads the gallery from disk once it holds the lock, so two concurrent 
 both land. Readers take the lock shared while they load, so they never see the instant between
 the two renames of a replace.
 
-Index types (the choice FAISS's own guidelines make by size):
-
-- ``flat``: exact inner product, ``IndexIDMap2(IndexFlatIP)``;
-- ``ivf``: ``IndexIVFFlat`` over an inner-product quantizer, ``nlist`` = 4 sqrt(N) lists (at
-  most N / 39 so that k-means has 39 points per centroid), ``nprobe`` = max(8, sqrt(nlist)),
-  capped at ``nlist``;
-- ``hnsw``: ``IndexIDMap2(IndexHNSWFlat(M=32, inner product))``, efConstruction 80, efSearch 64
-  (raised to k for a search deeper than that);
-- ``auto``: flat up to 1M items, ivf past that.
+Index types, their parameters and the distance reported: index/faiss_index.py. Locking and
+recovery after a killed writer: index/gallery_lock.py.
 
 The parameters are stored in the catalog meta (``nlist``, ``nprobe``, ``hnsw_m``,
 ``ef_construction``, ``ef_search``). With a GPU (``faiss.get_num_gpus() > 0``) flat and IVF
 indexes are searched on it; the file is always the CPU index.
-
-Distances. The embeddings are unit vectors, so FAISS ranks by inner product ``ip``; a search
-reports the Euclidean distance between the unit vectors, ``sqrt(max(0, 2 - 2 ip))``: 0 for the
-same direction, sqrt(2) for orthogonal, 2 for opposite. Smaller is nearer.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
-import math
 import os
-import re
-import shutil
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -63,7 +47,28 @@ from nearsight.index.catalog import (
     create_catalog,
     gallery_writer,
 )
+from nearsight.index.faiss_index import (  # noqa: F401  (re-exported: the gallery's public names)
+    FLAT_MAX_ITEMS,
+    HNSW_EF_SEARCH,
+    INDEX_TYPES,
+    METRIC,
+    apply_search_parameters,
+    index_ids,
+    ivf_parameters,
+    make_index,
+    read_index,
+    resolve_index_type,
+    to_gpu,
+    unit_distance,
+)
 from nearsight.index.filters import Condition, parse_filter
+from nearsight.index.gallery_lock import (  # noqa: F401  (lock_path re-exported)
+    gallery_lock,
+    lock_path,
+    previous_path,
+    recover,
+    sweep_temporaries,
+)
 from nearsight.index.images import file_sha256
 from nearsight.index.metrics import CUB_KS, SOP_KS, default_ks, evaluate
 from nearsight.models.atomic import recover_dir
@@ -72,117 +77,13 @@ from nearsight.models.errors import NearsightError
 INDEX_FILE = "index.faiss"
 EMBEDDINGS_FILE = "embeddings.npy"
 GALLERY_FILES = (CATALOG_FILE, INDEX_FILE, EMBEDDINGS_FILE)
-INDEX_TYPES = ("auto", "flat", "ivf", "hnsw")
-METRIC = "inner_product"
-FLAT_MAX_ITEMS = 1_000_000  # auto: exact search up to here, IVF past it
-HNSW_M = 32
-HNSW_EF_CONSTRUCTION = 80
-HNSW_EF_SEARCH = 64
-IVF_MIN_POINTS_PER_LIST = 39  # FAISS warns below this many training points per centroid
 UNIT_NORM_TOLERANCE = 1e-3
 # NMI's k-means++ seeding is O(N k); past this many classes use faiss's AFK-MC2 approximation
 EXACT_KMEANSPP_MAX_CLASSES = 1000
 _EXIF_ORIENTATION = 0x0112
 
 
-def unit_distance(inner_products: np.ndarray) -> np.ndarray:
-    """Euclidean distance between unit vectors from their inner products."""
-    ip = np.asarray(inner_products, dtype=np.float32)
-    return np.sqrt(np.maximum(0.0, 2.0 - 2.0 * ip)).astype(np.float32)
-
-
-# -- locking ---------------------------------------------------------------------------------
-
-
-def lock_path(gallery_dir: str | os.PathLike[str]) -> Path:
-    folder = Path(gallery_dir).expanduser().absolute()
-    return folder.with_name(f".{folder.name}.lock")
-
-
-@contextlib.contextmanager
-def gallery_lock(gallery_dir: str | os.PathLike[str], *, exclusive: bool) -> Iterator[None]:
-    """Hold ``.GALLERY.lock`` (beside the gallery) exclusively (writers) or shared (readers).
-
-    A reader that cannot create the lock file (a read-only location) reads without it: nobody
-    can be writing there either."""
-    path = lock_path(gallery_dir)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as error:
-        if not exclusive and error.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
-            yield
-            return
-        raise GalleryError(f"cannot lock gallery {path.parent}: {error.strerror}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        yield
-    finally:
-        os.close(fd)  # closing the descriptor releases the lock
-
-
-def _sweep_temporaries(final: Path) -> None:
-    """Remove temporary folders left by writers that were killed (call under the write lock)."""
-    # exactly the names tempfile.mkdtemp gives (an 8-character random part), so that the
-    # temporaries of a gallery called "g.x" are not taken for those of "g"
-    pattern = re.compile(rf"\.{re.escape(final.name)}\.[a-z0-9_]{{8}}\.tmp")
-    for leftover in final.parent.iterdir():
-        if pattern.fullmatch(leftover.name) and leftover.is_dir() and not leftover.is_symlink():
-            shutil.rmtree(leftover, ignore_errors=True)
-
-
 # -- building --------------------------------------------------------------------------------
-
-
-def resolve_index_type(index_type: str, count: int) -> str:
-    if index_type not in INDEX_TYPES:
-        raise NearsightError(
-            f"unknown index type '{index_type}' (choose one of: {', '.join(INDEX_TYPES)})"
-        )
-    if index_type == "auto":
-        return "flat" if count <= FLAT_MAX_ITEMS else "ivf"
-    return index_type
-
-
-def ivf_parameters(count: int) -> tuple[int, int]:
-    """(nlist, nprobe) for an IVF index over ``count`` vectors."""
-    nlist = max(1, min(round(4 * math.sqrt(count)), count // IVF_MIN_POINTS_PER_LIST))
-    nprobe = min(nlist, max(8, round(math.sqrt(nlist))))
-    return nlist, nprobe
-
-
-def make_index(
-    vectors: np.ndarray, ids: np.ndarray, index_type: str
-) -> tuple[faiss.Index, dict[str, Any]]:
-    """A CPU FAISS index of type ``index_type`` (flat, ivf, hnsw) holding ``vectors`` under
-    ``ids``, and its parameters for the gallery meta."""
-    dim = vectors.shape[1]
-    params: dict[str, Any] = {}
-    if index_type == "flat":
-        index = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
-    elif index_type == "ivf":
-        nlist, nprobe = ivf_parameters(len(vectors))
-        quantizer = faiss.IndexFlatIP(dim)
-        index = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
-        index.cp.min_points_per_centroid = 1  # tiny galleries: no "provide more points" warning
-        index.train(vectors)
-        index.nprobe = nprobe
-        params = {"nlist": nlist, "nprobe": nprobe}
-    elif index_type == "hnsw":
-        hnsw = faiss.IndexHNSWFlat(dim, HNSW_M, faiss.METRIC_INNER_PRODUCT)
-        hnsw.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
-        hnsw.hnsw.efSearch = HNSW_EF_SEARCH
-        index = faiss.IndexIDMap2(hnsw)
-        params = {
-            "hnsw_m": HNSW_M,
-            "ef_construction": HNSW_EF_CONSTRUCTION,
-            "ef_search": HNSW_EF_SEARCH,
-        }
-    else:
-        raise ValueError(f"unknown index type {index_type!r}")
-    if len(vectors):
-        index.add_with_ids(vectors, ids)
-    return index, params
 
 
 def _check_vectors(vectors: np.ndarray, count: int, dim: int | None = None) -> np.ndarray:
@@ -221,7 +122,7 @@ def build_gallery(
     ids = np.arange(len(array), dtype=np.int64)
     final = Path(out_dir).expanduser().absolute()
     with gallery_lock(final, exclusive=True), _write_errors(final):
-        _sweep_temporaries(final)
+        sweep_temporaries(final)
         with gallery_writer(final) as tmp:
             index, params = make_index(array, ids, resolved)
             full_meta = {
@@ -320,13 +221,13 @@ class Gallery:
         folder = self.path
         if not locked:
             # plain mistakes are reported before a lock file is made beside the folder
-            if not folder.exists() and not _previous(folder).exists():
+            if not folder.exists() and not previous_path(folder).exists():
                 raise GalleryError(f"no gallery at {folder}")
             if folder.is_dir() and not (folder / CATALOG_FILE).exists():
                 raise GalleryError(f"not a nearsight gallery: {folder} has no {CATALOG_FILE}")
             if folder.exists() and not folder.is_dir():
                 raise GalleryError(f"not a nearsight gallery: {folder} is a file, not a folder")
-            _recover(folder)
+            recover(folder)
         reading = contextlib.nullcontext() if locked else gallery_lock(folder, exclusive=False)
         with reading:  # under the lock: a writer may be between the two renames of a replace
             if not folder.exists():
@@ -342,7 +243,7 @@ class Gallery:
             try:
                 ids, labels = catalog.labels()
                 meta = catalog.meta()
-                index = _read_index(folder / INDEX_FILE)
+                index = read_index(folder / INDEX_FILE)
                 embeddings = _read_embeddings(folder / EMBEDDINGS_FILE)
                 _check_consistent(folder, meta, ids, index, embeddings)
             except BaseException:
@@ -358,9 +259,9 @@ class Gallery:
         self.index_type: str = str(meta["index_type"])
         self.model_sha256: str = str(meta["model_sha256"])
         self._index = index
-        _apply_search_parameters(index, meta)
+        apply_search_parameters(index, meta)
         # a writer's private read (locked) is never searched: no GPU copy for it
-        self._gpu_index = None if locked else _to_gpu(index, self.index_type)
+        self._gpu_index = None if locked else to_gpu(index, self.index_type)
 
     def model_path(self, override: str | os.PathLike[str] | None = None) -> Path:
         """The model to embed queries with: ``override``, else the one the gallery records
@@ -557,7 +458,7 @@ class Gallery:
         folder = self.path
         with gallery_lock(folder, exclusive=True):
             recover_dir(folder)
-            _sweep_temporaries(folder)
+            sweep_temporaries(folder)
             current = Gallery(folder)
             current._load(locked=True)  # what is on disk now, with what other writers added
             try:
@@ -600,26 +501,6 @@ class Gallery:
 # -- internals -------------------------------------------------------------------------------
 
 
-def _recover(folder: Path) -> None:
-    """Undo a writer killed between the two renames of a replace (under the write lock)."""
-    if _previous(folder).exists() and not folder.exists():
-        with gallery_lock(folder, exclusive=True):
-            recover_dir(folder)
-
-
-def _previous(folder: Path) -> Path:
-    """Where models.atomic.replace_dir parks the old folder between its two renames."""
-    return folder.with_name(f".{folder.name}.previous")
-
-
-def _read_index(path: Path) -> faiss.Index:
-    try:
-        return faiss.read_index(str(path))
-    except RuntimeError as error:
-        reason = " ".join(str(error).split()[-12:])
-        raise GalleryError(f"{path} is not a readable FAISS index ({reason})") from None
-
-
 def _read_embeddings(path: Path) -> np.ndarray:
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
@@ -631,20 +512,6 @@ def _read_embeddings(path: Path) -> np.ndarray:
             f"{tuple(array.shape)}"
         )
     return array
-
-
-def index_ids(index: faiss.Index) -> np.ndarray:
-    """Every id an index holds (IDMap2 keeps them in a list; IVF in its inverted lists)."""
-    if isinstance(index, faiss.IndexIDMap2 | faiss.IndexIDMap):
-        return faiss.vector_to_array(index.id_map).astype(np.int64)
-    ivf = faiss.extract_index_ivf(index)
-    lists = ivf.invlists
-    chunks = [
-        faiss.rev_swig_ptr(lists.get_ids(number), lists.list_size(number)).copy()
-        for number in range(ivf.nlist)
-        if lists.list_size(number)
-    ]
-    return np.concatenate(chunks).astype(np.int64) if chunks else np.zeros(0, np.int64)
 
 
 def _check_consistent(
@@ -674,29 +541,6 @@ def _check_consistent(
         raise GalleryError(
             f"gallery {folder} is inconsistent: catalog and index ids differ (id {shown})"
         )
-
-
-def _apply_search_parameters(index: faiss.Index, meta: dict) -> None:
-    if meta.get("index_type") == "ivf" and "nprobe" in meta:
-        faiss.extract_index_ivf(index).nprobe = int(meta["nprobe"])
-    if meta.get("index_type") == "hnsw" and "ef_search" in meta:
-        faiss.downcast_index(index.index).hnsw.efSearch = int(meta["ef_search"])
-
-
-def _to_gpu(index: faiss.Index, index_type: str) -> faiss.Index | None:
-    """A GPU copy of a flat or IVF index when FAISS sees a GPU (HNSW is CPU-only); None
-    otherwise, or if the copy fails (search then stays on the CPU)."""
-    if index_type not in ("flat", "ivf") or index.ntotal == 0:
-        return None
-    try:
-        if not hasattr(faiss, "StandardGpuResources") or faiss.get_num_gpus() < 1:
-            return None
-        resources = faiss.StandardGpuResources()
-        gpu = faiss.index_cpu_to_gpu(resources, 0, index)
-        gpu.referenced_objects = [resources]  # keep the resources alive with the index
-        return gpu
-    except (RuntimeError, AttributeError):
-        return None
 
 
 def _copy_catalog(source: Path, target: Path) -> None:
