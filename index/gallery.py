@@ -351,6 +351,19 @@ class Gallery:
         assert self._catalog is not None
         return self._catalog.meta_keys()
 
+    def _search_index(self, queries: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
+        if self._gpu_index is not None and depth <= 2048:  # GPU k-selection limit
+            with self._gpu_lock:
+                return self._gpu_index.search(queries, depth)
+        if self.index_type == "hnsw":
+            ef = max(int(self.meta.get("ef_search", HNSW_EF_SEARCH)), depth)
+            # faiss.contrib.torch_utils (imported by pytorch-metric-learning's
+            # AccuracyCalculator) replaces Index.search with a wrapper that has no `params`;
+            # it keeps the original as search_numpy
+            search = getattr(self._index, "search_numpy", self._index.search)
+            return search(queries, depth, params=faiss.SearchParametersHNSW(efSearch=ef))
+        return self._index.search(queries, depth)
+
     def _search_allowed(
         self, queries: np.ndarray, depth: int, allowed: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
