@@ -14,7 +14,7 @@ import html
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from nearsight.app.page_data import Neighbour
+from nearsight.app.page_view import Neighbour
 
 FRAME_COLOURS = {"true": "#16a34a", "false": "#dc2626", "unknown": "#9ca3af"}
 QUERY_COLOUR = "#2563eb"

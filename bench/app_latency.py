@@ -169,7 +169,7 @@ def make_gallery(workdir: Path, model: Path, images: list[Path], args) -> tuple[
 
 def direct_latency(gallery: Path, images: list[Path], args) -> dict:
     """Embedding + search without Gradio, in this process (the server is not running yet)."""
-    from nearsight.app.page_data import open_views
+    from nearsight.app.page_view import open_views
     from nearsight.index.images import load_image
 
     (view,) = open_views([gallery], device="cpu")

@@ -23,13 +23,8 @@ from PIL import Image
 
 from nearsight.app.cli import main
 from nearsight.app.page import build_app, launch_app
-from nearsight.app.page_data import (
-    Failure,
-    GalleryView,
-    confused_pairs,
-    gallery_names,
-    pair_distance_histogram,
-)
+from nearsight.app.page_view import GalleryView, gallery_names
+from nearsight.index.analysis import Failure, confused_pairs, pair_distance_histogram
 from nearsight.index.datasets.synthetic import write_synthetic
 from nearsight.index.gallery import Gallery
 from nearsight.models.checkpoint import save_checkpoint

@@ -1,0 +1,130 @@
+"""The page's tables and markdown, made from a :class:`~nearsight.app.page_view.GalleryView` and
+its leave-one-out analysis: plain data for gr.Dataframe / gr.LinePlot and markdown text."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from nearsight.app.page_view import GalleryView
+from nearsight.index.analysis import Analysis, Failure
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+FAILURE_ROWS = 1000  # rows of the failure table sent to the browser (worst first)
+FAILURE_COLUMNS = [
+    "id",
+    "class",
+    "top-1 id",
+    "top-1 class",
+    "top-1 distance",
+    "nearest same-class distance",
+    "margin",
+]
+PAIR_COLUMNS = ["class a", "class b", "failures"]
+
+
+def gallery_header(view: GalleryView) -> str:
+    labelled = int((view.labels >= 0).sum())
+    return (
+        f"**{view.name}**: {len(view)} items ({labelled} labelled), "
+        f"{len(view.class_names)} classes, model `{Path(str(view.embedder.path)).name}`"
+    )
+
+
+def summary_markdown(view: GalleryView) -> str:
+    meta = view.gallery.meta
+    lines = [
+        f"### {view.name}",
+        f"- folder: `{view.gallery.path}`",
+        f"- items: {len(view)} ({int((view.labels >= 0).sum())} labelled), "
+        f"classes: {len(view.class_names)}",
+        f"- model: `{view.embedder.path}` (sha256 {str(meta.get('model_sha256', ''))[:12]}..), "
+        f"dim {meta.get('dim')}, image size {getattr(view.embedder, 'image_size', '?')}",
+        f"- index: {meta.get('index_type')}, built {meta.get('created', '?')}",
+    ]
+    if meta.get("dataset"):
+        lines.append(f"- dataset: {meta.get('dataset')}, split: {meta.get('split', '?')}")
+    analysis = view.analysis()
+    if analysis.error:
+        lines.append(f"- leave-one-out evaluation: not available ({analysis.error})")
+    else:
+        lines.append(
+            "- leave-one-out evaluation (the papers' protocol): every labelled item queries "
+            "all the others, from the stored embeddings"
+        )
+        which = "a random sample of" if analysis.pairs_sampled else "all"
+        lines.append(
+            f"- pair distances below: {which} {analysis.matching_pairs} matching and "
+            f"{analysis.non_matching_pairs} non-matching pairs"
+        )
+    return "\n".join(lines)
+
+
+def metrics_frame(metrics: dict | None) -> pd.DataFrame:
+    import pandas as pd  # the page's tables only (gradio loads it anyway)
+
+    if not metrics:
+        return pd.DataFrame(columns=["metric", "value"])
+    rows = [
+        (name, round(float(value), 4) if name != "queries" else int(value))
+        for name, value in metrics.items()
+    ]
+    return pd.DataFrame(rows, columns=["metric", "value"])
+
+
+def distance_frame(analysis: Analysis) -> pd.DataFrame:
+    import pandas as pd
+
+    if analysis.bin_edges is None:
+        return pd.DataFrame(columns=["distance", "density", "pairs"])
+    centres = (analysis.bin_edges[:-1] + analysis.bin_edges[1:]) / 2
+    frames = [
+        pd.DataFrame({"distance": centres, "density": density, "pairs": kind})
+        for kind, density in (
+            ("matching", analysis.matching_density),
+            ("non-matching", analysis.non_matching_density),
+        )
+    ]
+    return pd.concat(frames, ignore_index=True)
+
+
+def failure_frame(view: GalleryView, failures: list[Failure]) -> pd.DataFrame:
+    import pandas as pd
+
+    rows = [
+        (
+            f.id,
+            view.class_name(f.label),
+            f.top1_id,
+            view.class_name(f.top1_label),
+            round(f.top1_distance, 4),
+            None if f.positive_distance is None else round(f.positive_distance, 4),
+            None if f.margin is None else round(f.margin, 4),
+        )
+        for f in failures
+    ]
+    return pd.DataFrame(rows, columns=FAILURE_COLUMNS)
+
+
+def pairs_frame(view: GalleryView, analysis: Analysis) -> pd.DataFrame:
+    """The confused class pairs, by name, most failures first."""
+    import pandas as pd
+
+    rows = [
+        (view.class_name(a), view.class_name(b), count) for a, b, count in analysis.confused_pairs
+    ]
+    return pd.DataFrame(rows, columns=PAIR_COLUMNS)
+
+
+def failure_note(view: GalleryView, count: int) -> str:
+    analysis = view.analysis()
+    if analysis.error:
+        return f"No failure list: {analysis.error}."
+    shown = f" (the {FAILURE_ROWS} worst shown)" if count > FAILURE_ROWS else ""
+    return (
+        f"**{count}** of {analysis.labelled} labelled items have a top-1 of another class "
+        f"(leave-one-out){shown}. Margin = nearest same-class distance - top-1 distance: the "
+        "larger, the worse. Click a column header to sort, a row to see its grid."
+    )
