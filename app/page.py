@@ -38,6 +38,7 @@ from nearsight.app.page_handlers import ANY_CLASS, DEFAULT_K, MAX_K, UNKNOWN_CLA
 from nearsight.app.page_html import CLICK_JS, message_html
 from nearsight.app.page_tables import FAILURE_COLUMNS, PAIR_COLUMNS, gallery_header
 from nearsight.app.page_view import GalleryView, open_views
+from nearsight.app.rest import API_PREFIX, make_rest_app
 from nearsight.index.analysis import ANALYSIS_MAX_ITEMS
 
 DEFAULT_MAX_UPLOAD_MB = 10.0
@@ -93,6 +94,7 @@ def build_app(
     max_queue: int = DEFAULT_MAX_QUEUE,
     analyse: bool = True,
     analysis_max_items: int = ANALYSIS_MAX_ITEMS,
+    show_paths: bool = False,
 ) -> gr.Blocks:
     """The page over ``galleries`` (folders, or views already open). ``model``: the model that
     embeds uploads (default: each gallery's recorded model; it must match). ``analyse``: start
@@ -106,6 +108,7 @@ def build_app(
     for view in views:
         view.analysis_max_items = analysis_max_items
     page = Page(views)
+    page.show_paths = show_paths
     first = page.names[0]
 
     with gr.Blocks(title="nearsight", analytics_enabled=False) as demo:
@@ -320,20 +323,24 @@ def launch_app(
     max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB,
     prevent_thread_lock: bool = False,
     quiet: bool = False,
+    api_key: str | None = None,
 ) -> str:
-    """Start the server with the safety settings; returns the local URL. With
-    ``prevent_thread_lock`` it returns at once (call ``demo.close()`` to stop)."""
+    """Start the server with the safety settings and the REST API (app/rest.py) mounted at
+    ``/api``; returns the local URL. With ``prevent_thread_lock`` it returns at once (call
+    ``demo.close()`` to stop, then ``close_rest_app(demo.nearsight_api)``)."""
     page: Page = demo.nearsight  # type: ignore[attr-defined]
     blocked = sorted({str(view.gallery.path) for view in page.views.values()})
+    max_bytes = int(max_upload_mb * 1024 * 1024)
+    rest = make_rest_app(list(page.views.values()), max_upload_bytes=max_bytes, api_key=api_key)
     _, url, _ = demo.launch(
         server_name=host,
         server_port=port,
-        prevent_thread_lock=prevent_thread_lock,
+        prevent_thread_lock=True,  # the API is mounted on the running app, then we block
         quiet=quiet,
         share=False,
         inbrowser=False,
         show_error=False,  # only gr.Error messages reach the page, never a traceback
-        max_file_size=int(max_upload_mb * 1024 * 1024),
+        max_file_size=max_bytes,
         allowed_paths=[],
         blocked_paths=blocked,
         enable_monitoring=False,
@@ -345,4 +352,10 @@ def launch_app(
         footer_links=["api"],
         theme=system_theme(),
     )
+    # Gradio builds its FastAPI app inside launch(); none of its routes is under /api
+    # (its own live under /gradio_api), so the mount shadows nothing
+    demo.app.mount(API_PREFIX, rest)
+    demo.nearsight_api = rest  # type: ignore[attr-defined]
+    if not prevent_thread_lock:
+        demo.block_thread()
     return url

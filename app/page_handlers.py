@@ -47,6 +47,7 @@ class Page:
         self.views = {view.name: view for view in views}
         self.names = [view.name for view in views]
         self._random = random.Random()
+        self.show_paths = False  # the Summary tab shows folder names only (serve --show-paths)
         self._warm_thread: threading.Thread | None = None
 
     # -- helpers -----------------------------------------------------------------------------
@@ -235,7 +236,7 @@ class Page:
             pairs_frame(view, analysis),
             failure_note(view, len(analysis.failures)),
             message_html("Select a row of the failure table to see its grid."),
-            summary_markdown(view),
+            summary_markdown(view, self.show_paths),
             metrics_frame(analysis.metrics),
             distance_frame(analysis),
         )
