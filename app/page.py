@@ -36,6 +36,7 @@ import gradio as gr
 
 from nearsight.app.page_handlers import ANY_CLASS, DEFAULT_K, MAX_K, UNKNOWN_CLASS, Page
 from nearsight.app.page_html import CLICK_JS, message_html
+from nearsight.app.page_map import MapTab, map_tab_layout, wire_map_tab
 from nearsight.app.page_tables import FAILURE_COLUMNS, PAIR_COLUMNS, gallery_header
 from nearsight.app.page_view import GalleryView, open_views
 from nearsight.app.rest import API_PREFIX, make_rest_app
@@ -109,6 +110,7 @@ def build_app(
         view.analysis_max_items = analysis_max_items
     page = Page(views)
     page.show_paths = show_paths
+    maps = MapTab(page.views)
     first = page.names[0]
 
     with gr.Blocks(title="nearsight", analytics_enabled=False) as demo:
@@ -133,7 +135,7 @@ def build_app(
                 with gr.Column(scale=1, min_width=280):
                     query_image = query_image_input(
                         label="Query image",
-                        sources=["upload", "clipboard"],
+                        sources=["upload", "webcam", "clipboard"],
                         height=260,
                         elem_id="ns-query-image",
                     )
@@ -145,6 +147,12 @@ def build_app(
                     )
                     k_slider = gr.Slider(
                         1, MAX_K, value=DEFAULT_K, step=1, label="k", elem_id="ns-k"
+                    )
+                    filter_box = gr.Textbox(
+                        label="Filter (search only matching items; Enter applies)",
+                        placeholder="shop=north; price<20",
+                        info=_filter_info(page),
+                        elem_id="ns-filter",
                     )
                     search_button = gr.Button("Search", variant="primary", elem_id="ns-search")
                     with gr.Accordion("Query from the gallery (leave-one-out)", open=True):
@@ -192,6 +200,8 @@ def build_app(
                     elem_id="ns-pairs",
                 )
 
+            map_parts = map_tab_layout()
+
             with gr.Tab("Summary", id="summary"):
                 summary = gr.Markdown("Computing the leave-one-out evaluation...")
                 metrics_table = gr.Dataframe(
@@ -230,10 +240,10 @@ def build_app(
             api_result,
             api_name="search",
             api_description="The k nearest gallery items of an image, as JSON text: a list of "
-            '{"id", "path", "label", "class_name", "distance"}, nearest first.',
+            '{"id", "path", "label", "class_name", "distance", "meta"}, nearest first.',
             **embed_limits,
         )
-        upload_inputs = [gallery_choice, query_image, k_slider, query_class]
+        upload_inputs = [gallery_choice, query_image, k_slider, query_class, filter_box]
         # change, not upload: a pasted image counts too; clearing the image changes nothing
         query_image.change(
             page.image_changed,
@@ -251,22 +261,23 @@ def build_app(
             **private,
             **embed_limits,
         )
-        rerun_inputs = [gallery_choice, state, query_image, k_slider, query_class]
+        rerun_inputs = [gallery_choice, state, query_image, k_slider, query_class, filter_box]
         k_slider.release(page.rerun, rerun_inputs, grid_out, api_name="rerun_k", **private)
+        filter_box.submit(page.rerun, rerun_inputs, grid_out, api_name="rerun_filter", **private)
         query_class.input(page.rerun, rerun_inputs, grid_out, api_name="rerun_class", **private)
         random_button.click(
             page.random_item,
-            [gallery_choice, pick_class, k_slider],
+            [gallery_choice, pick_class, k_slider, filter_box],
             [*grid_out, item_id],
             api_name="random_item",
             **private,
         )
-        open_inputs = [gallery_choice, item_id, k_slider]
+        open_inputs = [gallery_choice, item_id, k_slider, filter_box]
         open_button.click(page.item_grid, open_inputs, grid_out, api_name="item_grid", **private)
         item_id.submit(page.item_grid, open_inputs, grid_out, api_name="item_submit", **private)
         results.click(
             page.clicked,
-            [gallery_choice, k_slider],
+            [gallery_choice, k_slider, filter_box],
             [*grid_out, item_id],
             api_name="neighbour_clicked",
             **private,
@@ -285,7 +296,10 @@ def build_app(
         for trigger in (demo.load, gallery_choice.change):
             trigger(
                 page.gallery_changed, gallery_choice, gallery_outputs, **private, queue=False
-            ).then(page.analysis_outputs, gallery_choice, analysis_out, **private)
+            ).then(page.analysis_outputs, gallery_choice, analysis_out, **private).then(
+                maps.outputs, [gallery_choice, map_parts.method], map_parts.outputs, **private
+            )
+        wire_map_tab(map_parts, maps, page, gallery_choice, k_slider, private)
         failure_table.select(
             page.failure_selected,
             [gallery_choice, k_slider],
@@ -310,9 +324,16 @@ def build_app(
 
     demo.queue(default_concurrency_limit=concurrency, max_size=max_queue)
     demo.nearsight = page  # type: ignore[attr-defined]
+    demo.nearsight_maps = maps  # type: ignore[attr-defined]
     if analyse:
         page.start_analysis()
     return demo
+
+
+def _filter_info(page: Page) -> str:
+    keys = sorted({key for view in page.views.values() for key in view.gallery.meta_keys()})
+    columns = ", ".join([*keys, "label", "class_name", "split"])
+    return f"KEY=VALUE, KEY!=VALUE, KEY>=N, KEY<N, ... separated by ';' over: {columns}"
 
 
 def launch_app(
