@@ -70,6 +70,7 @@ from nearsight.index.gallery_lock import (  # noqa: F401  (lock_path re-exported
     sweep_temporaries,
 )
 from nearsight.index.images import file_sha256
+from nearsight.index.segments import read_segment, sweep_unlisted, write_segment
 from nearsight.models.atomic import recover_dir
 from nearsight.models.errors import NearsightError
 
@@ -80,6 +81,10 @@ UNIT_NORM_TOLERANCE = 1e-3
 # NMI's k-means++ seeding is O(N k); past this many classes use faiss's AFK-MC2 approximation
 EXACT_KMEANSPP_MAX_CLASSES = 1000
 _EXIF_ORIENTATION = 0x0112
+# add compacts once the segments hold more than this many items and this share of the base:
+# appends stay O(added items) and a gallery of N items is rewritten after ~N/4 appended items
+COMPACT_MIN_ITEMS = 100_000
+COMPACT_SHARE = 0.25
 
 
 # -- building --------------------------------------------------------------------------------
@@ -148,6 +153,10 @@ def _write_arrays(folder: Path, index: faiss.Index, embeddings: np.ndarray) -> N
     for name in GALLERY_FILES:  # on disk before the rename makes them the gallery
         with open(folder / name, "rb") as handle:
             os.fsync(handle.fileno())
+
+
+def _write_segment(folder: Path, ids: np.ndarray, vectors: np.ndarray) -> str:
+    return write_segment(folder, ids, vectors)  # one name to patch in fault tests
 
 
 @contextlib.contextmanager
@@ -244,7 +253,12 @@ class Gallery:
                 meta = catalog.meta()
                 index = read_index(folder / INDEX_FILE)
                 embeddings = _read_embeddings(folder / EMBEDDINGS_FILE)
-                _check_consistent(folder, meta, ids, index, embeddings)
+                dim = int(meta.get("dim", index.d))
+                segments = [read_segment(folder, name, dim) for name in meta.get("segments", [])]
+                removed = np.sort(np.asarray(meta.get("removed", []), dtype=np.int64))
+                base_ids = _check_consistent(
+                    folder, meta, ids, index, embeddings, segments, removed
+                )
             except BaseException:
                 catalog.close()
                 raise
@@ -253,10 +267,23 @@ class Gallery:
         self.meta: dict[str, Any] = meta
         self.ids: np.ndarray = ids  # catalog ids in order; row i of embeddings is ids[i]
         self.labels: np.ndarray = labels  # -1 where unlabelled
-        self.embeddings: np.ndarray = embeddings
         self.dim: int = int(meta["dim"])
         self.index_type: str = str(meta["index_type"])
         self.model_sha256: str = str(meta["model_sha256"])
+        # the base as written, then the segments added and the removed ids dropped in memory
+        self._base = (base_ids, embeddings)
+        self._segments = segments
+        self._removed = removed
+        self._embeddings: np.ndarray | None = None
+        for segment_ids, segment_vectors in segments:
+            index.add_with_ids(segment_vectors, segment_ids)
+        self._excluded = None  # HNSW cannot remove points: its searches skip removed ids
+        if len(removed) and self.index_type == "hnsw":
+            batch = faiss.IDSelectorBatch(removed)
+            self._excluded = faiss.IDSelectorNot(batch)
+            self._excluded.referenced_objects = [batch]  # the SWIG wrapper does not keep it
+        elif len(removed):
+            index.remove_ids(removed)
         self._index = index
         apply_search_parameters(index, meta)
         # a writer's private read (locked) is never searched: no GPU copy for it
@@ -299,6 +326,21 @@ class Gallery:
     @property
     def count(self) -> int:
         return len(self.ids)
+
+    @property
+    def embeddings(self) -> np.ndarray:
+        """float32 [N, D]; row i is the vector of ``ids[i]``. Without segments or removals,
+        the memory-mapped embeddings.npy itself; else assembled once, on first use."""
+        if self._embeddings is None:
+            base_ids, base = self._base
+            if not self._segments and not len(self._removed):
+                self._embeddings = base
+            else:
+                all_ids = np.concatenate([base_ids, *(ids for ids, _ in self._segments)])
+                rows = np.concatenate([np.asarray(base), *(v for _, v in self._segments)])
+                keep = ~np.isin(all_ids, self._removed)
+                self._embeddings = rows if keep.all() else np.ascontiguousarray(rows[keep])
+        return self._embeddings
 
     def search(
         self, vectors: np.ndarray, k: int, *, ids: np.ndarray | Sequence[int] | None = None
@@ -360,7 +402,10 @@ class Gallery:
             # AccuracyCalculator) replaces Index.search with a wrapper that has no `params`;
             # it keeps the original as search_numpy
             search = getattr(self._index, "search_numpy", self._index.search)
-            return search(queries, depth, params=faiss.SearchParametersHNSW(efSearch=ef))
+            params = faiss.SearchParametersHNSW(efSearch=ef)
+            if self._excluded is not None:
+                params.sel = self._excluded
+            return search(queries, depth, params=params)
         return self._index.search(queries, depth)
 
     def _search_allowed(
@@ -424,49 +469,91 @@ class Gallery:
 
     def add(self, vectors: np.ndarray, items: Sequence[dict[str, Any]]) -> list[int]:
         """Add ``items`` (catalog rows without ids) with their L2-normalised ``vectors``;
-        returns their new ids (never an id the gallery held before). Rewrites the folder."""
+        returns their new ids (never an id the gallery held before). Writes one segment file
+        and one catalog transaction (index/segments.py), not the gallery."""
         if not items:
             return []
         array = _check_vectors(vectors, len(items), self.dim)
-        new_ids: list[int] = []
-
-        def change(catalog: Catalog, index: faiss.Index, embeddings: np.ndarray, meta: dict):
-            new_ids.extend(catalog.add_items([dict(item) for item in items]))
-            ids = np.asarray(new_ids, dtype=np.int64)
-            merged = np.concatenate([embeddings, array])
-            if meta["index_type"] == "flat":
-                all_ids, _ = catalog.labels()
-                index, _ = make_index(merged, all_ids, "flat")
-            else:  # IVF keeps its trained lists; HNSW links the new points into its graph
-                index.add_with_ids(array, ids)
-            return index, merged
-
-        self._rewrite(change)
+        folder = self.path
+        with self._writing() as (current, catalog):
+            first = catalog.next_id()
+            ids = np.arange(first, first + len(array), dtype=np.int64)
+            name = _write_segment(folder, ids, array)
+            try:
+                new_ids = catalog.add_items(
+                    [dict(item) for item in items],
+                    meta={
+                        "segments": [*current.meta.get("segments", []), name],
+                        "count": len(current) + len(array),
+                    },
+                )
+            except BaseException:
+                (folder / name).unlink(missing_ok=True)
+                raise
+            assert new_ids == ids.tolist()
+            pending = sum(len(segment_ids) for segment_ids, _ in current._segments) + len(array)
+            base = len(current._base[0])
+        if pending > max(COMPACT_MIN_ITEMS, base * COMPACT_SHARE):
+            self.compact()
+        else:
+            self._load()
         return new_ids
 
     def remove(self, ids: Iterable[int]) -> None:
-        """Remove the items ``ids`` (all must exist, else nothing changes). Rewrites the folder."""
+        """Remove the items ``ids`` (all must exist, else nothing changes): one catalog
+        transaction; the index drops them when opened, compaction for good (at once for HNSW,
+        whose graph cannot drop points; meanwhile its searches skip them)."""
         wanted = sorted({int(i) for i in ids})
         if not wanted:
             return
         folder = self.path
-
-        def change(catalog: Catalog, index: faiss.Index, embeddings: np.ndarray, meta: dict):
-            old_ids, _ = catalog.labels()
-            unknown = np.setdiff1d(wanted, old_ids)
+        with self._writing() as (current, catalog):
+            unknown = np.setdiff1d(wanted, current.ids)
             if len(unknown):
                 shown = ", ".join(map(str, unknown[:10])) + (", ..." if len(unknown) > 10 else "")
                 raise GalleryError(f"gallery {folder} has no item with id {shown}")
-            catalog.remove(wanted)
-            keep = ~np.isin(old_ids, wanted)
-            kept = np.ascontiguousarray(embeddings[keep])
-            if meta["index_type"] == "ivf":
-                index.remove_ids(np.asarray(wanted, dtype=np.int64))
-            else:  # flat: cheap to rebuild; HNSW cannot remove points from its graph
-                index, _ = make_index(kept, old_ids[keep], meta["index_type"])
-            return index, kept
+            removed = np.union1d(current._removed, wanted)
+            catalog.remove(
+                wanted, meta={"removed": removed.tolist(), "count": len(current) - len(wanted)}
+            )
+        if self.index_type == "hnsw":  # HNSW cannot drop points from its graph: rebuild it
+            self.compact()
+        else:
+            self._load()
+
+    def compact(self) -> None:
+        """Fold the segments and removals into a new base index and embeddings (a whole,
+        copy-on-write rewrite of the gallery)."""
+
+        def change(catalog: Catalog, current: Gallery):
+            embeddings = np.ascontiguousarray(current.embeddings)
+            index = current._index  # segments added, removed ids dropped (not for HNSW)
+            if current.index_type == "hnsw" and len(current._removed):
+                index, _ = make_index(embeddings, current.ids, "hnsw")
+            catalog.set_meta(segments=[], removed=[])
+            return index, embeddings
 
         self._rewrite(change)
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[tuple[Gallery, Catalog]]:
+        """Under the write lock: the gallery as on disk now (with what other writers added)
+        and its catalog open for writing; stray segments of killed writers are swept."""
+        folder = self.path
+        with gallery_lock(folder, exclusive=True), _write_errors(folder):
+            recover_dir(folder)
+            sweep_temporaries(folder)
+            current = Gallery(folder)
+            current._load(locked=True)
+            catalog = None
+            try:
+                sweep_unlisted(folder, list(current.meta.get("segments", [])))
+                catalog = Catalog.open(folder / CATALOG_FILE)
+                yield current, catalog
+            finally:
+                if catalog is not None:
+                    catalog.close()
+                current.close()
 
     def _rewrite(self, change) -> None:
         """Copy-on-write under the write lock: read the gallery as it is on disk now, apply
@@ -483,18 +570,13 @@ class Gallery:
                     catalog = Catalog.open(tmp / CATALOG_FILE)
                     try:
                         # current's index is changed in place: current is thrown away after
-                        index, embeddings = change(
-                            catalog,
-                            current._index,
-                            np.asarray(current.embeddings),
-                            dict(current.meta),
-                        )
+                        index, embeddings = change(catalog, current)
                         ids, _ = catalog.labels()
                         catalog.set_meta(count=len(ids))
                         meta = catalog.meta()
                     finally:
                         catalog.close()
-                    _check_consistent(folder, meta, ids, index, embeddings)
+                    _check_consistent(folder, meta, ids, index, embeddings, [], ids[:0])
                     _write_arrays(tmp, index, embeddings)
             finally:
                 current.close()
@@ -531,32 +613,44 @@ def _read_embeddings(path: Path) -> np.ndarray:
 
 
 def _check_consistent(
-    folder: Path, meta: dict, ids: np.ndarray, index: faiss.Index, embeddings: np.ndarray
-) -> None:
+    folder: Path,
+    meta: dict,
+    ids: np.ndarray,
+    index: faiss.Index,
+    embeddings: np.ndarray,
+    segments: Sequence[tuple[np.ndarray, np.ndarray]],
+    removed: np.ndarray,
+) -> np.ndarray:
+    """Check that the base index and embeddings agree, and that base + segments hold exactly
+    the catalog's ids and the removed ones; returns the base ids, sorted."""
     missing = [key for key in ("model_sha256", "dim", "metric", "index_type") if key not in meta]
     if missing:
         raise GalleryError(f"gallery {folder} is damaged: its catalog meta has no '{missing[0]}'")
     if meta["metric"] != METRIC:
         raise GalleryError(f"gallery {folder} uses metric {meta['metric']!r}, not {METRIC!r}")
     dim = int(meta["dim"])
-    count = len(ids)
     if index.d != dim or embeddings.shape[1] != dim:
         raise GalleryError(
             f"gallery {folder} is inconsistent: catalog dim {dim}, index dim {index.d}, "
             f"embeddings dim {embeddings.shape[1]}"
         )
-    if index.ntotal != count or len(embeddings) != count:
+    added = sum(len(segment_ids) for segment_ids, _ in segments)
+    count = len(ids)
+    if index.ntotal + added != count + len(removed) or len(embeddings) != index.ntotal:
         raise GalleryError(
             f"gallery {folder} is inconsistent: {count} catalog items, {index.ntotal} index "
             f"vectors, {len(embeddings)} embeddings"
         )
-    held = np.sort(index_ids(index))
-    if not np.array_equal(held, ids):  # ids is sorted (catalog order)
-        absent = np.setdiff1d(ids, held)
-        shown = int(absent[0]) if len(absent) else int(np.setdiff1d(held, ids)[0])
+    base_ids = np.sort(index_ids(index))
+    held = np.concatenate([base_ids, *(segment_ids for segment_ids, _ in segments)])
+    expected = np.union1d(ids, removed)  # ids is sorted (catalog order)
+    if not np.array_equal(np.sort(held), expected):
+        absent = np.setdiff1d(expected, held)
+        shown = int(absent[0]) if len(absent) else int(np.setdiff1d(held, expected)[0])
         raise GalleryError(
             f"gallery {folder} is inconsistent: catalog and index ids differ (id {shown})"
         )
+    return base_ids
 
 
 def _copy_catalog(source: Path, target: Path) -> None:

@@ -126,3 +126,18 @@ def test_gallery_without_item_meta_table_still_opens(tmp_path):
         assert gallery.filter_ids(["shop=west"]).tolist() == [30]
         gallery.remove([30])
         assert gallery.filter_ids(["shop=west"]).tolist() == []
+
+
+@pytest.mark.parametrize("index_type", ["flat", "hnsw"])
+def test_filtered_search_after_add_and_remove(tmp_path, index_type):
+    folder, vectors = _gallery(tmp_path, index_type, count=120)
+    with Gallery.open(folder) as gallery:
+        east = gallery.filter_ids(["shop=east"])
+        gallery.remove(east[:10])  # hnsw keeps them in its graph: the search must skip them
+        new = gallery.add(vectors[east[:2]], [{"path": "/n.png", "meta": {"shop": "east"}}] * 2)
+        allowed = gallery.filter_ids(["shop=east"])
+        assert set(new) <= set(allowed.tolist()) and not set(east[:10]) & set(allowed.tolist())
+        queries = vectors[[east[0], east[1], east[12]]]
+        _, ids = gallery.search(queries, 12, ids=allowed)
+        assert ids.shape == (3, 12) and np.isin(ids, allowed).all()
+        assert ids[:, 0].tolist() == [new[0], new[1], int(east[12])]
