@@ -78,7 +78,7 @@ class EmbedBatcher:
         if not live:
             return
         try:
-            inputs = _stack([x for x, _ in live])
+            inputs = np.stack([x for x, _ in live])
             vectors = np.asarray(self._embed(inputs), dtype=np.float32)
         except BaseException as error:  # every waiting request hears of it, none hangs
             for _, future in live:
@@ -88,12 +88,3 @@ class EmbedBatcher:
         self.embedded += len(live)
         for (_, future), vector in zip(live, vectors, strict=True):
             future.set_result(vector)
-
-
-def _stack(inputs: list[Any]) -> Any:
-    first = inputs[0]
-    if isinstance(first, np.ndarray):
-        return np.stack(inputs)
-    import torch  # the embedders' preprocessing gives tensors
-
-    return torch.stack(inputs)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from nearsight.app.page_view import GalleryView
 from nearsight.index.analysis import Analysis, Failure
+from nearsight.models.spec import ModelSpec
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -45,7 +46,7 @@ def summary_markdown(view: GalleryView, show_paths: bool = False) -> str:
         f"- items: {len(view)} ({int((view.labels >= 0).sum())} labelled), "
         f"classes: {len(view.class_names)}",
         f"- model: `{model}` (sha256 {str(meta.get('model_sha256', ''))[:12]}..), "
-        f"dim {meta.get('dim')}, image size {getattr(view.embedder, 'image_size', '?')}",
+        f"{spec_line(view.embedder.spec)}",
         f"- index: {meta.get('index_type')}, built {meta.get('created', '?')}",
     ]
     if meta.get("dataset"):
@@ -64,6 +65,15 @@ def summary_markdown(view: GalleryView, show_paths: bool = False) -> str:
             f"{analysis.non_matching_pairs} non-matching pairs"
         )
     return "\n".join(lines)
+
+
+def spec_line(spec: ModelSpec) -> str:
+    """A model spec in one line of markdown."""
+    arch = f"{spec.arch}, " if spec.arch else ""
+    return (
+        f"{arch}dim {spec.dim}, image size {spec.image_size} (resized to {spec.test_resize} "
+        f"first), {spec.pooling} pooling"
+    )
 
 
 def metrics_frame(metrics: dict | None) -> pd.DataFrame:

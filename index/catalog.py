@@ -33,9 +33,9 @@ from typing import Any
 from urllib.parse import quote
 
 import numpy as np
-from sqlite_utils import Database
 
 from nearsight.index.filters import Condition, filter_sql, typed_meta
+from nearsight.index.sqlite_db import Database
 from nearsight.models.atomic import atomic_dir, recover_dir
 from nearsight.models.errors import NearsightError
 

@@ -4,7 +4,11 @@ File layout (torch.save, loadable with ``weights_only=True``)::
 
     {"format": "nearsight-checkpoint", "version": 1,
      "model_config": EmbeddingConfig.to_dict(), "state_dict": EmbeddingNet.state_dict(),
-     **extra}
+     "model_spec": ModelSpec.to_dict(), **extra}
+
+``model_config`` rebuilds the network (it holds training-only settings such as ``pretrained``);
+``model_spec`` (:mod:`models.spec`) is what everyone who runs the model reads. Checkpoints from
+before ``model_spec`` existed get theirs from ``model_config`` and the training config.
 
 ``extra`` is where the trainer puts its state (optimiser, sampler, step, metrics...). It must
 hold only plain Python types (dict, list, tuple, str, int, float, bool, None) and tensors, so
@@ -25,10 +29,11 @@ from torch import nn
 from nearsight.models.atomic import atomic_write_path
 from nearsight.models.embedding import EmbeddingConfig, EmbeddingNet
 from nearsight.models.errors import NearsightError
+from nearsight.models.spec import SPEC_KEY, ModelSpec, spec_from_checkpoint
 
 CHECKPOINT_FORMAT = "nearsight-checkpoint"
 CHECKPOINT_VERSION = 1
-RESERVED_KEYS = ("format", "version", "model_config", "state_dict")
+RESERVED_KEYS = ("format", "version", "model_config", "state_dict", SPEC_KEY)
 
 
 def save_checkpoint(
@@ -36,8 +41,11 @@ def save_checkpoint(
     model: EmbeddingNet | nn.Module,
     *,
     extra: Mapping[str, Any] | None = None,
+    spec: ModelSpec | None = None,
 ) -> Path:
-    """Write ``model`` (config + weights) and ``extra`` to ``path`` atomically. A DDP- or
+    """Write ``model`` (config + weights), its ``spec`` and ``extra`` to ``path`` atomically.
+    ``spec`` defaults to the net's config with the test resize of the training config in
+    ``extra["training"]["config"]["data"]["resize"]`` (the default ratio when absent). A DDP- or
     torch.compile-wrapped net is unwrapped first, so the keys are always the plain net's."""
     for wrapper_attribute in ("module", "_orig_mod"):  # DistributedDataParallel, torch.compile
         model = getattr(model, wrapper_attribute, model)
@@ -47,10 +55,13 @@ def save_checkpoint(
     clashes = [key for key in RESERVED_KEYS if key in extra]
     if clashes:
         raise ValueError(f"extra checkpoint keys clash with reserved ones: {clashes}")
+    if spec is None:
+        spec = spec_from_checkpoint({"model_config": model.config.to_dict(), **extra})
     payload = {
         "format": CHECKPOINT_FORMAT,
         "version": CHECKPOINT_VERSION,
         "model_config": model.config.to_dict(),
+        SPEC_KEY: spec.to_dict(),
         # CPU copies: a checkpoint written on a GPU machine loads anywhere
         "state_dict": {key: value.detach().cpu() for key, value in model.state_dict().items()},
         **extra,

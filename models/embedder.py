@@ -32,14 +32,17 @@ import os
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
-import torch
 from PIL import Image
 
 from nearsight.models.errors import NearsightError
-from nearsight.models.preprocess import default_resize, test_transform
+from nearsight.models.preprocess import test_transform
+from nearsight.models.spec import SPEC_KEY, ModelSpec, spec_from_checkpoint, spec_from_onnx_metadata
+
+if TYPE_CHECKING:  # torch only for checkpoints: serving an ONNX model never imports it
+    import torch
 
 MODEL_FORMAT = "nearsight-embedding"
 MODEL_FORMAT_VERSION = 1
@@ -49,11 +52,7 @@ OUTPUT_NAME = "embeddings"
 METADATA_KEYS = (
     "format",  # MODEL_FORMAT
     "format_version",
-    "embedding_dim",
-    "image_size",  # the square crop the model takes
-    "resize",  # the short side test_transform resizes to before cropping
-    "arch",
-    "pooling",
+    SPEC_KEY,  # ModelSpec as JSON: arch, dim, image size, test resize, pooling, ...
     "loss",  # the training loss ("" when the checkpoint does not say)
     "dataset",  # the training dataset ("" when the checkpoint does not say)
     "training_step",
@@ -75,22 +74,15 @@ def nearsight_version() -> str:
 
 
 def checkpoint_metadata(payload: Mapping[str, Any], checkpoint_sha256: str) -> dict[str, str]:
-    """The metadata of the model in a loaded checkpoint (``models.checkpoint.load_checkpoint``).
-    The test-time resize comes from the training config (``data.resize``) when it set one."""
-    model_config = payload.get("model_config") or {}
+    """The metadata of the model in a loaded checkpoint (``models.checkpoint.load_checkpoint``):
+    its :class:`ModelSpec` (legacy checkpoints: from their model config and training config)
+    and where it came from."""
     training = payload.get("training") if isinstance(payload.get("training"), dict) else {}
-    data_config = ((training.get("config") or {}).get("data") or {}) if training else {}
-    image_size = int(model_config.get("image_size", 224))
-    resize = data_config.get("resize") or default_resize(image_size)
     metrics = training.get("metrics") or {}
     return {
         "format": MODEL_FORMAT,
         "format_version": str(MODEL_FORMAT_VERSION),
-        "embedding_dim": str(int(model_config.get("dim", 0))),
-        "image_size": str(image_size),
-        "resize": str(int(resize)),
-        "arch": str(model_config.get("arch", "")),
-        "pooling": str(model_config.get("pooling", "")),
+        SPEC_KEY: spec_from_checkpoint(payload).to_json(),
         "loss": str(training.get("loss") or ""),
         "dataset": str(training.get("dataset") or ""),
         "training_step": str(training.get("step", "")),
@@ -113,6 +105,7 @@ class Embedder(Protocol):
     """images -> embeddings [N, dim] float32, unit L2 norm."""
 
     path: Path
+    spec: ModelSpec
     dim: int
     image_size: int
     resize: int
@@ -141,16 +134,25 @@ class _EmbedderBase:
     def _init_metadata(self, metadata: Mapping[str, str]) -> None:
         self.metadata = dict(metadata)
         try:
-            self.dim = int(self.metadata["embedding_dim"])
-            self.image_size = int(self.metadata["image_size"])
-            self.resize = int(self.metadata.get("resize") or default_resize(self.image_size))
-        except (KeyError, ValueError) as error:
+            self.spec = spec_from_onnx_metadata(self.metadata)
+        except NearsightError as error:
             raise NearsightError(
-                f"{self.path} is not a nearsight model: bad metadata ({error!r})"
+                f"{self.path} is not a nearsight model: bad metadata ({error})"
             ) from None
-        if self.dim <= 0 or self.image_size <= 0:
-            raise NearsightError(f"{self.path} is not a nearsight model: bad metadata")
         self._transform = test_transform(self.image_size, self.resize)
+
+    @property
+    def dim(self) -> int:
+        return self.spec.dim
+
+    @property
+    def image_size(self) -> int:
+        return self.spec.image_size
+
+    @property
+    def resize(self) -> int:
+        """The short side the test transform resizes to before cropping."""
+        return self.spec.test_resize
 
     @functools.cached_property
     def model_sha256(self) -> str:
@@ -185,7 +187,7 @@ class _EmbedderBase:
             f"{self.path} is not a usable nearsight model: its output has {problem}"
         )
 
-    def preprocess(self, image: Image.Image) -> torch.Tensor:
+    def preprocess(self, image: Image.Image) -> np.ndarray:
         """One decoded image as the model's input [3, S, S] in [0, 1] (what embed_images does
         to each image; the server's micro-batcher calls it per request, then embeds a batch)."""
         return self._transform(image.convert("RGB"))
@@ -195,7 +197,7 @@ class _EmbedderBase:
             raise NearsightError(f"batch size must be positive, got {batch_size}")
         chunks = [np.zeros((0, self.dim), np.float32)]
         for start in range(0, len(images), batch_size):
-            batch = torch.stack(
+            batch = np.stack(
                 [
                     self._transform(image.convert("RGB"))
                     for image in images[start : start + batch_size]
@@ -228,10 +230,21 @@ def physical_cores() -> int:
 
 
 def _cuda_works() -> bool:
-    """onnxruntime-gpu lists CUDAExecutionProvider even on a machine without a GPU; ask torch."""
+    """onnxruntime-gpu lists CUDAExecutionProvider even on a machine without a GPU; ask the
+    CUDA driver (libcuda) whether it sees a device. No torch: serving must not need it."""
+    import ctypes
+    import ctypes.util
+
+    name = "nvcuda.dll" if os.name == "nt" else "libcuda.so.1"
     try:
-        return torch.cuda.is_available()
-    except Exception:  # a broken driver install
+        driver = ctypes.CDLL(ctypes.util.find_library("cuda") or name)
+        count = ctypes.c_int(0)
+        return (
+            driver.cuInit(0) == 0
+            and driver.cuDeviceGetCount(ctypes.byref(count)) == 0
+            and count.value > 0
+        )
+    except (OSError, AttributeError):  # no driver, or a broken one
         return False
 
 
@@ -337,7 +350,7 @@ class OnnxEmbedder(_EmbedderBase):
 
     def embed(self, images: torch.Tensor | np.ndarray) -> np.ndarray:
         self._check_batch(images)
-        if isinstance(images, torch.Tensor):
+        if hasattr(images, "detach"):  # a torch tensor (the trainer's batches)
             images = images.detach().cpu().numpy()
         batch = np.ascontiguousarray(images, dtype=np.float32)
         if batch.shape[0] == 0:
@@ -350,21 +363,25 @@ class TorchEmbedder(_EmbedderBase):
     """A training checkpoint (``best.pt``) run by torch; ``device``: auto | cpu | cuda."""
 
     def __init__(self, checkpoint_path: str | os.PathLike[str], device: str = "auto") -> None:
+        import torch
+
         from nearsight.models.checkpoint import load_checkpoint, load_embedding_net
 
         self.path = Path(checkpoint_path)
         if device not in ("auto", "cpu", "cuda"):
             raise NearsightError(f"device must be auto, cpu or cuda, got {device!r}")
-        if device == "cuda" and not _cuda_works():
+        if device == "cuda" and not torch.cuda.is_available():
             raise NearsightError("--device cuda: no working CUDA GPU for torch here")
         if device == "auto":
-            device = "cuda" if _cuda_works() else "cpu"
+            device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = device
         payload = load_checkpoint(self.path)  # one-line errors for missing/foreign files
         self.net = load_embedding_net(self.path, map_location=device)
         self._init_metadata(checkpoint_metadata(payload, self.model_sha256))
 
     def embed(self, images: torch.Tensor | np.ndarray) -> np.ndarray:
+        import torch
+
         self._check_batch(images)
         batch = torch.as_tensor(images, dtype=torch.float32)
         if batch.shape[0] == 0:

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nearsight.models.errors import NearsightError
+from nearsight.models.spec import ModelSpec, spec_from_model_config
 from nearsight.models.weights import load_trunk_weights, resolve_pretrained
 
 POOLINGS = ("avg", "max", "avgmax")
@@ -106,6 +107,23 @@ class EmbeddingConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def spec(self, test_resize: int | None = None) -> ModelSpec:
+        """The :class:`ModelSpec` of the network this config builds (``test_resize``: the
+        test-time short side; None: the default ratio)."""
+        return spec_from_model_config(self.to_dict(), test_resize)
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec, **training: Any) -> EmbeddingConfig:
+        """The config of a network with ``spec``; ``training``: pretrained, freeze_bn."""
+        return cls(
+            dim=spec.dim,
+            pooling=spec.pooling,
+            image_size=spec.image_size,
+            arch=spec.arch,
+            feature_norm=spec.feature_norm,
+            **training,
+        )
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> EmbeddingConfig:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -45,7 +44,6 @@ from typing import Any
 import numpy as np
 import onnx
 import torch
-from onnxruntime.quantization import CalibrationDataReader
 from PIL import Image
 
 from nearsight.models.atomic import atomic_write_path
@@ -59,15 +57,22 @@ from nearsight.models.embedder import (
 )
 from nearsight.models.embedding import EmbeddingNet
 from nearsight.models.errors import NearsightError
-from nearsight.models.preprocess import test_transform
+from nearsight.models.quantize import (  # noqa: F401  (quantize_int8, Int8Report re-exported)
+    CPU_ONLY,
+    INT8_MIN_COSINE,
+    Int8Report,
+    calibration_batch,
+    quantize_int8,
+    set_metadata,
+    write_int8,
+)
+from nearsight.models.spec import spec_from_checkpoint
 
 DEFAULT_OPSET = 17
 MIN_OPSET = 13  # per-channel QuantizeLinear (int8) and ReduceL2 as exported need >= 13
 MAX_OPSET = 20  # the TorchScript exporter's newest
 PARITY_TOLERANCE = 1e-4
-INT8_MIN_COSINE = 0.9  # mean cosine to fp32 below this: the int8 model is not worth keeping
 EXPORTER = "torchscript"
-CPU_ONLY = ["CPUExecutionProvider"]
 
 
 @dataclass
@@ -118,6 +123,40 @@ def pick_calibration_paths(paths: Sequence[Path], count: int) -> list[Path]:
     return [paths[int(i * step)] for i in range(count)]
 
 
+def export(
+    checkpoint: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    opset: int = DEFAULT_OPSET,
+    parity_batch: int = 4,
+    int8_calibration: Sequence[str | os.PathLike[str]] | None = None,
+    int8_out: str | os.PathLike[str] | None = None,
+    image_loader: Callable[[Path], Image.Image] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> ExportReport:
+    """Export a checkpoint (a ``.pt`` file, or a run folder: its ``best.pt``) to the ONNX file
+    ``out`` (``.onnx``), parity-checked against torch; with ``int8_calibration`` (image paths)
+    also its int8 copy (``int8_out``, default ``<stem>.int8.onnx``). What ``nearsight.export``
+    and ``nearsight export`` call; see :func:`export_onnx` for the steps."""
+    checkpoint, out = Path(checkpoint), Path(out)
+    if checkpoint.is_dir():
+        checkpoint = checkpoint / "best.pt"
+    if out.suffix.lower() != ".onnx":
+        raise NearsightError(f"the model to write must be a .onnx file, got {out}")
+    if int8_out is not None and int8_calibration is None:
+        raise NearsightError("an int8 file was named but no calibration images were given")
+    return export_onnx(
+        checkpoint,
+        out,
+        opset=opset,
+        batch_for_check=parity_batch,
+        int8_calibration=int8_calibration,
+        int8_out=int8_out,
+        image_loader=image_loader,
+        log=log,
+    )
+
+
 def export_onnx(
     checkpoint: str | os.PathLike[str],
     out: str | os.PathLike[str],
@@ -160,10 +199,11 @@ def export_onnx(
     sha = checkpoint_sha256(checkpoint)
     metadata = checkpoint_metadata(payload, sha)
     metadata["opset"] = str(opset)
-    image_size, resize = net.config.image_size, int(metadata["resize"])
+    spec = spec_from_checkpoint(payload)
+    image_size, resize = spec.image_size, spec.test_resize
     # images first: an unreadable calibration set fails before minutes of export
     calibration = (
-        _calibration_batch(int8_calibration, image_size, resize, image_loader)
+        calibration_batch(int8_calibration, image_size, resize, image_loader)
         if int8_calibration is not None
         else None
     )
@@ -202,7 +242,7 @@ def export_onnx(
         if calibration is not None and int8_path is not None:
             log(f"int8: calibrating and quantising on {len(calibration)} images")
             with atomic_write_path(int8_path) as tmp_int8:
-                int8 = _write_int8(
+                int8 = write_int8(
                     tmp, tmp_int8, int8_path, calibration, metadata, report.model_sha256, checkpoint
                 )
             report.int8_path = int8.path
@@ -243,7 +283,7 @@ def _finish_model(path: Path, metadata: dict[str, str], dim: int) -> None:
     if len(output_dims) == 2:  # the exporter leaves D symbolic after the L2 normalisation
         output_dims[1].ClearField("dim_param")
         output_dims[1].dim_value = dim
-    _set_metadata(model, metadata)
+    set_metadata(model, metadata)
     model.doc_string = (
         "nearsight embedding model: images [N,3,H,W] RGB in [0,1] -> embeddings [N,D], unit L2 norm"
     )
@@ -251,13 +291,6 @@ def _finish_model(path: Path, metadata: dict[str, str], dim: int) -> None:
     if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
         raise NearsightError("the exported model has external data; nearsight writes one file")
     onnx.save_model(model, str(path), save_as_external_data=False)
-
-
-def _set_metadata(model: Any, metadata: dict[str, str]) -> None:
-    del model.metadata_props[:]
-    for key, value in metadata.items():
-        entry = model.metadata_props.add()
-        entry.key, entry.value = key, str(value)
 
 
 def _parity(net: EmbeddingNet, path: Path, batches: Sequence[int]) -> float:
@@ -277,163 +310,3 @@ def _parity(net: EmbeddingNet, path: Path, batches: Sequence[int]) -> float:
             return float("inf")
         worst = max(worst, float(np.abs(got - expected).max()))
     return worst
-
-
-def _default_loader(path: Path) -> Image.Image:
-    from PIL import ImageOps
-
-    with Image.open(path) as image:
-        return ImageOps.exif_transpose(image).convert("RGB")
-
-
-def _calibration_batch(
-    paths: Sequence[str | os.PathLike[str]],
-    image_size: int,
-    resize: int,
-    image_loader: Callable[[Path], Image.Image] | None,
-) -> np.ndarray:
-    """The calibration images, test-transformed, [N, 3, S, S]; unreadable files are skipped."""
-    loader = image_loader or _default_loader
-    transform = test_transform(image_size, resize)
-    tensors, skipped = [], 0
-    for path in paths:
-        try:
-            tensors.append(transform(loader(Path(path))))
-        except (NearsightError, OSError, ValueError):
-            skipped += 1
-    if not tensors:
-        raise NearsightError(f"none of the {len(paths)} calibration images could be read")
-    return torch.stack(tensors).numpy()
-
-
-class _CalibrationReader(CalibrationDataReader):
-    """onnxruntime's CalibrationDataReader over fixed batches of calibration images."""
-
-    def __init__(self, images: np.ndarray, batch_size: int = 8) -> None:
-        self.batches = [images[i : i + batch_size] for i in range(0, len(images), batch_size)]
-        self.position = 0
-
-    def get_next(self) -> dict[str, np.ndarray] | None:
-        if self.position >= len(self.batches):
-            return None
-        self.position += 1
-        return {INPUT_NAME: np.ascontiguousarray(self.batches[self.position - 1])}
-
-    def rewind(self) -> None:
-        self.position = 0
-
-
-@dataclass
-class Int8Report:
-    """What ``quantize_int8`` wrote and measured."""
-
-    path: Path
-    model_sha256: str
-    size_bytes: int
-    calibration_images: int
-    cosine_mean: float  # cosine of int8 to fp32 embeddings on the calibration images
-    cosine_min: float
-
-
-def quantize_int8(
-    model: str | os.PathLike[str],
-    out: str | os.PathLike[str],
-    calibration: Sequence[str | os.PathLike[str]],
-    *,
-    image_loader: Callable[[Path], Image.Image] | None = None,
-) -> Int8Report:
-    """Write the static-int8 copy of the fp32 nearsight model ``model`` to ``out``, calibrated
-    on the images at ``calibration`` (read by ``image_loader``, then test-transformed)."""
-    model, out = Path(model), Path(out)
-    fp32 = OnnxEmbedder(model, providers=CPU_ONLY)  # refuses a file that is not a nearsight model
-    if fp32.metadata.get("precision", "fp32") != "fp32":
-        raise NearsightError(
-            f"{model} is already {fp32.metadata['precision']}; give the fp32 model"
-        )
-    if out.resolve() == model.resolve():
-        raise NearsightError(f"the int8 model needs its own file, not {model}")
-    if not calibration:
-        raise NearsightError("int8 quantisation needs calibration images, got none")
-    images = _calibration_batch(calibration, fp32.image_size, fp32.resize, image_loader)
-    with atomic_write_path(out) as tmp:
-        return _write_int8(model, tmp, out, images, fp32.metadata, fp32.model_sha256, model)
-
-
-def _write_int8(
-    fp32_path: Path,
-    tmp: Path,
-    final: Path,
-    images: np.ndarray,
-    metadata: dict[str, str],
-    fp32_sha256: str,
-    source: Path,
-) -> Int8Report:
-    """Quantise ``fp32_path`` into ``tmp`` (to be renamed to ``final``) and check it."""
-    cosines = _quantize(fp32_path, tmp, images, metadata, fp32_sha256)
-    if not cosines.mean() >= INT8_MIN_COSINE:  # also catches NaN
-        raise NearsightError(
-            f"int8 quantisation of {source} lost too much: mean cosine to fp32 "
-            f"{cosines.mean():.3f} < {INT8_MIN_COSINE} on {len(cosines)} calibration images; "
-            "nothing written"
-        )
-    return Int8Report(
-        path=final,
-        model_sha256=file_sha256(tmp),
-        size_bytes=tmp.stat().st_size,
-        calibration_images=len(cosines),
-        cosine_mean=float(cosines.mean()),
-        cosine_min=float(cosines.min()),
-    )
-
-
-def _quantize(
-    fp32_path: Path,
-    int8_path: Path,
-    images: np.ndarray,
-    metadata: dict[str, str],
-    fp32_sha256: str,
-) -> np.ndarray:
-    """Write the QDQ int8 model; return each calibration image's cosine to the fp32 model."""
-    from onnxruntime.quantization import (
-        CalibrationMethod,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
-    from onnxruntime.quantization.shape_inference import quant_pre_process
-
-    with tempfile.TemporaryDirectory(prefix="nearsight-int8-") as work:
-        prepared = Path(work) / "prepared.onnx"
-        quant_pre_process(str(fp32_path), str(prepared))
-        quantize_static(
-            str(prepared),
-            str(int8_path),
-            _CalibrationReader(images),
-            quant_format=QuantFormat.QDQ,
-            per_channel=True,
-            # U8S8: uint8 activations, int8 weights. onnxruntime's x86 int8 kernels are built
-            # for it (VNNI); S8S8 ran at 0.35x its speed here (ResNet-50 224 px, 2 cores).
-            activation_type=QuantType.QUInt8,
-            weight_type=QuantType.QInt8,
-            calibrate_method=CalibrationMethod.MinMax,
-            calibration_providers=CPU_ONLY,
-        )
-    model = onnx.load(str(int8_path))
-    _set_metadata(
-        model,
-        {
-            **metadata,
-            "precision": "int8",
-            "int8_calibration_images": str(len(images)),
-            "fp32_model_sha256": fp32_sha256,
-        },
-    )
-    onnx.save_model(model, str(int8_path), save_as_external_data=False)
-
-    fp32 = OnnxEmbedder(fp32_path, providers=CPU_ONLY)
-    int8 = OnnxEmbedder(int8_path, providers=CPU_ONLY)
-    cosines = []
-    for start in range(0, len(images), 16):
-        batch = images[start : start + 16]
-        cosines.append(np.sum(fp32.embed(batch) * int8.embed(batch), axis=1))
-    return np.concatenate(cosines)

@@ -1,45 +1,81 @@
 """The one test-time preprocessing: resize the short side, centre-crop, scale to [0, 1].
 
-Training's evaluation, the torch Embedder and the onnxruntime Embedder all call
-:func:`test_transform`, so a gallery built with ONNX and an evaluation in the trainer see the
-same pixels. ImageNet mean/std normalisation is not here: it lives inside the model (and so
-inside the ONNX graph), which takes RGB in [0, 1].
+Written on Pillow and numpy, so that serving an ONNX model needs no torch. It follows
+torchvision's ``Resize(resize, BILINEAR, antialias=True)`` + ``CenterCrop(image_size)`` +
+``PILToTensor() / 255`` on PIL images step by step (the same Pillow resize, the same crop
+offsets, zero padding when the crop is larger than the image); tests/test_preprocess.py checks
+it against torchvision. Training's evaluation, the torch and the onnxruntime embedders and the
+export's calibration all call :func:`test_transform`, so they see the same pixels. ImageNet
+mean/std normalisation is not here: it lives inside the model (and so inside the ONNX graph),
+which takes RGB in [0, 1].
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
+import numpy as np
 from PIL import Image
-from torchvision.transforms import InterpolationMode
-from torchvision.transforms import functional as TF
+
+from nearsight.models.spec import default_resize
 
 # Past this ratio of long to short side, the long side is cut before resizing (see below).
 MAX_ASPECT_RATIO = 16
 
 
-def default_resize(image_size: int) -> int:
-    """The papers' ratio: resize to 256 then crop 224."""
-    return round(image_size * 256 / 224)
+def _crop_offset(size: int, crop: int) -> int:
+    """torchvision's centre-crop offset; negative where it pads (pad before = (crop-size)//2)."""
+    if crop > size:
+        return -((crop - size) // 2)
+    return int(round((size - crop) / 2.0))
+
+
+def center_crop(image: Image.Image, height: int, width: int) -> Image.Image:
+    """The centre ``height`` x ``width`` of ``image``, zero-padded where it is smaller."""
+    left = _crop_offset(image.width, width)
+    top = _crop_offset(image.height, height)
+    if (left, top, width, height) == (0, 0, image.width, image.height):
+        return image
+    return image.crop((left, top, left + width, top + height))  # outside the image: zeros
+
+
+def resize_short_side(image: Image.Image, short: int) -> Image.Image:
+    """Bilinear resize (Pillow's, antialiased) so that the short side is ``short`` pixels."""
+    width, height = image.size
+    if width <= height:
+        size = (short, int(short * height / width))
+    else:
+        size = (int(short * width / height), short)
+    if size == image.size:
+        return image
+    return image.resize(size, Image.Resampling.BILINEAR)
+
+
+def to_array(image: Image.Image) -> np.ndarray:
+    """RGB PIL image -> float32 [3, H, W] in [0, 1]."""
+    if image.mode != "RGB":
+        image = image.convert("RGB")
+    pixels = np.asarray(image, dtype=np.uint8).transpose(2, 0, 1)
+    return np.divide(pixels, np.float32(255.0), dtype=np.float32)
 
 
 def test_transform(
     image_size: int, resize: int | None = None
-) -> Callable[[Image.Image], torch.Tensor]:
-    """PIL RGB image -> float32 tensor [3, image_size, image_size] in [0, 1]."""
+) -> Callable[[Image.Image], np.ndarray]:
+    """PIL RGB image -> float32 array [3, image_size, image_size] in [0, 1]
+    (``torch.from_numpy`` makes it a tensor without a copy)."""
     resize = resize or default_resize(image_size)
 
-    def transform(image: Image.Image) -> torch.Tensor:
+    def transform(image: Image.Image) -> np.ndarray:
         width, height = image.size
         if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
             # Resizing the short side scales the long side too: a 1 x 100000 PNG (a few hundred
             # bytes) would become 256 x 25.6M pixels (20 GB) before the crop keeps 224 x 224.
             # Only the centre can reach the crop: cut the long side to 16 short sides first.
             keep = MAX_ASPECT_RATIO * min(width, height)
-            image = TF.center_crop(image, [height, keep] if width > height else [keep, width])
-        image = TF.resize(image, resize, interpolation=InterpolationMode.BILINEAR, antialias=True)
-        image = TF.center_crop(image, [image_size, image_size])
-        return TF.pil_to_tensor(image).float().div_(255.0)
+            image = center_crop(image, *((height, keep) if width > height else (keep, width)))
+        image = resize_short_side(image, resize)
+        image = center_crop(image, image_size, image_size)
+        return to_array(image)
 
     return transform

@@ -3,6 +3,59 @@
 The repository's folders are this package's sub-packages: ``nearsight.models`` (the embedding
 network, export, embedders), ``nearsight.index`` (images, datasets, galleries, metrics),
 ``nearsight.training`` (losses, samplers, trainer) and ``nearsight.app`` (CLI and page).
+
+The entry points for notebooks and scripts, loaded on first use (``import nearsight`` itself
+imports neither torch nor onnxruntime):
+
+- :func:`open_gallery` (path, model=None) -> a gallery with ``.search(image, k=8)``,
+  ``.evaluate()`` and ``len()``;
+- :func:`load_embedder` (model_path) -> an embedder with ``.embed_images(images)``;
+- :func:`export` (checkpoint, out, ...) -> the ONNX model, parity-checked (needs ``[train]``);
+- :func:`train` (config, out_dir, *, resume=False) -> a training run (needs ``[train]``).
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+
+# public name -> the module that defines it
+_API = {
+    "open_gallery": "nearsight.index.searchable",
+    "SearchableGallery": "nearsight.index.searchable",
+    "load_embedder": "nearsight.models.embedder",
+    "export": "nearsight.models.export",
+    "train": "nearsight.training.run",
+    "NearsightError": "nearsight.models.errors",
+}
+
+__all__ = [
+    "NearsightError",
+    "SearchableGallery",
+    "export",
+    "load_embedder",
+    "open_gallery",
+    "train",
+]
+
+if TYPE_CHECKING:
+    from nearsight.index.searchable import SearchableGallery, open_gallery
+    from nearsight.models.embedder import load_embedder
+    from nearsight.models.errors import NearsightError
+    from nearsight.models.export import export
+    from nearsight.training.run import train
+
+
+def __getattr__(name: str) -> Any:
+    module = _API.get(name)
+    if module is None:
+        raise AttributeError(f"module 'nearsight' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next access skips this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -84,7 +84,7 @@ def test_onnx_and_torch_agree_on_pil_images(onnx_embedder, torch_embedder):
 def test_embed_images_is_the_shared_test_transform(onnx_embedder, torch_embedder):
     photos = _photos()[:3]
     transform = make_test_transform(SIZE, RESIZE)
-    batch = torch.stack([transform(photo.convert("RGB")) for photo in photos])
+    batch = torch.from_numpy(np.stack([transform(photo.convert("RGB")) for photo in photos]))
     for embedder in (onnx_embedder, torch_embedder):
         assert (embedder.image_size, embedder.resize) == (SIZE, RESIZE)
         np.testing.assert_array_equal(embedder.embed_images(photos), embedder.embed(batch))
@@ -121,7 +121,8 @@ def test_hashes_and_metadata(models, onnx_embedder, torch_embedder):
     assert torch_embedder.metadata["checkpoint_sha256"] == checkpoint_sha
     for embedder in (onnx_embedder, torch_embedder):
         assert embedder.dim == DIM
-        assert embedder.metadata["embedding_dim"] == str(DIM)
+        assert embedder.spec.dim == DIM and embedder.spec.image_size == SIZE
+        assert embedder.spec.test_resize == embedder.resize == RESIZE
         assert embedder.metadata["loss"] == "" and embedder.metadata["dataset"] == ""
         assert isinstance(embedder, Embedder)
     assert onnx_embedder.metadata["opset"] == "17"

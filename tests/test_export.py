@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import json
 from pathlib import Path
 
 import numpy as np
@@ -142,15 +143,18 @@ def test_metadata_props_describe_the_model(exported):
     assert set(METADATA_KEYS) <= set(props)
     checkpoint_bytes = exported["checkpoint"].read_bytes()
     assert props["format"] == "nearsight-embedding"
-    assert props["embedding_dim"] == str(DIM)
-    assert props["image_size"] == str(SIZE)
-    assert props["resize"] == str(RESIZE)  # the training config's, not the 256/224 default
+    spec = json.loads(props["model_spec"])  # the one description of the model
+    assert spec["dim"] == DIM and spec["image_size"] == SIZE
+    assert spec["test_resize"] == RESIZE  # the training config's, not the 256/224 default
+    assert spec["heads"] == ["layer4"] and spec["embedding"] == "last"
+    # no second copy of a spec field under its old name
+    assert not {"embedding_dim", "image_size", "resize", "arch", "pooling"} & set(props)
     assert props["loss"] == "rankmi" and props["dataset"] == "cub"
     assert props["training_step"] == "42"
     assert props["checkpoint_sha256"] == hashlib.sha256(checkpoint_bytes).hexdigest()
     assert props["nearsight_version"] == nearsight_version()
     assert props["opset"] == "17" and props["precision"] == "fp32"
-    assert props["arch"] == "resnet18" and props["pooling"] == "avgmax"
+    assert spec["arch"] == "resnet18" and spec["pooling"] == "avgmax"
 
 
 def test_one_file_without_external_data(exported):
@@ -187,7 +191,7 @@ def test_int8_model_is_close_to_fp32(exported):
     # held-out images (not the calibration ones) through the shared preprocessing
     held_out = _write_images(exported["root"] / "held_out", 6, seed=7)
     transform = make_test_transform(SIZE, RESIZE)
-    batch = torch.stack([transform(Image.open(p).convert("RGB")) for p in held_out])
+    batch = torch.from_numpy(np.stack([transform(Image.open(p).convert("RGB")) for p in held_out]))
     fp32 = OnnxEmbedder(exported["out"], providers=["CPUExecutionProvider"]).embed(batch)
     int8 = OnnxEmbedder(int8_path, providers=["CPUExecutionProvider"]).embed(batch)
     assert np.sum(fp32 * int8, axis=1).min() >= 0.9

@@ -85,7 +85,7 @@ def test_eval_equals_recall_computed_from_the_checkpoint(setup, capsys):
     net = load_embedding_net(setup["model"])
     transform = make_test_transform(32)
     with torch.no_grad():
-        batch = torch.stack([transform(load_image(path)) for path in split.paths])
+        batch = torch.from_numpy(np.stack([transform(load_image(path)) for path in split.paths]))
         embeddings = net(batch).numpy()
     expected = recall_at_k(embeddings, split.labels, (1, 2, 4, 8))
 
@@ -111,7 +111,7 @@ def test_build_records_the_catalog_and_meta(setup):
     with Gallery.open(setup["gallery"]) as gallery:
         meta = gallery.meta
         assert meta["dataset"] == "folder" and meta["split"] == "test" and meta["count"] == 12
-        assert meta["model"] == str(setup["model"]) and meta["image_size"] == 32
+        assert meta["model"] == str(setup["model"]) and meta["model_spec"]["image_size"] == 32
         assert meta["index_type"] == "flat" and meta["dim"] == 16 and meta["skipped"] == 0
         items = gallery.all_items()
     split = load_dataset("folder", setup["data"], "test")

@@ -446,7 +446,7 @@ class Trainer:
 
         def embed(images: torch.Tensor) -> torch.Tensor:
             with self._autocast():
-                return model(images.to(self.device)).float()
+                return model(torch.from_numpy(images).to(self.device)).float()
 
         result = embed_paths(
             embed,

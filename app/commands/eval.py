@@ -29,9 +29,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from nearsight.index.gallery import Gallery
+    from nearsight.index.searchable import open_gallery
 
-    with Gallery.open(args.gallery) as gallery:
+    with open_gallery(args.gallery) as gallery:
         metrics = gallery.evaluate(args.k)
     if args.json:
         # MAP@R is NaN when no class has two items: null keeps the output valid JSON

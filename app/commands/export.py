@@ -62,7 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_export(args: argparse.Namespace) -> int:
     from nearsight.models.errors import NearsightError
-    from nearsight.models.export import export_onnx, pick_calibration_paths
+    from nearsight.models.export import export, pick_calibration_paths
 
     checkpoint: Path = args.checkpoint
     if checkpoint.is_dir():
@@ -97,11 +97,11 @@ def run_export(args: argparse.Namespace) -> int:
         calibration = pick_calibration_paths(split.paths, args.calibration_images)
         image_loader = load_image
 
-    report = export_onnx(
+    report = export(
         checkpoint,
         args.out,
         opset=args.opset,
-        batch_for_check=args.parity_batch,
+        parity_batch=args.parity_batch,
         int8_calibration=calibration,
         int8_out=args.int8_out,
         image_loader=image_loader,

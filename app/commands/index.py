@@ -100,7 +100,7 @@ def _add_embedding_options(parser: argparse.ArgumentParser) -> None:
         "--workers",
         type=int,
         default=min(4, os.cpu_count() or 1),
-        help="image-decoding worker processes (default min(4, cores))",
+        help="image-decoding threads (default min(4, cores))",
     )
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
 
@@ -249,6 +249,7 @@ def run_build(args: argparse.Namespace) -> int:
     from nearsight.index.gallery import build_gallery, resolve_index_type
     from nearsight.models.embedder import load_embedder
     from nearsight.models.errors import NearsightError
+    from nearsight.models.spec import SPEC_KEY
 
     start = time.perf_counter()
     _check_batching(args)
@@ -271,8 +272,7 @@ def run_build(args: argparse.Namespace) -> int:
     meta = {
         **source_meta,
         "model": str(_absolute(args.model)),
-        "image_size": embedder.image_size,
-        "resize": embedder.resize,
+        SPEC_KEY: embedder.spec.to_dict(),
         "skipped": len(errors),
     }
     build_gallery(

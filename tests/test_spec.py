@@ -1,0 +1,132 @@
+"""One model spec (models/spec.py): written into the checkpoint, carried into the ONNX metadata
+and the gallery meta, read back by the embedders and the page; old files without it load."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+import torch
+
+from nearsight.index.gallery import Gallery
+from nearsight.models.checkpoint import load_checkpoint, save_checkpoint
+from nearsight.models.embedder import OnnxEmbedder, load_embedder
+from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
+from nearsight.models.errors import NearsightError
+from nearsight.models.spec import (
+    ModelSpec,
+    default_resize,
+    spec_from_checkpoint,
+    spec_from_gallery_meta,
+    spec_from_onnx_metadata,
+)
+
+
+def test_round_trip_and_defaults():
+    spec = ModelSpec(arch="resnet18", dim=8, image_size=32, pooling="avgmax")
+    assert spec.test_resize == default_resize(32) == 37
+    assert ModelSpec.from_json(spec.to_json()) == spec
+    assert ModelSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+    assert spec.heads == ("layer4",) and spec.embedding == "last"
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"dim": 0},
+        {"dim": "8"},
+        {"pooling": "gem"},
+        {"feature_norm": "auto"},  # stored resolved
+        {"heads": "layer4"},
+        {"colour": "red"},  # a field this nearsight does not know
+    ],
+)
+def test_bad_specs_are_one_line_errors(values):
+    with pytest.raises(NearsightError, match="model spec"):
+        ModelSpec.from_dict({**ModelSpec().to_dict(), **values})
+
+
+def test_the_config_and_the_spec_agree():
+    config = EmbeddingConfig(dim=8, image_size=32, arch="resnet18", pooling="max")
+    spec = config.spec(test_resize=40)
+    assert (spec.dim, spec.image_size, spec.test_resize, spec.arch, spec.pooling) == (
+        8, 32, 40, "resnet18", "max",
+    )  # fmt: skip
+    assert spec.feature_norm == config.feature_norm == "batchnorm"  # from scratch
+    again = EmbeddingConfig.from_spec(spec)
+    assert again.spec(test_resize=40) == spec
+
+
+def test_checkpoint_carries_the_spec_with_the_training_resize(tmp_path):
+    net = build_embedding_net(EmbeddingConfig(dim=8, image_size=32, arch="resnet18"))
+    path = tmp_path / "best.pt"
+    extra = {"training": {"config": {"data": {"image_size": 32, "resize": 40}}}}
+    save_checkpoint(path, net, extra=extra)
+    payload = load_checkpoint(path)
+    assert payload["model_spec"]["test_resize"] == 40
+    assert spec_from_checkpoint(payload) == net.config.spec(test_resize=40)
+
+
+def test_a_checkpoint_from_before_the_spec_still_loads(tmp_path):
+    """Written as save_checkpoint wrote them before: no model_spec key."""
+    net = build_embedding_net(EmbeddingConfig(dim=8, image_size=32, arch="resnet18"))
+    path = tmp_path / "old.pt"
+    torch.save(
+        {
+            "format": "nearsight-checkpoint",
+            "version": 1,
+            "model_config": net.config.to_dict(),
+            "state_dict": net.state_dict(),
+            "training": {"config": {"data": {"resize": 36}}},
+        },
+        path,
+    )
+    embedder = load_embedder(path, device="cpu")
+    assert embedder.spec == net.config.spec(test_resize=36)
+    assert embedder.resize == 36
+
+
+def test_onnx_gallery_and_page_read_one_spec(onnx_gallery):
+    embedder = OnnxEmbedder(onnx_gallery.model)
+    expected = ModelSpec(arch="resnet18", dim=8, image_size=32, feature_norm="batchnorm")
+    assert embedder.spec == expected
+    with Gallery.open(onnx_gallery.gallery) as gallery:
+        assert spec_from_gallery_meta(gallery.meta) == expected
+
+    from nearsight.app.page_tables import spec_line
+
+    assert spec_line(expected) == (
+        "resnet18, dim 8, image size 32 (resized to 37 first), avg pooling"
+    )
+
+
+def test_an_onnx_model_from_before_the_spec_still_loads(onnx_gallery, tmp_path):
+    """The metadata as export wrote it before: separate embedding_dim, image_size, resize,
+    arch and pooling properties."""
+    model = onnx.load(str(onnx_gallery.model))
+    props = {p.key: p.value for p in model.metadata_props}
+    spec = json.loads(props.pop("model_spec"))
+    props.update(
+        embedding_dim=str(spec["dim"]),
+        image_size=str(spec["image_size"]),
+        resize="40",
+        arch=spec["arch"],
+        pooling=spec["pooling"],
+    )
+    del model.metadata_props[:]
+    for key, value in props.items():
+        entry = model.metadata_props.add()
+        entry.key, entry.value = key, value
+    old = tmp_path / "old.onnx"
+    onnx.save(model, str(old))
+    embedder = OnnxEmbedder(old)
+    assert (embedder.dim, embedder.image_size, embedder.resize) == (8, 32, 40)
+    assert embedder.spec.arch == "resnet18"
+    assert spec_from_onnx_metadata(props) == embedder.spec
+
+
+def test_a_gallery_meta_from_before_the_spec():
+    spec = spec_from_gallery_meta({"dim": 16, "image_size": 32, "resize": 40, "model": "m"})
+    assert (spec.dim, spec.image_size, spec.test_resize, spec.arch) == (16, 32, 40, "")
+    assert spec_from_gallery_meta({"dim": 16}) is None  # built from raw vectors
