@@ -10,7 +10,8 @@ upload size limit, no file serving beyond Gradio's own upload cache, no analytic
 theme so that the page fetches nothing from the internet, a queue with a concurrency limit).
 
 Endpoint for gradio_client: ``/search`` (image file, k, gallery name) -> JSON text of the list
-of the k nearest items, ``{"id", "path", "label", "class_name", "distance"}``, nearest first::
+of the k nearest items, ``{"id", "path", "label", "class_name", "distance", "meta"}``, nearest
+first (the JSON routes under ``/api`` are app/rest.py, mounted by :func:`launch_app`)::
 
     neighbours = json.loads(Client(url).predict(handle_file("q.jpg"), api_name="/search"))
 
