@@ -224,3 +224,17 @@ def test_serving_beyond_localhost_needs_a_key(capsys, product, monkeypatch):  # 
     monkeypatch.delenv("NEARSIGHT_API_KEY", raising=False)
     code, _, err = run(capsys, "serve", "--gallery", product["gallery"], "--host", "0.0.0.0")
     assert_one_line_error(code, err, "--api-key", "NEARSIGHT_API_KEY")
+
+
+def test_api_key_comes_from_the_flag_or_the_environment(monkeypatch):
+    import argparse
+
+    from nearsight.app.commands.serve import _api_key
+
+    monkeypatch.setenv("NEARSIGHT_API_KEY", "from-env")
+    assert _api_key(argparse.Namespace(api_key=None, host="0.0.0.0")) == "from-env"
+    assert _api_key(argparse.Namespace(api_key="flag", host="0.0.0.0")) == "flag"
+    monkeypatch.delenv("NEARSIGHT_API_KEY")
+    assert _api_key(argparse.Namespace(api_key=None, host="127.0.0.1")) is None
+    assert _api_key(argparse.Namespace(api_key=None, host="::1")) is None
+    assert _api_key(argparse.Namespace(api_key=None, host="localhost")) is None
