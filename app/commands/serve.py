@@ -95,8 +95,8 @@ def run_serve(args: argparse.Namespace) -> int:
             f"--analysis-max-items must be 0 or more, got {args.analysis_max_items}"
         )
 
-    api_key = _api_key(args)
     _check_address(args.host, args.port)  # before minutes of loading galleries
+    api_key = _api_key(args)
 
     from nearsight.app.page import build_app, launch_app
     from nearsight.app.rest import close_rest_app
