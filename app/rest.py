@@ -3,7 +3,7 @@
 ``/api/openapi.json`` and docs at ``/api/docs``).
 
 - ``POST /api/search``: multipart form; the query is ``image`` (a file), ``id`` (a gallery
-  item, left out of its own answer) or ``vector`` (a JSON list of D numbers); ``k`` (default
+  item's stored vector: the item itself comes first) or ``vector`` (a JSON list of D numbers); ``k`` (default
   8), ``filter`` (``KEY=VALUE``, ``KEY>=N``..., several separated by ``;``), ``gallery`` (a
   name from ``/api/health``; default the first). Answers ``{"gallery", "k", "neighbours"}``,
   each neighbour ``{"id", "path", "label", "class_name", "distance", "meta"}``.
@@ -161,7 +161,7 @@ def make_rest_app(
     async def search(
         image: Annotated[UploadFile | None, File(description="query image file")] = None,
         item_id: Annotated[
-            int | None, Form(alias="id", description="query with this gallery item")
+            int | None, Form(alias="id", description="query by this gallery item's vector")
         ] = None,
         vector: Annotated[str | None, Form(description="query vector, a JSON list")] = None,
         k: Annotated[int, Form(ge=1, le=MAX_K)] = DEFAULT_K,
@@ -175,17 +175,16 @@ def make_rest_app(
             raise ApiError(422, "send exactly one of: image (a file), id, vector")
         view = view_of(gallery)
         allowed = await run_in_threadpool(view.allowed_ids, filter)
-        exclude = None
         if image is not None:
             batcher = batchers[id(view.embedder)]
             query = await _embed_upload(image, view, batcher, max_upload_bytes)
         elif item_id is not None:
             if item_id not in view.rows:
                 raise ApiError(404, f"gallery {view.name} has no item with id {item_id}")
-            query, exclude = view.item_vector(item_id), item_id
+            query = view.item_vector(item_id)
         else:
             query = check_vector(view.gallery, _parse_vector(vector))
-        found = await run_in_threadpool(view.search_vector, query, k, exclude, allowed)
+        found = await run_in_threadpool(view.search_vector, query, k, None, allowed)
         return {"gallery": view.name, "k": k, "neighbours": [n.as_json() for n in found]}
 
     return app

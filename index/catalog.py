@@ -244,7 +244,7 @@ class Catalog:
     # -- writing (each call is one transaction) ----------------------------------------------
 
     def set_meta(self, **values: object) -> None:
-        with self._guard(), self._db.conn:
+        with self._guard(writing=True), self._db.conn:
             self._db.conn.executemany(_UPSERT_META, _meta_values(values))
 
     def next_id(self) -> int:
@@ -268,7 +268,7 @@ class Catalog:
         for item in new:
             if "id" in item:
                 raise ValueError("add_items assigns ids itself; remove 'id' from the items")
-        with self._guard(), self._db.conn:
+        with self._guard(writing=True), self._db.conn:
             conn = self._db.conn
             start = self.next_id()
             rows = [_item_row(item, start + offset) for offset, item in enumerate(new)]
@@ -286,7 +286,7 @@ class Catalog:
         """Delete the items with ``ids``; all of them must exist (else nothing is deleted).
         ``meta`` is updated in the same transaction."""
         wanted = sorted({int(i) for i in ids})
-        with self._guard(), self._db.conn:
+        with self._guard(writing=True), self._db.conn:
             present = {item["id"] for item in self.items(wanted)}
             missing = [i for i in wanted if i not in present]
             if missing:
@@ -318,7 +318,7 @@ class Catalog:
         self.close()
 
     @contextlib.contextmanager
-    def _guard(self) -> Iterator[None]:
+    def _guard(self, *, writing: bool = False) -> Iterator[None]:
         """One caller at a time (a served gallery is searched from several threads); SQLite
         errors from the file (damaged, read-only) become a one-line :class:`GalleryError`."""
         with self._lock:
@@ -327,7 +327,9 @@ class Catalog:
             except sqlite3.ProgrammingError:
                 raise  # misuse (a closed catalog): a bug, keep the traceback
             except sqlite3.DatabaseError as error:
-                unwritable = "readonly" in str(error) or "full" in str(error)
+                unwritable = "readonly" in str(error) or (
+                    writing and isinstance(error, sqlite3.OperationalError)
+                )  # a full disk, a quota: SQLite says "disk I/O error" or "disk is full"
                 problem = "cannot be written" if unwritable else "is damaged"
                 raise GalleryError(f"gallery catalog {self.path} {problem}: {error}") from None
 

@@ -48,10 +48,10 @@ from nearsight.index.catalog import (
     gallery_writer,
 )
 from nearsight.index.faiss_index import (  # noqa: F401  (re-exported: the gallery's public names)
-    FLAT_MAX_ITEMS,
     HNSW_EF_SEARCH,
     INDEX_TYPES,
     METRIC,
+    PQ_TYPES,
     apply_search_parameters,
     index_ids,
     ivf_parameters,
@@ -70,7 +70,9 @@ from nearsight.index.gallery_lock import (  # noqa: F401  (lock_path re-exported
     sweep_temporaries,
 )
 from nearsight.index.images import file_sha256
+from nearsight.index.index_choice import FLAT_MAX_ITEMS, parse_memory  # noqa: F401
 from nearsight.index.segments import read_segment, sweep_unlisted, write_segment
+from nearsight.index.tuning import REFINE_FACTOR, TARGET_RECALL, refine, tune
 from nearsight.models.atomic import recover_dir
 from nearsight.models.errors import NearsightError
 
@@ -85,6 +87,7 @@ _EXIF_ORIENTATION = 0x0112
 # appends stay O(added items) and a gallery of N items is rewritten after ~N/4 appended items
 COMPACT_MIN_ITEMS = 100_000
 COMPACT_SHARE = 0.25
+MMAP_MIN_BYTES = 1 << 30  # an index file this large is memory-mapped where FAISS can
 
 
 # -- building --------------------------------------------------------------------------------
@@ -114,21 +117,27 @@ def build_gallery(
     model_sha256: str,
     index_type: str = "auto",
     meta: dict[str, Any] | None = None,
+    max_index_memory: str | int | None = None,
+    target_recall: float = TARGET_RECALL,
 ) -> Path:
     """Write a new gallery folder at ``out_dir`` (replacing a gallery there) holding ``items``
     (catalog rows without ids: path, label, class_name, split, sha256, width, height) and their
     L2-normalised ``vectors`` [N, D]; ids are 0..N-1. ``meta`` adds to the catalog meta (model
-    path, image size, dataset...). Returns the folder."""
+    path, image size, dataset...). ``auto`` chooses the index type by count and
+    ``max_index_memory`` (index.index_choice); an approximate index's nprobe/efSearch is tuned
+    to ``target_recall`` recall@10 (index.tuning). Returns the folder."""
     if not items:
         raise NearsightError("cannot build a gallery of no images")
     array = _check_vectors(vectors, len(items))
-    resolved = resolve_index_type(index_type, len(array))
+    budget = parse_memory(max_index_memory)
+    resolved = resolve_index_type(index_type, len(array), array.shape[1], budget)
     ids = np.arange(len(array), dtype=np.int64)
     final = Path(out_dir).expanduser().absolute()
     with gallery_lock(final, exclusive=True), _write_errors(final):
         sweep_temporaries(final)
         with gallery_writer(final) as tmp:
             index, params = make_index(array, ids, resolved)
+            params.update(tune(index, resolved, array, ids, target_recall))
             full_meta = {
                 **(meta or {}),
                 "model_sha256": model_sha256,
@@ -251,7 +260,9 @@ class Gallery:
             try:
                 ids, labels = catalog.labels()
                 meta = catalog.meta()
-                index = read_index(folder / INDEX_FILE)
+                pending = meta.get("segments") or meta.get("removed")
+                mappable = (folder / INDEX_FILE).stat().st_size >= MMAP_MIN_BYTES
+                index = read_index(folder / INDEX_FILE, mmap=mappable and not pending)
                 embeddings = _read_embeddings(folder / EMBEDDINGS_FILE)
                 dim = int(meta.get("dim", index.d))
                 segments = [read_segment(folder, name, dim) for name in meta.get("segments", [])]
@@ -295,6 +306,11 @@ class Gallery:
         if override is not None:
             return Path(override)
         recorded = self.meta.get("model")
+        if not recorded and not self.model_sha256:
+            raise NearsightError(
+                f"gallery {self.path} was imported without a model: search it by --id or "
+                f"--vector, or pass --model (a model of dim {self.dim}) to search by image"
+            )
         if not recorded:
             raise NearsightError(f"gallery {self.path} does not record its model: pass --model")
         path = Path(str(recorded))
@@ -311,6 +327,8 @@ class Gallery:
         model_sha = str(model.model_sha256)
         if model_dim == self.dim and model_sha == self.model_sha256:
             return
+        if model_dim == self.dim and not self.model_sha256:
+            return  # imported vectors of an unrecorded model: the dim is all there is to check
         label = os.fspath(name) if name is not None else getattr(model, "path", None) or "MODEL"
         raise GalleryError(
             f"gallery {self.path} was built with model sha256 {self.model_sha256[:12]}.. "
@@ -393,6 +411,16 @@ class Gallery:
         return self._catalog.meta_keys()
 
     def _search_index(self, queries: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.index_type not in PQ_TYPES:
+            return self._search_raw(queries, depth)
+        # compressed codes rank roughly: re-rank more candidates by the exact vectors
+        _, candidates = self._search_raw(queries, min(self.count, depth * REFINE_FACTOR))
+        embeddings, ids = self.embeddings, self.ids
+        return refine(
+            queries, candidates, lambda wanted: embeddings[np.searchsorted(ids, wanted)], depth
+        )
+
+    def _search_raw(self, queries: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
         if self._gpu_index is not None and depth <= 2048:  # GPU k-selection limit
             with self._gpu_lock:
                 return self._gpu_index.search(queries, depth)

@@ -15,10 +15,11 @@ import fcntl
 import os
 import re
 import shutil
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
-from nearsight.index.catalog import GalleryError
+from nearsight.index.catalog import CATALOG_FILE, GalleryError
 from nearsight.models.atomic import recover_dir
 
 
@@ -60,10 +61,23 @@ def sweep_temporaries(final: Path) -> None:
 
 
 def recover(folder: Path) -> None:
-    """Undo a writer killed between the two renames of a replace (under the write lock)."""
+    """Undo a writer killed between the two renames of a replace, or in the middle of a
+    catalog transaction (SQLite rolls its hot journal back when the catalog is next opened
+    for writing; a read-only open cannot), under the write lock."""
     if previous_path(folder).exists() and not folder.exists():
         with gallery_lock(folder, exclusive=True):
             recover_dir(folder)
+    journal = folder / f"{CATALOG_FILE}-journal"
+    if journal.exists():
+        with gallery_lock(folder, exclusive=True):
+            if journal.exists():  # still there with the lock held: its writer died
+                connection = sqlite3.connect(folder / CATALOG_FILE)
+                try:
+                    connection.execute("SELECT count(*) FROM sqlite_master").fetchall()
+                except sqlite3.DatabaseError:
+                    pass  # a damaged catalog is reported by the open that follows
+                finally:
+                    connection.close()
 
 
 def previous_path(folder: Path) -> Path:

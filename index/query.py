@@ -73,24 +73,16 @@ def search_rows(
     *,
     filters: Sequence[str | Condition] | str | None = None,
     allowed: np.ndarray | None = None,
-    exclude_ids: Sequence[int | None] | None = None,
 ) -> list[list[dict[str, Any]]]:
     """The ``k`` nearest items of each query vector, as JSON-ready rows (module docstring).
-    ``filters`` (or ``allowed``, already resolved ids): search only the matching items.
-    ``exclude_ids[q]``: leave that item out of query q's answer (an item querying the rest)."""
+    ``filters`` (or ``allowed``, already resolved ids): search only the matching items."""
     if allowed is None:
         allowed = allowed_ids(gallery, filters)
-    excluding = exclude_ids is not None and any(i is not None for i in exclude_ids)
-    distances, ids = gallery.search(vectors, k + (1 if excluding else 0), ids=allowed)
-    per_query: list[list[tuple[int, float]]] = []
-    for q in range(len(ids)):
-        skip = exclude_ids[q] if excluding else None
-        found = [
-            (int(i), float(d))
-            for i, d in zip(ids[q], distances[q], strict=True)
-            if i >= 0 and int(i) != skip
-        ]
-        per_query.append(found[:k])
+    distances, ids = gallery.search(vectors, k, ids=allowed)
+    per_query = [
+        [(int(i), float(d)) for i, d in zip(ids[q], distances[q], strict=True) if i >= 0]
+        for q in range(len(ids))
+    ]
     wanted = sorted({i for found in per_query for i, _ in found})
     rows = {row["id"]: row for row in gallery.items(wanted)} if wanted else {}
     return [[neighbour_row(rows[i], d) for i, d in found] for found in per_query]

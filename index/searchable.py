@@ -96,20 +96,13 @@ class SearchableGallery:
     def search_item(
         self, item_id: int, k: int = 8, *, filters: Filters = None
     ) -> list[dict[str, Any]]:
-        """:meth:`search` by a gallery item's stored embedding; the item itself is left out."""
+        """:meth:`search` by a gallery item's stored embedding (the item itself comes first,
+        at distance 0, unless a filter leaves it out)."""
         vector = item_vector(self.gallery, int(item_id))
-        return self._rows(vector, _check_k(k), filters, exclude=int(item_id))[0]
+        return self._rows(vector, _check_k(k), filters)[0]
 
-    def _rows(
-        self, vectors: np.ndarray, k: int, filters: Filters, exclude: int | None = None
-    ) -> list[list[dict[str, Any]]]:
-        answers = search_rows(
-            self.gallery,
-            vectors,
-            k,
-            filters=filters,
-            exclude_ids=None if exclude is None else [exclude],
-        )
+    def _rows(self, vectors: np.ndarray, k: int, filters: Filters) -> list[list[dict[str, Any]]]:
+        answers = search_rows(self.gallery, vectors, k, filters=filters)
         return [
             [{"rank": rank, **row} for rank, row in enumerate(rows, start=1)] for rows in answers
         ]

@@ -8,6 +8,7 @@ import json
 import sqlite3
 from pathlib import Path
 
+import numpy as np
 import pytest
 from test_index_cli import FAST, assert_one_line_error, run, tiny_model
 
@@ -75,9 +76,21 @@ def test_filtered_search_returns_exactly_k_matching_items(capsys, product):
     assert [r["id"] for r in results] == [r["id"] for r in matching[:k]]
 
 
-def test_search_by_id_leaves_the_item_out(capsys, product):
+def test_search_by_id_and_by_vector(capsys, product, tmp_path):
     results = _search(capsys, "--gallery", product["gallery"], "--id", 5, "--k", 3)
-    assert len(results) == 3 and 5 not in [r["id"] for r in results]
+    assert len(results) == 3 and results[0]["id"] == 5 and results[0]["distance"] < 1e-3
+    shop = results[0]["meta"]["shop"]
+    other = "north" if shop == "south" else "south"
+    filtered = _search(capsys, "--gallery", product["gallery"], "--id", 5, "--filter",
+                       f"shop={other}")  # fmt: skip
+    assert 5 not in [r["id"] for r in filtered] and len(filtered) == 8
+    from nearsight.index.gallery import Gallery
+
+    with Gallery.open(product["gallery"]) as gallery:
+        np.save(tmp_path / "q.npy", np.asarray(gallery.embeddings[5]) * 2)
+    by_vector = _search(capsys, "--gallery", product["gallery"], "--vector", tmp_path / "q.npy",
+                        "--k", 3)  # fmt: skip
+    assert [r["id"] for r in by_vector] == [r["id"] for r in results]
     code, _, err = run(capsys, "search", "--gallery", product["gallery"], "--id", 999)
     assert_one_line_error(code, err, "no item with id 999")
 

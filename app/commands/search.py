@@ -17,7 +17,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="find the gallery images nearest to a query image",
         description="Embed IMAGE with the gallery's model (or --model, which must be the same "
         "model) and print its k nearest gallery items, nearest first; or those of gallery item "
-        "--id N (itself left out); or, with --queries, of every image of a folder or list, "
+        "--id N (itself first), or of a --vector; or, with --queries, of every image of a "
+        "folder or list, "
         "written as one JSON line per query to --out. The distance is the Euclidean distance "
         "between the unit-length embeddings, sqrt(2 - 2 cos): 0 is the same direction, 2 the "
         "opposite.",
@@ -25,7 +26,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--gallery", type=Path, required=True, help="gallery folder")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("image", type=Path, nargs="?", metavar="IMAGE", help="query image file")
-    source.add_argument("--id", type=int, metavar="N", help="query with gallery item N")
+    source.add_argument(
+        "--id", type=int, metavar="N", help="query by gallery item N's stored vector"
+    )
+    source.add_argument(
+        "--vector", type=Path, help="query by a vector: a .npy file of D floats (or [1, D])"
+    )
     source.add_argument(
         "--queries",
         type=Path,
@@ -95,18 +101,30 @@ def _search_one(args: argparse.Namespace, conditions: list) -> list[dict[str, An
     from nearsight.app.commands.index import load_gallery_model
     from nearsight.index.gallery import Gallery
     from nearsight.index.images import load_image
-    from nearsight.index.query import item_vector, search_rows
+    from nearsight.index.query import check_vector, item_vector, search_rows
 
     with Gallery.open(args.gallery) as gallery:
         if args.id is not None:
             vector = item_vector(gallery, args.id)
-            exclude = [args.id]
+        elif args.vector is not None:
+            vector = check_vector(gallery, _vector_file(args.vector))
         else:
             image = load_image(args.image)  # a missing or unreadable query: one-line error
             embedder = load_gallery_model(gallery, args.model, args.device)
             vector = embedder.embed_images([image])
-            exclude = None
-        return search_rows(gallery, vector, args.k, filters=conditions, exclude_ids=exclude)[0]
+        return search_rows(gallery, vector, args.k, filters=conditions)[0]
+
+
+def _vector_file(path: Path):
+    import numpy as np
+
+    from nearsight.models.errors import NearsightError
+
+    try:
+        vector = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as error:
+        raise NearsightError(f"cannot read query vector {path}: {error}") from None
+    return np.asarray(vector, dtype=np.float32).reshape(1, -1)
 
 
 def _print_table(results: list[dict[str, Any]]) -> None:
