@@ -142,3 +142,22 @@ def test_index_add_meta_and_old_galleries(capsys, product, tmp_path):
     code, _, err = run(capsys, "index", "add", "--gallery", gallery, product["images"][6],
                        "--meta", "label=3")  # fmt: skip
     assert_one_line_error(code, err, "built-in")
+
+
+def test_index_import_keeps_the_meta_files_extra_columns(capsys, tmp_path):
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((50, 8)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    np.save(tmp_path / "vectors.npy", vectors)
+    with open(tmp_path / "meta.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["label", "path", "shop", "price"])
+        writer.writerows([i % 5, f"/items/{i}.jpg", "ab"[i % 2], i] for i in range(50))
+    out = tmp_path / "g"
+    code, _, err = run(capsys, "index", "import", "--vectors", tmp_path / "vectors.npy",
+                       "--meta", tmp_path / "meta.csv", "--out", out)  # fmt: skip
+    assert code == 0, err
+    found = _search(capsys, "--gallery", out, "--id", 3, "--k", 5, "--filter", "shop=a",
+                    "--filter", "price>=20")  # fmt: skip
+    assert len(found) == 5
+    assert all(r["meta"]["shop"] == "a" and r["meta"]["price"] >= 20 for r in found)
