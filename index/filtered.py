@@ -23,6 +23,7 @@ import faiss
 import numpy as np
 
 HNSW_FILTER_EF_FACTOR = 4  # a filtered HNSW walk keeps more candidates: many are rejected
+HNSW_FILTER_MIN_EF = 128  # and at least this many (a tuned efSearch may be as low as 16)
 
 
 def search_parameters(
@@ -33,7 +34,8 @@ def search_parameters(
     if index_type == "ivf":
         params = faiss.SearchParametersIVF(sel=selector, nprobe=int(meta.get("nprobe", 8)))
     elif index_type == "hnsw":
-        ef = max(int(meta.get("ef_search", 64)) * HNSW_FILTER_EF_FACTOR, depth)
+        ef = int(meta.get("ef_search", 64)) * HNSW_FILTER_EF_FACTOR
+        ef = max(ef, HNSW_FILTER_MIN_EF, depth)
         params = faiss.SearchParametersHNSW(sel=selector, efSearch=ef)
     else:
         params = faiss.SearchParameters(sel=selector)
