@@ -24,9 +24,11 @@ so inner product ranks like cosine similarity and like Euclidean distance. For a
 queries, faiss.knn against the whole gallery (BLAS blocks + a heap per query; faiss.knn_gpu on a
 GPU that FAISS sees), k + 1 deep. The query is excluded by id, not by position: with duplicate
 vectors the query may not come first, so its own id is dropped wherever it appears among the
-k + 1, else (tied duplicates pushed it out) the last one. Work is done in chunks of queries: at
-most _MAX_SCORES_PER_CHUNK scores (chunk * N float32, 256 MB) and _MAX_RESULTS_PER_CHUNK
-neighbour ids (chunk * (k + 1)) at once, never O(N^2); the gallery itself may be a memory map.
+k + 1, else (tied duplicates pushed it out) the last one. Work is done in chunks of queries (4096:
+faiss blocks the scores itself, 4096 x 1024 at a time, and every block is one OpenMP region, so
+that small chunks multiply the regions, which a loaded CPU makes slow) and at most
+_MAX_RESULTS_PER_CHUNK neighbour ids (chunk * (k + 1)) at once, never O(N^2); the gallery itself
+may be a memory map: evaluation past the memory budget stays exact.
 Ties: items with exactly equal scores (duplicate vectors) come in the order faiss returns them,
 which is unspecified; the metrics change only if tied items of different classes straddle the
 k-th rank (or the R-th, for MAP@R).
@@ -57,8 +59,6 @@ KMEANS_INITS = {
 }
 # upper bound on neighbour ids held at once (chunk * (k + 1)): ~100 MB with ids and distances
 _MAX_RESULTS_PER_CHUNK = 1 << 23
-# upper bound on query-gallery scores held at once (chunk * N float32): 256 MB
-_MAX_SCORES_PER_CHUNK = 1 << 26
 
 
 def default_ks(num_items: int) -> tuple[int, ...]:
@@ -188,7 +188,6 @@ def _retrieval_scores(
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     n = len(vectors)
     index = _ExactIP(vectors)
-    rows_per_scores = max(1, _MAX_SCORES_PER_CHUNK // n)  # queries whose scores fit the bound
 
     k_recall = min(max(ks), n - 1) if ks else 0
     others_of_class = np.bincount(codes)[codes] - 1  # R per query
@@ -201,7 +200,7 @@ def _retrieval_scores(
 
     start = 0
     while start < n:
-        end = min(start + chunk, start + rows_per_scores, n)
+        end = min(start + chunk, n)
         depth = _depth(k_recall, others_of_class, order, end, with_map)
         end = min(end, start + max(1, _MAX_RESULTS_PER_CHUNK // (depth + 1)))
         depth = _depth(k_recall, others_of_class, order, end, with_map)

@@ -169,8 +169,7 @@ def test_chunked_equals_unchunked(monkeypatch):
     monkeypatch.setattr(metrics, "_MAX_RESULTS_PER_CHUNK", 50)
     assert evaluate(vectors, labels, ks, chunk=4096) == whole
     monkeypatch.undo()
-    # the bound on query x gallery scores: 1000 scores of a 400-item gallery is 2 queries
-    monkeypatch.setattr(metrics, "_MAX_SCORES_PER_CHUNK", 1000)
+    # each search asks for at most `chunk` queries
     searched = []
     search = metrics._ExactIP.search
     monkeypatch.setattr(
@@ -178,8 +177,8 @@ def test_chunked_equals_unchunked(monkeypatch):
         "search",
         lambda self, q, k: searched.append(len(q)) or search(self, q, k),
     )
-    assert evaluate(vectors, labels, ks, chunk=4096) == whole
-    assert max(searched) == 2 and sum(searched) == 400
+    assert evaluate(vectors, labels, ks, chunk=7) == whole
+    assert max(searched) == 7 and sum(searched) == 400
 
 
 def test_exact_search_matches_faiss_flat_index():
