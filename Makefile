@@ -1,6 +1,7 @@
 # Two commands on a fresh machine: `make demo` and `make test`.
-# Each creates .venv when missing and (re)installs nearsight when pyproject.toml changed;
-# a second run skips what is already installed.
+# Each creates .venv when missing and (re)installs nearsight when pyproject.toml or
+# constraints.txt changed; a second run skips what is already installed. constraints.txt pins
+# the versions the tests last passed with (pip freeze of the passing venv).
 
 PYTHON ?= python3
 VENV := .venv
@@ -14,8 +15,8 @@ venv: $(STAMP)
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet --progress-bar off -e '.[dev]'
+$(STAMP): pyproject.toml constraints.txt | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --progress-bar off -c constraints.txt -e '.[dev]'
 	touch $@
 
 demo: venv

@@ -71,6 +71,7 @@ from nearsight.index.gallery_lock import (  # noqa: F401  (lock_path re-exported
 )
 from nearsight.index.images import file_sha256
 from nearsight.index.index_choice import FLAT_MAX_ITEMS, parse_memory  # noqa: F401
+from nearsight.index.metrics import CUB_KS, SOP_KS, default_ks, evaluate
 from nearsight.index.segments import read_segment, sweep_unlisted, write_segment
 from nearsight.index.tuning import REFINE_FACTOR, TARGET_RECALL, refine, tune
 from nearsight.models.atomic import recover_dir
@@ -464,8 +465,6 @@ class Gallery:
     def default_ks(self) -> tuple[int, ...]:
         """The papers' k values: SOP's for a gallery of the sop dataset, CUB/CARS's for other
         datasets, by size for a gallery of loose images."""
-        from nearsight.index.metrics import CUB_KS, SOP_KS, default_ks  # evaluation only
-
         dataset = self.meta.get("dataset")
         if dataset == "sop":
             return SOP_KS
@@ -477,8 +476,6 @@ class Gallery:
         """The papers' protocol on the stored embeddings: every labelled item queries all the
         other labelled items (unlabelled ones are left out). Returns index.metrics.evaluate's
         dict: recall@k..., nmi, map@r, queries."""
-        from nearsight.index.metrics import evaluate  # not on the search path
-
         labelled = self.labels >= 0
         if labelled.sum() < 2:
             raise NearsightError(

@@ -42,11 +42,13 @@ class SearchableGallery:
         model: str | os.PathLike[str] | None = None,
         *,
         device: str = "auto",
+        optimization: str = "all",
     ) -> None:
         self.gallery = Gallery.open(path)
         self.path = self.gallery.path
         self._model_override = model
         self._device = device
+        self._optimization = optimization
         self._embedder: Any = None
 
     @property
@@ -57,7 +59,7 @@ class SearchableGallery:
             from nearsight.models.embedder import load_embedder
 
             path = self.gallery.model_path(self._model_override)
-            embedder = load_embedder(path, device=self._device)
+            embedder = load_embedder(path, device=self._device, optimization=self._optimization)
             self.gallery.check_model(embedder, path)
             self._embedder = embedder
         return self._embedder
@@ -125,6 +127,12 @@ class SearchableGallery:
         return f"SearchableGallery({str(self.path)!r}, items={len(self)})"
 
 
+def _check_k(k: Any) -> int:
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
+        raise NearsightError(f"k must be a whole number of at least 1, got {k!r}")
+    return int(k)
+
+
 def as_image(image: ImageLike) -> Image.Image:
     """A query as an RGB PIL image; paths are read by :func:`index.images.load_image` (one-line
     errors for missing or unreadable files)."""
@@ -155,8 +163,10 @@ def open_gallery(
     model: str | os.PathLike[str] | None = None,
     *,
     device: str = "auto",
+    optimization: str = "all",
 ) -> SearchableGallery:
     """Open the gallery folder ``path`` for searching. ``model``: the model that embeds queries
     (default: the one the gallery records; it must be the model that built it). ``device``:
-    auto | cpu | cuda."""
-    return SearchableGallery(path, model, device=device)
+    auto | cpu | cuda. ``optimization``: onnxruntime's graph optimisation, ``all`` (fastest per
+    query) or ``extended`` (half the load time and memory, for a few queries)."""
+    return SearchableGallery(path, model, device=device, optimization=optimization)

@@ -143,7 +143,8 @@ class _EmbedderBase:
 
     @property
     def dim(self) -> int:
-        return self.spec.dim
+        """The width of the embeddings this model serves."""
+        return self.spec.output_dim
 
     @property
     def image_size(self) -> int:
@@ -305,13 +306,17 @@ class OnnxEmbedder(_EmbedderBase):
 
     ``providers``: onnxruntime provider names (default: CUDA when a GPU really works, else CPU;
     :attr:`providers` says what the session actually uses). ``threads``: intra-op threads for
-    the CPU provider (default: the physical cores)."""
+    the CPU provider (default: the physical cores). ``optimization``: onnxruntime's graph
+    optimisation level, ``all`` (default: the fastest per image, for servers and batches) or
+    ``extended`` (no layout transforms: the session loads in about half the time and memory,
+    for a one-query process; docs/decisions.md)."""
 
     def __init__(
         self,
         path: str | os.PathLike[str],
         providers: Sequence[str] | None = None,
         threads: int | None = None,
+        optimization: str = "all",
     ) -> None:
         import onnxruntime as ort
 
@@ -321,7 +326,13 @@ class OnnxEmbedder(_EmbedderBase):
         if threads is not None and threads <= 0:
             raise NearsightError(f"threads must be positive, got {threads}")
         options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        levels = {
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        }
+        if optimization not in levels:
+            raise NearsightError(f"optimization must be all or extended, got {optimization!r}")
+        options.graph_optimization_level = levels[optimization]
         options.intra_op_num_threads = threads or physical_cores()
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
@@ -391,15 +402,20 @@ class TorchEmbedder(_EmbedderBase):
         return self._check_output(out.float().cpu().numpy(), len(batch))
 
 
-def load_embedder(path: str | os.PathLike[str], device: str = "auto") -> Embedder:
+def load_embedder(
+    path: str | os.PathLike[str], device: str = "auto", *, optimization: str = "all"
+) -> Embedder:
     """The embedder for a model file, by suffix: ``.onnx`` (onnxruntime) or ``.pt``/``.pth``
-    (a torch checkpoint). ``device``: auto | cpu | cuda."""
+    (a torch checkpoint). ``device``: auto | cpu | cuda. ``optimization``: see
+    :class:`OnnxEmbedder` (ONNX only)."""
     file = Path(path)
     if not file.is_file():
         raise NearsightError(f"model not found: {file}")
     suffix = file.suffix.lower()
     if suffix == ".onnx":
-        embedder = OnnxEmbedder(file, providers=default_providers(device))
+        embedder = OnnxEmbedder(
+            file, providers=default_providers(device), optimization=optimization
+        )
         if device == "cuda" and embedder.device != "cuda":
             raise NearsightError(
                 "--device cuda: onnxruntime could not start its CUDA provider here "

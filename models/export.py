@@ -3,16 +3,17 @@
 The model file (DESIGN.md "Artifacts"): ONE ``.onnx`` file (no external data), input
 ``images`` float32 [N, 3, H, W] RGB in [0, 1] with ImageNet normalisation inside the graph
 (it is inside ``EmbeddingNet.forward``), output ``embeddings`` [N, D] L2-normalised, dynamic N,
-and the string metadata of :data:`models.embedder.METADATA_KEYS` (embedding dim, image size,
-resize, loss, training dataset, checkpoint sha256, nearsight version, opset...).
+and the string metadata of :data:`models.embedder.METADATA_KEYS` (the model spec as JSON, loss,
+training dataset, checkpoint sha256, nearsight version, opset...).
 
 Decisions
 - Exporter: the TorchScript-based one (``torch.onnx.export(..., dynamo=False)``). torch 2.9+
   defaults to the dynamo exporter, which needs the ``onnxscript`` package (not a nearsight
   dependency and not installed here); the TorchScript exporter needs nothing more, writes one
   file for models under 2 GB, folds BatchNorm into the convolutions in eval mode, and gives
-  parity ~1e-7 on ResNets. Its deprecation warning is silenced; if a future torch drops it,
-  moving to ``dynamo=True`` (plus ``onnxscript``) is a local change here.
+  parity far inside the 1e-4 limit on ResNets (docs/decisions.md). Its deprecation warning is
+  silenced; if a future torch drops it, moving to ``dynamo=True`` (plus ``onnxscript``) is a
+  local change here.
 - Opset 17 (default): inside both the TorchScript exporter's range (<= 20) and onnxruntime's
   (1.31 runs up to 23), and old enough for other runtimes (TensorRT 8.6, ORT >= 1.13).
 - Parity: torch vs onnxruntime (CPU) on a seeded random batch of ``batch_for_check`` images and
@@ -20,13 +21,13 @@ Decisions
   left (everything is written beside ``out`` under a temporary name and renamed at the end).
 - int8: static quantisation (``onnxruntime.quantization.quantize_static``), QDQ format,
   per-channel int8 weights, uint8 activations (U8S8, the fast path of onnxruntime's x86 int8
-  kernels; S8S8 was 3x slower here) calibrated (MinMax) on test-transformed real images. It is
-  meant for CPU serving. It runs on the output of ``quant_pre_process`` (shape inference +
-  onnxruntime graph optimisation: Identity removal, constant folding; the BatchNorms are already
-  fused by the exporter), as onnxruntime recommends. It is written as a SECOND file beside the
-  fp32 one, ``<stem>.int8.onnx`` (``model.onnx`` -> ``model.int8.onnx``), so the fp32 model
-  stays the reference; its parity is the cosine similarity of its embeddings to the fp32 model's
-  on the calibration images (it fails below :data:`INT8_MIN_COSINE` on average).
+  kernels; S8S8 was slower, docs/decisions.md) calibrated (MinMax) on test-transformed real
+  images. It is meant for CPU serving. It runs on the output of ``quant_pre_process`` (shape
+  inference + onnxruntime graph optimisation: Identity removal, constant folding; the BatchNorms
+  are already fused by the exporter), as onnxruntime recommends. It is written as a SECOND file
+  beside the fp32 one, ``<stem>.int8.onnx`` (``model.onnx`` -> ``model.int8.onnx``), so the fp32
+  model stays the reference; its parity is the cosine similarity of its embeddings to the fp32
+  model's on the calibration images (it fails below :data:`INT8_MIN_COSINE` on average).
   :func:`quantize_int8` does the same for an fp32 model already exported.
 """
 

@@ -170,7 +170,7 @@ def _quantize(
             quant_format=QuantFormat.QDQ,
             per_channel=True,
             # U8S8: uint8 activations, int8 weights. onnxruntime's x86 int8 kernels are built
-            # for it (VNNI); S8S8 ran at 0.35x its speed here (ResNet-50 224 px, 2 cores).
+            # for it (VNNI); S8S8 was slower (docs/decisions.md).
             activation_type=QuantType.QUInt8,
             weight_type=QuantType.QInt8,
             calibrate_method=CalibrationMethod.MinMax,

@@ -23,6 +23,7 @@ from nearsight.models.errors import NearsightError
 SPEC_KEY = "model_spec"  # the key in checkpoints, ONNX metadata and gallery meta
 POOLINGS = ("avg", "max", "avgmax")
 RESOLVED_FEATURE_NORMS = ("none", "batchnorm")
+EMBEDDINGS = ("last", "concat")  # the served embedding: the layer4 head's, or all heads'
 
 
 def default_resize(image_size: int) -> int:
@@ -35,13 +36,13 @@ class ModelSpec:
     """What a model is, as far as anyone who runs it needs to know."""
 
     arch: str = "resnet50"  # torchvision trunk
-    dim: int = 128  # embedding width
+    dim: int = 128  # embedding width of each head (see output_dim)
     image_size: int = 224  # the square crop the model takes
     test_resize: int = 0  # short side before the crop; 0 = default_resize(image_size)
     pooling: str = "avg"  # avg | max | avgmax
     feature_norm: str = "none"  # none | batchnorm (resolved, never "auto")
     heads: tuple[str, ...] = ("layer4",)  # trunk stages the embedding is read from
-    embedding: str = "last"  # how the heads' embeddings combine
+    embedding: str = "last"  # what is served: last (layer4's head) | concat (all heads)
 
     def __post_init__(self) -> None:
         for name in ("dim", "image_size", "test_resize"):
@@ -59,6 +60,13 @@ class ModelSpec:
         if isinstance(self.heads, str) or not self.heads:
             raise NearsightError(f"model spec: heads must be a list of stages, got {self.heads!r}")
         object.__setattr__(self, "heads", tuple(str(head) for head in self.heads))
+        if self.embedding not in EMBEDDINGS:
+            raise NearsightError(f"model spec: unknown embedding {self.embedding!r}")
+
+    @property
+    def output_dim(self) -> int:
+        """The width of the served embedding: ``dim``, or ``dim`` x heads for ``concat``."""
+        return self.dim * len(self.heads) if self.embedding == "concat" else self.dim
 
     def to_dict(self) -> dict[str, Any]:
         values = dataclasses.asdict(self)

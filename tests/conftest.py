@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 
 ONNX_CLASSES, ONNX_PER_CLASS, ONNX_SIZE, ONNX_DIM = 4, 3, 32, 8
 
@@ -48,3 +53,29 @@ def make_onnx_gallery(root: Path, seed: int = 0) -> OnnxGallery:
 @pytest.fixture(scope="session")
 def onnx_gallery(tmp_path_factory) -> OnnxGallery:
     return make_onnx_gallery(tmp_path_factory.mktemp("onnx-gallery"))
+
+
+def build_wheel(out: Path) -> Path:
+    """`pip wheel` of a copy of the checkout (the build writes build/ and egg-info into the
+    source folder, so not into the checkout); returns the wheel's path."""
+    source = out / "source"
+    skip = shutil.ignore_patterns(
+        ".venv", ".git", "__pycache__", "*.egg-info", "build", "dist", ".pytest_cache",
+        ".ruff_cache", "runs", "data", "*.onnx", "test-artifacts", ".whl",
+    )  # fmt: skip
+    shutil.copytree(ROOT, source, ignore=skip)
+    wheels = out / "wheels"
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+         "--quiet", "-w", str(wheels), str(source)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    (wheel,) = wheels.glob("nearsight-*.whl")
+    return wheel
+
+
+@pytest.fixture(scope="session")
+def nearsight_wheel(tmp_path_factory) -> Path:
+    """A wheel of the checkout, built once per session."""
+    return build_wheel(tmp_path_factory.mktemp("wheel"))

@@ -67,7 +67,10 @@ def test_search_agrees_with_the_cli(onnx_gallery, capsys):
     cli = json.loads(capsys.readouterr().out)
     with nearsight.open_gallery(onnx_gallery.gallery) as gallery:
         api = gallery.search(onnx_gallery.query, k=4)
-    assert cli == [{key: hit[key] for key in cli[0]} for hit in api]
+    same = [{key: hit[key] for key in cli[0] if key != "distance"} for hit in api]
+    assert [{k: v for k, v in row.items() if k != "distance"} for row in cli] == same
+    # the one-query CLI runs onnxruntime's "extended" graph optimisation: float rounding differs
+    np.testing.assert_allclose([r["distance"] for r in cli], [h["distance"] for h in api], atol=1e-5)
 
 
 def test_evaluate_is_the_gallery_evaluation(onnx_gallery):

@@ -78,6 +78,19 @@ def test_payload_layout_and_extra_state(trained):
         "image_size": 224,
         "arch": "resnet18",
         "feature_norm": "none",
+        "heads": ["layer4"],
+        "embedding": "last",
+    }
+    # the spec: what runs the model reads (training settings such as pretrained are not in it)
+    assert payload["model_spec"] == {
+        "arch": "resnet18",
+        "dim": 12,
+        "image_size": 224,
+        "test_resize": 256,
+        "pooling": "avgmax",
+        "feature_norm": "none",
+        "heads": ["layer4"],
+        "embedding": "last",
     }
     assert payload["step"] == 7
     assert payload["sampler"]["order"] == [3, 1, 2]

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import pkgutil
-import shutil
 import subprocess
 import sys
 import tomllib
@@ -102,22 +101,8 @@ def test_module_walk_sees_every_folder():
 
 
 @pytest.mark.slow
-def test_wheel_holds_only_the_nearsight_package(tmp_path):
-    """`pip wheel` of a copy of the checkout (the build writes build/ and egg-info there)."""
-    source = tmp_path / "source"
-    skip = shutil.ignore_patterns(
-        ".venv", ".git", "__pycache__", "*.egg-info", "build", "dist", ".pytest_cache",
-        ".ruff_cache", "runs", "data", "*.onnx", "test-artifacts", ".whl",
-    )  # fmt: skip
-    shutil.copytree(ROOT, source, ignore=skip)
-    out = tmp_path / "wheels"
-    done = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-         "--quiet", "-w", str(out), str(source)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    (wheel,) = out.glob("nearsight-*.whl")
+def test_wheel_holds_only_the_nearsight_package(nearsight_wheel):
+    wheel = nearsight_wheel
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
     top = {name.split("/")[0] for name in names}

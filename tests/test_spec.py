@@ -130,3 +130,18 @@ def test_a_gallery_meta_from_before_the_spec():
     spec = spec_from_gallery_meta({"dim": 16, "image_size": 32, "resize": 40, "model": "m"})
     assert (spec.dim, spec.image_size, spec.test_resize, spec.arch) == (16, 32, 40, "")
     assert spec_from_gallery_meta({"dim": 16}) is None  # built from raw vectors
+
+
+def test_a_concat_model_serves_dim_times_heads(tmp_path):
+    from nearsight.models.export import export
+
+    config = EmbeddingConfig(
+        dim=8, image_size=32, arch="resnet18", heads=["layer3", "layer4"], embedding="concat"
+    )
+    spec = config.spec()
+    assert (spec.dim, spec.heads, spec.output_dim) == (8, ("layer3", "layer4"), 16)
+    save_checkpoint(tmp_path / "best.pt", build_embedding_net(config))
+    export(tmp_path, tmp_path / "model.onnx")
+    embedder = OnnxEmbedder(tmp_path / "model.onnx")
+    assert embedder.spec == spec and embedder.dim == 16
+    assert EmbeddingConfig.from_spec(spec).spec() == spec

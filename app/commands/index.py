@@ -125,7 +125,7 @@ def _add_embedding_options(parser: argparse.ArgumentParser) -> None:
         "--workers",
         type=int,
         default=min(4, os.cpu_count() or 1),
-        help="image-decoding threads (default min(4, cores))",
+        help="image-decoding worker processes (default min(4, cores))",
     )
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
 

@@ -76,6 +76,7 @@ def run_build(args: argparse.Namespace) -> int:
         return 0
 
     from nearsight.index.gallery import Gallery, build_gallery
+    from nearsight.models.spec import SPEC_KEY
 
     vectors, items = _read_all(folder, names)
     if not items:
@@ -84,8 +85,7 @@ def run_build(args: argparse.Namespace) -> int:
     meta = {
         **source_meta,
         "model": str(_absolute(args.model)),
-        "image_size": embedder.image_size,
-        "resize": embedder.resize,
+        SPEC_KEY: embedder.spec.to_dict(),
         "skipped": skipped,
     }
     build_gallery(

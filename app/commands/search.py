@@ -98,21 +98,19 @@ def run_search(args: argparse.Namespace) -> int:
 
 
 def _search_one(args: argparse.Namespace, conditions: list) -> list[dict[str, Any]]:
-    from nearsight.app.commands.index import load_gallery_model
-    from nearsight.index.gallery import Gallery
-    from nearsight.index.images import load_image
-    from nearsight.index.query import check_vector, item_vector, search_rows
+    from nearsight.index.searchable import open_gallery
 
-    with Gallery.open(args.gallery) as gallery:
+    # one query per process: the lighter onnxruntime session (docs/decisions.md)
+    with open_gallery(
+        args.gallery, args.model, device=args.device, optimization="extended"
+    ) as gallery:
         if args.id is not None:
-            vector = item_vector(gallery, args.id)
+            found = gallery.search_item(args.id, args.k, filters=conditions)
         elif args.vector is not None:
-            vector = check_vector(gallery, _vector_file(args.vector))
+            found = gallery.search_vector(_vector_file(args.vector), args.k, filters=conditions)
         else:
-            image = load_image(args.image)  # a missing or unreadable query: one-line error
-            embedder = load_gallery_model(gallery, args.model, args.device)
-            vector = embedder.embed_images([image])
-        return search_rows(gallery, vector, args.k, filters=conditions)[0]
+            found = gallery.search(args.image, args.k, filters=conditions)
+    return [{key: value for key, value in row.items() if key != "rank"} for row in found]
 
 
 def _vector_file(path: Path):
