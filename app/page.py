@@ -10,7 +10,8 @@ upload size limit, no file serving beyond Gradio's own upload cache, no analytic
 theme so that the page fetches nothing from the internet, a queue with a concurrency limit).
 
 Endpoint for gradio_client: ``/search`` (image file, k, gallery name) -> JSON text of the list
-of the k nearest items, ``{"id", "path", "label", "class_name", "distance"}``, nearest first::
+of the k nearest items, ``{"id", "path", "label", "class_name", "distance", "meta"}``, nearest
+first (the JSON routes under ``/api`` are app/rest.py, mounted by :func:`launch_app`)::
 
     neighbours = json.loads(Client(url).predict(handle_file("q.jpg"), api_name="/search"))
 
@@ -36,8 +37,10 @@ import gradio as gr
 
 from nearsight.app.page_handlers import ANY_CLASS, DEFAULT_K, MAX_K, UNKNOWN_CLASS, Page
 from nearsight.app.page_html import CLICK_JS, message_html
+from nearsight.app.page_map import MapTab, map_tab_layout, wire_map_tab
 from nearsight.app.page_tables import FAILURE_COLUMNS, PAIR_COLUMNS, gallery_header
 from nearsight.app.page_view import GalleryView, open_views
+from nearsight.app.rest import API_PREFIX, make_rest_app
 from nearsight.index.analysis import ANALYSIS_MAX_ITEMS
 
 DEFAULT_MAX_UPLOAD_MB = 10.0
@@ -93,6 +96,7 @@ def build_app(
     max_queue: int = DEFAULT_MAX_QUEUE,
     analyse: bool = True,
     analysis_max_items: int = ANALYSIS_MAX_ITEMS,
+    show_paths: bool = False,
 ) -> gr.Blocks:
     """The page over ``galleries`` (folders, or views already open). ``model``: the model that
     embeds uploads (default: each gallery's recorded model; it must match). ``analyse``: start
@@ -106,6 +110,8 @@ def build_app(
     for view in views:
         view.analysis_max_items = analysis_max_items
     page = Page(views)
+    page.show_paths = show_paths
+    maps = MapTab(page.views)
     first = page.names[0]
 
     with gr.Blocks(title="nearsight", analytics_enabled=False) as demo:
@@ -130,7 +136,7 @@ def build_app(
                 with gr.Column(scale=1, min_width=280):
                     query_image = query_image_input(
                         label="Query image",
-                        sources=["upload", "clipboard"],
+                        sources=["upload", "webcam", "clipboard"],
                         height=260,
                         elem_id="ns-query-image",
                     )
@@ -142,6 +148,12 @@ def build_app(
                     )
                     k_slider = gr.Slider(
                         1, MAX_K, value=DEFAULT_K, step=1, label="k", elem_id="ns-k"
+                    )
+                    filter_box = gr.Textbox(
+                        label="Filter (search only matching items; Enter applies)",
+                        placeholder="shop=north; price<20",
+                        info=_filter_info(page),
+                        elem_id="ns-filter",
                     )
                     search_button = gr.Button("Search", variant="primary", elem_id="ns-search")
                     with gr.Accordion("Query from the gallery (leave-one-out)", open=True):
@@ -189,6 +201,8 @@ def build_app(
                     elem_id="ns-pairs",
                 )
 
+            map_parts = map_tab_layout()
+
             with gr.Tab("Summary", id="summary"):
                 summary = gr.Markdown("Computing the leave-one-out evaluation...")
                 metrics_table = gr.Dataframe(
@@ -227,10 +241,10 @@ def build_app(
             api_result,
             api_name="search",
             api_description="The k nearest gallery items of an image, as JSON text: a list of "
-            '{"id", "path", "label", "class_name", "distance"}, nearest first.',
+            '{"id", "path", "label", "class_name", "distance", "meta"}, nearest first.',
             **embed_limits,
         )
-        upload_inputs = [gallery_choice, query_image, k_slider, query_class]
+        upload_inputs = [gallery_choice, query_image, k_slider, query_class, filter_box]
         # change, not upload: a pasted image counts too; clearing the image changes nothing
         query_image.change(
             page.image_changed,
@@ -248,22 +262,23 @@ def build_app(
             **private,
             **embed_limits,
         )
-        rerun_inputs = [gallery_choice, state, query_image, k_slider, query_class]
+        rerun_inputs = [gallery_choice, state, query_image, k_slider, query_class, filter_box]
         k_slider.release(page.rerun, rerun_inputs, grid_out, api_name="rerun_k", **private)
+        filter_box.submit(page.rerun, rerun_inputs, grid_out, api_name="rerun_filter", **private)
         query_class.input(page.rerun, rerun_inputs, grid_out, api_name="rerun_class", **private)
         random_button.click(
             page.random_item,
-            [gallery_choice, pick_class, k_slider],
+            [gallery_choice, pick_class, k_slider, filter_box],
             [*grid_out, item_id],
             api_name="random_item",
             **private,
         )
-        open_inputs = [gallery_choice, item_id, k_slider]
+        open_inputs = [gallery_choice, item_id, k_slider, filter_box]
         open_button.click(page.item_grid, open_inputs, grid_out, api_name="item_grid", **private)
         item_id.submit(page.item_grid, open_inputs, grid_out, api_name="item_submit", **private)
         results.click(
             page.clicked,
-            [gallery_choice, k_slider],
+            [gallery_choice, k_slider, filter_box],
             [*grid_out, item_id],
             api_name="neighbour_clicked",
             **private,
@@ -282,7 +297,10 @@ def build_app(
         for trigger in (demo.load, gallery_choice.change):
             trigger(
                 page.gallery_changed, gallery_choice, gallery_outputs, **private, queue=False
-            ).then(page.analysis_outputs, gallery_choice, analysis_out, **private)
+            ).then(page.analysis_outputs, gallery_choice, analysis_out, **private).then(
+                maps.outputs, [gallery_choice, map_parts.method], map_parts.outputs, **private
+            )
+        wire_map_tab(map_parts, maps, page, gallery_choice, k_slider, private)
         failure_table.select(
             page.failure_selected,
             [gallery_choice, k_slider],
@@ -307,9 +325,16 @@ def build_app(
 
     demo.queue(default_concurrency_limit=concurrency, max_size=max_queue)
     demo.nearsight = page  # type: ignore[attr-defined]
+    demo.nearsight_maps = maps  # type: ignore[attr-defined]
     if analyse:
         page.start_analysis()
     return demo
+
+
+def _filter_info(page: Page) -> str:
+    keys = sorted({key for view in page.views.values() for key in view.gallery.meta_keys()})
+    columns = ", ".join([*keys, "label", "class_name", "split"])
+    return f"KEY=VALUE, KEY!=VALUE, KEY>=N, KEY<N, ... separated by ';' over: {columns}"
 
 
 def launch_app(
@@ -320,20 +345,24 @@ def launch_app(
     max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB,
     prevent_thread_lock: bool = False,
     quiet: bool = False,
+    api_key: str | None = None,
 ) -> str:
-    """Start the server with the safety settings; returns the local URL. With
-    ``prevent_thread_lock`` it returns at once (call ``demo.close()`` to stop)."""
+    """Start the server with the safety settings and the REST API (app/rest.py) mounted at
+    ``/api``; returns the local URL. With ``prevent_thread_lock`` it returns at once (call
+    ``demo.close()`` to stop, then ``close_rest_app(demo.nearsight_api)``)."""
     page: Page = demo.nearsight  # type: ignore[attr-defined]
     blocked = sorted({str(view.gallery.path) for view in page.views.values()})
+    max_bytes = int(max_upload_mb * 1024 * 1024)
+    rest = make_rest_app(list(page.views.values()), max_upload_bytes=max_bytes, api_key=api_key)
     _, url, _ = demo.launch(
         server_name=host,
         server_port=port,
-        prevent_thread_lock=prevent_thread_lock,
+        prevent_thread_lock=True,  # the API is mounted on the running app, then we block
         quiet=quiet,
         share=False,
         inbrowser=False,
         show_error=False,  # only gr.Error messages reach the page, never a traceback
-        max_file_size=int(max_upload_mb * 1024 * 1024),
+        max_file_size=max_bytes,
         allowed_paths=[],
         blocked_paths=blocked,
         enable_monitoring=False,
@@ -345,4 +374,10 @@ def launch_app(
         footer_links=["api"],
         theme=system_theme(),
     )
+    # Gradio builds its FastAPI app inside launch(); none of its routes is under /api
+    # (its own live under /gradio_api), so the mount shadows nothing
+    demo.app.mount(API_PREFIX, rest)
+    demo.nearsight_api = rest  # type: ignore[attr-defined]
+    if not prevent_thread_lock:
+        demo.block_thread()
     return url

@@ -47,6 +47,7 @@ class Page:
         self.views = {view.name: view for view in views}
         self.names = [view.name for view in views]
         self._random = random.Random()
+        self.show_paths = False  # the Summary tab shows folder names only (serve --show-paths)
         self._warm_thread: threading.Thread | None = None
 
     # -- helpers -----------------------------------------------------------------------------
@@ -117,14 +118,21 @@ class Page:
             _, decoded = self.read_upload(image)
             return json.dumps([n.as_json() for n in view.search_image(decoded, k)])
 
-    def image_changed(self, gallery: str, image_path: str | None, k: Any, query_class):
+    def image_changed(
+        self, gallery: str, image_path: str | None, k: Any, query_class, filters: str = ""
+    ):
         """A new query image (uploaded, pasted or dropped); nothing when it was cleared."""
         if not image_path:
             return gr.skip(), gr.skip(), gr.skip()
-        return self.upload_grid(gallery, image_path, k, query_class)
+        return self.upload_grid(gallery, image_path, k, query_class, filters)
 
     def upload_grid(
-        self, gallery: str, image_path: str | None, k: Any, query_class: str | None
+        self,
+        gallery: str,
+        image_path: str | None,
+        k: Any,
+        query_class: str | None,
+        filters: str = "",
     ) -> tuple[str, str, dict]:
         """The grid of an uploaded query; its class from the dropdown, or from an identical
         gallery file when the dropdown says unknown."""
@@ -140,7 +148,7 @@ class Page:
                 note = f"identical to gallery item #{twin} ({view.class_name(twin_label)})"
                 if label is None:
                     label = twin_label
-            neighbours = view.search_image(image, k)
+            neighbours = view.search_image(image, k, allowed=view.allowed_ids(filters))
             card = QueryCard(
                 title="uploaded image",
                 thumbnail=thumbnail_uri(image),
@@ -149,15 +157,17 @@ class Page:
                 kind="upload",
                 note=note,
             )
-            return self._render(view, card, neighbours), "", {"kind": "upload"}
+            return self._render(view, card, neighbours), _filter_note(filters), {"kind": "upload"}
 
-    def item_grid(self, gallery: str, item_id: Any, k: Any) -> tuple[str, str, dict]:
+    def item_grid(
+        self, gallery: str, item_id: Any, k: Any, filters: str = ""
+    ) -> tuple[str, str, dict]:
         """The leave-one-out grid of a gallery item."""
         with _page_errors():
             view = self.view(gallery)
             k = self.check_k(k)
             item = _item_id(item_id)
-            neighbours = view.search_item(item, k)
+            neighbours = view.search_item(item, k, allowed=view.allowed_ids(filters))
             label = view.label_of(item)
             card = QueryCard(
                 title=f"gallery item #{item}",
@@ -167,7 +177,8 @@ class Page:
                 kind="item",
                 item_id=item,
             )
-            return self._render(view, card, neighbours), "", {"kind": "item", "id": item}
+            state = {"kind": "item", "id": item}
+            return self._render(view, card, neighbours), _filter_note(filters), state
 
     def _render(self, view: GalleryView, card: QueryCard, neighbours: list[Neighbour]) -> str:
         return result_html(
@@ -179,7 +190,7 @@ class Page:
             gallery_size=len(view),
         )
 
-    def random_item(self, gallery: str, class_value: str | None, k: Any):
+    def random_item(self, gallery: str, class_value: str | None, k: Any, filters: str = ""):
         with _page_errors():
             view = self.view(gallery)
             label = _label_value(class_value)
@@ -190,25 +201,33 @@ class Page:
             if not len(pool):
                 raise PageError(f"gallery {view.name} has no item of that class")
             item = int(pool[self._random.randrange(len(pool))])
-        grid, status, state = self.item_grid(gallery, item, k)
+        grid, status, state = self.item_grid(gallery, item, k, filters)
         return grid, status, state, item
 
-    def rerun(self, gallery: str, state: dict | None, image_path: str | None, k: Any, query_class):
-        """Redraw the current query (after k or the query class changed)."""
+    def rerun(
+        self,
+        gallery: str,
+        state: dict | None,
+        image_path: str | None,
+        k: Any,
+        query_class,
+        filters: str = "",
+    ):
+        """Redraw the current query (after k, the query class or the filter changed)."""
         if not state:
             return gr.skip(), gr.skip(), gr.skip()
         if state.get("kind") == "item":
-            return self.item_grid(gallery, state["id"], k)
+            return self.item_grid(gallery, state["id"], k, filters)
         if not image_path:
             return gr.skip(), gr.skip(), gr.skip()
-        return self.upload_grid(gallery, image_path, k, query_class)
+        return self.upload_grid(gallery, image_path, k, query_class, filters)
 
-    def clicked(self, gallery: str, k: Any, event: gr.EventData):
+    def clicked(self, gallery: str, k: Any, filters: str, event: gr.EventData):
         """A neighbour was clicked in a grid: query by that item."""
         item = getattr(event, "_data", None) or {}
         if not isinstance(item, dict) or "item_id" not in item:
             return gr.skip(), gr.skip(), gr.skip(), gr.skip()
-        grid, status, state = self.item_grid(gallery, item["item_id"], k)
+        grid, status, state = self.item_grid(gallery, item["item_id"], k, filters)
         return grid, status, state, int(item["item_id"])
 
     # -- gallery choice, failures, summary ---------------------------------------------------
@@ -235,7 +254,7 @@ class Page:
             pairs_frame(view, analysis),
             failure_note(view, len(analysis.failures)),
             message_html("Select a row of the failure table to see its grid."),
-            summary_markdown(view),
+            summary_markdown(view, self.show_paths),
             metrics_frame(analysis.metrics),
             distance_frame(analysis),
         )
@@ -275,6 +294,12 @@ class Page:
         view = self.view(gallery)
         failures = view.analysis().failures
         return failure_frame(view, failures[:FAILURE_ROWS]), failure_note(view, len(failures))
+
+
+def _filter_note(filters: str | None) -> str:
+    """The status line under the grid while a filter is on."""
+    text = " ".join((filters or "").split())
+    return f"Filtered: only items with `{html.escape(text)}`" if text else ""
 
 
 def _label_value(value: Any) -> int | None:

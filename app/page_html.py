@@ -19,6 +19,8 @@ from nearsight.app.page_view import Neighbour
 FRAME_COLOURS = {"true": "#16a34a", "false": "#dc2626", "unknown": "#9ca3af"}
 QUERY_COLOUR = "#2563eb"
 CELL_SIDE = 152  # pixels of the image area of a cell
+META_SHOWN = 4  # metadata entries under a cell's caption
+META_VALUE_CHARS = 24
 _CELL_STYLE = (
     "margin:0;padding:4px;border:4px solid {colour};border-radius:8px;box-sizing:content-box;"
     "width:{side}px;cursor:pointer;background:rgba(127,127,127,0.06)"
@@ -112,11 +114,24 @@ def result_html(
             f'<figcaption style="{_CAPTION_STYLE}"><strong>#{neighbour.rank}</strong> '
             f'<span class="ns-class">{e(name)}</span><br>'
             f'distance <span class="ns-distance">{distance}</span> · id {neighbour.id}'
-            "</figcaption>",
+            f"{_meta_line(neighbour.meta)}</figcaption>",
             "</figure>",
         ]
     parts += ["</div>", "</div>", "</div>"]
     return "".join(parts)
+
+
+def _meta_line(meta: dict | None) -> str:
+    """The item's extra columns under its caption (the first few, values shortened)."""
+    if not meta:
+        return ""
+    shown = []
+    for key, value in list(meta.items())[:META_SHOWN]:
+        text = str(value)
+        text = text if len(text) <= META_VALUE_CHARS else text[: META_VALUE_CHARS - 1] + "…"
+        shown.append(f"{html.escape(key)}={html.escape(text)}")
+    more = " …" if len(meta) > META_SHOWN else ""
+    return f'<br><span class="ns-meta" style="opacity:0.85">{" · ".join(shown)}{more}</span>'
 
 
 def message_html(text: str) -> str:

@@ -34,14 +34,18 @@ def gallery_header(view: GalleryView) -> str:
     )
 
 
-def summary_markdown(view: GalleryView) -> str:
+def summary_markdown(view: GalleryView, show_paths: bool = False) -> str:
+    """The gallery's facts; folders and the model by name only unless ``show_paths`` (a
+    visitor has no use for the server's absolute paths)."""
     meta = view.gallery.meta
+    folder = str(view.gallery.path) if show_paths else view.gallery.path.name
+    model = str(view.embedder.path) if show_paths else Path(view.embedder.path).name
     lines = [
         f"### {view.name}",
-        f"- folder: `{view.gallery.path}`",
+        f"- folder: `{folder}`",
         f"- items: {len(view)} ({int((view.labels >= 0).sum())} labelled), "
         f"classes: {len(view.class_names)}",
-        f"- model: `{view.embedder.path}` (sha256 {str(meta.get('model_sha256', ''))[:12]}..), "
+        f"- model: `{model}` (sha256 {str(meta.get('model_sha256', ''))[:12]}..), "
         f"{spec_line(view.embedder.spec)}",
         f"- index: {meta.get('index_type')}, built {meta.get('created', '?')}",
     ]

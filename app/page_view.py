@@ -22,7 +22,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from PIL import Image
 from nearsight.index.analysis import ANALYSIS_MAX_ITEMS, Analysis, analyse
 from nearsight.index.gallery import Gallery
 from nearsight.index.images import load_image
+from nearsight.index.query import allowed_ids
 from nearsight.models.errors import NearsightError
 
 THUMBNAIL_SIDE = 160  # pixels, the longer side of a grid thumbnail
@@ -47,15 +48,17 @@ class Neighbour:
     label: int | None
     class_name: str | None
     distance: float | None  # None where an approximate index found fewer than k
+    meta: dict[str, Any] = field(default_factory=dict)  # the item's extra columns
 
     def as_json(self) -> dict[str, Any]:
-        """The shape `nearsight search --json` prints (plus class_name)."""
+        """The shape `nearsight search --json` prints (index/query.py)."""
         return {
             "id": self.id,
             "path": self.path,
             "label": self.label,
             "class_name": self.class_name,
             "distance": self.distance,
+            "meta": dict(self.meta),
         }
 
 
@@ -121,15 +124,25 @@ class GalleryView:
     def embed(self, image: Image.Image) -> np.ndarray:
         return np.asarray(self.embedder.embed_images([image]), dtype=np.float32)
 
+    def allowed_ids(self, filters: str | Sequence[str] | None) -> np.ndarray | None:
+        """Ids meeting every filter (index/filters.py; several in one text separated by ';'
+        or new lines), or None for no filter."""
+        return allowed_ids(self.gallery, filters)
+
     def search_vector(
-        self, vector: np.ndarray, k: int, exclude_id: int | None = None
+        self,
+        vector: np.ndarray,
+        k: int,
+        exclude_id: int | None = None,
+        allowed: np.ndarray | None = None,
     ) -> list[Neighbour]:
         """The k nearest items of one query vector, nearest first; ``exclude_id``: leave that
-        item out (a gallery item querying the others)."""
+        item out (a gallery item querying the others); ``allowed``: search only these ids
+        (inside FAISS: the true top-k of them)."""
         depth = k + (1 if exclude_id is not None else 0)
         with _one_openmp_thread():
             distances, ids = self.gallery.search(
-                np.asarray(vector, np.float32).reshape(1, -1), depth
+                np.asarray(vector, np.float32).reshape(1, -1), depth, ids=allowed
             )
         found = [
             (int(i), float(d))
@@ -147,18 +160,26 @@ class GalleryView:
                     label=None if row["label"] is None else int(row["label"]),
                     class_name=row["class_name"],
                     distance=distance if math.isfinite(distance) else None,
+                    meta=row.get("meta") or {},
                 )
             )
         return result
 
-    def search_image(self, image: Image.Image, k: int) -> list[Neighbour]:
-        return self.search_vector(self.embed(image), k)
+    def search_image(
+        self, image: Image.Image, k: int, allowed: np.ndarray | None = None
+    ) -> list[Neighbour]:
+        return self.search_vector(self.embed(image), k, allowed=allowed)
 
-    def search_item(self, item_id: int, k: int) -> list[Neighbour]:
-        """Leave-one-out neighbours of a gallery item, from its stored embedding."""
+    def item_vector(self, item_id: int) -> np.ndarray:
         self.row(item_id)  # one-line error for an unknown id
-        vector = np.asarray(self.gallery.embeddings[self.position[int(item_id)]], np.float32)
-        return self.search_vector(vector, k, exclude_id=int(item_id))
+        return np.asarray(self.gallery.embeddings[self.position[int(item_id)]], np.float32)
+
+    def search_item(
+        self, item_id: int, k: int, allowed: np.ndarray | None = None
+    ) -> list[Neighbour]:
+        """Leave-one-out neighbours of a gallery item, from its stored embedding."""
+        vector = self.item_vector(item_id)
+        return self.search_vector(vector, k, exclude_id=int(item_id), allowed=allowed)
 
     # -- thumbnails --------------------------------------------------------------------------
 

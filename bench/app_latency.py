@@ -1,4 +1,5 @@
-"""Query latency of `nearsight serve` through its API, as a user of gradio_client sees it.
+"""Query latency of `nearsight serve` through its APIs: the REST API (app/rest.py) and Gradio's
+``/search`` through gradio_client, beside the model alone, in one run.
 
     python bench/app_latency.py [--items 60000] [--dim 128] [--classes 100] [--image-size 224]
                                 [--model-format onnx|pt] [--queries 40] [--clients 1 4]
@@ -18,11 +19,16 @@ Setup (timed, not measured as latency):
    is left out by default, as /search never needs it; with ``--analysis`` the server computes
    it at start as `nearsight serve` does, and the bench times it and measures after it.
 
-Measured: the same query images uploaded to ``/search`` (k = ``--k``) by N concurrent
-gradio_client clients (each a thread with its own Client; default N = 1 and 4), every client
-sending ``--queries`` queries back to back: p50/p95 per query and the throughput. Beside it,
-in the bench process before the server starts, the embedding and the FAISS search alone
-(``GalleryView.search_image`` without Gradio) for the server's overhead.
+Measured: the same query images uploaded (k = ``--k``) by N concurrent clients (each a thread
+with its own connection; default N = 1 and 4), every client sending ``--queries`` queries back
+to back: p50/p95 per query and the throughput, for ``POST /api/search`` (httpx, multipart) and
+for Gradio's ``/search`` (gradio_client). Beside them, in the bench process before the server
+starts, the embedding and the FAISS search alone (``GalleryView.embed`` + ``search_vector``,
+no server) for the servers' overhead.
+
+Goals (ratios within the run, issue #16): REST p50 at one client <= 1.2 x the direct time per
+query (embed + search p50); REST throughput at four clients >= 0.8 x 1 / (direct time per
+query); micro-batching concurrent requests into one embedding call can take it above 1.
 
 ``--quick``: 10k items and 12 queries per client. A script, not a test. The machine may be
 shared: the load average is printed with the numbers.
@@ -202,25 +208,56 @@ def summary(seconds: list[float]) -> dict:
     }
 
 
-def api_latency(url: str, images: list[Path], clients: int, args) -> dict:
+def gradio_latency(url: str, images: list[Path], clients: int, args) -> dict:
     from gradio_client import Client, handle_file
 
+    def connect():
+        return Client(url, verbose=False)
+
+    def query(client, path: Path) -> int:
+        return len(json.loads(client.predict(handle_file(path), args.k, api_name="/search")))
+
+    return load_latency(connect, query, images, clients, args)
+
+
+def rest_latency(url: str, images: list[Path], clients: int, args) -> dict:
+    import httpx
+
+    payloads = {path: path.read_bytes() for path in images}
+    endpoint = url.rstrip("/") + "/api/search"
+
+    def connect():
+        return httpx.Client(timeout=120)
+
+    def query(client, path: Path) -> int:
+        files = {"image": (path.name, payloads[path], "image/png")}
+        answer = client.post(endpoint, files=files, data={"k": str(args.k)})
+        answer.raise_for_status()
+        return len(answer.json()["neighbours"])
+
+    return load_latency(connect, query, images, clients, args)
+
+
+def load_latency(connect, query, images: list[Path], clients: int, args) -> dict:
+    """``clients`` threads, each with its own connection, sending ``args.queries`` queries back
+    to back after one warm-up query each."""
     latencies: list[float] = []
     errors: queue.Queue = queue.Queue()
     lock = threading.Lock()
-    barrier = threading.Barrier(clients)
+    began: list[float] = []  # when every client has warmed up: the measured span starts
+    barrier = threading.Barrier(clients, action=lambda: began.append(time.perf_counter()))
 
     def run(offset: int) -> None:
         try:
-            client = Client(url, verbose=False)
-            client.predict(handle_file(images[offset % len(images)]), args.k, api_name="/search")
+            client = connect()
+            query(client, images[offset % len(images)])
             barrier.wait()
             for i in range(args.queries):
                 path = images[(offset + i) % len(images)]
                 start = time.perf_counter()
-                rows = json.loads(client.predict(handle_file(path), args.k, api_name="/search"))
+                found = query(client, path)
                 elapsed = time.perf_counter() - start
-                assert len(rows) == args.k
+                assert found == args.k
                 with lock:
                     latencies.append(elapsed)
         except BaseException as error:  # reported after the run
@@ -228,18 +265,31 @@ def api_latency(url: str, images: list[Path], clients: int, args) -> dict:
             barrier.abort()
 
     threads = [threading.Thread(target=run, args=(n,)) for n in range(clients)]
-    start = time.perf_counter()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    wall = time.perf_counter() - start
+    wall = time.perf_counter() - began[0] if began else float("nan")
     if not errors.empty():
         raise errors.get()
     result = summary(latencies)
     result["clients"] = clients
-    result["queries_per_s"] = len(latencies) / wall  # includes the warm-up call per client
+    result["queries_per_s"] = len(latencies) / wall  # after the warm-up calls
     return result
+
+
+def goals(report: dict) -> dict:
+    """The issue's goals as ratios of this run's numbers."""
+    direct_ms = report["direct"]["embed"]["p50_ms"] + report["direct"]["search"]["p50_ms"]
+    rest = {r["clients"]: r for r in report["rest"]}
+    out: dict = {"direct_ms_per_query": direct_ms}
+    if 1 in rest:
+        out["rest_p50_1_client_over_direct"] = rest[1]["p50_ms"] / direct_ms
+        out["rest_p50_goal_met"] = out["rest_p50_1_client_over_direct"] <= 1.2
+    if 4 in rest:
+        out["rest_qps_4_clients_over_direct_rate"] = rest[4]["queries_per_s"] * direct_ms / 1000
+        out["rest_throughput_goal_met"] = out["rest_qps_4_clients_over_direct_rate"] >= 0.8
+    return out
 
 
 def start_server(gallery: Path, args) -> tuple[subprocess.Popen, str, float, float]:
@@ -294,16 +344,24 @@ def main(argv=None) -> int:
         analysis = f", leave-one-out analysis {analysed:.1f}s" if args.analysis else ""
         print(f"server {url}: opened in {opened:.1f}s{analysis}", flush=True)
         try:
-            report["api"] = []
-            for clients in args.clients:
-                result = api_latency(url, images, clients, args)
-                report["api"].append(result)
-                print(
-                    f"API /search, {clients} client(s) x {args.queries}: "
-                    f"p50 {result['p50_ms']:7.1f} ms  p95 {result['p95_ms']:7.1f} ms  "
-                    f"{result['queries_per_s']:.2f} queries/s",
-                    flush=True,
-                )
+            for name, measure, label in (
+                ("rest", rest_latency, "REST POST /api/search"),
+                ("api", gradio_latency, "gradio_client /search"),
+            ):
+                report[name] = []
+                for clients in args.clients:
+                    result = measure(url, images, clients, args)
+                    report[name].append(result)
+                    print(
+                        f"{label}, {clients} client(s) x {args.queries}: "
+                        f"p50 {result['p50_ms']:7.1f} ms  p95 {result['p95_ms']:7.1f} ms  "
+                        f"{result['queries_per_s']:.2f} queries/s",
+                        flush=True,
+                    )
+            report["goals"] = goals(report)
+            for key, value in report["goals"].items():
+                shown = f"{value:.2f}" if isinstance(value, float) else str(value)
+                print(f"  {key}: {shown}")
         finally:
             server.terminate()
             server.wait(timeout=60)

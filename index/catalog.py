@@ -5,6 +5,11 @@
 - ``items``: one row per indexed image. ``id`` is the image's FAISS id; ``path``, ``label``
   (NULL when unlabelled), ``class_name``, ``split``, ``sha256`` (of the file's bytes),
   ``width`` and ``height``.
+- ``item_meta`` (absent in catalogs made before metadata existed): ``item_id``, ``key``,
+  ``value``, one row per item and extra column (a CSV column beyond ``path,label,split``,
+  ``index add --meta KEY=VALUE``). ``value`` has no declared type, so SQLite keeps each value
+  an integer, a real or text as given (typed by :func:`index.filters.typed_value`) and
+  :meth:`Catalog.filter_ids` compares numbers as numbers.
 - ``meta``: ``key`` -> ``value`` where the value is JSON text (so ``dim`` comes back as an int):
   ``model_sha256``, ``dim``, ``metric``, ``index_type``, ``created`` and any extras; ``next_id``
   is kept by :meth:`Catalog.add_items` so that a removed id is never given to a new image.
@@ -21,7 +26,7 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -29,6 +34,7 @@ from urllib.parse import quote
 
 import numpy as np
 
+from nearsight.index.filters import Condition, filter_sql, typed_meta
 from nearsight.index.sqlite_db import Database
 from nearsight.models.atomic import atomic_dir, recover_dir
 from nearsight.models.errors import NearsightError
@@ -45,6 +51,12 @@ ITEM_COLUMNS: dict[str, type] = {
     "height": int,
 }
 META_COLUMNS: dict[str, type] = {"key": str, "value": str}
+ITEM_META_TABLE = (
+    "CREATE TABLE IF NOT EXISTS item_meta (item_id INTEGER NOT NULL, key TEXT NOT NULL, "
+    "value NOT NULL, PRIMARY KEY (item_id, key)) WITHOUT ROWID"
+)
+ITEM_META_INDEX = "CREATE INDEX IF NOT EXISTS item_meta_key ON item_meta (key, value)"
+_INSERT_ITEM_META = "INSERT OR REPLACE INTO item_meta (item_id, key, value) VALUES (?, ?, ?)"
 _SQLITE_HEADER = b"SQLite format 3\x00"
 _CHUNK = 500  # ids per "IN (...)" query, well under SQLite's variable limit
 
@@ -59,13 +71,15 @@ def create_catalog(
     """Create a new catalog at ``db_path`` holding ``items`` and ``meta``.
 
     An item is a dict with ``path`` and optionally ``id`` (default: its position, 0, 1, ...),
-    ``label``, ``class_name``, ``split``, ``sha256``, ``width``, ``height``. ``created`` is added
-    to ``meta`` when missing.
+    ``label``, ``class_name``, ``split``, ``sha256``, ``width``, ``height`` and ``meta`` (a
+    dict of its extra columns). ``created`` is added to ``meta`` when missing.
     """
     path = Path(db_path)
     if path.exists():
         raise GalleryError(f"cannot create catalog {path}: the file already exists")
+    items = list(items)
     rows = [_item_row(item, position) for position, item in enumerate(items)]
+    extras = [_item_meta(item) for item in items]
     meta = dict(meta)
     meta.setdefault("created", datetime.now(UTC).isoformat(timespec="seconds"))
     meta.setdefault("next_id", max((row["id"] for row in rows), default=-1) + 1)
@@ -76,6 +90,9 @@ def create_catalog(
             db["items"].create_index(["label"])
             db["meta"].create(META_COLUMNS, pk="key", not_null={"value"})
             db.conn.executemany(_INSERT_ITEM, [_row_values(row) for row in rows])
+            db.conn.execute(ITEM_META_TABLE)
+            db.conn.execute(ITEM_META_INDEX)
+            db.conn.executemany(_INSERT_ITEM_META, _item_meta_values(rows, extras))
             db.conn.executemany(_UPSERT_META, _meta_values(meta))
     except sqlite3.IntegrityError as error:
         db.close()
@@ -147,20 +164,68 @@ class Catalog:
         return {key: _decode(value) for key, value in rows}
 
     def items(self, ids: Iterable[int] | None = None) -> list[dict[str, Any]]:
-        """All items, or those with ``ids`` (unknown ids are skipped), ordered by id."""
+        """All items, or those with ``ids`` (unknown ids are skipped), ordered by id. Each row
+        has the item columns and ``meta``, a dict of its extra columns (maybe empty)."""
         select = f"SELECT {', '.join(ITEM_COLUMNS)} FROM items"
         with self._guard():
             if ids is None:
                 cursor = self._db.execute(f"{select} ORDER BY id")
-                return [dict(zip(ITEM_COLUMNS, row, strict=True)) for row in cursor]
-            wanted = sorted({int(i) for i in ids})
-            rows = []
-            for start in range(0, len(wanted), _CHUNK):
-                chunk = wanted[start : start + _CHUNK]
-                marks = ",".join("?" * len(chunk))
-                cursor = self._db.execute(f"{select} WHERE id IN ({marks}) ORDER BY id", chunk)
-                rows.extend(dict(zip(ITEM_COLUMNS, row, strict=True)) for row in cursor)
+                rows = [dict(zip(ITEM_COLUMNS, row, strict=True)) for row in cursor]
+                extras = self._item_meta(None)
+            else:
+                wanted = sorted({int(i) for i in ids})
+                rows = []
+                for start in range(0, len(wanted), _CHUNK):
+                    chunk = wanted[start : start + _CHUNK]
+                    marks = ",".join("?" * len(chunk))
+                    cursor = self._db.execute(f"{select} WHERE id IN ({marks}) ORDER BY id", chunk)
+                    rows.extend(dict(zip(ITEM_COLUMNS, row, strict=True)) for row in cursor)
+                extras = self._item_meta(wanted)
+        for row in rows:
+            row["meta"] = extras.get(row["id"], {})
         return rows
+
+    def has_item_meta(self) -> bool:
+        """Whether the catalog has the ``item_meta`` table (catalogs made before it do not)."""
+        with self._guard():
+            found = self._db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'item_meta'"
+            ).fetchone()
+        return found is not None
+
+    def _item_meta(self, ids: list[int] | None) -> dict[int, dict[str, Any]]:
+        if not self.has_item_meta():
+            return {}
+        select = "SELECT item_id, key, value FROM item_meta"
+        rows: list[tuple] = []
+        if ids is None:
+            rows = self._db.execute(f"{select} ORDER BY item_id, key").fetchall()
+        else:
+            for start in range(0, len(ids), _CHUNK):
+                chunk = ids[start : start + _CHUNK]
+                marks = ",".join("?" * len(chunk))
+                rows += self._db.execute(
+                    f"{select} WHERE item_id IN ({marks}) ORDER BY item_id, key", chunk
+                ).fetchall()
+        extras: dict[int, dict[str, Any]] = {}
+        for item_id, key, value in rows:
+            extras.setdefault(int(item_id), {})[key] = value
+        return extras
+
+    def meta_keys(self) -> list[str]:
+        """The extra column names items have, sorted."""
+        if not self.has_item_meta():
+            return []
+        with self._guard():
+            rows = self._db.execute("SELECT DISTINCT key FROM item_meta ORDER BY key").fetchall()
+        return [row[0] for row in rows]
+
+    def filter_ids(self, conditions: Sequence[Condition]) -> np.ndarray:
+        """Sorted int64 ids of the items meeting every condition (index.filters)."""
+        sql, params = filter_sql(conditions, has_meta_table=self.has_item_meta())
+        with self._guard():
+            rows = self._db.execute(sql, params).fetchall()
+        return np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows))
 
     def get(self, item_id: int) -> dict[str, Any] | None:
         found = self.items([item_id])
@@ -208,6 +273,11 @@ class Catalog:
             start = self.next_id()
             rows = [_item_row(item, start + offset) for offset, item in enumerate(new)]
             conn.executemany(_INSERT_ITEM, [_row_values(row) for row in rows])
+            extras = [_item_meta(item) for item in new]
+            if any(extras):  # an old catalog gets the table on its first metadata
+                conn.execute(ITEM_META_TABLE)
+                conn.execute(ITEM_META_INDEX)
+                conn.executemany(_INSERT_ITEM_META, _item_meta_values(rows, extras))
             updates = {**(meta or {}), "next_id": start + len(rows)}
             conn.executemany(_UPSERT_META, _meta_values(updates))
         return [row["id"] for row in rows]
@@ -226,6 +296,13 @@ class Catalog:
                 chunk = wanted[start : start + _CHUNK]
                 marks = ",".join("?" * len(chunk))
                 self._db.conn.execute(f"DELETE FROM items WHERE id IN ({marks})", chunk)
+            if self.has_item_meta():
+                for start in range(0, len(wanted), _CHUNK):
+                    chunk = wanted[start : start + _CHUNK]
+                    marks = ",".join("?" * len(chunk))
+                    self._db.conn.execute(
+                        f"DELETE FROM item_meta WHERE item_id IN ({marks})", chunk
+                    )
             if meta:
                 self._db.conn.executemany(_UPSERT_META, _meta_values(meta))
 
@@ -305,8 +382,20 @@ _UPSERT_META = (
 )
 
 
+def _item_meta(item: dict[str, Any]) -> dict[str, Any]:
+    return typed_meta(item.get("meta") or {})
+
+
+def _item_meta_values(rows: list[dict[str, Any]], extras: list[dict[str, Any]]) -> list[tuple]:
+    return [
+        (row["id"], key, value)
+        for row, extra in zip(rows, extras, strict=True)
+        for key, value in extra.items()
+    ]
+
+
 def _item_row(item: dict[str, Any], default_id: int) -> dict[str, Any]:
-    unknown = set(item) - set(ITEM_COLUMNS)
+    unknown = set(item) - set(ITEM_COLUMNS) - {"meta"}
     if unknown:
         raise ValueError(f"unknown catalog item fields: {', '.join(sorted(unknown))}")
     if item.get("path") is None:

@@ -4,8 +4,8 @@ A chunk folder holds pairs ``NAME.npy`` + ``NAME.csv``, taken in the sort order 
 
 - ``NAME.npy``: float32 (or float16/float64) [n, D] embeddings, one row per item;
 - ``NAME.csv``: n rows with a header; ``label`` (integer, empty when unlabelled), and optional
-  ``path``, ``class_name``, ``split``, ``sha256``, ``width``, ``height`` (other columns are
-  ignored).
+  ``path``, ``class_name``, ``split``, ``sha256``, ``width``, ``height``; any other column is
+  the item's metadata (typed as a number or text, index/filters.py; ``id`` is ignored).
 
 A pair counts as finished once both files exist under their names and agree on n: writers
 write each file under a temporary name and rename it, the ``.csv`` last. ``nearsight index
@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from nearsight.index.filters import BUILTIN_KEYS, FilterError, typed_meta
 from nearsight.models.errors import NearsightError
 
 META_FIELDS = ("path", "label", "class_name", "split", "sha256", "width", "height")
@@ -42,10 +43,12 @@ def write_chunk(folder: Path, name: str, vectors: np.ndarray, rows: list[dict[st
     os.replace(vector_tmp, folder / f"{name}.npy")
     meta_tmp = folder / f".{name}.csv.{os.getpid()}.tmp"
     with open(meta_tmp, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=META_FIELDS, extrasaction="ignore")
+        extra = sorted({key for row in rows for key in (row.get("meta") or {})})
+        writer = csv.DictWriter(handle, fieldnames=[*META_FIELDS, *extra], extrasaction="ignore")
         writer.writeheader()
         for row in rows:
-            writer.writerow({key: "" if row.get(key) is None else row[key] for key in META_FIELDS})
+            values = {**(row.get("meta") or {}), **{key: row.get(key) for key in META_FIELDS}}
+            writer.writerow({key: "" if value is None else value for key, value in values.items()})
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(meta_tmp, folder / f"{name}.csv")
@@ -160,4 +163,15 @@ def _clean(row: dict[str, Any], file: Path, number: int) -> dict[str, Any]:
         clean[key] = value
     if clean["path"] is None:
         clean["path"] = f"{file.name}#{number}"  # the catalog wants a name for every item
+    extra = {
+        str(key): value
+        for key, value in row.items()
+        if key and key not in META_FIELDS and key not in BUILTIN_KEYS
+    }
+    try:
+        meta = typed_meta(extra)
+    except FilterError as error:
+        raise NearsightError(f"{file}: {error}") from None
+    if meta:
+        clean["meta"] = meta
     return clean

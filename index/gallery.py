@@ -39,6 +39,7 @@ import faiss
 import numpy as np
 from PIL import Image
 
+from nearsight.index import filtered
 from nearsight.index.catalog import (
     CATALOG_FILE,
     Catalog,
@@ -60,6 +61,7 @@ from nearsight.index.faiss_index import (  # noqa: F401  (re-exported: the galle
     to_gpu,
     unit_distance,
 )
+from nearsight.index.filters import Condition, parse_filter
 from nearsight.index.gallery_lock import (  # noqa: F401  (lock_path re-exported)
     gallery_lock,
     lock_path,
@@ -359,11 +361,17 @@ class Gallery:
                 self._embeddings = rows if keep.all() else np.ascontiguousarray(rows[keep])
         return self._embeddings
 
-    def search(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def search(
+        self, vectors: np.ndarray, k: int, *, ids: np.ndarray | Sequence[int] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` nearest items of each query vector [Q, D]: (distances [Q, k'] float32,
         ids [Q, k'] int64), nearest first, k' = min(k, len(gallery)). Distance: Euclidean
         between unit vectors (see the module docstring). An approximate index may find fewer
-        than k' neighbours: the missing ones have id -1 and distance inf."""
+        than k' neighbours: the missing ones have id -1 and distance inf.
+
+        ``ids``: search only these items (a filter, see :meth:`filter_ids`); FAISS skips the
+        others while it searches (index.filtered), so k' = min(k, allowed items) items come
+        back whenever that many are allowed."""
         if k < 1:
             raise NearsightError(f"k must be a positive integer, got {k}")
         queries = np.ascontiguousarray(np.asarray(vectors), dtype=np.float32)
@@ -373,14 +381,35 @@ class Gallery:
             raise NearsightError(
                 f"query vectors must have shape [Q, {self.dim}], got {tuple(queries.shape)}"
             )
-        depth = min(k, self.count)
+        allowed = None
+        if ids is not None:
+            allowed = np.intersect1d(np.asarray(ids, dtype=np.int64), self.ids)
+        depth = min(k, self.count if allowed is None else len(allowed))
         if depth == 0 or len(queries) == 0:
             shape = (len(queries), depth)
             return np.zeros(shape, np.float32), np.zeros(shape, np.int64)
-        inner, ids = self._search_index(queries, depth)
+        if allowed is None or len(allowed) == self.count:
+            inner, found = self._search_index(queries, depth)
+        else:
+            inner, found = self._search_allowed(queries, depth, allowed)
         distances = unit_distance(inner)
-        distances[ids < 0] = np.inf
-        return distances, ids.astype(np.int64, copy=False)
+        distances[found < 0] = np.inf
+        return distances, found.astype(np.int64, copy=False)
+
+    def filter_ids(self, filters: Sequence[Condition] | Sequence[str] | str) -> np.ndarray:
+        """Sorted ids of the items meeting every filter (``KEY=VALUE``, ``KEY>=N``, ...;
+        index.filters), for :meth:`search`'s ``ids``."""
+        conditions = [
+            f if isinstance(f, Condition) else parse_filter(f)
+            for f in ([filters] if isinstance(filters, str) else filters)
+        ]
+        assert self._catalog is not None
+        return self._catalog.filter_ids(conditions)
+
+    def meta_keys(self) -> list[str]:
+        """The names of the items' extra columns (metadata), sorted."""
+        assert self._catalog is not None
+        return self._catalog.meta_keys()
 
     def _search_index(self, queries: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
         if self.index_type not in PQ_TYPES:
@@ -407,6 +436,17 @@ class Gallery:
                 params.sel = self._excluded
             return search(queries, depth, params=params)
         return self._index.search(queries, depth)
+
+    def _search_allowed(
+        self, queries: np.ndarray, depth: int, allowed: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        params = filtered.search_parameters(self.index_type, allowed, self.meta, depth)
+        # faiss.contrib.torch_utils may wrap Index.search without `params` (see _search_index)
+        search = getattr(self._index, "search_numpy", self._index.search)
+        inner, found = search(queries, depth, params=params)
+        if self.index_type == "flat":
+            return inner, found
+        return filtered.complete_rows(inner, found, queries, self.embeddings, self.ids, allowed)
 
     def items(self, ids: Iterable[int]) -> list[dict[str, Any]]:
         """Catalog rows of ``ids``, in the order given; GalleryError for an unknown id."""

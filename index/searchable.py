@@ -7,7 +7,6 @@ and checked to be the one the gallery was built with.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,9 +17,17 @@ from PIL import Image
 
 from nearsight.index.gallery import Gallery
 from nearsight.index.images import load_image
+from nearsight.index.query import check_vector, item_vector, search_rows
 from nearsight.models.errors import NearsightError
 
 ImageLike = str | os.PathLike[str] | Image.Image | np.ndarray
+Filters = str | Sequence[str] | None
+
+
+def _check_k(k: Any) -> int:
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
+        raise NearsightError(f"k must be a whole number of at least 1, got {k!r}")
+    return int(k)
 
 
 class SearchableGallery:
@@ -60,63 +67,47 @@ class SearchableGallery:
     def __len__(self) -> int:
         return len(self.gallery)
 
-    def search(self, image: ImageLike, k: int = 8) -> list[dict[str, Any]]:
+    def search(
+        self, image: ImageLike, k: int = 8, *, filters: Filters = None
+    ) -> list[dict[str, Any]]:
         """The ``k`` nearest gallery items of ``image`` (a file path, a PIL image, or an array
         H x W x 3 / H x W of uint8, or of floats in [0, 1]), nearest first: dicts with rank, id,
-        path, label, class_name and distance (Euclidean between unit vectors, 0 to 2)."""
-        return self.search_many([image], k)[0]
+        path, label, class_name, distance (Euclidean between unit vectors, 0 to 2) and meta
+        (the item's extra columns). ``filters``: search only items matching all of them
+        (``"shop=north"``, ``["price>=10", "price<20"]``; inside FAISS, so k items come back
+        whenever k match)."""
+        return self.search_many([image], k, filters=filters)[0]
 
-    def search_many(self, images: Sequence[ImageLike], k: int = 8) -> list[list[dict[str, Any]]]:
+    def search_many(
+        self, images: Sequence[ImageLike], k: int = 8, *, filters: Filters = None
+    ) -> list[list[dict[str, Any]]]:
         """:meth:`search` of several images, embedded in one batch."""
         k = _check_k(k)
         decoded = [as_image(image) for image in images]  # one-line errors before the model loads
         if not decoded:
             return []
-        return self._neighbours(self.embedder.embed_images(decoded), k)
+        return self._rows(self.embedder.embed_images(decoded), k, filters)
 
-    def search_vector(self, vector: np.ndarray, k: int = 8) -> list[dict[str, Any]]:
-        """The ``k`` nearest items of an embedding (any length: it is L2-normalised here)."""
-        query = np.asarray(vector, dtype=np.float32).reshape(1, -1)
-        norm = float(np.linalg.norm(query))
-        if not np.isfinite(query).all() or norm == 0:
-            raise NearsightError("the query vector is zero or not finite")
-        if query.shape[1] != self.gallery.dim:
-            raise NearsightError(
-                f"the query vector has {query.shape[1]} values, the gallery's dim is "
-                f"{self.gallery.dim}"
-            )
-        return self._neighbours(query / norm, _check_k(k))[0]
+    def search_vector(
+        self, vector: Any, k: int = 8, *, filters: Filters = None
+    ) -> list[dict[str, Any]]:
+        """:meth:`search` by an embedding of the gallery's dim (made unit length here), e.g.
+        one from :func:`load_embedder` or from another system that uses the same model."""
+        return self._rows(check_vector(self.gallery, vector)[:1], _check_k(k), filters)[0]
 
-    def search_item(self, item_id: int, k: int = 8) -> list[dict[str, Any]]:
-        """The ``k`` nearest items of a gallery item, from its stored embedding (the item
-        itself comes first, at distance 0)."""
-        self.gallery.items([item_id])  # one-line error for an unknown id
-        position = int(np.searchsorted(self.gallery.ids, item_id))
-        vector = np.asarray(self.gallery.embeddings[position : position + 1], dtype=np.float32)
-        return self._neighbours(vector, _check_k(k))[0]
+    def search_item(
+        self, item_id: int, k: int = 8, *, filters: Filters = None
+    ) -> list[dict[str, Any]]:
+        """:meth:`search` by a gallery item's stored embedding (the item itself comes first,
+        at distance 0, unless a filter leaves it out)."""
+        vector = item_vector(self.gallery, int(item_id))
+        return self._rows(vector, _check_k(k), filters)[0]
 
-    def _neighbours(self, queries: np.ndarray, k: int) -> list[list[dict[str, Any]]]:
-        distances, ids = self.gallery.search(queries, int(k))
-        results = []
-        for row_ids, row_distances in zip(ids, distances, strict=True):
-            found = [
-                (int(i), float(d)) for i, d in zip(row_ids, row_distances, strict=True) if i >= 0
-            ]
-            rows = self.gallery.items([i for i, _ in found])
-            results.append(
-                [
-                    {
-                        "rank": rank,
-                        "id": item["id"],
-                        "path": item["path"],
-                        "label": item["label"],
-                        "class_name": item["class_name"],
-                        "distance": distance if math.isfinite(distance) else None,
-                    }
-                    for rank, (item, (_, distance)) in enumerate(zip(rows, found, strict=True), 1)
-                ]
-            )
-        return results
+    def _rows(self, vectors: np.ndarray, k: int, filters: Filters) -> list[list[dict[str, Any]]]:
+        answers = search_rows(self.gallery, vectors, k, filters=filters)
+        return [
+            [{"rank": rank, **row} for rank, row in enumerate(rows, start=1)] for rows in answers
+        ]
 
     def evaluate(self, ks: Sequence[int] | None = None) -> dict[str, float | int]:
         """Recall@k, NMI and MAP@R of the stored embeddings (every labelled item queries the

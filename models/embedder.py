@@ -188,6 +188,11 @@ class _EmbedderBase:
             f"{self.path} is not a usable nearsight model: its output has {problem}"
         )
 
+    def preprocess(self, image: Image.Image) -> np.ndarray:
+        """One decoded image as the model's input [3, S, S] in [0, 1] (what embed_images does
+        to each image; the server's micro-batcher calls it per request, then embeds a batch)."""
+        return self._transform(image.convert("RGB"))
+
     def embed_images(self, images: Sequence[Image.Image], batch_size: int = 32) -> np.ndarray:
         if batch_size <= 0:
             raise NearsightError(f"batch size must be positive, got {batch_size}")

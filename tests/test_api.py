@@ -51,7 +51,7 @@ def test_open_gallery_searches_paths_images_and_arrays(onnx_gallery):
         rows = gallery.gallery.all_items()
     assert by_path == by_image == by_array == by_floats
     assert [hit["rank"] for hit in by_path] == [1, 2, 3]
-    assert set(by_path[0]) == {"rank", "id", "path", "label", "class_name", "distance"}
+    assert set(by_path[0]) == {"rank", "id", "path", "label", "class_name", "distance", "meta"}
     # a gallery file finds itself first, at distance 0
     own = next(row for row in rows if Path(row["path"]) == onnx_gallery.query)
     assert by_path[0]["id"] == own["id"] and by_path[0]["distance"] == pytest.approx(0, abs=1e-3)
@@ -68,7 +68,9 @@ def test_search_agrees_with_the_cli(onnx_gallery, capsys):
     # the CLI's one query loads the lighter onnxruntime session: the same as the API's with it
     with nearsight.open_gallery(onnx_gallery.gallery, optimization="extended") as gallery:
         api = gallery.search(onnx_gallery.query, k=4)
-    assert cli == [{key: hit[key] for key in cli[0]} for hit in api]
+    same = [{key: hit[key] for key in cli[0] if key != "distance"} for hit in api]
+    assert [{k: v for k, v in row.items() if k != "distance"} for row in cli] == same
+    np.testing.assert_allclose([r["distance"] for r in cli], [h["distance"] for h in api], atol=1e-5)
     with nearsight.open_gallery(onnx_gallery.gallery) as gallery:  # all optimisations
         fastest = gallery.search(onnx_gallery.query, k=4)
     assert [hit["id"] for hit in fastest] == [hit["id"] for hit in cli]
@@ -159,3 +161,19 @@ def test_readme_example_runs(onnx_gallery, tmp_path):
     assert lines[5].startswith("12 items, Recall@1 ")
     assert lines[6].startswith("(1, 8) ")
     assert (tmp_path / "model-copy.onnx").is_file()
+
+
+def test_open_gallery_filters_and_searches_by_vector_and_item(onnx_gallery):
+    with nearsight.open_gallery(onnx_gallery.gallery) as gallery:
+        rows = gallery.gallery.all_items()
+        label = rows[0]["label"]
+        same = [row["id"] for row in rows if row["label"] == label]
+        hits = gallery.search(onnx_gallery.query, k=3, filters=f"label={label}")
+        assert len(hits) == min(3, len(same)) and all(h["label"] == label for h in hits)
+        by_item = gallery.search_item(rows[0]["id"], k=3)
+        assert by_item[0]["id"] == rows[0]["id"] and len(by_item) == 3
+        vector = np.asarray(gallery.gallery.embeddings[0]) * 5.0  # any length: a direction
+        by_vector = gallery.search_vector(vector, k=3)
+        assert [h["id"] for h in by_vector] == [h["id"] for h in by_item]
+        with pytest.raises(nearsight.NearsightError, match="numbers"):
+            gallery.search_vector([1.0, 2.0], k=2)

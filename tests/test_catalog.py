@@ -47,7 +47,7 @@ def test_create_open_round_trip(tmp_path):
         assert isinstance(meta["created"], str) and meta["created"].endswith("+00:00")
         items = catalog.items()
         assert [item["id"] for item in items] == list(range(8))
-        assert items[5] == {"id": 5, **_items(8)[5]}
+        assert items[5] == {"id": 5, **_items(8)[5], "meta": {}}
         assert catalog.get(3)["label"] is None and catalog.get(99) is None
         assert [item["id"] for item in catalog.items([6, 1, 99, 1])] == [1, 6]
         ids, labels = catalog.labels()
@@ -88,7 +88,7 @@ def test_add_and_remove_keep_ids_stable(tmp_path):
     with Catalog.open(path) as catalog:  # and it was all committed
         assert [item["id"] for item in catalog.items()] == [0, 2, 3, 4, 6]
         assert catalog.get(4) == {"id": 4, "path": "/new/a.png", "label": 7, "class_name": None,
-                                  "split": None, "sha256": None, "width": None, "height": None}  # fmt: skip
+                                  "split": None, "sha256": None, "width": None, "height": None, "meta": {}}  # fmt: skip
 
 
 def test_given_ids_are_kept_and_bad_items_refused(tmp_path):

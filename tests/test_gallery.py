@@ -100,9 +100,9 @@ def test_build_writes_the_three_files_and_meta(tmp_path, vectors):
         assert len(gallery) == 300
         assert gallery.items([7, 2]) == [
             {"id": 7, **items_for(300)[7], "split": None, "sha256": None, "width": None,
-             "height": None},
+             "height": None, "meta": {}},
             {"id": 2, **items_for(300)[2], "split": None, "sha256": None, "width": None,
-             "height": None},
+             "height": None, "meta": {}},
         ]  # fmt: skip
         with pytest.raises(GalleryError, match="no item with id 999"):
             gallery.items([999])

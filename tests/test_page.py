@@ -139,7 +139,7 @@ def test_search_api_returns_the_k_nearest_as_json(tiny, client):
     rows = json.loads(client.predict(handle_file(item["path"]), api_name="/search"))
     assert len(rows) == 8  # the default k
     for row in rows:
-        assert set(row) == {"id", "path", "label", "class_name", "distance"}
+        assert set(row) == {"id", "path", "label", "class_name", "distance", "meta"}
     distances = [row["distance"] for row in rows]
     assert distances == sorted(distances)
     # an uploaded gallery file is not a gallery item: nothing is left out, it finds itself

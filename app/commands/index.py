@@ -95,6 +95,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add.add_argument("images", nargs="+", type=Path, metavar="IMAGE")
     add.add_argument("--label", type=int, help="integer class label of the images")
     add.add_argument("--class-name", help="class name of the images")
+    add.add_argument(
+        "--meta",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="metadata of the images (repeatable), typed as a number or text: "
+        "--meta shop=north --meta price=12.5",
+    )
     add.add_argument("--model", type=Path, help="default: the model the gallery was built with")
     _add_embedding_options(add)
     add.set_defaults(func=run_add)
@@ -227,7 +235,12 @@ def _build_sources(args: argparse.Namespace) -> tuple[list[Path], list[dict[str,
         split = load_dataset(args.dataset, args.root, args.split)
         paths = [_absolute(sample.path) for sample in split.samples]
         fields = [
-            {"label": sample.label, "class_name": sample.class_name, "split": args.split}
+            {
+                "label": sample.label,
+                "class_name": sample.class_name,
+                "split": args.split,
+                "meta": sample.meta,
+            }
             for sample in split.samples
         ]
         meta = {"dataset": args.dataset, "root": str(_absolute(split.root)), "split": args.split}
@@ -261,11 +274,13 @@ def _check_out(out: Path) -> None:
 
 
 def run_add(args: argparse.Namespace) -> int:
+    from nearsight.index.filters import parse_meta_entries
     from nearsight.index.gallery import Gallery
     from nearsight.models.errors import NearsightError
 
     start = time.perf_counter()
     _check_batching(args)
+    meta = parse_meta_entries(args.meta)  # a typo is reported before the gallery is opened
     with Gallery.open(args.gallery) as gallery:
         embedder = load_gallery_model(gallery, args.model, args.device)
         paths = [_absolute(path) for path in args.images]
@@ -274,7 +289,7 @@ def run_add(args: argparse.Namespace) -> int:
             raise NearsightError(f"no image could be read (the first: {errors[0]})")
         kept_paths = [paths[i] for i in kept]
         described = _describe(kept_paths, args.workers)
-        extra = {"label": args.label, "class_name": args.class_name}
+        extra = {"label": args.label, "class_name": args.class_name, "meta": meta}
         items = [
             {"path": str(path), **extra, **info}
             for path, info in zip(kept_paths, described, strict=True)

@@ -64,6 +64,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="largest gallery (labelled items) whose leave-one-out failure list and Recall@k "
         "the page computes at start: two exact O(N^2) passes (default 100000)",
     )
+    parser.add_argument(
+        "--api-key",
+        help="key the REST API (/api/search, /api/items) requires in the X-API-Key header "
+        "(default: the NEARSIGHT_API_KEY environment variable; required when --host is not "
+        "a loopback address)",
+    )
+    parser.add_argument(
+        "--show-paths",
+        action="store_true",
+        help="show the galleries' absolute folder paths on the Summary tab (default: folder "
+        "names only)",
+    )
     parser.set_defaults(func=run_serve)
 
 
@@ -84,8 +96,10 @@ def run_serve(args: argparse.Namespace) -> int:
         )
 
     _check_address(args.host, args.port)  # before minutes of loading galleries
+    api_key = _api_key(args)
 
     from nearsight.app.page import build_app, launch_app
+    from nearsight.app.rest import close_rest_app
 
     demo = build_app(
         args.gallery,
@@ -94,6 +108,7 @@ def run_serve(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         max_queue=args.max_queue,
         analysis_max_items=args.analysis_max_items,
+        show_paths=args.show_paths,
     )
     try:
         url = launch_app(
@@ -103,6 +118,7 @@ def run_serve(args: argparse.Namespace) -> int:
             max_upload_mb=args.max_upload_mb,
             prevent_thread_lock=True,
             quiet=True,
+            api_key=api_key,
         )
     except OSError as error:  # the port is taken, or the address is not ours
         demo.nearsight.close()
@@ -113,13 +129,43 @@ def run_serve(args: argparse.Namespace) -> int:
         )
         raise NearsightError(f"cannot serve on {args.host}:{args.port}: {reason}") from None
     print(f"nearsight: serving {len(demo.nearsight.names)} gallery(ies) at {url}", flush=True)
+    print(f"nearsight: REST API at {url.rstrip('/')}/api (docs: /api/docs)", flush=True)
     try:
         demo.block_thread()  # until Ctrl-C
     finally:
         demo.close(verbose=False)
+        close_rest_app(demo.nearsight_api)
         demo.nearsight.close()
     print("nearsight: stopped", file=sys.stderr)
     return 0
+
+
+def _api_key(args: argparse.Namespace) -> str | None:
+    """--api-key, else NEARSIGHT_API_KEY; refuse to serve beyond localhost without one."""
+    import os
+
+    from nearsight.app.rest import API_KEY_ENV
+    from nearsight.models.errors import NearsightError
+
+    key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
+    key = (key or "").strip() or None
+    if key is None and not _is_loopback(args.host):
+        raise NearsightError(
+            f"serving on {args.host} (beyond this machine) needs an API key for the REST API: "
+            f"pass --api-key KEY or set {API_KEY_ENV}"
+        )
+    return key
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _check_address(host: str, port: int) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from nearsight.models.errors import NearsightError
@@ -30,11 +30,13 @@ class DatasetLayoutError(NearsightError):
 
 @dataclass(frozen=True)
 class Sample:
-    """One image of a dataset: where it is, its integer class label and the class's name."""
+    """One image of a dataset: where it is, its integer class label and the class's name;
+    ``meta``: the source's extra columns (a CSV manifest's columns beyond path,label,split)."""
 
     path: Path
     label: int
     class_name: str
+    meta: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
 
 
 @dataclass

@@ -1,10 +1,12 @@
-"""A CSV manifest: columns ``path,label[,split]``, one row per image.
+"""A CSV manifest: columns ``path,label[,split]``, one row per image, and any extra columns.
 
 ``path`` is relative to the CSV file's folder (or absolute); ``label`` is a class name;
 ``split``, if present, is ``train`` or ``test`` for every row. Without a ``split`` column the
 classes are split class-disjointly as for an image folder: the first half of the sorted class
 names is train, the rest test. A label is the index of the class name in the sorted list of all
 class names. ``--root`` is the CSV file, or a folder holding exactly one ``.csv`` file.
+Extra columns (shop, price, SKU, URL...) become each item's metadata, typed as numbers or text
+(index.filters); a column named like a catalog column (id, class_name, ...) is refused.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from nearsight.index.datasets.base import (
     class_disjoint_halves,
     make_split,
 )
+from nearsight.index.filters import FilterError, check_key, typed_meta
 
 TITLE = "CSV manifest"
 REQUIRED_COLUMNS = ("path", "label")
@@ -28,16 +31,16 @@ SPLIT_VALUES = ("train", "test")
 def load_csv(root: Path, split: str) -> DatasetSplit:
     manifest = find_manifest(root)
     rows = _read_rows(manifest)
-    all_names = sorted({name for _, name, _ in rows})
+    all_names = sorted({row[1] for row in rows})
     label_of = {name: label for label, name in enumerate(all_names)}
     if rows[0][2] is not None:  # a split column: the file says which rows are which
         wanted = {"train": {"train"}, "test": {"test"}, "all": set(SPLIT_VALUES)}[split]
-        chosen = [(path, name) for path, name, row_split in rows if row_split in wanted]
+        chosen = [row for row in rows if row[2] in wanted]
     else:
         train, test = class_disjoint_halves(all_names)
         keep = {"train": train, "test": test, "all": train | test}[split]
-        chosen = [(path, name) for path, name, _ in rows if name in keep]
-    samples = [Sample(path, label_of[name], name) for path, name in chosen]
+        chosen = [row for row in rows if row[1] in keep]
+    samples = [Sample(path, label_of[name], name, meta) for path, name, _, meta in chosen]
     return make_split("csv", manifest, split, samples)
 
 
@@ -57,7 +60,7 @@ def find_manifest(root: Path) -> Path:
     return found[0]
 
 
-def _read_rows(manifest: Path) -> list[tuple[Path, str, str | None]]:
+def _read_rows(manifest: Path) -> list[tuple[Path, str, str | None, dict[str, object]]]:
     base = manifest.parent
     try:
         with open(manifest, encoding="utf-8-sig", newline="") as handle:
@@ -71,6 +74,12 @@ def _read_rows(manifest: Path) -> list[tuple[Path, str, str | None]]:
                     f"(expected columns path,label[,split]; found {','.join(columns) or 'none'})"
                 )
             has_split = "split" in columns
+            extra = [name for name in columns if name and name not in ("path", "label", "split")]
+            try:
+                for name in extra:
+                    check_key(name)
+            except FilterError as error:
+                raise DatasetLayoutError(f"{manifest}: column {error}") from None
             rows = []
             for row in reader:
                 number = reader.line_num
@@ -86,7 +95,8 @@ def _read_rows(manifest: Path) -> list[tuple[Path, str, str | None]]:
                             f"{manifest} line {number}: split must be train or test, "
                             f"got '{row_split}'"
                         )
-                rows.append((base / path_text, name, row_split))
+                meta = typed_meta({key: row.get(key) for key in extra})
+                rows.append((base / path_text, name, row_split, meta))
     except (OSError, UnicodeDecodeError, csv.Error) as error:
         reason = " ".join(str(getattr(error, "strerror", None) or error).split())
         raise DatasetLayoutError(f"cannot read {TITLE} {manifest}: {reason}") from None

@@ -1,0 +1,240 @@
+"""The REST API (app/rest.py) on the real server that serves the page: search by file, by item
+and by vector, filters inside FAISS, JSON errors with 4xx statuses, the upload limit, the API
+key, OpenAPI, and the micro-batcher (app/batcher.py)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+import pytest
+from test_index_cli import assert_one_line_error, run
+from test_page import free_port
+from test_search_cli import product  # noqa: F401  (the module fixture: a gallery with meta)
+
+from nearsight.app.batcher import EmbedBatcher
+from nearsight.app.page import build_app, launch_app
+from nearsight.app.rest import close_rest_app
+from nearsight.index.gallery import Gallery
+
+MAX_UPLOAD_MB = 0.25
+KEY = "s3cret-key"
+
+
+def _start(gallery, **options):
+    demo = build_app([gallery], device="cpu", analyse=False)
+    url = launch_app(
+        demo,
+        port=free_port(),
+        max_upload_mb=MAX_UPLOAD_MB,
+        prevent_thread_lock=True,
+        quiet=True,
+        **options,
+    )
+    return url.rstrip("/"), demo
+
+
+def _stop(demo) -> None:
+    demo.close(verbose=False)
+    close_rest_app(demo.nearsight_api)
+    demo.nearsight.close()
+
+
+@pytest.fixture(scope="module")
+def api(product):  # noqa: F811
+    url, demo = _start(product["gallery"])
+    yield url, demo
+    _stop(demo)
+
+
+def _search(url: str, image=None, **fields) -> httpx.Response:
+    files = {"image": (image.name, image.read_bytes(), "image/png")} if image else None
+    data = {key: str(value) for key, value in fields.items()}
+    return httpx.post(f"{url}/api/search", files=files, data=data, timeout=60)
+
+
+def test_health_lists_the_galleries(api, product):  # noqa: F811
+    url, _ = api
+    answer = httpx.get(f"{url}/api/health", timeout=30)
+    assert answer.status_code == 200
+    (gallery,) = answer.json()["galleries"]
+    assert gallery["items"] == 36 and gallery["dim"] == 16
+    assert gallery["meta_keys"] == ["price", "shop", "sku"]
+
+
+def test_search_by_file_returns_neighbours_with_meta(api, product):  # noqa: F811
+    url, _ = api
+    answer = _search(url, product["images"][3], k=5)
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["k"] == 5 and len(body["neighbours"]) == 5
+    first = body["neighbours"][0]
+    assert first["distance"] == pytest.approx(0, abs=1e-3)
+    assert first["meta"] == {"shop": "south", "price": 4.5, "sku": "0003"}
+    assert first["path"] == str(product["images"][3])
+
+
+def test_filtered_search_returns_exactly_k_matching_items(api, product):  # noqa: F811
+    url, _ = api
+    k = 6
+    answer = _search(url, product["images"][0], k=k, filter="shop=south; price>=10;price<40")
+    assert answer.status_code == 200, answer.text
+    rows = answer.json()["neighbours"]
+    assert len(rows) == k
+    assert all(r["meta"]["shop"] == "south" and 10 <= r["meta"]["price"] < 40 for r in rows)
+    everything = _search(url, product["images"][0], k=36).json()["neighbours"]
+    matching = [r["id"] for r in everything
+                if r["meta"]["shop"] == "south" and 10 <= r["meta"]["price"] < 40]  # fmt: skip
+    assert [r["id"] for r in rows] == matching[:k]
+
+
+def test_search_by_item_and_by_vector(api, product):  # noqa: F811
+    url, _ = api
+    by_id = _search(url, id=4, k=3).json()["neighbours"]
+    assert len(by_id) == 3 and by_id[0]["id"] == 4 and by_id[0]["distance"] < 1e-3
+    with Gallery.open(product["gallery"]) as gallery:
+        vector = (np.asarray(gallery.embeddings[4]) * 3).tolist()  # any length: a direction
+    by_vector = _search(url, vector=json.dumps(vector), k=3).json()["neighbours"]
+    assert [r["id"] for r in by_vector] == [r["id"] for r in by_id]
+
+
+@pytest.mark.parametrize(
+    "fields, status, fragment",
+    [
+        ({"vector": "[1, 2]"}, 400, "16 numbers"),
+        ({"vector": "nope"}, 422, "JSON list"),
+        ({"id": 999}, 404, "no item with id 999"),
+        ({"id": 1, "k": 0}, 422, "k"),
+        ({"id": 1, "filter": "price>=cheap"}, 400, "needs a number"),
+        ({"id": 1, "gallery": "other"}, 404, "no gallery named"),
+        ({}, 422, "exactly one of"),
+    ],
+)
+def test_bad_requests_get_a_one_line_json_error(api, fields, status, fragment):
+    url, _ = api
+    answer = _search(url, **fields)
+    assert answer.status_code == status, answer.text
+    error = answer.json()["error"]
+    assert fragment in error and "\n" not in error and "Traceback" not in error
+
+
+def test_a_non_image_is_refused_with_415(api, tmp_path):
+    url, _ = api
+    fake = tmp_path / "notes.png"
+    fake.write_text("this is not an image\n")
+    answer = _search(url, fake, k=3)
+    assert answer.status_code == 415
+    assert "notes.png" in answer.json()["error"]
+    assert list(answer.json()) == ["error"]
+
+
+def test_an_oversized_upload_is_refused_with_413(api, tmp_path):
+    url, _ = api
+    big = tmp_path / "big.png"
+    big.write_bytes(b"\x89PNG" + b"\0" * int(MAX_UPLOAD_MB * 1024 * 1024 * 2))
+    answer = _search(url, big, k=3)
+    assert answer.status_code == 413 and "limit" in answer.json()["error"]
+
+
+def test_items_route_and_openapi(api):
+    url, _ = api
+    item = httpx.get(f"{url}/api/items/7", timeout=30).json()
+    assert item["id"] == 7 and set(item["meta"]) == {"shop", "price", "sku"} and "path" in item
+    missing = httpx.get(f"{url}/api/items/999", timeout=30)
+    assert missing.status_code == 404 and "999" in missing.json()["error"]
+    schema = httpx.get(f"{url}/api/openapi.json", timeout=30).json()
+    assert {"/search", "/items/{item_id}", "/health"} <= set(schema["paths"])
+    assert httpx.get(f"{url}/api/docs", timeout=30).status_code == 200
+    assert httpx.get(f"{url}/", timeout=30).status_code == 200  # the page is still there
+
+
+def test_concurrent_requests_all_answered_correctly(api, product):  # noqa: F811
+    url, demo = api
+    batcher = next(iter(demo.nearsight_api.state.batchers.values()))
+    calls, embedded = batcher.calls, batcher.embedded
+    images = product["images"][:8]
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda image: _search(url, image, k=1), images))
+    for image, answer in zip(images, answers, strict=True):
+        assert answer.json()["neighbours"][0]["path"] == str(image)
+    assert batcher.embedded - embedded == 8 and 1 <= batcher.calls - calls <= 8
+
+
+def test_batcher_embeds_waiting_requests_in_one_call():
+    started, release = threading.Event(), threading.Event()
+    sizes = []
+
+    def embed(batch):
+        sizes.append(len(batch))
+        started.set()
+        release.wait(10)
+        return batch * 2.0
+
+    batcher = EmbedBatcher(embed, max_batch=16)
+    try:
+        first = batcher.submit(np.ones(3, np.float32))
+        assert started.wait(10)  # the model is busy with the first request ...
+        rest = [batcher.submit(np.full(3, i, np.float32)) for i in range(7)]
+        time.sleep(0.05)
+        release.set()  # ... the seven that arrived meanwhile share the next call
+        assert first.result(10).tolist() == [2, 2, 2]
+        assert [f.result(10)[0] for f in rest] == [2.0 * i for i in range(7)]
+        assert sizes == [1, 7]
+    finally:
+        batcher.close()
+
+
+def test_batcher_passes_a_model_error_to_every_waiting_request():
+    def embed(batch):
+        raise RuntimeError("model failed")
+
+    batcher = EmbedBatcher(embed)
+    try:
+        with pytest.raises(RuntimeError, match="model failed"):
+            batcher.submit(np.ones(3, np.float32)).result(10)
+    finally:
+        batcher.close()
+
+
+def test_api_key_is_required_when_set(product):  # noqa: F811
+    url, demo = _start(product["gallery"], api_key=KEY)
+    try:
+        image = product["images"][2]
+        refused = _search(url, image, k=2)
+        assert refused.status_code == 401 and "API key" in refused.json()["error"]
+        wrong = httpx.post(f"{url}/api/search", data={"id": 1}, headers={"X-API-Key": "x"})
+        assert wrong.status_code == 401
+        assert httpx.get(f"{url}/api/items/1", timeout=30).status_code == 401
+        files = {"image": (image.name, image.read_bytes(), "image/png")}
+        allowed = httpx.post(f"{url}/api/search", files=files, data={"k": "2"},
+                             headers={"X-API-Key": KEY}, timeout=60)  # fmt: skip
+        assert allowed.status_code == 200 and len(allowed.json()["neighbours"]) == 2
+        bearer = httpx.get(f"{url}/api/items/1", headers={"Authorization": f"Bearer {KEY}"})
+        assert bearer.status_code == 200
+        assert httpx.get(f"{url}/api/health", timeout=30).status_code == 200
+    finally:
+        _stop(demo)
+
+
+def test_serving_beyond_localhost_needs_a_key(capsys, product, monkeypatch):  # noqa: F811
+    monkeypatch.delenv("NEARSIGHT_API_KEY", raising=False)
+    code, _, err = run(capsys, "serve", "--gallery", product["gallery"], "--host", "0.0.0.0")
+    assert_one_line_error(code, err, "--api-key", "NEARSIGHT_API_KEY")
+
+
+def test_api_key_comes_from_the_flag_or_the_environment(monkeypatch):
+    import argparse
+
+    from nearsight.app.commands.serve import _api_key
+
+    monkeypatch.setenv("NEARSIGHT_API_KEY", "from-env")
+    assert _api_key(argparse.Namespace(api_key=None, host="0.0.0.0")) == "from-env"
+    assert _api_key(argparse.Namespace(api_key="flag", host="0.0.0.0")) == "flag"
+    monkeypatch.delenv("NEARSIGHT_API_KEY")
+    assert _api_key(argparse.Namespace(api_key=None, host="127.0.0.1")) is None
+    assert _api_key(argparse.Namespace(api_key=None, host="::1")) is None
+    assert _api_key(argparse.Namespace(api_key=None, host="localhost")) is None
