@@ -7,7 +7,7 @@ setting; D = 128 and 512), the median over R repeats (after W warm-up runs; a ce
 repeating after ``--cell-seconds`` once it has 3 runs, so slow losses do not stall it) of one
 ``loss(embeddings, labels)`` plus ``backward()``, for every loss in the registry (rankmi and
 bcontrastive when their modules exist; rankmi's time is its embedding step only, the critic
-steps are separate calls) and for pytorch-metric-learning's RankedListLoss, ContrastiveLoss
+steps are separate calls; the proxy losses over 100 classes, their proxies' gradient included) and for pytorch-metric-learning's RankedListLoss, ContrastiveLoss
 and MarginLoss measured in the same run. Without ``--device`` it runs on the CPU and, when
 torch.cuda.is_available(), on CUDA too. It ends with the ratio ours-RLL / PML-RLL at N = 180,
 D = 512, timed in alternation (one run of each in turn) so that load from other processes
@@ -27,16 +27,17 @@ from collections.abc import Callable
 import torch
 from pytorch_metric_learning import losses as pml_losses
 
-from nearsight.training.losses.registry import LOSSES, build_loss
+from nearsight.training.losses.registry import LOSSES, build_loss, loss_parameters
 
 SHAPES = [(120, 128), (120, 512), (180, 128), (180, 512)]
 IMAGES_PER_CLASS = 3
 RATIO_SHAPE = (180, 512)
 
 
-def registered_losses(batch_size: int) -> dict[str, torch.nn.Module]:
+def registered_losses(batch_size: int, dim: int) -> dict[str, torch.nn.Module]:
     """Every registered loss that can be built, with defaults (plus the batch design that
-    bcontrastive needs, matching the benchmark's batches)."""
+    bcontrastive needs, matching the benchmark's batches, and the proxy losses' classes:
+    100 training classes, as CUB's, of which a batch holds some)."""
     built: dict[str, torch.nn.Module] = {}
     for name in LOSSES:
         module_name = LOSSES[name].split(":")[0]
@@ -57,6 +58,8 @@ def registered_losses(batch_size: int) -> dict[str, torch.nn.Module]:
                 "m": IMAGES_PER_CLASS,
                 "n": classes,
             }
+        elif "class_labels" in loss_parameters(name):
+            params = {"class_labels": list(range(100)), "embedding_size": dim}
         built[name] = build_loss(name, **params)
     return built
 
@@ -117,7 +120,7 @@ def bench_device(
         emb = torch.nn.functional.normalize(emb, dim=1).to(device)
         labels = torch.arange(batch_size // IMAGES_PER_CLASS).repeat_interleave(IMAGES_PER_CLASS)
         labels = labels.to(device)
-        candidates = {**registered_losses(batch_size), **pml_references()}
+        candidates = {**registered_losses(batch_size, dim), **pml_references()}
         for name, loss in candidates.items():
             if isinstance(loss, torch.nn.Module):
                 loss.to(device)

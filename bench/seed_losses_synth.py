@@ -7,6 +7,14 @@ weights) and at the end, on the class-disjoint test split.
 
     python bench/seed_losses_synth.py                      # 120 s per loss, all five
     python bench/seed_losses_synth.py --seconds 30 --losses ice rll
+    python bench/seed_losses_synth.py --steps 150 --losses proxyanchor normsoftmax arcface
+    python bench/seed_losses_synth.py --steps 150 --losses nra nra:include_anchor=true
+    python bench/seed_losses_synth.py --steps 150 --losses rll \
+        --set "model.heads=[layer2,layer3,layer4]" --set model.embedding=concat
+
+``--steps N`` trains every loss for N updates of the embedding (RankMI's critic batches come
+on top), the comparison to use on a shared CPU; ``--seconds`` stops on the clock instead. A
+loss may carry its own parameters after a colon (``nra:include_anchor=true,alpha=3``).
 
 Measured 2026-11-21 on the 2-core CPU (quiet machine, 120 s each, R@1 untrained -> trained):
 ice 0.030 -> 0.110 (105 steps), rll 0.030 -> 0.084 (97), rankmi 0.030 -> 0.056 (148 batches,
@@ -38,7 +46,7 @@ from pathlib import Path
 
 from nearsight.index.datasets.synthetic import write_synthetic
 from nearsight.training.config import load_config, parse_set_option
-from nearsight.training.trainer import train
+from nearsight.training.run import train
 
 SEED_LOSSES = ["ice", "rll", "nra", "rankmi", "bcontrastive"]
 
@@ -62,20 +70,36 @@ SETTINGS = {
 }
 
 
+def parse_loss(text: str) -> tuple[str, dict[str, object]]:
+    """``name`` or ``name:key=value,key=value`` -> (name, params); values parsed as YAML."""
+    name, _, raw = text.partition(":")
+    params = dict(parse_set_option(item) for item in raw.split(",")) if raw else {}
+    return name, params
+
+
 def run_settings(
-    data: Path, loss: str, seconds: float, image_size: int, workers: int, eval_every: int
+    data: Path,
+    loss: str,
+    seconds: float | None,
+    image_size: int,
+    workers: int,
+    eval_every: int,
+    steps: int | None = None,
 ) -> dict[str, object]:
-    """SETTINGS plus one timed run's own: its dataset, loss, length and evaluation cadence
-    (always at step 0 too: the untrained network's numbers)."""
+    """SETTINGS plus one run's own: its dataset, loss (``name[:params]``), length (``steps``
+    updates, else ``seconds``) and evaluation cadence (always at step 0 too: the untrained
+    network's numbers)."""
+    name, params = parse_loss(loss)
     return {
         **SETTINGS,
         "data.dataset": "folder",
         "data.root": str(data),
         "data.image_size": image_size,
         "data.workers": workers,
-        "loss.name": loss,
-        "steps": 100_000,
-        "time_limit_s": seconds,
+        "loss.name": name,
+        "loss.params": params,
+        "steps": steps if steps is not None else 100_000,
+        "time_limit_s": None if steps is not None else seconds,
         "eval_every": eval_every,
         "eval_at_start": True,
         "save_every": 100_000,
@@ -108,7 +132,12 @@ def standin_pretrain(tmp: Path, seconds: float, image_size: int, workers: int) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=120.0, help="training time per loss")
-    parser.add_argument("--losses", nargs="+", default=SEED_LOSSES)
+    parser.add_argument(
+        "--steps", type=int, help="train each loss for this many embedding updates instead"
+    )
+    parser.add_argument(
+        "--losses", nargs="+", default=SEED_LOSSES, help="names, each optionally NAME:K=V,K=V"
+    )
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--data", type=Path, help="synthetic dataset (made if missing)")
     parser.add_argument(
@@ -137,10 +166,16 @@ def main() -> None:
         results = []
         for loss in args.losses:
             overrides = run_settings(
-                data, loss, args.seconds, args.image_size, args.workers, eval_every=100_000
+                data,
+                loss,
+                args.seconds,
+                args.image_size,
+                args.workers,
+                eval_every=100_000,
+                steps=args.steps,
             )
             overrides.update(parse_set_option(text) for text in args.set)
-            out = Path(tmp) / f"run-{loss}"
+            out = Path(tmp) / f"run-{len(results)}"
             summary = train(load_config(None, overrides), out)
             evaluations = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
             before, after = evaluations[0], evaluations[-1]
@@ -158,11 +193,11 @@ def main() -> None:
             print(json.dumps(results[-1]), flush=True)
 
     print(
-        f"\n{'loss':<14}{'steps':>6}{'R@1 untrained':>15}{'R@1 trained':>13}{'NMI before':>12}{'NMI after':>11}"
+        f"\n{'loss':<32}{'steps':>6}{'R@1 untrained':>15}{'R@1 trained':>13}{'NMI before':>12}{'NMI after':>11}"
     )
     for r in results:
         print(
-            f"{r['loss']:<14}{r['steps']:>6}{r['untrained_recall@1']:>15.4f}"
+            f"{r['loss']:<32}{r['steps']:>6}{r['untrained_recall@1']:>15.4f}"
             f"{r['trained_recall@1']:>13.4f}{r['untrained_nmi']:>12.4f}{r['trained_nmi']:>11.4f}"
         )
     if args.json:

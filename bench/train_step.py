@@ -24,7 +24,7 @@ import torch
 from nearsight.index.datasets.synthetic import write_synthetic
 from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
 from nearsight.training.config import load_config
-from nearsight.training.trainer import train
+from nearsight.training.run import train
 
 
 def bare_images_per_s(args: argparse.Namespace, device: torch.device) -> float:

@@ -77,6 +77,8 @@ def nearsight_version() -> str:
 def checkpoint_metadata(payload: Mapping[str, Any], checkpoint_sha256: str) -> dict[str, str]:
     """The metadata of the model in a loaded checkpoint (``models.checkpoint.load_checkpoint``).
     The test-time resize comes from the training config (``data.resize``) when it set one."""
+    from nearsight.models.embedding import output_dim  # a checkpoint: the torch path
+
     model_config = payload.get("model_config") or {}
     training = payload.get("training") if isinstance(payload.get("training"), dict) else {}
     data_config = ((training.get("config") or {}).get("data") or {}) if training else {}
@@ -86,7 +88,7 @@ def checkpoint_metadata(payload: Mapping[str, Any], checkpoint_sha256: str) -> d
     return {
         "format": MODEL_FORMAT,
         "format_version": str(MODEL_FORMAT_VERSION),
-        "embedding_dim": str(int(model_config.get("dim", 0))),
+        "embedding_dim": str(output_dim(model_config)),
         "image_size": str(image_size),
         "resize": str(int(resize)),
         "arch": str(model_config.get("arch", "")),

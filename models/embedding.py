@@ -28,8 +28,17 @@ Design decisions
 - ``freeze_bn``: every BatchNorm2d of the trunk stays in eval mode (running statistics frozen,
   batch statistics unused) even under ``model.train()``; their affine weights still train.
   Small per-class batches make BatchNorm statistics noisy, which is why DML code freezes them.
+- Multi-level heads (``heads``, the RLL and ICE papers' "L, M, H" embeddings): each listed
+  trunk stage gets its own global pooling, ``feature_norm`` and linear head of ``dim``, all
+  trained under the loss at once (training/trainer.py sums the loss over them). The default
+  ``[layer4]`` is the single head above; the papers' setting on ResNet-50 is
+  ``[layer2, layer3, layer4]``. ``embedding`` says what the network serves (evaluation,
+  export, galleries): ``last``, the layer4 head alone, or ``concat``, the L2-normalised
+  concatenation of every head's unit embedding (dim = dim x number of heads).
 - State-dict keys are ``trunk.<torchvision name>``, ``feature_norm.*`` (running statistics,
-  with ``batchnorm``) and ``embedding.{weight,bias}``.
+  with ``batchnorm``) and ``embedding.{weight,bias}`` for the layer4 head (the same keys as a
+  single-head network), and ``side_norms.<stage>.*`` and ``side_embeddings.<stage>.*`` for
+  the lower heads.
 """
 
 from __future__ import annotations
@@ -54,6 +63,46 @@ ARCHS: dict[str, int] = {"resnet18": 512, "resnet34": 512, "resnet50": 2048, "re
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 TRUNK_LAYERS = ("conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3", "layer4")
+# trunk stages that can carry an embedding head, from low to high
+HEAD_STAGES = ("layer1", "layer2", "layer3", "layer4")
+EMBEDDINGS = ("last", "concat")
+
+
+def stage_width(arch: str, stage: str) -> int:
+    """Channels of a ResNet stage's output: each stage halves the next one's width."""
+    return ARCHS[arch] >> (len(HEAD_STAGES) - 1 - HEAD_STAGES.index(stage))
+
+
+def check_heads(heads: object, embedding: object) -> list[str]:
+    """``heads`` as a list of stage names, low to high, ending at layer4; a clear error for
+    anything else."""
+    if isinstance(heads, str):
+        heads = [heads]
+    if not isinstance(heads, (list, tuple)) or not heads:
+        raise NearsightError(f"heads must be a non-empty list of trunk stages, got {heads!r}")
+    heads = [str(stage) for stage in heads]
+    unknown = [stage for stage in heads if stage not in HEAD_STAGES]
+    if unknown:
+        raise NearsightError(
+            f"heads: unknown stage(s) {', '.join(unknown)} (stages: {', '.join(HEAD_STAGES)})"
+        )
+    order = [HEAD_STAGES.index(stage) for stage in heads]
+    if order != sorted(set(order)) or heads[-1] != "layer4":
+        raise NearsightError(
+            f"heads must list distinct stages from low to high, ending at layer4, got {heads}"
+        )
+    if embedding not in EMBEDDINGS:
+        raise NearsightError(f"embedding must be one of {', '.join(EMBEDDINGS)}, got {embedding!r}")
+    return heads
+
+
+def output_dim(model_config: Mapping[str, Any]) -> int:
+    """The dimension of what a network with this (stored) config serves: ``dim``, or
+    ``dim`` x the number of heads for the ``concat`` embedding."""
+    dim = int(model_config.get("dim", 0))
+    if model_config.get("embedding", "last") == "concat":
+        return dim * len(model_config.get("heads") or ["layer4"])
+    return dim
 
 
 def resolve_feature_norm(feature_norm: str, pretrained: str) -> str:
@@ -82,6 +131,11 @@ class EmbeddingConfig:
     arch: str = "resnet50"
     # none | batchnorm | auto (batchnorm when pretrained is "none"); stored resolved
     feature_norm: str = "auto"
+    # trunk stages with an embedding head, low to high, ending at layer4 (the papers'
+    # multi-level setting: [layer2, layer3, layer4]); each head has `dim` dimensions
+    heads: list[str] = dataclasses.field(default_factory=lambda: ["layer4"])
+    # what the network serves: last (the layer4 head) | concat (all heads, dim x len(heads))
+    embedding: str = "last"
 
     def __post_init__(self) -> None:
         if isinstance(self.dim, bool) or not isinstance(self.dim, int) or self.dim <= 0:
@@ -103,6 +157,12 @@ class EmbeddingConfig:
         if self.arch not in ARCHS:
             raise NearsightError(f"arch must be one of {', '.join(ARCHS)}, got {self.arch!r}")
         self.feature_norm = resolve_feature_norm(self.feature_norm, self.pretrained)
+        self.heads = check_heads(self.heads, self.embedding)
+
+    @property
+    def output_dim(self) -> int:
+        """The dimension of the served embedding (``dim`` x heads for ``concat``)."""
+        return output_dim(self.to_dict())
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -132,26 +192,36 @@ class EmbeddingNet(nn.Module):
             OrderedDict((name, getattr(resnet, name)) for name in TRUNK_LAYERS)
         )
         self.pooling = self.config.pooling
-        width = ARCHS[self.config.arch]
-        self.feature_norm = (
-            nn.BatchNorm1d(width, affine=False)
-            if self.config.feature_norm == "batchnorm"
-            else nn.Identity()
-        )
-        self.embedding = nn.Linear(width, self.config.dim)
-        nn.init.kaiming_normal_(self.embedding.weight, mode="fan_out")
-        nn.init.zeros_(self.embedding.bias)
+        self.feature_norm, self.embedding = self._head(ARCHS[self.config.arch])
+        # the lower heads of a multi-level network (none by default)
+        self.side_norms = nn.ModuleDict()
+        self.side_embeddings = nn.ModuleDict()
+        for stage in self.config.heads[:-1]:
+            norm, linear = self._head(stage_width(self.config.arch, stage))
+            self.side_norms[stage], self.side_embeddings[stage] = norm, linear
         mean = torch.tensor(IMAGENET_MEAN, dtype=torch.float32).view(1, 3, 1, 1)
         std = torch.tensor(IMAGENET_STD, dtype=torch.float32).view(1, 3, 1, 1)
         self.register_buffer("mean", mean, persistent=False)
         self.register_buffer("std", std, persistent=False)
 
+    def _head(self, width: int) -> tuple[nn.Module, nn.Linear]:
+        """One head's ``feature_norm`` and linear layer on ``width`` pooled features."""
+        norm: nn.Module = (
+            nn.BatchNorm1d(width, affine=False)
+            if self.config.feature_norm == "batchnorm"
+            else nn.Identity()
+        )
+        linear = nn.Linear(width, self.config.dim)
+        nn.init.kaiming_normal_(linear.weight, mode="fan_out")
+        nn.init.zeros_(linear.bias)
+        return norm, linear
+
     @property
     def dim(self) -> int:
-        return self.config.dim
+        """The dimension of the served embedding (``forward``'s output)."""
+        return self.config.output_dim
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        features = self.trunk((images - self.mean) / self.std)
+    def _pool(self, features: torch.Tensor) -> torch.Tensor:
         if self.pooling == "avg":
             pooled = F.adaptive_avg_pool2d(features, 1)
         elif self.pooling == "max":
@@ -159,31 +229,51 @@ class EmbeddingNet(nn.Module):
         else:
             pooled = F.adaptive_avg_pool2d(features, 1) + F.adaptive_max_pool2d(features, 1)
         # flatten (not view): the pooled map may be channels_last-strided
-        features = self.feature_norm(torch.flatten(pooled, 1))
-        return F.normalize(self.embedding(features), p=2, dim=1)
+        return torch.flatten(pooled, 1)
+
+    def head_embeddings(self, images: torch.Tensor) -> list[torch.Tensor]:
+        """Every head's unit embedding [N, dim], low to high (the last is layer4's)."""
+        x = (images - self.mean) / self.std
+        outputs = []
+        for name, layer in self.trunk.named_children():
+            x = layer(x)
+            if name in self.side_embeddings:
+                features = self.side_norms[name](self._pool(x))
+                outputs.append(F.normalize(self.side_embeddings[name](features), p=2, dim=1))
+        features = self.feature_norm(self._pool(x))
+        outputs.append(F.normalize(self.embedding(features), p=2, dim=1))
+        return outputs
+
+    def forward(
+        self, images: torch.Tensor, all_heads: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """The served embedding [N, self.dim]; ``all_heads=True`` (training) gives every
+        head's embedding instead, as a tuple, low to high."""
+        heads = self.head_embeddings(images)
+        if all_heads:
+            return tuple(heads)
+        if self.config.embedding == "concat" and len(heads) > 1:
+            return F.normalize(torch.cat(heads, dim=1), p=2, dim=1)
+        return heads[-1]
 
     @torch.no_grad()
     def fold_feature_norm(self) -> None:
-        """Fold an eval-mode ``feature_norm`` into the head (W' = W / sigma, b' = b - W' mu),
-        leaving the same function as one linear layer: what export does, so the ONNX graph
-        and its int8 quantisation see the papers' plain head. For inference only: the
-        statistics stop updating."""
-        norm = self.feature_norm
-        if not isinstance(norm, nn.BatchNorm1d):
-            return
-        scale = torch.rsqrt(norm.running_var + norm.eps)
-        weight = self.embedding.weight * scale[None, :]
-        self.embedding.bias.sub_(weight @ norm.running_mean)
-        self.embedding.weight.copy_(weight)
-        self.feature_norm = nn.Identity()
+        """Fold each head's eval-mode ``feature_norm`` into its linear layer
+        (W' = W / sigma, b' = b - W' mu), leaving the same function as one linear layer: what
+        export does, so the ONNX graph and its int8 quantisation see the papers' plain head.
+        For inference only: the statistics stop updating."""
+        self.feature_norm = _fold(self.feature_norm, self.embedding)
+        for stage in list(self.side_norms):
+            self.side_norms[stage] = _fold(self.side_norms[stage], self.side_embeddings[stage])
 
     def trunk_parameters(self) -> Iterator[nn.Parameter]:
         """The pretrained ResNet layers (the trainer gives them the smaller learning rate)."""
         return self.trunk.parameters()
 
     def head_parameters(self) -> Iterator[nn.Parameter]:
-        """The new layers: the linear embedding head."""
-        return self.embedding.parameters()
+        """The new layers: the linear embedding head(s)."""
+        yield from self.embedding.parameters()
+        yield from self.side_embeddings.parameters()
 
     def train(self, mode: bool = True) -> EmbeddingNet:
         super().train(mode)
@@ -192,6 +282,18 @@ class EmbeddingNet(nn.Module):
                 if isinstance(module, nn.BatchNorm2d):
                     module.eval()
         return self
+
+
+@torch.no_grad()
+def _fold(norm: nn.Module, linear: nn.Linear) -> nn.Module:
+    """Fold a BatchNorm1d ``norm`` into ``linear`` in place; returns what replaces ``norm``."""
+    if not isinstance(norm, nn.BatchNorm1d):
+        return norm
+    scale = torch.rsqrt(norm.running_var + norm.eps)
+    weight = linear.weight * scale[None, :]
+    linear.bias.sub_(weight @ norm.running_mean)
+    linear.weight.copy_(weight)
+    return nn.Identity()
 
 
 def build_embedding_net(config: EmbeddingConfig | None = None) -> EmbeddingNet:

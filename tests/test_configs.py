@@ -19,19 +19,26 @@ from nearsight.training.losses import LOSSES, loss_parameters
 
 CONFIG_DIR = Path(training_package.__file__).parent / "configs"
 SEED_LOSSES = ("ice", "rll", "nra", "rankmi", "bcontrastive")
+# reference rows beside the seed losses: the strongest proxy baseline, with its paper's settings
+REFERENCE_LOSSES = ("proxyanchor",)
 DATASETS = ("cub", "cars", "sop")
-EXPECTED_FILES = sorted(f"{loss}_{dataset}.yaml" for loss in SEED_LOSSES for dataset in DATASETS)
+EXPECTED_FILES = sorted(
+    f"{loss}_{dataset}.yaml" for loss in SEED_LOSSES + REFERENCE_LOSSES for dataset in DATASETS
+)
 
 # Public parameter names from shared/LOSSES.md (what a config may set in loss.params).
 PUBLIC_PARAMS = {
     "ice": {"scale", "symmetric"},
     "rll": {"alpha", "margin", "temperature", "lam"},
-    "nra": {"alpha"},
+    "nra": {"alpha", "include_anchor"},
     "rankmi": {"margin", "beta0", "hidden", "layers", "critic_steps"},
     "bcontrastive": {"margin", "lam", "importance"},
+    "proxyanchor": {"alpha", "margin"},
 }
 # Filled in by the trainer from the sampler and the training set; never in a file.
-TRAINER_FILLED = {"class_counts", "design", "m", "n", "p", "seed"}
+TRAINER_FILLED = {
+    "class_counts", "design", "m", "n", "p", "seed", "class_labels", "embedding_size",
+}  # fmt: skip
 
 PAPER_TITLES = {
     "ice": "Instance Cross Entropy for Deep Metric Learning",
@@ -39,9 +46,12 @@ PAPER_TITLES = {
     "nra": "Deep Metric Learning using Similarities from Nonlinear Rank Approximations",
     "rankmi": "RankMI: A Mutual Information Maximizing Ranking Loss",
     "bcontrastive": "Deep Metric Learning via Weighted Contrastive Loss",
+    "proxyanchor": "Proxy Anchor Loss for Deep Metric Learning",
 }
 # LOSSES.md: ICE and RLL 512-d (BN-Inception), the ResNet-50 papers 128-d.
-PAPER_DIM = {"ice": 512, "rll": 512, "nra": 128, "rankmi": 128, "bcontrastive": 128}
+PAPER_DIM = {
+    "ice": 512, "rll": 512, "nra": 128, "rankmi": 128, "bcontrastive": 128, "proxyanchor": 512,
+}  # fmt: skip
 # Recall@1 targets, as LOSSES.md's table writes them.
 TARGET_RECALL1 = {
     ("rankmi", "cub"): "66.7", ("rankmi", "cars"): "83.3", ("rankmi", "sop"): "74.3",
@@ -50,6 +60,8 @@ TARGET_RECALL1 = {
     ("rll", "cub"): "57.4", ("rll", "cars"): "74.0", ("rll", "sop"): "76.1",
     ("bcontrastive", "cub"): "54.2", ("bcontrastive", "cars"): "69.2",
     ("bcontrastive", "sop"): "70.4",
+    ("proxyanchor", "cub"): "69.9", ("proxyanchor", "cars"): "87.7",
+    ("proxyanchor", "sop"): "79.2",
 }  # fmt: skip
 # Images per batch, as each paper states it (NRA's slides give none: RankMI's 120 is our choice).
 PAPER_BATCH = {
@@ -58,6 +70,7 @@ PAPER_BATCH = {
     ("rankmi", "cub"): 120, ("rankmi", "cars"): 120, ("rankmi", "sop"): 120,
     ("nra", "cub"): 120, ("nra", "cars"): 120, ("nra", "sop"): 120,
     ("bcontrastive", "cub"): 64, ("bcontrastive", "cars"): 64, ("bcontrastive", "sop"): 64,
+    ("proxyanchor", "cub"): 180, ("proxyanchor", "cars"): 180, ("proxyanchor", "sop"): 180,
 }  # fmt: skip
 
 
@@ -178,7 +191,7 @@ def dataset_shaped_labels(dataset: str) -> list[int]:
 
 @pytest.mark.parametrize("path", config_files(), ids=lambda p: p.stem)
 def test_trainer_builds_the_batch_design_and_the_loss(path: Path):
-    from nearsight.training.trainer import build_train_sampler, build_training_loss
+    from nearsight.training.builders import build_train_sampler, build_training_loss
 
     config = load_config(path)
     labels = dataset_shaped_labels(config.data.dataset)
@@ -191,7 +204,7 @@ def test_trainer_builds_the_batch_design_and_the_loss(path: Path):
 
 def test_sop_cannot_fill_the_default_4_16_group_design():
     """Why bcontrastive_sop.yaml uses (2,32): SOP classes with < 4 images drop out of (4,16)."""
-    from nearsight.training.trainer import build_train_sampler
+    from nearsight.training.builders import build_train_sampler
 
     config = load_config(
         CONFIG_DIR / "bcontrastive_sop.yaml",
@@ -305,3 +318,20 @@ def test_resolved_config_round_trips(tmp_path: Path):
     config = load_config(CONFIG_DIR / "bcontrastive_sop.yaml")
     again = load_config(write(tmp_path, config.dump()))
     assert again == config
+
+
+@pytest.mark.parametrize("dataset", DATASETS)
+def test_rll_and_ice_train_the_papers_three_heads_and_report_the_high_one(dataset: str):
+    for loss in ("rll", "ice"):
+        config = load_config(CONFIG_DIR / f"{loss}_{dataset}.yaml")
+        assert config.model.heads == ["layer2", "layer3", "layer4"]
+        assert config.model.embedding == "last"
+
+
+@pytest.mark.parametrize("dataset", DATASETS)
+def test_proxy_anchor_trains_its_proxies_at_100_times_the_rate(dataset: str):
+    config = load_config(CONFIG_DIR / f"proxyanchor_{dataset}.yaml")
+    optim = config.optim
+    assert optim.name == "adamw" and optim.loss_lr == pytest.approx(100 * optim.lr)
+    assert config.loss.params == {"alpha": 32, "margin": 0.1}
+    assert 0 < optim.freeze_trunk_steps < config.steps

@@ -51,8 +51,13 @@ def test_config_round_trips_through_dict():
         "image_size": 224,
         "arch": "resnet50",
         "feature_norm": "none",  # "auto" is stored resolved
+        "heads": ["layer4"],
+        "embedding": "last",
     }
     assert EmbeddingConfig.from_dict(values) == config
+    # a checkpoint from before multi-level heads has neither key: one layer4 head
+    old = {k: v for k, v in values.items() if k not in ("heads", "embedding")}
+    assert EmbeddingConfig.from_dict(old) == config
 
 
 def test_config_from_dict_rejects_unknown_keys():

@@ -24,16 +24,18 @@ def reference_w(r: float, alpha: float) -> float:
     return 0.5 * (2 * r) ** alpha if r < 0.5 else 1 - 0.5 * (2 * (1 - r)) ** alpha
 
 
-def reference_nra(emb, labels, alpha=2.0, detach_extremes=False):
+def reference_nra(emb, labels, alpha=2.0, detach_extremes=False, include_anchor=False):
     """Loop over anchors and their rows; autograd through every distance, Dmin and Dmax
-    (``detach_extremes`` holds Dmin and Dmax constant instead, for contrast)."""
+    (``detach_extremes`` holds Dmin and Dmax constant instead, for contrast).
+    ``include_anchor``: the row also holds j = i with d_ii = 0 (the second reading)."""
     leaf = emb.clone().requires_grad_(True)
     n = emb.shape[0]
     total = torch.zeros((), dtype=emb.dtype)
     for i in range(n):
         row = {j: torch.linalg.vector_norm(leaf[i] - leaf[j]) for j in range(n) if j != i}
-        d_min = torch.stack(list(row.values())).min()
-        d_max = torch.stack(list(row.values())).max()
+        extremes = list(row.values()) + ([leaf.new_zeros(())] if include_anchor else [])
+        d_min = torch.stack(extremes).min()
+        d_max = torch.stack(extremes).max()
         if detach_extremes:
             d_min, d_max = d_min.detach(), d_max.detach()
         span = d_max - d_min
@@ -102,6 +104,71 @@ def test_value_and_gradient_match_loop_reference(n, dim, classes, seed, alpha):
     assert value.item() == pytest.approx(ref_value, rel=1e-6)
     torch.testing.assert_close(grad, ref_grad, rtol=1e-6, atol=1e-12)
     assert grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize(
+    ("n", "dim", "classes", "seed", "alpha"),
+    [(12, 8, 3, 0, 2.0), (18, 16, 6, 1, 2.0), (24, 12, 4, 2, 1.0), (16, 8, 4, 4, 0.5)],
+)
+def test_include_anchor_value_and_gradient_match_loop_reference(n, dim, classes, seed, alpha):
+    emb, labels = random_batch(n, dim, classes, seed)
+    loss = NonlinearRankApproximationLoss(alpha=alpha, include_anchor=True)
+    value, grad = autograd(loss, emb, labels)
+    ref_value, ref_grad = reference_nra(emb, labels, alpha, include_anchor=True)
+    assert value.item() == pytest.approx(ref_value, rel=1e-9)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-9, atol=1e-12)
+    # a different loss from the default reading
+    default_value, _ = autograd(NonlinearRankApproximationLoss(alpha=alpha), emb, labels)
+    assert abs(default_value.item() - value.item()) > 1e-3
+
+
+def test_include_anchor_keeps_the_negative_term_alive_at_a_nearest_negative():
+    # anchor 0's nearest neighbour is the negative 2: under the default reading its negative
+    # term is pinned at the clamp; with the anchor in its row r(D-) = d02 / Dmax > 0
+    emb = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.9, 0.1]], dtype=torch.float64)
+    emb = torch.nn.functional.normalize(emb, dim=1)
+    labels = torch.tensor([0, 0, 1])
+    d = torch.cdist(emb, emb)
+    rank = float(d[0, 2] / d[0].max())
+    loss = NonlinearRankApproximationLoss(include_anchor=True)
+    value, grad = autograd(loss, emb, labels)
+    ref_value, ref_grad = reference_nra(emb, labels, include_anchor=True)
+    assert value.item() == pytest.approx(ref_value, rel=1e-9)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-9, atol=1e-12)
+    # anchor 0's negative term by hand: -log(1 - s) = -log(w(r)), w(r) = 0.5 (2r)^2 below 1/2
+    assert 0 < rank < 0.5
+    default_value, grad_default = autograd(NonlinearRankApproximationLoss(), emb, labels)
+    assert value.item() < default_value.item()
+    assert -math.log(reference_w(rank, 2.0)) < -math.log(1e-7)
+    assert grad[2].abs().sum() > 0 and not torch.allclose(grad, grad_default)
+
+
+def test_include_anchor_is_built_by_name():
+    from nearsight.training.losses import build_loss
+
+    loss = build_loss("nra", alpha=2.0, include_anchor=True)
+    assert loss.include_anchor is True
+    assert build_loss("nra").include_anchor is False
+
+
+def test_default_reading_nearest_negative_still_moves_through_the_positive_term():
+    # the module docstring's claim, on anchor 0's own two terms: its nearest neighbour is the
+    # negative 2, so its negative term is pinned (r = 0), yet its positive term depends on
+    # Dmin = d02 and moves point 2
+    emb = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.9, 0.1], [-1.0, 0.2]], dtype=torch.float64)
+    leaf = torch.nn.functional.normalize(emb, dim=1).requires_grad_(True)
+    row = torch.linalg.vector_norm(leaf[0] - leaf[1:], dim=1)  # d01, d02, d03
+    assert int(row.argmin()) == 1
+    d_min, d_max = row.min(), row.max()
+    negative_rank = (row[1] - d_min) / (d_max - d_min)
+    positive_rank = (row[0] - d_min) / (d_max - d_min)
+    (negative_grad,) = torch.autograd.grad(
+        rank_transfer(negative_rank, 2.0), leaf, retain_graph=True
+    )
+    assert negative_rank.item() == 0.0 and torch.count_nonzero(negative_grad) == 0
+    positive_term = -torch.log(1 - rank_transfer(positive_rank, 2.0))
+    (positive_grad,) = torch.autograd.grad(positive_term, leaf)
+    assert 0 < positive_rank.item() < 1 and positive_grad[2].abs().sum() > 0
 
 
 def test_gradient_flows_through_dmin_and_dmax():

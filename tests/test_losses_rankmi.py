@@ -9,9 +9,11 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from nearsight.training.losses import build_loss
+from nearsight.training.losses._pairs import pairwise_distances
 from nearsight.training.losses.rankmi import RankMILoss, distance_weighted_sample
 from nearsight.training.losses.registry import LossConfigError
 
@@ -336,14 +338,19 @@ def test_class_with_one_image_and_no_positive_is_finite() -> None:
     assert torch.isfinite(critic_value)
 
 
-def test_no_pair_kept_gives_zero_and_finite_gradient() -> None:
+def test_no_positive_kept_still_pushes_violating_negatives() -> None:
+    """Algorithm 1 filters positives and negatives independently: with every positive dropped
+    (d+ > 2 never holds) the violating negatives (d- < 2) are still drawn and pushed away."""
     torch.manual_seed(7)
-    loss = RankMILoss(margin=0.0, beta0=2.0)  # d+ > 2 never holds: no positive kept
+    loss = RankMILoss(margin=0.0, beta0=2.0)
     emb = unit(torch.randn(8, 8)).requires_grad_()
-    value = loss(emb, torch.arange(8) // 2)
+    labels = torch.arange(8) // 2
+    (anchors, _), (neg_anchors, _) = loss.select_pairs(pairwise_distances(emb.detach()), labels, 8)
+    assert len(anchors) == 0 and len(neg_anchors) == 8  # one per positive pair, none kept
+    value = loss(emb, labels)
     value.backward()
-    assert value.item() == 0.0
-    assert torch.equal(emb.grad, torch.zeros_like(emb))
+    assert value.item() != 0.0 and torch.isfinite(value)
+    assert emb.grad.abs().sum() > 0
 
 
 def test_identical_embeddings_are_finite() -> None:
@@ -377,3 +384,101 @@ def test_bad_parameters_are_rejected(params: dict) -> None:
         build_loss("rankmi", **params)
     with pytest.raises(LossConfigError, match="no parameter"):
         build_loss("rankmi", alpha=0.2)
+
+
+# ---------------------------------------------------------------- the corrected sampling rule
+
+
+def reference_selection(
+    emb: torch.Tensor, labels: torch.Tensor, beta: float, margin: float
+) -> tuple[set[tuple[int, int]], dict[int, set[int]], dict[int, int]]:
+    """Loops over anchors (float64): the kept positive pairs, each anchor's margin-violating
+    negatives, and how many negatives it must draw (one per positive pair of the batch, kept
+    or not, when it has a violating negative at all)."""
+    n = len(labels)
+    kept, candidates, draws = set(), {}, {}
+    for i in range(n):
+        positives = [j for j in range(n) if j != i and labels[j] == labels[i]]
+        d = [float((emb[i] - emb[j]).norm()) for j in range(n)]
+        kept |= {(i, j) for j in positives if d[j] > beta - margin}
+        candidates[i] = {j for j in range(n) if labels[j] != labels[i] and d[j] < beta + margin}
+        draws[i] = len(positives) if candidates[i] else 0
+    return kept, candidates, draws
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_selection_matches_loop_reference_counts_per_anchor(seed: int) -> None:
+    torch.manual_seed(seed)
+    emb = torch.randn(15, 4, dtype=torch.float64)
+    emb[8] = emb[7] + 0.05 * torch.randn(4, dtype=torch.float64)  # class 2's pair: too close
+    emb = unit(emb)
+    labels = torch.tensor([0, 0, 0, 0, 1, 1, 1, 2, 2, 3, 4, 4, 4, 4, 4])
+    loss = RankMILoss(margin=0.2, beta0=1.1, seed=seed).double()
+    kept, candidates, draws = reference_selection(emb, labels, loss.beta, loss.margin)
+    # the batch must exercise the fix: an anchor with violating negatives and no kept positive
+    starved = [i for i in range(15) if draws[i] and not any(a == i for a, _ in kept)]
+    assert starved, "the test batch needs an anchor whose positives are all dropped"
+    for _ in range(20):
+        (anchors, positives), (neg_anchors, negatives) = loss.select_pairs(
+            torch.cdist(emb, emb), labels, 4
+        )
+        assert set(zip(anchors.tolist(), positives.tolist(), strict=True)) == kept
+        counts = np.bincount(neg_anchors.numpy(), minlength=15)
+        assert counts.tolist() == [draws[i] for i in range(15)]
+        for a, n in zip(neg_anchors.tolist(), negatives.tolist(), strict=True):
+            assert n in candidates[a]
+    assert all(np.bincount(neg_anchors.numpy(), minlength=15)[starved] > 0)
+
+
+def test_embedding_loss_and_gradient_match_loop_reference_when_positives_are_dropped() -> None:
+    """Value and gradient of the embedding step, float64, against eq. 6 written with loops over
+    the pairs the rule selects. Each anchor has exactly one violating negative, so the draw is
+    forced; anchor 0's positive is dropped (too close) and it still pushes its negative."""
+
+    # class 0: two points 0.1 apart (d < beta - alpha = 0.8: both positive pairs dropped),
+    # each with one violating negative, point 2 (d = 0.96 < beta + alpha = 1.2); class 2:
+    # a kept positive pair (d = 0.87) far from everything else (no violating negative)
+    c, s = math.cos, math.sin
+    base = torch.tensor(
+        [[1, 0, 0], [c(0.1), s(0.1), 0], [c(1.0), 0, s(1.0)], [-1, 0, 0], [-c(0.9), -s(0.9), 0]],
+        dtype=torch.float64,
+    )
+    labels = torch.tensor([0, 0, 1, 2, 2])
+    loss = RankMILoss(margin=0.2, beta0=1.0).double()
+    emb = base.clone().requires_grad_()
+    value = loss(emb, labels)
+    value.backward()
+
+    def loop_loss(points: torch.Tensor) -> torch.Tensor:
+        beta, margin = loss.beta, loss.margin
+        v_pos, v_neg = [], []
+        for i in range(5):
+            positives = [j for j in range(5) if j != i and labels[j] == labels[i]]
+            violating = [
+                j for j in range(5)
+                if labels[j] != labels[i] and (points[i] - points[j]).norm() < beta + margin
+            ]  # fmt: skip
+            assert len(violating) <= 1 or not positives  # a forced draw
+            for j in positives:
+                d = (points[i] - points[j]).norm()
+                if d > beta - margin:
+                    v_pos.append(loss.potential(d.reshape(1), frozen=True)[0])
+                for k in violating:
+                    v_neg.append(loss.potential((points[i] - points[k]).norm().reshape(1))[0])
+        total = points.new_zeros(())
+        if v_pos:
+            total = total + torch.stack([F.softplus(-v) for v in v_pos]).mean() - math.log(2)
+        if v_neg:
+            total = total + torch.stack([F.softplus(v) for v in v_neg]).mean() - math.log(2)
+        return total
+
+    points = base.clone().requires_grad_()
+    expected = loop_loss(points)
+    expected.backward()
+    assert float(value) == pytest.approx(float(expected), rel=1e-10)
+    torch.testing.assert_close(emb.grad, points.grad, rtol=1e-9, atol=1e-12)
+    (anchors, _), (neg_anchors, negatives) = loss.select_pairs(torch.cdist(base, base), labels, 3)
+    assert anchors.tolist() == [3, 4] and neg_anchors.tolist() == [0, 1]
+    assert negatives.tolist() == [2, 2]
+    # anchor 0 kept no positive, yet it and its negative move
+    assert emb.grad[0].abs().sum() > 0 and emb.grad[2].abs().sum() > 0

@@ -17,6 +17,7 @@ OPTIONAL_MODULES = {"rankmi", "bcontrastive"}
 
 # m images per class x n classes: a batch the bcontrastive (m,n)-group design accepts
 M_PER_CLASS, N_CLASSES = 4, 6
+PROXY_LOSSES = {"proxyanchor", "normsoftmax", "arcface"}
 
 
 def required_params(name: str) -> dict:
@@ -28,6 +29,8 @@ def required_params(name: str) -> dict:
             "m": M_PER_CLASS,
             "n": N_CLASSES,
         }
+    if name in PROXY_LOSSES:
+        return {"class_labels": list(range(N_CLASSES)), "embedding_size": 16}
     return {}
 
 
@@ -47,6 +50,7 @@ def test_every_name_of_the_issue_is_registered():
     assert set(LOSSES) == {
         "ice", "rll", "nra", "rankmi", "bcontrastive",
         "contrastive", "triplet", "margin", "multisimilarity", "lifted", "npairs",
+        "proxyanchor", "normsoftmax", "arcface",
     }  # fmt: skip
 
 
@@ -82,7 +86,7 @@ def test_module_docstring_names_the_paper(name):
     [
         ("ice", {"scale": 64, "symmetric": False}),
         ("rll", {"alpha": 1.2, "margin": 0.4, "temperature": 10, "lam": 1.0}),
-        ("nra", {"alpha": 2.0}),
+        ("nra", {"alpha": 2.0, "include_anchor": False}),
     ],
 )
 def test_seed_loss_public_parameters_are_those_of_losses_md(name, expected):

@@ -17,7 +17,9 @@ from nearsight.app.cli import main
 from nearsight.index.datasets.synthetic import write_synthetic
 from nearsight.models.checkpoint import load_checkpoint, load_embedding_net
 from nearsight.training.config import load_config
-from nearsight.training.trainer import Trainer, lr_factor, train
+from nearsight.training.run import train
+from nearsight.training.schedule import LRSchedule
+from nearsight.training.trainer import Trainer
 
 TINY = {
     "data.dataset": "folder",
@@ -55,7 +57,7 @@ def read_jsonl(path: Path) -> list[dict]:
 def test_run_dir_holds_every_artifact(synth, tmp_path):
     out = tmp_path / "run"
     summary = train(tiny_config(synth, steps=4, eval_at_start=True), out)
-    assert summary["steps"] == 4
+    assert summary.steps == 4
     for name in ("config.yaml", "best.pt", "last.pt", "metrics.jsonl", "train.jsonl"):
         assert (out / name).exists(), name
     assert any((out / "tensorboard").iterdir())
@@ -111,7 +113,9 @@ def test_interrupt_and_resume_reproduces_the_uninterrupted_run(synth, tmp_path, 
     with pytest.raises(Interrupt):
         train(config, interrupted)
     monkeypatch.setattr(Trainer, "_train_step", original)
-    assert load_checkpoint(interrupted / "last.pt")["state"]["step"] == 4
+    # last.pt is saved after updates of the embedding: RankMI's batch 4 is a critic batch
+    saved = load_checkpoint(interrupted / "last.pt")["state"]["batch"]
+    assert saved == (4 if loss == "ice" else 3)
     train(config, interrupted, resume=True)
 
     assert read_jsonl(interrupted / "metrics.jsonl") == read_jsonl(straight / "metrics.jsonl")
@@ -126,30 +130,47 @@ def test_interrupt_and_resume_reproduces_the_uninterrupted_run(synth, tmp_path, 
 
 def test_rankmi_alternates_critic_and_embedding_steps(synth, tmp_path):
     out = tmp_path / "rankmi"
-    train(tiny_config(synth, loss="rankmi", steps=3), out)
+    result = train(tiny_config(synth, loss="rankmi", steps=3), out)
     last = load_checkpoint(out / "last.pt")
-    # Algorithm 1 with k = 1: batch t updates the critic when t mod 2 != 0, else the embedding
-    phases = [r.get("phase", "embedding") for r in read_jsonl(out / "train.jsonl")]
-    assert phases == ["embedding", "critic", "embedding"]
+    # Algorithm 1 with k = 1: batch t updates the critic when t mod 2 != 0, else the embedding;
+    # `steps` counts updates of the embedding, so 3 steps take 5 batches
+    assert (result.steps, result.batches) == (3, 5)
+    lines = read_jsonl(out / "train.jsonl")
+    phases = [r.get("phase", "embedding") for r in lines]
+    assert phases == ["embedding", "critic", "embedding", "critic", "embedding"]
+    assert [r["step"] for r in lines] == [1, 1, 2, 2, 3]
     critic_steps = [s["step"] for s in last["critic_optimizer"]["state"].values()]
-    assert critic_steps and all(int(s) == 1 for s in critic_steps)
+    assert critic_steps and all(int(s) == 2 for s in critic_steps)
     embedding_steps = [s["step"] for s in last["optimizer"]["state"].values()]
-    assert embedding_steps and all(int(s) == 2 for s in embedding_steps)
+    assert embedding_steps and all(int(s) == 3 for s in embedding_steps)
     assert 0.0 <= float(last["loss_state"]["beta_state"]) <= 2.0
 
 
 def test_bcontrastive_gets_class_counts_and_design_from_the_sampler(synth, tmp_path):
-    trainer_summary = train(tiny_config(synth, loss="bcontrastive", steps=2), tmp_path / "bc")
-    assert trainer_summary["steps"] == 2
+    result = train(tiny_config(synth, loss="bcontrastive", steps=2), tmp_path / "bc")
+    assert result.steps == 2
 
 
 def test_learning_rate_schedules():
-    config = load_config(None, {"steps": 100, "optim.schedule": "step", "optim.milestones": [50]})
-    assert lr_factor(0, 100, config) == 1.0 and lr_factor(50, 100, config) == pytest.approx(0.1)
-    config = load_config(None, {"steps": 100, "optim.schedule": "cosine", "optim.warmup_steps": 10})
-    assert lr_factor(0, 100, config) == pytest.approx(0.1)
-    assert lr_factor(10, 100, config) == pytest.approx(1.0)
-    assert lr_factor(100, 100, config) == pytest.approx(0.0, abs=1e-12)
+    step = LRSchedule("step", total_steps=100, milestones=(50,), gamma=0.1)
+    assert step.factor(0) == 1.0 and step.factor(50) == pytest.approx(0.1)
+    # milestones below 1 are shares of the run: here of the time limit
+    by_time = LRSchedule("step", time_limit_s=10.0, milestones=(0.5,), gamma=0.1)
+    assert by_time.factor(1000, 4.9) == 1.0 and by_time.factor(3, 5.0) == pytest.approx(0.1)
+    cosine = LRSchedule("cosine", warmup_steps=10, total_steps=100)
+    assert cosine.factor(0) == pytest.approx(0.1)  # linear warmup: (0 + 1) / 10
+    assert cosine.factor(9) == pytest.approx(1.0)
+    assert cosine.factor(10) == pytest.approx(1.0)
+    assert cosine.factor(55) == pytest.approx(0.5)  # half-way through the decay
+    assert cosine.factor(100) == pytest.approx(0.0, abs=1e-12)
+    # a time limit: the decay follows the seconds used, and ends at the low rate
+    timed = LRSchedule("cosine", warmup_steps=0, time_limit_s=60.0)
+    assert timed.factor(7, 30.0) == pytest.approx(0.5)
+    assert timed.factor(7, 60.0) == pytest.approx(0.0, abs=1e-12)
+    # steps and time: whichever is further along
+    both = LRSchedule("cosine", total_steps=100, time_limit_s=60.0)
+    assert both.factor(50, 15.0) == pytest.approx(0.5)
+    assert both.factor(10, 30.0) == pytest.approx(0.5)
 
 
 def test_cli_train_and_bad_input(synth, tmp_path, capsys):

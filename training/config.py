@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from nearsight.models.embedding import resolve_feature_norm
+from nearsight.models.embedding import FEATURE_NORMS, check_heads, resolve_feature_norm
 from nearsight.models.errors import NearsightError
 
 
@@ -57,17 +57,32 @@ class DataConfig:
     flip: bool = True
     workers: int = 2
     eval_batch_size: int = 64
+    # classes held out of the training split to choose best.pt by (val/recall@1): a number of
+    # classes, or a share of them when below 1; 0 = none (best.pt is then chosen on the test
+    # split, as the papers report). Class-disjoint and drawn with `seed`.
+    val_classes: float = 0
+    # decode and resize every training image once and keep it in memory (small datasets: the
+    # per-step PNG decoding then disappears); the augmentation still runs per draw
+    cache_images: bool = False
 
 
 @dataclass
 class ModelConfig:
     dim: int = 128
     pooling: str = "avg"  # avg | max | avgmax
-    pretrained: str = "none"  # imagenet | imagenet-v1 | imagenet-v2 | none | FILE.pth
-    freeze_bn: bool = True
+    # imagenet | imagenet-v1 | imagenet-v2 | none | FILE.pth | auto (imagenet when its weights
+    # are in torchvision's cache, else none)
+    pretrained: str = "none"
+    freeze_bn: bool | None = None  # None: True from pretrained weights, False from scratch
     # auto | none | batchnorm: standardise the pooled features before the head (auto: when
     # training from scratch; see models/embedding.py)
     feature_norm: str = "auto"
+    # trunk stages with an embedding head of `dim`, low to high, ending at layer4; the loss is
+    # applied to each and summed (the RLL/ICE papers' L, M, H: [layer2, layer3, layer4])
+    heads: list[str] = field(default_factory=lambda: ["layer4"])
+    # what evaluation, export and galleries use: last (the layer4 head) | concat (every head,
+    # L2-normalised concatenation, dim x len(heads))
+    embedding: str = "last"
 
 
 @dataclass
@@ -90,14 +105,24 @@ class SamplerConfig:
 @dataclass
 class OptimConfig:
     name: str = "adam"  # adam | adamw | sgd
-    lr: float = 1e-5  # pretrained trunk
-    head_lr: float = 1e-4  # new layers (the embedding head)
+    # None = chosen by the starting point (see resolve_defaults): from pretrained weights the
+    # trunk at 1e-5 and the head at 1e-4; from scratch both at 1e-3
+    lr: float | None = None  # the trunk
+    head_lr: float | None = None  # new layers (the embedding head)
     weight_decay: float = 5e-4
     momentum: float = 0.9  # sgd only
-    schedule: str = "constant"  # constant | step | cosine
-    milestones: list[int] = field(default_factory=list)  # steps, for "step"
+    # constant | step | cosine | auto (cosine from scratch, constant from pretrained weights);
+    # see training/schedule.py
+    schedule: str = "auto"
+    milestones: list[float] = field(default_factory=list)  # "step": steps, or shares when < 1
     gamma: float = 0.1
-    warmup_steps: int = 0
+    warmup_steps: int | None = None  # None: 0 from pretrained weights, ~5% of steps from scratch
+    # learning rate of parameters a loss owns and trains with the embedding (class proxies, a
+    # learnt margin); None = head_lr
+    loss_lr: float | None = None
+    # the first steps train only the new layers (heads, a loss's own parameters), the trunk
+    # frozen: Proxy Anchor's warm-up epoch
+    freeze_trunk_steps: int = 0
     # RankMI's statistics network (Algorithm 1) has its own Adam
     critic_lr: float = 1e-3
     critic_weight_decay: float = 1e-4
@@ -110,9 +135,13 @@ class TrainConfig:
     loss: LossConfig = field(default_factory=LossConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    steps: int | None = 1000  # batches (optimiser steps); `epochs` wins when set
+    # updates of the embedding network (RankMI's critic batches between them do not count);
+    # `epochs` (passes of the batch sampler) wins when set
+    steps: int | None = 1000
     epochs: int | None = None
-    time_limit_s: float | None = None  # stop early (with the final evaluation) after this long
+    # training seconds (evaluations excluded): the run stops, with its final evaluation, and
+    # the schedule decays, by whichever of steps/epochs and this limit comes first
+    time_limit_s: float | None = None
     eval_every: int = 500  # steps; every run also ends with an evaluation
     eval_at_start: bool = False  # also evaluate the untrained network (step 0)
     save_every: int = 100  # steps between last.pt saves (and at every evaluation)
@@ -122,6 +151,8 @@ class TrainConfig:
     amp: bool = True  # bf16 autocast on CUDA (ignored on CPU)
     channels_last: bool = True  # on CUDA
     log_every: int = 10
+    # the settings resolve_defaults chose (dotted names); written into config.yaml
+    auto: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -251,8 +282,15 @@ def validate(config: TrainConfig) -> None:
             f"unknown sampler {config.sampler.name!r}; valid samplers: auto, "
             + ", ".join(sorted(SAMPLERS))
         )
-    if config.steps is None and config.epochs is None:
-        raise ConfigError("set either steps or epochs")
+    if config.steps is None and config.epochs is None and config.time_limit_s is None:
+        raise ConfigError("set steps, epochs or time_limit_s")
+    if config.time_limit_s is not None and config.time_limit_s <= 0:
+        raise ConfigError(f"time_limit_s must be positive, got {config.time_limit_s}")
+    val = config.data.val_classes
+    if val < 0 or (val >= 1 and val != int(val)):
+        raise ConfigError(
+            f"data.val_classes must be a number of classes or a share below 1, got {val}"
+        )
     for name, value in (("steps", config.steps), ("epochs", config.epochs)):
         if value is not None and (not isinstance(value, int) or value < 1):
             raise ConfigError(f"{name} must be a positive integer, got {value!r}")
@@ -260,9 +298,9 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError(f"device must be auto, cpu or cuda, got {config.device!r}")
     if config.optim.name not in ("adam", "adamw", "sgd"):
         raise ConfigError(f"optim.name must be adam, adamw or sgd, got {config.optim.name!r}")
-    if config.optim.schedule not in ("constant", "step", "cosine"):
+    if config.optim.schedule not in ("auto", "constant", "step", "cosine"):
         raise ConfigError(
-            f"optim.schedule must be constant, step or cosine, got {config.optim.schedule!r}"
+            f"optim.schedule must be auto, constant, step or cosine, got {config.optim.schedule!r}"
         )
     if config.sampler.classes_per_batch < 2 or config.sampler.per_class < 1:
         raise ConfigError("a batch needs at least 2 classes and 1 image per class")
@@ -277,17 +315,75 @@ def validate(config: TrainConfig) -> None:
     ):
         if value < 1:
             raise ConfigError(f"{name} must be a positive integer, got {value}")
-    # resolved here, so config.yaml says what ran
-    try:
-        config.model.feature_norm = resolve_feature_norm(
-            config.model.feature_norm, config.model.pretrained
+    if config.model.feature_norm not in FEATURE_NORMS:
+        raise ConfigError(
+            f"model.feature_norm must be one of {', '.join(FEATURE_NORMS)}, "
+            f"got {config.model.feature_norm!r}"
         )
+    resolve_defaults(config)  # here, so config.yaml says what ran
+    try:
+        config.model.heads = check_heads(config.model.heads, config.model.embedding)
     except NearsightError as error:
         raise ConfigError(f"model.{error}") from None
+    if config.optim.freeze_trunk_steps < 0:
+        raise ConfigError(
+            f"optim.freeze_trunk_steps must be 0 or more, got {config.optim.freeze_trunk_steps}"
+        )
     if config.data.workers < 0:
         raise ConfigError(f"data.workers must be 0 or more, got {config.data.workers}")
     if not config.ks or any(k < 1 for k in config.ks):
         raise ConfigError(f"ks must be positive integers, got {config.ks}")
+
+
+# the settings that follow the starting point: (from pretrained weights, from scratch). From
+# scratch every layer is new, so the trunk trains at the head's rate, BatchNorm learns its
+# statistics and the rate warms up then decays; from pretrained weights the papers' fine-tuning
+# settings apply (a slow trunk, frozen BatchNorm statistics, a constant rate).
+STARTING_POINT_DEFAULTS: dict[str, tuple[Any, Any]] = {
+    "model.freeze_bn": (True, False),
+    "optim.head_lr": (1e-4, 1e-3),
+    "optim.schedule": ("constant", "cosine"),
+}
+PRETRAINED_TRUNK_LR = 1e-5
+# from scratch, the warmup lasts ~5% of the steps, between 1 and this many
+MAX_AUTO_WARMUP = 50
+UNKNOWN_LENGTH_WARMUP = 20  # a run bounded by epochs or time: its step count is not known yet
+
+
+def resolve_defaults(config: TrainConfig) -> None:
+    """Fill every automatic setting (None or "auto") from the starting point, in place, and
+    record their names in ``config.auto``. Values set explicitly are kept; a saved config has
+    nothing left to resolve, so resolving it again changes nothing."""
+    chosen: list[str] = []
+    model, optim = config.model, config.optim
+    if model.pretrained == "auto":
+        from nearsight.models.weights import imagenet_cache_path
+
+        cached = imagenet_cache_path("resnet50", "imagenet").exists()
+        model.pretrained = "imagenet" if cached else "none"
+        chosen.append("model.pretrained")
+    scratch = model.pretrained == "none"
+    for dotted, (pretrained_value, scratch_value) in STARTING_POINT_DEFAULTS.items():
+        section, name = dotted.split(".")
+        node = getattr(config, section)
+        if getattr(node, name) in (None, "auto"):
+            setattr(node, name, scratch_value if scratch else pretrained_value)
+            chosen.append(dotted)
+    if optim.lr is None:
+        optim.lr = optim.head_lr if scratch else PRETRAINED_TRUNK_LR
+        chosen.append("optim.lr")
+    if optim.warmup_steps is None:
+        if not scratch:
+            optim.warmup_steps = 0
+        elif config.steps is None or config.epochs is not None:
+            optim.warmup_steps = UNKNOWN_LENGTH_WARMUP
+        else:
+            optim.warmup_steps = min(MAX_AUTO_WARMUP, max(1, config.steps // 20))
+        chosen.append("optim.warmup_steps")
+    if model.feature_norm == "auto":
+        model.feature_norm = resolve_feature_norm(model.feature_norm, model.pretrained)
+        chosen.append("model.feature_norm")
+    config.auto = sorted(set(config.auto) | set(chosen))
 
 
 def config_from_file(path: str | Path) -> TrainConfig:

@@ -1,8 +1,12 @@
-"""Training data: the papers' augmentation, made reproducible per drawn image.
+"""Training data: the validation hold-out and the papers' augmentation, reproducible per image.
 
 Augmentation randomness is seeded per (run seed, epoch, batch, position) instead of per
 DataLoader worker, so a run resumed from ``last.pt`` sees exactly the pixels the uninterrupted
 run would have seen, whatever the number of workers.
+
+``data.val_classes`` holds whole classes out of the training split (class-disjoint, like the
+test split, and drawn with the run's seed), so a checkpoint can be chosen on classes the
+network did not train on without looking at the test classes.
 """
 
 from __future__ import annotations
@@ -16,10 +20,36 @@ from PIL import Image
 from torch.utils.data import Dataset, Sampler
 from torchvision import transforms as T
 
-from nearsight.index.datasets import Sample
+from nearsight.index.datasets import DatasetSplit, Sample
 from nearsight.index.images import ImageLoadError, load_image
+from nearsight.models.errors import NearsightError
 
 log = logging.getLogger(__name__)
+
+
+def hold_out_classes(
+    train: DatasetSplit, val_classes: float, seed: int
+) -> tuple[DatasetSplit, DatasetSplit | None]:
+    """Split ``train`` class-disjointly into (train, validation). ``val_classes`` is a number
+    of classes, or a share of them when below 1 (at least one class); 0 holds out nothing."""
+    if not val_classes:
+        return train, None
+    classes = sorted(set(train.labels))
+    count = round(val_classes * len(classes)) if val_classes < 1 else int(val_classes)
+    count = max(1, count)
+    if count > len(classes) - 2:
+        raise NearsightError(
+            f"data.val_classes {val_classes:g} leaves fewer than 2 of the {len(classes)} "
+            "training classes to train on"
+        )
+    order = np.random.default_rng([seed, 0x7661]).permutation(len(classes))
+    held = {classes[i] for i in order[:count]}
+    keep = [s for s in train.samples if s.label not in held]
+    val = [s for s in train.samples if s.label in held]
+    return (
+        DatasetSplit(train.name, train.root, "train", keep),
+        DatasetSplit(train.name, train.root, "val", val),
+    )
 
 
 def train_transform(image_size: int, crop_scale: Sequence[float], flip: bool):
@@ -39,7 +69,15 @@ class SeededTrainDataset(Dataset):
     image of the same class, so a long job never dies of one bad file.
     """
 
-    def __init__(self, samples: Sequence[Sample], image_size: int, crop_scale, flip: bool):
+    def __init__(
+        self,
+        samples: Sequence[Sample],
+        image_size: int,
+        crop_scale,
+        flip: bool,
+        *,
+        cache: bool = False,
+    ):
         self.samples = list(samples)
         self.transform = train_transform(image_size, crop_scale, flip)
         by_class: dict[int, list[int]] = {}
@@ -47,11 +85,20 @@ class SeededTrainDataset(Dataset):
             by_class.setdefault(sample.label, []).append(i)
         self._same_class = by_class
         self._reported: set[int] = set()
+        # decoded once, before the DataLoader forks its workers (which then share the pages)
+        self._cache: list[Image.Image] | None = None
+        if cache:
+            self._cache = [self._decode(i) for i in range(len(self.samples))]
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def _load(self, index: int) -> Image.Image:
+        if self._cache is not None:
+            return self._cache[index]
+        return self._decode(index)
+
+    def _decode(self, index: int) -> Image.Image:
         label = self.samples[index].label
         members = self._same_class[label]
         start = members.index(index)

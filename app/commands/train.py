@@ -28,10 +28,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--pretrained", help="imagenet | imagenet-v1 | imagenet-v2 | none | FILE.pth (default none)"
     )
     length = parser.add_mutually_exclusive_group()
-    length.add_argument("--steps", type=int, help="optimiser steps")
+    length.add_argument("--steps", type=int, help="updates of the embedding network (default 1000)")
     length.add_argument("--epochs", type=int, help="epochs of the batch sampler")
     parser.add_argument(
-        "--time-limit", type=float, metavar="SECONDS", help="stop after this long (then evaluate)"
+        "--time-limit",
+        type=float,
+        metavar="SECONDS",
+        help="training seconds (evaluations excluded); alone, the run lasts exactly this long "
+        "and the learning-rate schedule follows the time",
     )
     parser.add_argument("--classes-per-batch", type=int, help="classes in a batch (n)")
     parser.add_argument("--per-class", type=int, help="images of each class in a batch (m)")
@@ -83,6 +87,8 @@ def overrides_from_args(args: argparse.Namespace, file_loss: str | None) -> dict
         overrides["steps"], overrides["epochs"] = args.steps, None
     if args.epochs is not None:
         overrides["epochs"] = args.epochs
+    if args.time_limit is not None and args.steps is None and args.epochs is None:
+        overrides["steps"] = None  # --time-limit alone: the time is the run's length
     for text in args.set:
         key, value = parse_set_option(text)
         overrides[key] = value
@@ -94,7 +100,7 @@ def run_train(args: argparse.Namespace) -> int:
 
     from nearsight.models.errors import NearsightError
     from nearsight.training.config import load_config, parse_yaml
-    from nearsight.training.trainer import resume_config, train
+    from nearsight.training.run import resume_config, train
 
     if args.resume:
         config = resume_config(args.out)
@@ -110,15 +116,6 @@ def run_train(args: argparse.Namespace) -> int:
         config = load_config(args.config, overrides_from_args(args, file_loss))
         if not config.data.root:
             raise NearsightError("--root is required (the dataset folder or its parent)")
-    summary = train(config, args.out, resume=args.resume)
-    if args.json:
-        print(json.dumps(summary))
-    else:
-        last = summary.get("last") or {}
-        shown = " ".join(f"{k} {v:.4f}" for k, v in last.items() if k != "queries")
-        print(
-            f"trained {summary['steps']} steps in {summary['seconds']:.0f}s; "
-            f"best recall@1 {summary['best_recall@1']:.4f} at step {summary['best_step']}; "
-            f"last: {shown}; run in {args.out}"
-        )
+    result = train(config, args.out, resume=args.resume)
+    print(json.dumps(result.to_dict()) if args.json else result.summary())
     return 0

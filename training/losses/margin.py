@@ -48,8 +48,19 @@ class MarginLoss(nn.Module):
         )
 
     @property
+    def parameter_role(self) -> str:
+        """A learnt beta trains with the embedding (training/loss_roles.py)."""
+        return "joint" if self.learn_beta else "none"
+
+    def parameter_groups(self) -> list[dict]:
+        return [{"name": "margin_beta", "params": [self.loss.beta]}] if self.learn_beta else []
+
+    @property
     def beta(self) -> float:
         return float(self.loss.beta.detach().reshape(-1)[0])
+
+    def logged_scalars(self) -> dict[str, float]:
+        return {"margin_beta": self.beta}
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return self.loss(embeddings, labels, self.miner(embeddings, labels))

@@ -21,19 +21,19 @@ contributes only its negative term, one without negatives only its positive term
 still count in the 1/N over the whole batch (N the batch size), as in the slide's 1/m.
 Rows whose distances are all equal (Dmax = Dmin, e.g. identical embeddings) get r = 0.
 
-Known limit (measured, kept as LOSSES.md defines the loss): when an anchor's nearest neighbour
-is a negative, D-_i = Dmin_i, so r(D-_i) is identically 0, the negative term sits at the clamp
-(-log 1e-7 = 16.1) and gives no gradient: exactly the anchors that fail Recall@1. Likewise the
-positive term is constant when the hardest positive is the row's farthest sample. For random
-embeddings of an 8 x 4 batch 88% of the anchors have a negative nearest neighbour. Minimising
-the loss over free embeddings separates the classes (tests/test_losses_toy_learning.py, about
-150 steps where ICE needs 50), but through a randomly initialised ResNet-50 it does not learn:
-on the synthetic set at 64 px, Recall@1 stayed at chance after 300 steps (0.033 -> 0.027, and
-the share of training anchors whose nearest neighbour is a positive stayed at its chance level
-0.1). Taking Dmin over the row with the anchor itself (Dmin = 0) lifts the negative term's
-saturation but did not learn much faster (0.038 after 90 steps), so the published definition
-stays. The loss is a fine-tuning loss: from a trunk pretrained on other classes it does move
-(bench/seed_losses_synth.py --standin-pretrain).
+Second reading, ``include_anchor=True``: the row includes j = i (d_ii = 0), so Dmin_i = 0 and
+r_ij = d_ij / Dmax_i; everything else as above. The slides' "D_i,min" fits the default better;
+a row minimum over a distance matrix with its zero diagonal gives this one.
+
+Where the gradient vanishes (default reading): when an anchor's nearest neighbour is a
+negative, D-_i = Dmin_i, so r(D-_i) is identically 0 and the negative term sits at the clamp
+with no gradient of its own. The positive term is still alive there: it depends on Dmin_i, which
+is that same negative's distance, so it moves the negative (and the anchor) all the same. Only
+anchors whose positive term is dead too (the hardest positive is the row's farthest sample, so
+r(D+_i) is identically 1) get no gradient at all, a small share of a batch. With
+``include_anchor=True`` Dmin_i = 0 and the negative term stays alive when the nearest
+neighbour is a negative. Measured learning of both readings: bench/seed_losses_synth.py and
+docs/decisions.md.
 """
 
 from __future__ import annotations
@@ -83,12 +83,13 @@ def log_similarities(rank: torch.Tensor, alpha: float) -> tuple[torch.Tensor, to
 class NonlinearRankApproximationLoss(nn.Module):
     """NRA: ``loss(embeddings [N, D] L2-normalised, labels [N]) -> scalar``."""
 
-    def __init__(self, alpha: float = 2.0) -> None:
+    def __init__(self, alpha: float = 2.0, include_anchor: bool = False) -> None:
         super().__init__()
         self.alpha = float(alpha)
+        self.include_anchor = bool(include_anchor)
 
     def extra_repr(self) -> str:
-        return f"alpha={self.alpha}"
+        return f"alpha={self.alpha}, include_anchor={self.include_anchor}"
 
     @float32_loss
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -98,8 +99,12 @@ class NonlinearRankApproximationLoss(nn.Module):
         positive, negative = label_masks(labels)
         distances = pairwise_distances(embeddings)
         eye = torch.eye(n, dtype=torch.bool, device=embeddings.device)
-        # diagonal is exactly 0 with no gradient; keep it out of the row's min and max
-        d_min = distances.masked_fill(eye, float("inf")).amin(dim=1)
+        # the diagonal is exactly 0 with no gradient: it is the row minimum when the row
+        # includes the anchor, and is kept out of the min and max otherwise
+        if self.include_anchor:
+            d_min = torch.zeros(n, dtype=distances.dtype, device=distances.device)
+        else:
+            d_min = distances.masked_fill(eye, float("inf")).amin(dim=1)
         d_max = distances.masked_fill(eye, float("-inf")).amax(dim=1)
         span = d_max - d_min
         span = torch.where(span > 0, span, torch.ones_like(span))  # Dmax = Dmin: r = 0

@@ -2,7 +2,9 @@
 
 Implements eq. 6 of the paper in its softplus form, the statistics network of eqs. 7, 10 and 14,
 the Newton estimate of the threshold beta (V(beta) = 0) and the embedding step of Algorithm 1
-(margin filtering around beta, then distance-weighted negative sampling, Wu et al. 2017).
+(margin filtering around beta, then distance-weighted negative sampling, Wu et al. 2017: one
+negative per positive pair of the batch, kept or not, among the anchor's margin-violating
+negatives).
 See ../shared/LOSSES.md, section "RankMI".
 
 Statistics network on a scalar distance d:
@@ -129,6 +131,10 @@ class RankMILoss(nn.Module):
     negative sampling generator).
     """
 
+    # the statistics network trains on its own batches with its own optimiser
+    # (training/loss_roles.py)
+    parameter_role = "critic"
+
     def __init__(
         self,
         margin: float = 0.2,
@@ -166,6 +172,9 @@ class RankMILoss(nn.Module):
     def beta(self) -> float:
         """The current threshold: the root of V found by the last ``update_beta``."""
         return float(self.beta_state)
+
+    def logged_scalars(self) -> dict[str, float]:
+        return {"rankmi_beta": self.beta}
 
     def get_extra_state(self) -> dict[str, torch.Tensor]:
         # the negative-sampling generator, so that a resumed run draws the same negatives
@@ -263,20 +272,24 @@ class RankMILoss(nn.Module):
     ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
         """Algorithm 1, lines 19-21: ``((anchors, positives), (anchors', negatives))``.
 
-        Positive ordered pairs are kept when d+ > beta - alpha, negatives when
-        d- < beta + alpha; then one negative per kept (anchor, positive) pair is drawn by
-        distance-weighted sampling among the anchor's kept negatives (pairs whose anchor has no
-        kept negative get none)."""
+        Positive ordered pairs are kept when d+ > beta - alpha and, independently, negatives
+        when d- < beta + alpha; then one negative per positive (anchor, positive) pair of the
+        batch, kept or not, is drawn by distance-weighted sampling among that anchor's kept
+        negatives. So an anchor whose positives were all dropped still pushes its violating
+        negatives away; an anchor with no kept negative gets none."""
         beta = self.beta
         d = distances.detach()
         positive_mask, negative_mask = label_masks(labels.to(d.device))
         kept_positive = positive_mask & (d > beta - self.margin)
         kept_negative = negative_mask & (d < beta + self.margin)
         anchors, positives = kept_positive.nonzero(as_tuple=True)
+        # one draw per positive pair (kept or not): the anchor's share of negatives follows
+        # its number of positives, as in Algorithm 1, whatever the positive filter dropped
+        draw_anchors = positive_mask.nonzero(as_tuple=True)[0]
         negatives, has_negative = distance_weighted_sample(
-            d, kept_negative, anchors, dim, self.dws_cutoff, self.generator
+            d, kept_negative, draw_anchors, dim, self.dws_cutoff, self.generator
         )
-        return (anchors, positives), (anchors[has_negative], negatives[has_negative])
+        return (anchors, positives), (draw_anchors[has_negative], negatives[has_negative])
 
     @float32_loss
     def forward(self, emb: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -26,6 +26,10 @@ LOSSES: dict[str, str] = {
     "multisimilarity": "nearsight.training.losses.multisimilarity:MultiSimilarityLoss",
     "lifted": "nearsight.training.losses.lifted:LiftedStructureLoss",
     "npairs": "nearsight.training.losses.npairs:NPairsLoss",
+    # proxy baselines: trainable class proxies (their own parameters, see losses/_proxy.py)
+    "proxyanchor": "nearsight.training.losses.proxyanchor:ProxyAnchorLoss",
+    "normsoftmax": "nearsight.training.losses.normsoftmax:NormSoftmaxLoss",
+    "arcface": "nearsight.training.losses.arcface:ArcFaceLoss",
 }
 
 

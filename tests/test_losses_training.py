@@ -1,0 +1,213 @@
+"""The trainer with the losses of issue 14: multi-level heads end to end (train, export, gallery,
+eval), the proxy losses' own parameters (their optimiser group, resume, DDP), RankMI's steps."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+import torch
+
+from nearsight.app.cli import main
+from nearsight.index.datasets.synthetic import write_synthetic
+from nearsight.models.checkpoint import load_checkpoint, load_embedding_net
+from nearsight.training.config import load_config
+from nearsight.training.run import train
+from nearsight.training.trainer import Trainer
+
+DIM = 8
+TINY_TRAIN = [
+    "--dataset", "folder", "--dim", str(DIM), "--image-size", "32",
+    "--classes-per-batch", "3", "--per-class", "2", "--workers", "0",
+    "--set", "data.eval_batch_size=16", "--set", "save_every=1", "--set", "log_every=1",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("synth") / "data"
+    write_synthetic(root, classes=8, per_class=4, size=32, seed=0)
+    return root
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def train_cli(root: Path, out: Path, loss: str, steps: int, *extra: str) -> None:
+    argv = ["train", *TINY_TRAIN, "--root", str(root), "--loss", loss, "--out", str(out)]
+    assert main([*argv, "--steps", str(steps), *extra]) == 0
+
+
+@pytest.mark.slow
+def test_concat_heads_train_export_index_and_evaluate(synth, tmp_path, capsys):
+    run = tmp_path / "run"
+    heads = ["--set", "model.heads=[layer2,layer3,layer4]", "--set", "model.embedding=concat"]
+    train_cli(synth, run, "rll", 2, *heads)
+    net = load_embedding_net(run / "best.pt")
+    assert net.config.heads == ["layer2", "layer3", "layer4"] and net.dim == 3 * DIM
+
+    model = tmp_path / "model.onnx"
+    assert main(["export", "--checkpoint", str(run / "best.pt"), "--out", str(model)]) == 0
+    graph = onnx.load(str(model)).graph
+    assert graph.output[0].type.tensor_type.shape.dim[1].dim_value == 3 * DIM
+    meta = {p.key: p.value for p in onnx.load(str(model)).metadata_props}
+    assert meta["embedding_dim"] == str(3 * DIM)
+
+    gallery = tmp_path / "gallery"
+    argv = ["index", "build", "--model", str(model), "--dataset", "folder", "--root", str(synth)]
+    assert main([*argv, "--out", str(gallery), "--workers", "0"]) == 0
+    capsys.readouterr()
+    assert main(["eval", "--gallery", str(gallery), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["queries"] == 16 and 0.0 <= result["recall@1"] <= 1.0
+
+
+def tiny_config(root: Path, loss: str, steps: int, **extra):
+    overrides = {
+        "data.dataset": "folder",
+        "data.root": str(root),
+        "data.image_size": 32,
+        "data.workers": 0,
+        "data.eval_batch_size": 16,
+        "model.dim": DIM,
+        "model.pretrained": "none",
+        "sampler.classes_per_batch": 3,
+        "sampler.per_class": 2,
+        "loss.name": loss,
+        "steps": steps,
+        "eval_every": 3,
+        "save_every": 1,
+        "log_every": 1,
+    }
+    overrides.update(extra)
+    return load_config(None, overrides)
+
+
+class Interrupt(Exception):
+    pass
+
+
+@pytest.mark.parametrize("loss", ["proxyanchor", pytest.param("arcface", marks=pytest.mark.slow)])
+def test_proxy_loss_trains_its_proxies_and_resumes_exactly(synth, tmp_path, monkeypatch, loss):
+    config = tiny_config(synth, loss, steps=5, **{"optim.loss_lr": 0.05})
+    straight = tmp_path / "straight"
+    train(config, straight)
+    last = load_checkpoint(straight / "last.pt")
+    groups = {g["name"]: g for g in last["optimizer"]["param_groups"]}
+    assert groups[f"{loss}_proxies"]["base_lr"] == 0.05  # its own group, its own rate
+    (proxies,) = last["loss_state"].values()
+    assert proxies.shape[0 if loss == "proxyanchor" else 1] == 4  # the 4 training classes
+    # the proxies moved: a 1-step run from the same seed ends elsewhere
+    one = tmp_path / "one"
+    train(tiny_config(synth, loss, steps=1, **{"optim.loss_lr": 0.05}), one)
+    (after_one,) = load_checkpoint(one / "last.pt")["loss_state"].values()
+    assert (proxies - after_one).abs().max() > 1e-4
+
+    interrupted = tmp_path / "interrupted"
+    original = Trainer._train_step
+    calls = {"n": 0}
+
+    def dying_step(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 4:  # steps 1-3 done and saved (save_every=1), die inside step 4
+            raise Interrupt
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "_train_step", dying_step)
+    with pytest.raises(Interrupt):
+        train(config, interrupted)
+    monkeypatch.setattr(Trainer, "_train_step", original)
+    train(config, interrupted, resume=True)
+    losses_a = [r["loss"] for r in read_jsonl(straight / "train.jsonl")]
+    losses_b = [r["loss"] for r in read_jsonl(interrupted / "train.jsonl")]
+    assert losses_b == pytest.approx(losses_a, rel=1e-6, abs=1e-7)
+    (resumed,) = load_checkpoint(interrupted / "last.pt")["loss_state"].values()
+    torch.testing.assert_close(resumed, proxies, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_freeze_trunk_steps_train_only_the_new_layers(synth, tmp_path):
+    def state(steps: int, out: Path) -> dict:
+        extra = {"optim.freeze_trunk_steps": 2, "optim.loss_lr": 0.05, "model.freeze_bn": True}
+        train(tiny_config(synth, "proxyanchor", steps=steps, **extra), out)
+        return load_checkpoint(out / "last.pt")
+
+    one, two, three = state(1, tmp_path / "a"), state(2, tmp_path / "b"), state(3, tmp_path / "c")
+    trunk = [k for k in one["state_dict"] if k.startswith("trunk.") and "running" not in k]
+    trunk = [k for k in trunk if one["state_dict"][k].is_floating_point()]
+    for key in trunk:  # frozen for the first two steps, moving at the third
+        assert torch.equal(one["state_dict"][key], two["state_dict"][key]), key
+    assert any(not torch.equal(two["state_dict"][k], three["state_dict"][k]) for k in trunk)
+    assert not torch.equal(
+        one["state_dict"]["embedding.weight"], two["state_dict"]["embedding.weight"]
+    )
+    (p1,), (p2,) = one["loss_state"].values(), two["loss_state"].values()
+    assert not torch.equal(p1, p2)
+
+
+def test_multi_head_training_sums_the_heads_losses(synth, tmp_path):
+    heads = {"model.heads": ["layer2", "layer3", "layer4"], "loss.params": {"scale": 16}}
+    out = tmp_path / "ice3"
+    train(tiny_config(synth, "ice", steps=2, **heads), out)
+    last = load_checkpoint(out / "last.pt")
+    # the side heads trained (their own groups' parameters moved off their zero bias)
+    assert last["state_dict"]["side_embeddings.layer2.bias"].abs().sum() > 0
+    assert last["model_config"]["heads"] == ["layer2", "layer3", "layer4"]
+    # the logged loss of step 1 is the sum of the three heads' ICE values on that batch
+    first = read_jsonl(out / "train.jsonl")[0]["loss"]
+    single = tmp_path / "ice1"
+    train(tiny_config(synth, "ice", steps=1, **{"loss.params": {"scale": 16}}), single)
+    assert first > read_jsonl(single / "train.jsonl")[0]["loss"]
+
+
+def test_rankmi_schedule_advances_on_embedding_updates_only(synth, tmp_path):
+    schedule = {"optim.schedule": "cosine", "optim.warmup_steps": 0}
+    train(tiny_config(synth, "rankmi", steps=4, **schedule), tmp_path / "rankmi")
+    train(tiny_config(synth, "ice", steps=4, **schedule), tmp_path / "ice")
+    rankmi = read_jsonl(tmp_path / "rankmi" / "train.jsonl")
+    ice = read_jsonl(tmp_path / "ice" / "train.jsonl")
+    updates = [r for r in rankmi if r.get("phase") != "critic"]
+    assert len(updates) == 4 and len(rankmi) == 7  # 4 embedding updates, 3 critic batches
+    assert [r["lr_head"] for r in updates] == [r["lr_head"] for r in ice]
+
+
+@pytest.mark.slow
+def test_two_process_ddp_proxies_follow_the_single_process_run(synth, tmp_path):
+    """torchrun with 2 CPU processes (gloo), plain SGD (scale-sensitive, unlike Adam): the
+    proxies' gradient is the full batch's, so loss curve and proxies match one process."""
+    common = [
+        *TINY_TRAIN, "--root", str(synth), "--loss", "proxyanchor", "--steps", "3",
+        "--device", "cpu", "--set", "model.freeze_bn=true", "--set", "model.feature_norm=none",
+        "--set", "optim.name=sgd", "--set", "optim.loss_lr=0.5", "--set", "eval_every=3",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    single = tmp_path / "single"
+    subprocess.run(
+        [sys.executable, "-m", "nearsight.app.cli", "train", *common, "--out", str(single)],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    ddp = tmp_path / "ddp"
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
+    result = subprocess.run(
+        [torchrun, "--standalone", "--nproc_per_node", "2", "-m", "nearsight.app.cli", "train",
+         *common, "--out", str(ddp)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    a = [r["loss"] for r in read_jsonl(single / "train.jsonl")]
+    b = [r["loss"] for r in read_jsonl(ddp / "train.jsonl")]
+    assert b == pytest.approx(a, rel=1e-4, abs=1e-5)
+    (pa,) = load_checkpoint(single / "last.pt")["loss_state"].values()
+    (pb,) = load_checkpoint(ddp / "last.pt")["loss_state"].values()
+    torch.testing.assert_close(pb, pa, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,88 @@
+"""Evaluation during training: embed a held-out split, compute Recall@k / NMI / MAP@R.
+
+With ``data.cache_images`` the split's test-time tensors are made once and reused at every
+evaluation (a small dataset evaluated often would otherwise decode every image each time).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from nearsight.index.datasets import DatasetSplit
+from nearsight.index.embed import embed_paths
+from nearsight.index.images import ImageLoadError, load_image
+from nearsight.index.metrics import evaluate
+from nearsight.models.preprocess import test_transform
+from nearsight.training.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+
+class EvalSplit:
+    """One split to evaluate on (the test classes, or the validation hold-out)."""
+
+    def __init__(self, split: DatasetSplit, config: TrainConfig):
+        self.split = split
+        self.config = config
+        self._tensors: torch.Tensor | None = None
+        self._ok: np.ndarray | None = None
+        if config.data.cache_images:
+            self._load_tensors()
+
+    def _load_tensors(self) -> None:
+        transform = test_transform(self.config.data.image_size, self.config.data.resize)
+        tensors, ok = [], np.zeros(len(self.split), dtype=bool)
+        for i, sample in enumerate(self.split.samples):
+            try:
+                tensors.append(transform(load_image(sample.path)))
+                ok[i] = True
+            except ImageLoadError as error:
+                log.warning("skipped in evaluation: %s", error)
+        self._tensors = torch.stack(tensors) if tensors else torch.zeros(0, 3, 1, 1)
+        self._ok = ok
+
+    def embed(
+        self, embed_batch: Callable[[torch.Tensor], torch.Tensor]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(embeddings of the readable images, their mask over the split's samples)."""
+        data = self.config.data
+        if self._tensors is not None:
+            chunks = [
+                embed_batch(self._tensors[i : i + data.eval_batch_size]).cpu().numpy()
+                for i in range(0, len(self._tensors), data.eval_batch_size)
+            ]
+            return np.concatenate(chunks).astype(np.float32), self._ok
+        result = embed_paths(
+            embed_batch,
+            [s.path for s in self.split.samples],
+            image_size=data.image_size,
+            resize=data.resize,
+            batch_size=data.eval_batch_size,
+            workers=data.workers,
+            desc=f"evaluate {self.split.split}",
+        )
+        for error in result.errors:
+            log.warning("skipped in evaluation: %s", error)
+        return result.embeddings, result.ok
+
+    @torch.no_grad()
+    def evaluate(
+        self, model: torch.nn.Module, device: torch.device, autocast=None
+    ) -> dict[str, Any]:
+        """The retrieval metrics of ``model`` on this split (leave-one-out)."""
+        model.eval()
+        context = autocast or contextlib.nullcontext
+
+        def embed_batch(images: torch.Tensor) -> torch.Tensor:
+            with context():
+                return model(images.to(device)).float()
+
+        embeddings, ok = self.embed(embed_batch)
+        labels = np.asarray(self.split.labels)[ok]
+        return evaluate(embeddings, labels, ks=tuple(self.config.ks))
