@@ -179,32 +179,44 @@ class Catalog:
     # -- writing (each call is one transaction) ----------------------------------------------
 
     def set_meta(self, **values: object) -> None:
-        with self._guard(), self._db.conn:
+        with self._guard(writing=True), self._db.conn:
             self._db.conn.executemany(_UPSERT_META, _meta_values(values))
 
-    def add_items(self, items: Iterable[dict[str, Any]]) -> list[int]:
+    def next_id(self) -> int:
+        """The id the next added item gets: after every id the catalog has ever held."""
+        with self._guard():
+            conn = self._db.conn
+            highest = conn.execute("SELECT max(id) FROM items").fetchone()[0]
+            stored_next = conn.execute("SELECT value FROM meta WHERE key = 'next_id'").fetchone()
+        start = 0 if highest is None else int(highest) + 1
+        if stored_next is not None:
+            start = max(start, int(_decode(stored_next[0])))
+        return start
+
+    def add_items(
+        self, items: Iterable[dict[str, Any]], *, meta: dict[str, object] | None = None
+    ) -> list[int]:
         """Insert ``items`` (without ids) and return the ids given to them: after every id the
-        catalog has ever held, so ids of removed items are not reused."""
+        catalog has ever held, so ids of removed items are not reused. ``meta`` is updated in
+        the same transaction."""
         new = list(items)
         for item in new:
             if "id" in item:
                 raise ValueError("add_items assigns ids itself; remove 'id' from the items")
-        with self._guard(), self._db.conn:
+        with self._guard(writing=True), self._db.conn:
             conn = self._db.conn
-            highest = conn.execute("SELECT max(id) FROM items").fetchone()[0]
-            stored_next = conn.execute("SELECT value FROM meta WHERE key = 'next_id'").fetchone()
-            start = 0 if highest is None else int(highest) + 1
-            if stored_next is not None:
-                start = max(start, int(_decode(stored_next[0])))
+            start = self.next_id()
             rows = [_item_row(item, start + offset) for offset, item in enumerate(new)]
             conn.executemany(_INSERT_ITEM, [_row_values(row) for row in rows])
-            conn.executemany(_UPSERT_META, _meta_values({"next_id": start + len(rows)}))
+            updates = {**(meta or {}), "next_id": start + len(rows)}
+            conn.executemany(_UPSERT_META, _meta_values(updates))
         return [row["id"] for row in rows]
 
-    def remove(self, ids: Iterable[int]) -> None:
-        """Delete the items with ``ids``; all of them must exist (else nothing is deleted)."""
+    def remove(self, ids: Iterable[int], *, meta: dict[str, object] | None = None) -> None:
+        """Delete the items with ``ids``; all of them must exist (else nothing is deleted).
+        ``meta`` is updated in the same transaction."""
         wanted = sorted({int(i) for i in ids})
-        with self._guard(), self._db.conn:
+        with self._guard(writing=True), self._db.conn:
             present = {item["id"] for item in self.items(wanted)}
             missing = [i for i in wanted if i not in present]
             if missing:
@@ -214,6 +226,8 @@ class Catalog:
                 chunk = wanted[start : start + _CHUNK]
                 marks = ",".join("?" * len(chunk))
                 self._db.conn.execute(f"DELETE FROM items WHERE id IN ({marks})", chunk)
+            if meta:
+                self._db.conn.executemany(_UPSERT_META, _meta_values(meta))
 
     # -- lifetime ----------------------------------------------------------------------------
 
@@ -227,7 +241,7 @@ class Catalog:
         self.close()
 
     @contextlib.contextmanager
-    def _guard(self) -> Iterator[None]:
+    def _guard(self, *, writing: bool = False) -> Iterator[None]:
         """One caller at a time (a served gallery is searched from several threads); SQLite
         errors from the file (damaged, read-only) become a one-line :class:`GalleryError`."""
         with self._lock:
@@ -236,7 +250,10 @@ class Catalog:
             except sqlite3.ProgrammingError:
                 raise  # misuse (a closed catalog): a bug, keep the traceback
             except sqlite3.DatabaseError as error:
-                problem = "cannot be written" if "readonly" in str(error) else "is damaged"
+                unwritable = "readonly" in str(error) or (
+                    writing and isinstance(error, sqlite3.OperationalError)
+                )  # a full disk, a quota: SQLite says "disk I/O error" or "disk is full"
+                problem = "cannot be written" if unwritable else "is damaged"
                 raise GalleryError(f"gallery catalog {self.path} {problem}: {error}") from None
 
 

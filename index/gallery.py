@@ -16,34 +16,18 @@ writer re-reads the gallery from disk once it holds the lock, so two concurrent 
 both land. Readers take the lock shared while they load, so they never see the instant between
 the two renames of a replace.
 
-Index types (the choice FAISS's own guidelines make by size):
-
-- ``flat``: exact inner product, ``IndexIDMap2(IndexFlatIP)``;
-- ``ivf``: ``IndexIVFFlat`` over an inner-product quantizer, ``nlist`` = 4 sqrt(N) lists (at
-  most N / 39 so that k-means has 39 points per centroid), ``nprobe`` = max(8, sqrt(nlist)),
-  capped at ``nlist``;
-- ``hnsw``: ``IndexIDMap2(IndexHNSWFlat(M=32, inner product))``, efConstruction 80, efSearch 64
-  (raised to k for a search deeper than that);
-- ``auto``: flat up to 1M items, ivf past that.
+Index types, their parameters and the distance reported: index/faiss_index.py. Locking and
+recovery after a killed writer: index/gallery_lock.py.
 
 The parameters are stored in the catalog meta (``nlist``, ``nprobe``, ``hnsw_m``,
 ``ef_construction``, ``ef_search``). With a GPU (``faiss.get_num_gpus() > 0``) flat and IVF
 indexes are searched on it; the file is always the CPU index.
-
-Distances. The embeddings are unit vectors, so FAISS ranks by inner product ``ip``; a search
-reports the Euclidean distance between the unit vectors, ``sqrt(max(0, 2 - 2 ip))``: 0 for the
-same direction, sqrt(2) for orthogonal, 2 for opposite. Smaller is nearer.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
-import math
 import os
-import re
-import shutil
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -62,125 +46,50 @@ from nearsight.index.catalog import (
     create_catalog,
     gallery_writer,
 )
+from nearsight.index.faiss_index import (  # noqa: F401  (re-exported: the gallery's public names)
+    HNSW_EF_SEARCH,
+    INDEX_TYPES,
+    METRIC,
+    PQ_TYPES,
+    apply_search_parameters,
+    index_ids,
+    ivf_parameters,
+    make_index,
+    read_index,
+    resolve_index_type,
+    to_gpu,
+    unit_distance,
+)
+from nearsight.index.gallery_lock import (  # noqa: F401  (lock_path re-exported)
+    gallery_lock,
+    lock_path,
+    previous_path,
+    recover,
+    sweep_temporaries,
+)
 from nearsight.index.images import file_sha256
+from nearsight.index.index_choice import FLAT_MAX_ITEMS, parse_memory  # noqa: F401
 from nearsight.index.metrics import CUB_KS, SOP_KS, default_ks, evaluate
+from nearsight.index.segments import read_segment, sweep_unlisted, write_segment
+from nearsight.index.tuning import REFINE_FACTOR, TARGET_RECALL, refine, tune
 from nearsight.models.atomic import recover_dir
 from nearsight.models.errors import NearsightError
 
 INDEX_FILE = "index.faiss"
 EMBEDDINGS_FILE = "embeddings.npy"
 GALLERY_FILES = (CATALOG_FILE, INDEX_FILE, EMBEDDINGS_FILE)
-INDEX_TYPES = ("auto", "flat", "ivf", "hnsw")
-METRIC = "inner_product"
-FLAT_MAX_ITEMS = 1_000_000  # auto: exact search up to here, IVF past it
-HNSW_M = 32
-HNSW_EF_CONSTRUCTION = 80
-HNSW_EF_SEARCH = 64
-IVF_MIN_POINTS_PER_LIST = 39  # FAISS warns below this many training points per centroid
 UNIT_NORM_TOLERANCE = 1e-3
 # NMI's k-means++ seeding is O(N k); past this many classes use faiss's AFK-MC2 approximation
 EXACT_KMEANSPP_MAX_CLASSES = 1000
 _EXIF_ORIENTATION = 0x0112
-
-
-def unit_distance(inner_products: np.ndarray) -> np.ndarray:
-    """Euclidean distance between unit vectors from their inner products."""
-    ip = np.asarray(inner_products, dtype=np.float32)
-    return np.sqrt(np.maximum(0.0, 2.0 - 2.0 * ip)).astype(np.float32)
-
-
-# -- locking ---------------------------------------------------------------------------------
-
-
-def lock_path(gallery_dir: str | os.PathLike[str]) -> Path:
-    folder = Path(gallery_dir).expanduser().absolute()
-    return folder.with_name(f".{folder.name}.lock")
-
-
-@contextlib.contextmanager
-def gallery_lock(gallery_dir: str | os.PathLike[str], *, exclusive: bool) -> Iterator[None]:
-    """Hold ``.GALLERY.lock`` (beside the gallery) exclusively (writers) or shared (readers).
-
-    A reader that cannot create the lock file (a read-only location) reads without it: nobody
-    can be writing there either."""
-    path = lock_path(gallery_dir)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as error:
-        if not exclusive and error.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
-            yield
-            return
-        raise GalleryError(f"cannot lock gallery {path.parent}: {error.strerror}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        yield
-    finally:
-        os.close(fd)  # closing the descriptor releases the lock
-
-
-def _sweep_temporaries(final: Path) -> None:
-    """Remove temporary folders left by writers that were killed (call under the write lock)."""
-    # exactly the names tempfile.mkdtemp gives (an 8-character random part), so that the
-    # temporaries of a gallery called "g.x" are not taken for those of "g"
-    pattern = re.compile(rf"\.{re.escape(final.name)}\.[a-z0-9_]{{8}}\.tmp")
-    for leftover in final.parent.iterdir():
-        if pattern.fullmatch(leftover.name) and leftover.is_dir() and not leftover.is_symlink():
-            shutil.rmtree(leftover, ignore_errors=True)
+# add compacts once the segments hold more than this many items and this share of the base:
+# appends stay O(added items) and a gallery of N items is rewritten after ~N/4 appended items
+COMPACT_MIN_ITEMS = 100_000
+COMPACT_SHARE = 0.25
+MMAP_MIN_BYTES = 1 << 30  # an index file this large is memory-mapped where FAISS can
 
 
 # -- building --------------------------------------------------------------------------------
-
-
-def resolve_index_type(index_type: str, count: int) -> str:
-    if index_type not in INDEX_TYPES:
-        raise NearsightError(
-            f"unknown index type '{index_type}' (choose one of: {', '.join(INDEX_TYPES)})"
-        )
-    if index_type == "auto":
-        return "flat" if count <= FLAT_MAX_ITEMS else "ivf"
-    return index_type
-
-
-def ivf_parameters(count: int) -> tuple[int, int]:
-    """(nlist, nprobe) for an IVF index over ``count`` vectors."""
-    nlist = max(1, min(round(4 * math.sqrt(count)), count // IVF_MIN_POINTS_PER_LIST))
-    nprobe = min(nlist, max(8, round(math.sqrt(nlist))))
-    return nlist, nprobe
-
-
-def make_index(
-    vectors: np.ndarray, ids: np.ndarray, index_type: str
-) -> tuple[faiss.Index, dict[str, Any]]:
-    """A CPU FAISS index of type ``index_type`` (flat, ivf, hnsw) holding ``vectors`` under
-    ``ids``, and its parameters for the gallery meta."""
-    dim = vectors.shape[1]
-    params: dict[str, Any] = {}
-    if index_type == "flat":
-        index = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
-    elif index_type == "ivf":
-        nlist, nprobe = ivf_parameters(len(vectors))
-        quantizer = faiss.IndexFlatIP(dim)
-        index = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
-        index.cp.min_points_per_centroid = 1  # tiny galleries: no "provide more points" warning
-        index.train(vectors)
-        index.nprobe = nprobe
-        params = {"nlist": nlist, "nprobe": nprobe}
-    elif index_type == "hnsw":
-        hnsw = faiss.IndexHNSWFlat(dim, HNSW_M, faiss.METRIC_INNER_PRODUCT)
-        hnsw.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
-        hnsw.hnsw.efSearch = HNSW_EF_SEARCH
-        index = faiss.IndexIDMap2(hnsw)
-        params = {
-            "hnsw_m": HNSW_M,
-            "ef_construction": HNSW_EF_CONSTRUCTION,
-            "ef_search": HNSW_EF_SEARCH,
-        }
-    else:
-        raise ValueError(f"unknown index type {index_type!r}")
-    if len(vectors):
-        index.add_with_ids(vectors, ids)
-    return index, params
 
 
 def _check_vectors(vectors: np.ndarray, count: int, dim: int | None = None) -> np.ndarray:
@@ -207,21 +116,27 @@ def build_gallery(
     model_sha256: str,
     index_type: str = "auto",
     meta: dict[str, Any] | None = None,
+    max_index_memory: str | int | None = None,
+    target_recall: float = TARGET_RECALL,
 ) -> Path:
     """Write a new gallery folder at ``out_dir`` (replacing a gallery there) holding ``items``
     (catalog rows without ids: path, label, class_name, split, sha256, width, height) and their
     L2-normalised ``vectors`` [N, D]; ids are 0..N-1. ``meta`` adds to the catalog meta (model
-    path, image size, dataset...). Returns the folder."""
+    path, image size, dataset...). ``auto`` chooses the index type by count and
+    ``max_index_memory`` (index.index_choice); an approximate index's nprobe/efSearch is tuned
+    to ``target_recall`` recall@10 (index.tuning). Returns the folder."""
     if not items:
         raise NearsightError("cannot build a gallery of no images")
     array = _check_vectors(vectors, len(items))
-    resolved = resolve_index_type(index_type, len(array))
+    budget = parse_memory(max_index_memory)
+    resolved = resolve_index_type(index_type, len(array), array.shape[1], budget)
     ids = np.arange(len(array), dtype=np.int64)
     final = Path(out_dir).expanduser().absolute()
     with gallery_lock(final, exclusive=True), _write_errors(final):
-        _sweep_temporaries(final)
+        sweep_temporaries(final)
         with gallery_writer(final) as tmp:
             index, params = make_index(array, ids, resolved)
+            params.update(tune(index, resolved, array, ids, target_recall))
             full_meta = {
                 **(meta or {}),
                 "model_sha256": model_sha256,
@@ -246,6 +161,10 @@ def _write_arrays(folder: Path, index: faiss.Index, embeddings: np.ndarray) -> N
     for name in GALLERY_FILES:  # on disk before the rename makes them the gallery
         with open(folder / name, "rb") as handle:
             os.fsync(handle.fileno())
+
+
+def _write_segment(folder: Path, ids: np.ndarray, vectors: np.ndarray) -> str:
+    return write_segment(folder, ids, vectors)  # one name to patch in fault tests
 
 
 @contextlib.contextmanager
@@ -318,13 +237,13 @@ class Gallery:
         folder = self.path
         if not locked:
             # plain mistakes are reported before a lock file is made beside the folder
-            if not folder.exists() and not _previous(folder).exists():
+            if not folder.exists() and not previous_path(folder).exists():
                 raise GalleryError(f"no gallery at {folder}")
             if folder.is_dir() and not (folder / CATALOG_FILE).exists():
                 raise GalleryError(f"not a nearsight gallery: {folder} has no {CATALOG_FILE}")
             if folder.exists() and not folder.is_dir():
                 raise GalleryError(f"not a nearsight gallery: {folder} is a file, not a folder")
-            _recover(folder)
+            recover(folder)
         reading = contextlib.nullcontext() if locked else gallery_lock(folder, exclusive=False)
         with reading:  # under the lock: a writer may be between the two renames of a replace
             if not folder.exists():
@@ -340,9 +259,16 @@ class Gallery:
             try:
                 ids, labels = catalog.labels()
                 meta = catalog.meta()
-                index = _read_index(folder / INDEX_FILE)
+                pending = meta.get("segments") or meta.get("removed")
+                mappable = (folder / INDEX_FILE).stat().st_size >= MMAP_MIN_BYTES
+                index = read_index(folder / INDEX_FILE, mmap=mappable and not pending)
                 embeddings = _read_embeddings(folder / EMBEDDINGS_FILE)
-                _check_consistent(folder, meta, ids, index, embeddings)
+                dim = int(meta.get("dim", index.d))
+                segments = [read_segment(folder, name, dim) for name in meta.get("segments", [])]
+                removed = np.sort(np.asarray(meta.get("removed", []), dtype=np.int64))
+                base_ids = _check_consistent(
+                    folder, meta, ids, index, embeddings, segments, removed
+                )
             except BaseException:
                 catalog.close()
                 raise
@@ -351,14 +277,27 @@ class Gallery:
         self.meta: dict[str, Any] = meta
         self.ids: np.ndarray = ids  # catalog ids in order; row i of embeddings is ids[i]
         self.labels: np.ndarray = labels  # -1 where unlabelled
-        self.embeddings: np.ndarray = embeddings
         self.dim: int = int(meta["dim"])
         self.index_type: str = str(meta["index_type"])
         self.model_sha256: str = str(meta["model_sha256"])
+        # the base as written, then the segments added and the removed ids dropped in memory
+        self._base = (base_ids, embeddings)
+        self._segments = segments
+        self._removed = removed
+        self._embeddings: np.ndarray | None = None
+        for segment_ids, segment_vectors in segments:
+            index.add_with_ids(segment_vectors, segment_ids)
+        self._excluded = None  # HNSW cannot remove points: its searches skip removed ids
+        if len(removed) and self.index_type == "hnsw":
+            batch = faiss.IDSelectorBatch(removed)
+            self._excluded = faiss.IDSelectorNot(batch)
+            self._excluded.referenced_objects = [batch]  # the SWIG wrapper does not keep it
+        elif len(removed):
+            index.remove_ids(removed)
         self._index = index
-        _apply_search_parameters(index, meta)
+        apply_search_parameters(index, meta)
         # a writer's private read (locked) is never searched: no GPU copy for it
-        self._gpu_index = None if locked else _to_gpu(index, self.index_type)
+        self._gpu_index = None if locked else to_gpu(index, self.index_type)
 
     def model_path(self, override: str | os.PathLike[str] | None = None) -> Path:
         """The model to embed queries with: ``override``, else the one the gallery records
@@ -366,6 +305,11 @@ class Gallery:
         if override is not None:
             return Path(override)
         recorded = self.meta.get("model")
+        if not recorded and not self.model_sha256:
+            raise NearsightError(
+                f"gallery {self.path} was imported without a model: search it by --id or "
+                f"--vector, or pass --model (a model of dim {self.dim}) to search by image"
+            )
         if not recorded:
             raise NearsightError(f"gallery {self.path} does not record its model: pass --model")
         path = Path(str(recorded))
@@ -382,6 +326,8 @@ class Gallery:
         model_sha = str(model.model_sha256)
         if model_dim == self.dim and model_sha == self.model_sha256:
             return
+        if model_dim == self.dim and not self.model_sha256:
+            return  # imported vectors of an unrecorded model: the dim is all there is to check
         label = os.fspath(name) if name is not None else getattr(model, "path", None) or "MODEL"
         raise GalleryError(
             f"gallery {self.path} was built with model sha256 {self.model_sha256[:12]}.. "
@@ -397,6 +343,21 @@ class Gallery:
     @property
     def count(self) -> int:
         return len(self.ids)
+
+    @property
+    def embeddings(self) -> np.ndarray:
+        """float32 [N, D]; row i is the vector of ``ids[i]``. Without segments or removals,
+        the memory-mapped embeddings.npy itself; else assembled once, on first use."""
+        if self._embeddings is None:
+            base_ids, base = self._base
+            if not self._segments and not len(self._removed):
+                self._embeddings = base
+            else:
+                all_ids = np.concatenate([base_ids, *(ids for ids, _ in self._segments)])
+                rows = np.concatenate([np.asarray(base), *(v for _, v in self._segments)])
+                keep = ~np.isin(all_ids, self._removed)
+                self._embeddings = rows if keep.all() else np.ascontiguousarray(rows[keep])
+        return self._embeddings
 
     def search(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` nearest items of each query vector [Q, D]: (distances [Q, k'] float32,
@@ -422,6 +383,16 @@ class Gallery:
         return distances, ids.astype(np.int64, copy=False)
 
     def _search_index(self, queries: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.index_type not in PQ_TYPES:
+            return self._search_raw(queries, depth)
+        # compressed codes rank roughly: re-rank more candidates by the exact vectors
+        _, candidates = self._search_raw(queries, min(self.count, depth * REFINE_FACTOR))
+        embeddings, ids = self.embeddings, self.ids
+        return refine(
+            queries, candidates, lambda wanted: embeddings[np.searchsorted(ids, wanted)], depth
+        )
+
+    def _search_raw(self, queries: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
         if self._gpu_index is not None and depth <= 2048:  # GPU k-selection limit
             with self._gpu_lock:
                 return self._gpu_index.search(queries, depth)
@@ -431,7 +402,10 @@ class Gallery:
             # AccuracyCalculator) replaces Index.search with a wrapper that has no `params`;
             # it keeps the original as search_numpy
             search = getattr(self._index, "search_numpy", self._index.search)
-            return search(queries, depth, params=faiss.SearchParametersHNSW(efSearch=ef))
+            params = faiss.SearchParametersHNSW(efSearch=ef)
+            if self._excluded is not None:
+                params.sel = self._excluded
+            return search(queries, depth, params=params)
         return self._index.search(queries, depth)
 
     def items(self, ids: Iterable[int]) -> list[dict[str, Any]]:
@@ -480,49 +454,91 @@ class Gallery:
 
     def add(self, vectors: np.ndarray, items: Sequence[dict[str, Any]]) -> list[int]:
         """Add ``items`` (catalog rows without ids) with their L2-normalised ``vectors``;
-        returns their new ids (never an id the gallery held before). Rewrites the folder."""
+        returns their new ids (never an id the gallery held before). Writes one segment file
+        and one catalog transaction (index/segments.py), not the gallery."""
         if not items:
             return []
         array = _check_vectors(vectors, len(items), self.dim)
-        new_ids: list[int] = []
-
-        def change(catalog: Catalog, index: faiss.Index, embeddings: np.ndarray, meta: dict):
-            new_ids.extend(catalog.add_items([dict(item) for item in items]))
-            ids = np.asarray(new_ids, dtype=np.int64)
-            merged = np.concatenate([embeddings, array])
-            if meta["index_type"] == "flat":
-                all_ids, _ = catalog.labels()
-                index, _ = make_index(merged, all_ids, "flat")
-            else:  # IVF keeps its trained lists; HNSW links the new points into its graph
-                index.add_with_ids(array, ids)
-            return index, merged
-
-        self._rewrite(change)
+        folder = self.path
+        with self._writing() as (current, catalog):
+            first = catalog.next_id()
+            ids = np.arange(first, first + len(array), dtype=np.int64)
+            name = _write_segment(folder, ids, array)
+            try:
+                new_ids = catalog.add_items(
+                    [dict(item) for item in items],
+                    meta={
+                        "segments": [*current.meta.get("segments", []), name],
+                        "count": len(current) + len(array),
+                    },
+                )
+            except BaseException:
+                (folder / name).unlink(missing_ok=True)
+                raise
+            assert new_ids == ids.tolist()
+            pending = sum(len(segment_ids) for segment_ids, _ in current._segments) + len(array)
+            base = len(current._base[0])
+        if pending > max(COMPACT_MIN_ITEMS, base * COMPACT_SHARE):
+            self.compact()
+        else:
+            self._load()
         return new_ids
 
     def remove(self, ids: Iterable[int]) -> None:
-        """Remove the items ``ids`` (all must exist, else nothing changes). Rewrites the folder."""
+        """Remove the items ``ids`` (all must exist, else nothing changes): one catalog
+        transaction; the index drops them when opened, compaction for good (at once for HNSW,
+        whose graph cannot drop points; meanwhile its searches skip them)."""
         wanted = sorted({int(i) for i in ids})
         if not wanted:
             return
         folder = self.path
-
-        def change(catalog: Catalog, index: faiss.Index, embeddings: np.ndarray, meta: dict):
-            old_ids, _ = catalog.labels()
-            unknown = np.setdiff1d(wanted, old_ids)
+        with self._writing() as (current, catalog):
+            unknown = np.setdiff1d(wanted, current.ids)
             if len(unknown):
                 shown = ", ".join(map(str, unknown[:10])) + (", ..." if len(unknown) > 10 else "")
                 raise GalleryError(f"gallery {folder} has no item with id {shown}")
-            catalog.remove(wanted)
-            keep = ~np.isin(old_ids, wanted)
-            kept = np.ascontiguousarray(embeddings[keep])
-            if meta["index_type"] == "ivf":
-                index.remove_ids(np.asarray(wanted, dtype=np.int64))
-            else:  # flat: cheap to rebuild; HNSW cannot remove points from its graph
-                index, _ = make_index(kept, old_ids[keep], meta["index_type"])
-            return index, kept
+            removed = np.union1d(current._removed, wanted)
+            catalog.remove(
+                wanted, meta={"removed": removed.tolist(), "count": len(current) - len(wanted)}
+            )
+        if self.index_type == "hnsw":  # HNSW cannot drop points from its graph: rebuild it
+            self.compact()
+        else:
+            self._load()
+
+    def compact(self) -> None:
+        """Fold the segments and removals into a new base index and embeddings (a whole,
+        copy-on-write rewrite of the gallery)."""
+
+        def change(catalog: Catalog, current: Gallery):
+            embeddings = np.ascontiguousarray(current.embeddings)
+            index = current._index  # segments added, removed ids dropped (not for HNSW)
+            if current.index_type == "hnsw" and len(current._removed):
+                index, _ = make_index(embeddings, current.ids, "hnsw")
+            catalog.set_meta(segments=[], removed=[])
+            return index, embeddings
 
         self._rewrite(change)
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[tuple[Gallery, Catalog]]:
+        """Under the write lock: the gallery as on disk now (with what other writers added)
+        and its catalog open for writing; stray segments of killed writers are swept."""
+        folder = self.path
+        with gallery_lock(folder, exclusive=True), _write_errors(folder):
+            recover_dir(folder)
+            sweep_temporaries(folder)
+            current = Gallery(folder)
+            current._load(locked=True)
+            catalog = None
+            try:
+                sweep_unlisted(folder, list(current.meta.get("segments", [])))
+                catalog = Catalog.open(folder / CATALOG_FILE)
+                yield current, catalog
+            finally:
+                if catalog is not None:
+                    catalog.close()
+                current.close()
 
     def _rewrite(self, change) -> None:
         """Copy-on-write under the write lock: read the gallery as it is on disk now, apply
@@ -530,7 +546,7 @@ class Gallery:
         folder = self.path
         with gallery_lock(folder, exclusive=True):
             recover_dir(folder)
-            _sweep_temporaries(folder)
+            sweep_temporaries(folder)
             current = Gallery(folder)
             current._load(locked=True)  # what is on disk now, with what other writers added
             try:
@@ -539,18 +555,13 @@ class Gallery:
                     catalog = Catalog.open(tmp / CATALOG_FILE)
                     try:
                         # current's index is changed in place: current is thrown away after
-                        index, embeddings = change(
-                            catalog,
-                            current._index,
-                            np.asarray(current.embeddings),
-                            dict(current.meta),
-                        )
+                        index, embeddings = change(catalog, current)
                         ids, _ = catalog.labels()
                         catalog.set_meta(count=len(ids))
                         meta = catalog.meta()
                     finally:
                         catalog.close()
-                    _check_consistent(folder, meta, ids, index, embeddings)
+                    _check_consistent(folder, meta, ids, index, embeddings, [], ids[:0])
                     _write_arrays(tmp, index, embeddings)
             finally:
                 current.close()
@@ -573,26 +584,6 @@ class Gallery:
 # -- internals -------------------------------------------------------------------------------
 
 
-def _recover(folder: Path) -> None:
-    """Undo a writer killed between the two renames of a replace (under the write lock)."""
-    if _previous(folder).exists() and not folder.exists():
-        with gallery_lock(folder, exclusive=True):
-            recover_dir(folder)
-
-
-def _previous(folder: Path) -> Path:
-    """Where models.atomic.replace_dir parks the old folder between its two renames."""
-    return folder.with_name(f".{folder.name}.previous")
-
-
-def _read_index(path: Path) -> faiss.Index:
-    try:
-        return faiss.read_index(str(path))
-    except RuntimeError as error:
-        reason = " ".join(str(error).split()[-12:])
-        raise GalleryError(f"{path} is not a readable FAISS index ({reason})") from None
-
-
 def _read_embeddings(path: Path) -> np.ndarray:
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
@@ -606,70 +597,45 @@ def _read_embeddings(path: Path) -> np.ndarray:
     return array
 
 
-def index_ids(index: faiss.Index) -> np.ndarray:
-    """Every id an index holds (IDMap2 keeps them in a list; IVF in its inverted lists)."""
-    if isinstance(index, faiss.IndexIDMap2 | faiss.IndexIDMap):
-        return faiss.vector_to_array(index.id_map).astype(np.int64)
-    ivf = faiss.extract_index_ivf(index)
-    lists = ivf.invlists
-    chunks = [
-        faiss.rev_swig_ptr(lists.get_ids(number), lists.list_size(number)).copy()
-        for number in range(ivf.nlist)
-        if lists.list_size(number)
-    ]
-    return np.concatenate(chunks).astype(np.int64) if chunks else np.zeros(0, np.int64)
-
-
 def _check_consistent(
-    folder: Path, meta: dict, ids: np.ndarray, index: faiss.Index, embeddings: np.ndarray
-) -> None:
+    folder: Path,
+    meta: dict,
+    ids: np.ndarray,
+    index: faiss.Index,
+    embeddings: np.ndarray,
+    segments: Sequence[tuple[np.ndarray, np.ndarray]],
+    removed: np.ndarray,
+) -> np.ndarray:
+    """Check that the base index and embeddings agree, and that base + segments hold exactly
+    the catalog's ids and the removed ones; returns the base ids, sorted."""
     missing = [key for key in ("model_sha256", "dim", "metric", "index_type") if key not in meta]
     if missing:
         raise GalleryError(f"gallery {folder} is damaged: its catalog meta has no '{missing[0]}'")
     if meta["metric"] != METRIC:
         raise GalleryError(f"gallery {folder} uses metric {meta['metric']!r}, not {METRIC!r}")
     dim = int(meta["dim"])
-    count = len(ids)
     if index.d != dim or embeddings.shape[1] != dim:
         raise GalleryError(
             f"gallery {folder} is inconsistent: catalog dim {dim}, index dim {index.d}, "
             f"embeddings dim {embeddings.shape[1]}"
         )
-    if index.ntotal != count or len(embeddings) != count:
+    added = sum(len(segment_ids) for segment_ids, _ in segments)
+    count = len(ids)
+    if index.ntotal + added != count + len(removed) or len(embeddings) != index.ntotal:
         raise GalleryError(
             f"gallery {folder} is inconsistent: {count} catalog items, {index.ntotal} index "
             f"vectors, {len(embeddings)} embeddings"
         )
-    held = np.sort(index_ids(index))
-    if not np.array_equal(held, ids):  # ids is sorted (catalog order)
-        absent = np.setdiff1d(ids, held)
-        shown = int(absent[0]) if len(absent) else int(np.setdiff1d(held, ids)[0])
+    base_ids = np.sort(index_ids(index))
+    held = np.concatenate([base_ids, *(segment_ids for segment_ids, _ in segments)])
+    expected = np.union1d(ids, removed)  # ids is sorted (catalog order)
+    if not np.array_equal(np.sort(held), expected):
+        absent = np.setdiff1d(expected, held)
+        shown = int(absent[0]) if len(absent) else int(np.setdiff1d(held, expected)[0])
         raise GalleryError(
             f"gallery {folder} is inconsistent: catalog and index ids differ (id {shown})"
         )
-
-
-def _apply_search_parameters(index: faiss.Index, meta: dict) -> None:
-    if meta.get("index_type") == "ivf" and "nprobe" in meta:
-        faiss.extract_index_ivf(index).nprobe = int(meta["nprobe"])
-    if meta.get("index_type") == "hnsw" and "ef_search" in meta:
-        faiss.downcast_index(index.index).hnsw.efSearch = int(meta["ef_search"])
-
-
-def _to_gpu(index: faiss.Index, index_type: str) -> faiss.Index | None:
-    """A GPU copy of a flat or IVF index when FAISS sees a GPU (HNSW is CPU-only); None
-    otherwise, or if the copy fails (search then stays on the CPU)."""
-    if index_type not in ("flat", "ivf") or index.ntotal == 0:
-        return None
-    try:
-        if not hasattr(faiss, "StandardGpuResources") or faiss.get_num_gpus() < 1:
-            return None
-        resources = faiss.StandardGpuResources()
-        gpu = faiss.index_cpu_to_gpu(resources, 0, index)
-        gpu.referenced_objects = [resources]  # keep the resources alive with the index
-        return gpu
-    except (RuntimeError, AttributeError):
-        return None
+    return base_ids
 
 
 def _copy_catalog(source: Path, target: Path) -> None:

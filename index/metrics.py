@@ -15,29 +15,26 @@ others.
   for them; pytorch-metric-learning drops them too); with no query left the result is NaN.
 - NMI: k-means on the embeddings (faiss; k = number of classes; k-means++ seeding, as in the
   MATLAB and scikit-learn k-means of the original evaluation code; fixed seed), then the
-  normalised mutual information between the cluster assignment and the labels (scikit-learn's
-  normalized_mutual_info_score, arithmetic normalisation).
+  normalised mutual information between the cluster assignment and the labels, arithmetic
+  normalisation (scikit-learn's normalized_mutual_info_score, computed here in numpy from the
+  contingency table: tests/test_metrics.py checks it against scikit-learn to 1e-10).
 
 Neighbours come from exact (brute-force) inner-product search: the embeddings are L2 normalised,
-so inner product ranks like cosine similarity and like Euclidean distance. For a chunk of queries,
-torch.mm against the whole gallery in float32, then torch.topk of k + 1. The query is excluded by
-id, not by position: with duplicate vectors the query may not come first, so its own id is
-dropped wherever it appears among the k + 1, else (tied duplicates pushed it out) the last one.
-Work is done in chunks of queries: at most _MAX_SCORES_PER_CHUNK scores (chunk * N float32,
-256 MB) and _MAX_RESULTS_PER_CHUNK neighbour ids (chunk * (k + 1)) at once, never O(N^2).
+so inner product ranks like cosine similarity and like Euclidean distance. For a chunk of
+queries, faiss.knn against the whole gallery (BLAS blocks + a heap per query; faiss.knn_gpu on a
+GPU that FAISS sees), k + 1 deep. The query is excluded by id, not by position: with duplicate
+vectors the query may not come first, so its own id is dropped wherever it appears among the
+k + 1, else (tied duplicates pushed it out) the last one. Work is done in chunks of queries (4096:
+faiss blocks the scores itself, 4096 x 1024 at a time, and every block is one OpenMP region, so
+that small chunks multiply the regions, which a loaded CPU makes slow) and at most
+_MAX_RESULTS_PER_CHUNK neighbour ids (chunk * (k + 1)) at once, never O(N^2); the gallery itself
+may be a memory map: evaluation past the memory budget stays exact.
+Ties: items with exactly equal scores (duplicate vectors) come in the order faiss returns them,
+which is unspecified; the metrics change only if tied items of different classes straddle the
+k-th rank (or the R-th, for MAP@R).
 
-Why torch and not faiss.IndexFlatIP (the project uses faiss for k-means and for the gallery's
-kNN): evaluation asks every item for its neighbours, a dense all-against-all product that torch
-does as one BLAS matmul per chunk followed by a vectorised top-k, and it measured faster. On the
-2-core (shared, loaded) CPU, 60k x 128 with 100 classes, Recall@1 took 94.7 s with faiss's flat
-search and 44.5 s with this code, back to back (other runs: 116.7 s against 38.6 s); bench/search.py
-times it against pytorch-metric-learning's AccuracyCalculator, whose kNN is faiss's. Both are the
-same exact kNN in float32, but the two BLAS paths round differently, so scores equal to ~1e-7 may
-swap places (20k items, Recall@{1,10,100,1000} identical, MAP@R 6e-9 apart). Ties: items with
-exactly equal scores (duplicate vectors) come in the order torch.topk returns them, which is
-unspecified, as faiss's was; the metrics change only if tied items of different classes straddle
-the k-th rank (or the R-th, for MAP@R). ``_TorchFlatIP`` takes a device, so the
-same search runs on a GPU when one is given (the public functions search on the CPU).
+This module imports neither torch nor scikit-learn nor scipy: ``nearsight eval`` is on the
+serving path. bench/search.py times it against pytorch-metric-learning's AccuracyCalculator.
 """
 
 from __future__ import annotations
@@ -46,9 +43,6 @@ from collections.abc import Sequence
 
 import faiss
 import numpy as np
-import torch
-from sklearn.cluster import kmeans_plusplus
-from sklearn.metrics import normalized_mutual_info_score
 
 from nearsight.models.errors import NearsightError
 
@@ -65,8 +59,6 @@ KMEANS_INITS = {
 }
 # upper bound on neighbour ids held at once (chunk * (k + 1)): ~100 MB with ids and distances
 _MAX_RESULTS_PER_CHUNK = 1 << 23
-# upper bound on query-gallery scores held at once (chunk * N float32): 256 MB
-_MAX_SCORES_PER_CHUNK = 1 << 26
 
 
 def default_ks(num_items: int) -> tuple[int, ...]:
@@ -125,12 +117,12 @@ def nmi(
     init_method = getattr(faiss, KMEANS_INITS[init], None)
     if init_method is not None:
         options["init_method"] = init_method
-    elif init != "random":  # faiss before init_method existed: seed with scikit-learn
-        init_centroids, _ = kmeans_plusplus(vectors, num_classes, random_state=seed)
+    elif init != "random":  # faiss before init_method existed (< 1.13): seed in numpy
+        init_centroids = _kmeans_plusplus(vectors, num_classes, seed)
     kmeans = faiss.Kmeans(vectors.shape[1], num_classes, **options)
     kmeans.train(vectors, init_centroids=init_centroids)
     _, assignment = kmeans.index.search(vectors, 1)
-    return float(normalized_mutual_info_score(codes, assignment[:, 0]))
+    return normalized_mutual_info(codes, assignment[:, 0])
 
 
 def evaluate(
@@ -190,14 +182,12 @@ def _retrieval_scores(
     *,
     with_map: bool,
     chunk: int,
-    device: str | torch.device = "cpu",
 ) -> tuple[dict[int, float], float]:
     """({k: Recall@k}, MAP@R or NaN) from one chunked exact kNN pass over all queries."""
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     n = len(vectors)
-    index = _TorchFlatIP(vectors, device)
-    rows_per_scores = max(1, _MAX_SCORES_PER_CHUNK // n)  # queries whose scores fit the bound
+    index = _ExactIP(vectors)
 
     k_recall = min(max(ks), n - 1) if ks else 0
     others_of_class = np.bincount(codes)[codes] - 1  # R per query
@@ -210,7 +200,7 @@ def _retrieval_scores(
 
     start = 0
     while start < n:
-        end = min(start + chunk, start + rows_per_scores, n)
+        end = min(start + chunk, n)
         depth = _depth(k_recall, others_of_class, order, end, with_map)
         end = min(end, start + max(1, _MAX_RESULTS_PER_CHUNK // (depth + 1)))
         depth = _depth(k_recall, others_of_class, order, end, with_map)
@@ -245,27 +235,34 @@ def _depth(k_recall: int, r: np.ndarray, order: np.ndarray, end: int, with_map: 
     return max(k_recall, int(r[order[end - 1]]), 1)
 
 
-class _TorchFlatIP:
-    """Exact inner-product search with faiss.IndexFlatIP's ``search`` contract (scores and ids
-    [nq, k], best first): one float32 torch.mm of the queries against the whole gallery, then
-    torch.topk. The caller bounds nq so that the nq x N scores fit in memory."""
+class _ExactIP:
+    """Exact inner-product kNN over a fixed gallery with faiss.IndexFlatIP's ``search``
+    contract (scores and ids [nq, k], best first), on the GPU when FAISS sees one. The caller
+    bounds nq so that the nq x N scores fit in memory."""
 
-    def __init__(self, vectors: np.ndarray, device: str | torch.device = "cpu") -> None:
-        self.device = torch.device(device)
-        if not vectors.flags.writeable:  # e.g. a gallery's memory-mapped vectors
-            vectors = vectors.copy()  # torch cannot wrap read-only memory without a warning
-        self.gallery = torch.from_numpy(vectors).to(self.device)  # no copy on the CPU
+    def __init__(self, vectors: np.ndarray) -> None:
+        self.gallery = vectors  # float32 C-contiguous; may be read-only (a memory map)
+        self.gpu = _gpu_resources()
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        with torch.inference_mode():
-            rows = torch.from_numpy(np.ascontiguousarray(queries, dtype=np.float32))
-            scores = torch.mm(rows.to(self.device), self.gallery.T)
-            top, ids = torch.topk(scores, k, dim=1, largest=True, sorted=True)
-            return top.cpu().numpy(), ids.cpu().numpy()
+        rows = np.ascontiguousarray(queries, dtype=np.float32)
+        if self.gpu is not None and k <= 2048:  # the GPU k-selection limit
+            return faiss.knn_gpu(self.gpu, rows, self.gallery, k, metric=faiss.METRIC_INNER_PRODUCT)
+        return faiss.knn(rows, self.gallery, k, metric=faiss.METRIC_INNER_PRODUCT)
+
+
+def _gpu_resources():
+    """FAISS GPU resources when FAISS was built with CUDA and sees a GPU, else None."""
+    try:
+        if hasattr(faiss, "knn_gpu") and faiss.get_num_gpus() > 0:
+            return faiss.StandardGpuResources()
+    except (RuntimeError, AttributeError):
+        pass
+    return None
 
 
 def _neighbours_without_self(
-    index: _TorchFlatIP, vectors: np.ndarray, queries: np.ndarray, k: int
+    index: _ExactIP, vectors: np.ndarray, queries: np.ndarray, k: int
 ) -> np.ndarray:
     """Ids [len(queries), k] of each query's k nearest neighbours, the query itself excluded.
     Searches k + 1 and drops the query's own id wherever it is (duplicates of the query may
@@ -274,3 +271,56 @@ def _neighbours_without_self(
     is_self = ids == queries[:, None]
     is_self[~is_self.any(axis=1), -1] = True
     return ids[~is_self].reshape(len(queries), k)
+
+
+def normalized_mutual_info(labels: np.ndarray, clusters: np.ndarray) -> float:
+    """NMI with arithmetic normalisation, I(U; V) / ((H(U) + H(V)) / 2), from the contingency
+    table of two integer labellings (scikit-learn's normalized_mutual_info_score, same limit
+    cases: 1.0 when both put everything in one group, 0.0 when the mutual information is 0)."""
+    labels = np.asarray(labels).reshape(-1)
+    clusters = np.asarray(clusters).reshape(-1)
+    _, u = np.unique(labels, return_inverse=True)
+    _, v = np.unique(clusters, return_inverse=True)
+    u, v = u.reshape(-1), v.reshape(-1)
+    n_u, n_v = int(u.max(initial=-1)) + 1, int(v.max(initial=-1)) + 1
+    if n_u == n_v <= 1:
+        return 1.0
+    # the non-zero cells of the contingency table, without building it densely
+    cells, counts = np.unique(u.astype(np.int64) * n_v + v, return_counts=True)
+    rows, cols = cells // n_v, cells % n_v
+    total = float(len(u))
+    row_sums = np.bincount(u, minlength=n_u).astype(np.float64)
+    col_sums = np.bincount(v, minlength=n_v).astype(np.float64)
+    joint = counts / total
+    log_outer = -np.log(row_sums[rows] * col_sums[cols]) + 2 * np.log(total)
+    terms = joint * (np.log(counts) - np.log(total)) + joint * log_outer
+    terms = np.where(np.abs(terms) < np.finfo(np.float64).eps, 0.0, terms)
+    mutual = max(float(terms.sum()), 0.0)
+    if mutual == 0.0:
+        return 0.0
+    normaliser = (_entropy(row_sums) + _entropy(col_sums)) / 2
+    return float(mutual / normaliser)
+
+
+def _entropy(counts: np.ndarray) -> float:
+    counts = counts[counts > 0]
+    if len(counts) <= 1:
+        return 0.0
+    total = counts.sum()
+    return float(-np.sum((counts / total) * (np.log(counts) - np.log(total))))
+
+
+def _kmeans_plusplus(vectors: np.ndarray, k: int, seed: int) -> np.ndarray:
+    """k-means++ seeding (Arthur & Vassilvitskii 2007): each next centroid drawn with
+    probability proportional to the squared distance to the nearest one chosen so far. A loop
+    over the k centroids (the method is sequential), each step whole-array numpy."""
+    rng = np.random.default_rng(seed)
+    n = len(vectors)
+    chosen = [int(rng.integers(n))]
+    nearest = ((vectors - vectors[chosen[0]]) ** 2).sum(axis=1)
+    for _ in range(1, k):
+        total = nearest.sum()
+        pick = int(rng.choice(n, p=nearest / total)) if total > 0 else int(rng.integers(n))
+        chosen.append(pick)
+        nearest = np.minimum(nearest, ((vectors - vectors[pick]) ** 2).sum(axis=1))
+    return np.ascontiguousarray(vectors[chosen], dtype=np.float32)

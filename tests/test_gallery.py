@@ -108,7 +108,7 @@ def test_build_writes_the_three_files_and_meta(tmp_path, vectors):
             gallery.items([999])
 
 
-@pytest.mark.parametrize("index_type", ["flat", "ivf", "hnsw"])
+@pytest.mark.parametrize("index_type", ["flat", "ivf", "ivfpq", "opq", "hnsw"])
 def test_every_index_type_finds_each_item_first(tmp_path, vectors, index_type):
     out = build_gallery(
         tmp_path / "g", vectors, items_for(300), model_sha256=SHA, index_type=index_type
@@ -123,10 +123,14 @@ def test_every_index_type_finds_each_item_first(tmp_path, vectors, index_type):
         # the reported distance is the Euclidean distance between the unit vectors
         exact = np.linalg.norm(vectors[:, None, :] - vectors[ids], axis=2)
         np.testing.assert_allclose(distances, exact, atol=1e-3)
-        if index_type == "ivf":
-            assert (gallery.meta["nlist"], gallery.meta["nprobe"]) == ivf_parameters(300)
+        meta = gallery.meta
+        if index_type != "flat":  # tuned at build time: 0.95 recall@10, or the most there is
+            nlist = ivf_parameters(300)[0]
+            assert meta["tuned_recall_at_10"] >= 0.95 or meta.get("nprobe") == nlist
+        if index_type in ("ivf", "ivfpq", "opq"):
+            assert meta["nlist"] == nlist and 1 <= meta["nprobe"] <= nlist
         if index_type == "hnsw":
-            assert gallery.meta["hnsw_m"] == 32 and gallery.meta["ef_search"] == 64
+            assert meta["hnsw_m"] == 32 and meta["ef_search"] in (16, 32, 64, 128)
 
 
 def test_distance_is_euclidean_between_unit_vectors(tmp_path):
@@ -146,8 +150,15 @@ def test_distance_is_euclidean_between_unit_vectors(tmp_path):
 
 
 def test_index_parameters():
-    assert resolve_index_type("auto", 1_000_000) == "flat"
-    assert resolve_index_type("auto", 1_000_001) == "ivf"
+    gib = 1 << 30
+    # autofaiss's rules (index/index_choice.py), 128-d: flat up to 1M items while it fits
+    assert resolve_index_type("auto", 1_000_000, 128, 4 * gib) == "flat"
+    assert resolve_index_type("auto", 1_000_000, 128, 256 << 20) == "opq"  # 520 MB > budget
+    assert resolve_index_type("auto", 900_000, 128, 500 << 20) == "flat"  # 468 MB fits
+    # past 1M: HNSW (M = 32) while 4 (D + 64) + 8 bytes per item fit, then quantization
+    assert resolve_index_type("auto", 1_000_001, 128, 4 * gib) == "hnsw"
+    assert resolve_index_type("auto", 10_000_000, 128, 4 * gib) == "opq"
+    assert resolve_index_type("auto", 500, 128, 1) == "flat"  # tiny: always exact
     assert resolve_index_type("hnsw", 10) == "hnsw"
     with pytest.raises(Exception, match="unknown index type 'annoy'"):
         resolve_index_type("annoy", 10)
@@ -297,54 +308,112 @@ def test_add_refuses_vectors_of_another_dim(flat):
         gallery.add(unit_vectors(1, dim=8), items_for(1))
 
 
-def test_a_failed_write_leaves_the_previous_gallery(flat, monkeypatch):
+@pytest.mark.parametrize("writer", ["_write_segment", "_write_arrays"])
+def test_a_failed_write_leaves_the_previous_gallery(flat, monkeypatch, writer):
+    """add writes a segment; compact rewrites the whole gallery: either failing changes
+    nothing."""
     before = gallery_state(flat)
 
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr("nearsight.index.gallery._write_arrays", broken)
+    monkeypatch.setattr(f"nearsight.index.gallery.{writer}", broken)
     with Gallery.open(flat) as gallery, pytest.raises(OSError, match="disk full"):
-        gallery.add(unit_vectors(1, seed=3), items_for(1))
+        if writer == "_write_segment":
+            gallery.add(unit_vectors(1, seed=3), items_for(1))
+        else:
+            gallery.compact()
     monkeypatch.undo()
     assert_same_state(gallery_state(flat), before)
     assert sorted(p.name for p in flat.parent.iterdir()) == [".g.lock", "g"]
+    assert sorted(p.name for p in flat.iterdir()) == [CATALOG_FILE, EMBEDDINGS_FILE, INDEX_FILE]
 
 
 KILL_MID_WRITE = """
 import os, signal, sys
 import numpy as np
 import nearsight.index.gallery as gallery_module
-real_write = gallery_module._write_arrays
+real_write = getattr(gallery_module, sys.argv[2])
 
-def write_then_die(folder, index, embeddings):
-    real_write(folder, index, embeddings)  # the new gallery is whole in its temporary folder
-    os.kill(os.getpid(), signal.SIGKILL)  # ... and the process dies before the rename
+def write_then_die(*args):
+    real_write(*args)  # the new segment / gallery is whole on disk
+    os.kill(os.getpid(), signal.SIGKILL)  # ... and the process dies before it counts
 
-gallery_module._write_arrays = write_then_die
+setattr(gallery_module, sys.argv[2], write_then_die)
 rng = np.random.default_rng(7)
 vectors = rng.standard_normal((3, 16)).astype(np.float32)
 vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
 with gallery_module.Gallery.open(sys.argv[1]) as gallery:
     gallery.add(vectors, [{"path": f"/killed/{i}.png"} for i in range(3)])
+    gallery.compact()
 """
 
 
-def test_sigkill_mid_write_leaves_the_previous_gallery(flat, tmp_path):
+def test_sigkill_mid_add_leaves_the_previous_gallery(flat, tmp_path):
+    """Killed after the segment file is whole, before the catalog transaction: the segment is
+    listed nowhere, the gallery reads as before; the next writer deletes the segment."""
     before = gallery_state(flat)
     script = tmp_path / "kill.py"
     script.write_text(textwrap.dedent(KILL_MID_WRITE))
-    done = subprocess.run([sys.executable, str(script), str(flat)], capture_output=True)
+    done = subprocess.run(
+        [sys.executable, str(script), str(flat), "_write_segment"], capture_output=True
+    )
+    assert done.returncode == -9, done.stderr.decode()
+    strays = [p.name for p in flat.iterdir() if p.name.startswith("segment-")]
+    assert strays == ["segment-000000000300.npz"]
+    assert_same_state(gallery_state(flat), before)
+    with Gallery.open(flat) as gallery:  # the next writer sweeps the stray segment
+        gallery.remove([0])
+    assert not [p.name for p in flat.iterdir() if p.name.startswith("segment-")]
+
+
+def test_sigkill_mid_compact_leaves_the_previous_gallery(flat, tmp_path):
+    with Gallery.open(flat) as gallery:
+        gallery.add(unit_vectors(2, seed=11), items_for(2, prefix="pending"))
+    before = gallery_state(flat)
+    script = tmp_path / "kill.py"
+    script.write_text(textwrap.dedent(KILL_MID_WRITE))
+    done = subprocess.run(
+        [sys.executable, str(script), str(flat), "_write_arrays"], capture_output=True
+    )
     assert done.returncode == -9, done.stderr.decode()
     leftovers = [p.name for p in flat.parent.iterdir() if p.name.endswith(".tmp")]
     assert len(leftovers) == 1 and leftovers[0].startswith(".g.")  # hidden, not a gallery
-    assert_same_state(gallery_state(flat), before)
+    state = gallery_state(flat)  # the add of 3 committed; the compaction did not happen
+    assert len(state[0]) == 305
     other = tmp_path / ".g.x.abcdefgh.tmp"  # another gallery's ("g.x") temporary: not ours
     other.mkdir()
     with Gallery.open(flat) as gallery:  # the next writer sweeps the leftover
-        gallery.remove([0])
+        gallery.compact()
     names = sorted(p.name for p in flat.parent.iterdir() if p.name.endswith(".tmp"))
     assert names == [other.name]
+    assert sorted(p.name for p in flat.iterdir()) == [CATALOG_FILE, EMBEDDINGS_FILE, INDEX_FILE]
+    assert_same_state(gallery_state(flat), state)
+    assert len(before[0]) == 302
+
+
+@pytest.mark.parametrize("index_type", ["flat", "ivf", "hnsw"])
+def test_add_writes_a_segment_and_compact_folds_it_in(tmp_path, vectors, index_type):
+    folder = build_gallery(
+        tmp_path / "g", vectors, items_for(300), model_sha256=SHA, index_type=index_type
+    )
+    index_bytes = (folder / INDEX_FILE).read_bytes()
+    with Gallery.open(folder) as gallery:
+        ids = gallery.add(unit_vectors(4, seed=21), items_for(4, prefix="new"))
+        assert (folder / INDEX_FILE).read_bytes() == index_bytes  # the base is not rewritten
+        assert gallery.meta["segments"] == ["segment-000000000300.npz"]
+        gallery.remove([5, ids[1]])
+        expected = gallery_state(folder)
+        if index_type != "hnsw":
+            assert gallery.meta["removed"] == [5, ids[1]]
+        gallery.compact()
+        assert gallery.meta["segments"] == [] and gallery.meta["removed"] == []
+        assert len(gallery) == 302
+    assert sorted(p.name for p in folder.iterdir()) == [CATALOG_FILE, EMBEDDINGS_FILE, INDEX_FILE]
+    after = gallery_state(folder)
+    assert after[0] == expected[0]
+    np.testing.assert_array_equal(after[1], expected[1])
+    np.testing.assert_array_equal(after[3][:, 0], expected[3][:, 0])
 
 
 def test_a_crash_between_the_two_renames_is_undone_on_open(flat):

@@ -169,22 +169,21 @@ def test_chunked_equals_unchunked(monkeypatch):
     monkeypatch.setattr(metrics, "_MAX_RESULTS_PER_CHUNK", 50)
     assert evaluate(vectors, labels, ks, chunk=4096) == whole
     monkeypatch.undo()
-    # the bound on query x gallery scores: 1000 scores of a 400-item gallery is 2 queries
-    monkeypatch.setattr(metrics, "_MAX_SCORES_PER_CHUNK", 1000)
+    # each search asks for at most `chunk` queries
     searched = []
-    search = metrics._TorchFlatIP.search
+    search = metrics._ExactIP.search
     monkeypatch.setattr(
-        metrics._TorchFlatIP,
+        metrics._ExactIP,
         "search",
         lambda self, q, k: searched.append(len(q)) or search(self, q, k),
     )
-    assert evaluate(vectors, labels, ks, chunk=4096) == whole
-    assert max(searched) == 2 and sum(searched) == 400
+    assert evaluate(vectors, labels, ks, chunk=7) == whole
+    assert max(searched) == 7 and sum(searched) == 400
 
 
-def test_torch_search_matches_faiss_flat_search():
-    """The torch kNN keeps faiss.IndexFlatIP's search contract: same ids (no ties in random
-    data), scores best first and equal to the inner products."""
+def test_exact_search_matches_faiss_flat_index():
+    """The kNN keeps faiss.IndexFlatIP's search contract: same ids (no ties in random data),
+    scores best first and equal to the inner products."""
     import faiss
 
     vectors, _ = random_gallery(300, 16, 10, seed=9)
@@ -192,7 +191,7 @@ def test_torch_search_matches_faiss_flat_search():
     reference = faiss.IndexFlatIP(16)
     reference.add(vectors)
     expected_scores, expected_ids = reference.search(vectors[:50], 7)
-    scores, ids = metrics._TorchFlatIP(vectors).search(vectors[:50], 7)
+    scores, ids = metrics._ExactIP(vectors).search(vectors[:50], 7)
     assert ids.dtype == np.int64 and ids.shape == (50, 7)
     assert ids.tolist() == expected_ids.tolist()
     assert scores == pytest.approx(expected_scores, abs=1e-6)
@@ -245,7 +244,7 @@ def test_nmi_is_one_for_separated_clusters(seed, init):
     assert nmi(vectors, labels, seed=seed, init=init) == pytest.approx(1.0)
 
 
-def test_nmi_seeds_with_scikit_learn_when_faiss_lacks_init_methods(monkeypatch):
+def test_nmi_seeds_in_numpy_when_faiss_lacks_init_methods(monkeypatch):
     monkeypatch.setitem(metrics.KMEANS_INITS, "k-means++", "NoSuchFaissAttribute")
     rng = np.random.default_rng(8)
     labels = np.repeat([0, 1, 2, 3], 15)
@@ -270,6 +269,47 @@ def test_nmi_matches_sklearn_on_a_known_assignment():
     assert 0.2 < expected < 0.8
     assert nmi(vectors, labels) == pytest.approx(expected)
     assert nmi(vectors, labels, seed=7) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_numpy_nmi_equals_scikit_learn(seed):
+    rng = np.random.default_rng(seed)
+    n = [1, 7, 50, 400, 2000, 5000][seed]
+    labels = rng.integers(0, [1, 3, 5, 40, 100, 7][seed], size=n)
+    clusters = rng.integers(0, [1, 2, 9, 40, 80, 7][seed], size=n)
+    if seed == 5:  # a labelling and a relabelled copy: NMI 1
+        clusters = (labels * 3 + 1) % 7
+    expected = normalized_mutual_info_score(labels, clusters)
+    assert metrics.normalized_mutual_info(labels, clusters) == pytest.approx(expected, abs=1e-10)
+    assert metrics.normalized_mutual_info(clusters, labels) == pytest.approx(expected, abs=1e-10)
+
+
+def test_nmi_limit_cases_match_scikit_learn():
+    for labels, clusters in (
+        [[0, 0, 0], [1, 1, 1]],
+        [[0, 1, 2], [0, 0, 0]],
+        [[0, 0, 1, 1], [0, 1, 0, 1]],
+    ):
+        expected = normalized_mutual_info_score(labels, clusters)
+        assert metrics.normalized_mutual_info(np.array(labels), np.array(clusters)) == expected
+
+
+def test_metrics_import_neither_torch_nor_sklearn():
+    """``nearsight eval`` is on the serving path: importing the metrics and evaluating must
+    not load torch, scikit-learn or scipy."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np\n"
+        "from nearsight.index.metrics import evaluate\n"
+        "v = np.random.default_rng(0).normal(size=(50, 8)).astype('float32')\n"
+        "v /= np.linalg.norm(v, axis=1, keepdims=True)\n"
+        "evaluate(v, np.arange(50) % 5)\n"
+        "print(sorted(m for m in ('torch', 'sklearn', 'scipy') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_evaluate_shape_and_values():

@@ -12,7 +12,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from nearsight.app.commands import index_import
+from nearsight.app.commands.index_build import DEFAULT_CHUNK_SIZE, run_build
+
 MAX_LISTED_ERRORS = 20  # unreadable images listed one per line; past this, a count
+# index.faiss_index.INDEX_TYPES, written out: importing it would load faiss for every command
+INDEX_TYPES = ["auto", "flat", "ivf", "ivfpq", "opq", "hnsw"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -20,7 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "index",
         help="build a FAISS gallery, add images to it, remove them",
         description="Build, grow and shrink a gallery: a folder holding catalog.db (SQLite), "
-        "index.faiss and embeddings.npy, always rewritten whole (never half-written).",
+        "index.faiss, embeddings.npy and the segments appended since the last compaction, "
+        "never half-written.",
     )
     actions = parser.add_subparsers(dest="index_command", metavar="ACTION", required=True)
 
@@ -29,7 +35,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="embed a dataset split (or a list of images) and write a gallery",
         description="Embed the images of a dataset split, or of a list of image files, with "
         "MODEL and write the gallery folder OUT (replacing a gallery there). Unreadable images "
-        "are skipped, listed on stderr and counted.",
+        "are skipped, listed on stderr and counted. Under torchrun each process embeds a shard "
+        "of the chunks and process 0 merges them; a build killed part way and started again "
+        "reuses the finished chunks (kept in .OUT.chunks beside OUT until the gallery is "
+        "written).",
     )
     build.add_argument("--model", type=Path, required=True, help="model.onnx or a .pt checkpoint")
     source = build.add_mutually_exclusive_group(required=True)
@@ -56,8 +65,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument(
         "--index-type",
         default="auto",
-        choices=["auto", "flat", "ivf", "hnsw"],
-        help="auto: exact (flat) up to 1M items, IVF past that (default auto)",
+        choices=INDEX_TYPES,
+        help="auto (default): by item count and --max-index-memory, autofaiss's rules: exact "
+        "(flat) up to 1M items while it fits, then HNSW while it fits, then OPQ + IVF-PQ",
+    )
+    build.add_argument(
+        "--max-index-memory",
+        metavar="SIZE",
+        help="memory budget of the index for --index-type auto, e.g. 2G (default: a quarter "
+        "of this machine's RAM)",
+    )
+    build.add_argument(
+        "--chunk-size",
+        type=int,
+        default=DEFAULT_CHUNK_SIZE,
+        help=f"images per finished chunk, the unit of sharding and resume (default "
+        f"{DEFAULT_CHUNK_SIZE})",
     )
     _add_embedding_options(build)
     build.set_defaults(func=run_build)
@@ -84,6 +107,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     remove.add_argument("--gallery", type=Path, required=True, help="gallery folder")
     remove.add_argument("--ids", type=int, nargs="+", required=True, metavar="ID")
     remove.set_defaults(func=run_remove)
+
+    index_import.register(actions, INDEX_TYPES)
 
 
 def _add_embedding_options(parser: argparse.ArgumentParser) -> None:
@@ -230,46 +255,6 @@ def _check_out(out: Path) -> None:
             f"{out} already exists and is not a nearsight gallery (no {CATALOG_FILE}): "
             "choose a new folder or remove it"
         )
-
-
-def run_build(args: argparse.Namespace) -> int:
-    from nearsight.index.gallery import build_gallery, resolve_index_type
-    from nearsight.models.embedder import load_embedder
-    from nearsight.models.errors import NearsightError
-
-    start = time.perf_counter()
-    _check_batching(args)
-    out = _absolute(args.out)
-    _check_out(out)
-    paths, fields, source_meta = _build_sources(args)
-    embedder = load_embedder(args.model, device=args.device)
-    vectors, kept, errors = _embed_files(embedder, paths, args)
-    if not kept:
-        raise NearsightError(
-            f"none of the {len(paths)} images could be read (the first: {errors[0]})"
-        )
-    kept_paths = [paths[i] for i in kept]
-    described = _describe(kept_paths, args.workers)
-    items = [
-        {"path": str(path), **fields[i], **info}
-        for path, i, info in zip(kept_paths, kept, described, strict=True)
-    ]
-    index_type = resolve_index_type(args.index_type, len(items))
-    meta = {
-        **source_meta,
-        "model": str(_absolute(args.model)),
-        "image_size": embedder.image_size,
-        "resize": embedder.resize,
-        "skipped": len(errors),
-    }
-    build_gallery(
-        out, vectors, items, model_sha256=embedder.model_sha256, index_type=index_type, meta=meta
-    )
-    print(
-        f"built gallery {out}: {len(items)} items{_skipped_note(errors)}, {index_type} index, "
-        f"dim {embedder.dim}, in {time.perf_counter() - start:.1f}s"
-    )
-    return 0
 
 
 # -- add / remove ----------------------------------------------------------------------------

@@ -1,0 +1,117 @@
+"""Search-time parameters tuned at build time, and the exact re-rank of compressed indexes.
+
+After an approximate index is built, a sample of the gallery's own vectors (TUNING_QUERIES,
+seeded) queries it for their 10 nearest other items, and the exact 10 (faiss.knn over all the
+vectors) are the reference; each query's own id is dropped from both lists. nprobe (IVF
+types) or efSearch (HNSW) grows in powers of two until recall@10 -- the mean share of the
+exact 10 found -- reaches the target (TARGET_RECALL unless given); the value and the recall it
+gave are stored in the gallery meta (``nprobe``/``ef_search``, ``tuned_recall_at_10``).
+
+Compressed (PQ) indexes rank by approximate inner products; the gallery asks them for
+REFINE_FACTOR x k candidates and re-ranks those by exact inner products with the stored
+vectors (what faiss.IndexRefineFlat does, with the vectors read from the memory-mapped
+embeddings.npy instead of a second in-memory copy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import faiss
+import numpy as np
+
+from nearsight.index.faiss_index import IVF_TYPES, PQ_TYPES
+
+TARGET_RECALL = 0.95
+TUNING_QUERIES = 1000
+TUNING_K = 10
+REFINE_FACTOR = 10
+HNSW_EF_VALUES = (16, 32, 64, 128, 256, 512, 1024)
+
+
+def refine(
+    queries: np.ndarray,
+    candidates: np.ndarray,
+    vectors_of: Callable[[np.ndarray], np.ndarray],
+    k: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Re-rank ``candidates`` [Q, C] (ids, -1 = none) of each query by exact inner product
+    with the vectors ``vectors_of(ids)`` gives; returns (scores, ids) [Q, k], best first."""
+    flat = candidates.reshape(-1)
+    valid = flat >= 0
+    rows = np.zeros((len(flat), queries.shape[1]), np.float32)
+    if valid.any():
+        rows[valid] = vectors_of(flat[valid])
+    rows = rows.reshape(*candidates.shape, queries.shape[1])
+    scores = np.einsum("qd,qcd->qc", queries, rows)
+    scores[candidates < 0] = -np.inf
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    top_scores = np.take_along_axis(scores, order, axis=1).astype(np.float32)
+    top_ids = np.take_along_axis(candidates, order, axis=1)
+    top_ids[~np.isfinite(top_scores)] = -1
+    return top_scores, top_ids
+
+
+def recall_at_k(found: np.ndarray, exact: np.ndarray) -> float:
+    """Mean share of each row of ``exact`` (ids) present in the same row of ``found``."""
+    hits = [len(np.intersect1d(a, b[b >= 0])) for a, b in zip(exact, found, strict=True)]
+    return float(np.sum(hits) / exact.size) if exact.size else 1.0
+
+
+def tune(
+    index: faiss.Index,
+    index_type: str,
+    vectors: np.ndarray,
+    ids: np.ndarray,
+    target: float = TARGET_RECALL,
+) -> dict[str, Any]:
+    """The smallest nprobe/efSearch reaching ``target`` recall@10 on a sample of ``vectors``
+    (rows are ``ids``); sets it on ``index`` and returns the meta to store. Flat: nothing."""
+    if index_type not in (*IVF_TYPES, "hnsw") or len(vectors) <= TUNING_K + 1:
+        return {}
+    rng = np.random.default_rng(0)
+    sample = np.sort(rng.choice(len(vectors), min(TUNING_QUERIES, len(vectors)), replace=False))
+    queries = np.ascontiguousarray(vectors[sample], dtype=np.float32)
+    depth = TUNING_K + 1
+    _, exact_rows = faiss.knn(queries, vectors, depth, metric=faiss.METRIC_INNER_PRODUCT)
+    exact = _drop_self(ids[exact_rows], ids[sample], TUNING_K)
+    position = {"ids": ids}
+
+    def vectors_of(wanted: np.ndarray) -> np.ndarray:
+        return np.asarray(vectors[np.searchsorted(position["ids"], wanted)], np.float32)
+
+    def measure() -> float:
+        if index_type in PQ_TYPES:
+            _, candidates = index.search(queries, depth * REFINE_FACTOR)
+            _, found = refine(queries, candidates, vectors_of, depth)
+        else:
+            _, found = index.search(queries, depth)
+        return recall_at_k(_drop_self(found, ids[sample], TUNING_K), exact)
+
+    if index_type == "hnsw":
+        hnsw = faiss.downcast_index(index.index).hnsw
+        for value in HNSW_EF_VALUES:
+            hnsw.efSearch = value
+            recall = measure()
+            if recall >= target:
+                break
+        return {"ef_search": value, "tuned_recall_at_10": round(recall, 4)}
+    ivf = faiss.extract_index_ivf(index)
+    value = 1
+    while True:
+        ivf.nprobe = value
+        recall = measure()
+        if recall >= target or value >= ivf.nlist:
+            break
+        value = min(2 * value, ivf.nlist)
+    return {"nprobe": value, "tuned_recall_at_10": round(recall, 4)}
+
+
+def _drop_self(found: np.ndarray, query_ids: np.ndarray, k: int) -> np.ndarray:
+    """The first ``k`` ids of each row other than the query's own (or the first k)."""
+    out = np.empty((len(found), k), np.int64)
+    for row, (ids, own) in enumerate(zip(found, query_ids, strict=True)):
+        others = ids[ids != own]
+        out[row] = others[:k] if len(others) >= k else ids[:k]
+    return out
