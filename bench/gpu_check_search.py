@@ -4,6 +4,7 @@ CPU)."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import time
 from typing import Any
@@ -119,6 +120,21 @@ def run_search(ctx: Context, part: Part) -> None:
         )
 
 
+@contextlib.contextmanager
+def metrics_on_cpu(metrics: Any):
+    """The evaluation's kNN on the CPU even where FAISS sees a GPU (index.metrics picks
+    faiss.knn_gpu by itself when it can)."""
+    if not hasattr(metrics, "_gpu_resources"):
+        yield
+        return
+    original = metrics._gpu_resources
+    metrics._gpu_resources = lambda: None
+    try:
+        yield
+    finally:
+        metrics._gpu_resources = original
+
+
 def run_eval(ctx: Context, part: Part) -> None:
     from nearsight.index import metrics
 
@@ -127,13 +143,14 @@ def run_eval(ctx: Context, part: Part) -> None:
     ks = (1, 10, 100, 1000)
     name = f"evaluate {sizes.eval_items:,} x 128, {sizes.eval_classes:,} classes"
     start = time.perf_counter()
-    cpu = metrics.evaluate(vectors, labels, ks=ks)
+    with metrics_on_cpu(metrics):
+        cpu = metrics.evaluate(vectors, labels, ks=ks)
     cpu_s = time.perf_counter() - start
     part.row(f"{name}, CPU", round(cpu_s, 2), "s", note=f"recall@1 {cpu['recall@1']:.4f}")
     if not (ctx.cuda or ctx.smoke):
         part.skip_row(f"{name}, GPU", "needs a CUDA device")
         return
-    gpu_s, gpu, how = evaluate_on_device(metrics, vectors, labels, ks, ctx.device)
+    gpu_s, gpu, how = evaluate_on_device(ctx, metrics, vectors, labels, ks)
     differences = {key: abs(cpu[key] - gpu[key]) for key in cpu if key in gpu and key != "queries"}
     part.row(
         f"{name}, {ctx.device}",
@@ -146,20 +163,27 @@ def run_eval(ctx: Context, part: Part) -> None:
 
 
 def evaluate_on_device(
-    metrics: Any, vectors: np.ndarray, labels: np.ndarray, ks: tuple[int, ...], device: str
+    ctx: Context, metrics: Any, vectors: np.ndarray, labels: np.ndarray, ks: tuple[int, ...]
 ) -> tuple[float, dict[str, float], str]:
-    """The evaluation with its kNN on ``device``: ``evaluate(..., device=)`` when the metrics
-    module takes one, else its chunked kNN (``_retrieval_scores``, which takes a device) plus
-    NMI on the CPU."""
+    """The evaluation with its kNN on the GPU, whichever way index.metrics offers it: by
+    itself (faiss.knn_gpu when FAISS sees a GPU), ``evaluate(..., device=)``, or its chunked
+    torch kNN (``_retrieval_scores(device=)``) plus NMI on the CPU."""
     start = time.perf_counter()
+    if hasattr(metrics, "_gpu_resources"):
+        reason = faiss_gpu_reason()
+        if reason and not ctx.smoke:
+            raise Skip(f"GPU evaluation: {reason}")
+        result = metrics.evaluate(vectors, labels, ks=ks)
+        how = "faiss.knn_gpu" if not reason else f"CPU ({reason})"
+        return time.perf_counter() - start, result, how
     if "device" in inspect.signature(metrics.evaluate).parameters:
-        result = metrics.evaluate(vectors, labels, ks=ks, device=device)
+        result = metrics.evaluate(vectors, labels, ks=ks, device=ctx.device)
         return time.perf_counter() - start, result, "evaluate(device=...)"
     scores = getattr(metrics, "_retrieval_scores", None)
     if scores is None or "device" not in inspect.signature(scores).parameters:
         raise Skip("index.metrics has no evaluation on a device")
     _, codes = np.unique(labels, return_inverse=True)
-    recalls, mean_ap = scores(vectors, codes, ks, with_map=True, chunk=4096, device=device)
+    recalls, mean_ap = scores(vectors, codes, ks, with_map=True, chunk=4096, device=ctx.device)
     result = {f"recall@{k}": v for k, v in recalls.items()}
     result["map@r"] = mean_ap
     result["nmi"] = metrics.nmi(vectors, labels)

@@ -82,7 +82,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def run_train(ctx: Context, part: Part) -> None:
     from nearsight.training.losses import LOSSES
-    from nearsight.training.trainer import train
+    from nearsight.training.run import train
 
     ctx.require_gpu("training on the GPU")
     root = synthetic_jpegs(ctx)
@@ -260,7 +260,7 @@ def deterministic():
 
 def run_resume(ctx: Context, part: Part) -> None:
     from nearsight.models.checkpoint import load_checkpoint
-    from nearsight.training.trainer import train
+    from nearsight.training.run import train
 
     ctx.require_gpu("resume on the GPU")
     root = synthetic_jpegs(ctx)
