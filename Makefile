@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv lint clean browser
+.PHONY: demo test venv lint clean browser gpu-check
 
 venv: $(STAMP)
 
@@ -21,6 +21,10 @@ $(STAMP): pyproject.toml constraints.txt | $(BIN)/python
 
 demo: venv
 	$(BIN)/nearsight demo
+
+# The GPU path in one command (bench/gpu_check.py --help); GPU_CHECK_ARGS=--cpu-smoke on a CPU.
+gpu-check: venv
+	$(BIN)/python bench/gpu_check.py --json gpu_check.json $(GPU_CHECK_ARGS)
 
 lint: venv
 	$(BIN)/ruff check .

@@ -29,6 +29,7 @@ import functools
 import io
 import json
 import os
+import sys
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -275,8 +276,9 @@ def _preload_cuda_libraries() -> None:
 
 def _open_session(path: Path, options: Any, providers: list[str]) -> Any:
     """An onnxruntime session on ``providers``; a GPU provider that fails to start falls back to
-    the CPU quietly (onnxruntime would print "EP Error ... Falling back"); a file onnxruntime
-    cannot read is NearsightError."""
+    the CPU without onnxruntime's multi-line "EP Error ... Falling back" (one note line instead
+    when a GPU is there: :func:`_note_gpu_fallback`); a file onnxruntime cannot read is
+    NearsightError."""
     import onnxruntime as ort
 
     try:
@@ -289,16 +291,33 @@ def _open_session(path: Path, options: Any, providers: list[str]) -> Any:
             # this attempt (then back to onnxruntime's default, warnings)
             ort.set_default_logger_severity(4)
             try:
-                return ort.InferenceSession(str(path), options, providers=providers)
+                session = ort.InferenceSession(str(path), options, providers=providers)
             except Exception:
-                return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+                cpu = ["CPUExecutionProvider"]
+                session = ort.InferenceSession(str(path), options, providers=cpu)
             finally:
                 ort.set_default_logger_severity(2)
+        _note_gpu_fallback(providers, session.get_providers())
+        return session
     except Exception as error:
         reason = " ".join(str(error).split())[:200]
         raise NearsightError(
             f"{path} is not a nearsight model: onnxruntime cannot read it ({reason})"
         ) from None
+
+
+def _note_gpu_fallback(wanted: Sequence[Any], started: Sequence[str]) -> None:
+    """One line on stderr when a GPU is there but onnxruntime could not start the GPU provider
+    asked for first (a CUDA/cuDNN mismatch...), so serving on the CPU is not a silent surprise.
+    Nothing on a machine without a GPU: there the CPU is what ``auto`` means."""
+    first = wanted[0] if isinstance(wanted[0], str) else wanted[0][0]
+    if first == "CPUExecutionProvider" or first in started or not _cuda_works():
+        return
+    print(
+        f"nearsight: note: onnxruntime could not start {first} on this GPU (see onnxruntime's "
+        "CUDA and cuDNN requirements); running on the CPU",
+        file=sys.stderr,
+    )
 
 
 class OnnxEmbedder(_EmbedderBase):

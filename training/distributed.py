@@ -9,6 +9,8 @@ needs none of this: every helper is then a no-op.
 from __future__ import annotations
 
 import os
+import sys
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -39,11 +41,25 @@ def init_distributed(device_kind: str) -> DistInfo:
     return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
 
 
+def cuda_available() -> bool:
+    """torch.cuda.is_available() without its multi-line warning on a broken driver install."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return torch.cuda.is_available()
+        except RuntimeError:
+            return False
+
+
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    """``auto``: CUDA when there is a device, else the CPU with a one-line note on stderr;
+    ``cuda`` without a device is a one-line error."""
     if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
+        name = "cuda" if cuda_available() else "cpu"
+        if name == "cpu" and local_rank == 0:
+            print("nearsight: note: no CUDA device, training on the CPU", file=sys.stderr)
     if name == "cuda":
-        if not torch.cuda.is_available():
+        if not cuda_available():
             raise NearsightError("--device cuda was asked for, but no CUDA device is available")
         return torch.device("cuda", local_rank)
     return torch.device("cpu")

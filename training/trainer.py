@@ -47,6 +47,7 @@ from nearsight.training.distributed import (
     agree,
     average_replicated_grads,
     barrier,
+    cuda_available,
     gather_with_grad,
     init_distributed,
     resolve_device,
@@ -82,7 +83,7 @@ class Trainer:
         self.config = config
         self.resume = resume
         self.dist = init_distributed(
-            "cuda" if config.device != "cpu" and torch.cuda.is_available() else "cpu"
+            "cuda" if config.device != "cpu" and cuda_available() else "cpu"
         )
         self.device = resolve_device(config.device, self.dist.local_rank)
         self.cuda = self.device.type == "cuda"

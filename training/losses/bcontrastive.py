@@ -39,6 +39,7 @@ from torch import nn
 
 from nearsight.training.losses._pairs import (
     DISTANCE_EPS,
+    float32_loss,
     pairwise_distances,
     pairwise_squared_distances,
 )
@@ -237,6 +238,7 @@ class BalancedContrastiveLoss(nn.Module):
             terms = self._w(same, size_i, size_j).to(distances.dtype) * terms
         return terms
 
+    @float32_loss
     def forward(self, emb: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         labels = labels.to(emb.device).reshape(-1)
         size = emb.shape[0]

@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from nearsight.training.losses._pairs import (
+    float32_loss,
     label_masks,
     masked_logsumexp,
     masked_mean,
@@ -88,6 +89,7 @@ class InstanceCrossEntropyLoss(nn.Module):
         nll = masked_mean(-log_p_match, positive)
         return wt_pos, wt_neg, nll
 
+    @float32_loss
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         n = embeddings.shape[0]
         anchors = embeddings if self.symmetric else embeddings.detach()

@@ -40,7 +40,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nearsight.training.losses._pairs import label_masks, pairwise_distances
+from nearsight.training.losses._pairs import float32_loss, label_masks, pairwise_distances
 
 SIMILARITY_CLAMP = 1e-7
 
@@ -90,6 +90,7 @@ class NonlinearRankApproximationLoss(nn.Module):
     def extra_repr(self) -> str:
         return f"alpha={self.alpha}, include_anchor={self.include_anchor}"
 
+    @float32_loss
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         n = embeddings.shape[0]
         if n < 2:  # no row to rank

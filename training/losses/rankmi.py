@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from nearsight.training.losses._pairs import label_masks, pairwise_distances
+from nearsight.training.losses._pairs import float32_loss, label_masks, pairwise_distances
 from nearsight.training.losses.registry import LossConfigError
 
 LOG2 = math.log(2.0)
@@ -214,6 +214,7 @@ class RankMILoss(nn.Module):
             total = total + F.softplus(v_negative).mean() - LOG2
         return total
 
+    @float32_loss
     def critic_loss(self, emb: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Eq. 6 over ALL positive and negative pairs of the batch, embeddings detached: the
         loss of the statistics network's step (Algorithm 1, lines 10-13)."""
@@ -290,6 +291,7 @@ class RankMILoss(nn.Module):
         )
         return (anchors, positives), (draw_anchors[has_negative], negatives[has_negative])
 
+    @float32_loss
     def forward(self, emb: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The embedding step (Algorithm 1, lines 18-23): eq. 6 over the margin-violating
         positives and the distance-weighted negatives, the critic frozen."""

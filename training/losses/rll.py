@@ -27,7 +27,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nearsight.training.losses._pairs import label_masks, masked_softmax, pairwise_distances
+from nearsight.training.losses._pairs import (
+    float32_loss,
+    label_masks,
+    masked_softmax,
+    pairwise_distances,
+)
 
 
 class RankedListLoss(nn.Module):
@@ -48,6 +53,7 @@ class RankedListLoss(nn.Module):
             f"temperature={self.temperature}, lam={self.lam}"
         )
 
+    @float32_loss
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         n = embeddings.shape[0]
         positive, negative = label_masks(labels)

@@ -1,0 +1,299 @@
+"""bench/gpu_check.py parts that train: ``train`` (per-loss throughput), ``data`` (the
+DataLoader alone, and JPEG decoding on the GPU) and ``resume`` (exact resume on the GPU)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from gpu_check_common import (
+    BARE_RATIO_GOAL,
+    H200_GOAL_IMAGES_PER_S,
+    Context,
+    Part,
+    median,
+    synthetic_jpegs,
+)
+
+from nearsight.training.config import load_config
+
+CONFIGS = Path(__file__).resolve().parent.parent / "training" / "configs"
+SEED_LOSSES = ("ice", "rll", "nra", "rankmi", "bcontrastive")
+PROXY_BASELINE = "proxyanchor"
+# Proxy Anchor (Kim et al., CVPR 2020) trains with batches of 180; used when no config file
+# for it exists
+PROXY_DESIGN = (60, 3)
+
+
+def loss_config(ctx: Context, loss: str, root: Path, out_steps: int, **extra: Any):
+    """The paper's CUB configuration of ``loss`` (batch design, optimiser, dim) on the
+    synthetic JPEGs at the check's image size, from scratch, on the check's device."""
+    path = CONFIGS / f"{loss}_cub.yaml"
+    overrides: dict[str, Any] = {
+        "data.dataset": "folder",
+        "data.root": str(root),
+        "data.image_size": ctx.sizes.image_size,
+        "data.workers": ctx.workers,
+        "data.eval_batch_size": 256 if ctx.cuda else 16,
+        "model.pretrained": "none",
+        "loss.name": loss,
+        "steps": out_steps,
+        "eval_every": 10**9,  # only the final evaluation
+        "save_every": 10**9,
+        "log_every": 1,  # images_per_s of every step
+        "device": ctx.device,
+    }
+    if not path.exists() and loss == PROXY_BASELINE:
+        overrides["sampler.classes_per_batch"], overrides["sampler.per_class"] = PROXY_DESIGN
+    if ctx.sizes.batch_scale == 0.0:  # smoke: 4 classes x 2 images
+        overrides["sampler.classes_per_batch"], overrides["sampler.per_class"] = 4, 2
+    overrides.update(extra)
+    return load_config(path if path.exists() else None, overrides)
+
+
+def bare_images_per_s(ctx: Context, batch: int, dim: int) -> float:
+    """bench/train_step.py's peer: the embedding network's forward+backward on a batch already
+    on the device (bf16 autocast and channels_last on CUDA)."""
+    from train_step import bare_images_per_s as bare
+
+    key = ("bare", batch, dim)
+    args = argparse.Namespace(
+        dim=dim,
+        image_size=ctx.sizes.image_size,
+        batch=batch,
+        steps=ctx.sizes.train_steps,
+        warmup=ctx.sizes.train_warmup,
+    )
+    value = bare(args, torch.device(ctx.device))
+    ctx.cache[key] = max(value, ctx.cache.get(key, 0.0))  # the faster of repeated runs
+    if ctx.cuda:
+        torch.cuda.empty_cache()
+    return ctx.cache[key]
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_train(ctx: Context, part: Part) -> None:
+    from nearsight.training.losses import LOSSES
+    from nearsight.training.run import train
+
+    ctx.require_gpu("training on the GPU")
+    root = synthetic_jpegs(ctx)
+    losses = list(SEED_LOSSES)
+    if PROXY_BASELINE in LOSSES:
+        losses.append(PROXY_BASELINE)
+    steps = ctx.sizes.train_steps + ctx.sizes.train_warmup
+    configs = {loss: loss_config(ctx, loss, root, steps) for loss in losses}
+    designs = {
+        loss: (c.sampler.classes_per_batch * c.sampler.per_class, c.model.dim)
+        for loss, c in configs.items()
+    }
+    for batch, dim in sorted(set(designs.values())):
+        bare_images_per_s(ctx, batch, dim)  # before the runs; again after, the faster kept
+    runs: dict[str, dict[str, Any]] = {}
+    for loss, config in configs.items():
+        out = ctx.workdir / "train" / loss
+        if ctx.cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        train(config, out)
+        records = read_jsonl(out / "train.jsonl")[ctx.sizes.train_warmup :]
+        runs[loss] = {
+            "images_per_s": median([r["images_per_s"] for r in records]),
+            "peak_gb": torch.cuda.max_memory_allocated() / 2**30 if ctx.cuda else None,
+            "design": f"{config.sampler.classes_per_batch}x{config.sampler.per_class}",
+        }
+    for batch, dim in sorted(set(designs.values())):
+        bare_images_per_s(ctx, batch, dim)
+    for loss, run in runs.items():
+        batch, dim = designs[loss]
+        bare = ctx.cache[("bare", batch, dim)]
+        ratio = run["images_per_s"] / bare
+        memory = f", peak {run['peak_gb']:.1f} GB" if run["peak_gb"] is not None else ""
+        part.row(
+            f"{loss} {run['design']}={batch}, dim {dim}, step",
+            round(run["images_per_s"], 1),
+            "img/s",
+            peer=round(bare, 1),
+            ratio=round(ratio, 3),
+            goal_ratio=BARE_RATIO_GOAL,
+            meets_ratio_goal=ratio >= BARE_RATIO_GOAL,
+            of_h200_goal=round(run["images_per_s"] / H200_GOAL_IMAGES_PER_S, 3),
+            peak_gpu_gb=None if run["peak_gb"] is None else round(run["peak_gb"], 2),
+            note=f"peer: bare fwd+bwd; {run['images_per_s'] / H200_GOAL_IMAGES_PER_S:.2f} of "
+            f"the {H200_GOAL_IMAGES_PER_S:,.0f} img/s goal{memory}",
+        )
+    if PROXY_BASELINE not in LOSSES:
+        part.skip_row(
+            f"{PROXY_BASELINE} (proxy baseline)",
+            f"'{PROXY_BASELINE}' is not in the loss registry yet (issue #14 adds it)",
+        )
+    ctx.cache["bare_best"] = max(v for k, v in ctx.cache.items() if k[0] == "bare")
+
+
+# -- data loading alone ---------------------------------------------------------------------
+
+
+def _loader(ctx: Context, root: Path, batch: int, per_class: int):
+    from torch.utils.data import DataLoader
+
+    from nearsight.index.datasets import load_dataset
+    from nearsight.training.data import SeededBatches, SeededTrainDataset, collate
+    from nearsight.training.samplers import build_sampler
+
+    train = load_dataset("folder", str(root), "train")
+    sampler = build_sampler("m_per_class", train.labels, seed=0, m=per_class, batch_size=batch)
+    dataset = SeededTrainDataset(train.samples, ctx.sizes.image_size, (0.16, 1.0), True)
+    loader = DataLoader(
+        dataset,
+        batch_sampler=SeededBatches(sampler, 0),
+        num_workers=ctx.workers,
+        collate_fn=collate,
+        pin_memory=ctx.cuda,
+    )
+    return train, loader
+
+
+def run_data(ctx: Context, part: Part) -> None:
+    root = synthetic_jpegs(ctx)
+    per_class = 2 if ctx.smoke else 4
+    batch = 8 if ctx.smoke else 120
+    train, loader = _loader(ctx, root, batch, per_class)
+    wanted = ctx.sizes.data_batches
+    start = time.perf_counter()
+    first = None
+    count = 0
+    for i, (images, _) in enumerate(loader):
+        if ctx.cuda:
+            images = images.to("cuda", non_blocking=True)
+        if i == 1:  # the workers are up and their prefetch is used: steady state from here
+            first, count = time.perf_counter(), 0
+        count += len(images)
+        if i + 1 >= wanted:
+            break
+    ctx.synchronize()
+    loader_rate = count / (time.perf_counter() - (first or start))
+    bare = ctx.cache.get("bare_best")
+    if bare is None and (ctx.cuda or ctx.smoke):
+        bare = bare_images_per_s(ctx, batch, 512)
+    part.row(
+        f"DataLoader, {ctx.workers} workers, JPEG {ctx.sizes.image_size} px",
+        round(loader_rate, 1),
+        "img/s",
+        peer=None if bare is None else round(bare, 1),
+        bottleneck=None if bare is None else loader_rate < bare,
+        note=(
+            "no GPU peer here"
+            if bare is None
+            else ("loading is the bottleneck" if loader_rate < bare else "keeps up with the GPU")
+        )
+        + f"; {ctx.cores} cores",
+    )
+    if not (ctx.cuda or ctx.smoke):
+        part.skip_row("GPU JPEG decode + crop", "needs a CUDA device")
+        return
+    rate = gpu_decode_images_per_s(ctx, [s.path for s in train.samples], batch)
+    part.row(
+        "decode_jpeg on the GPU + crop/flip (1 process)",
+        round(rate, 1),
+        "img/s",
+        peer=None if bare is None else round(bare, 1),
+        note="torchvision.io.decode_jpeg(device=...) on batches of file bytes",
+    )
+
+
+def gpu_decode_images_per_s(ctx: Context, paths: list[str], batch: int) -> float:
+    """The fix if loading is the bottleneck: batched JPEG decoding on the GPU (nvJPEG through
+    torchvision.io), then the random resized crop and flip on the GPU."""
+    from torchvision.io import ImageReadMode, decode_jpeg, read_file
+    from torchvision.transforms import v2
+
+    crop = v2.Compose(
+        [
+            v2.RandomResizedCrop(ctx.sizes.image_size, scale=(0.16, 1.0), antialias=True),
+            v2.RandomHorizontalFlip(),
+        ]
+    )
+    data = [read_file(p) for p in paths[: batch * 4]]  # bytes in memory: decoding is measured
+
+    def one_batch(i: int) -> torch.Tensor:
+        chunk = data[(i % 4) * batch : (i % 4 + 1) * batch]
+        images = decode_jpeg(chunk, mode=ImageReadMode.RGB, device=ctx.device)
+        return torch.stack([crop(image) for image in images]).float().div_(255)
+
+    iterations = ctx.sizes.data_batches
+    one_batch(0)
+    ctx.synchronize()
+    start = time.perf_counter()
+    for i in range(iterations):
+        one_batch(i)
+    ctx.synchronize()
+    return iterations * batch / (time.perf_counter() - start)
+
+
+# -- resume ---------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def deterministic():
+    """cuDNN/cuBLAS deterministic algorithms, so two identical runs are bit-identical."""
+    previous = (
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+        torch.are_deterministic_algorithms_enabled(),
+    )
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = previous[:2]
+        torch.use_deterministic_algorithms(previous[2])
+
+
+def run_resume(ctx: Context, part: Part) -> None:
+    from nearsight.models.checkpoint import load_checkpoint
+    from nearsight.training.run import train
+
+    ctx.require_gpu("resume on the GPU")
+    root = synthetic_jpegs(ctx)
+    steps = ctx.sizes.resume_steps
+    design = {"sampler.classes_per_batch": 4, "sampler.per_class": 2} if ctx.smoke else {}
+    # last.pt at the half-way stop and at the end only: each save writes ~300 MB
+    common = {"save_every": steps // 2, "optim.schedule": "constant", **design}
+    straight, resumed = ctx.workdir / "resume" / "straight", ctx.workdir / "resume" / "resumed"
+    with deterministic():
+        train(loss_config(ctx, "ice", root, steps, **common), straight)
+        train(loss_config(ctx, "ice", root, steps // 2, **common), resumed)  # "killed" here
+        train(loss_config(ctx, "ice", root, steps, **common), resumed, resume=True)
+    a = [r["loss"] for r in read_jsonl(straight / "train.jsonl")]
+    b = [r["loss"] for r in read_jsonl(resumed / "train.jsonl")]
+    if len(a) != len(b):
+        raise RuntimeError(f"the resumed run logged {len(b)} steps, the straight one {len(a)}")
+    loss_diff = max(abs(x - y) for x, y in zip(a, b, strict=True))
+    weights_a = load_checkpoint(straight / "last.pt")["state_dict"]
+    weights_b = load_checkpoint(resumed / "last.pt")["state_dict"]
+    weight_diff = max(
+        float((weights_a[k].double() - weights_b[k].double()).abs().max()) for k in weights_a
+    )
+    exact = loss_diff == 0.0 and weight_diff == 0.0
+    part.row(
+        f"ice, {steps} steps, stopped at {steps // 2} and resumed: max |loss diff|",
+        loss_diff,
+        "",
+        exact=exact,
+        note="bit-identical" if exact else "NOT identical",
+    )
+    part.row("max |weight diff| after the last step", weight_diff, "", exact=exact)
+    if not exact:
+        raise RuntimeError(
+            f"resume on {ctx.device} is not exact: loss diff {loss_diff:.3g}, "
+            f"weight diff {weight_diff:.3g}"
+        )

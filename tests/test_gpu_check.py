@@ -1,0 +1,92 @@
+"""bench/gpu_check.py, the one-command GPU check: its --cpu-smoke mode runs every part at a
+tiny size on the CPU (so the script itself is tested here, without a GPU), and on a machine
+without CUDA the GPU-only parts skip with their reason."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "bench" / "gpu_check.py"
+PARTS = ("train", "data", "export", "search", "eval", "resume")
+SEED_LOSSES = ("ice", "rll", "nra", "rankmi", "bcontrastive")
+
+
+def run_check(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+def test_help_documents_every_part():
+    result = run_check("--help")
+    assert result.returncode == 0
+    for part in PARTS:
+        assert f"\n  {part} " in result.stdout, part
+    for option in ("--parts", "--cpu-smoke", "--json"):
+        assert option in result.stdout
+
+
+def test_unknown_part_is_one_line_error():
+    result = run_check("--parts", "train,warp")
+    assert result.returncode == 2
+    assert "unknown part(s) warp" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_cpu_smoke_runs_every_part(tmp_path):
+    summary_path = tmp_path / "summary.json"
+    result = run_check("--cpu-smoke", "--json", str(summary_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(summary_path.read_text())
+    assert summary["environment"]["cpu_smoke"] is True
+    assert list(summary["parts"]) == list(PARTS)
+    for name, part in summary["parts"].items():
+        assert part["status"] == "ok", (name, part["reason"])
+        measured = [row for row in part["rows"] if not row.get("skipped")]
+        assert measured, name
+        for row in part["rows"]:
+            assert row.get("skipped") or row["value"] is not None, row
+    train_rows = [row["name"] for row in summary["parts"]["train"]["rows"]]
+    for loss in SEED_LOSSES:
+        assert any(name.startswith(f"{loss} ") for name in train_rows), loss
+    for row in summary["parts"]["train"]["rows"]:
+        if not row.get("skipped"):
+            assert row["value"] > 0 and row["peer"] > 0 and row["ratio"] > 0
+    resume = summary["parts"]["resume"]["rows"]
+    assert all(row["exact"] for row in resume)
+    export = {row["name"]: row for row in summary["parts"]["export"]["rows"]}
+    parity = next(row for name, row in export.items() if name.startswith("parity"))
+    assert parity["within_tolerance"]
+    # every skipped row says why
+    for part in summary["parts"].values():
+        for row in part["rows"]:
+            if "skipped" in row:
+                assert len(row["skipped"]) > 10
+    # the table names every part
+    for part in PARTS:
+        assert f"\n{part:<7} " in result.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: nothing skips")
+def test_without_cuda_the_gpu_parts_skip_with_their_reason(tmp_path):
+    summary_path = tmp_path / "summary.json"
+    result = run_check("--parts", "train,export,resume", "--json", str(summary_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "nearsight: note: no CUDA device here" in result.stderr
+    parts = json.loads(summary_path.read_text())["parts"]
+    for name in ("train", "export", "resume"):
+        assert parts[name]["status"] == "skipped"
+        assert "needs a CUDA device" in parts[name]["reason"]
+        assert f"{name:<7} SKIPPED: " in result.stdout
