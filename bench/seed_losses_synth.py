@@ -16,7 +16,18 @@ weights) and at the end, on the class-disjoint test split.
 on top), the comparison to use on a shared CPU; ``--seconds`` stops on the clock instead. A
 loss may carry its own parameters after a colon (``nra:include_anchor=true,alpha=3``).
 
-Results: README, Benchmarks.
+Results: README, Benchmarks. Issue 14's runs (2026-11-23, 64 px, from scratch with the
+trainer's defaults, CPU shared with other jobs, so only the Recall@1 numbers mean anything;
+R@1 untrained -> trained):
+
+    --steps 40 --losses proxyanchor               0.030 -> 0.021  (loss_lr = head_lr 1e-3)
+    --steps 30 --losses proxyanchor --set optim.loss_lr=0.1
+                                                  0.030 -> 0.036
+    --steps 40 --losses nra                       0.030 -> 0.024
+    --steps 40 --losses nra:include_anchor=true   0.030 -> 0.030
+
+Too few steps to rank anything; normsoftmax, arcface and the stand-in-trunk runs of NRA were
+not measured in that session.
 
 The papers fine-tune ImageNet weights, which this machine cannot fetch. ``--standin-pretrain S``
 trains a stand-in first: ICE for S seconds on synthetic classes that the benchmark never uses
