@@ -70,6 +70,10 @@ def run_build(args: argparse.Namespace) -> int:
         shutil.rmtree(folder, ignore_errors=True)
         reason = getattr(error, "strerror", None) or str(error)
         raise OSError(f"cannot write gallery {out}: {reason}") from None
+    except NearsightError:  # bad input (a model whose output is wrong): nothing to resume
+        if not finished_chunks(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
     _barrier(world)
     if rank != 0:
         print(f"rank {rank}: embedded {len(mine) - reused} chunks, reused {reused}")
