@@ -14,9 +14,7 @@
   ``model_sha256``, ``dim``, ``metric``, ``index_type``, ``created`` and any extras; ``next_id``
   is kept by :meth:`Catalog.add_items` so that a removed id is never given to a new image.
 
-A gallery folder is written whole into a temporary folder and renamed into place
-(:func:`gallery_writer`); other gallery files (the FAISS index, the embeddings) are written into
-the same temporary folder before the rename.
+The gallery folder around it (written whole, its catalog opened): index/gallery_files.py.
 """
 
 from __future__ import annotations
@@ -36,7 +34,6 @@ import numpy as np
 
 from nearsight.index.filters import Condition, filter_sql, typed_meta
 from nearsight.index.sqlite_db import Database
-from nearsight.models.atomic import atomic_dir, recover_dir
 from nearsight.models.errors import NearsightError
 
 CATALOG_FILE = "catalog.db"
@@ -102,7 +99,8 @@ def create_catalog(
 
 
 class Catalog:
-    """An open catalog; use :meth:`open` (or :func:`open_catalog_dir`), ideally in a ``with``."""
+    """An open catalog; use :meth:`open` (or :func:`index.gallery_files.open_catalog_dir`),
+    ideally in a ``with``."""
 
     def __init__(self, db: Database, path: Path):
         self._db = db
@@ -332,43 +330,6 @@ class Catalog:
                 )  # a full disk, a quota: SQLite says "disk I/O error" or "disk is full"
                 problem = "cannot be written" if unwritable else "is damaged"
                 raise GalleryError(f"gallery catalog {self.path} {problem}: {error}") from None
-
-
-@contextlib.contextmanager
-def gallery_writer(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield an empty temporary folder beside ``out_dir``; when the block succeeds it replaces
-    ``out_dir``, when it fails it is deleted and the previous gallery is left untouched. A folder
-    that exists and is not a gallery (no ``catalog.db``) is refused rather than replaced."""
-    final = Path(out_dir).expanduser()
-    recover_dir(final)
-    if final.exists():
-        if not final.is_dir():
-            raise GalleryError(f"cannot write a gallery to {final}: it is a file")
-        if any(final.iterdir()) and not (final / CATALOG_FILE).is_file():
-            raise GalleryError(
-                f"{final} already exists and is not a nearsight gallery (no {CATALOG_FILE}): "
-                "choose a new folder or remove it"
-            )
-    with atomic_dir(final) as tmp:
-        yield tmp
-
-
-def write_catalog_dir(
-    out_dir: str | os.PathLike[str], items: Iterable[dict[str, Any]], meta: dict[str, object]
-) -> Path:
-    """Write a gallery folder holding only ``catalog.db``; returns the folder."""
-    with gallery_writer(out_dir) as tmp:
-        create_catalog(tmp / CATALOG_FILE, items, meta)
-    return Path(out_dir).expanduser()
-
-
-def open_catalog_dir(gallery_dir: str | os.PathLike[str], *, readonly: bool = False) -> Catalog:
-    """Open the catalog of a gallery folder (after undoing a crash in the middle of a replace)."""
-    folder = Path(gallery_dir).expanduser()
-    recover_dir(folder)
-    if not (folder / CATALOG_FILE).is_file():
-        raise GalleryError(f"not a nearsight gallery: {folder} has no {CATALOG_FILE}")
-    return Catalog.open(folder / CATALOG_FILE, readonly=readonly)
 
 
 # -- rows -------------------------------------------------------------------------------------

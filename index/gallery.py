@@ -1,20 +1,15 @@
 """The gallery: a folder holding a catalog, a FAISS index and the embeddings, always consistent.
 
-Layout (DESIGN.md)::
+Layout (DESIGN.md; index/gallery_files.py)::
 
     GALLERY/catalog.db      items (id = FAISS id, path, label, ...) and meta (index.catalog)
     GALLERY/index.faiss     the CPU FAISS index; its ids are the catalog ids
     GALLERY/embeddings.npy  float32 [N, D], L2-normalised, row i = the i-th catalog id in order
 
-Writing. A gallery is written whole into a temporary folder beside ``GALLERY`` and renamed into
-place (:func:`index.catalog.gallery_writer`). ``add`` and ``remove`` are copy-on-write: they
-write a new folder holding the updated catalog, index and embeddings, then rename it. A crash
-(even SIGKILL) at any point leaves the previous gallery whole; the next writer sweeps the
-hidden temporary folder it left. Writers are serialised by an ``fcntl.flock`` on
-``.GALLERY.lock`` beside the folder (never deleted, so every writer locks the same file), and a
-writer re-reads the gallery from disk once it holds the lock, so two concurrent ``add`` calls
-both land. Readers take the lock shared while they load, so they never see the instant between
-the two renames of a replace.
+This module reads a gallery: :class:`Gallery` opens and checks it, searches and evaluates it.
+Writing (building, ``add``, ``remove``, ``compact``; copy-on-write, crash-safe, serialised by a
+lock): index/gallery_write.py. Readers take the lock shared while they load, so they never see
+the instant between the two renames of a replace.
 
 Index types, their parameters and the distance reported: index/faiss_index.py. Locking and
 recovery after a killed writer: index/gallery_lock.py.
@@ -28,25 +23,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sqlite3
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import faiss
 import numpy as np
-from PIL import Image
 
-from nearsight.index import filtered
-from nearsight.index.catalog import (
-    CATALOG_FILE,
-    Catalog,
-    GalleryError,
-    create_catalog,
-    gallery_writer,
-)
+from nearsight.index import filtered, gallery_write
+from nearsight.index.catalog import CATALOG_FILE, Catalog, GalleryError
 from nearsight.index.faiss_index import (  # noqa: F401  (re-exported: the gallery's public names)
     HNSW_EF_SEARCH,
     INDEX_TYPES,
@@ -62,140 +48,30 @@ from nearsight.index.faiss_index import (  # noqa: F401  (re-exported: the galle
     unit_distance,
 )
 from nearsight.index.filters import Condition, parse_filter
+from nearsight.index.gallery_files import (  # noqa: F401  (re-exported)
+    EMBEDDINGS_FILE,
+    GALLERY_FILES,
+    INDEX_FILE,
+    check_consistent,
+    read_embeddings,
+)
 from nearsight.index.gallery_lock import (  # noqa: F401  (lock_path re-exported)
     gallery_lock,
     lock_path,
     previous_path,
     recover,
-    sweep_temporaries,
 )
-from nearsight.index.images import file_sha256
+from nearsight.index.gallery_write import build_gallery  # noqa: F401  (re-exported)
+from nearsight.index.images import describe_image_file  # noqa: F401  (re-exported)
 from nearsight.index.index_choice import FLAT_MAX_ITEMS, parse_memory  # noqa: F401
 from nearsight.index.metrics import CUB_KS, SOP_KS, default_ks, evaluate
-from nearsight.index.segments import read_segment, sweep_unlisted, write_segment
-from nearsight.index.tuning import REFINE_FACTOR, TARGET_RECALL, refine, tune
-from nearsight.models.atomic import recover_dir
+from nearsight.index.segments import read_segment
+from nearsight.index.tuning import REFINE_FACTOR, refine
 from nearsight.models.errors import NearsightError
 
-INDEX_FILE = "index.faiss"
-EMBEDDINGS_FILE = "embeddings.npy"
-GALLERY_FILES = (CATALOG_FILE, INDEX_FILE, EMBEDDINGS_FILE)
-UNIT_NORM_TOLERANCE = 1e-3
 # NMI's k-means++ seeding is O(N k); past this many classes use faiss's AFK-MC2 approximation
 EXACT_KMEANSPP_MAX_CLASSES = 1000
-_EXIF_ORIENTATION = 0x0112
-# add compacts once the segments hold more than this many items and this share of the base:
-# appends stay O(added items) and a gallery of N items is rewritten after ~N/4 appended items
-COMPACT_MIN_ITEMS = 100_000
-COMPACT_SHARE = 0.25
 MMAP_MIN_BYTES = 1 << 30  # an index file this large is memory-mapped where FAISS can
-
-
-# -- building --------------------------------------------------------------------------------
-
-
-def _check_vectors(vectors: np.ndarray, count: int, dim: int | None = None) -> np.ndarray:
-    array = np.ascontiguousarray(np.asarray(vectors), dtype=np.float32)
-    if array.ndim != 2 or array.shape[1] == 0:
-        raise ValueError(f"vectors must be a 2-D array [N, D], got shape {array.shape}")
-    if len(array) != count:
-        raise ValueError(f"{len(array)} vectors for {count} items")
-    if dim is not None and array.shape[1] != dim:
-        raise ValueError(f"vectors have dim {array.shape[1]}, the gallery has dim {dim}")
-    if not np.isfinite(array).all():
-        raise ValueError("vectors contain NaN or infinite values")
-    norms = np.linalg.norm(array, axis=1)
-    if len(norms) and np.abs(norms - 1.0).max() > UNIT_NORM_TOLERANCE:
-        raise ValueError("vectors must be L2-normalised (the embedder's output is)")
-    return array
-
-
-def build_gallery(
-    out_dir: str | os.PathLike[str],
-    vectors: np.ndarray,
-    items: Sequence[dict[str, Any]],
-    *,
-    model_sha256: str,
-    index_type: str = "auto",
-    meta: dict[str, Any] | None = None,
-    max_index_memory: str | int | None = None,
-    target_recall: float = TARGET_RECALL,
-) -> Path:
-    """Write a new gallery folder at ``out_dir`` (replacing a gallery there) holding ``items``
-    (catalog rows without ids: path, label, class_name, split, sha256, width, height) and their
-    L2-normalised ``vectors`` [N, D]; ids are 0..N-1. ``meta`` adds to the catalog meta (model
-    path, image size, dataset...). ``auto`` chooses the index type by count and
-    ``max_index_memory`` (index.index_choice); an approximate index's nprobe/efSearch is tuned
-    to ``target_recall`` recall@10 (index.tuning). Returns the folder."""
-    if not items:
-        raise NearsightError("cannot build a gallery of no images")
-    array = _check_vectors(vectors, len(items))
-    budget = parse_memory(max_index_memory)
-    resolved = resolve_index_type(index_type, len(array), array.shape[1], budget)
-    ids = np.arange(len(array), dtype=np.int64)
-    final = Path(out_dir).expanduser().absolute()
-    with gallery_lock(final, exclusive=True), _write_errors(final):
-        sweep_temporaries(final)
-        with gallery_writer(final) as tmp:
-            index, params = make_index(array, ids, resolved)
-            params.update(tune(index, resolved, array, ids, target_recall))
-            full_meta = {
-                **(meta or {}),
-                "model_sha256": model_sha256,
-                "dim": int(array.shape[1]),
-                "metric": METRIC,
-                "index_type": resolved,
-                "count": len(array),
-                **params,
-            }
-            rows = [{**item, "id": int(i)} for i, item in zip(ids, items, strict=True)]
-            create_catalog(tmp / CATALOG_FILE, rows, full_meta)
-            _write_arrays(tmp, index, array)
-    return final
-
-
-def _write_arrays(folder: Path, index: faiss.Index, embeddings: np.ndarray) -> None:
-    try:
-        faiss.write_index(index, str(folder / INDEX_FILE))
-    except RuntimeError as error:  # how faiss reports a failed write (a full disk)
-        raise OSError(str(error).split("failed: ", 1)[-1]) from None
-    np.save(folder / EMBEDDINGS_FILE, np.ascontiguousarray(embeddings, dtype=np.float32))
-    for name in GALLERY_FILES:  # on disk before the rename makes them the gallery
-        with open(folder / name, "rb") as handle:
-            os.fsync(handle.fileno())
-
-
-def _write_segment(folder: Path, ids: np.ndarray, vectors: np.ndarray) -> str:
-    return write_segment(folder, ids, vectors)  # one name to patch in fault tests
-
-
-@contextlib.contextmanager
-def _write_errors(folder: Path) -> Iterator[None]:
-    """A write that fails for a reason outside nearsight (a full disk, a quota, a read-only
-    folder) becomes an OSError naming the gallery (SQLite's and numpy's own messages name
-    neither the file nor the gallery). gallery_writer has removed its temporary folder by
-    then: the previous gallery is untouched."""
-    try:
-        yield
-    except (OSError, sqlite3.OperationalError) as error:
-        reason = getattr(error, "strerror", None) or str(error)
-        raise OSError(f"cannot write gallery {folder}: {reason}") from None
-
-
-def describe_image_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Catalog fields of an image file: sha256 of its bytes, and width/height as loaded (EXIF
-    orientation applied). Fields that cannot be read are None (the image was already decoded
-    once by the embedder, so this does not judge it)."""
-    info: dict[str, Any] = {"sha256": None, "width": None, "height": None}
-    with contextlib.suppress(NearsightError):
-        info["sha256"] = file_sha256(path)
-    with contextlib.suppress(Exception), Image.open(path) as image:  # reads the header only
-        width, height = image.size
-        # EXIF orientations 5-8 turn the image a quarter: load_image gives height x width
-        if image.getexif().get(_EXIF_ORIENTATION, 1) in (5, 6, 7, 8):
-            width, height = height, width
-        info["width"], info["height"] = int(width), int(height)
-    return info
 
 
 # -- the open gallery ------------------------------------------------------------------------
@@ -264,13 +140,11 @@ class Gallery:
                 pending = meta.get("segments") or meta.get("removed")
                 mappable = (folder / INDEX_FILE).stat().st_size >= MMAP_MIN_BYTES
                 index = read_index(folder / INDEX_FILE, mmap=mappable and not pending)
-                embeddings = _read_embeddings(folder / EMBEDDINGS_FILE)
+                embeddings = read_embeddings(folder / EMBEDDINGS_FILE)
                 dim = int(meta.get("dim", index.d))
                 segments = [read_segment(folder, name, dim) for name in meta.get("segments", [])]
                 removed = np.sort(np.asarray(meta.get("removed", []), dtype=np.int64))
-                base_ids = _check_consistent(
-                    folder, meta, ids, index, embeddings, segments, removed
-                )
+                base_ids = check_consistent(folder, meta, ids, index, embeddings, segments, removed)
             except BaseException:
                 catalog.close()
                 raise
@@ -490,122 +364,24 @@ class Gallery:
         init = "k-means++" if classes <= EXACT_KMEANSPP_MAX_CLASSES else "afk-mc2"
         return evaluate(vectors, labels, tuple(ks or self.default_ks()), nmi_init=init)
 
-    # -- writing -----------------------------------------------------------------------------
+    # -- writing (index/gallery_write.py) ---------------------------------------------------
 
     def add(self, vectors: np.ndarray, items: Sequence[dict[str, Any]]) -> list[int]:
         """Add ``items`` (catalog rows without ids) with their L2-normalised ``vectors``;
         returns their new ids (never an id the gallery held before). Writes one segment file
         and one catalog transaction (index/segments.py), not the gallery."""
-        if not items:
-            return []
-        array = _check_vectors(vectors, len(items), self.dim)
-        folder = self.path
-        with self._writing() as (current, catalog):
-            first = catalog.next_id()
-            ids = np.arange(first, first + len(array), dtype=np.int64)
-            name = _write_segment(folder, ids, array)
-            try:
-                new_ids = catalog.add_items(
-                    [dict(item) for item in items],
-                    meta={
-                        "segments": [*current.meta.get("segments", []), name],
-                        "count": len(current) + len(array),
-                    },
-                )
-            except BaseException:
-                (folder / name).unlink(missing_ok=True)
-                raise
-            assert new_ids == ids.tolist()
-            pending = sum(len(segment_ids) for segment_ids, _ in current._segments) + len(array)
-            base = len(current._base[0])
-        if pending > max(COMPACT_MIN_ITEMS, base * COMPACT_SHARE):
-            self.compact()
-        else:
-            self._load()
-        return new_ids
+        return gallery_write.add(self, vectors, items)
 
     def remove(self, ids: Iterable[int]) -> None:
         """Remove the items ``ids`` (all must exist, else nothing changes): one catalog
         transaction; the index drops them when opened, compaction for good (at once for HNSW,
         whose graph cannot drop points; meanwhile its searches skip them)."""
-        wanted = sorted({int(i) for i in ids})
-        if not wanted:
-            return
-        folder = self.path
-        with self._writing() as (current, catalog):
-            unknown = np.setdiff1d(wanted, current.ids)
-            if len(unknown):
-                shown = ", ".join(map(str, unknown[:10])) + (", ..." if len(unknown) > 10 else "")
-                raise GalleryError(f"gallery {folder} has no item with id {shown}")
-            removed = np.union1d(current._removed, wanted)
-            catalog.remove(
-                wanted, meta={"removed": removed.tolist(), "count": len(current) - len(wanted)}
-            )
-        if self.index_type == "hnsw":  # HNSW cannot drop points from its graph: rebuild it
-            self.compact()
-        else:
-            self._load()
+        gallery_write.remove(self, ids)
 
     def compact(self) -> None:
         """Fold the segments and removals into a new base index and embeddings (a whole,
         copy-on-write rewrite of the gallery)."""
-
-        def change(catalog: Catalog, current: Gallery):
-            embeddings = np.ascontiguousarray(current.embeddings)
-            index = current._index  # segments added, removed ids dropped (not for HNSW)
-            if current.index_type == "hnsw" and len(current._removed):
-                index, _ = make_index(embeddings, current.ids, "hnsw")
-            catalog.set_meta(segments=[], removed=[])
-            return index, embeddings
-
-        self._rewrite(change)
-
-    @contextlib.contextmanager
-    def _writing(self) -> Iterator[tuple[Gallery, Catalog]]:
-        """Under the write lock: the gallery as on disk now (with what other writers added)
-        and its catalog open for writing; stray segments of killed writers are swept."""
-        folder = self.path
-        with gallery_lock(folder, exclusive=True), _write_errors(folder):
-            recover_dir(folder)
-            sweep_temporaries(folder)
-            current = Gallery(folder)
-            current._load(locked=True)
-            catalog = None
-            try:
-                sweep_unlisted(folder, list(current.meta.get("segments", [])))
-                catalog = Catalog.open(folder / CATALOG_FILE)
-                yield current, catalog
-            finally:
-                if catalog is not None:
-                    catalog.close()
-                current.close()
-
-    def _rewrite(self, change) -> None:
-        """Copy-on-write under the write lock: read the gallery as it is on disk now, apply
-        ``change`` to copies in a temporary folder, check them, rename the folder into place."""
-        folder = self.path
-        with gallery_lock(folder, exclusive=True):
-            recover_dir(folder)
-            sweep_temporaries(folder)
-            current = Gallery(folder)
-            current._load(locked=True)  # what is on disk now, with what other writers added
-            try:
-                with _write_errors(folder), gallery_writer(folder) as tmp:
-                    _copy_catalog(folder / CATALOG_FILE, tmp / CATALOG_FILE)
-                    catalog = Catalog.open(tmp / CATALOG_FILE)
-                    try:
-                        # current's index is changed in place: current is thrown away after
-                        index, embeddings = change(catalog, current)
-                        ids, _ = catalog.labels()
-                        catalog.set_meta(count=len(ids))
-                        meta = catalog.meta()
-                    finally:
-                        catalog.close()
-                    _check_consistent(folder, meta, ids, index, embeddings, [], ids[:0])
-                    _write_arrays(tmp, index, embeddings)
-            finally:
-                current.close()
-        self._load()
+        gallery_write.compact(self)
 
     # -- lifetime ----------------------------------------------------------------------------
 
@@ -619,76 +395,3 @@ class Gallery:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-# -- internals -------------------------------------------------------------------------------
-
-
-def _read_embeddings(path: Path) -> np.ndarray:
-    try:
-        array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError, EOFError) as error:
-        raise GalleryError(f"{path} is not a readable embeddings file ({error})") from None
-    if array.ndim != 2 or array.dtype != np.float32:
-        raise GalleryError(
-            f"{path} should hold float32 [N, D] embeddings, it holds {array.dtype} "
-            f"{tuple(array.shape)}"
-        )
-    return array
-
-
-def _check_consistent(
-    folder: Path,
-    meta: dict,
-    ids: np.ndarray,
-    index: faiss.Index,
-    embeddings: np.ndarray,
-    segments: Sequence[tuple[np.ndarray, np.ndarray]],
-    removed: np.ndarray,
-) -> np.ndarray:
-    """Check that the base index and embeddings agree, and that base + segments hold exactly
-    the catalog's ids and the removed ones; returns the base ids, sorted."""
-    missing = [key for key in ("model_sha256", "dim", "metric", "index_type") if key not in meta]
-    if missing:
-        raise GalleryError(f"gallery {folder} is damaged: its catalog meta has no '{missing[0]}'")
-    if meta["metric"] != METRIC:
-        raise GalleryError(f"gallery {folder} uses metric {meta['metric']!r}, not {METRIC!r}")
-    dim = int(meta["dim"])
-    if index.d != dim or embeddings.shape[1] != dim:
-        raise GalleryError(
-            f"gallery {folder} is inconsistent: catalog dim {dim}, index dim {index.d}, "
-            f"embeddings dim {embeddings.shape[1]}"
-        )
-    added = sum(len(segment_ids) for segment_ids, _ in segments)
-    count = len(ids)
-    if index.ntotal + added != count + len(removed) or len(embeddings) != index.ntotal:
-        raise GalleryError(
-            f"gallery {folder} is inconsistent: {count} catalog items, {index.ntotal} index "
-            f"vectors, {len(embeddings)} embeddings"
-        )
-    base_ids = np.sort(index_ids(index))
-    held = np.concatenate([base_ids, *(segment_ids for segment_ids, _ in segments)])
-    expected = np.union1d(ids, removed)  # ids is sorted (catalog order)
-    if not np.array_equal(np.sort(held), expected):
-        absent = np.setdiff1d(expected, held)
-        shown = int(absent[0]) if len(absent) else int(np.setdiff1d(held, expected)[0])
-        raise GalleryError(
-            f"gallery {folder} is inconsistent: catalog and index ids differ (id {shown})"
-        )
-    return base_ids
-
-
-def _copy_catalog(source: Path, target: Path) -> None:
-    """A consistent copy of a SQLite catalog (the backup API, not a file copy)."""
-    uri = f"file:{quote(str(source))}?mode=ro"
-    src = sqlite3.connect(uri, uri=True)
-    try:
-        dst = sqlite3.connect(target)
-        try:
-            src.backup(dst)
-        finally:
-            dst.close()
-    except sqlite3.DatabaseError as error:
-        raise GalleryError(f"gallery catalog {source} cannot be copied: {error}") from None
-    finally:
-        src.close()

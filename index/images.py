@@ -11,16 +11,20 @@ Every part of nearsight (training, indexing, search, the page) loads images thro
 - an image larger than :data:`MAX_PIXELS` is refused before it is decoded (decompression bomb);
 - anything that goes wrong (missing, empty, truncated, corrupt, not an image) raises
   :class:`ImageLoadError` with a one-line message naming the file: never another exception.
+
+:func:`describe_image_file` gives an image file's catalog fields (sha256, loaded width/height).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
 import struct
 import threading
 import warnings
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -29,6 +33,7 @@ from nearsight.models.errors import NearsightError
 
 # Images with more pixels than this are refused before decoding (64 megapixels, 192 MB as RGB).
 MAX_PIXELS = 64_000_000
+_EXIF_ORIENTATION = 0x0112
 
 # What Pillow raises for files it cannot read: besides OSError (truncated data, unknown format)
 # its plugins raise SyntaxError (broken PNG chunks), ValueError, struct.error, EOFError,
@@ -105,6 +110,22 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
         raise NearsightError(
             f"cannot read file {os.fspath(path)}: {error.strerror or error}"
         ) from None
+
+
+def describe_image_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Catalog fields of an image file: sha256 of its bytes, and width/height as loaded (EXIF
+    orientation applied). Fields that cannot be read are None (the image was already decoded
+    once by the embedder, so this does not judge it)."""
+    info: dict[str, Any] = {"sha256": None, "width": None, "height": None}
+    with contextlib.suppress(NearsightError):
+        info["sha256"] = file_sha256(path)
+    with contextlib.suppress(Exception), Image.open(path) as image:  # reads the header only
+        width, height = image.size
+        # EXIF orientations 5-8 turn the image a quarter: load_image gives height x width
+        if image.getexif().get(_EXIF_ORIENTATION, 1) in (5, 6, 7, 8):
+            width, height = height, width
+        info["width"], info["height"] = int(width), int(height)
+    return info
 
 
 def _decode(stream, name: str) -> Image.Image:

@@ -1,4 +1,5 @@
-"""The gallery catalog: round trips, stable ids, damaged files, and all-or-nothing writes."""
+"""The gallery catalog and its folder (index/gallery_files.py): round trips, stable ids, damaged
+files, and all-or-nothing writes."""
 
 from __future__ import annotations
 
@@ -9,15 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nearsight.index.catalog import (
-    CATALOG_FILE,
-    Catalog,
-    GalleryError,
-    create_catalog,
-    gallery_writer,
-    open_catalog_dir,
-    write_catalog_dir,
-)
+from nearsight.index.catalog import CATALOG_FILE, Catalog, GalleryError, create_catalog
+from nearsight.index.gallery_files import gallery_writer, open_catalog_dir, write_catalog_dir
 
 META = {"model_sha256": "ab" * 32, "dim": 128, "metric": "inner_product", "index_type": "flat"}
 

@@ -1,5 +1,6 @@
-"""The gallery folder (index/gallery.py) on vectors: index types, distances, checked opening,
-copy-on-write add/remove, crashes part-way, and concurrent writers."""
+"""The gallery folder (index/gallery.py, written by index/gallery_write.py) on vectors: index
+types, distances, checked opening, copy-on-write add/remove, crashes part-way, and concurrent
+writers."""
 
 from __future__ import annotations
 
@@ -322,7 +323,7 @@ def test_a_failed_write_leaves_the_previous_gallery(flat, monkeypatch, writer):
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(f"nearsight.index.gallery.{writer}", broken)
+    monkeypatch.setattr(f"nearsight.index.gallery_write.{writer}", broken)
     with Gallery.open(flat) as gallery, pytest.raises(OSError, match="disk full"):
         if writer == "_write_segment":
             gallery.add(unit_vectors(1, seed=3), items_for(1))
@@ -337,18 +338,19 @@ def test_a_failed_write_leaves_the_previous_gallery(flat, monkeypatch, writer):
 KILL_MID_WRITE = """
 import os, signal, sys
 import numpy as np
-import nearsight.index.gallery as gallery_module
-real_write = getattr(gallery_module, sys.argv[2])
+import nearsight.index.gallery_write as write_module
+from nearsight.index.gallery import Gallery
+real_write = getattr(write_module, sys.argv[2])
 
 def write_then_die(*args):
     real_write(*args)  # the new segment / gallery is whole on disk
     os.kill(os.getpid(), signal.SIGKILL)  # ... and the process dies before it counts
 
-setattr(gallery_module, sys.argv[2], write_then_die)
+setattr(write_module, sys.argv[2], write_then_die)
 rng = np.random.default_rng(7)
 vectors = rng.standard_normal((3, 16)).astype(np.float32)
 vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-with gallery_module.Gallery.open(sys.argv[1]) as gallery:
+with Gallery.open(sys.argv[1]) as gallery:
     gallery.add(vectors, [{"path": f"/killed/{i}.png"} for i in range(3)])
     gallery.compact()
 """
