@@ -3,7 +3,7 @@
 An :class:`Embedder` turns images into L2-normalised embeddings. Two implementations:
 
 - :class:`OnnxEmbedder`: a ``model.onnx`` written by ``nearsight export``, run by onnxruntime
-  (CUDA when a GPU really works here, the CPU otherwise);
+  (CUDA when a GPU really works here, the CPU otherwise: models/onnx_session.py);
 - :class:`TorchEmbedder`: a ``best.pt``/``last.pt`` checkpoint, run by torch.
 
 Both take float RGB in [0, 1] ([N, 3, image_size, image_size]; ImageNet normalisation is inside
@@ -24,13 +24,9 @@ Metadata: every nearsight model carries the string map :data:`METADATA_KEYS` (ON
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import io
 import json
 import os
-import sys
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -39,6 +35,7 @@ import numpy as np
 from PIL import Image
 
 from nearsight.models.errors import NearsightError
+from nearsight.models.onnx_session import default_providers, open_session, physical_cores
 from nearsight.models.preprocess import test_transform
 from nearsight.models.spec import SPEC_KEY, ModelSpec, spec_from_checkpoint, spec_from_onnx_metadata
 
@@ -213,113 +210,6 @@ class _EmbedderBase:
         return f"{name}({str(self.path)!r}, dim={self.dim}, image_size={self.image_size})"
 
 
-def physical_cores() -> int:
-    """Physical cores this process may run on (hyper-threads counted once)."""
-    try:
-        allowed = sorted(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
-    cores = set()
-    for cpu in allowed:
-        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
-        try:
-            package = (topology / "physical_package_id").read_text().strip()
-            core = (topology / "core_id").read_text().strip()
-        except OSError:
-            return max(1, len(allowed))
-        cores.add((package, core))
-    return max(1, len(cores))
-
-
-def _cuda_works() -> bool:
-    """onnxruntime-gpu lists CUDAExecutionProvider even on a machine without a GPU; ask the
-    CUDA driver (libcuda) whether it sees a device. No torch: serving must not need it."""
-    import ctypes
-    import ctypes.util
-
-    name = "nvcuda.dll" if os.name == "nt" else "libcuda.so.1"
-    try:
-        driver = ctypes.CDLL(ctypes.util.find_library("cuda") or name)
-        count = ctypes.c_int(0)
-        return (
-            driver.cuInit(0) == 0
-            and driver.cuDeviceGetCount(ctypes.byref(count)) == 0
-            and count.value > 0
-        )
-    except (OSError, AttributeError):  # no driver, or a broken one
-        return False
-
-
-def default_providers(device: str = "auto") -> list[str]:
-    """The providers to ask onnxruntime for: CUDA first when it really works here."""
-    import onnxruntime as ort
-
-    if device not in ("auto", "cpu", "cuda"):
-        raise NearsightError(f"device must be auto, cpu or cuda, got {device!r}")
-    cuda_listed = "CUDAExecutionProvider" in ort.get_available_providers()
-    if device == "cuda" and not (cuda_listed and _cuda_works()):
-        raise NearsightError("--device cuda: no working CUDA GPU for onnxruntime here")
-    if device != "cpu" and cuda_listed and _cuda_works():
-        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
-    return ["CPUExecutionProvider"]
-
-
-@functools.cache
-def _preload_cuda_libraries() -> None:
-    """onnxruntime-gpu finds CUDA/cuDNN (cuBLAS, cuRAND...) in the nvidia-* pip packages only
-    when told to; torch does not load all of them (cuRAND), so the CUDA provider would fail."""
-    import onnxruntime as ort
-
-    with contextlib.suppress(Exception):
-        ort.preload_dlls()
-
-
-def _open_session(path: Path, options: Any, providers: list[str]) -> Any:
-    """An onnxruntime session on ``providers``; a GPU provider that fails to start falls back to
-    the CPU without onnxruntime's multi-line "EP Error ... Falling back" (one note line instead
-    when a GPU is there: :func:`_note_gpu_fallback`); a file onnxruntime cannot read is
-    NearsightError."""
-    import onnxruntime as ort
-
-    try:
-        if providers == ["CPUExecutionProvider"]:
-            return ort.InferenceSession(str(path), options, providers=providers)
-        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            _preload_cuda_libraries()
-            # a GPU provider that cannot start logs through the default logger; quiet it for
-            # this attempt (then back to onnxruntime's default, warnings)
-            ort.set_default_logger_severity(4)
-            try:
-                session = ort.InferenceSession(str(path), options, providers=providers)
-            except Exception:
-                cpu = ["CPUExecutionProvider"]
-                session = ort.InferenceSession(str(path), options, providers=cpu)
-            finally:
-                ort.set_default_logger_severity(2)
-        _note_gpu_fallback(providers, session.get_providers())
-        return session
-    except Exception as error:
-        reason = " ".join(str(error).split())[:200]
-        raise NearsightError(
-            f"{path} is not a nearsight model: onnxruntime cannot read it ({reason})"
-        ) from None
-
-
-def _note_gpu_fallback(wanted: Sequence[Any], started: Sequence[str]) -> None:
-    """One line on stderr when a GPU is there but onnxruntime could not start the GPU provider
-    asked for first (a CUDA/cuDNN mismatch...), so serving on the CPU is not a silent surprise.
-    Nothing on a machine without a GPU: there the CPU is what ``auto`` means."""
-    first = wanted[0] if isinstance(wanted[0], str) else wanted[0][0]
-    if first == "CPUExecutionProvider" or first in started or not _cuda_works():
-        return
-    print(
-        f"nearsight: note: onnxruntime could not start {first} on this GPU (see onnxruntime's "
-        "CUDA and cuDNN requirements); running on the CPU",
-        file=sys.stderr,
-    )
-
-
 class OnnxEmbedder(_EmbedderBase):
     """A ``nearsight export`` model run by onnxruntime.
 
@@ -357,7 +247,7 @@ class OnnxEmbedder(_EmbedderBase):
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.log_severity_level = 3  # errors only: no per-node placement warnings
         wanted = list(providers) if providers is not None else default_providers("auto")
-        session = _open_session(self.path, options, wanted)
+        session = open_session(self.path, options, wanted)
         self.session = session
         self.providers: list[str] = session.get_providers()
         metadata = dict(session.get_modelmeta().custom_metadata_map)

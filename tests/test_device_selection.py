@@ -12,7 +12,7 @@ import torch
 
 from nearsight.app.cli import main
 from nearsight.index.datasets.synthetic import write_synthetic
-from nearsight.models import embedder as embedder_module
+from nearsight.models import onnx_session
 from nearsight.models.checkpoint import save_checkpoint
 from nearsight.models.embedder import OnnxEmbedder
 from nearsight.models.embedding import EmbeddingConfig, EmbeddingNet
@@ -96,7 +96,7 @@ def test_onnxruntime_gpu_fallback_is_one_note_line(onnx_model, monkeypatch, capf
         pytest.skip("onnxruntime's CUDA provider works here: nothing to fall back from")
     capfd.readouterr()
     # a GPU is there (the driver says so) but onnxruntime cannot start its CUDA provider
-    monkeypatch.setattr(embedder_module, "_cuda_works", lambda: True)
+    monkeypatch.setattr(onnx_session, "_cuda_works", lambda: True)
     embedder = OnnxEmbedder(onnx_model, providers=GPU_FIRST)
     assert embedder.device == "cpu"
     captured = capfd.readouterr()

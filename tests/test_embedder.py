@@ -16,7 +16,7 @@ import torch
 from onnx import TensorProto, helper
 from PIL import Image
 
-import nearsight.models.embedder as embedder_module
+import nearsight.models.onnx_session as onnx_session
 from nearsight.models.checkpoint import save_checkpoint
 from nearsight.models.embedder import (
     Embedder,
@@ -183,11 +183,11 @@ def test_provider_choice(monkeypatch):
     listed = ["CUDAExecutionProvider", "CPUExecutionProvider"]
     monkeypatch.setattr(ort, "get_available_providers", lambda: listed)
     # onnxruntime-gpu lists CUDA on a machine without a GPU: only a working GPU counts
-    monkeypatch.setattr(embedder_module, "_cuda_works", lambda: False)
+    monkeypatch.setattr(onnx_session, "_cuda_works", lambda: False)
     assert default_providers("auto") == CPU
     with pytest.raises(NearsightError, match="no working CUDA GPU"):
         default_providers("cuda")
-    monkeypatch.setattr(embedder_module, "_cuda_works", lambda: True)
+    monkeypatch.setattr(onnx_session, "_cuda_works", lambda: True)
     assert default_providers("auto") == listed
     assert default_providers("cpu") == CPU
 
@@ -200,7 +200,7 @@ def test_device_cuda_is_refused_when_onnxruntime_cannot_use_it(models, monkeypat
     monkeypatch.setattr(
         ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"]
     )
-    monkeypatch.setattr(embedder_module, "_cuda_works", lambda: True)  # torch says yes...
+    monkeypatch.setattr(onnx_session, "_cuda_works", lambda: True)  # torch says yes...
     with pytest.raises(NearsightError, match="could not start its CUDA provider"):
         load_embedder(models["onnx"], device="cuda")  # ...onnxruntime ends up on the CPU
     assert load_embedder(models["onnx"], device="auto").device == "cpu"  # auto falls back
