@@ -133,17 +133,24 @@ def evaluate(
     chunk: int = 4096,
     seed: int = 0,
     nmi_init: str = "k-means++",
+    queries: int | None = None,
 ) -> dict[str, float | int]:
     """All metrics in the `nearsight eval --json` shape:
-    {"recall@1": ..., "recall@2": ..., ..., "nmi": ..., "map@r": ..., "queries": N}.
-    Recall@k and MAP@R share one neighbour search; ``seed`` and ``nmi_init`` go to :func:`nmi`."""
+    {"recall@1": ..., "recall@2": ..., ..., "nmi": ..., "map@r": ..., "queries": Q}.
+    Recall@k and MAP@R share one neighbour search; ``seed`` and ``nmi_init`` go to :func:`nmi`.
+    ``queries``: score only a random sample of that many queries (drawn with ``seed``), each
+    still searching all N - 1 other items exactly: unbiased estimates of Recall@k and MAP@R at
+    Q / N of the O(N^2) cost. NMI always clusters the whole gallery (k-means is O(N))."""
     vectors, codes = _prepare(embeddings, labels)
     ks = _check_ks(ks)
-    recalls, mean_ap = _retrieval_scores(vectors, codes, ks, with_map=True, chunk=chunk)
+    query_ids = _sample_queries(len(vectors), queries, seed)
+    recalls, mean_ap = _retrieval_scores(
+        vectors, codes, ks, with_map=True, chunk=chunk, query_ids=query_ids
+    )
     result: dict[str, float | int] = {f"recall@{k}": value for k, value in recalls.items()}
     result["nmi"] = nmi(vectors, codes, seed=seed, init=nmi_init)
     result["map@r"] = mean_ap
-    result["queries"] = len(vectors)
+    result["queries"] = len(vectors) if query_ids is None else len(query_ids)
     return result
 
 
@@ -168,6 +175,15 @@ def _prepare(embeddings, labels) -> tuple[np.ndarray, np.ndarray]:
     return vectors, codes.astype(np.int64).reshape(-1)
 
 
+def _sample_queries(n: int, queries: int | None, seed: int) -> np.ndarray | None:
+    """Sorted ids of ``queries`` distinct items drawn with ``seed``; None: every item queries."""
+    if queries is None or queries >= n:
+        return None
+    if queries < 1:
+        raise NearsightError(f"the number of queries must be positive, got {queries}")
+    return np.sort(np.random.default_rng(seed).choice(n, size=queries, replace=False))
+
+
 def _check_ks(ks: Sequence[int]) -> tuple[int, ...]:
     ks = tuple(int(k) for k in ks)
     if not ks or any(k < 1 for k in ks):
@@ -182,8 +198,10 @@ def _retrieval_scores(
     *,
     with_map: bool,
     chunk: int,
+    query_ids: np.ndarray | None = None,
 ) -> tuple[dict[int, float], float]:
-    """({k: Recall@k}, MAP@R or NaN) from one chunked exact kNN pass over all queries."""
+    """({k: Recall@k}, MAP@R or NaN) from one chunked exact kNN pass over the queries
+    (``query_ids``, default every item), each against all other items."""
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     n = len(vectors)
@@ -193,14 +211,16 @@ def _retrieval_scores(
     others_of_class = np.bincount(codes)[codes] - 1  # R per query
     # MAP@R needs R neighbours: process queries by increasing R so that a chunk searches only
     # as deep as its own largest R.
-    order = np.argsort(others_of_class, kind="stable") if with_map else np.arange(n)
+    pool = np.arange(n) if query_ids is None else query_ids
+    order = pool[np.argsort(others_of_class[pool], kind="stable")] if with_map else pool
+    num_queries = len(order)
     first_hit_counts = np.zeros(k_recall + 1, dtype=np.int64)  # rank of first same-class item
     # per-query AP (NaN where R = 0), averaged at the end: the sum is the same for any chunking
     average_precision = np.full(n, np.nan)
 
     start = 0
-    while start < n:
-        end = min(start + chunk, n)
+    while start < num_queries:
+        end = min(start + chunk, num_queries)
         depth = _depth(k_recall, others_of_class, order, end, with_map)
         end = min(end, start + max(1, _MAX_RESULTS_PER_CHUNK // (depth + 1)))
         depth = _depth(k_recall, others_of_class, order, end, with_map)
@@ -222,7 +242,7 @@ def _retrieval_scores(
         start = end
 
     hits_within = np.cumsum(first_hit_counts)  # hits_within[j]: first hit at rank <= j + 1
-    recalls = {k: float(hits_within[min(k, k_recall) - 1] / n) for k in ks}
+    recalls = {k: float(hits_within[min(k, k_recall) - 1] / num_queries) for k in ks}
     scored = average_precision[~np.isnan(average_precision)]
     mean_ap = float(scored.mean()) if len(scored) else float("nan")
     return recalls, mean_ap
