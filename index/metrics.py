@@ -25,7 +25,7 @@ queries, faiss.knn against the whole gallery (BLAS blocks + a heap per query; fa
 GPU that FAISS sees), k + 1 deep. The query is excluded by id, not by position: with duplicate
 vectors the query may not come first, so its own id is dropped wherever it appears among the
 k + 1, else (tied duplicates pushed it out) the last one. Work is done in chunks of queries (4096:
-faiss blocks the scores itself, 4096 x 1024 at a time, and every block is one OpenMP region, so
+faiss blocks the scores itself, 4096 x 4096 at a time here, and every block is one OpenMP region, so
 that small chunks multiply the regions, which a loaded CPU makes slow) and at most
 _MAX_RESULTS_PER_CHUNK neighbour ids (chunk * (k + 1)) at once, never O(N^2); the gallery itself
 may be a memory map: evaluation past the memory budget stays exact.
@@ -39,7 +39,8 @@ serving path. bench/search.py times it against pytorch-metric-learning's Accurac
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 
 import faiss
 import numpy as np
@@ -57,6 +58,9 @@ KMEANS_INITS = {
     "afk-mc2": "ClusteringInitMethod_AFK_MC2",
     "random": "ClusteringInitMethod_RANDOM",
 }
+# gallery rows per faiss BLAS block (faiss's default: 1024): 4096 x 4096 scores (64 MB) per
+# block halve the per-block overhead; see docs/decisions.md
+_DATABASE_BLOCK = 4096
 # upper bound on neighbour ids held at once (chunk * (k + 1)): ~100 MB with ids and distances
 _MAX_RESULTS_PER_CHUNK = 1 << 23
 
@@ -133,17 +137,24 @@ def evaluate(
     chunk: int = 4096,
     seed: int = 0,
     nmi_init: str = "k-means++",
+    queries: int | None = None,
 ) -> dict[str, float | int]:
     """All metrics in the `nearsight eval --json` shape:
-    {"recall@1": ..., "recall@2": ..., ..., "nmi": ..., "map@r": ..., "queries": N}.
-    Recall@k and MAP@R share one neighbour search; ``seed`` and ``nmi_init`` go to :func:`nmi`."""
+    {"recall@1": ..., "recall@2": ..., ..., "nmi": ..., "map@r": ..., "queries": Q}.
+    Recall@k and MAP@R share one neighbour search; ``seed`` and ``nmi_init`` go to :func:`nmi`.
+    ``queries``: score only a random sample of that many queries (drawn with ``seed``), each
+    still searching all N - 1 other items exactly: unbiased estimates of Recall@k and MAP@R at
+    Q / N of the O(N^2) cost. NMI always clusters the whole gallery (k-means is O(N))."""
     vectors, codes = _prepare(embeddings, labels)
     ks = _check_ks(ks)
-    recalls, mean_ap = _retrieval_scores(vectors, codes, ks, with_map=True, chunk=chunk)
+    query_ids = _sample_queries(len(vectors), queries, seed)
+    recalls, mean_ap = _retrieval_scores(
+        vectors, codes, ks, with_map=True, chunk=chunk, query_ids=query_ids
+    )
     result: dict[str, float | int] = {f"recall@{k}": value for k, value in recalls.items()}
     result["nmi"] = nmi(vectors, codes, seed=seed, init=nmi_init)
     result["map@r"] = mean_ap
-    result["queries"] = len(vectors)
+    result["queries"] = len(vectors) if query_ids is None else len(query_ids)
     return result
 
 
@@ -168,6 +179,15 @@ def _prepare(embeddings, labels) -> tuple[np.ndarray, np.ndarray]:
     return vectors, codes.astype(np.int64).reshape(-1)
 
 
+def _sample_queries(n: int, queries: int | None, seed: int) -> np.ndarray | None:
+    """Sorted ids of ``queries`` distinct items drawn with ``seed``; None: every item queries."""
+    if queries is None or queries >= n:
+        return None
+    if queries < 1:
+        raise NearsightError(f"the number of queries must be positive, got {queries}")
+    return np.sort(np.random.default_rng(seed).choice(n, size=queries, replace=False))
+
+
 def _check_ks(ks: Sequence[int]) -> tuple[int, ...]:
     ks = tuple(int(k) for k in ks)
     if not ks or any(k < 1 for k in ks):
@@ -182,8 +202,10 @@ def _retrieval_scores(
     *,
     with_map: bool,
     chunk: int,
+    query_ids: np.ndarray | None = None,
 ) -> tuple[dict[int, float], float]:
-    """({k: Recall@k}, MAP@R or NaN) from one chunked exact kNN pass over all queries."""
+    """({k: Recall@k}, MAP@R or NaN) from one chunked exact kNN pass over the queries
+    (``query_ids``, default every item), each against all other items."""
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     n = len(vectors)
@@ -193,14 +215,16 @@ def _retrieval_scores(
     others_of_class = np.bincount(codes)[codes] - 1  # R per query
     # MAP@R needs R neighbours: process queries by increasing R so that a chunk searches only
     # as deep as its own largest R.
-    order = np.argsort(others_of_class, kind="stable") if with_map else np.arange(n)
+    pool = np.arange(n) if query_ids is None else query_ids
+    order = pool[np.argsort(others_of_class[pool], kind="stable")] if with_map else pool
+    num_queries = len(order)
     first_hit_counts = np.zeros(k_recall + 1, dtype=np.int64)  # rank of first same-class item
     # per-query AP (NaN where R = 0), averaged at the end: the sum is the same for any chunking
     average_precision = np.full(n, np.nan)
 
     start = 0
-    while start < n:
-        end = min(start + chunk, n)
+    while start < num_queries:
+        end = min(start + chunk, num_queries)
         depth = _depth(k_recall, others_of_class, order, end, with_map)
         end = min(end, start + max(1, _MAX_RESULTS_PER_CHUNK // (depth + 1)))
         depth = _depth(k_recall, others_of_class, order, end, with_map)
@@ -222,7 +246,7 @@ def _retrieval_scores(
         start = end
 
     hits_within = np.cumsum(first_hit_counts)  # hits_within[j]: first hit at rank <= j + 1
-    recalls = {k: float(hits_within[min(k, k_recall) - 1] / n) for k in ks}
+    recalls = {k: float(hits_within[min(k, k_recall) - 1] / num_queries) for k in ks}
     scored = average_precision[~np.isnan(average_precision)]
     mean_ap = float(scored.mean()) if len(scored) else float("nan")
     return recalls, mean_ap
@@ -248,7 +272,20 @@ class _ExactIP:
         rows = np.ascontiguousarray(queries, dtype=np.float32)
         if self.gpu is not None and k <= 2048:  # the GPU k-selection limit
             return faiss.knn_gpu(self.gpu, rows, self.gallery, k, metric=faiss.METRIC_INNER_PRODUCT)
-        return faiss.knn(rows, self.gallery, k, metric=faiss.METRIC_INNER_PRODUCT)
+        with _blas_database_block(_DATABASE_BLOCK):
+            return faiss.knn(rows, self.gallery, k, metric=faiss.METRIC_INNER_PRODUCT)
+
+
+@contextlib.contextmanager
+def _blas_database_block(rows: int) -> Iterator[None]:
+    """faiss's BLAS kNN scores query blocks against ``rows`` gallery rows at a time (a global
+    of faiss, default 1024; restored afterwards). Only the speed changes, never the result."""
+    previous = faiss.cvar.distance_compute_blas_database_bs
+    faiss.cvar.distance_compute_blas_database_bs = max(previous, rows)
+    try:
+        yield
+    finally:
+        faiss.cvar.distance_compute_blas_database_bs = previous
 
 
 def _gpu_resources():

@@ -117,13 +117,17 @@ def test_neighbours_drop_own_id_wherever_it_is_or_the_last():
 # ---------------------------------------------------------------- reference and chunking
 
 
-def brute_force(vectors: np.ndarray, labels: np.ndarray, ks) -> tuple[dict[int, float], float]:
-    """Loop reference: full similarity ranking per query (ties broken by id)."""
+def brute_force(
+    vectors: np.ndarray, labels: np.ndarray, ks, queries=None
+) -> tuple[dict[int, float], float]:
+    """Loop reference: full similarity ranking per query (ties broken by id); ``queries``:
+    the ids that query (default all)."""
     n = len(vectors)
+    queries = range(n) if queries is None else queries
     similarity = vectors @ vectors.T
     hits = dict.fromkeys(ks, 0)
     aps = []
-    for q in range(n):
+    for q in queries:
         others = [j for j in range(n) if j != q]
         ranked = sorted(others, key=lambda j: (-similarity[q, j], j))
         rel = [labels[j] == labels[q] for j in ranked]
@@ -138,7 +142,7 @@ def brute_force(vectors: np.ndarray, labels: np.ndarray, ks) -> tuple[dict[int, 
                     correct += 1
                     precision_sum += correct / (i + 1)
             aps.append(precision_sum / r)
-    return {k: hits[k] / n for k in ks}, float(np.mean(aps))
+    return {k: hits[k] / len(queries) for k in ks}, float(np.mean(aps))
 
 
 def random_gallery(n: int, dim: int, classes: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -157,6 +161,22 @@ def test_matches_brute_force_reference():
     expected_recall, expected_map = brute_force(vectors, labels, ks)
     assert recall_at_k(vectors, labels, ks) == pytest.approx(expected_recall, abs=1e-12)
     assert map_at_r(vectors, labels) == pytest.approx(expected_map, abs=1e-9)
+
+
+def test_a_query_sample_searches_the_whole_gallery():
+    vectors, labels = random_gallery(150, 8, 12, seed=2)
+    ks = (1, 4, 16)
+    sample = np.sort(np.random.default_rng(5).choice(150, size=40, replace=False))
+    expected_recall, expected_map = brute_force(vectors, labels, ks, queries=sample)
+    result = evaluate(vectors, labels, ks, seed=5, queries=40, chunk=7)
+    assert result["queries"] == 40
+    assert [result[f"recall@{k}"] for k in ks] == pytest.approx(
+        [expected_recall[k] for k in ks], abs=1e-12
+    )
+    assert result["map@r"] == pytest.approx(expected_map, abs=1e-9)
+    assert evaluate(vectors, labels, ks, queries=150) == evaluate(vectors, labels, ks)
+    with pytest.raises(NearsightError, match="number of queries must be positive"):
+        evaluate(vectors, labels, ks, queries=0)
 
 
 def test_chunked_equals_unchunked(monkeypatch):
