@@ -17,6 +17,7 @@ import torch
 from nearsight.app.cli import main
 from nearsight.index.datasets.synthetic import write_synthetic
 from nearsight.models.checkpoint import load_checkpoint, load_embedding_net
+from nearsight.models.spec import spec_from_onnx_metadata
 from nearsight.training.config import load_config
 from nearsight.training.run import train
 from nearsight.training.trainer import Trainer
@@ -58,7 +59,7 @@ def test_concat_heads_train_export_index_and_evaluate(synth, tmp_path, capsys):
     graph = onnx.load(str(model)).graph
     assert graph.output[0].type.tensor_type.shape.dim[1].dim_value == 3 * DIM
     meta = {p.key: p.value for p in onnx.load(str(model)).metadata_props}
-    assert meta["embedding_dim"] == str(3 * DIM)
+    assert spec_from_onnx_metadata(meta).output_dim == 3 * DIM
 
     gallery = tmp_path / "gallery"
     argv = ["index", "build", "--model", str(model), "--dataset", "folder", "--root", str(synth)]

@@ -51,13 +51,17 @@ def cuda_available() -> bool:
             return False
 
 
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """``auto``: CUDA when there is a device, else the CPU with a one-line note on stderr;
-    ``cuda`` without a device is a one-line error."""
+CPU_FALLBACK_NOTE = "nearsight: note: no CUDA device, training on the CPU"
+
+
+def resolve_device(name: str, local_rank: int = 0, *, note: bool = True) -> torch.device:
+    """``auto``: CUDA when there is a device, else the CPU with a one-line note on stderr
+    (``note=False`` leaves the note to the caller); ``cuda`` without a device is a one-line
+    error."""
     if name == "auto":
         name = "cuda" if cuda_available() else "cpu"
-        if name == "cpu" and local_rank == 0:
-            print("nearsight: note: no CUDA device, training on the CPU", file=sys.stderr)
+        if name == "cpu" and local_rank == 0 and note:
+            print(CPU_FALLBACK_NOTE, file=sys.stderr)
     if name == "cuda":
         if not cuda_available():
             raise NearsightError("--device cuda was asked for, but no CUDA device is available")

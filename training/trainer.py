@@ -43,6 +43,7 @@ from nearsight.training.builders import (
 from nearsight.training.config import TrainConfig
 from nearsight.training.data import SeededBatches, SeededTrainDataset, collate, hold_out_classes
 from nearsight.training.distributed import (
+    CPU_FALLBACK_NOTE,
     RankSlice,
     agree,
     average_replicated_grads,
@@ -85,7 +86,8 @@ class Trainer:
         self.dist = init_distributed(
             "cuda" if config.device != "cpu" and cuda_available() else "cpu"
         )
-        self.device = resolve_device(config.device, self.dist.local_rank)
+        # the CPU note waits for the data to load: bad input stays one error line
+        self.device = resolve_device(config.device, self.dist.local_rank, note=False)
         self.cuda = self.device.type == "cuda"
         self.files = RunFiles(out_dir, main=self.dist.main)
 
@@ -105,6 +107,8 @@ class Trainer:
         config = self.config
         self.files.check(self.resume)
         train, val, test = self._load_data()
+        if config.device == "auto" and not self.cuda and self.dist.local_rank == 0:
+            print(CPU_FALLBACK_NOTE, file=sys.stderr)
         self.test = EvalSplit(test, config)
         self.val = EvalSplit(val, config) if val is not None else None
         self.model = build_model(config, self.device)
