@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import statistics
 import subprocess
@@ -120,7 +121,19 @@ def measure(command: list[str]) -> tuple[float, float, float]:
     return wall, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime  # maxrss: kB
 
 
+def prepare(workdir: Path, dim: int, image_size: int, items: int) -> None:
+    make_gallery(workdir, make_model(workdir, dim, image_size), items)
+
+
 def run(args: argparse.Namespace, workdir: Path) -> dict:
+    # Made in a spawned process: on Linux a forked child's peak RSS starts from its parent's,
+    # so a parent that had loaded torch would inflate every measured search.
+    context = multiprocessing.get_context("spawn")
+    maker = context.Process(target=prepare, args=(workdir, args.dim, args.image_size, args.items))
+    maker.start()
+    maker.join()
+    if maker.exitcode != 0:
+        raise SystemExit("could not make the benchmark's model and gallery")
     model = make_model(workdir, args.dim, args.image_size)
     gallery, query = make_gallery(workdir, model, args.items)
     argv = ["search", "--gallery", str(gallery), str(query), "--json", "--device", "cpu"]
