@@ -79,3 +79,28 @@ def build_wheel(out: Path) -> Path:
 def nearsight_wheel(tmp_path_factory) -> Path:
     """A wheel of the checkout, built once per session."""
     return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+class TrainingCrash(Exception):
+    """Raised inside a training step to stand in for a crash (a kill mid-run)."""
+
+
+def crash_training(config, out_dir: Path, monkeypatch, *, in_step: int) -> None:
+    """Run ``train(config, out_dir)`` and crash it inside the ``in_step``-th training step,
+    after the earlier steps were done and saved; the trainer is whole again afterwards."""
+    from nearsight.training.run import train
+    from nearsight.training.trainer import Trainer
+
+    original = Trainer._train_step
+    calls = {"n": 0}
+
+    def dying_step(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == in_step:
+            raise TrainingCrash
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "_train_step", dying_step)
+    with pytest.raises(TrainingCrash):
+        train(config, out_dir)
+    monkeypatch.setattr(Trainer, "_train_step", original)

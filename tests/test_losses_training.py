@@ -13,6 +13,7 @@ from pathlib import Path
 import onnx
 import pytest
 import torch
+from conftest import crash_training
 
 from nearsight.app.cli import main
 from nearsight.index.datasets.synthetic import write_synthetic
@@ -20,7 +21,6 @@ from nearsight.models.checkpoint import load_checkpoint, load_embedding_net
 from nearsight.models.spec import spec_from_onnx_metadata
 from nearsight.training.config import load_config
 from nearsight.training.run import train
-from nearsight.training.trainer import Trainer
 
 DIM = 8
 TINY_TRAIN = [
@@ -91,9 +91,6 @@ def tiny_config(root: Path, loss: str, steps: int, **extra):
     return load_config(None, overrides)
 
 
-class Interrupt(Exception):
-    pass
-
 
 @pytest.mark.parametrize("loss", ["proxyanchor", pytest.param("arcface", marks=pytest.mark.slow)])
 def test_proxy_loss_trains_its_proxies_and_resumes_exactly(synth, tmp_path, monkeypatch, loss):
@@ -112,19 +109,8 @@ def test_proxy_loss_trains_its_proxies_and_resumes_exactly(synth, tmp_path, monk
     assert (proxies - after_one).abs().max() > 1e-4
 
     interrupted = tmp_path / "interrupted"
-    original = Trainer._train_step
-    calls = {"n": 0}
-
-    def dying_step(self, *args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 4:  # steps 1-3 done and saved (save_every=1), die inside step 4
-            raise Interrupt
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(Trainer, "_train_step", dying_step)
-    with pytest.raises(Interrupt):
-        train(config, interrupted)
-    monkeypatch.setattr(Trainer, "_train_step", original)
+    # steps 1-3 done and saved (save_every=1), die inside step 4
+    crash_training(config, interrupted, monkeypatch, in_step=4)
     train(config, interrupted, resume=True)
     losses_a = [r["loss"] for r in read_jsonl(straight / "train.jsonl")]
     losses_b = [r["loss"] for r in read_jsonl(interrupted / "train.jsonl")]

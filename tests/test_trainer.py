@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import crash_training
 
 from nearsight.app.cli import main
 from nearsight.index.datasets.synthetic import write_synthetic
@@ -19,7 +20,6 @@ from nearsight.models.checkpoint import load_checkpoint, load_embedding_net
 from nearsight.training.config import load_config
 from nearsight.training.run import train
 from nearsight.training.schedule import LRSchedule
-from nearsight.training.trainer import Trainer
 
 TINY = {
     "data.dataset": "folder",
@@ -89,9 +89,6 @@ def test_existing_run_is_not_overwritten(synth, tmp_path):
         train(tiny_config(synth, steps=1), out)
 
 
-class Interrupt(Exception):
-    pass
-
 
 @pytest.mark.parametrize("loss", ["ice", "rankmi"])
 def test_interrupt_and_resume_reproduces_the_uninterrupted_run(synth, tmp_path, monkeypatch, loss):
@@ -100,19 +97,8 @@ def test_interrupt_and_resume_reproduces_the_uninterrupted_run(synth, tmp_path, 
     train(config, straight)
 
     interrupted = tmp_path / "interrupted"
-    original = Trainer._train_step
-    calls = {"n": 0}
-
-    def dying_step(self, *args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 5:  # steps 1-4 done and saved (save_every=1), die inside step 5
-            raise Interrupt
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(Trainer, "_train_step", dying_step)
-    with pytest.raises(Interrupt):
-        train(config, interrupted)
-    monkeypatch.setattr(Trainer, "_train_step", original)
+    # steps 1-4 done and saved (save_every=1), die inside step 5
+    crash_training(config, interrupted, monkeypatch, in_step=5)
     # last.pt is saved after updates of the embedding: RankMI's batch 4 is a critic batch
     saved = load_checkpoint(interrupted / "last.pt")["state"]["batch"]
     assert saved == (4 if loss == "ice" else 3)
