@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import sys
@@ -104,3 +105,23 @@ def crash_training(config, out_dir: Path, monkeypatch, *, in_step: int) -> None:
     with pytest.raises(TrainingCrash):
         train(config, out_dir)
     monkeypatch.setattr(Trainer, "_train_step", original)
+
+
+@contextlib.contextmanager
+def running_page(galleries: list[Path]):
+    """The page and its REST API served on a free port for a test: yields (url, app), then
+    stops the server, the API's batcher and the page's analysis threads."""
+    from test_page import free_port
+
+    from nearsight.app.page import build_app, launch_app
+    from nearsight.app.rest import close_rest_app
+
+    demo = build_app(galleries, device="cpu")
+    url = launch_app(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
+    try:
+        assert demo.nearsight.wait_analysis(timeout=120)
+        yield url, demo
+    finally:
+        demo.close(verbose=False)
+        close_rest_app(demo.nearsight_api)
+        demo.nearsight.close()

@@ -9,9 +9,8 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import running_page
 from PIL import Image
-
-from nearsight.app.page import build_app, launch_app
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -44,14 +43,8 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(tiny):
-    from test_page import free_port
-
-    demo = build_app([tiny.gallery], device="cpu")
-    url = launch_app(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
-    assert demo.nearsight.wait_analysis(timeout=120)
-    yield url, demo
-    demo.close(verbose=False)
-    demo.nearsight.close()
+    with running_page([tiny.gallery]) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")

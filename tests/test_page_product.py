@@ -8,12 +8,11 @@ import re
 
 import numpy as np
 import pytest
+from conftest import running_page
 from test_page_browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, upload
 
-from nearsight.app.page import build_app, launch_app
 from nearsight.app.page_map import CLICK_RADIUS, PCA, build_map, project, recall_chart_html
 from nearsight.app.page_tables import summary_markdown
-from nearsight.app.rest import close_rest_app
 
 
 @pytest.fixture(scope="module")
@@ -25,15 +24,8 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(tiny):
-    from test_page import free_port
-
-    demo = build_app([tiny.gallery], device="cpu")
-    url = launch_app(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
-    assert demo.nearsight.wait_analysis(timeout=120)
-    yield url, demo
-    demo.close(verbose=False)
-    close_rest_app(demo.nearsight_api)
-    demo.nearsight.close()
+    with running_page([tiny.gallery]) as served:
+        yield served
 
 
 def test_pca_projection_keeps_the_two_widest_directions():
