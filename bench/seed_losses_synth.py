@@ -152,7 +152,14 @@ def main() -> None:
         help="first train a stand-in for ImageNet weights (ICE on classes the benchmark never "
         "uses) for this long, and start every loss from it",
     )
+    parser.add_argument(
+        "--threads", type=int, help="torch threads (two 1-thread runs side by side use 2 cores)"
+    )
     args = parser.parse_args()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory() as tmp:
         data = args.data or Path(tmp) / "synth"

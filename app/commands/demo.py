@@ -32,6 +32,11 @@ DEMO_SETTINGS: dict[str, Any] = {
     # 1,200 small training images: decoded once, not at every step
     "data.cache_images": True,
     "optim.weight_decay": 1e-4,
+    # ICE-(L,M,H): one embedding head on each of layer2, layer3 and layer4, the loss on each,
+    # the galleries built on their L2-normalised concatenation. In a few hundred steps from
+    # scratch the low and mid layers' colours and patterns carry most of what is learnt.
+    "model.heads": ["layer2", "layer3", "layer4"],
+    "model.embedding": "concat",
     "sampler.classes_per_batch": 8,
     "sampler.per_class": 4,
     # no checkpoint is chosen on the test classes: the schedule ends at its low rate and the
