@@ -105,3 +105,24 @@ def embed_paths(
     dim = chunks[0].shape[1] if chunks else 0
     embeddings = np.concatenate(chunks) if chunks else np.zeros((0, dim), np.float32)
     return EmbeddingResult(np.ascontiguousarray(embeddings), ok, errors)
+
+
+def embed_files(
+    embedder: Any,
+    paths: Sequence[str | Path],
+    *,
+    batch_size: int = 64,
+    workers: int = 0,
+    desc: str = "embedding",
+) -> EmbeddingResult:
+    """``embed_paths`` with a loaded embedder (``models.embedder``), at the image size and
+    resize its model records."""
+    return embed_paths(
+        embedder.embed,
+        paths,
+        image_size=embedder.image_size,
+        resize=embedder.resize,
+        batch_size=batch_size,
+        workers=workers,
+        desc=desc,
+    )

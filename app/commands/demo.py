@@ -240,21 +240,14 @@ def _build_gallery(model: Path, data: Path, out: Path, workers: int) -> None:
     import numpy as np
 
     from nearsight.index.datasets import load_dataset
-    from nearsight.index.embed import embed_paths
+    from nearsight.index.embed import embed_files
     from nearsight.index.gallery import build_gallery, describe_image_file
     from nearsight.models.embedder import load_embedder
 
     split = load_dataset("folder", data, "test")
     embedder = load_embedder(model, device="cpu")
     paths = [Path(os.path.abspath(sample.path)) for sample in split.samples]
-    result = embed_paths(
-        embedder.embed,
-        paths,
-        image_size=embedder.image_size,
-        resize=embedder.resize,
-        workers=workers,
-        desc="embedding",
-    )
+    result = embed_files(embedder, paths, workers=workers)
     kept = [int(i) for i in np.flatnonzero(result.ok)]
     if not kept:
         raise NearsightError(f"no test image of {data} could be read")

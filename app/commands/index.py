@@ -159,17 +159,9 @@ def _embed_files(
     """(vectors of the readable images, their positions in ``paths``, error lines)."""
     import numpy as np
 
-    from nearsight.index.embed import embed_paths
+    from nearsight.index.embed import embed_files
 
-    result = embed_paths(
-        embedder.embed,
-        paths,
-        image_size=embedder.image_size,
-        resize=embedder.resize,
-        batch_size=args.batch_size,
-        workers=args.workers,
-        desc="embedding",
-    )
+    result = embed_files(embedder, paths, batch_size=args.batch_size, workers=args.workers)
     _report_unreadable(result.errors)
     return result.embeddings, [int(i) for i in np.flatnonzero(result.ok)], result.errors
 

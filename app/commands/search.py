@@ -166,7 +166,7 @@ def _run_batch(args: argparse.Namespace, conditions: list) -> int:
     import numpy as np
 
     from nearsight.app.commands.index import load_gallery_model
-    from nearsight.index.embed import embed_paths
+    from nearsight.index.embed import embed_files
     from nearsight.index.gallery import Gallery
     from nearsight.index.query import allowed_ids, search_rows
     from nearsight.models.atomic import atomic_file
@@ -175,14 +175,8 @@ def _run_batch(args: argparse.Namespace, conditions: list) -> int:
     with Gallery.open(args.gallery) as gallery:
         embedder = load_gallery_model(gallery, args.model, args.device)
         allowed = allowed_ids(gallery, conditions)
-        result = embed_paths(
-            embedder.embed,
-            paths,
-            image_size=embedder.image_size,
-            resize=embedder.resize,
-            batch_size=args.batch_size,
-            workers=args.workers,
-            desc="searching",
+        result = embed_files(
+            embedder, paths, batch_size=args.batch_size, workers=args.workers, desc="searching"
         )
         answers = search_rows(gallery, result.embeddings, args.k, allowed=allowed)
     good = iter(answers)
