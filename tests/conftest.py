@@ -56,6 +56,29 @@ def onnx_gallery(tmp_path_factory) -> OnnxGallery:
     return make_onnx_gallery(tmp_path_factory.mktemp("onnx-gallery"))
 
 
+def write_digits(root: Path, *, size: int = 32, test_per_class: int | None = None) -> Path:
+    """scikit-learn's bundled handwritten digits (8x8, 10 classes; nothing downloaded) as RGB
+    PNGs upscaled to ``size`` px in an image folder (``ROOT/digit_K/NNNN.png``): the folder
+    loader splits it class-disjointly, digits 0-4 train and 5-9 test, the test classes cut to
+    their first ``test_per_class`` images when given. Returns ``root``."""
+    import numpy as np
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    kept = {digit: 0 for digit in range(10)}
+    for number, (pixels, digit) in enumerate(zip(digits.images, digits.target, strict=True)):
+        kept[digit] += 1
+        if digit >= 5 and test_per_class is not None and kept[digit] > test_per_class:
+            continue
+        folder = root / f"digit_{digit}"
+        folder.mkdir(parents=True, exist_ok=True)
+        grey = Image.fromarray(np.uint8(np.round(pixels * 255 / 16)), mode="L")
+        grey = grey.resize((size, size), Image.Resampling.BILINEAR)
+        grey.convert("RGB").save(folder / f"{number:04d}.png")
+    return root
+
+
 def build_wheel(out: Path) -> Path:
     """`pip wheel` of a copy of the checkout (the build writes build/ and egg-info into the
     source folder, so not into the checkout); returns the wheel's path."""

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import write_digits
 
 from nearsight.index.datasets import load_dataset
 from nearsight.index.datasets.synthetic import write_synthetic
@@ -77,41 +78,68 @@ def _flatten(values: dict, prefix: str = "") -> dict:
     return flat
 
 
+# what `--pretrained none` kept before the starting-point defaults: the fine-tuning settings
+OLD_FINE_TUNING_FLAGS = {
+    "optim.lr": 1e-5,
+    "optim.head_lr": 1e-4,
+    "model.freeze_bn": True,
+    "optim.schedule": "constant",
+    "optim.warmup_steps": 0,
+}
+# issue 13's hand-tuned flags for a run from scratch (a constant rate then)
+TUNED_FLAGS = {
+    "model.freeze_bn": False,
+    "optim.lr": 1e-3,
+    "optim.head_lr": 1e-3,
+    "optim.schedule": "constant",
+    "optim.warmup_steps": 0,
+}
+
+
 @pytest.mark.slow
 def test_from_scratch_without_settings_learns_as_well_as_the_hand_tuned_flags(tmp_path):
-    """The issue's tuned flags (BatchNorm learning, trunk and head at 1e-3, constant rate)
-    against no flags at all, same data and steps: the defaults resolve the same rates and do at
-    least as well (within 0.02 Recall@1; one query of the 48 is 0.021). At this size neither
-    run beats the untrained network's Recall@1 (a weak test of learning: it checks that the
-    automatic settings are the tuned ones and that warmup + cosine does no harm)."""
-    root = tmp_path / "data"
-    write_synthetic(root, classes=12, per_class=8, size=32, seed=0)
+    """Issue 13's acceptance on generated data: scikit-learn's digits at 32 px, digits 0-4 to
+    train on and 5-9 (40 images each) to retrieve, ResNet-50 from scratch, RLL, 5 x 8 batches,
+    30 steps, same seed. The tuned flags learn clearly, the old fine-tuning settings barely
+    move, and no flags at all (warmup + cosine) should do as well as the tuned flags, within
+    0.02 Recall@1 (200 queries: 0.005 each); they do not yet, so that check is an expected
+    failure (xfail) until the defaults change. Full-size run: bench/defaults_labelled.py."""
+    root = write_digits(tmp_path / "digits", size=32, test_per_class=40)
     common = {
-        "steps": 40,
-        "eval_every": 100,
-        "eval_at_start": True,
-        "sampler.classes_per_batch": 4,
-        "sampler.per_class": 4,
-        "data.crop_scale": [0.6, 1.0],
+        "data.image_size": 32,
+        "loss.name": "rll",
+        "sampler.classes_per_batch": 5,
+        "sampler.per_class": 8,
+        "steps": 30,
+        "eval_every": 30,
+        "data.eval_batch_size": 100,
+        "log_every": 10,
+        "save_every": 100,
     }
+    tuned = train(config_for(root, **common, eval_at_start=True, **TUNED_FLAGS), tmp_path / "tuned")
+    old = train(config_for(root, **common, **OLD_FINE_TUNING_FLAGS), tmp_path / "old")
     defaults = train(config_for(root, **common), tmp_path / "defaults")
-    tuned_flags = {
-        "model.freeze_bn": False,
-        "optim.lr": 1e-3,
-        "optim.head_lr": 1e-3,
-        "optim.schedule": "constant",
-        "optim.warmup_steps": 0,
-    }
-    tuned = train(config_for(root, **common, **tuned_flags), tmp_path / "tuned")
     saved = load_config(tmp_path / "defaults" / "config.yaml")
-    assert {"optim.lr", "optim.head_lr", "model.freeze_bn"} <= set(saved.auto)
+    assert {"optim.lr", "optim.head_lr", "model.freeze_bn", "optim.schedule"} <= set(saved.auto)
     assert (saved.optim.lr, saved.optim.head_lr, saved.model.freeze_bn) == (1e-3, 1e-3, False)
-    untrained = read_jsonl(tmp_path / "defaults" / "metrics.jsonl")[0]["recall@1"]
-    print(
-        f"R@1 untrained {untrained}, defaults {defaults.last['recall@1']}, "
-        f"tuned flags {tuned.last['recall@1']}"
-    )
-    assert defaults.last["recall@1"] >= tuned.last["recall@1"] - 0.02
+    assert saved.optim.schedule == "cosine"
+    untrained = read_jsonl(tmp_path / "tuned" / "metrics.jsonl")[0]["recall@1"]
+    recall = {
+        name: run.last["recall@1"]
+        for name, run in (("tuned", tuned), ("old", old), ("defaults", defaults))
+    }
+    print(f"R@1 untrained {untrained:.3f}, " + ", ".join(f"{k} {v:.3f}" for k, v in recall.items()))
+    assert recall["tuned"] >= untrained + 0.12  # the tuned flags learn
+    assert recall["old"] <= recall["tuned"] - 0.12  # the old settings learn clearly less
+    if recall["defaults"] < recall["tuned"] - 0.02:
+        # measured 2026-11-23 (one seed): untrained 0.470, tuned 0.675, old 0.495, defaults
+        # 0.605 (OMP_NUM_THREADS=1; a second run gave the same). Likely cause: over 30 steps the cosine decay halves the
+        # mean rate while the tuned run is still climbing steeply. Issue 13's acceptance is
+        # not met yet at this length; the defaults are the lead's call.
+        pytest.xfail(
+            f"no flags {recall['defaults']:.3f} vs tuned flags {recall['tuned']:.3f}: "
+            "more than 0.02 behind (issue 13's acceptance)"
+        )
 
 
 class Interrupt(Exception):
