@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,7 @@ from nearsight.index.index_choice import FLAT_MAX_ITEMS, parse_memory  # noqa: F
 from nearsight.index.metrics import CUB_KS, SOP_KS, default_ks, evaluate
 from nearsight.index.segments import read_segment
 from nearsight.index.tuning import REFINE_FACTOR, refine
+from nearsight.index.vector_store import ApproximateVectorsWarning, VectorStore
 from nearsight.models.errors import NearsightError
 
 # NMI's k-means++ seeding is O(N k); past this many classes use faiss's AFK-MC2 approximation
@@ -130,17 +132,21 @@ class Gallery:
                 raise GalleryError(f"not a nearsight gallery: {folder} is a file, not a folder")
             if not (folder / CATALOG_FILE).is_file():
                 raise GalleryError(f"not a nearsight gallery: {folder} has no {CATALOG_FILE}")
-            for name in (INDEX_FILE, EMBEDDINGS_FILE):
-                if not (folder / name).is_file():
-                    raise GalleryError(f"gallery {folder} is incomplete: it has no {name}")
+            if not (folder / INDEX_FILE).is_file():
+                raise GalleryError(f"gallery {folder} is incomplete: it has no {INDEX_FILE}")
             catalog = Catalog.open(folder / CATALOG_FILE, readonly=True)
             try:
                 ids, labels = catalog.labels()
                 meta = catalog.meta()
+                kept = bool(meta.get("embeddings_kept", True))  # older galleries always kept it
+                if kept and not (folder / EMBEDDINGS_FILE).is_file():
+                    raise GalleryError(
+                        f"gallery {folder} is incomplete: it has no {EMBEDDINGS_FILE}"
+                    )
                 pending = meta.get("segments") or meta.get("removed")
                 mappable = (folder / INDEX_FILE).stat().st_size >= MMAP_MIN_BYTES
                 index = read_index(folder / INDEX_FILE, mmap=mappable and not pending)
-                embeddings = read_embeddings(folder / EMBEDDINGS_FILE)
+                embeddings = read_embeddings(folder / EMBEDDINGS_FILE) if kept else None
                 dim = int(meta.get("dim", index.d))
                 segments = [read_segment(folder, name, dim) for name in meta.get("segments", [])]
                 removed = np.sort(np.asarray(meta.get("removed", []), dtype=np.int64))
@@ -171,6 +177,15 @@ class Gallery:
         elif len(removed):
             index.remove_ids(removed)
         self._index = index
+        self._store = VectorStore(
+            index,
+            self.index_type,
+            base_ids,
+            embeddings,
+            segments,
+            meta.get("vector_source"),
+            parse_memory(meta.get("memory_budget")),
+        )
         apply_search_parameters(index, meta)
         # a writer's private read (locked) is never searched: no GPU copy for it
         self._gpu_index = None if locked else to_gpu(index, self.index_type)
@@ -223,17 +238,30 @@ class Gallery:
     @property
     def embeddings(self) -> np.ndarray:
         """float32 [N, D]; row i is the vector of ``ids[i]``. Without segments or removals,
-        the memory-mapped embeddings.npy itself; else assembled once, on first use."""
+        the memory-mapped embeddings.npy itself; else (or when the gallery has no
+        embeddings.npy) gathered once, on first use, by :class:`index.vector_store.VectorStore`
+        (read back from the index: approximate for PQ types, see :attr:`vectors_exact`)."""
         if self._embeddings is None:
-            base_ids, base = self._base
-            if not self._segments and not len(self._removed):
+            _, base = self._base
+            if base is not None and not self._segments and not len(self._removed):
                 self._embeddings = base
             else:
-                all_ids = np.concatenate([base_ids, *(ids for ids, _ in self._segments)])
-                rows = np.concatenate([np.asarray(base), *(v for _, v in self._segments)])
-                keep = ~np.isin(all_ids, self._removed)
-                self._embeddings = rows if keep.all() else np.ascontiguousarray(rows[keep])
+                self._embeddings = self._store.rows(self.ids)
         return self._embeddings
+
+    @property
+    def embeddings_kept(self) -> bool:
+        """Whether the gallery holds embeddings.npy (its build may drop it past the budget)."""
+        return self._base[1] is not None
+
+    @property
+    def vectors_exact(self) -> bool:
+        """Whether item vectors read back are the ones added (False: decoded PQ codes)."""
+        return self._store.exact
+
+    def vectors_of(self, ids: np.ndarray | Sequence[int]) -> np.ndarray:
+        """float32 [len(ids), D]: the vectors of the items ``ids`` (all in the gallery)."""
+        return self._store.vectors_of(np.asarray(ids, dtype=np.int64))
 
     def search(
         self, vectors: np.ndarray, k: int, *, ids: np.ndarray | Sequence[int] | None = None
@@ -288,12 +316,11 @@ class Gallery:
     def _search_index(self, queries: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
         if self.index_type not in PQ_TYPES:
             return self._search_raw(queries, depth)
+        if not self._store.exact:  # no exact vectors to re-rank by: the codes' order
+            return self._search_raw(queries, depth)
         # compressed codes rank roughly: re-rank more candidates by the exact vectors
         _, candidates = self._search_raw(queries, min(self.count, depth * REFINE_FACTOR))
-        embeddings, ids = self.embeddings, self.ids
-        return refine(
-            queries, candidates, lambda wanted: embeddings[np.searchsorted(ids, wanted)], depth
-        )
+        return refine(queries, candidates, self._store.vectors_of, depth)
 
     def _search_raw(self, queries: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
         if self._gpu_index is not None and depth <= 2048:  # GPU k-selection limit
@@ -320,7 +347,7 @@ class Gallery:
         inner, found = search(queries, depth, params=params)
         if self.index_type == "flat":
             return inner, found
-        return filtered.complete_rows(inner, found, queries, self.embeddings, self.ids, allowed)
+        return filtered.complete_rows(inner, found, queries, self._store.vectors_of, allowed)
 
     def items(self, ids: Iterable[int]) -> list[dict[str, Any]]:
         """Catalog rows of ``ids``, in the order given; GalleryError for an unknown id."""
@@ -346,23 +373,38 @@ class Gallery:
             return CUB_KS
         return default_ks(int((self.labels >= 0).sum()))
 
-    def evaluate(self, ks: Sequence[int] | None = None) -> dict[str, float | int]:
+    def evaluate(
+        self, ks: Sequence[int] | None = None, queries: int | None = None
+    ) -> dict[str, float | int]:
         """The papers' protocol on the stored embeddings: every labelled item queries all the
-        other labelled items (unlabelled ones are left out). Returns index.metrics.evaluate's
-        dict: recall@k..., nmi, map@r, queries."""
+        other labelled items (unlabelled ones are left out). ``queries``: a seeded sample of
+        that many labelled items query (index.metrics.evaluate). Returns that function's dict:
+        recall@k..., nmi, map@r, queries. Without embeddings.npy the vectors are read back
+        (index.vector_store; exact for flat, IVF-Flat, HNSW; an ApproximateVectorsWarning for
+        PQ codes), in memory within the budget, else from a temporary memory-mapped file."""
         labelled = self.labels >= 0
         if labelled.sum() < 2:
             raise NearsightError(
                 f"gallery {self.path} has {int(labelled.sum())} labelled items: evaluation needs "
                 "at least 2"
             )
-        vectors = np.asarray(self.embeddings)
+        if not self.vectors_exact:
+            warnings.warn(
+                f"gallery {self.path} has no embeddings.npy and a compressed {self.index_type} "
+                "index: evaluating the vectors decoded from its codes (approximate)",
+                ApproximateVectorsWarning,
+                stacklevel=2,
+            )
         labels = self.labels
-        if not labelled.all():
-            vectors, labels = vectors[labelled], labels[labelled]
+        if labelled.all():
+            vectors = self.embeddings
+        else:
+            labels = labels[labelled]
+            vectors = self._store.rows(self.ids[labelled])  # within the budget, or mapped
         classes = len(np.unique(labels))
         init = "k-means++" if classes <= EXACT_KMEANSPP_MAX_CLASSES else "afk-mc2"
-        return evaluate(vectors, labels, tuple(ks or self.default_ks()), nmi_init=init)
+        ks = tuple(ks or self.default_ks())
+        return evaluate(vectors, labels, ks, nmi_init=init, queries=queries)
 
     # -- writing (index/gallery_write.py) ---------------------------------------------------
 
