@@ -1,10 +1,7 @@
 """The gallery: a folder holding a catalog, a FAISS index and the embeddings, always consistent.
 
-Layout (DESIGN.md; index/gallery_files.py)::
-
-    GALLERY/catalog.db      items (id = FAISS id, path, label, ...) and meta (index.catalog)
-    GALLERY/index.faiss     the CPU FAISS index; its ids are the catalog ids
-    GALLERY/embeddings.npy  float32 [N, D], L2-normalised, row i = the i-th catalog id in order
+Layout (DESIGN.md): index/gallery_files.py. ``embeddings.npy`` is optional past the memory
+budget; item vectors then come back from the index or the imported files (index/vector_store.py).
 
 This module reads a gallery: :class:`Gallery` opens and checks it, searches and evaluates it.
 Writing (building, ``add``, ``remove``, ``compact``; copy-on-write, crash-safe, serialised by a
@@ -24,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,7 +28,7 @@ from typing import Any
 import faiss
 import numpy as np
 
-from nearsight.index import filtered, gallery_write
+from nearsight.index import filtered, gallery_eval, gallery_model, gallery_write
 from nearsight.index.catalog import CATALOG_FILE, Catalog, GalleryError
 from nearsight.index.faiss_index import (  # noqa: F401  (re-exported: the gallery's public names)
     HNSW_EF_SEARCH,
@@ -49,6 +45,7 @@ from nearsight.index.faiss_index import (  # noqa: F401  (re-exported: the galle
     unit_distance,
 )
 from nearsight.index.filters import Condition, parse_filter
+from nearsight.index.gallery_eval import EXACT_KMEANSPP_MAX_CLASSES  # noqa: F401
 from nearsight.index.gallery_files import (  # noqa: F401  (re-exported)
     EMBEDDINGS_FILE,
     GALLERY_FILES,
@@ -65,14 +62,11 @@ from nearsight.index.gallery_lock import (  # noqa: F401  (lock_path re-exported
 from nearsight.index.gallery_write import build_gallery  # noqa: F401  (re-exported)
 from nearsight.index.images import describe_image_file  # noqa: F401  (re-exported)
 from nearsight.index.index_choice import FLAT_MAX_ITEMS, parse_memory  # noqa: F401
-from nearsight.index.metrics import CUB_KS, SOP_KS, default_ks, evaluate
 from nearsight.index.segments import read_segment
 from nearsight.index.tuning import REFINE_FACTOR, refine
-from nearsight.index.vector_store import ApproximateVectorsWarning, VectorStore
+from nearsight.index.vector_store import VectorStore
 from nearsight.models.errors import NearsightError
 
-# NMI's k-means++ seeding is O(N k); past this many classes use faiss's AFK-MC2 approximation
-EXACT_KMEANSPP_MAX_CLASSES = 1000
 MMAP_MIN_BYTES = 1 << 30  # an index file this large is memory-mapped where FAISS can
 
 
@@ -193,38 +187,11 @@ class Gallery:
     def model_path(self, override: str | os.PathLike[str] | None = None) -> Path:
         """The model to embed queries with: ``override``, else the one the gallery records
         (one-line NearsightError when it records none or the file is gone)."""
-        if override is not None:
-            return Path(override)
-        recorded = self.meta.get("model")
-        if not recorded and not self.model_sha256:
-            raise NearsightError(
-                f"gallery {self.path} was imported without a model: search it by --id or "
-                f"--vector, or pass --model (a model of dim {self.dim}) to search by image"
-            )
-        if not recorded:
-            raise NearsightError(f"gallery {self.path} does not record its model: pass --model")
-        path = Path(str(recorded))
-        if not path.is_file():
-            raise NearsightError(
-                f"the model gallery {self.path} was built with is not at {path} any more: "
-                "pass --model"
-            )
-        return path
+        return gallery_model.model_path(self, override)
 
     def check_model(self, model: Any, name: str | os.PathLike[str] | None = None) -> None:
         """GalleryError unless ``model`` (``dim``, ``model_sha256``) is the gallery's model."""
-        model_dim = int(model.dim)
-        model_sha = str(model.model_sha256)
-        if model_dim == self.dim and model_sha == self.model_sha256:
-            return
-        if model_dim == self.dim and not self.model_sha256:
-            return  # imported vectors of an unrecorded model: the dim is all there is to check
-        label = os.fspath(name) if name is not None else getattr(model, "path", None) or "MODEL"
-        raise GalleryError(
-            f"gallery {self.path} was built with model sha256 {self.model_sha256[:12]}.. "
-            f"(dim {self.dim}) but {label} is {model_sha[:12]}.. (dim {model_dim}): rebuild the "
-            "gallery or pass the model it was built with"
-        )
+        gallery_model.check_model(self, model, name)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -262,6 +229,11 @@ class Gallery:
     def vectors_of(self, ids: np.ndarray | Sequence[int]) -> np.ndarray:
         """float32 [len(ids), D]: the vectors of the items ``ids`` (all in the gallery)."""
         return self._store.vectors_of(np.asarray(ids, dtype=np.int64))
+
+    def vector_rows(self, ids: np.ndarray | Sequence[int]) -> np.ndarray:
+        """:meth:`vectors_of` for many items: in RAM within the gallery's memory budget, else
+        a memory map of an unlinked temporary file (index.vector_store)."""
+        return self._store.rows(np.asarray(ids, dtype=np.int64))
 
     def search(
         self, vectors: np.ndarray, k: int, *, ids: np.ndarray | Sequence[int] | None = None
@@ -366,45 +338,16 @@ class Gallery:
     def default_ks(self) -> tuple[int, ...]:
         """The papers' k values: SOP's for a gallery of the sop dataset, CUB/CARS's for other
         datasets, by size for a gallery of loose images."""
-        dataset = self.meta.get("dataset")
-        if dataset == "sop":
-            return SOP_KS
-        if dataset:
-            return CUB_KS
-        return default_ks(int((self.labels >= 0).sum()))
+        return gallery_eval.default_ks(self)
 
     def evaluate(
         self, ks: Sequence[int] | None = None, queries: int | None = None
     ) -> dict[str, float | int]:
-        """The papers' protocol on the stored embeddings: every labelled item queries all the
-        other labelled items (unlabelled ones are left out). ``queries``: a seeded sample of
-        that many labelled items query (index.metrics.evaluate). Returns that function's dict:
-        recall@k..., nmi, map@r, queries. Without embeddings.npy the vectors are read back
-        (index.vector_store; exact for flat, IVF-Flat, HNSW; an ApproximateVectorsWarning for
-        PQ codes), in memory within the budget, else from a temporary memory-mapped file."""
-        labelled = self.labels >= 0
-        if labelled.sum() < 2:
-            raise NearsightError(
-                f"gallery {self.path} has {int(labelled.sum())} labelled items: evaluation needs "
-                "at least 2"
-            )
-        if not self.vectors_exact:
-            warnings.warn(
-                f"gallery {self.path} has no embeddings.npy and a compressed {self.index_type} "
-                "index: evaluating the vectors decoded from its codes (approximate)",
-                ApproximateVectorsWarning,
-                stacklevel=2,
-            )
-        labels = self.labels
-        if labelled.all():
-            vectors = self.embeddings
-        else:
-            labels = labels[labelled]
-            vectors = self._store.rows(self.ids[labelled])  # within the budget, or mapped
-        classes = len(np.unique(labels))
-        init = "k-means++" if classes <= EXACT_KMEANSPP_MAX_CLASSES else "afk-mc2"
-        ks = tuple(ks or self.default_ks())
-        return evaluate(vectors, labels, ks, nmi_init=init, queries=queries)
+        """The papers' protocol on the stored vectors (index.gallery_eval.evaluate_gallery):
+        every labelled item queries all the other labelled items; ``queries``: a seeded
+        sample of that many. Without embeddings.npy the vectors are read back (exact, or an
+        ApproximateVectorsWarning for PQ codes)."""
+        return gallery_eval.evaluate_gallery(self, ks, queries)
 
     # -- writing (index/gallery_write.py) ---------------------------------------------------
 
