@@ -288,7 +288,7 @@ class Gallery:
     def _search_index(self, queries: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
         if self.index_type not in PQ_TYPES:
             return self._search_raw(queries, depth)
-        if not self._store.exact:  # no exact vectors to re-rank by: the codes' order
+        if not self._store.can_rerank:  # no exact vectors to re-rank by: the codes' order
             return self._search_raw(queries, depth)
         # compressed codes rank roughly: re-rank more candidates by the exact vectors
         _, candidates = self._search_raw(queries, min(self.count, depth * REFINE_FACTOR))

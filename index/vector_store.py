@@ -103,6 +103,12 @@ class VectorStore:
             return True
         return self.source is not None and self.source.covers(self.base_ids)
 
+    @property
+    def can_rerank(self) -> bool:
+        """Whether PQ candidates can be re-ranked by original vectors (the file or the source
+        files; items compacted in later come back decoded, a few among the candidates)."""
+        return self.base_rows is not None or (self.source is not None and self.source.available)
+
     def vectors_of(self, ids: np.ndarray) -> np.ndarray:
         """float32 [len(ids), D]: the vectors of ``ids`` (all held by the gallery), in order."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
