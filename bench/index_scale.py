@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clusters", type=int, default=1000, help="classes of the data")
     parser.add_argument("--latent-dim", type=int, default=16, help="the data's intrinsic dim")
     parser.add_argument(
-        "--time-per-type", type=float, default=30.0, help="seconds of latency sampling per type"
+        "--time-per-type", type=float, default=15.0, help="seconds of latency sampling per type"
     )
     parser.add_argument(
         "--threads", type=int, default=os.cpu_count() or 1, help="FAISS threads (all cores)"
