@@ -96,7 +96,7 @@ def build_map(view: GalleryView, method: str = PCA) -> EmbeddingMap:
     rows = np.arange(len(ids))
     if len(rows) > MAP_MAX_POINTS:
         rows = np.sort(np.random.default_rng(0).choice(len(rows), MAP_MAX_POINTS, replace=False))
-    vectors = np.asarray(view.gallery.embeddings)[rows]
+    vectors = view.gallery.vectors_of(ids[rows])
     coords = project(vectors, method)
     span = np.ptp(coords, axis=0)
     span[span == 0] = 1.0

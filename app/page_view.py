@@ -172,7 +172,7 @@ class GalleryView:
 
     def item_vector(self, item_id: int) -> np.ndarray:
         self.row(item_id)  # one-line error for an unknown id
-        return np.asarray(self.gallery.embeddings[self.position[int(item_id)]], np.float32)
+        return self.gallery.vectors_of([int(item_id)])[0]
 
     def search_item(
         self, item_id: int, k: int, allowed: np.ndarray | None = None

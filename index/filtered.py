@@ -10,13 +10,14 @@ that would leave fewer than k).
   only allowed ones, so with a narrow filter the candidate list may run dry before k.
 
 For ivf and hnsw a query that found fewer than min(k, allowed) items is searched again
-exactly over the allowed items' stored embeddings (what clip-retrieval and autofaiss do for a
+exactly over the allowed items' stored vectors (what clip-retrieval and autofaiss do for a
 filter that an approximate index cannot honour), so a filtered search returns k items
 whenever k match.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import faiss
@@ -45,15 +46,13 @@ def search_parameters(
 
 def exact_search(
     queries: np.ndarray,
-    embeddings: np.ndarray,
-    gallery_ids: np.ndarray,
+    vectors_of: Callable[[np.ndarray], np.ndarray],
     allowed: np.ndarray,
     depth: int,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(inner products, ids) [Q, depth] of an exact search over the allowed rows only;
-    ``gallery_ids`` are the ids of ``embeddings``' rows (sorted)."""
-    rows = np.searchsorted(gallery_ids, allowed)
-    vectors = np.ascontiguousarray(np.asarray(embeddings)[rows], dtype=np.float32)
+    """(inner products, ids) [Q, depth] of an exact search over the allowed items only;
+    ``vectors_of(ids)`` gives their vectors (Gallery.vectors_of)."""
+    vectors = np.ascontiguousarray(vectors_of(allowed), dtype=np.float32)
     inner, positions = faiss.knn(queries, vectors, depth, metric=faiss.METRIC_INNER_PRODUCT)
     ids = np.where(positions >= 0, allowed[np.maximum(positions, 0)], -1)
     return inner, ids.astype(np.int64)
@@ -63,15 +62,14 @@ def complete_rows(
     found_inner: np.ndarray,
     found_ids: np.ndarray,
     queries: np.ndarray,
-    embeddings: np.ndarray,
-    gallery_ids: np.ndarray,
+    vectors_of: Callable[[np.ndarray], np.ndarray],
     allowed: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Re-search exactly the queries whose approximate filtered search came back short."""
     short = (found_ids < 0).any(axis=1)
     if short.any():
         depth = found_ids.shape[1]
-        inner, ids = exact_search(queries[short], embeddings, gallery_ids, allowed, depth)
+        inner, ids = exact_search(queries[short], vectors_of, allowed, depth)
         found_inner, found_ids = found_inner.copy(), found_ids.copy()
         found_inner[short], found_ids[short] = inner, ids
     return found_inner, found_ids

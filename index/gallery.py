@@ -1,10 +1,7 @@
 """The gallery: a folder holding a catalog, a FAISS index and the embeddings, always consistent.
 
-Layout (DESIGN.md; index/gallery_files.py)::
-
-    GALLERY/catalog.db      items (id = FAISS id, path, label, ...) and meta (index.catalog)
-    GALLERY/index.faiss     the CPU FAISS index; its ids are the catalog ids
-    GALLERY/embeddings.npy  float32 [N, D], L2-normalised, row i = the i-th catalog id in order
+Layout (DESIGN.md): index/gallery_files.py. ``embeddings.npy`` is optional past the memory
+budget; item vectors then come back from the index or the imported files (index/vector_store.py).
 
 This module reads a gallery: :class:`Gallery` opens and checks it, searches and evaluates it.
 Writing (building, ``add``, ``remove``, ``compact``; copy-on-write, crash-safe, serialised by a
@@ -31,7 +28,7 @@ from typing import Any
 import faiss
 import numpy as np
 
-from nearsight.index import filtered, gallery_write
+from nearsight.index import filtered, gallery_eval, gallery_model, gallery_write
 from nearsight.index.catalog import CATALOG_FILE, Catalog, GalleryError
 from nearsight.index.faiss_index import (  # noqa: F401  (re-exported: the gallery's public names)
     HNSW_EF_SEARCH,
@@ -48,6 +45,7 @@ from nearsight.index.faiss_index import (  # noqa: F401  (re-exported: the galle
     unit_distance,
 )
 from nearsight.index.filters import Condition, parse_filter
+from nearsight.index.gallery_eval import EXACT_KMEANSPP_MAX_CLASSES  # noqa: F401
 from nearsight.index.gallery_files import (  # noqa: F401  (re-exported)
     EMBEDDINGS_FILE,
     GALLERY_FILES,
@@ -64,13 +62,11 @@ from nearsight.index.gallery_lock import (  # noqa: F401  (lock_path re-exported
 from nearsight.index.gallery_write import build_gallery  # noqa: F401  (re-exported)
 from nearsight.index.images import describe_image_file  # noqa: F401  (re-exported)
 from nearsight.index.index_choice import FLAT_MAX_ITEMS, parse_memory  # noqa: F401
-from nearsight.index.metrics import CUB_KS, SOP_KS, default_ks, evaluate
 from nearsight.index.segments import read_segment
 from nearsight.index.tuning import REFINE_FACTOR, refine
+from nearsight.index.vector_store import VectorStore
 from nearsight.models.errors import NearsightError
 
-# NMI's k-means++ seeding is O(N k); past this many classes use faiss's AFK-MC2 approximation
-EXACT_KMEANSPP_MAX_CLASSES = 1000
 MMAP_MIN_BYTES = 1 << 30  # an index file this large is memory-mapped where FAISS can
 
 
@@ -130,17 +126,21 @@ class Gallery:
                 raise GalleryError(f"not a nearsight gallery: {folder} is a file, not a folder")
             if not (folder / CATALOG_FILE).is_file():
                 raise GalleryError(f"not a nearsight gallery: {folder} has no {CATALOG_FILE}")
-            for name in (INDEX_FILE, EMBEDDINGS_FILE):
-                if not (folder / name).is_file():
-                    raise GalleryError(f"gallery {folder} is incomplete: it has no {name}")
+            if not (folder / INDEX_FILE).is_file():
+                raise GalleryError(f"gallery {folder} is incomplete: it has no {INDEX_FILE}")
             catalog = Catalog.open(folder / CATALOG_FILE, readonly=True)
             try:
                 ids, labels = catalog.labels()
                 meta = catalog.meta()
+                kept = bool(meta.get("embeddings_kept", True))  # older galleries always kept it
+                if kept and not (folder / EMBEDDINGS_FILE).is_file():
+                    raise GalleryError(
+                        f"gallery {folder} is incomplete: it has no {EMBEDDINGS_FILE}"
+                    )
                 pending = meta.get("segments") or meta.get("removed")
                 mappable = (folder / INDEX_FILE).stat().st_size >= MMAP_MIN_BYTES
                 index = read_index(folder / INDEX_FILE, mmap=mappable and not pending)
-                embeddings = read_embeddings(folder / EMBEDDINGS_FILE)
+                embeddings = read_embeddings(folder / EMBEDDINGS_FILE) if kept else None
                 dim = int(meta.get("dim", index.d))
                 segments = [read_segment(folder, name, dim) for name in meta.get("segments", [])]
                 removed = np.sort(np.asarray(meta.get("removed", []), dtype=np.int64))
@@ -171,6 +171,15 @@ class Gallery:
         elif len(removed):
             index.remove_ids(removed)
         self._index = index
+        self._store = VectorStore(
+            index,
+            self.index_type,
+            base_ids,
+            embeddings,
+            segments,
+            meta.get("vector_source"),
+            parse_memory(meta.get("memory_budget")),
+        )
         apply_search_parameters(index, meta)
         # a writer's private read (locked) is never searched: no GPU copy for it
         self._gpu_index = None if locked else to_gpu(index, self.index_type)
@@ -178,38 +187,11 @@ class Gallery:
     def model_path(self, override: str | os.PathLike[str] | None = None) -> Path:
         """The model to embed queries with: ``override``, else the one the gallery records
         (one-line NearsightError when it records none or the file is gone)."""
-        if override is not None:
-            return Path(override)
-        recorded = self.meta.get("model")
-        if not recorded and not self.model_sha256:
-            raise NearsightError(
-                f"gallery {self.path} was imported without a model: search it by --id or "
-                f"--vector, or pass --model (a model of dim {self.dim}) to search by image"
-            )
-        if not recorded:
-            raise NearsightError(f"gallery {self.path} does not record its model: pass --model")
-        path = Path(str(recorded))
-        if not path.is_file():
-            raise NearsightError(
-                f"the model gallery {self.path} was built with is not at {path} any more: "
-                "pass --model"
-            )
-        return path
+        return gallery_model.model_path(self, override)
 
     def check_model(self, model: Any, name: str | os.PathLike[str] | None = None) -> None:
         """GalleryError unless ``model`` (``dim``, ``model_sha256``) is the gallery's model."""
-        model_dim = int(model.dim)
-        model_sha = str(model.model_sha256)
-        if model_dim == self.dim and model_sha == self.model_sha256:
-            return
-        if model_dim == self.dim and not self.model_sha256:
-            return  # imported vectors of an unrecorded model: the dim is all there is to check
-        label = os.fspath(name) if name is not None else getattr(model, "path", None) or "MODEL"
-        raise GalleryError(
-            f"gallery {self.path} was built with model sha256 {self.model_sha256[:12]}.. "
-            f"(dim {self.dim}) but {label} is {model_sha[:12]}.. (dim {model_dim}): rebuild the "
-            "gallery or pass the model it was built with"
-        )
+        gallery_model.check_model(self, model, name)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -223,17 +205,35 @@ class Gallery:
     @property
     def embeddings(self) -> np.ndarray:
         """float32 [N, D]; row i is the vector of ``ids[i]``. Without segments or removals,
-        the memory-mapped embeddings.npy itself; else assembled once, on first use."""
+        the memory-mapped embeddings.npy itself; else (or when the gallery has no
+        embeddings.npy) gathered once, on first use, by :class:`index.vector_store.VectorStore`
+        (read back from the index: approximate for PQ types, see :attr:`vectors_exact`)."""
         if self._embeddings is None:
-            base_ids, base = self._base
-            if not self._segments and not len(self._removed):
+            _, base = self._base
+            if base is not None and not self._segments and not len(self._removed):
                 self._embeddings = base
             else:
-                all_ids = np.concatenate([base_ids, *(ids for ids, _ in self._segments)])
-                rows = np.concatenate([np.asarray(base), *(v for _, v in self._segments)])
-                keep = ~np.isin(all_ids, self._removed)
-                self._embeddings = rows if keep.all() else np.ascontiguousarray(rows[keep])
+                self._embeddings = self._store.rows(self.ids)
         return self._embeddings
+
+    @property
+    def embeddings_kept(self) -> bool:
+        """Whether the gallery holds embeddings.npy (its build may drop it past the budget)."""
+        return self._base[1] is not None
+
+    @property
+    def vectors_exact(self) -> bool:
+        """Whether item vectors read back are the ones added (False: decoded PQ codes)."""
+        return self._store.exact
+
+    def vectors_of(self, ids: np.ndarray | Sequence[int]) -> np.ndarray:
+        """float32 [len(ids), D]: the vectors of the items ``ids`` (all in the gallery)."""
+        return self._store.vectors_of(np.asarray(ids, dtype=np.int64))
+
+    def vector_rows(self, ids: np.ndarray | Sequence[int]) -> np.ndarray:
+        """:meth:`vectors_of` for many items: in RAM within the gallery's memory budget, else
+        a memory map of an unlinked temporary file (index.vector_store)."""
+        return self._store.rows(np.asarray(ids, dtype=np.int64))
 
     def search(
         self, vectors: np.ndarray, k: int, *, ids: np.ndarray | Sequence[int] | None = None
@@ -288,12 +288,11 @@ class Gallery:
     def _search_index(self, queries: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
         if self.index_type not in PQ_TYPES:
             return self._search_raw(queries, depth)
+        if not self._store.can_rerank:  # no exact vectors to re-rank by: the codes' order
+            return self._search_raw(queries, depth)
         # compressed codes rank roughly: re-rank more candidates by the exact vectors
         _, candidates = self._search_raw(queries, min(self.count, depth * REFINE_FACTOR))
-        embeddings, ids = self.embeddings, self.ids
-        return refine(
-            queries, candidates, lambda wanted: embeddings[np.searchsorted(ids, wanted)], depth
-        )
+        return refine(queries, candidates, self._store.vectors_of, depth)
 
     def _search_raw(self, queries: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
         if self._gpu_index is not None and depth <= 2048:  # GPU k-selection limit
@@ -320,7 +319,7 @@ class Gallery:
         inner, found = search(queries, depth, params=params)
         if self.index_type == "flat":
             return inner, found
-        return filtered.complete_rows(inner, found, queries, self.embeddings, self.ids, allowed)
+        return filtered.complete_rows(inner, found, queries, self._store.vectors_of, allowed)
 
     def items(self, ids: Iterable[int]) -> list[dict[str, Any]]:
         """Catalog rows of ``ids``, in the order given; GalleryError for an unknown id."""
@@ -339,30 +338,16 @@ class Gallery:
     def default_ks(self) -> tuple[int, ...]:
         """The papers' k values: SOP's for a gallery of the sop dataset, CUB/CARS's for other
         datasets, by size for a gallery of loose images."""
-        dataset = self.meta.get("dataset")
-        if dataset == "sop":
-            return SOP_KS
-        if dataset:
-            return CUB_KS
-        return default_ks(int((self.labels >= 0).sum()))
+        return gallery_eval.default_ks(self)
 
-    def evaluate(self, ks: Sequence[int] | None = None) -> dict[str, float | int]:
-        """The papers' protocol on the stored embeddings: every labelled item queries all the
-        other labelled items (unlabelled ones are left out). Returns index.metrics.evaluate's
-        dict: recall@k..., nmi, map@r, queries."""
-        labelled = self.labels >= 0
-        if labelled.sum() < 2:
-            raise NearsightError(
-                f"gallery {self.path} has {int(labelled.sum())} labelled items: evaluation needs "
-                "at least 2"
-            )
-        vectors = np.asarray(self.embeddings)
-        labels = self.labels
-        if not labelled.all():
-            vectors, labels = vectors[labelled], labels[labelled]
-        classes = len(np.unique(labels))
-        init = "k-means++" if classes <= EXACT_KMEANSPP_MAX_CLASSES else "afk-mc2"
-        return evaluate(vectors, labels, tuple(ks or self.default_ks()), nmi_init=init)
+    def evaluate(
+        self, ks: Sequence[int] | None = None, queries: int | None = None
+    ) -> dict[str, float | int]:
+        """The papers' protocol on the stored vectors (index.gallery_eval.evaluate_gallery):
+        every labelled item queries all the other labelled items; ``queries``: a seeded
+        sample of that many. Without embeddings.npy the vectors are read back (exact, or an
+        ApproximateVectorsWarning for PQ codes)."""
+        return gallery_eval.evaluate_gallery(self, ks, queries)
 
     # -- writing (index/gallery_write.py) ---------------------------------------------------
 

@@ -6,6 +6,8 @@ Layout (DESIGN.md)::
     GALLERY/catalog.db      items (id = FAISS id, path, label, ...) and meta (index.catalog)
     GALLERY/index.faiss     the CPU FAISS index; its ids are the catalog ids
     GALLERY/embeddings.npy  float32 [N, D], L2-normalised, row i = the i-th catalog id in order
+                            (optional past the memory budget: meta ``embeddings_kept``,
+                            index/vector_store.py)
 
 A gallery folder is written whole into a temporary folder and renamed into place
 (:func:`gallery_writer`); the catalog, the FAISS index and the embeddings are all written into
@@ -87,29 +89,31 @@ def check_consistent(
     meta: dict,
     ids: np.ndarray,
     index: faiss.Index,
-    embeddings: np.ndarray,
+    embeddings: np.ndarray | None,
     segments: Sequence[tuple[np.ndarray, np.ndarray]],
     removed: np.ndarray,
 ) -> np.ndarray:
-    """Check that the base index and embeddings agree, and that base + segments hold exactly
-    the catalog's ids and the removed ones; returns the base ids, sorted."""
+    """Check that the base index and embeddings (None: the gallery has none) agree, and that
+    base + segments hold exactly the catalog's ids and the removed ones; returns the base
+    ids, sorted."""
     missing = [key for key in ("model_sha256", "dim", "metric", "index_type") if key not in meta]
     if missing:
         raise GalleryError(f"gallery {folder} is damaged: its catalog meta has no '{missing[0]}'")
     if meta["metric"] != METRIC:
         raise GalleryError(f"gallery {folder} uses metric {meta['metric']!r}, not {METRIC!r}")
     dim = int(meta["dim"])
-    if index.d != dim or embeddings.shape[1] != dim:
+    rows, width = embeddings.shape if embeddings is not None else (index.ntotal, dim)
+    if index.d != dim or width != dim:
         raise GalleryError(
             f"gallery {folder} is inconsistent: catalog dim {dim}, index dim {index.d}, "
-            f"embeddings dim {embeddings.shape[1]}"
+            f"embeddings dim {width}"
         )
     added = sum(len(segment_ids) for segment_ids, _ in segments)
     count = len(ids)
-    if index.ntotal + added != count + len(removed) or len(embeddings) != index.ntotal:
+    if index.ntotal + added != count + len(removed) or rows != index.ntotal:
         raise GalleryError(
             f"gallery {folder} is inconsistent: {count} catalog items, {index.ntotal} index "
-            f"vectors, {len(embeddings)} embeddings"
+            f"vectors, {rows} embeddings"
         )
     base_ids = np.sort(index_ids(index))
     held = np.concatenate([base_ids, *(segment_ids for segment_ids, _ in segments)])

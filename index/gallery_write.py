@@ -27,7 +27,7 @@ import faiss
 import numpy as np
 
 from nearsight.index.catalog import CATALOG_FILE, Catalog, GalleryError, create_catalog
-from nearsight.index.faiss_index import METRIC, make_index, resolve_index_type
+from nearsight.index.faiss_index import METRIC, PQ_TYPES, make_index, resolve_index_type
 from nearsight.index.gallery_files import (
     EMBEDDINGS_FILE,
     GALLERY_FILES,
@@ -39,6 +39,7 @@ from nearsight.index.gallery_lock import gallery_lock, sweep_temporaries
 from nearsight.index.index_choice import parse_memory
 from nearsight.index.segments import sweep_unlisted, write_segment
 from nearsight.index.tuning import TARGET_RECALL, tune
+from nearsight.index.vector_store import describe_source, keep_embeddings
 from nearsight.models.atomic import recover_dir
 from nearsight.models.errors import NearsightError
 
@@ -81,47 +82,66 @@ def build_gallery(
     meta: dict[str, Any] | None = None,
     max_index_memory: str | int | None = None,
     target_recall: float = TARGET_RECALL,
+    embeddings: str = "auto",
+    vector_source: str | os.PathLike[str] | None = None,
 ) -> Path:
     """Write a new gallery folder at ``out_dir`` (replacing a gallery there) holding ``items``
     (catalog rows without ids: path, label, class_name, split, sha256, width, height) and their
     L2-normalised ``vectors`` [N, D]; ids are 0..N-1. ``meta`` adds to the catalog meta (model
     path, image size, dataset...). ``auto`` chooses the index type by count and
     ``max_index_memory`` (index.index_choice); an approximate index's nprobe/efSearch is tuned
-    to ``target_recall`` recall@10 (index.tuning). Returns the folder."""
+    to ``target_recall`` recall@10 (index.tuning). ``embeddings``: keep, drop or (auto) drop
+    embeddings.npy past the budget when exact vectors remain without it (index.vector_store);
+    ``vector_source``: the .npy file or chunk folder ``vectors`` were read from (row i = id i),
+    recorded for a PQ gallery without embeddings.npy as its exact vectors. Returns the
+    folder."""
     if not items:
         raise NearsightError("cannot build a gallery of no images")
     array = _check_vectors(vectors, len(items))
     budget = parse_memory(max_index_memory)
     resolved = resolve_index_type(index_type, len(array), array.shape[1], budget)
+    count, dim = array.shape
+    keep = keep_embeddings(embeddings, count, dim, resolved, budget, vector_source is not None)
+    source = None
+    if not keep and vector_source is not None and resolved in PQ_TYPES:
+        source = describe_source(vector_source)
     ids = np.arange(len(array), dtype=np.int64)
     final = Path(out_dir).expanduser().absolute()
     with gallery_lock(final, exclusive=True), _write_errors(final):
         sweep_temporaries(final)
         with gallery_writer(final) as tmp:
             index, params = make_index(array, ids, resolved)
-            params.update(tune(index, resolved, array, ids, target_recall))
+            rerank = keep or source is not None  # PQ searches re-rank by exact vectors
+            params.update(tune(index, resolved, array, ids, target_recall, rerank=rerank))
             full_meta = {
                 **(meta or {}),
                 "model_sha256": model_sha256,
-                "dim": int(array.shape[1]),
+                "dim": dim,
                 "metric": METRIC,
                 "index_type": resolved,
-                "count": len(array),
+                "count": count,
+                "memory_budget": budget,
+                "embeddings_kept": keep,
+                **({"vector_source": source} if source else {}),
                 **params,
             }
             rows = [{**item, "id": int(i)} for i, item in zip(ids, items, strict=True)]
             create_catalog(tmp / CATALOG_FILE, rows, full_meta)
-            _write_arrays(tmp, index, array)
+            _write_arrays(tmp, index, array if keep else None)
     return final
 
 
-def _write_arrays(folder: Path, index: faiss.Index, embeddings: np.ndarray) -> None:
+def _write_arrays(folder: Path, index: faiss.Index, embeddings: np.ndarray | None) -> None:
+    """Write index.faiss and (unless None) embeddings.npy into the temporary folder."""
     try:
         faiss.write_index(index, str(folder / INDEX_FILE))
     except RuntimeError as error:  # how faiss reports a failed write (a full disk)
         raise OSError(str(error).split("failed: ", 1)[-1]) from None
-    np.save(folder / EMBEDDINGS_FILE, np.ascontiguousarray(embeddings, dtype=np.float32))
+    if embeddings is not None:
+        np.save(folder / EMBEDDINGS_FILE, np.ascontiguousarray(embeddings, dtype=np.float32))
     for name in GALLERY_FILES:  # on disk before the rename makes them the gallery
+        if name == EMBEDDINGS_FILE and embeddings is None:
+            continue
         with open(folder / name, "rb") as handle:
             os.fsync(handle.fileno())
 
@@ -205,10 +225,11 @@ def compact(gallery: Gallery) -> None:
     copy-on-write rewrite of the gallery)."""
 
     def change(catalog: Catalog, current: Gallery):
-        embeddings = np.ascontiguousarray(current.embeddings)
+        # a gallery without embeddings.npy stays without (its vectors: the index, the source)
+        embeddings = current.embeddings if current.embeddings_kept else None
         index = current._index  # segments added, removed ids dropped (not for HNSW)
         if current.index_type == "hnsw" and len(current._removed):
-            index, _ = make_index(embeddings, current.ids, "hnsw")
+            index, _ = make_index(current.embeddings, current.ids, "hnsw")
         catalog.set_meta(segments=[], removed=[])
         return index, embeddings
 

@@ -10,14 +10,15 @@ budget B bytes:
    the flat index fits in B: evaluation and the demo's numbers stay exact, and a flat search of
    1M x 128 takes tens of milliseconds;
 2. HNSW when a graph of M >= 8 links fits: M = floor((B / (4 N) - D) / 2) (autofaiss; nearsight
-   builds M = 32, so it asks for 4 (D + 2 * 32) + 8 bytes per item);
+   builds M = index.faiss_index.HNSW_M, so it asks for 4 (D + 2 M) + 8 bytes per item);
 3. below 1M items (or with a GPU) an IVF-Flat that fits B (autofaiss's ivf_flat_threshold);
 4. otherwise product quantization: autofaiss's "OPQ{m}_{y},IVF{n},PQ{m}x8" with the largest
    code that fits B; here ``opq`` with dim / 4 bytes per vector (index.faiss_index.pq_bytes),
    plus an 8-byte id, searched with an exact re-rank of the candidates from embeddings.npy.
 
-nlist stays 4 sqrt(N) (autofaiss's rule below 1M items; it moves to 16k-256k lists past that,
-which this 2-core machine could not train in minutes). autofaiss tunes nprobe/efSearch for a
+nlist is the power of two nearest sqrt(N) (index.faiss_index.ivf_parameters; autofaiss takes
+4 sqrt(N) below 1M items and 16k-256k lists past that, which this 2-core machine could not
+train and fill in minutes), trained, like autofaiss, on a capped sample (64 points per list). autofaiss tunes nprobe/efSearch for a
 latency target; nearsight tunes them for a recall target (index.tuning).
 """
 
@@ -32,7 +33,6 @@ from nearsight.models.errors import NearsightError
 FLAT_MAX_ITEMS = 1_000_000  # exact search up to here while it fits the budget
 AUTOFAISS_FLAT_ITEMS = 1_000
 IVF_FLAT_MAX_ITEMS = 1_000_000  # autofaiss's ivf_flat_threshold
-HNSW_BUILD_M = 32
 ID_BYTES = 8
 DEFAULT_MEMORY_SHARE = 0.25  # of this machine's RAM, the default --max-index-memory
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -62,12 +62,12 @@ def default_index_memory() -> int:
 def index_bytes(index_type: str, count: int, dim: int) -> int:
     """Estimated memory of an index of ``count`` vectors (codes, links and ids; centroids and
     other fixed costs left out)."""
-    from nearsight.index.faiss_index import pq_bytes
+    from nearsight.index.faiss_index import HNSW_M, pq_bytes
 
     per_item = {
         "flat": 4 * dim + ID_BYTES,
         "ivf": 4 * dim + ID_BYTES,
-        "hnsw": 4 * (dim + 2 * HNSW_BUILD_M) + ID_BYTES,
+        "hnsw": 4 * (dim + 2 * HNSW_M) + ID_BYTES,
         "ivfpq": pq_bytes(dim) + ID_BYTES,
         "opq": pq_bytes(dim) + ID_BYTES,
     }[index_type]

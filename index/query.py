@@ -25,7 +25,7 @@ def item_vector(gallery: Gallery, item_id: int) -> np.ndarray:
     row = int(np.searchsorted(gallery.ids, item_id))
     if row >= len(gallery.ids) or int(gallery.ids[row]) != int(item_id):
         raise NearsightError(f"gallery {gallery.path} has no item with id {item_id}")
-    return np.asarray(gallery.embeddings[row : row + 1], dtype=np.float32)
+    return gallery.vectors_of([item_id])
 
 
 def check_vector(gallery: Gallery, vector: Any) -> np.ndarray:

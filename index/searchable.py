@@ -15,9 +15,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from nearsight.index.gallery import EXACT_KMEANSPP_MAX_CLASSES, Gallery
+from nearsight.index.gallery import Gallery
 from nearsight.index.images import load_image
-from nearsight.index.metrics import evaluate
 from nearsight.index.query import check_vector, item_vector, search_rows
 from nearsight.models.errors import NearsightError
 
@@ -117,20 +116,7 @@ class SearchableGallery:
         other labelled items); ``ks``: default the papers' values for the gallery's dataset.
         ``queries``: only a seeded sample of that many labelled items query (each still
         searching all the others exactly), see index.metrics.evaluate."""
-        if queries is None:
-            return self.gallery.evaluate(ks)
-        # the gallery's evaluate with a query sample (Gallery.evaluate takes no sample yet)
-        labelled = self.gallery.labels >= 0
-        if labelled.sum() < 2:
-            return self.gallery.evaluate(ks)  # its one-line error
-        vectors = np.asarray(self.gallery.embeddings)
-        labels = self.gallery.labels
-        if not labelled.all():
-            vectors, labels = vectors[labelled], labels[labelled]
-        classes = len(np.unique(labels))
-        init = "k-means++" if classes <= EXACT_KMEANSPP_MAX_CLASSES else "afk-mc2"
-        ks = tuple(ks or self.gallery.default_ks())
-        return evaluate(vectors, labels, ks, nmi_init=init, queries=queries)
+        return self.gallery.evaluate(ks, queries)
 
     def close(self) -> None:
         self.gallery.close()

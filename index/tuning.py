@@ -65,9 +65,13 @@ def tune(
     vectors: np.ndarray,
     ids: np.ndarray,
     target: float = TARGET_RECALL,
+    *,
+    rerank: bool = True,
 ) -> dict[str, Any]:
     """The smallest nprobe/efSearch reaching ``target`` recall@10 on a sample of ``vectors``
-    (rows are ``ids``); sets it on ``index`` and returns the meta to store. Flat: nothing."""
+    (rows are ``ids``); sets it on ``index`` and returns the meta to store. Flat: nothing.
+    ``rerank``: PQ searches re-rank their candidates by the exact vectors (False: a gallery
+    without them, searched in the codes' order)."""
     if index_type not in (*IVF_TYPES, "hnsw") or len(vectors) <= TUNING_K + 1:
         return {}
     rng = np.random.default_rng(0)
@@ -82,7 +86,7 @@ def tune(
         return np.asarray(vectors[np.searchsorted(position["ids"], wanted)], np.float32)
 
     def measure() -> float:
-        if index_type in PQ_TYPES:
+        if index_type in PQ_TYPES and rerank:
             _, candidates = index.search(queries, depth * REFINE_FACTOR)
             _, found = refine(queries, candidates, vectors_of, depth)
         else:

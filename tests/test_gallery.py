@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from nearsight.index.catalog import CATALOG_FILE, Catalog, GalleryError
+from nearsight.index.faiss_index import HNSW_M
 from nearsight.index.gallery import (
     EMBEDDINGS_FILE,
     INDEX_FILE,
@@ -136,7 +137,7 @@ def test_every_index_type_finds_each_item_first(tmp_path, vectors, index_type):
         if index_type in ("ivf", "ivfpq", "opq"):
             assert meta["nlist"] == nlist and 1 <= meta["nprobe"] <= nlist
         if index_type == "hnsw":
-            assert meta["hnsw_m"] == 32 and meta["ef_search"] in (16, 32, 64, 128)
+            assert meta["hnsw_m"] == HNSW_M and meta["ef_search"] in (16, 32, 64, 128)
 
 
 def test_distance_is_euclidean_between_unit_vectors(tmp_path):
@@ -161,15 +162,16 @@ def test_index_parameters():
     assert resolve_index_type("auto", 1_000_000, 128, 4 * gib) == "flat"
     assert resolve_index_type("auto", 1_000_000, 128, 256 << 20) == "opq"  # 520 MB > budget
     assert resolve_index_type("auto", 900_000, 128, 500 << 20) == "flat"  # 468 MB fits
-    # past 1M: HNSW (M = 32) while 4 (D + 64) + 8 bytes per item fit, then quantization
+    # past 1M: HNSW (M = 16) while 4 (D + 2 M) + 8 bytes per item fit, then quantization
     assert resolve_index_type("auto", 1_000_001, 128, 4 * gib) == "hnsw"
     assert resolve_index_type("auto", 10_000_000, 128, 4 * gib) == "opq"
     assert resolve_index_type("auto", 500, 128, 1) == "flat"  # tiny: always exact
     assert resolve_index_type("hnsw", 10) == "hnsw"
     with pytest.raises(Exception, match="unknown index type 'annoy'"):
         resolve_index_type("annoy", 10)
-    assert ivf_parameters(1_000_000) == (4000, 63)  # 4 sqrt(N); sqrt(4000) = 63.2
-    assert ivf_parameters(60_000) == (980, 31)  # 4 sqrt(60000) = 979.8
+    assert ivf_parameters(1_000_000) == (1024, 32)  # the power of 2 nearest sqrt(N) = 1000
+    assert ivf_parameters(10_000_000) == (4096, 64)  # sqrt(N) = 3162: 2^11.6 -> 2^12
+    assert ivf_parameters(60_000) == (256, 16)  # sqrt(60000) = 245
     assert ivf_parameters(300) == (7, 7)  # 39 points per list at most: 300 // 39 = 7
     assert ivf_parameters(20) == (1, 1)
 

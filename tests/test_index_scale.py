@@ -148,6 +148,23 @@ def test_a_changed_build_does_not_reuse_chunks(setup, tmp_path, capsys):
     assert_same_gallery(out, setup["single"])
 
 
+def test_a_pq_build_past_the_budget_keeps_its_chunks_instead_of_embeddings(setup, tmp_path, capsys):
+    """--embeddings auto past --max-index-memory: a PQ index holds codes only, so the build
+    keeps its chunk folder as the gallery's exact vectors and writes no embeddings.npy."""
+    out = tmp_path / "g"
+    options = ["--index-type", "ivfpq", "--max-index-memory", "1K"]
+    code, stdout, err = run(capsys, *setup["build"], "--out", out, *options)
+    assert code == 0, err
+    assert "chunks kept in" in stdout
+    assert not (out / "embeddings.npy").exists() and (tmp_path / ".g.chunks").is_dir()
+    _, _, expected = contents(setup["single"])
+    with Gallery.open(out) as gallery:
+        assert gallery.meta["embeddings_kept"] is False and gallery.vectors_exact
+        np.testing.assert_allclose(gallery.embeddings, expected, atol=1e-6)
+    code, _, err = run(capsys, "eval", "--gallery", out)
+    assert code == 0 and err == ""  # exact vectors: no note
+
+
 # -- import ----------------------------------------------------------------------------------
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
 
@@ -37,10 +38,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from nearsight.index.searchable import open_gallery
+    import warnings
 
-    with open_gallery(args.gallery) as gallery:
+    from nearsight.index.searchable import open_gallery
+    from nearsight.index.vector_store import ApproximateVectorsWarning
+
+    with open_gallery(args.gallery) as gallery, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ApproximateVectorsWarning)
         metrics = gallery.evaluate(args.k, args.queries)
+    for warning in caught:  # one line: vectors decoded from PQ codes (no embeddings.npy)
+        if issubclass(warning.category, ApproximateVectorsWarning):
+            print(f"nearsight: note: {warning.message}", file=sys.stderr)
     if args.json:
         # MAP@R is NaN when no class has two items: null keeps the output valid JSON
         print(json.dumps({key: _json_number(value) for key, value in metrics.items()}))

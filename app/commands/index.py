@@ -75,6 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="memory budget of the index for --index-type auto, e.g. 2G (default: a quarter "
         "of this machine's RAM)",
     )
+    add_embeddings_option(build)
     build.add_argument(
         "--chunk-size",
         type=int,
@@ -309,3 +310,16 @@ def run_remove(args: argparse.Namespace) -> int:
         f"in {time.perf_counter() - start:.1f}s"
     )
     return 0
+
+
+def add_embeddings_option(parser: argparse.ArgumentParser) -> None:
+    """``--embeddings auto|keep|drop`` of ``index build`` and ``index import``."""
+    parser.add_argument(
+        "--embeddings",
+        default="auto",
+        choices=["auto", "keep", "drop"],
+        help="write embeddings.npy, a second copy of the vectors (keep), or not (drop); auto "
+        "(default) drops it when the vectors exceed --max-index-memory and exact vectors remain "
+        "without it (a flat, ivf or hnsw index; the imported files or kept build chunks for "
+        "ivfpq/opq). Without it, eval and search by id read the vectors back from those",
+    )

@@ -100,13 +100,18 @@ def run_build(args: argparse.Namespace) -> int:
         index_type=args.index_type,
         meta=meta,
         max_index_memory=args.max_index_memory,
+        embeddings=args.embeddings,
+        vector_source=folder,
     )
-    shutil.rmtree(folder, ignore_errors=True)
     with Gallery.open(out) as gallery:
         index_type = gallery.index_type
+        kept_chunks = "vector_source" in gallery.meta
+    if not kept_chunks:  # else they are the exact vectors of a PQ gallery without embeddings.npy
+        shutil.rmtree(folder, ignore_errors=True)
     shards = f", {world} processes" if world > 1 else ""
     reuse = f", {reused} chunks reused" if reused else ""
     note = f", {skipped} unreadable skipped" if skipped else ""
+    note += f", chunks kept in {folder} (its exact vectors)" if kept_chunks else ""
     print(
         f"built gallery {out}: {len(items)} items{note}, {index_type} index, dim "
         f"{embedder.dim}{shards}{reuse}, in {time.perf_counter() - start:.1f}s"

@@ -9,6 +9,8 @@ from pathlib import Path
 
 
 def register(actions: argparse._SubParsersAction, index_types: list[str]) -> None:
+    from nearsight.app.commands.index import add_embeddings_option
+
     imported = actions.add_parser(
         "import",
         help="build a gallery from embeddings computed elsewhere",
@@ -29,6 +31,7 @@ def register(actions: argparse._SubParsersAction, index_types: list[str]) -> Non
         help="memory budget of the index for --index-type auto, e.g. 2G (default: a quarter of RAM)",
     )
     imported.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    add_embeddings_option(imported)
     imported.set_defaults(func=run_import)
 
     compact = actions.add_parser(
@@ -82,6 +85,8 @@ def run_import(args: argparse.Namespace) -> int:
         index_type=args.index_type,
         meta=meta,
         max_index_memory=args.max_index_memory,
+        embeddings=args.embeddings,
+        vector_source=args.vectors,
     )
     from nearsight.index.gallery import Gallery
 
