@@ -14,7 +14,7 @@ from nearsight.index.datasets import load_dataset
 from nearsight.index.datasets.synthetic import write_synthetic
 from nearsight.models.checkpoint import load_checkpoint
 from nearsight.training import trainer as trainer_module
-from nearsight.training.config import load_config
+from nearsight.training.config import ConfigError, load_config
 from nearsight.training.data import hold_out_classes
 from nearsight.training.run import train
 from nearsight.training.schedule import LRSchedule
@@ -231,3 +231,16 @@ def test_val_classes_write_val_and_test_metrics_and_choose_best_by_validation(sy
     assert result.last["recall@1"] == lines[-1]["recall@1"]
     text = result.summary()
     assert "best.pt" in text and "last.pt" in text and "best validation recall@1" in text
+
+
+def test_cosine_with_decay_start_holds_the_rate_then_decays_over_the_rest():
+    schedule = LRSchedule(name="cosine", warmup_steps=0, total_steps=100, decay_start=0.5)
+    assert [schedule.factor(s) for s in (0, 25, 50)] == [1.0, 1.0, 1.0]
+    assert schedule.factor(75) == pytest.approx(0.5)
+    assert schedule.factor(100) == pytest.approx(0.0, abs=1e-12)
+    # time-limited: the hold and the tail follow elapsed seconds the same way
+    timed = LRSchedule(name="cosine", time_limit_s=10.0, decay_start=0.5)
+    assert timed.factor(3, elapsed_s=4.0) == 1.0
+    assert timed.factor(3, elapsed_s=7.5) == pytest.approx(0.5)
+    with pytest.raises(ConfigError, match="decay_start"):
+        load_config(None, {"optim.decay_start": 1.0})

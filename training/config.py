@@ -116,6 +116,9 @@ class OptimConfig:
     schedule: str = "auto"
     milestones: list[float] = field(default_factory=list)  # "step": steps, or shares when < 1
     gamma: float = 0.1
+    # "cosine": the share of the run after which the decay begins (warmup, then the rate holds,
+    # then a cosine tail); 0: the cosine spans the whole run
+    decay_start: float = 0.0
     warmup_steps: int | None = None  # None: 0 from pretrained weights, ~5% of steps from scratch
     # learning rate of parameters a loss owns and trains with the embedding (class proxies, a
     # learnt margin); None = head_lr
@@ -302,6 +305,9 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError(
             f"optim.schedule must be auto, constant, step or cosine, got {config.optim.schedule!r}"
         )
+    decay_start = config.optim.decay_start
+    if not isinstance(decay_start, int | float) or not 0 <= decay_start < 1:
+        raise ConfigError(f"optim.decay_start must be in [0, 1), got {decay_start!r}")
     if config.sampler.classes_per_batch < 2 or config.sampler.per_class < 1:
         raise ConfigError("a batch needs at least 2 classes and 1 image per class")
     if config.data.image_size < 16:

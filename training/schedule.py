@@ -9,7 +9,10 @@ The multiplier of the base rates is ``warmup(step) x decay(progress)``:
   its elapsed training time (evaluations excluded); a run with both takes whichever is further,
   so a run cut by its time limit still ends at the low rate instead of mid-peak.
 - ``decay``: ``constant`` 1; ``cosine`` 0.5 (1 + cos(pi progress)) (Loshchilov and Hutter,
-  SGDR, ICLR 2017, without restarts); ``step`` gamma ** (milestones passed), milestones in
+  SGDR, ICLR 2017, without restarts), or with ``decay_start`` s the rate holds until progress
+  s and the cosine runs over the rest, 0.5 (1 + cos(pi (progress - s) / (1 - s))) (the
+  trapezoidal or warmup-stable-decay shape: a short run keeps its full rate longer and still
+  ends at the low one); ``step`` gamma ** (milestones passed), milestones in
   steps (>= 1) or as shares of the run (< 1, so they also work for a time-limited run).
 
 A step is one update of the embedding network (RankMI's critic batches do not count), so the
@@ -37,6 +40,7 @@ class LRSchedule:
     time_limit_s: float | None = None
     milestones: tuple[float, ...] = ()
     gamma: float = 0.1
+    decay_start: float = 0.0  # cosine: the share of the run before which the rate holds
 
     @classmethod
     def from_config(cls, config: TrainConfig, total_steps: int | None) -> LRSchedule:
@@ -48,6 +52,7 @@ class LRSchedule:
             time_limit_s=config.time_limit_s,
             milestones=tuple(optim.milestones),
             gamma=optim.gamma,
+            decay_start=optim.decay_start,
         )
 
     def progress(self, step: int, elapsed_s: float = 0.0) -> float:
@@ -65,7 +70,8 @@ class LRSchedule:
         warmup = min(1.0, (step + 1) / self.warmup_steps) if self.warmup_steps else 1.0
         progress = self.progress(step, elapsed_s)
         if self.name == "cosine":
-            decay = 0.5 * (1.0 + math.cos(math.pi * progress))
+            tail = max(0.0, progress - self.decay_start) / (1.0 - self.decay_start)
+            decay = 0.5 * (1.0 + math.cos(math.pi * tail))
         elif self.name == "step":
             passed = sum(progress >= m if m < 1 else step >= m for m in self.milestones)
             decay = self.gamma**passed
