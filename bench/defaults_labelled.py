@@ -114,19 +114,22 @@ def raw_pixel_recall(root: Path) -> float:
     return recall_at_k(pixels, split.labels, (1,))[1]
 
 
-def run(root: Path, out: Path, name: str, steps: int) -> dict[str, object]:
+def run(root: Path, out: Path, name: str, steps: int, seed: int = 0) -> dict[str, object]:
     overrides = {**COMMON, "data.root": str(root), "steps": steps, "eval_every": steps}
+    overrides["seed"] = seed
     config = load_config(None, {**overrides, **RUNS[name]})
     result = train(config, out)
     evaluations = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return {
         "run": name,
+        "seed": seed,
         "flags": RUNS[name],
         "steps": result.steps,
         "lr": config.optim.lr,
         "head_lr": config.optim.head_lr,
         "freeze_bn": config.model.freeze_bn,
         "schedule": config.optim.schedule,
+        "decay_start": config.optim.decay_start,
         "warmup_steps": config.optim.warmup_steps,
         "untrained_recall@1": evaluations[0]["recall@1"],
         "trained_recall@1": evaluations[-1]["recall@1"],
@@ -138,6 +141,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--runs", nargs="+", choices=list(RUNS), default=list(RUNS))
+    parser.add_argument(
+        "--seeds", nargs="+", type=int, default=[0], help="one run of each setting per seed"
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
 
@@ -145,21 +151,26 @@ def main() -> None:
         root = write_digits_sop(Path(tmp) / "digits")
         pixels = raw_pixel_recall(root)
         results = []
-        for name in args.runs:
-            results.append(run(root, Path(tmp) / name, name, args.steps))
-            print(json.dumps(results[-1]), flush=True)
+        for seed in args.seeds:
+            for name in args.runs:
+                out = Path(tmp) / f"{name}-{seed}"
+                results.append(run(root, out, name, args.steps, seed))
+                print(json.dumps(results[-1]), flush=True)
 
     print(f"\nraw pixels: Recall@1 {pixels:.3f}")
-    print(f"{'run':<10}{'steps':>6}{'R@1 untrained':>15}{'R@1 trained':>13}  settings")
+    print(f"{'run':<10}{'seed':>5}{'steps':>6}{'R@1 untrained':>15}{'R@1 trained':>13}  settings")
     for r in results:
         settings = (
             f"lr {r['lr']:g}, head_lr {r['head_lr']:g}, freeze_bn {r['freeze_bn']}, "
-            f"{r['schedule']} (warmup {r['warmup_steps']})"
+            f"{r['schedule']} (warmup {r['warmup_steps']}, decay from {r['decay_start']:g})"
         )
         print(
-            f"{r['run']:<10}{r['steps']:>6}{r['untrained_recall@1']:>15.3f}"
+            f"{r['run']:<10}{r['seed']:>5}{r['steps']:>6}{r['untrained_recall@1']:>15.3f}"
             f"{r['trained_recall@1']:>13.3f}  {settings}"
         )
+    for name in args.runs:
+        trained = [float(r["trained_recall@1"]) for r in results if r["run"] == name]
+        print(f"{name:<10} mean trained Recall@1 over {len(trained)} seeds {np.mean(trained):.3f}")
     if args.json:
         report = {"raw_pixels_recall@1": pixels, "runs": results}
         args.json.write_text(json.dumps(report, indent=2) + "\n")

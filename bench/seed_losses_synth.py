@@ -153,6 +153,12 @@ def main() -> None:
         "uses) for this long, and start every loss from it",
     )
     parser.add_argument(
+        "--standin-out",
+        type=Path,
+        metavar="FILE.pt",
+        help="keep the stand-in trunk here, and reuse it when the file exists",
+    )
+    parser.add_argument(
         "--threads", type=int, help="torch threads (two 1-thread runs side by side use 2 cores)"
     )
     args = parser.parse_args()
@@ -165,10 +171,15 @@ def main() -> None:
         data = args.data or Path(tmp) / "synth"
         if not (data / "synthetic.json").exists():
             write_synthetic(data, classes=100, per_class=24, size=96, seed=0)
-        if args.standin_pretrain:
+        if args.standin_out and args.standin_out.exists():
+            args.set.insert(0, f"model.pretrained={args.standin_out}")
+        elif args.standin_pretrain:
             trunk = standin_pretrain(
                 Path(tmp), args.standin_pretrain, args.image_size, args.workers
             )
+            if args.standin_out:
+                shutil.copyfile(trunk, args.standin_out)
+                trunk = args.standin_out
             args.set.insert(0, f"model.pretrained={trunk}")
         results = []
         for loss in args.losses:
