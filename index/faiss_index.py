@@ -79,10 +79,11 @@ def ivf_parameters(count: int) -> tuple[int, int]:
 
 
 def make_index(
-    vectors: np.ndarray, ids: np.ndarray, index_type: str
+    vectors: np.ndarray, ids: np.ndarray, index_type: str, *, skip: np.ndarray | None = None
 ) -> tuple[faiss.Index, dict[str, Any]]:
     """A CPU FAISS index of type ``index_type`` (flat, ivf, hnsw) holding ``vectors`` under
-    ``ids``, and its parameters for the gallery meta."""
+    ``ids``, and its parameters for the gallery meta. ``skip``: positions trained on but not
+    added yet (index.tuning's held-out queries; ``add_vectors`` adds them after tuning)."""
     dim = vectors.shape[1]
     params: dict[str, Any] = {}
     if index_type == "flat":
@@ -110,10 +111,26 @@ def make_index(
         index, params = _make_pq_index(vectors, index_type)
     else:
         raise ValueError(f"unknown index type {index_type!r}")
-    if len(vectors):
-        for start in range(0, len(vectors), ADD_BATCH):  # bounded temporary memory in add
-            index.add_with_ids(vectors[start : start + ADD_BATCH], ids[start : start + ADD_BATCH])
+    keep = None
+    if skip is not None and len(skip):
+        keep = np.ones(len(vectors), bool)
+        keep[skip] = False
+    add_vectors(index, vectors, ids, keep)
     return index, params
+
+
+def add_vectors(
+    index: faiss.Index, vectors: np.ndarray, ids: np.ndarray, keep: np.ndarray | None = None
+) -> None:
+    """Add ``vectors`` under ``ids`` (only the rows ``keep`` marks, when given) in batches, so
+    the temporary memory of an add stays bounded and no masked copy of the whole is made."""
+    for start in range(0, len(vectors), ADD_BATCH):
+        end = start + ADD_BATCH
+        batch, batch_ids = vectors[start:end], ids[start:end]
+        if keep is not None:
+            batch, batch_ids = batch[keep[start:end]], batch_ids[keep[start:end]]
+        if len(batch):
+            index.add_with_ids(np.ascontiguousarray(batch), np.ascontiguousarray(batch_ids))
 
 
 def pq_bytes(dim: int) -> int:

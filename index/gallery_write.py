@@ -27,7 +27,13 @@ import faiss
 import numpy as np
 
 from nearsight.index.catalog import CATALOG_FILE, Catalog, GalleryError, create_catalog
-from nearsight.index.faiss_index import METRIC, PQ_TYPES, make_index, resolve_index_type
+from nearsight.index.faiss_index import (
+    METRIC,
+    PQ_TYPES,
+    add_vectors,
+    make_index,
+    resolve_index_type,
+)
 from nearsight.index.gallery_files import (
     EMBEDDINGS_FILE,
     GALLERY_FILES,
@@ -38,7 +44,7 @@ from nearsight.index.gallery_files import (
 from nearsight.index.gallery_lock import gallery_lock, sweep_temporaries
 from nearsight.index.index_choice import parse_memory
 from nearsight.index.segments import sweep_unlisted, write_segment
-from nearsight.index.tuning import TARGET_RECALL, tune
+from nearsight.index.tuning import TARGET_RECALL, tune, tuning_sample
 from nearsight.index.vector_store import describe_source, keep_embeddings
 from nearsight.models.atomic import recover_dir
 from nearsight.models.errors import NearsightError
@@ -110,9 +116,13 @@ def build_gallery(
     with gallery_lock(final, exclusive=True), _write_errors(final):
         sweep_temporaries(final)
         with gallery_writer(final) as tmp:
-            index, params = make_index(array, ids, resolved)
+            held_out = tuning_sample(count, resolved)  # queries unseen by the index
+            index, params = make_index(array, ids, resolved, skip=held_out)
             rerank = keep or source is not None  # PQ searches re-rank by exact vectors
-            params.update(tune(index, resolved, array, ids, target_recall, rerank=rerank))
+            params.update(
+                tune(index, resolved, array, ids, target_recall, rerank=rerank, held_out=held_out)
+            )
+            add_vectors(index, array[held_out], ids[held_out])
             full_meta = {
                 **(meta or {}),
                 "model_sha256": model_sha256,
@@ -229,7 +239,12 @@ def compact(gallery: Gallery) -> None:
         embeddings = current.embeddings if current.embeddings_kept else None
         index = current._index  # segments added, removed ids dropped (not for HNSW)
         if current.index_type == "hnsw" and len(current._removed):
-            index, _ = make_index(current.embeddings, current.ids, "hnsw")
+            # the insertion order of a fresh build (the tuning sample last), so the same
+            # vectors give the same graph
+            vectors, ids = current.embeddings, current.ids
+            held_out = tuning_sample(len(ids), "hnsw")
+            index, _ = make_index(vectors, ids, "hnsw", skip=held_out)
+            add_vectors(index, vectors[held_out], ids[held_out])
         catalog.set_meta(segments=[], removed=[])
         return index, embeddings
 

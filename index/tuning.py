@@ -1,8 +1,12 @@
 """Search-time parameters tuned at build time, and the exact re-rank of compressed indexes.
 
-After an approximate index is built, a sample of the gallery's own vectors (TUNING_QUERIES,
-seeded) queries it for their 10 nearest other items, and the exact 10 (faiss.knn over all the
-vectors) are the reference; each query's own id is dropped from both lists. nprobe (IVF
+An approximate index is built without a seeded sample of the gallery's own vectors
+(``tuning_sample``: TUNING_QUERIES, at most a tenth of the gallery), which then query it as
+held-out queries for their 10 nearest items; the exact 10 (faiss.knn over the vectors in the
+index) are the reference; the sample is added after tuning. Held-out queries matter: a vector
+already in an HNSW graph is one hop from its neighbours and finds them at an efSearch where
+new queries miss some. A gallery too small to spare a sample tunes on its own vectors instead,
+each query's own id dropped from both lists. nprobe (IVF
 types) or efSearch (HNSW) grows in powers of two until recall@10 -- the mean share of the
 exact 10 found -- reaches the target (TARGET_RECALL unless given); the value and the recall it
 gave are stored in the gallery meta (``nprobe``/``ef_search``, ``tuned_recall_at_10``).
@@ -59,6 +63,15 @@ def recall_at_k(found: np.ndarray, exact: np.ndarray) -> float:
     return float(np.sum(hits) / exact.size) if exact.size else 1.0
 
 
+def tuning_sample(count: int, index_type: str) -> np.ndarray:
+    """Positions (sorted, seeded) of the vectors held out of an index of ``count`` vectors
+    while it is tuned; empty when nothing is tuned or the gallery is too small to spare them."""
+    if index_type not in (*IVF_TYPES, "hnsw") or count < 10 * (TUNING_K + 1):
+        return np.zeros(0, np.int64)
+    rng = np.random.default_rng(0)
+    return np.sort(rng.choice(count, min(TUNING_QUERIES, count // 10), replace=False))
+
+
 def tune(
     index: faiss.Index,
     index_type: str,
@@ -67,19 +80,32 @@ def tune(
     target: float = TARGET_RECALL,
     *,
     rerank: bool = True,
+    held_out: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """The smallest nprobe/efSearch reaching ``target`` recall@10 on a sample of ``vectors``
     (rows are ``ids``); sets it on ``index`` and returns the meta to store. Flat: nothing.
-    ``rerank``: PQ searches re-rank their candidates by the exact vectors (False: a gallery
-    without them, searched in the codes' order)."""
+    ``held_out``: the positions ``tuning_sample`` gave, not in ``index`` yet, which are the
+    queries; else a sample of the index's own vectors is. ``rerank``: PQ searches re-rank
+    their candidates by the exact vectors (False: a gallery without them, searched in the
+    codes' order)."""
     if index_type not in (*IVF_TYPES, "hnsw") or len(vectors) <= TUNING_K + 1:
         return {}
-    rng = np.random.default_rng(0)
-    sample = np.sort(rng.choice(len(vectors), min(TUNING_QUERIES, len(vectors)), replace=False))
+    if held_out is not None and len(held_out):
+        sample, excluded = held_out, ids[held_out]
+    else:
+        rng = np.random.default_rng(0)
+        count = min(TUNING_QUERIES, len(vectors))
+        sample = np.sort(rng.choice(len(vectors), count, replace=False))
+        excluded = None
     queries = np.ascontiguousarray(vectors[sample], dtype=np.float32)
     depth = TUNING_K + 1
-    _, exact_rows = faiss.knn(queries, vectors, depth, metric=faiss.METRIC_INNER_PRODUCT)
-    exact = _drop_self(ids[exact_rows], ids[sample], TUNING_K)
+    # deep enough that k remain once the held-out rows (not in the index) are dropped
+    exact_depth = min(len(vectors), 3 * depth) if excluded is not None else depth
+    _, exact_rows = faiss.knn(queries, vectors, exact_depth, metric=faiss.METRIC_INNER_PRODUCT)
+    if excluded is not None:
+        exact = _first_not_in(ids[exact_rows], excluded, TUNING_K)
+    else:
+        exact = _drop_self(ids[exact_rows], ids[sample], TUNING_K)
     position = {"ids": ids}
 
     def vectors_of(wanted: np.ndarray) -> np.ndarray:
@@ -91,6 +117,8 @@ def tune(
             _, found = refine(queries, candidates, vectors_of, depth)
         else:
             _, found = index.search(queries, depth)
+        if excluded is not None:
+            return recall_at_k(found[:, :TUNING_K], exact)
         return recall_at_k(_drop_self(found, ids[sample], TUNING_K), exact)
 
     if index_type == "hnsw":
@@ -110,6 +138,16 @@ def tune(
             break
         value = min(2 * value, ivf.nlist)
     return {"nprobe": value, "tuned_recall_at_10": round(recall, 4)}
+
+
+def _first_not_in(rows: np.ndarray, excluded: np.ndarray, k: int) -> np.ndarray:
+    """The first ``k`` ids of each row that are not in ``excluded`` (-1 past the end)."""
+    out = np.full((len(rows), k), -1, np.int64)
+    allowed = ~np.isin(rows, excluded)
+    for row, (values, keep) in enumerate(zip(rows, allowed, strict=True)):
+        kept = values[keep][:k]
+        out[row, : len(kept)] = kept
+    return out
 
 
 def _drop_self(found: np.ndarray, query_ids: np.ndarray, k: int) -> np.ndarray:
