@@ -16,18 +16,33 @@ weights) and at the end, on the class-disjoint test split.
 on top), the comparison to use on a shared CPU; ``--seconds`` stops on the clock instead. A
 loss may carry its own parameters after a colon (``nra:include_anchor=true,alpha=3``).
 
-Results: README, Benchmarks. Issue 14's runs (2026-11-23, 64 px, from scratch with the
-trainer's defaults, CPU shared with other jobs, so only the Recall@1 numbers mean anything;
-R@1 untrained -> trained):
+Results (also in the README, "Training from scratch on the synthetic set"):
 
-    --steps 40 --losses proxyanchor               0.030 -> 0.021  (loss_lr = head_lr 1e-3)
-    --steps 30 --losses proxyanchor --set optim.loss_lr=0.1
-                                                  0.030 -> 0.036
-    --steps 40 --losses nra                       0.030 -> 0.024
-    --steps 40 --losses nra:include_anchor=true   0.030 -> 0.030
+Measured 2026-11-23 (64 px, 8 x 4 batches, from scratch with the trainer's defaults: warmup
++ cosine, BatchNorm learning, 1e-3), one thread per run beside two other trainings on the 2
+cores, so the seconds are slow and only Recall@1 compares; untrained -> trained Recall@1 on
+the 50 unseen classes (1,200 queries):
 
-Too few steps to rank anything; normsoftmax, arcface and the stand-in-trunk runs of NRA were
-not measured in that session.
+    --steps 120 --threads 1                      (all five seed losses)
+    ice           0.030 -> 0.076   120 steps   249 s
+    rll           0.030 -> 0.073   120 steps   266 s
+    nra           0.030 -> 0.037   120 steps   215 s
+    rankmi        0.030 -> 0.068   120 steps (239 batches with the critic's)   231 s
+    bcontrastive  0.030 -> 0.071   120 steps   161 s
+
+    --steps 150 --threads 1 --losses proxyanchor normsoftmax arcface --set optim.loss_lr=0.1
+    proxyanchor 0.030 -> 0.034, normsoftmax 0.030 -> 0.070, arcface 0.030 -> 0.028
+    --steps 150 --threads 1 --losses nra nra:include_anchor=true
+    nra 0.030 -> 0.021, nra:include_anchor=true 0.030 -> 0.021
+
+From the stand-in trunk (``--standin-pretrain 420``: 213 steps, best Recall@1 0.231 on its own
+held-out classes), 150 steps:
+
+    --set optim.lr=1e-5 --set model.freeze_bn=true --losses nra nra:include_anchor=true ice
+    nra 0.114 -> 0.117, nra:include_anchor=true 0.114 -> 0.118, ice 0.114 -> 0.101
+    --set optim.lr=1e-4 --set optim.head_lr=1e-4 --set optim.loss_lr=1e-2
+    --set model.freeze_bn=true --losses proxyanchor normsoftmax arcface
+    proxyanchor 0.114 -> 0.158, normsoftmax 0.114 -> 0.147, arcface 0.114 -> 0.119
 
 The papers fine-tune ImageNet weights, which this machine cannot fetch. ``--standin-pretrain S``
 trains a stand-in first: ICE for S seconds on synthetic classes that the benchmark never uses
