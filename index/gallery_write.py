@@ -116,13 +116,10 @@ def build_gallery(
     with gallery_lock(final, exclusive=True), _write_errors(final):
         sweep_temporaries(final)
         with gallery_writer(final) as tmp:
-            held_out = tuning_sample(count, resolved)  # queries unseen by the index
-            index, params = make_index(array, ids, resolved, skip=held_out)
             rerank = keep or source is not None  # PQ searches re-rank by exact vectors
-            params.update(
-                tune(index, resolved, array, ids, target_recall, rerank=rerank, held_out=held_out)
+            index, params = _index_in_build_order(
+                array, ids, resolved, target_recall=target_recall, rerank=rerank
             )
-            add_vectors(index, array[held_out], ids[held_out])
             full_meta = {
                 **(meta or {}),
                 "model_sha256": model_sha256,
@@ -139,6 +136,27 @@ def build_gallery(
             create_catalog(tmp / CATALOG_FILE, rows, full_meta)
             _write_arrays(tmp, index, array if keep else None)
     return final
+
+
+def _index_in_build_order(
+    vectors: np.ndarray,
+    ids: np.ndarray,
+    index_type: str,
+    *,
+    target_recall: float | None = None,
+    rerank: bool = True,
+) -> tuple[faiss.Index, dict[str, Any]]:
+    """The index in the one insertion order every build uses: all vectors but index.tuning's
+    held-out sample, then the sample, after nprobe/efSearch were tuned on it to
+    ``target_recall`` (None: not tuned). Returns the index and its meta parameters."""
+    held_out = tuning_sample(len(ids), index_type)
+    index, params = make_index(vectors, ids, index_type, skip=held_out)
+    if target_recall is not None:
+        params.update(
+            tune(index, index_type, vectors, ids, target_recall, rerank=rerank, held_out=held_out)
+        )
+    add_vectors(index, vectors[held_out], ids[held_out])
+    return index, params
 
 
 def _write_arrays(folder: Path, index: faiss.Index, embeddings: np.ndarray | None) -> None:
@@ -239,12 +257,8 @@ def compact(gallery: Gallery) -> None:
         embeddings = current.embeddings if current.embeddings_kept else None
         index = current._index  # segments added, removed ids dropped (not for HNSW)
         if current.index_type == "hnsw" and len(current._removed):
-            # the insertion order of a fresh build (the tuning sample last), so the same
-            # vectors give the same graph
-            vectors, ids = current.embeddings, current.ids
-            held_out = tuning_sample(len(ids), "hnsw")
-            index, _ = make_index(vectors, ids, "hnsw", skip=held_out)
-            add_vectors(index, vectors[held_out], ids[held_out])
+            # a fresh build's insertion order, so the same vectors give the same graph
+            index, _ = _index_in_build_order(current.embeddings, current.ids, "hnsw")
         catalog.set_meta(segments=[], removed=[])
         return index, embeddings
 
