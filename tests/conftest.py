@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
 import sys
@@ -107,6 +108,29 @@ def nearsight_wheel(tmp_path_factory) -> Path:
 
 class TrainingCrash(Exception):
     """Raised inside a training step to stand in for a crash (a kill mid-run)."""
+
+
+def train_one_and_two_processes(args: list[str], out: Path) -> tuple[Path, Path]:
+    """``nearsight train *args`` once in one process and once under torchrun with 2 CPU
+    processes (gloo), one thread each; returns the two run folders (OUT/single, OUT/ddp)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    single, ddp = out / "single", out / "ddp"
+    subprocess.run(
+        [sys.executable, "-m", "nearsight.app.cli", "train", *args, "--out", str(single)],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
+    result = subprocess.run(
+        [torchrun, "--standalone", "--nproc_per_node", "2", "-m", "nearsight.app.cli", "train",
+         *args, "--out", str(ddp)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return single, ddp
 
 
 def crash_training(config, out_dir: Path, monkeypatch, *, in_step: int) -> None:

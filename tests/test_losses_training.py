@@ -4,16 +4,12 @@ eval), the proxy losses' own parameters (their optimiser group, resume, DDP), Ra
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import onnx
 import pytest
 import torch
-from conftest import crash_training
+from conftest import crash_training, train_one_and_two_processes
 
 from nearsight.app.cli import main
 from nearsight.index.datasets.synthetic import write_synthetic
@@ -174,24 +170,7 @@ def test_two_process_ddp_proxies_follow_the_single_process_run(synth, tmp_path):
         "--device", "cpu", "--set", "model.freeze_bn=true", "--set", "model.feature_norm=none",
         "--set", "optim.name=sgd", "--set", "optim.loss_lr=0.5", "--set", "eval_every=3",
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    single = tmp_path / "single"
-    subprocess.run(
-        [sys.executable, "-m", "nearsight.app.cli", "train", *common, "--out", str(single)],
-        check=True,
-        env=env,
-        capture_output=True,
-    )
-    ddp = tmp_path / "ddp"
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
-    result = subprocess.run(
-        [torchrun, "--standalone", "--nproc_per_node", "2", "-m", "nearsight.app.cli", "train",
-         *common, "--out", str(ddp)],
-        env=env,
-        capture_output=True,
-        text=True,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
+    single, ddp = train_one_and_two_processes(common, tmp_path)
     a = [r["loss"] for r in read_jsonl(single / "train.jsonl")]
     b = [r["loss"] for r in read_jsonl(ddp / "train.jsonl")]
     assert b == pytest.approx(a, rel=1e-4, abs=1e-5)

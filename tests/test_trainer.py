@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from conftest import crash_training
+from conftest import crash_training, train_one_and_two_processes
 
 from nearsight.app.cli import main
 from nearsight.index.datasets.synthetic import write_synthetic
@@ -266,34 +262,7 @@ def test_two_process_ddp_follows_the_single_process_loss_curve(synth, tmp_path):
         "--set",
         "data.eval_batch_size=16",
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    single = tmp_path / "single"
-    subprocess.run(
-        [sys.executable, "-m", "nearsight.app.cli", "train", *common, "--out", str(single)],
-        check=True,
-        env=env,
-        capture_output=True,
-    )
-    ddp = tmp_path / "ddp"
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
-    result = subprocess.run(
-        [
-            torchrun,
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            "-m",
-            "nearsight.app.cli",
-            "train",
-            *common,
-            "--out",
-            str(ddp),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    single, ddp = train_one_and_two_processes(common, tmp_path)
     a = [r["loss"] for r in read_jsonl(single / "train.jsonl")]
     b = [r["loss"] for r in read_jsonl(ddp / "train.jsonl")]
     assert len(a) == len(b) == 4
