@@ -16,7 +16,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml constraints.txt | $(BIN)/python
-	$(BIN)/python -m pip install --quiet --progress-bar off -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --progress-bar off -c constraints.txt -e '.[dev]' --config-settings editable_mode=compat
 	touch $@
 
 demo: venv

@@ -1,4 +1,4 @@
-"""Query latency of `nearsight serve` through its APIs: the REST API (app/rest.py) and Gradio's
+"""Query latency of `nearsight serve` through its APIs: the REST API (nearsight/app/rest.py) and Gradio's
 ``/search`` through gradio_client, beside the model alone, in one run.
 
     python bench/app_latency.py [--items 60000] [--dim 128] [--classes 100] [--image-size 224]
@@ -144,7 +144,7 @@ def make_images(workdir: Path) -> list[Path]:
 
 
 def make_gallery(workdir: Path, model: Path, images: list[Path], args) -> tuple[Path, float]:
-    from nearsight.index.gallery import build_gallery, describe_image_file
+    from nearsight.index.gallery.core import build_gallery, describe_image_file
     from nearsight.models.embedder import load_embedder
 
     rng = np.random.default_rng(0)

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
-from nearsight.index.gallery import build_gallery
+from nearsight.index.gallery.core import build_gallery
 
 CHILD = """
 import sys
 import numpy as np
-from nearsight.index.gallery import Gallery
+from nearsight.index.gallery.core import Gallery
 
 def io() -> dict:
     with open("/proc/self/io") as handle:

@@ -71,7 +71,7 @@ def make_model(workdir: Path, dim: int, image_size: int) -> Path:
 
 def make_gallery(workdir: Path, model: Path, items: int) -> tuple[Path, Path]:
     from nearsight.index.datasets.synthetic import write_synthetic
-    from nearsight.index.gallery import build_gallery, describe_image_file
+    from nearsight.index.gallery.core import build_gallery, describe_image_file
     from nearsight.models.embedder import load_embedder
 
     images_dir = workdir / "images"

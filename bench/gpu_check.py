@@ -9,7 +9,7 @@ Parts (``--parts``, comma-separated; default all):
 
   train   One short training run per seed loss (ice, rll, nra, rankmi, bcontrastive) and one
           proxy baseline (proxyanchor, when the loss registry has it) through the real trainer:
-          ResNet-50 at 224 px, each paper's batch design (training/configs/*_cub.yaml), bf16
+          ResNet-50 at 224 px, each paper's batch design (nearsight/training/configs/*_cub.yaml), bf16
           autocast and channels_last, synthetic JPEGs decoded by the trainer's DataLoader with
           one worker per core. Images/s (median step after warm-up) against the bare ResNet-50
           forward+backward on a batch already on the GPU, measured in the same process (goal:

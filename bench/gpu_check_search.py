@@ -31,9 +31,9 @@ def clustered_vectors(
 def make_gallery_index(vectors: np.ndarray, kind: str):
     """The gallery's own index builder (index.gallery.make_index, or where it moved)."""
     try:
-        from nearsight.index.faiss_index import make_index
+        from nearsight.index.search.faiss_index import make_index
     except ImportError:
-        from nearsight.index.gallery import make_index
+        from nearsight.index.gallery.core import make_index
     return make_index(vectors, np.arange(len(vectors), dtype=np.int64), kind)
 
 

@@ -46,8 +46,8 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from nearsight.index.gallery import INDEX_FILE, Gallery, build_gallery
-from nearsight.index.tuning import recall_at_k
+from nearsight.index.gallery.core import INDEX_FILE, Gallery, build_gallery
+from nearsight.index.search.tuning import recall_at_k
 
 TYPES = ("flat", "ivf", "ivfpq", "opq", "hnsw")
 BATCH = 64

@@ -36,7 +36,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from nearsight.index.gallery import EXACT_KMEANSPP_MAX_CLASSES, Gallery, build_gallery
+from nearsight.index.gallery.core import EXACT_KMEANSPP_MAX_CLASSES, Gallery, build_gallery
 from nearsight.index.metrics import SOP_KS, evaluate, nmi, recall_at_k
 
 DIM = 128

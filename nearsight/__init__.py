@@ -28,7 +28,7 @@ _API = {
     "load_embedder": "nearsight.models.embedder",
     "export": "nearsight.models.export",
     "train": "nearsight.training.run",
-    "NearsightError": "nearsight.models.errors",
+    "NearsightError": "nearsight.core.errors",
 }
 
 __all__ = [
@@ -41,9 +41,9 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from nearsight.core.errors import NearsightError
     from nearsight.index.searchable import SearchableGallery, open_gallery
     from nearsight.models.embedder import load_embedder
-    from nearsight.models.errors import NearsightError
     from nearsight.models.export import export
     from nearsight.training.run import train
 

@@ -158,8 +158,6 @@ def crash_training(config, out_dir: Path, monkeypatch, *, in_step: int) -> None:
 def running_page(galleries: list[Path]):
     """The page and its REST API served on a free port for a test: yields (url, app), then
     stops the server, the API's batcher and the page's analysis threads."""
-    from test_page import free_port
-
     from nearsight.app.page import build_app, launch_app
     from nearsight.app.rest import close_rest_app
 
@@ -172,3 +170,145 @@ def running_page(galleries: list[Path]):
         demo.close(verbose=False)
         close_rest_app(demo.nearsight_api)
         demo.nearsight.close()
+
+
+# -- tiny galleries built by the CLI ----------------------------------------------------------
+
+FAST = ["--workers", "0"]
+CLASSES = 6
+PER_CLASS = 4
+SHOPS = ("north", "south")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def tiny_model(path: Path, seed: int, dim: int = 16) -> Path:
+    """A random resnet18 checkpoint, ``dim``-d at 32 px."""
+    import torch
+
+    from nearsight.models.checkpoint import save_checkpoint
+    from nearsight.models.embedding import EmbeddingConfig, EmbeddingNet
+
+    torch.manual_seed(seed)
+    config = EmbeddingConfig(dim=dim, image_size=32, arch="resnet18", pretrained="none")
+    return save_checkpoint(path, EmbeddingNet(config))
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    """``nearsight *argv`` in this process: (exit code, stdout, stderr)."""
+    from nearsight.app.cli import main
+
+    code = main([str(arg) for arg in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def assert_one_line_error(code: int, err: str, *fragments: str) -> None:
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.startswith("nearsight: error:")]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@dataclass
+class TinyGallery:
+    root: Path
+    data: Path
+    model: Path
+    gallery: Path
+    secret: Path  # a file outside every gallery folder
+    link: Path  # a symlink inside a gallery image folder pointing at ``secret``
+    items: list[dict]
+
+
+def make_tiny_gallery(root: Path, arch: str = "resnet50", seed: int = 2) -> TinyGallery:
+    """6 classes x 4 images of 32 px, a random 16-d network and its gallery (built by the CLI).
+
+    Seed 2: the random ResNet-50 gets 4 of the 24 rank-1 neighbours right, so the page shows
+    both kinds (seed 0 got none right)."""
+    import torch
+
+    from nearsight.app.cli import main
+    from nearsight.index.datasets.synthetic import write_synthetic
+    from nearsight.index.gallery.core import Gallery
+    from nearsight.models.checkpoint import save_checkpoint
+    from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
+
+    data = root / "data"
+    write_synthetic(data, classes=CLASSES, per_class=PER_CLASS, size=32)
+    torch.manual_seed(seed)
+    model = root / "model.pt"
+    config = EmbeddingConfig(dim=16, image_size=32, arch=arch)
+    save_checkpoint(model, build_embedding_net(config))
+    gallery = root / "gallery"
+    argv = ["index", "build", "--model", str(model), "--dataset", "folder", "--root", str(data)]
+    assert main([*argv, "--split", "all", "--out", str(gallery), "--workers", "0"]) == 0
+    with Gallery.open(gallery) as opened:
+        items = opened.all_items()
+    secret = root / "secret.txt"
+    secret.write_text("top secret: not an image of any gallery\n")
+    link = Path(items[0]["path"]).parent / "link-to-secret.png"
+    link.symlink_to(secret)
+    return TinyGallery(root, data, model, gallery, secret, link, items)
+
+
+@pytest.fixture(scope="module")
+def product(tmp_path_factory) -> dict:
+    """A CSV manifest with shop, price and sku columns over a synthetic folder dataset."""
+    import csv
+
+    from nearsight.app.cli import main
+    from nearsight.index.datasets.synthetic import write_synthetic
+
+    root = tmp_path_factory.mktemp("product")
+    write_synthetic(root / "data", classes=6, per_class=6, size=32)
+    images = sorted(p for p in (root / "data").rglob("*.png"))
+    manifest = root / "data" / "products.csv"
+    with open(manifest, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["path", "label", "split", "shop", "price", "sku"])
+        for number, image in enumerate(images):
+            writer.writerow(
+                [
+                    image.relative_to(manifest.parent),
+                    image.parent.name,
+                    "test",
+                    SHOPS[number % 2],
+                    f"{number * 1.5:.1f}",
+                    f"{number:04d}",
+                ]
+            )
+    model = tiny_model(root / "model.pt", seed=0)
+    gallery = root / "gallery"
+    code = main(["index", "build", "--model", str(model), "--dataset", "csv", "--root",
+                 str(manifest), "--out", str(gallery), *FAST])  # fmt: skip
+    assert code == 0
+    return {"root": root, "images": images, "gallery": gallery, "model": model}
+
+
+# -- the page in Debian's chromium ----------------------------------------------------------
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+TIMEOUT_MS = 60_000  # the 2-core test machine is shared: be patient, not flaky
+
+
+def upload(page, path: Path | str) -> None:
+    page.set_input_files("#ns-query-image input[type=file]", str(path))

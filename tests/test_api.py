@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 import nearsight
-from nearsight.models.errors import NearsightError
+from nearsight.core.errors import NearsightError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -126,7 +126,7 @@ def test_train_is_reexported_from_training_run():
     try:
         import nearsight.training.run as run
     except ModuleNotFoundError:
-        pytest.skip("training/run.py (the `train` branch) is not merged yet")
+        pytest.skip("nearsight/training/run.py (the `train` branch) is not merged yet")
     assert nearsight.train is run.train
 
 

@@ -1,4 +1,4 @@
-"""The gallery catalog and its folder (index/gallery_files.py): round trips, stable ids, damaged
+"""The gallery catalog and its folder (nearsight/index/gallery/files.py): round trips, stable ids, damaged
 files, and all-or-nothing writes."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from nearsight.index.catalog import CATALOG_FILE, Catalog, GalleryError, create_catalog
-from nearsight.index.gallery_files import gallery_writer, open_catalog_dir, write_catalog_dir
+from nearsight.index.gallery.files import gallery_writer, open_catalog_dir, write_catalog_dir
 
 META = {"model_sha256": "ab" * 32, "dim": 128, "metric": "inner_product", "index_type": "flat"}
 

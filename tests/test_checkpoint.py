@@ -1,4 +1,4 @@
-"""Checkpoint I/O (models/checkpoint.py): round trip, loading without training code, damage."""
+"""Checkpoint I/O (nearsight/models/checkpoint.py): round trip, loading without training code, damage."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from nearsight.core.errors import NearsightError
 from nearsight.models.checkpoint import (
     checkpoint_sha256,
     load_checkpoint,
@@ -18,7 +19,6 @@ from nearsight.models.checkpoint import (
     save_checkpoint,
 )
 from nearsight.models.embedding import EmbeddingConfig, EmbeddingNet
-from nearsight.models.errors import NearsightError
 
 
 @pytest.fixture(scope="module")

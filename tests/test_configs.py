@@ -1,4 +1,4 @@
-"""The reproduction configs in training/configs and the config loader's error handling.
+"""The reproduction configs in nearsight/training/configs and the config loader's error handling.
 
 Each YAML file reproduces one seed loss (shared/LOSSES.md) on one dataset; the numbers checked
 here are the papers' (embedding size, batch size) and LOSSES.md's reproduction targets.

@@ -9,9 +9,9 @@ import pytest
 from PIL import Image
 from scipy.io import savemat
 
+from nearsight.core.errors import NearsightError
 from nearsight.index.datasets import DATASETS, DatasetLayoutError, load_dataset
 from nearsight.index.images import ImageLoadError, load_image
-from nearsight.models.errors import NearsightError
 
 
 def _image(path: Path, shade: int = 0) -> None:

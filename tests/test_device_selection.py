@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from nearsight.app.cli import main
+from nearsight.core.errors import NearsightError
 from nearsight.index.datasets.synthetic import write_synthetic
 from nearsight.models import onnx_session
 from nearsight.models.checkpoint import save_checkpoint
 from nearsight.models.embedder import OnnxEmbedder
 from nearsight.models.embedding import EmbeddingConfig, EmbeddingNet
-from nearsight.models.errors import NearsightError
 from nearsight.models.export import export_onnx
 from nearsight.training.distributed import cuda_available, resolve_device
 

@@ -1,4 +1,4 @@
-"""Embedder runtimes (models/embedder.py): ONNX and torch agree through the shared
+"""Embedder runtimes (nearsight/models/embedder.py): ONNX and torch agree through the shared
 preprocessing, metadata and hashes, provider choice, and one-line errors for foreign files.
 
 One tiny model (ResNet-18 trunk, 32 px, dim 16) is saved and exported once for the module."""
@@ -17,6 +17,7 @@ from onnx import TensorProto, helper
 from PIL import Image
 
 import nearsight.models.onnx_session as onnx_session
+from nearsight.core.errors import NearsightError
 from nearsight.models.checkpoint import save_checkpoint
 from nearsight.models.embedder import (
     Embedder,
@@ -27,7 +28,6 @@ from nearsight.models.embedder import (
     physical_cores,
 )
 from nearsight.models.embedding import EmbeddingConfig, EmbeddingNet
-from nearsight.models.errors import NearsightError
 from nearsight.models.export import export_onnx
 from nearsight.models.preprocess import test_transform as make_test_transform
 

@@ -1,4 +1,4 @@
-"""EmbeddingNet, its config, and pretrained-weight resolution (models/embedding.py, weights.py).
+"""EmbeddingNet, its config, and pretrained-weight resolution (nearsight/models/embedding.py, weights.py).
 
 ResNet-50 on a 2-core CPU is slow: nets are built once per module and fed 32-64 px images.
 """
@@ -14,6 +14,7 @@ import torch
 import torchvision
 from torch import nn
 
+from nearsight.core.errors import NearsightError
 from nearsight.models.embedding import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -21,7 +22,6 @@ from nearsight.models.embedding import (
     EmbeddingNet,
     build_embedding_net,
 )
-from nearsight.models.errors import NearsightError
 from nearsight.models.weights import imagenet_cache_path
 
 

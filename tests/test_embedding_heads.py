@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from nearsight.core.errors import NearsightError
 from nearsight.models.checkpoint import load_embedding_net, save_checkpoint
 from nearsight.models.embedding import EmbeddingConfig, EmbeddingNet, output_dim
-from nearsight.models.errors import NearsightError
 
 LMH = ["layer2", "layer3", "layer4"]
 

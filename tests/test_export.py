@@ -1,4 +1,4 @@
-"""ONNX export (models/export.py, `nearsight export`): one file, metadata, parity, dynamic N,
+"""ONNX export (nearsight/models/export.py, `nearsight export`): one file, metadata, parity, dynamic N,
 int8, and nothing half-written on failure.
 
 One tiny model (ResNet-18 trunk, 32 px, dim 16) is exported once for the module, with int8;
@@ -22,10 +22,10 @@ from PIL import Image
 
 import nearsight.models.export as export_module
 from nearsight.app.cli import main
+from nearsight.core.errors import NearsightError
 from nearsight.models.checkpoint import save_checkpoint
 from nearsight.models.embedder import METADATA_KEYS, OnnxEmbedder, nearsight_version
 from nearsight.models.embedding import EmbeddingConfig, EmbeddingNet
-from nearsight.models.errors import NearsightError
 from nearsight.models.export import (
     default_int8_path,
     export_onnx,

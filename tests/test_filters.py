@@ -9,8 +9,13 @@ import numpy as np
 import pytest
 
 from nearsight.index.catalog import CATALOG_FILE
-from nearsight.index.filters import FilterError, parse_filter, parse_meta_entries, typed_value
-from nearsight.index.gallery import Gallery, build_gallery
+from nearsight.index.gallery.core import Gallery, build_gallery
+from nearsight.index.search.filters import (
+    FilterError,
+    parse_filter,
+    parse_meta_entries,
+    typed_value,
+)
 
 SHOPS = ("north", "south", "east")
 

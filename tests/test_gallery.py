@@ -1,4 +1,4 @@
-"""The gallery folder (index/gallery.py, written by index/gallery_write.py) on vectors: index
+"""The gallery folder (nearsight/index/gallery/core.py, written by nearsight/index/gallery/write.py) on vectors: index
 types, distances, checked opening, copy-on-write add/remove, crashes part-way, and concurrent
 writers."""
 
@@ -17,8 +17,7 @@ import numpy as np
 import pytest
 
 from nearsight.index.catalog import CATALOG_FILE, Catalog, GalleryError
-from nearsight.index.faiss_index import HNSW_M
-from nearsight.index.gallery import (
+from nearsight.index.gallery.core import (
     EMBEDDINGS_FILE,
     INDEX_FILE,
     Gallery,
@@ -29,7 +28,8 @@ from nearsight.index.gallery import (
     unit_distance,
 )
 from nearsight.index.metrics import evaluate
-from nearsight.index.tuning import recall_at_k
+from nearsight.index.search.faiss_index import HNSW_M
+from nearsight.index.search.tuning import recall_at_k
 
 SHA = "ab" * 32
 OTHER_SHA = "cd" * 32
@@ -195,7 +195,7 @@ def test_distance_is_euclidean_between_unit_vectors(tmp_path):
 
 def test_index_parameters():
     gib = 1 << 30
-    # autofaiss's rules (index/index_choice.py), 128-d: flat up to 1M items while it fits
+    # autofaiss's rules (nearsight/index/search/index_choice.py), 128-d: flat up to 1M items while it fits
     assert resolve_index_type("auto", 1_000_000, 128, 4 * gib) == "flat"
     assert resolve_index_type("auto", 1_000_000, 128, 256 << 20) == "opq"  # 520 MB > budget
     assert resolve_index_type("auto", 900_000, 128, 500 << 20) == "flat"  # 468 MB fits
@@ -362,7 +362,7 @@ def test_a_failed_write_leaves_the_previous_gallery(flat, monkeypatch, writer):
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(f"nearsight.index.gallery_write.{writer}", broken)
+    monkeypatch.setattr(f"nearsight.index.gallery.write.{writer}", broken)
     with Gallery.open(flat) as gallery, pytest.raises(OSError, match="disk full"):
         if writer == "_write_segment":
             gallery.add(unit_vectors(1, seed=3), items_for(1))
@@ -377,8 +377,8 @@ def test_a_failed_write_leaves_the_previous_gallery(flat, monkeypatch, writer):
 KILL_MID_WRITE = """
 import os, signal, sys
 import numpy as np
-import nearsight.index.gallery_write as write_module
-from nearsight.index.gallery import Gallery
+import nearsight.index.gallery.write as write_module
+from nearsight.index.gallery.core import Gallery
 real_write = getattr(write_module, sys.argv[2])
 
 def write_then_die(*args):

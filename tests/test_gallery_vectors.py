@@ -14,8 +14,8 @@ import pytest
 
 from nearsight.app.cli import main
 from nearsight.index.catalog import CATALOG_FILE
-from nearsight.index.gallery import EMBEDDINGS_FILE, INDEX_FILE, Gallery, build_gallery
-from nearsight.index.query import item_vector
+from nearsight.index.gallery.core import EMBEDDINGS_FILE, INDEX_FILE, Gallery, build_gallery
+from nearsight.index.search.query import item_vector
 from nearsight.index.vector_store import ApproximateVectorsWarning, keep_embeddings
 
 TINY_BUDGET = "1K"  # every gallery here is past it: evaluation gathers into a mapped file
@@ -176,8 +176,8 @@ def test_a_compaction_killed_before_its_rename_leaves_the_previous_gallery(tmp_p
         f"""
         import os, signal
         import faiss
-        from nearsight.index import gallery_write
-        from nearsight.index.gallery import Gallery
+        from nearsight.index.gallery import write as gallery_write
+        from nearsight.index.gallery.core import Gallery
         real = faiss.write_index
         def dying(index, path):
             real(index, path)

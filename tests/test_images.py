@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from nearsight.core.errors import NearsightError
 from nearsight.index import images
 from nearsight.index.images import ImageLoadError, file_sha256, load_image, load_image_bytes
-from nearsight.models.errors import NearsightError
 
 
 def _png_bytes(image: Image.Image, **params) -> bytes:

@@ -20,39 +20,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import FAST, assert_one_line_error, run, tiny_model
 
 from nearsight.app.cli import main
 from nearsight.index.datasets import load_dataset
 from nearsight.index.datasets.synthetic import write_synthetic
-from nearsight.index.gallery import Gallery
+from nearsight.index.gallery.core import Gallery
 from nearsight.index.images import load_image
 from nearsight.index.metrics import evaluate, recall_at_k
-from nearsight.models.checkpoint import load_embedding_net, save_checkpoint
-from nearsight.models.embedding import EmbeddingConfig, EmbeddingNet
+from nearsight.models.checkpoint import load_embedding_net
 from nearsight.models.preprocess import test_transform as make_test_transform
-
-FAST = ["--workers", "0"]
-
-
-def tiny_model(path: Path, seed: int, dim: int = 16) -> Path:
-    torch.manual_seed(seed)
-    config = EmbeddingConfig(dim=dim, image_size=32, arch="resnet18", pretrained="none")
-    return save_checkpoint(path, EmbeddingNet(config))
-
-
-def run(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(arg) for arg in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def assert_one_line_error(code: int, err: str, *fragments: str) -> None:
-    assert code == 2
-    lines = [line for line in err.splitlines() if line.startswith("nearsight: error:")]
-    assert len(lines) == 1, err
-    assert "Traceback" not in err
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
 
 
 def search_json(capsys, gallery: Path, image: Path, k: int = 5) -> list[dict]:
@@ -358,7 +335,7 @@ def test_two_concurrent_adds_both_land(setup, gallery_copy):
 
 
 def test_eval_json_stays_valid_when_map_at_r_is_undefined(tmp_path, capsys):
-    from nearsight.index.gallery import build_gallery
+    from nearsight.index.gallery.core import build_gallery
 
     vectors = np.eye(4, dtype=np.float32)
     items = [{"path": f"/x/{i}.png", "label": i} for i in range(4)]  # no class has two items

@@ -19,7 +19,7 @@ import torch
 
 from nearsight.app.cli import main
 from nearsight.index.datasets.synthetic import write_synthetic
-from nearsight.index.gallery import Gallery, build_gallery
+from nearsight.index.gallery.core import Gallery, build_gallery
 from nearsight.models.checkpoint import save_checkpoint
 from nearsight.models.embedding import EmbeddingConfig, EmbeddingNet
 
@@ -261,7 +261,7 @@ def test_import_from_chunk_folders_checks_the_model_dim(setup, tmp_path, capsys)
 ADD_ONE = """
 import sys
 import numpy as np
-from nearsight.index.gallery import Gallery
+from nearsight.index.gallery.core import Gallery
 
 def written() -> int:
     with open("/proc/self/io") as handle:

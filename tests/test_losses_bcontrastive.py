@@ -1,4 +1,4 @@
-"""Balanced contrastive loss with importance sampling (training/losses/bcontrastive.py):
+"""Balanced contrastive loss with importance sampling (nearsight/training/losses/bcontrastive.py):
 eq. 23 against a loop reference, eta of eq. 15, and W = P_U / Q against Q computed from the
 batch designs' definitions (exact enumeration), not from the closed forms."""
 

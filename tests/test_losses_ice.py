@@ -1,4 +1,4 @@
-"""ICE (training/losses/ice.py) against a loop reference written from the paper's equations."""
+"""ICE (nearsight/training/losses/ice.py) against a loop reference written from the paper's equations."""
 
 from __future__ import annotations
 

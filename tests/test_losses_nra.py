@@ -1,4 +1,4 @@
-"""NRA (training/losses/nra.py) against a loop reference written from the slides' equations."""
+"""NRA (nearsight/training/losses/nra.py) against a loop reference written from the slides' equations."""
 
 from __future__ import annotations
 

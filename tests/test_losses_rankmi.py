@@ -1,4 +1,4 @@
-"""RankMI (training/losses/rankmi.py): eq. 6, the statistics network, Newton's beta, the
+"""RankMI (nearsight/training/losses/rankmi.py): eq. 6, the statistics network, Newton's beta, the
 critic/embedding split of Algorithm 1 and distance-weighted negative sampling."""
 
 from __future__ import annotations

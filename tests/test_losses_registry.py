@@ -9,7 +9,7 @@ import inspect
 import pytest
 import torch
 
-from nearsight.models.errors import NearsightError
+from nearsight.core.errors import NearsightError
 from nearsight.training.losses.registry import LOSSES, LossConfigError, build_loss, loss_parameters
 
 # written by another helper at the same time: skipped while their module does not exist

@@ -1,4 +1,4 @@
-"""RLL (training/losses/rll.py) against a loop reference written from the paper's equations."""
+"""RLL (nearsight/training/losses/rll.py) against a loop reference written from the paper's equations."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ random; each step draws an 8 classes x 4 images batch as the trainer's sampler d
 Adam step on those vectors through the loss (RankMI alternates critic and embedding batches as in
 Algorithm 1). Recall@1 over all 128 vectors, by the project's FAISS metric, must go from chance
 to (nearly) perfect. NRA is the slowest (about 150 steps here); from a randomly initialised
-ResNet-50 it does not learn at all in minutes (see training/losses/nra.py), so this is the
+ResNet-50 it does not learn at all in minutes (see nearsight/training/losses/nra.py), so this is the
 evidence that its implementation minimises what it should.
 """
 

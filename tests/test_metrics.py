@@ -1,4 +1,4 @@
-"""Retrieval metrics (index/metrics.py): hand-computed toy geometry, self-exclusion with
+"""Retrieval metrics (nearsight/index/metrics.py): hand-computed toy geometry, self-exclusion with
 duplicate vectors, chunking, a brute-force reference, and pytorch-metric-learning's numbers."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import pytest
 import torch
 from sklearn.metrics import normalized_mutual_info_score
 
+from nearsight.core.errors import NearsightError
 from nearsight.index import metrics
 from nearsight.index.metrics import (
     CUB_KS,
@@ -20,7 +21,6 @@ from nearsight.index.metrics import (
     nmi,
     recall_at_k,
 )
-from nearsight.models.errors import NearsightError
 
 
 def on_circle(degrees: list[float]) -> np.ndarray:

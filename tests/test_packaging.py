@@ -1,24 +1,24 @@
-"""Packaging: one import package, ``nearsight``. The repository's folders models/, index/,
-training/ and app/ are mapped into it (pyproject's package-dir); none of them is importable by
-its bare name, no module is loaded twice under two names, every sub-package is listed, and a
-wheel holds nothing but ``nearsight`` at its top level."""
+"""Packaging: one import package, ``nearsight``, a real folder. Its layers import one way
+(app -> training -> index -> models -> core), no layer is importable by its bare name (not even
+from the repository root), no module is loaded twice under two names, the shipped configs are
+reachable through importlib.resources, and a wheel holds nothing but ``nearsight``."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
-import pkgutil
 import subprocess
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MAPPED = {"models": "nearsight.models", "index": "nearsight.index", "training": "nearsight.training",
-          "app": "nearsight.app"}  # fmt: skip
+PACKAGE = ROOT / "nearsight"
+# lowest first: a module may import its own layer and the ones before it
+LAYERS = ("core", "models", "index", "training", "app")
 
 
 def run_python(code: str, cwd: Path, *args: str) -> subprocess.CompletedProcess:
@@ -28,88 +28,121 @@ def run_python(code: str, cwd: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.parametrize("bare", sorted(MAPPED))
-def test_folders_are_not_importable_by_their_bare_names(bare, tmp_path):
-    done = run_python(f"import {bare}", tmp_path)
+@pytest.mark.parametrize("bare", LAYERS)
+def test_layers_are_not_importable_by_their_bare_names_from_the_root(bare):
+    done = run_python(f"import {bare}", ROOT)
     assert done.returncode != 0 and "ModuleNotFoundError" in done.stderr, done.stderr
 
 
 def test_nearsight_imports_from_anywhere(tmp_path):
-    done = run_python("import nearsight; print(nearsight.__version__)", tmp_path)
+    done = run_python("import nearsight; print(nearsight.__file__)", tmp_path)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip()
+    assert Path(done.stdout.strip()).parent.name == "nearsight"
 
 
-def test_no_module_is_loaded_twice_under_two_names(tmp_path):
-    """Import every nearsight module, then check that each source file is one module only and
-    that no bare folder name crept into sys.modules."""
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """Every module an import statement names, with its line (relative imports resolved)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = parts[: len(parts) - node.level]
+                module = ".".join((*base, node.module) if node.module else base)
+            else:
+                module = node.module or ""
+            found.append((node.lineno, module))
+            found += [(node.lineno, f"{module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    """The layering read from the files alone (what an import graph sees): each module under
+    nearsight/<layer>/ imports nearsight.* only from its own layer or a lower one."""
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE).parts
+        if len(parts) < 2:
+            continue  # nearsight/__init__.py: the public façade, loads lazily from every layer
+        layer = LAYERS.index(parts[0])
+        for line, module in _imports(path):
+            names = module.split(".")
+            above = names[0] == "nearsight" and len(names) > 1 and names[1] in LAYERS
+            if above and LAYERS.index(names[1]) > layer:
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    assert wrong == []
+
+
+def test_every_nearsight_import_resolves_to_a_file():
+    """What pyright or an IDE does without installing: nearsight.a.b is nearsight/a/b.py or
+    nearsight/a/b/__init__.py (or a name defined in such a module)."""
+    unresolved = []
+    for path in sorted([*PACKAGE.rglob("*.py"), *(ROOT / "tests").glob("*.py"), *(ROOT / "bench").glob("*.py")]):
+        for line, module in _imports(path):
+            names = module.split(".")
+            if names[0] != "nearsight":
+                continue
+            # the longest prefix that is a file or package; the rest may be a name inside it
+            for end in range(len(names), 0, -1):
+                base = ROOT.joinpath(*names[:end])
+                if base.with_suffix(".py").is_file() or (base / "__init__.py").is_file():
+                    break
+            else:
+                unresolved.append(f"{path.relative_to(ROOT)}:{line} {module}")
+                continue
+            if len(names) - end > 1:
+                unresolved.append(f"{path.relative_to(ROOT)}:{line} {module}")
+    assert unresolved == []
+
+
+def test_no_module_is_loaded_twice_under_two_names():
+    """Import every nearsight module from the repository root, then check that each source file
+    is one module only."""
     code = """
 import importlib, json, pkgutil, sys
-ROOT = sys.argv[1]
 import nearsight
 names = [m.name for m in pkgutil.walk_packages(nearsight.__path__, "nearsight.")]
-for sub in ("models", "index", "training", "app"):
-    package = importlib.import_module("nearsight." + sub)
-    names += [m.name for m in pkgutil.walk_packages(package.__path__, package.__name__ + ".")]
 for name in names:
     importlib.import_module(name)
 files = {}
 for name, module in list(sys.modules.items()):
     path = getattr(module, "__file__", None)
-    ours = path and path.startswith(ROOT) and "/.venv/" not in path
-    if ours or name.split(".")[0] == "nearsight":
+    if path and "/nearsight/" in path and "/.venv/" not in path:
         files.setdefault(path, []).append(name)
 print(json.dumps({"files": files, "count": len(names)}))
 """
-    done = run_python(code, tmp_path, str(ROOT))
+    done = run_python(code, ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
-
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert report["count"] > 30  # every sub-package was walked
+    assert report["count"] > 60  # every sub-package was walked
     twice = {path: names for path, names in report["files"].items() if len(names) > 1}
     assert twice == {}
-    loaded = {name for names in report["files"].values() for name in names}
-    assert not any(name.split(".")[0] in MAPPED for name in loaded)
 
 
-def test_every_sub_package_is_listed_in_pyproject():
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    listed = set(config["packages"])
-    mapping = {package: folder for folder, package in MAPPED.items()}
-    assert config["package-dir"] == {"nearsight": "nearsight", **mapping}
-    found = {"nearsight"}
-    for folder, package in MAPPED.items():
-        for init in (ROOT / folder).rglob("__init__.py"):
-            relative = init.parent.relative_to(ROOT / folder).parts
-            found.add(".".join((package, *relative)))
-    assert found - listed == set(), "sub-packages missing from [tool.setuptools] packages"
-    assert listed - found == set(), "listed packages with no folder"
-
-
-def test_module_walk_sees_every_folder():
-    """pkgutil (what the test above walks) finds every sub-package through the mapping."""
-    import nearsight.app
-    import nearsight.index
-    import nearsight.models
-    import nearsight.training
-
-    for package in (nearsight.models, nearsight.index, nearsight.training, nearsight.app):
-        assert [Path(p).resolve() for p in package.__path__] == [
-            (ROOT / package.__name__.split(".")[1]).resolve()
-        ]
-        assert list(pkgutil.iter_modules(package.__path__))
+def test_shipped_configs_load_by_name_from_anywhere(tmp_path):
+    code = """
+from nearsight.training.config import load_config, shipped_configs
+names = shipped_configs()
+assert "rll_cub" in names and len(names) >= 18, names
+print(load_config("rll_cub").loss.name, load_config("ice_sop.yaml").loss.name)
+"""
+    done = run_python(code, tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["rll", "ice"]
 
 
 @pytest.mark.slow
 def test_wheel_holds_only_the_nearsight_package(nearsight_wheel):
-    wheel = nearsight_wheel
-    with zipfile.ZipFile(wheel) as archive:
+    with zipfile.ZipFile(nearsight_wheel) as archive:
         names = archive.namelist()
     top = {name.split("/")[0] for name in names}
     assert {t for t in top if not t.endswith(".dist-info")} == {"nearsight"}
-    for package in ("models", "index", "training", "app"):
+    for package in LAYERS:
         assert f"nearsight/{package}/__init__.py" in names
-    assert "nearsight/training/configs/default.yaml" in names or any(
-        name.startswith("nearsight/training/configs/") for name in names
-    )
+    sources = {str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py")}
+    assert sources - set(names) == set(), "modules missing from the wheel"
+    assert "nearsight/training/configs/rll_cub.yaml" in names
     assert not any(name.startswith("nearsight/tests") for name in names)

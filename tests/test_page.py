@@ -1,4 +1,4 @@
-"""The Gradio page of `nearsight serve` (app/page.py): the real server on 127.0.0.1, queried
+"""The Gradio page of `nearsight serve` (nearsight/app/page.py): the real server on 127.0.0.1, queried
 through gradio_client and plain HTTP, over a tiny gallery (synthetic images, a random tiny
 network: its top-1 is often wrong, which the failure list needs)."""
 
@@ -10,13 +10,13 @@ import re
 import socket
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 import torch
+from conftest import TinyGallery, free_port, make_tiny_gallery
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 from PIL import Image
@@ -25,55 +25,12 @@ from nearsight.app.cli import main
 from nearsight.app.page import build_app, launch_app
 from nearsight.app.page_view import GalleryView, gallery_names
 from nearsight.index.analysis import Failure, confused_pairs, pair_distance_histogram
-from nearsight.index.datasets.synthetic import write_synthetic
-from nearsight.index.gallery import Gallery
+from nearsight.index.gallery.core import Gallery
 from nearsight.models.checkpoint import save_checkpoint
 from nearsight.models.embedder import load_embedder
 from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
 
 MAX_UPLOAD_MB = 0.25  # small, so that the oversized upload in the test is small too
-CLASSES = 6
-PER_CLASS = 4
-
-
-@dataclass
-class TinyGallery:
-    root: Path
-    data: Path
-    model: Path
-    gallery: Path
-    secret: Path  # a file outside every gallery folder
-    link: Path  # a symlink inside a gallery image folder pointing at ``secret``
-    items: list[dict]
-
-
-def make_tiny_gallery(root: Path, arch: str = "resnet50", seed: int = 2) -> TinyGallery:
-    """6 classes x 4 images of 32 px, a random 16-d network and its gallery (built by the CLI).
-
-    Seed 2: the random ResNet-50 gets 4 of the 24 rank-1 neighbours right, so the page shows
-    both kinds (seed 0 got none right)."""
-    data = root / "data"
-    write_synthetic(data, classes=CLASSES, per_class=PER_CLASS, size=32)
-    torch.manual_seed(seed)
-    model = root / "model.pt"
-    config = EmbeddingConfig(dim=16, image_size=32, arch=arch)
-    save_checkpoint(model, build_embedding_net(config))
-    gallery = root / "gallery"
-    argv = ["index", "build", "--model", str(model), "--dataset", "folder", "--root", str(data)]
-    assert main([*argv, "--split", "all", "--out", str(gallery), "--workers", "0"]) == 0
-    with Gallery.open(gallery) as opened:
-        items = opened.all_items()
-    secret = root / "secret.txt"
-    secret.write_text("top secret: not an image of any gallery\n")
-    link = Path(items[0]["path"]).parent / "link-to-secret.png"
-    link.symlink_to(secret)
-    return TinyGallery(root, data, model, gallery, secret, link, items)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

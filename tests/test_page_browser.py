@@ -9,23 +9,11 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import running_page
+from conftest import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, running_page, upload
 from PIL import Image
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 GREEN, RED, GREY = "rgb(22, 163, 74)", "rgb(220, 38, 38)", "rgb(156, 163, 175)"
-TIMEOUT_MS = 60_000  # the 2-core test machine is shared: be patient, not flaky
 
 pytestmark = pytest.mark.skipif(
     not CHROMIUM.exists(),
@@ -36,7 +24,7 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright pac
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from test_page import make_tiny_gallery  # the same tiny gallery as the server tests
+    from conftest import make_tiny_gallery  # the same tiny gallery as the server tests
 
     return make_tiny_gallery(tmp_path_factory.mktemp("browser"))
 
@@ -84,10 +72,6 @@ def page(browser, server, request):
 
 def border_colour(locator) -> str:
     return locator.evaluate("element => getComputedStyle(element).borderTopColor")
-
-
-def upload(page, path: Path | str) -> None:
-    page.set_input_files("#ns-query-image input[type=file]", str(path))
 
 
 def test_an_upload_shows_k_thumbnails_framed_by_class(page, tiny):

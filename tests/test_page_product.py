@@ -8,8 +8,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import running_page
-from test_page_browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, upload
+from conftest import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, running_page, upload
 
 from nearsight.app.page_map import CLICK_RADIUS, PCA, build_map, project, recall_chart_html
 from nearsight.app.page_tables import summary_markdown
@@ -17,7 +16,7 @@ from nearsight.app.page_tables import summary_markdown
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from test_page import make_tiny_gallery
+    from conftest import make_tiny_gallery
 
     return make_tiny_gallery(tmp_path_factory.mktemp("product-page"))
 

@@ -1,4 +1,4 @@
-"""The Pillow + numpy test transform (models/preprocess.py) against torchvision's transforms, the
+"""The Pillow + numpy test transform (nearsight/models/preprocess.py) against torchvision's transforms, the
 reference it replaces on the serving path: equal within 1e-6 for every shape it meets."""
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from PIL import Image
 from nearsight.app.cli import main
 from nearsight.index.datasets import load_dataset
 from nearsight.index.datasets.synthetic import write_synthetic
-from nearsight.index.gallery import Gallery
+from nearsight.index.gallery.core import Gallery
 from nearsight.models.checkpoint import save_checkpoint
 from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
 

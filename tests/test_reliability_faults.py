@@ -33,7 +33,7 @@ import torch
 from nearsight.app.cli import main
 from nearsight.index.datasets import load_dataset
 from nearsight.index.datasets.synthetic import write_synthetic
-from nearsight.index.gallery import Gallery
+from nearsight.index.gallery.core import Gallery
 from nearsight.models.checkpoint import load_checkpoint, save_checkpoint
 from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
 
@@ -184,7 +184,7 @@ BIG = 100_000  # items: the writer's temporary folder then lives ~0.4 s here, lo
 def big_gallery(gallery, tmp_path_factory) -> Path:
     """A gallery of BIG random unit vectors under the tiny model (items are never read back
     from their files by `index add`, so their paths need not exist)."""
-    from nearsight.index.gallery import build_gallery
+    from nearsight.index.gallery.core import build_gallery
     from nearsight.models.embedder import load_embedder
 
     embedder = load_embedder(gallery["model"], device="cpu")

@@ -1,6 +1,6 @@
-"""The REST API (app/rest.py) on the real server that serves the page: search by file, by item
+"""The REST API (nearsight/app/rest.py) on the real server that serves the page: search by file, by item
 and by vector, filters inside FAISS, JSON errors with 4xx statuses, the upload limit, the API
-key, OpenAPI, and the micro-batcher (app/batcher.py)."""
+key, OpenAPI, and the micro-batcher (nearsight/app/batcher.py)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,12 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import numpy as np
 import pytest
-from test_index_cli import assert_one_line_error, run
-from test_page import free_port
-from test_search_cli import product  # noqa: F401  (the module fixture: a gallery with meta)
+from conftest import assert_one_line_error, free_port, run
 
 from nearsight.app.batcher import EmbedBatcher
 from nearsight.app.page import build_app, launch_app
 from nearsight.app.rest import close_rest_app
-from nearsight.index.gallery import Gallery
+from nearsight.index.gallery.core import Gallery
 
 MAX_UPLOAD_MB = 0.25
 KEY = "s3cret-key"

@@ -1,4 +1,4 @@
-"""Batch samplers (training/samplers/): seeded epochs, exact resume, batch structure, and the
+"""Batch samplers (nearsight/training/samplers/): seeded epochs, exact resume, batch structure, and the
 acceptance test of the balanced-contrastive paper's batch designs: the empirical frequency of
 every ordered pair matches Q of eqs. 8-9, and W = P_U / Q makes the loss an unbiased estimate
 of the uniform-pair mean."""

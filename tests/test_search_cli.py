@@ -10,41 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_index_cli import FAST, assert_one_line_error, run, tiny_model
+from conftest import FAST, assert_one_line_error, run
 
 from nearsight.app.cli import main
-from nearsight.index.datasets.synthetic import write_synthetic
-
-SHOPS = ("north", "south")
-
-
-@pytest.fixture(scope="module")
-def product(tmp_path_factory) -> dict:
-    """A CSV manifest with shop, price and sku columns over a synthetic folder dataset."""
-    root = tmp_path_factory.mktemp("product")
-    write_synthetic(root / "data", classes=6, per_class=6, size=32)
-    images = sorted(p for p in (root / "data").rglob("*.png"))
-    manifest = root / "data" / "products.csv"
-    with open(manifest, "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["path", "label", "split", "shop", "price", "sku"])
-        for number, image in enumerate(images):
-            writer.writerow(
-                [
-                    image.relative_to(manifest.parent),
-                    image.parent.name,
-                    "test",
-                    SHOPS[number % 2],
-                    f"{number * 1.5:.1f}",
-                    f"{number:04d}",
-                ]
-            )
-    model = tiny_model(root / "model.pt", seed=0)
-    gallery = root / "gallery"
-    code = main(["index", "build", "--model", str(model), "--dataset", "csv", "--root",
-                 str(manifest), "--out", str(gallery), *FAST])  # fmt: skip
-    assert code == 0
-    return {"root": root, "images": images, "gallery": gallery, "model": model}
 
 
 def _search(capsys, *argv) -> list[dict]:
@@ -84,7 +52,7 @@ def test_search_by_id_and_by_vector(capsys, product, tmp_path):
     filtered = _search(capsys, "--gallery", product["gallery"], "--id", 5, "--filter",
                        f"shop={other}")  # fmt: skip
     assert 5 not in [r["id"] for r in filtered] and len(filtered) == 8
-    from nearsight.index.gallery import Gallery
+    from nearsight.index.gallery.core import Gallery
 
     with Gallery.open(product["gallery"]) as gallery:
         np.save(tmp_path / "q.npy", np.asarray(gallery.embeddings[5]) * 2)

@@ -1,4 +1,4 @@
-"""One model spec (models/spec.py): written into the checkpoint, carried into the ONNX metadata
+"""One model spec (nearsight/models/spec.py): written into the checkpoint, carried into the ONNX metadata
 and the gallery meta, read back by the embedders and the page; old files without it load."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import onnx
 import pytest
 import torch
 
-from nearsight.index.gallery import Gallery
+from nearsight.core.errors import NearsightError
+from nearsight.index.gallery.core import Gallery
 from nearsight.models.checkpoint import load_checkpoint, save_checkpoint
 from nearsight.models.embedder import OnnxEmbedder, load_embedder
 from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
-from nearsight.models.errors import NearsightError
 from nearsight.models.spec import (
     ModelSpec,
     default_resize,

@@ -11,9 +11,9 @@ import pytest
 from PIL import Image
 
 from nearsight.app.cli import main
+from nearsight.core.errors import NearsightError
 from nearsight.index.datasets import load_dataset
 from nearsight.index.datasets.synthetic import MAX_CLASSES, SynthClass, render, write_synthetic
-from nearsight.models.errors import NearsightError
 
 SMALL = {"classes": 6, "per_class": 4, "size": 32}
 

@@ -1,0 +1,325 @@
+"""``nearsight index``: build a gallery from a dataset or a list of images, add to it, remove
+from it (the gallery folder is described in nearsight/index/gallery/core.py)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from nearsight.app.commands import index_import
+from nearsight.app.commands.index_build import DEFAULT_CHUNK_SIZE, run_build
+
+MAX_LISTED_ERRORS = 20  # unreadable images listed one per line; past this, a count
+# index.faiss_index.INDEX_TYPES, written out: importing it would load faiss for every command
+INDEX_TYPES = ["auto", "flat", "ivf", "ivfpq", "opq", "hnsw"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "index",
+        help="build a FAISS gallery, add images to it, remove them",
+        description="Build, grow and shrink a gallery: a folder holding catalog.db (SQLite), "
+        "index.faiss, embeddings.npy and the segments appended since the last compaction, "
+        "never half-written.",
+    )
+    actions = parser.add_subparsers(dest="index_command", metavar="ACTION", required=True)
+
+    build = actions.add_parser(
+        "build",
+        help="embed a dataset split (or a list of images) and write a gallery",
+        description="Embed the images of a dataset split, or of a list of image files, with "
+        "MODEL and write the gallery folder OUT (replacing a gallery there). Unreadable images "
+        "are skipped, listed on stderr and counted. Under torchrun each process embeds a shard "
+        "of the chunks and process 0 merges them; a build killed part way and started again "
+        "reuses the finished chunks (kept in .OUT.chunks beside OUT until the gallery is "
+        "written).",
+    )
+    build.add_argument("--model", type=Path, required=True, help="model.onnx or a .pt checkpoint")
+    source = build.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--dataset",
+        choices=["cub", "cars", "sop", "folder", "csv"],
+        help="dataset layout of --root (folder: one sub-folder per class)",
+    )
+    source.add_argument(
+        "--images", nargs="+", type=Path, metavar="FILE", help="image files (unlabelled)"
+    )
+    source.add_argument(
+        "--list",
+        type=Path,
+        metavar="FILE",
+        help="text file with one image path per line (unlabelled; relative paths are relative "
+        "to the file; blank lines and lines starting with # are ignored)",
+    )
+    build.add_argument("--root", type=Path, help="dataset folder (or its parent), with --dataset")
+    build.add_argument(
+        "--split", default="test", choices=["train", "test", "all"], help="default: test"
+    )
+    build.add_argument("--out", type=Path, required=True, help="gallery folder to write")
+    build.add_argument(
+        "--index-type",
+        default="auto",
+        choices=INDEX_TYPES,
+        help="auto (default): by item count and --max-index-memory, autofaiss's rules: exact "
+        "(flat) up to 1M items while it fits, then HNSW while it fits, then OPQ + IVF-PQ",
+    )
+    build.add_argument(
+        "--max-index-memory",
+        metavar="SIZE",
+        help="memory budget of the index for --index-type auto, e.g. 2G (default: a quarter "
+        "of this machine's RAM)",
+    )
+    add_embeddings_option(build)
+    build.add_argument(
+        "--chunk-size",
+        type=int,
+        default=DEFAULT_CHUNK_SIZE,
+        help=f"images per finished chunk, the unit of sharding and resume (default "
+        f"{DEFAULT_CHUNK_SIZE})",
+    )
+    _add_embedding_options(build)
+    build.set_defaults(func=run_build)
+
+    add = actions.add_parser(
+        "add",
+        help="embed images and add them to a gallery",
+        description="Embed IMAGE... with the gallery's model (or --model, which must be the "
+        "same model) and add them to the gallery. Unreadable images are skipped and listed.",
+    )
+    add.add_argument("--gallery", type=Path, required=True, help="gallery folder")
+    add.add_argument("images", nargs="+", type=Path, metavar="IMAGE")
+    add.add_argument("--label", type=int, help="integer class label of the images")
+    add.add_argument("--class-name", help="class name of the images")
+    add.add_argument(
+        "--meta",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="metadata of the images (repeatable), typed as a number or text: "
+        "--meta shop=north --meta price=12.5",
+    )
+    add.add_argument("--model", type=Path, help="default: the model the gallery was built with")
+    _add_embedding_options(add)
+    add.set_defaults(func=run_add)
+
+    remove = actions.add_parser(
+        "remove",
+        help="remove items from a gallery by id",
+        description="Remove the items with ids ID... (from `nearsight search`) from the gallery.",
+    )
+    remove.add_argument("--gallery", type=Path, required=True, help="gallery folder")
+    remove.add_argument("--ids", type=int, nargs="+", required=True, metavar="ID")
+    remove.set_defaults(func=run_remove)
+
+    index_import.register(actions, INDEX_TYPES)
+
+
+def _add_embedding_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--batch-size", type=int, default=64, help="images per batch (default 64)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=min(4, os.cpu_count() or 1),
+        help="image-decoding worker processes (default min(4, cores))",
+    )
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+
+
+# -- shared with search ----------------------------------------------------------------------
+
+
+def load_gallery_model(gallery: Any, override: Path | None, device: str = "auto") -> Any:
+    """The embedder for ``gallery``: ``override`` or the model path its meta records; checked
+    to be the model the gallery was built with."""
+    from nearsight.models.embedder import load_embedder
+
+    path = gallery.model_path(override)
+    embedder = load_embedder(path, device=device)
+    gallery.check_model(embedder, path)
+    return embedder
+
+
+def _check_batching(args: argparse.Namespace) -> None:
+    from nearsight.core.errors import NearsightError
+
+    if args.batch_size < 1:
+        raise NearsightError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.workers < 0:
+        raise NearsightError(f"--workers must be 0 or more, got {args.workers}")
+
+
+def _embed_files(
+    embedder: Any, paths: Sequence[Path], args: argparse.Namespace
+) -> tuple[Any, list[int], list[str]]:
+    """(vectors of the readable images, their positions in ``paths``, error lines)."""
+    import numpy as np
+
+    from nearsight.index.embed import embed_files
+
+    result = embed_files(embedder, paths, batch_size=args.batch_size, workers=args.workers)
+    _report_unreadable(result.errors)
+    return result.embeddings, [int(i) for i in np.flatnonzero(result.ok)], result.errors
+
+
+def _report_unreadable(errors: Sequence[str]) -> None:
+    for line in errors[:MAX_LISTED_ERRORS]:
+        print(f"nearsight: skipped: {line}", file=sys.stderr)
+    if len(errors) > MAX_LISTED_ERRORS:
+        print(
+            f"nearsight: skipped {len(errors) - MAX_LISTED_ERRORS} more unreadable images",
+            file=sys.stderr,
+        )
+
+
+def _describe(paths: Sequence[Path], workers: int) -> list[dict[str, Any]]:
+    """sha256, width and height of each file (hashing releases the GIL: threads overlap I/O)."""
+    from nearsight.index.gallery.core import describe_image_file
+
+    with ThreadPoolExecutor(max_workers=max(1, min(8, workers or 1))) as pool:
+        return list(pool.map(describe_image_file, paths))
+
+
+def _absolute(path: str | os.PathLike[str]) -> Path:
+    """Absolute and normalised ("a/../b" -> "b"), symlinks kept: what the catalog records."""
+    return Path(os.path.abspath(Path(path).expanduser()))
+
+
+def _skipped_note(errors: Sequence[str]) -> str:
+    return f", {len(errors)} unreadable skipped" if errors else ""
+
+
+# -- build -----------------------------------------------------------------------------------
+
+
+def _read_list(list_file: Path) -> list[Path]:
+    from nearsight.core.errors import NearsightError
+
+    try:
+        text = list_file.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise NearsightError(f"cannot read image list {list_file}: {reason}") from None
+    base = _absolute(list_file).parent
+    paths = []
+    for line in text.splitlines():
+        entry = line.strip()
+        if entry and not entry.startswith("#"):
+            path = Path(entry).expanduser()
+            paths.append(_absolute(base / path))
+    if not paths:
+        raise NearsightError(f"image list {list_file} names no images")
+    return paths
+
+
+def _build_sources(args: argparse.Namespace) -> tuple[list[Path], list[dict[str, Any]], dict]:
+    """(paths, catalog fields per path, meta about where they came from)."""
+    from nearsight.core.errors import NearsightError
+    from nearsight.index.datasets import load_dataset
+
+    if args.dataset is not None:
+        if args.root is None:
+            raise NearsightError("--root is required with --dataset (the dataset folder)")
+        split = load_dataset(args.dataset, args.root, args.split)
+        paths = [_absolute(sample.path) for sample in split.samples]
+        fields = [
+            {
+                "label": sample.label,
+                "class_name": sample.class_name,
+                "split": args.split,
+                "meta": sample.meta,
+            }
+            for sample in split.samples
+        ]
+        meta = {"dataset": args.dataset, "root": str(_absolute(split.root)), "split": args.split}
+        return paths, fields, meta
+    if args.root is not None:
+        raise NearsightError("--root goes with --dataset, not with --images or --list")
+    if args.images is not None:
+        paths = [_absolute(path) for path in args.images]
+        meta = {"source": "images"}
+    else:
+        paths = _read_list(args.list)
+        meta = {"source": str(_absolute(args.list))}
+    return paths, [{} for _ in paths], meta
+
+
+def _check_out(out: Path) -> None:
+    """Refuse a folder that is not a gallery before spending minutes embedding."""
+    from nearsight.core.errors import NearsightError
+    from nearsight.index.catalog import CATALOG_FILE
+
+    if out.exists() and not out.is_dir():
+        raise NearsightError(f"cannot write a gallery to {out}: it is a file")
+    if out.is_dir() and any(out.iterdir()) and not (out / CATALOG_FILE).is_file():
+        raise NearsightError(
+            f"{out} already exists and is not a nearsight gallery (no {CATALOG_FILE}): "
+            "choose a new folder or remove it"
+        )
+
+
+# -- add / remove ----------------------------------------------------------------------------
+
+
+def run_add(args: argparse.Namespace) -> int:
+    from nearsight.core.errors import NearsightError
+    from nearsight.index.gallery.core import Gallery
+    from nearsight.index.search.filters import parse_meta_entries
+
+    start = time.perf_counter()
+    _check_batching(args)
+    meta = parse_meta_entries(args.meta)  # a typo is reported before the gallery is opened
+    with Gallery.open(args.gallery) as gallery:
+        embedder = load_gallery_model(gallery, args.model, args.device)
+        paths = [_absolute(path) for path in args.images]
+        vectors, kept, errors = _embed_files(embedder, paths, args)
+        if not kept:
+            raise NearsightError(f"no image could be read (the first: {errors[0]})")
+        kept_paths = [paths[i] for i in kept]
+        described = _describe(kept_paths, args.workers)
+        extra = {"label": args.label, "class_name": args.class_name, "meta": meta}
+        items = [
+            {"path": str(path), **extra, **info}
+            for path, info in zip(kept_paths, described, strict=True)
+        ]
+        ids = gallery.add(vectors, items)
+        total = len(gallery)
+    shown = ", ".join(map(str, ids[:10])) + (", ..." if len(ids) > 10 else "")
+    print(
+        f"added {len(ids)} items (ids {shown}){_skipped_note(errors)} to {args.gallery}: "
+        f"{total} items, in {time.perf_counter() - start:.1f}s"
+    )
+    return 0
+
+
+def run_remove(args: argparse.Namespace) -> int:
+    from nearsight.index.gallery.core import Gallery
+
+    start = time.perf_counter()
+    with Gallery.open(args.gallery) as gallery:
+        gallery.remove(args.ids)
+        total = len(gallery)
+    count = len(set(args.ids))
+    print(
+        f"removed {count} items from {args.gallery}: {total} items, "
+        f"in {time.perf_counter() - start:.1f}s"
+    )
+    return 0
+
+
+def add_embeddings_option(parser: argparse.ArgumentParser) -> None:
+    """``--embeddings auto|keep|drop`` of ``index build`` and ``index import``."""
+    parser.add_argument(
+        "--embeddings",
+        default="auto",
+        choices=["auto", "keep", "drop"],
+        help="write embeddings.npy, a second copy of the vectors (keep), or not (drop); auto "
+        "(default) drops it when the vectors exceed --max-index-memory and exact vectors remain "
+        "without it (a flat, ivf or hnsw index; the imported files or kept build chunks for "
+        "ivfpq/opq). Without it, eval and search by id read the vectors back from those",
+    )

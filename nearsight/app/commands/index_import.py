@@ -1,0 +1,116 @@
+"""``nearsight index import`` (a gallery from vectors computed elsewhere) and ``nearsight
+index compact`` (fold appended segments and removals into the base index)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+
+def register(actions: argparse._SubParsersAction, index_types: list[str]) -> None:
+    from nearsight.app.commands.index import add_embeddings_option
+
+    imported = actions.add_parser(
+        "import",
+        help="build a gallery from embeddings computed elsewhere",
+        description="Build the gallery OUT from vectors (a .npy file, or a folder of chunks: "
+        "NAME.npy files taken in name order, the format `index build` writes) and their catalog "
+        "rows (a .csv or .parquet file with a 'label' column and optional 'path', 'class_name', "
+        "'split'; or a folder of NAME.csv files). Vectors are L2-normalised. With --model the "
+        "model's dim is checked against the vectors' and image search works; without one, the "
+        "gallery is searched by --id or --vector and evaluated.",
+    )
+    imported.add_argument("--vectors", type=Path, required=True, help="FILE.npy or DIR")
+    imported.add_argument("--meta", type=Path, required=True, help="FILE.csv, FILE.parquet or DIR")
+    imported.add_argument("--out", type=Path, required=True, help="gallery folder to write")
+    imported.add_argument("--model", type=Path, help="the model.onnx the vectors came from")
+    imported.add_argument("--index-type", default="auto", choices=index_types)
+    imported.add_argument(
+        "--max-index-memory",
+        help="memory budget of the index for --index-type auto, e.g. 2G (default: a quarter of RAM)",
+    )
+    imported.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    add_embeddings_option(imported)
+    imported.set_defaults(func=run_import)
+
+    compact = actions.add_parser(
+        "compact",
+        help="fold added segments and removals into the gallery's base index",
+        description="`index add` writes a segment file and `index remove` a catalog change; "
+        "compact rewrites the gallery whole (index and embeddings) without them. `add` also "
+        "compacts by itself once the segments hold a quarter of the gallery.",
+    )
+    compact.add_argument("--gallery", type=Path, required=True, help="gallery folder")
+    compact.set_defaults(func=run_compact)
+
+
+def run_import(args: argparse.Namespace) -> int:
+    from nearsight.app.commands.index import _absolute, _check_out
+    from nearsight.core.errors import NearsightError
+    from nearsight.index.chunks import read_meta, read_vectors
+    from nearsight.index.gallery.core import build_gallery
+
+    start = time.perf_counter()
+    out = _absolute(args.out)
+    _check_out(out)
+    vectors = read_vectors(args.vectors)
+    rows = read_meta(args.meta)
+    if len(rows) != len(vectors):
+        raise NearsightError(
+            f"{args.meta} has {len(rows)} rows but {args.vectors} has {len(vectors)} vectors"
+        )
+    meta: dict = {"source": "import", "vectors": str(_absolute(args.vectors))}
+    model_sha256 = ""
+    if args.model is not None:
+        from nearsight.models.embedder import load_embedder
+
+        embedder = load_embedder(args.model, device=args.device)
+        if embedder.dim != vectors.shape[1]:
+            raise NearsightError(
+                f"{args.model} embeds in dim {embedder.dim} but the vectors have dim "
+                f"{vectors.shape[1]}"
+            )
+        model_sha256 = embedder.model_sha256
+        meta.update(
+            model=str(_absolute(args.model)),
+            image_size=embedder.image_size,
+            resize=embedder.resize,
+        )
+    build_gallery(
+        out,
+        vectors,
+        rows,
+        model_sha256=model_sha256,
+        index_type=args.index_type,
+        meta=meta,
+        max_index_memory=args.max_index_memory,
+        embeddings=args.embeddings,
+        vector_source=args.vectors,
+    )
+    from nearsight.index.gallery.core import Gallery
+
+    with Gallery.open(out) as gallery:
+        index_type = gallery.index_type
+    print(
+        f"imported gallery {out}: {len(rows)} items, {index_type} index, dim "
+        f"{vectors.shape[1]}{'' if args.model else ', no model'}, in "
+        f"{time.perf_counter() - start:.1f}s"
+    )
+    return 0
+
+
+def run_compact(args: argparse.Namespace) -> int:
+    from nearsight.index.gallery.core import Gallery
+
+    start = time.perf_counter()
+    with Gallery.open(args.gallery) as gallery:
+        segments = len(gallery.meta.get("segments", []))
+        removed = len(gallery.meta.get("removed", []))
+        gallery.compact()
+        total = len(gallery)
+    print(
+        f"compacted {args.gallery}: {segments} segments and {removed} removals folded in, "
+        f"{total} items, in {time.perf_counter() - start:.1f}s"
+    )
+    return 0

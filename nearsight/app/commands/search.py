@@ -1,0 +1,201 @@
+"""``nearsight search``: the nearest gallery items of a query image, of a gallery item, or of
+every image of a folder or list (one JSON line per query)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "search",
+        help="find the gallery images nearest to a query image",
+        description="Embed IMAGE with the gallery's model (or --model, which must be the same "
+        "model) and print its k nearest gallery items, nearest first; or those of gallery item "
+        "--id N (itself first), or of a --vector; or, with --queries, of every image of a "
+        "folder or list, "
+        "written as one JSON line per query to --out. The distance is the Euclidean distance "
+        "between the unit-length embeddings, sqrt(2 - 2 cos): 0 is the same direction, 2 the "
+        "opposite.",
+    )
+    parser.add_argument("--gallery", type=Path, required=True, help="gallery folder")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("image", type=Path, nargs="?", metavar="IMAGE", help="query image file")
+    source.add_argument(
+        "--id", type=int, metavar="N", help="query by gallery item N's stored vector"
+    )
+    source.add_argument(
+        "--vector", type=Path, help="query by a vector: a .npy file of D floats (or [1, D])"
+    )
+    source.add_argument(
+        "--queries",
+        type=Path,
+        metavar="DIR_OR_LIST",
+        help="a folder of images (searched recursively) or a text file with one image path per "
+        "line; needs --out",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        metavar="FILE.jsonl",
+        help='with --queries: one line per query, {"query": PATH, "neighbours": [...]} or '
+        '{"query": PATH, "error": "..."}',
+    )
+    parser.add_argument("--k", type=int, default=8, help="neighbours to show (default 8)")
+    parser.add_argument(
+        "--filter",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="search only items that match (repeatable; all must hold): KEY=VALUE, KEY!=VALUE, "
+        "KEY>=N, KEY>N, KEY<=N, KEY<N over metadata columns and label, class_name, split",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help='print a JSON list of {"id", "path", "label", "class_name", "distance", "meta"}',
+    )
+    parser.add_argument("--model", type=Path, help="default: the model the gallery was built with")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument(
+        "--batch-size", type=int, default=32, help="with --queries: images per batch (default 32)"
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="with --queries: image-decoding worker processes (default min(2, cores))",
+    )
+    parser.set_defaults(func=run_search)
+
+
+def run_search(args: argparse.Namespace) -> int:
+    from nearsight.core.errors import NearsightError
+    from nearsight.index.search.filters import parse_filters
+
+    if args.k < 1:
+        raise NearsightError(f"--k must be at least 1, got {args.k}")
+    if (args.queries is None) != (args.out is None):
+        raise NearsightError("--queries and --out go together")
+    if args.batch_size < 1:
+        raise NearsightError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.workers < 0:
+        raise NearsightError(f"--workers must be 0 or more, got {args.workers}")
+    conditions = parse_filters(args.filter)  # a bad filter fails before the model loads
+    if args.queries is not None:
+        return _run_batch(args, conditions)
+    results = _search_one(args, conditions)
+    if args.json:
+        print(json.dumps(results))
+        return 0
+    _print_table(results)
+    return 0
+
+
+def _search_one(args: argparse.Namespace, conditions: list) -> list[dict[str, Any]]:
+    from nearsight.index.searchable import open_gallery
+
+    # one query per process: the lighter onnxruntime session (docs/decisions.md)
+    with open_gallery(
+        args.gallery, args.model, device=args.device, optimization="extended"
+    ) as gallery:
+        if args.id is not None:
+            found = gallery.search_item(args.id, args.k, filters=conditions)
+        elif args.vector is not None:
+            found = gallery.search_vector(_vector_file(args.vector), args.k, filters=conditions)
+        else:
+            found = gallery.search(args.image, args.k, filters=conditions)
+    return [{key: value for key, value in row.items() if key != "rank"} for row in found]
+
+
+def _vector_file(path: Path):
+    import numpy as np
+
+    from nearsight.core.errors import NearsightError
+
+    try:
+        vector = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as error:
+        raise NearsightError(f"cannot read query vector {path}: {error}") from None
+    return np.asarray(vector, dtype=np.float32).reshape(1, -1)
+
+
+def _print_table(results: list[dict[str, Any]]) -> None:
+    meta_keys = sorted({key for row in results for key in row["meta"]})
+    print(f"{'rank':>4}  {'id':>8}  {'distance':>8}  {'label':>6}  class / path")
+    for rank, row in enumerate(results, start=1):
+        label = "-" if row["label"] is None else str(row["label"])
+        name = f"{row['class_name']}  " if row["class_name"] else ""
+        distance = "-" if row["distance"] is None else f"{row['distance']:.4f}"
+        meta = "  ".join(f"{key}={row['meta'][key]}" for key in meta_keys if key in row["meta"])
+        print(
+            f"{rank:>4}  {row['id']:>8}  {distance:>8}  {label:>6}  {name}{row['path']}"
+            + (f"  [{meta}]" if meta else "")
+        )
+
+
+# -- batch -----------------------------------------------------------------------------------
+
+
+def query_paths(source: Path) -> list[Path]:
+    """The images of a folder (recursively, by extension, sorted) or of a list file."""
+    from nearsight.app.commands.index import _absolute, _read_list
+    from nearsight.core.errors import NearsightError
+    from nearsight.index.datasets.base import IMAGE_EXTENSIONS
+
+    if source.is_dir():
+        paths = sorted(
+            _absolute(path)
+            for path in source.rglob("*")
+            if path.suffix.lower() in IMAGE_EXTENSIONS and path.is_file()
+        )
+        if not paths:
+            raise NearsightError(f"{source} holds no image files")
+        return paths
+    if not source.exists():
+        raise NearsightError(f"--queries {source}: no such folder or file")
+    return _read_list(source)
+
+
+def _run_batch(args: argparse.Namespace, conditions: list) -> int:
+    import numpy as np
+
+    from nearsight.app.commands.index import load_gallery_model
+    from nearsight.core.atomic import atomic_file
+    from nearsight.index.embed import embed_files
+    from nearsight.index.gallery.core import Gallery
+    from nearsight.index.search.query import allowed_ids, search_rows
+
+    paths = query_paths(args.queries)
+    with Gallery.open(args.gallery) as gallery:
+        embedder = load_gallery_model(gallery, args.model, args.device)
+        allowed = allowed_ids(gallery, conditions)
+        result = embed_files(
+            embedder, paths, batch_size=args.batch_size, workers=args.workers, desc="searching"
+        )
+        answers = search_rows(gallery, result.embeddings, args.k, allowed=allowed)
+    good = iter(answers)
+    errors = iter(result.errors)  # in the order of the unreadable paths
+    lines = []
+    for path, ok in zip(paths, np.asarray(result.ok), strict=True):
+        entry: dict[str, Any] = {"query": str(path)}
+        if ok:
+            entry["neighbours"] = next(good)
+        else:
+            entry["error"] = next(errors)
+        lines.append(json.dumps(entry))
+    try:
+        with atomic_file(args.out, "w") as handle:  # never a half-written results file
+            handle.writelines(line + "\n" for line in lines)
+    except OSError as error:
+        reason = error.strerror or str(error)
+        raise OSError(f"cannot write {args.out}: {reason}") from None
+    unreadable = len(result.errors)
+    note = f", {unreadable} unreadable (their lines hold the error)" if unreadable else ""
+    print(f"searched {len(paths)} queries{note}: {args.out}", file=sys.stderr)
+    return 0

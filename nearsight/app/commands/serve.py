@@ -1,0 +1,191 @@
+"""``nearsight serve``: the Gradio page over one or more galleries (nearsight/app/page.py)."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import socket
+import sys
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve the search page (Gradio) over one or more galleries",
+        description="Serve a web page to query the galleries by image: the top-k framed green "
+        "(the query's class) or red (another class), the gallery's leave-one-out failures and "
+        "its Recall@k. Also an API endpoint /search for gradio_client. Prints the URL and "
+        "serves until interrupted.",
+    )
+    parser.add_argument(
+        "--gallery",
+        type=Path,
+        action="append",
+        required=True,
+        metavar="DIR",
+        help="gallery folder (repeat for several; the page offers a choice)",
+    )
+    parser.add_argument(
+        "--model",
+        type=Path,
+        help="model that embeds uploads (default: the model each gallery was built with; "
+        "it must be the gallery's model)",
+    )
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1; 0.0.0.0 serves the local network)",
+    )
+    parser.add_argument("--port", type=int, default=7860, help="default 7860")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument(
+        "--max-upload-mb",
+        type=float,
+        default=10.0,
+        help="largest image a user may upload, in MB (default 10)",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=2,
+        help="searches embedded at once; more wait in the queue (default 2)",
+    )
+    parser.add_argument(
+        "--max-queue",
+        type=int,
+        default=64,
+        help="events allowed to wait in the queue; more are refused (default 64)",
+    )
+    parser.add_argument(
+        "--analysis-max-items",
+        type=int,
+        default=100_000,
+        help="largest gallery (labelled items) whose leave-one-out failure list and Recall@k "
+        "the page computes at start: two exact O(N^2) passes (default 100000)",
+    )
+    parser.add_argument(
+        "--api-key",
+        help="key the REST API (/api/search, /api/items) requires in the X-API-Key header "
+        "(default: the NEARSIGHT_API_KEY environment variable; required when --host is not "
+        "a loopback address)",
+    )
+    parser.add_argument(
+        "--show-paths",
+        action="store_true",
+        help="show the galleries' absolute folder paths on the Summary tab (default: folder "
+        "names only)",
+    )
+    parser.set_defaults(func=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from nearsight.core.errors import NearsightError
+
+    if not 0 <= args.port <= 65535:
+        raise NearsightError(f"--port must be from 0 to 65535, got {args.port}")
+    if not args.max_upload_mb > 0:
+        raise NearsightError(f"--max-upload-mb must be positive, got {args.max_upload_mb}")
+    if args.concurrency < 1:
+        raise NearsightError(f"--concurrency must be at least 1, got {args.concurrency}")
+    if args.max_queue < 1:
+        raise NearsightError(f"--max-queue must be at least 1, got {args.max_queue}")
+    if args.analysis_max_items < 0:
+        raise NearsightError(
+            f"--analysis-max-items must be 0 or more, got {args.analysis_max_items}"
+        )
+
+    _check_address(args.host, args.port)  # before minutes of loading galleries
+    api_key = _api_key(args)
+
+    from nearsight.app.page import build_app, launch_app
+    from nearsight.app.rest import close_rest_app
+
+    demo = build_app(
+        args.gallery,
+        args.model,
+        device=args.device,
+        concurrency=args.concurrency,
+        max_queue=args.max_queue,
+        analysis_max_items=args.analysis_max_items,
+        show_paths=args.show_paths,
+    )
+    try:
+        url = launch_app(
+            demo,
+            host=args.host,
+            port=args.port,
+            max_upload_mb=args.max_upload_mb,
+            prevent_thread_lock=True,
+            quiet=True,
+            api_key=api_key,
+        )
+    except OSError as error:  # the port is taken, or the address is not ours
+        demo.nearsight.close()
+        reason = (
+            "the port is in use (choose another with --port)"
+            if "empty port" in str(error)
+            else str(error)
+        )
+        raise NearsightError(f"cannot serve on {args.host}:{args.port}: {reason}") from None
+    print(f"nearsight: serving {len(demo.nearsight.names)} gallery(ies) at {url}", flush=True)
+    print(f"nearsight: REST API at {url.rstrip('/')}/api (docs: /api/docs)", flush=True)
+    try:
+        demo.block_thread()  # until Ctrl-C
+    finally:
+        demo.close(verbose=False)
+        close_rest_app(demo.nearsight_api)
+        demo.nearsight.close()
+    print("nearsight: stopped", file=sys.stderr)
+    return 0
+
+
+def _api_key(args: argparse.Namespace) -> str | None:
+    """--api-key, else NEARSIGHT_API_KEY; refuse to serve beyond localhost without one."""
+    import os
+
+    from nearsight.app.rest import API_KEY_ENV
+    from nearsight.core.errors import NearsightError
+
+    key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
+    key = (key or "").strip() or None
+    if key is None and not _is_loopback(args.host):
+        raise NearsightError(
+            f"serving on {args.host} (beyond this machine) needs an API key for the REST API: "
+            f"pass --api-key KEY or set {API_KEY_ENV}"
+        )
+    return key
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_address(host: str, port: int) -> None:
+    """NearsightError unless ``host``:``port`` can be listened on. Gradio reports every failure
+    to listen (an unknown host, an address that is not this machine's) as "no empty port"."""
+    from nearsight.core.errors import NearsightError
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise NearsightError(f"cannot serve on {host}:{port}: unknown host ({reason})") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind(address)
+        except OSError as error:
+            reason = (
+                "the port is in use (choose another with --port)"
+                if error.errno == errno.EADDRINUSE
+                else error.strerror or str(error)
+            )
+            raise NearsightError(f"cannot serve on {host}:{port}: {reason}") from None

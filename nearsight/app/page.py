@@ -1,0 +1,383 @@
+"""The Gradio page of `nearsight serve`: query a gallery by image and see its top-k, framed
+green (the query's class) or red (another class); inspect the gallery's leave-one-out failures;
+read its Recall@k and its pair-distance distributions.
+
+This module is the page's layout; its handlers are in nearsight/app/page_handlers.py, its tables in
+nearsight/app/page_tables.py, the galleries it shows in nearsight/app/page_view.py.
+
+Build with :func:`build_app`, start with :func:`launch_app` (which applies the safety settings:
+upload size limit, no file serving beyond Gradio's own upload cache, no analytics, a system-font
+theme so that the page fetches nothing from the internet, a queue with a concurrency limit).
+
+Endpoint for gradio_client: ``/search`` (image file, k, gallery name) -> JSON text of the list
+of the k nearest items, ``{"id", "path", "label", "class_name", "distance", "meta"}``, nearest
+first (the JSON routes under ``/api`` are nearsight/app/rest.py, mounted by :func:`launch_app`)::
+
+    neighbours = json.loads(Client(url).predict(handle_file("q.jpg"), api_name="/search"))
+
+The page's own events are callable too but undocumented.
+
+Safety decisions (see also nearsight/app/page_html.py):
+
+- Gallery images reach the browser only as small JPEG thumbnails inlined into the result HTML,
+  made on the server from catalog paths looked up by id. No gallery folder is in Gradio's
+  ``allowed_paths``, so ``/gradio_api/file=`` serves nothing but Gradio's upload cache; the
+  gallery folders are in ``blocked_paths`` besides. No path from a request is ever opened.
+- Uploads larger than ``max_upload_mb`` are refused by Gradio's upload route (HTTP 413); an
+  upload that is not an image is answered with a one-line message (gr.Error), never a crash.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import gradio as gr
+
+from nearsight.app.page_handlers import ANY_CLASS, DEFAULT_K, MAX_K, UNKNOWN_CLASS, Page
+from nearsight.app.page_html import CLICK_JS, message_html
+from nearsight.app.page_map import MapTab, map_tab_layout, wire_map_tab
+from nearsight.app.page_tables import FAILURE_COLUMNS, PAIR_COLUMNS, gallery_header
+from nearsight.app.page_view import GalleryView, open_views
+from nearsight.app.rest import API_PREFIX, make_rest_app
+from nearsight.index.analysis import ANALYSIS_MAX_ITEMS
+
+DEFAULT_MAX_UPLOAD_MB = 10.0
+DEFAULT_CONCURRENCY = 2  # embedding calls at once (each one uses every core already)
+DEFAULT_MAX_QUEUE = 64  # waiting events beyond this are refused ("queue full")
+# Sessions whose state Gradio keeps (least recently used dropped first). Every call of the API
+# over plain HTTP is a new session holding a copy of every component's config (docs/decisions.md):
+# Gradio's default of 10000 let a busy API client grow the server by far too much.
+STATE_SESSIONS = 1000
+SYSTEM_FONTS = ("system-ui", "Segoe UI", "Roboto", "Helvetica Neue", "Arial", "sans-serif")
+MONO_FONTS = ("ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace")
+
+
+def system_theme() -> gr.themes.Base:
+    """Gradio's default look with fonts the browser already has (no font download at all)."""
+    return gr.themes.Default(
+        font=[gr.themes.Font(name) for name in SYSTEM_FONTS],
+        font_mono=[gr.themes.Font(name) for name in MONO_FONTS],
+    )
+
+
+def query_image_input(**options: Any) -> gr.Image:
+    """gr.Image whose handlers get the uploaded file's path without Gradio decoding it first, so
+    that a file that is not an image gets nearsight's one-line message instead of a Pillow
+    traceback. (An instance override, not a subclass: Gradio writes a .pyi stub beside the
+    module of every Component subclass.)"""
+    image = gr.Image(type="filepath", **options)
+    decode = image.preprocess
+
+    def preprocess(payload):
+        if payload is None:
+            return None
+        if payload.path and not (payload.url or "").startswith("data:"):
+            return str(payload.path)  # Gradio has checked it is in its upload folder
+        try:
+            return decode(payload)
+        except Exception as error:  # a data: URL that does not decode
+            raise gr.Error(f"cannot read the pasted image: {error}") from None
+
+    image.preprocess = preprocess  # type: ignore[method-assign]
+    return image
+
+
+# -- the Blocks --------------------------------------------------------------------------------
+
+
+def build_app(
+    galleries: Sequence[str | os.PathLike[str]] | Sequence[GalleryView],
+    model: str | os.PathLike[str] | None = None,
+    *,
+    device: str = "auto",
+    concurrency: int = DEFAULT_CONCURRENCY,
+    max_queue: int = DEFAULT_MAX_QUEUE,
+    analyse: bool = True,
+    analysis_max_items: int = ANALYSIS_MAX_ITEMS,
+    show_paths: bool = False,
+) -> gr.Blocks:
+    """The page over ``galleries`` (folders, or views already open). ``model``: the model that
+    embeds uploads (default: each gallery's recorded model; it must match). ``analyse``: start
+    the leave-one-out analysis in the background now (otherwise on first use); galleries with
+    more than ``analysis_max_items`` labelled items are not analysed. The returned
+    Blocks has ``.nearsight`` (the :class:`Page`); start it with :func:`launch_app`."""
+    if galleries and isinstance(galleries[0], GalleryView):
+        views = list(galleries)  # type: ignore[arg-type]
+    else:
+        views = open_views(galleries, model, device)  # type: ignore[arg-type]
+    for view in views:
+        view.analysis_max_items = analysis_max_items
+    page = Page(views)
+    page.show_paths = show_paths
+    maps = MapTab(page.views)
+    first = page.names[0]
+
+    with gr.Blocks(title="nearsight", analytics_enabled=False) as demo:
+        gr.Markdown(
+            "## nearsight\nQuery a gallery by image. Frames: **green** = the query's class, "
+            "**red** = another class, grey = the query's class is unknown."
+        )
+        with gr.Row(equal_height=True):
+            gallery_choice = gr.Dropdown(
+                choices=page.names,
+                value=first,
+                label="Gallery",
+                interactive=len(page.names) > 1,
+                scale=1,
+                elem_id="ns-gallery",
+            )
+            header = gr.Markdown(gallery_header(page.views[first]), elem_id="ns-header")
+        state = gr.State(None)
+
+        with gr.Tabs():
+            with gr.Tab("Search", id="search"), gr.Row():
+                with gr.Column(scale=1, min_width=280):
+                    query_image = query_image_input(
+                        label="Query image",
+                        sources=["upload", "webcam", "clipboard"],
+                        height=260,
+                        elem_id="ns-query-image",
+                    )
+                    query_class = gr.Dropdown(
+                        label="Query class (colours the frames; unknown = grey)",
+                        choices=[("unknown", UNKNOWN_CLASS)],
+                        value=UNKNOWN_CLASS,
+                        elem_id="ns-query-class",
+                    )
+                    k_slider = gr.Slider(
+                        1, MAX_K, value=DEFAULT_K, step=1, label="k", elem_id="ns-k"
+                    )
+                    filter_box = gr.Textbox(
+                        label="Filter (search only matching items; Enter applies)",
+                        placeholder="shop=north; price<20",
+                        info=_filter_info(page),
+                        elem_id="ns-filter",
+                    )
+                    search_button = gr.Button("Search", variant="primary", elem_id="ns-search")
+                    with gr.Accordion("Query from the gallery (leave-one-out)", open=True):
+                        pick_class = gr.Dropdown(
+                            label="Class",
+                            choices=[("any class", ANY_CLASS)],
+                            value=ANY_CLASS,
+                            elem_id="ns-pick-class",
+                        )
+                        random_button = gr.Button("Random gallery image", elem_id="ns-random")
+                        item_id = gr.Number(
+                            label="Item id", precision=0, value=None, elem_id="ns-item-id"
+                        )
+                        open_button = gr.Button("Open item", elem_id="ns-open")
+                with gr.Column(scale=3):
+                    status = gr.Markdown(elem_id="ns-status")
+                    results = gr.HTML(
+                        message_html("Upload, paste or drop an image, or pick one."),
+                        elem_id="ns-results",
+                        js_on_load=CLICK_JS,
+                    )
+
+            with gr.Tab("Failures", id="failures"):
+                failure_info = gr.Markdown("Computing the leave-one-out failures...")
+                failure_table = gr.Dataframe(
+                    headers=FAILURE_COLUMNS,
+                    interactive=False,
+                    label="Queries whose top-1 is of another class (leave-one-out)",
+                    max_height=360,
+                    wrap=True,
+                    elem_id="ns-failures",
+                )
+                all_button = gr.Button("Show all failures", size="sm", elem_id="ns-all-failures")
+                failure_results = gr.HTML(
+                    message_html("Select a row of the failure table to see its grid."),
+                    elem_id="ns-failure-results",
+                    js_on_load=None,
+                )
+                pairs_table = gr.Dataframe(
+                    headers=PAIR_COLUMNS,
+                    interactive=False,
+                    label="Class pairs most often confused (select one to list its failures)",
+                    max_height=300,
+                    wrap=True,
+                    elem_id="ns-pairs",
+                )
+
+            map_parts = map_tab_layout()
+
+            with gr.Tab("Summary", id="summary"):
+                summary = gr.Markdown("Computing the leave-one-out evaluation...")
+                metrics_table = gr.Dataframe(
+                    headers=["metric", "value"],
+                    interactive=False,
+                    label="Recall@k, NMI, MAP@R (leave-one-out, stored embeddings)",
+                    elem_id="ns-metrics",
+                )
+                distance_plot = gr.LinePlot(
+                    x="distance",
+                    y="density",
+                    color="pairs",
+                    color_map={"matching": "#16a34a", "non-matching": "#dc2626"},
+                    title="Distances of matching vs non-matching pairs (RankMI, Fig. 1)",
+                    x_title="Euclidean distance between embeddings",
+                    y_title="density",
+                    height=320,
+                    elem_id="ns-distances",
+                )
+
+        # the documented API: image file in, JSON neighbours out (hidden from the page)
+        with gr.Row(visible=False):
+            api_image = gr.File(label="image", type="filepath")
+            api_k = gr.Number(value=DEFAULT_K, precision=0, label="k")
+            api_gallery = gr.Textbox(value=first, label="gallery")
+            api_result = gr.Textbox(label="neighbours (JSON)")
+            api_button = gr.Button("search")
+
+        embed_limits = {"concurrency_id": "embed", "concurrency_limit": concurrency}
+        private = {"api_visibility": "undocumented"}
+        grid_out = [results, status, state]
+
+        api_button.click(
+            page.api_search,
+            [api_image, api_k, api_gallery],
+            api_result,
+            api_name="search",
+            api_description="The k nearest gallery items of an image, as JSON text: a list of "
+            '{"id", "path", "label", "class_name", "distance", "meta"}, nearest first.',
+            **embed_limits,
+        )
+        upload_inputs = [gallery_choice, query_image, k_slider, query_class, filter_box]
+        # change, not upload: a pasted image counts too; clearing the image changes nothing
+        query_image.change(
+            page.image_changed,
+            upload_inputs,
+            grid_out,
+            api_name="image_changed",
+            **private,
+            **embed_limits,
+        )
+        search_button.click(
+            page.upload_grid,
+            upload_inputs,
+            grid_out,
+            api_name="search_grid",
+            **private,
+            **embed_limits,
+        )
+        rerun_inputs = [gallery_choice, state, query_image, k_slider, query_class, filter_box]
+        k_slider.release(page.rerun, rerun_inputs, grid_out, api_name="rerun_k", **private)
+        filter_box.submit(page.rerun, rerun_inputs, grid_out, api_name="rerun_filter", **private)
+        query_class.input(page.rerun, rerun_inputs, grid_out, api_name="rerun_class", **private)
+        random_button.click(
+            page.random_item,
+            [gallery_choice, pick_class, k_slider, filter_box],
+            [*grid_out, item_id],
+            api_name="random_item",
+            **private,
+        )
+        open_inputs = [gallery_choice, item_id, k_slider, filter_box]
+        open_button.click(page.item_grid, open_inputs, grid_out, api_name="item_grid", **private)
+        item_id.submit(page.item_grid, open_inputs, grid_out, api_name="item_submit", **private)
+        results.click(
+            page.clicked,
+            [gallery_choice, k_slider, filter_box],
+            [*grid_out, item_id],
+            api_name="neighbour_clicked",
+            **private,
+        )
+
+        gallery_outputs = [query_class, pick_class, header, results, status, state]
+        analysis_out = [
+            failure_table,
+            pairs_table,
+            failure_info,
+            failure_results,
+            summary,
+            metrics_table,
+            distance_plot,
+        ]
+        for trigger in (demo.load, gallery_choice.change):
+            trigger(
+                page.gallery_changed, gallery_choice, gallery_outputs, **private, queue=False
+            ).then(page.analysis_outputs, gallery_choice, analysis_out, **private).then(
+                maps.outputs, [gallery_choice, map_parts.method], map_parts.outputs, **private
+            )
+        wire_map_tab(map_parts, maps, page, gallery_choice, k_slider, private)
+        failure_table.select(
+            page.failure_selected,
+            [gallery_choice, k_slider],
+            failure_results,
+            api_name="failure_selected",
+            **private,
+        )
+        pairs_table.select(
+            page.pair_selected,
+            [gallery_choice, k_slider],
+            [failure_table, failure_info, failure_results],
+            api_name="pair_selected",
+            **private,
+        )
+        all_button.click(
+            page.all_failures,
+            gallery_choice,
+            [failure_table, failure_info],
+            api_name="all_failures",
+            **private,
+        )
+
+    demo.queue(default_concurrency_limit=concurrency, max_size=max_queue)
+    demo.nearsight = page  # type: ignore[attr-defined]
+    demo.nearsight_maps = maps  # type: ignore[attr-defined]
+    if analyse:
+        page.start_analysis()
+    return demo
+
+
+def _filter_info(page: Page) -> str:
+    keys = sorted({key for view in page.views.values() for key in view.gallery.meta_keys()})
+    columns = ", ".join([*keys, "label", "class_name", "split"])
+    return f"KEY=VALUE, KEY!=VALUE, KEY>=N, KEY<N, ... separated by ';' over: {columns}"
+
+
+def launch_app(
+    demo: gr.Blocks,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 7860,
+    max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB,
+    prevent_thread_lock: bool = False,
+    quiet: bool = False,
+    api_key: str | None = None,
+) -> str:
+    """Start the server with the safety settings and the REST API (nearsight/app/rest.py) mounted at
+    ``/api``; returns the local URL. With ``prevent_thread_lock`` it returns at once (call
+    ``demo.close()`` to stop, then ``close_rest_app(demo.nearsight_api)``)."""
+    page: Page = demo.nearsight  # type: ignore[attr-defined]
+    blocked = sorted({str(view.gallery.path) for view in page.views.values()})
+    max_bytes = int(max_upload_mb * 1024 * 1024)
+    rest = make_rest_app(list(page.views.values()), max_upload_bytes=max_bytes, api_key=api_key)
+    _, url, _ = demo.launch(
+        server_name=host,
+        server_port=port,
+        prevent_thread_lock=True,  # the API is mounted on the running app, then we block
+        quiet=quiet,
+        share=False,
+        inbrowser=False,
+        show_error=False,  # only gr.Error messages reach the page, never a traceback
+        max_file_size=max_bytes,
+        allowed_paths=[],
+        blocked_paths=blocked,
+        enable_monitoring=False,
+        ssr_mode=False,
+        pwa=False,
+        mcp_server=False,
+        run_history=False,
+        state_session_capacity=STATE_SESSIONS,
+        footer_links=["api"],
+        theme=system_theme(),
+    )
+    # Gradio builds its FastAPI app inside launch(); none of its routes is under /api
+    # (its own live under /gradio_api), so the mount shadows nothing
+    demo.app.mount(API_PREFIX, rest)
+    demo.nearsight_api = rest  # type: ignore[attr-defined]
+    if not prevent_thread_lock:
+        demo.block_thread()
+    return url

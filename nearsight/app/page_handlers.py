@@ -1,0 +1,335 @@
+"""The page's event handlers (:class:`Page`), over the open galleries' views. Each returns what
+its Gradio outputs show; nearsight's one-line errors become gr.Error messages."""
+
+from __future__ import annotations
+
+import html
+import json
+import random
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from nearsight.app.page_html import QueryCard, message_html, result_html
+from nearsight.app.page_tables import (
+    FAILURE_ROWS,
+    distance_frame,
+    failure_frame,
+    failure_note,
+    gallery_header,
+    metrics_frame,
+    pairs_frame,
+    summary_markdown,
+)
+from nearsight.app.page_view import GalleryView, Neighbour, thumbnail_uri
+from nearsight.core.errors import NearsightError
+from nearsight.index.images import load_image_bytes
+
+DEFAULT_K = 8
+MAX_K = 64
+UNKNOWN_CLASS = "-1"
+ANY_CLASS = "-1"
+
+
+class PageError(NearsightError):
+    """Bad input from a page user (shown on the page as a one-line message)."""
+
+
+class Page:
+    """The handlers of the page, over the open galleries."""
+
+    def __init__(self, views: Sequence[GalleryView]):
+        if not views:
+            raise NearsightError("serve needs at least one gallery")
+        self.views = {view.name: view for view in views}
+        self.names = [view.name for view in views]
+        self._random = random.Random()
+        self.show_paths = False  # the Summary tab shows folder names only (serve --show-paths)
+        self._warm_thread: threading.Thread | None = None
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def view(self, name: str | None) -> GalleryView:
+        if not name:
+            return self.views[self.names[0]]
+        try:
+            return self.views[name]
+        except KeyError:
+            known = ", ".join(self.names)
+            raise PageError(f"no gallery named {name!r} (this server has: {known})") from None
+
+    @staticmethod
+    def check_k(k: Any) -> int:
+        try:
+            value = int(k)
+        except (TypeError, ValueError):
+            raise PageError(f"k must be an integer from 1 to {MAX_K}, got {k!r}") from None
+        if not 1 <= value <= MAX_K or value != float(k):
+            raise PageError(f"k must be an integer from 1 to {MAX_K}, got {k!r}")
+        return value
+
+    @staticmethod
+    def read_upload(path: str | None) -> tuple[bytes, Any]:
+        if not path:
+            raise PageError("no query image: upload, paste or drop one")
+        file = Path(path)
+        try:
+            data = file.read_bytes()
+        except OSError as error:
+            raise PageError(f"cannot read the upload: {error.strerror or error}") from None
+        return data, load_image_bytes(data, name=file.name)
+
+    def start_analysis(self) -> None:
+        """Compute every gallery's leave-one-out analysis in a background thread."""
+
+        def work() -> None:
+            for view in self.views.values():
+                try:
+                    view.analysis()
+                except Exception as error:  # shown on the page when it is asked for
+                    print(f"nearsight: analysis of {view.name} failed: {error}", flush=True)
+
+        self._warm_thread = threading.Thread(target=work, name="nearsight-analysis", daemon=True)
+        self._warm_thread.start()
+
+    def wait_analysis(self, timeout: float | None = None) -> bool:
+        if self._warm_thread is not None:
+            self._warm_thread.join(timeout)
+        return all(view.analysis_ready for view in self.views.values())
+
+    def close(self) -> None:
+        for view in self.views.values():
+            view.close()
+
+    # -- searching ---------------------------------------------------------------------------
+
+    def api_search(self, image: str | None, k: Any, gallery: str | None) -> str:
+        """The /search endpoint: neighbours of an uploaded image, as JSON text (a list of rows).
+
+        Text, not a JSON component: gradio_client (2.x, protocol sse_v3) takes every dict with
+        a "path" string in an output for a file to download, and would try to fetch the gallery
+        images (which this server refuses to serve)."""
+        with _page_errors():
+            view = self.view(gallery)
+            k = self.check_k(DEFAULT_K if k is None else k)
+            _, decoded = self.read_upload(image)
+            return json.dumps([n.as_json() for n in view.search_image(decoded, k)])
+
+    def image_changed(
+        self, gallery: str, image_path: str | None, k: Any, query_class, filters: str = ""
+    ):
+        """A new query image (uploaded, pasted or dropped); nothing when it was cleared."""
+        if not image_path:
+            return gr.skip(), gr.skip(), gr.skip()
+        return self.upload_grid(gallery, image_path, k, query_class, filters)
+
+    def upload_grid(
+        self,
+        gallery: str,
+        image_path: str | None,
+        k: Any,
+        query_class: str | None,
+        filters: str = "",
+    ) -> tuple[str, str, dict]:
+        """The grid of an uploaded query; its class from the dropdown, or from an identical
+        gallery file when the dropdown says unknown."""
+        with _page_errors():
+            view = self.view(gallery)
+            k = self.check_k(k)
+            data, image = self.read_upload(image_path)
+            label = _label_value(query_class)
+            note = ""
+            twin = view.identical_item(data)
+            if twin is not None:
+                twin_label = view.label_of(twin)
+                note = f"identical to gallery item #{twin} ({view.class_name(twin_label)})"
+                if label is None:
+                    label = twin_label
+            neighbours = view.search_image(image, k, allowed=view.allowed_ids(filters))
+            card = QueryCard(
+                title="uploaded image",
+                thumbnail=thumbnail_uri(image),
+                label=label,
+                class_name=view.class_name(label),
+                kind="upload",
+                note=note,
+            )
+            return self._render(view, card, neighbours), _filter_note(filters), {"kind": "upload"}
+
+    def item_grid(
+        self, gallery: str, item_id: Any, k: Any, filters: str = ""
+    ) -> tuple[str, str, dict]:
+        """The leave-one-out grid of a gallery item."""
+        with _page_errors():
+            view = self.view(gallery)
+            k = self.check_k(k)
+            item = _item_id(item_id)
+            neighbours = view.search_item(item, k, allowed=view.allowed_ids(filters))
+            label = view.label_of(item)
+            card = QueryCard(
+                title=f"gallery item #{item}",
+                thumbnail=view.thumbnail(item),
+                label=label,
+                class_name=view.class_name(label),
+                kind="item",
+                item_id=item,
+            )
+            state = {"kind": "item", "id": item}
+            return self._render(view, card, neighbours), _filter_note(filters), state
+
+    def _render(self, view: GalleryView, card: QueryCard, neighbours: list[Neighbour]) -> str:
+        return result_html(
+            card,
+            neighbours,
+            [view.thumbnail(n.id) for n in neighbours],
+            [view.class_name(n.label) for n in neighbours],
+            gallery=view.name,
+            gallery_size=len(view),
+        )
+
+    def random_item(self, gallery: str, class_value: str | None, k: Any, filters: str = ""):
+        with _page_errors():
+            view = self.view(gallery)
+            label = _label_value(class_value)
+            if label is None:
+                pool = view.labelled_ids if len(view.labelled_ids) else view.ids
+            else:
+                pool = view.ids[view.labels == label]
+            if not len(pool):
+                raise PageError(f"gallery {view.name} has no item of that class")
+            item = int(pool[self._random.randrange(len(pool))])
+        grid, status, state = self.item_grid(gallery, item, k, filters)
+        return grid, status, state, item
+
+    def rerun(
+        self,
+        gallery: str,
+        state: dict | None,
+        image_path: str | None,
+        k: Any,
+        query_class,
+        filters: str = "",
+    ):
+        """Redraw the current query (after k, the query class or the filter changed)."""
+        if not state:
+            return gr.skip(), gr.skip(), gr.skip()
+        if state.get("kind") == "item":
+            return self.item_grid(gallery, state["id"], k, filters)
+        if not image_path:
+            return gr.skip(), gr.skip(), gr.skip()
+        return self.upload_grid(gallery, image_path, k, query_class, filters)
+
+    def clicked(self, gallery: str, k: Any, filters: str, event: gr.EventData):
+        """A neighbour was clicked in a grid: query by that item."""
+        item = getattr(event, "_data", None) or {}
+        if not isinstance(item, dict) or "item_id" not in item:
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        grid, status, state = self.item_grid(gallery, item["item_id"], k, filters)
+        return grid, status, state, int(item["item_id"])
+
+    # -- gallery choice, failures, summary ---------------------------------------------------
+
+    def gallery_changed(self, gallery: str):
+        """New gallery chosen (or page loaded): class lists, header, cleared results."""
+        view = self.view(gallery)
+        classes = [(name, str(label)) for label, name in view.class_names.items()]
+        return (
+            gr.update(choices=[("unknown", UNKNOWN_CLASS), *classes], value=UNKNOWN_CLASS),
+            gr.update(choices=[("any class", ANY_CLASS), *classes], value=ANY_CLASS),
+            gallery_header(view),
+            message_html("Upload, paste or drop an image, or pick one from the gallery."),
+            "",
+            None,
+        )
+
+    def analysis_outputs(self, gallery: str):
+        """Failure table, confused pairs, their note, the summary and its plot."""
+        view = self.view(gallery)
+        analysis = view.analysis()
+        return (
+            failure_frame(view, analysis.failures[:FAILURE_ROWS]),
+            pairs_frame(view, analysis),
+            failure_note(view, len(analysis.failures)),
+            message_html("Select a row of the failure table to see its grid."),
+            summary_markdown(view, self.show_paths),
+            metrics_frame(analysis.metrics),
+            distance_frame(analysis),
+        )
+
+    def failure_selected(self, gallery: str, k: Any, event: gr.SelectData):
+        row = event.row_value
+        if not row:
+            return gr.skip()
+        grid, _, _ = self.item_grid(gallery, row[0], k)
+        return grid
+
+    def pair_selected(self, gallery: str, k: Any, event: gr.SelectData):
+        """A confused pair was selected: the failure table narrows to that pair and the worst
+        of them is shown."""
+        view = self.view(gallery)
+        row = event.row_value
+        if not row:
+            return gr.skip(), gr.skip(), gr.skip()
+        names = {row[0], row[1]}
+        chosen = [
+            f
+            for f in view.analysis().failures
+            if {view.class_name(f.label), view.class_name(f.top1_label)} == names
+        ]
+        note = (
+            f"{len(chosen)} failures between **{row[0]}** and **{row[1]}** "
+            "(press *Show all failures* for the whole list)"
+        )
+        grid = (
+            self.item_grid(gallery, chosen[0].id, k)[0]
+            if chosen
+            else message_html("No failure between these classes.")
+        )
+        return failure_frame(view, chosen[:FAILURE_ROWS]), note, grid
+
+    def all_failures(self, gallery: str):
+        view = self.view(gallery)
+        failures = view.analysis().failures
+        return failure_frame(view, failures[:FAILURE_ROWS]), failure_note(view, len(failures))
+
+
+def _filter_note(filters: str | None) -> str:
+    """The status line under the grid while a filter is on."""
+    text = " ".join((filters or "").split())
+    return f"Filtered: only items with `{html.escape(text)}`" if text else ""
+
+
+def _label_value(value: Any) -> int | None:
+    if value is None or str(value) in ("", UNKNOWN_CLASS):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise PageError(f"not a class: {value!r}") from None
+
+
+def _item_id(value: Any) -> int:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise PageError(f"an item id is a whole number, got {value!r}") from None
+    if not number.is_integer():
+        raise PageError(f"an item id is a whole number, got {value!r}")
+    return int(number)
+
+
+class _page_errors:
+    """Turn nearsight's one-line errors into gr.Error (a message on the page, an AppError with
+    that message in gradio_client)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        if isinstance(error, NearsightError):
+            # the toast renders HTML: names from uploads must not become markup
+            raise gr.Error(html.escape(str(error), quote=False), print_exception=False) from None
+        return False

@@ -1,0 +1,226 @@
+"""The REST API of `nearsight serve`: JSON routes on the same server as the page, under
+``/api`` (a FastAPI sub-application, so it has its own OpenAPI schema at
+``/api/openapi.json`` and docs at ``/api/docs``).
+
+- ``POST /api/search``: multipart form; the query is ``image`` (a file), ``id`` (a gallery
+  item's stored vector: the item itself comes first) or ``vector`` (a JSON list of D numbers); ``k`` (default
+  8), ``filter`` (``KEY=VALUE``, ``KEY>=N``..., several separated by ``;``), ``gallery`` (a
+  name from ``/api/health``; default the first). Answers ``{"gallery", "k", "neighbours"}``,
+  each neighbour ``{"id", "path", "label", "class_name", "distance", "meta"}``.
+- ``GET /api/items/{id}?gallery=NAME``: the item's catalog row and ``meta``.
+- ``GET /api/health``: ``{"status": "ok", "galleries": [{"name", "items", "dim", ...}]}``.
+
+Safety, as the page: an upload larger than the limit is refused (413) before it is parsed; a
+file that is not an image gets 415; every error is ``{"error": "one line"}`` with a 4xx status,
+never a traceback; no route opens or serves a file named by a request. With an API key (set
+by ``serve --api-key`` or ``NEARSIGHT_API_KEY``; required when serving beyond localhost) the
+search and item routes need it in the ``X-API-Key`` header (or ``Authorization: Bearer``);
+``/api/health`` and the docs stay open.
+
+Uploads are decoded and resized in worker threads, then embedded by the gallery model's
+:class:`~nearsight.app.batcher.EmbedBatcher`: concurrent requests share one model call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, File, Form, Request, UploadFile
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from nearsight.app.batcher import EmbedBatcher
+from nearsight.app.page_view import GalleryView
+from nearsight.core.errors import NearsightError
+from nearsight.index.images import ImageLoadError, load_image_bytes
+from nearsight.index.search.query import check_vector, item_row
+
+API_PREFIX = "/api"
+API_KEY_ENV = "NEARSIGHT_API_KEY"
+API_KEY_HEADER = "X-API-Key"
+DEFAULT_K = 8
+MAX_K = 1000
+FORM_SLACK_BYTES = 64 * 1024  # the multipart envelope and the small fields around the file
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def make_rest_app(
+    views: Sequence[GalleryView],
+    *,
+    max_upload_bytes: int,
+    api_key: str | None = None,
+    max_batch: int = 16,
+) -> FastAPI:
+    """The ``/api`` application over the open galleries (mount it at :data:`API_PREFIX`)."""
+    by_name = {view.name: view for view in views}
+    names = [view.name for view in views]
+    batchers: dict[int, EmbedBatcher] = {}
+    for view in views:
+        if id(view.embedder) not in batchers:
+            batchers[id(view.embedder)] = EmbedBatcher(view.embedder.embed, max_batch=max_batch)
+
+    app = FastAPI(
+        title="nearsight",
+        summary="Query-by-image search over nearsight galleries",
+        docs_url="/docs",
+        redoc_url=None,
+        openapi_url="/openapi.json",
+    )
+    app.state.batchers = batchers
+
+    def require_key(request: Request) -> None:
+        if not api_key:
+            return
+        given = request.headers.get(API_KEY_HEADER, "")
+        bearer = request.headers.get("authorization", "")
+        if not given and bearer.lower().startswith("bearer "):
+            given = bearer[7:].strip()
+        if not given or not hmac.compare_digest(given.encode(), api_key.encode()):
+            raise ApiError(
+                401, f"missing or wrong API key (send it in the {API_KEY_HEADER} header)"
+            )
+
+    def view_of(name: str | None) -> GalleryView:
+        if not name:
+            return by_name[names[0]]
+        if name not in by_name:
+            raise ApiError(404, f"no gallery named {name!r} (this server has: {', '.join(names)})")
+        return by_name[name]
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, error: ApiError) -> JSONResponse:
+        return JSONResponse({"error": error.message}, status_code=error.status)
+
+    @app.exception_handler(NearsightError)
+    async def _bad_input(_: Request, error: NearsightError) -> JSONResponse:
+        return JSONResponse({"error": _one_line(str(error))}, status_code=400)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, error: RequestValidationError) -> JSONResponse:
+        first = error.errors()[0] if error.errors() else {}
+        where = ".".join(str(part) for part in first.get("loc", ())[1:]) or "request"
+        message = f"{where}: {first.get('msg', 'invalid request')}"
+        return JSONResponse({"error": _one_line(message)}, status_code=422)
+
+    @app.exception_handler(HTTPException)
+    async def _http(_: Request, error: HTTPException) -> JSONResponse:
+        return JSONResponse({"error": _one_line(str(error.detail))}, status_code=error.status_code)
+
+    @app.middleware("http")
+    async def _limit_upload(request: Request, call_next):
+        length = request.headers.get("content-length")
+        too_big = length is not None and length.isdigit()
+        if too_big and int(length) > max_upload_bytes + FORM_SLACK_BYTES:
+            limit = max_upload_bytes / 1024 / 1024
+            return JSONResponse(
+                {"error": f"the upload is larger than the server's limit ({limit:g} MB)"},
+                status_code=413,
+            )
+        return await call_next(request)
+
+    @app.get("/health")
+    def health() -> dict[str, Any]:
+        """Whether the server is up, and its galleries."""
+        return {
+            "status": "ok",
+            "galleries": [
+                {
+                    "name": view.name,
+                    "items": len(view),
+                    "dim": view.gallery.dim,
+                    "index_type": view.gallery.index_type,
+                    "meta_keys": view.gallery.meta_keys(),
+                }
+                for view in views
+            ],
+        }
+
+    @app.get("/items/{item_id}", dependencies=[Depends(require_key)])
+    def item(item_id: int, gallery: str | None = None) -> dict[str, Any]:
+        """A gallery item's catalog row and metadata."""
+        view = view_of(gallery)
+        try:
+            row = view.row(item_id)
+        except NearsightError as error:
+            raise ApiError(404, str(error)) from None
+        return item_row(row)
+
+    @app.post("/search", dependencies=[Depends(require_key)])
+    async def search(
+        image: Annotated[UploadFile | None, File(description="query image file")] = None,
+        item_id: Annotated[
+            int | None, Form(alias="id", description="query by this gallery item's vector")
+        ] = None,
+        vector: Annotated[str | None, Form(description="query vector, a JSON list")] = None,
+        k: Annotated[int, Form(ge=1, le=MAX_K)] = DEFAULT_K,
+        filter: Annotated[str | None, Form(description="KEY=VALUE;KEY>=N;...")] = None,
+        gallery: Annotated[str | None, Form()] = None,
+    ) -> dict[str, Any]:
+        """The k nearest gallery items of an image, an item or a vector."""
+        query_fields = (("image", image), ("id", item_id), ("vector", vector))
+        given = [name for name, value in query_fields if value is not None]
+        if len(given) != 1:
+            raise ApiError(422, "send exactly one of: image (a file), id, vector")
+        view = view_of(gallery)
+        allowed = await run_in_threadpool(view.allowed_ids, filter)
+        if image is not None:
+            batcher = batchers[id(view.embedder)]
+            query = await _embed_upload(image, view, batcher, max_upload_bytes)
+        elif item_id is not None:
+            if item_id not in view.rows:
+                raise ApiError(404, f"gallery {view.name} has no item with id {item_id}")
+            query = view.item_vector(item_id)
+        else:
+            query = check_vector(view.gallery, _parse_vector(vector))
+        found = await run_in_threadpool(view.search_vector, query, k, None, allowed)
+        return {"gallery": view.name, "k": k, "neighbours": [n.as_json() for n in found]}
+
+    return app
+
+
+async def _embed_upload(
+    upload: UploadFile, view: GalleryView, batcher: EmbedBatcher, max_bytes: int
+) -> Any:
+    data = await upload.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        limit = max_bytes / 1024 / 1024
+        raise ApiError(413, f"the upload is larger than the server's limit ({limit:g} MB)")
+    name = upload.filename or "<upload>"
+
+    def prepare():
+        try:
+            image = load_image_bytes(data, name)
+        except ImageLoadError as error:
+            raise ApiError(415, _one_line(str(error))) from None
+        return view.embedder.preprocess(image)
+
+    model_input = await run_in_threadpool(prepare)
+    return await asyncio.wrap_future(batcher.submit(model_input))
+
+
+def _parse_vector(text: str | None) -> Any:
+    try:
+        return json.loads(text or "")
+    except ValueError:
+        raise ApiError(422, "vector must be a JSON list of numbers") from None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def close_rest_app(app: FastAPI) -> None:
+    for batcher in app.state.batchers.values():
+        batcher.close()

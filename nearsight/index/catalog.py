@@ -1,0 +1,393 @@
+"""The gallery catalog: one SQLite database (through sqlite-utils) per gallery folder.
+
+``catalog.db`` holds two tables:
+
+- ``items``: one row per indexed image. ``id`` is the image's FAISS id; ``path``, ``label``
+  (NULL when unlabelled), ``class_name``, ``split``, ``sha256`` (of the file's bytes),
+  ``width`` and ``height``.
+- ``item_meta`` (absent in catalogs made before metadata existed): ``item_id``, ``key``,
+  ``value``, one row per item and extra column (a CSV column beyond ``path,label,split``,
+  ``index add --meta KEY=VALUE``). ``value`` has no declared type, so SQLite keeps each value
+  an integer, a real or text as given (typed by :func:`index.filters.typed_value`) and
+  :meth:`Catalog.filter_ids` compares numbers as numbers.
+- ``meta``: ``key`` -> ``value`` where the value is JSON text (so ``dim`` comes back as an int):
+  ``model_sha256``, ``dim``, ``metric``, ``index_type``, ``created`` and any extras; ``next_id``
+  is kept by :meth:`Catalog.add_items` so that a removed id is never given to a new image.
+
+The gallery folder around it (written whole, its catalog opened): nearsight/index/gallery/files.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import numpy as np
+
+from nearsight.core.errors import NearsightError
+from nearsight.index.search.filters import Condition, filter_sql, typed_meta
+from nearsight.index.sqlite_db import Database
+
+CATALOG_FILE = "catalog.db"
+ITEM_COLUMNS: dict[str, type] = {
+    "id": int,
+    "path": str,
+    "label": int,
+    "class_name": str,
+    "split": str,
+    "sha256": str,
+    "width": int,
+    "height": int,
+}
+META_COLUMNS: dict[str, type] = {"key": str, "value": str}
+ITEM_META_TABLE = (
+    "CREATE TABLE IF NOT EXISTS item_meta (item_id INTEGER NOT NULL, key TEXT NOT NULL, "
+    "value NOT NULL, PRIMARY KEY (item_id, key)) WITHOUT ROWID"
+)
+ITEM_META_INDEX = "CREATE INDEX IF NOT EXISTS item_meta_key ON item_meta (key, value)"
+_INSERT_ITEM_META = "INSERT OR REPLACE INTO item_meta (item_id, key, value) VALUES (?, ?, ?)"
+_SQLITE_HEADER = b"SQLite format 3\x00"
+_CHUNK = 500  # ids per "IN (...)" query, well under SQLite's variable limit
+
+
+class GalleryError(NearsightError):
+    """A gallery folder or catalog that is missing, damaged or inconsistent."""
+
+
+def create_catalog(
+    db_path: str | os.PathLike[str], items: Iterable[dict[str, Any]], meta: dict[str, object]
+) -> None:
+    """Create a new catalog at ``db_path`` holding ``items`` and ``meta``.
+
+    An item is a dict with ``path`` and optionally ``id`` (default: its position, 0, 1, ...),
+    ``label``, ``class_name``, ``split``, ``sha256``, ``width``, ``height`` and ``meta`` (a
+    dict of its extra columns). ``created`` is added to ``meta`` when missing.
+    """
+    path = Path(db_path)
+    if path.exists():
+        raise GalleryError(f"cannot create catalog {path}: the file already exists")
+    items = list(items)
+    rows = [_item_row(item, position) for position, item in enumerate(items)]
+    extras = [_item_meta(item) for item in items]
+    meta = dict(meta)
+    meta.setdefault("created", datetime.now(UTC).isoformat(timespec="seconds"))
+    meta.setdefault("next_id", max((row["id"] for row in rows), default=-1) + 1)
+    db = Database(path)
+    try:
+        with db.conn:
+            db["items"].create(ITEM_COLUMNS, pk="id", not_null={"path"})
+            db["items"].create_index(["label"])
+            db["meta"].create(META_COLUMNS, pk="key", not_null={"value"})
+            db.conn.executemany(_INSERT_ITEM, [_row_values(row) for row in rows])
+            db.conn.execute(ITEM_META_TABLE)
+            db.conn.execute(ITEM_META_INDEX)
+            db.conn.executemany(_INSERT_ITEM_META, _item_meta_values(rows, extras))
+            db.conn.executemany(_UPSERT_META, _meta_values(meta))
+    except sqlite3.IntegrityError as error:
+        db.close()
+        path.unlink(missing_ok=True)
+        raise ValueError(f"cannot create catalog {path}: {error} (duplicate ids?)") from None
+    db.close()
+
+
+class Catalog:
+    """An open catalog; use :meth:`open` (or :func:`index.gallery_files.open_catalog_dir`),
+    ideally in a ``with``."""
+
+    def __init__(self, db: Database, path: Path):
+        self._db = db
+        self.path = path
+        self._lock = threading.RLock()
+
+    @classmethod
+    def open(cls, db_path: str | os.PathLike[str], *, readonly: bool = False) -> Catalog:
+        """Open and check a catalog: a SQLite file with both tables and all their columns."""
+        path = Path(db_path)
+        if not path.is_file():
+            raise GalleryError(f"no gallery catalog at {path}")
+        with open(path, "rb") as handle:
+            header = handle.read(len(_SQLITE_HEADER))
+        if header and header != _SQLITE_HEADER:
+            raise GalleryError(f"{path} is not a SQLite database (damaged, or not a catalog)")
+        try:
+            if readonly:
+                uri = f"file:{quote(str(path.absolute()))}?mode=ro"
+                conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+            else:
+                conn = sqlite3.connect(path, check_same_thread=False)
+        except sqlite3.Error as error:
+            raise GalleryError(f"cannot open gallery catalog {path}: {error}") from None
+        catalog = cls(Database(conn), path)
+        try:
+            catalog._check()
+        except BaseException:
+            catalog.close()
+            raise
+        return catalog
+
+    def _check(self) -> None:
+        with self._guard():
+            tables = set(self._db.table_names())
+            for table, columns in (("items", ITEM_COLUMNS), ("meta", META_COLUMNS)):
+                if table not in tables:
+                    raise GalleryError(
+                        f"{self.path} is not a nearsight catalog: no '{table}' table"
+                    )
+                present = {column.name for column in self._db[table].columns}
+                missing = [name for name in columns if name not in present]
+                if missing:
+                    raise GalleryError(
+                        f"{self.path} is not a nearsight catalog: table '{table}' has no "
+                        f"'{missing[0]}' column"
+                    )
+            self.count()  # walks a b-tree of items: most truncated files fail here
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def count(self) -> int:
+        with self._guard():
+            return int(self._db.execute("SELECT count(*) FROM items").fetchone()[0])
+
+    def meta(self) -> dict[str, object]:
+        with self._guard():
+            rows = self._db.execute("SELECT key, value FROM meta ORDER BY key").fetchall()
+        return {key: _decode(value) for key, value in rows}
+
+    def items(self, ids: Iterable[int] | None = None) -> list[dict[str, Any]]:
+        """All items, or those with ``ids`` (unknown ids are skipped), ordered by id. Each row
+        has the item columns and ``meta``, a dict of its extra columns (maybe empty)."""
+        select = f"SELECT {', '.join(ITEM_COLUMNS)} FROM items"
+        with self._guard():
+            if ids is None:
+                cursor = self._db.execute(f"{select} ORDER BY id")
+                rows = [dict(zip(ITEM_COLUMNS, row, strict=True)) for row in cursor]
+                extras = self._item_meta(None)
+            else:
+                wanted = sorted({int(i) for i in ids})
+                rows = []
+                for start in range(0, len(wanted), _CHUNK):
+                    chunk = wanted[start : start + _CHUNK]
+                    marks = ",".join("?" * len(chunk))
+                    cursor = self._db.execute(f"{select} WHERE id IN ({marks}) ORDER BY id", chunk)
+                    rows.extend(dict(zip(ITEM_COLUMNS, row, strict=True)) for row in cursor)
+                extras = self._item_meta(wanted)
+        for row in rows:
+            row["meta"] = extras.get(row["id"], {})
+        return rows
+
+    def has_item_meta(self) -> bool:
+        """Whether the catalog has the ``item_meta`` table (catalogs made before it do not)."""
+        with self._guard():
+            found = self._db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'item_meta'"
+            ).fetchone()
+        return found is not None
+
+    def _item_meta(self, ids: list[int] | None) -> dict[int, dict[str, Any]]:
+        if not self.has_item_meta():
+            return {}
+        select = "SELECT item_id, key, value FROM item_meta"
+        rows: list[tuple] = []
+        if ids is None:
+            rows = self._db.execute(f"{select} ORDER BY item_id, key").fetchall()
+        else:
+            for start in range(0, len(ids), _CHUNK):
+                chunk = ids[start : start + _CHUNK]
+                marks = ",".join("?" * len(chunk))
+                rows += self._db.execute(
+                    f"{select} WHERE item_id IN ({marks}) ORDER BY item_id, key", chunk
+                ).fetchall()
+        extras: dict[int, dict[str, Any]] = {}
+        for item_id, key, value in rows:
+            extras.setdefault(int(item_id), {})[key] = value
+        return extras
+
+    def meta_keys(self) -> list[str]:
+        """The extra column names items have, sorted."""
+        if not self.has_item_meta():
+            return []
+        with self._guard():
+            rows = self._db.execute("SELECT DISTINCT key FROM item_meta ORDER BY key").fetchall()
+        return [row[0] for row in rows]
+
+    def filter_ids(self, conditions: Sequence[Condition]) -> np.ndarray:
+        """Sorted int64 ids of the items meeting every condition (index.filters)."""
+        sql, params = filter_sql(conditions, has_meta_table=self.has_item_meta())
+        with self._guard():
+            rows = self._db.execute(sql, params).fetchall()
+        return np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows))
+
+    def get(self, item_id: int) -> dict[str, Any] | None:
+        found = self.items([item_id])
+        return found[0] if found else None
+
+    def labels(self) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, labels) as int64 arrays ordered by id; an unlabelled item has label -1."""
+        with self._guard():
+            rows = self._db.execute("SELECT id, label FROM items ORDER BY id").fetchall()
+        ids = np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows))
+        labels = np.fromiter(
+            (-1 if row[1] is None else row[1] for row in rows), dtype=np.int64, count=len(rows)
+        )
+        return ids, labels
+
+    # -- writing (each call is one transaction) ----------------------------------------------
+
+    def set_meta(self, **values: object) -> None:
+        with self._guard(writing=True), self._db.conn:
+            self._db.conn.executemany(_UPSERT_META, _meta_values(values))
+
+    def next_id(self) -> int:
+        """The id the next added item gets: after every id the catalog has ever held."""
+        with self._guard():
+            conn = self._db.conn
+            highest = conn.execute("SELECT max(id) FROM items").fetchone()[0]
+            stored_next = conn.execute("SELECT value FROM meta WHERE key = 'next_id'").fetchone()
+        start = 0 if highest is None else int(highest) + 1
+        if stored_next is not None:
+            start = max(start, int(_decode(stored_next[0])))
+        return start
+
+    def add_items(
+        self, items: Iterable[dict[str, Any]], *, meta: dict[str, object] | None = None
+    ) -> list[int]:
+        """Insert ``items`` (without ids) and return the ids given to them: after every id the
+        catalog has ever held, so ids of removed items are not reused. ``meta`` is updated in
+        the same transaction."""
+        new = list(items)
+        for item in new:
+            if "id" in item:
+                raise ValueError("add_items assigns ids itself; remove 'id' from the items")
+        with self._guard(writing=True), self._db.conn:
+            conn = self._db.conn
+            start = self.next_id()
+            rows = [_item_row(item, start + offset) for offset, item in enumerate(new)]
+            conn.executemany(_INSERT_ITEM, [_row_values(row) for row in rows])
+            extras = [_item_meta(item) for item in new]
+            if any(extras):  # an old catalog gets the table on its first metadata
+                conn.execute(ITEM_META_TABLE)
+                conn.execute(ITEM_META_INDEX)
+                conn.executemany(_INSERT_ITEM_META, _item_meta_values(rows, extras))
+            updates = {**(meta or {}), "next_id": start + len(rows)}
+            conn.executemany(_UPSERT_META, _meta_values(updates))
+        return [row["id"] for row in rows]
+
+    def remove(self, ids: Iterable[int], *, meta: dict[str, object] | None = None) -> None:
+        """Delete the items with ``ids``; all of them must exist (else nothing is deleted).
+        ``meta`` is updated in the same transaction."""
+        wanted = sorted({int(i) for i in ids})
+        with self._guard(writing=True), self._db.conn:
+            present = {item["id"] for item in self.items(wanted)}
+            missing = [i for i in wanted if i not in present]
+            if missing:
+                shown = ", ".join(map(str, missing[:10])) + (", ..." if len(missing) > 10 else "")
+                raise GalleryError(f"gallery catalog {self.path} has no item with id {shown}")
+            for start in range(0, len(wanted), _CHUNK):
+                chunk = wanted[start : start + _CHUNK]
+                marks = ",".join("?" * len(chunk))
+                self._db.conn.execute(f"DELETE FROM items WHERE id IN ({marks})", chunk)
+            if self.has_item_meta():
+                for start in range(0, len(wanted), _CHUNK):
+                    chunk = wanted[start : start + _CHUNK]
+                    marks = ",".join("?" * len(chunk))
+                    self._db.conn.execute(
+                        f"DELETE FROM item_meta WHERE item_id IN ({marks})", chunk
+                    )
+            if meta:
+                self._db.conn.executemany(_UPSERT_META, _meta_values(meta))
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> Catalog:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def _guard(self, *, writing: bool = False) -> Iterator[None]:
+        """One caller at a time (a served gallery is searched from several threads); SQLite
+        errors from the file (damaged, read-only) become a one-line :class:`GalleryError`."""
+        with self._lock:
+            try:
+                yield
+            except sqlite3.ProgrammingError:
+                raise  # misuse (a closed catalog): a bug, keep the traceback
+            except sqlite3.DatabaseError as error:
+                unwritable = "readonly" in str(error) or (
+                    writing and isinstance(error, sqlite3.OperationalError)
+                )  # a full disk, a quota: SQLite says "disk I/O error" or "disk is full"
+                problem = "cannot be written" if unwritable else "is damaged"
+                raise GalleryError(f"gallery catalog {self.path} {problem}: {error}") from None
+
+
+# -- rows -------------------------------------------------------------------------------------
+
+_INSERT_ITEM = (
+    f"INSERT INTO items ({', '.join(ITEM_COLUMNS)}) VALUES ({', '.join('?' * len(ITEM_COLUMNS))})"
+)
+_UPSERT_META = (
+    "INSERT INTO meta (key, value) VALUES (?, ?) "
+    "ON CONFLICT(key) DO UPDATE SET value = excluded.value"
+)
+
+
+def _item_meta(item: dict[str, Any]) -> dict[str, Any]:
+    return typed_meta(item.get("meta") or {})
+
+
+def _item_meta_values(rows: list[dict[str, Any]], extras: list[dict[str, Any]]) -> list[tuple]:
+    return [
+        (row["id"], key, value)
+        for row, extra in zip(rows, extras, strict=True)
+        for key, value in extra.items()
+    ]
+
+
+def _item_row(item: dict[str, Any], default_id: int) -> dict[str, Any]:
+    unknown = set(item) - set(ITEM_COLUMNS) - {"meta"}
+    if unknown:
+        raise ValueError(f"unknown catalog item fields: {', '.join(sorted(unknown))}")
+    if item.get("path") is None:
+        raise ValueError("a catalog item needs a 'path'")
+    row: dict[str, Any] = {}
+    for name, kind in ITEM_COLUMNS.items():
+        value = item.get(name, default_id if name == "id" else None)
+        if value is not None:
+            value = os.fspath(value) if name == "path" else kind(value)
+        row[name] = value
+    return row
+
+
+def _row_values(row: dict[str, Any]) -> tuple:
+    return tuple(row[name] for name in ITEM_COLUMNS)
+
+
+def _meta_values(values: dict[str, object]) -> list[tuple[str, str]]:
+    return [(str(key), json.dumps(value, default=_to_json)) for key, value in values.items()]
+
+
+def _to_json(value: object) -> object:
+    if isinstance(value, np.generic | np.ndarray):
+        return value.tolist()
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    raise TypeError(f"catalog meta values must be JSON-serialisable, got {type(value).__name__}")
+
+
+def _decode(text: str) -> object:
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return text  # written by something else: give it back as it is

@@ -1,0 +1,61 @@
+"""Dataset readers: the official layouts of CUB-200-2011, CARS196 and Stanford Online Products,
+an image folder, a CSV manifest (and the synthetic dataset, written as an image folder).
+
+``load_dataset(name, root, split)`` returns a :class:`DatasetSplit` whose splits are
+class-disjoint (the deep metric learning protocol): train on some classes, retrieve others.
+"""
+
+from __future__ import annotations
+
+import os
+
+from nearsight.core.errors import NearsightError
+from nearsight.index.datasets.base import (
+    IMAGE_EXTENSIONS,
+    SPLITS,
+    DatasetLayoutError,
+    DatasetSplit,
+    Sample,
+    normalise_root,
+)
+
+DATASETS = ("cub", "cars", "sop", "folder", "csv")
+
+__all__ = [
+    "DATASETS",
+    "IMAGE_EXTENSIONS",
+    "SPLITS",
+    "DatasetLayoutError",
+    "DatasetSplit",
+    "Sample",
+    "load_dataset",
+]
+
+
+def load_dataset(name: str, root: str | os.PathLike[str], split: str = "train") -> DatasetSplit:
+    """The samples of ``split`` ("train", "test" or "all") of dataset ``name`` found at ``root``
+    (the dataset folder or, for cub/cars/sop, the folder it was extracted into)."""
+    if name not in DATASETS:
+        raise NearsightError(f"unknown dataset '{name}' (choose one of: {', '.join(DATASETS)})")
+    if split not in SPLITS:
+        raise NearsightError(f"unknown split '{split}' (choose one of: {', '.join(SPLITS)})")
+    folder = normalise_root(root)
+    if name == "cub":
+        from nearsight.index.datasets.cub import load_cub
+
+        return load_cub(folder, split)
+    if name == "cars":
+        from nearsight.index.datasets.cars import load_cars
+
+        return load_cars(folder, split)
+    if name == "sop":
+        from nearsight.index.datasets.sop import load_sop
+
+        return load_sop(folder, split)
+    if name == "folder":
+        from nearsight.index.datasets.folder import load_folder
+
+        return load_folder(folder, split)
+    from nearsight.index.datasets.csv_manifest import load_csv
+
+    return load_csv(folder, split)

@@ -1,0 +1,128 @@
+"""Embed many image files in batches: threads decode, the model embeds, bad files are skipped.
+
+Used by the trainer's evaluation and by ``nearsight index build``; both go through the same
+decoding (:func:`index.images.load_image`) and the same test transform
+(:func:`models.preprocess.test_transform`). An unreadable image never aborts the job: it is
+skipped, and its path and reason are returned. No torch: indexing with an ONNX model must not
+need it (decoding and resizing in Pillow release the GIL, so threads overlap them).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nearsight.core.progress import progress
+from nearsight.index.images import ImageLoadError, load_image
+from nearsight.models.preprocess import test_transform
+
+
+class ImagePaths:
+    """Test-transformed images by path; an unreadable one gives ``None`` and its error text."""
+
+    def __init__(self, paths: Sequence[str | Path], image_size: int, resize: int | None = None):
+        self.paths = [Path(p) for p in paths]
+        self.transform = test_transform(image_size, resize)
+        self.image_size = image_size
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> tuple[int, np.ndarray | None, str]:
+        try:
+            image = load_image(self.paths[index])
+        except ImageLoadError as error:
+            return index, None, str(error)
+        return index, self.transform(image), ""
+
+
+@dataclass
+class EmbeddingResult:
+    embeddings: np.ndarray  # [n_ok, D] float32, rows in input order of the readable images
+    ok: np.ndarray  # [n] bool: which input paths were embedded
+    errors: list[str] = field(default_factory=list)  # one line per skipped image
+
+
+def _batches(
+    images: ImagePaths, batch_size: int, workers: int
+) -> Iterator[list[tuple[int, np.ndarray | None, str]]]:
+    """Batches in input order; with ``workers`` threads, up to two batches are decoded ahead."""
+    if workers <= 0:
+        for start in range(0, len(images), batch_size):
+            yield [images[i] for i in range(start, min(start + batch_size, len(images)))]
+        return
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        ahead = 2 * batch_size
+        pending: deque[Future] = deque(
+            pool.submit(images.__getitem__, i) for i in range(min(ahead, len(images)))
+        )
+        following = len(pending)
+        batch: list[tuple[int, np.ndarray | None, str]] = []
+        while pending:
+            batch.append(pending.popleft().result())
+            if following < len(images):
+                pending.append(pool.submit(images.__getitem__, following))
+                following += 1
+            if len(batch) == batch_size or not pending:
+                yield batch
+                batch = []
+
+
+def embed_paths(
+    embed_batch: Callable[[np.ndarray], Any],
+    paths: Sequence[str | Path],
+    *,
+    image_size: int,
+    resize: int | None = None,
+    batch_size: int = 64,
+    workers: int = 0,
+    desc: str = "embedding",
+) -> EmbeddingResult:
+    """Run ``embed_batch`` (images float32 [B,3,H,W] in [0,1] -> [B,D] array or tensor) over
+    ``paths``. ``workers``: decoding threads (0: decode in this thread)."""
+    images = ImagePaths(paths, image_size, resize)
+    ok = np.zeros(len(images), dtype=bool)
+    errors: list[str] = []
+    chunks: list[np.ndarray] = []
+    total_batches = (len(images) + batch_size - 1) // batch_size
+    batches = _batches(images, batch_size, workers)
+    for batch in progress(batches, total=total_batches, desc=desc, unit="batch"):
+        good = [(i, x) for i, x, _ in batch if x is not None]
+        errors.extend(err for _, x, err in batch if x is None)
+        if not good:
+            continue
+        out = embed_batch(np.stack([x for _, x in good]))
+        if hasattr(out, "detach"):  # a torch tensor
+            out = out.detach().float().cpu().numpy()
+        chunks.append(np.asarray(out, dtype=np.float32))
+        ok[[i for i, _ in good]] = True
+    dim = chunks[0].shape[1] if chunks else 0
+    embeddings = np.concatenate(chunks) if chunks else np.zeros((0, dim), np.float32)
+    return EmbeddingResult(np.ascontiguousarray(embeddings), ok, errors)
+
+
+def embed_files(
+    embedder: Any,
+    paths: Sequence[str | Path],
+    *,
+    batch_size: int = 64,
+    workers: int = 0,
+    desc: str = "embedding",
+) -> EmbeddingResult:
+    """``embed_paths`` with a loaded embedder (``models.embedder``), at the image size and
+    resize its model records."""
+    return embed_paths(
+        embedder.embed,
+        paths,
+        image_size=embedder.image_size,
+        resize=embedder.resize,
+        batch_size=batch_size,
+        workers=workers,
+        desc=desc,
+    )

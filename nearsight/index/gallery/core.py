@@ -1,0 +1,385 @@
+"""The gallery: a folder holding a catalog, a FAISS index and the embeddings, always consistent.
+
+Layout (DESIGN.md): nearsight/index/gallery/files.py. ``embeddings.npy`` is optional past the memory
+budget; item vectors then come back from the index or the imported files (nearsight/index/vector_store.py).
+
+This module reads a gallery: :class:`Gallery` opens and checks it, searches and evaluates it.
+Writing (building, ``add``, ``remove``, ``compact``; copy-on-write, crash-safe, serialised by a
+lock): nearsight/index/gallery/write.py. Readers take the lock shared while they load, so they never see
+the instant between the two renames of a replace.
+
+Index types, their parameters and the distance reported: nearsight/index/search/faiss_index.py. Locking and
+recovery after a killed writer: nearsight/index/gallery/lock.py.
+
+The parameters are stored in the catalog meta (``nlist``, ``nprobe``, ``hnsw_m``,
+``ef_construction``, ``ef_search``). With a GPU (``faiss.get_num_gpus() > 0``) flat and IVF
+indexes are searched on it; the file is always the CPU index.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import faiss
+import numpy as np
+
+from nearsight.core.errors import NearsightError
+from nearsight.index.catalog import CATALOG_FILE, Catalog, GalleryError
+from nearsight.index.gallery import eval as gallery_eval
+from nearsight.index.gallery import model as gallery_model
+from nearsight.index.gallery import write as gallery_write
+from nearsight.index.gallery.eval import EXACT_KMEANSPP_MAX_CLASSES  # noqa: F401
+from nearsight.index.gallery.files import (  # noqa: F401  (re-exported)
+    EMBEDDINGS_FILE,
+    GALLERY_FILES,
+    INDEX_FILE,
+    check_consistent,
+    read_embeddings,
+)
+from nearsight.index.gallery.lock import (  # noqa: F401  (lock_path re-exported)
+    gallery_lock,
+    lock_path,
+    previous_path,
+    recover,
+)
+from nearsight.index.gallery.segments import read_segment
+from nearsight.index.gallery.write import build_gallery  # noqa: F401  (re-exported)
+from nearsight.index.images import describe_image_file  # noqa: F401  (re-exported)
+from nearsight.index.search import filtered
+from nearsight.index.search.faiss_index import (  # noqa: F401  (re-exported: the gallery's public names)
+    HNSW_EF_SEARCH,
+    INDEX_TYPES,
+    METRIC,
+    PQ_TYPES,
+    apply_search_parameters,
+    index_ids,
+    ivf_parameters,
+    make_index,
+    read_index,
+    resolve_index_type,
+    to_gpu,
+    unit_distance,
+)
+from nearsight.index.search.filters import Condition, parse_filter
+from nearsight.index.search.index_choice import FLAT_MAX_ITEMS, parse_memory  # noqa: F401
+from nearsight.index.search.tuning import REFINE_FACTOR, refine
+from nearsight.index.vector_store import VectorStore
+
+MMAP_MIN_BYTES = 1 << 30  # an index file this large is memory-mapped where FAISS can
+
+
+# -- the open gallery ------------------------------------------------------------------------
+
+
+class Gallery:
+    """An open gallery: catalog, index and embeddings, checked to agree. Use :meth:`open`.
+
+    The object is a snapshot: ``add`` and ``remove`` rewrite the folder and refresh this object;
+    changes made by other processes are seen after :meth:`reload`. Searching from several
+    threads at once is safe."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._catalog: Catalog | None = None
+        self._gpu_lock = threading.Lock()
+
+    # -- opening -----------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, gallery_dir: str | os.PathLike[str], *, model: Any = None) -> Gallery:
+        """Open and check the gallery at ``gallery_dir``; with ``model`` (an Embedder: ``dim``
+        and ``model_sha256``) also check it is the model the gallery was built with."""
+        gallery = cls(Path(gallery_dir).expanduser().absolute())
+        gallery._load()
+        if model is not None:
+            try:
+                gallery.check_model(model)
+            except BaseException:
+                gallery.close()
+                raise
+        return gallery
+
+    def reload(self) -> None:
+        """Read the gallery again from disk (after another process changed it)."""
+        self._load()
+
+    def _load(self, *, locked: bool = False) -> None:
+        """Read and check the folder; ``locked``: the caller holds the write lock already (a
+        second flock from this process would wait for itself)."""
+        folder = self.path
+        if not locked:
+            # plain mistakes are reported before a lock file is made beside the folder
+            if not folder.exists() and not previous_path(folder).exists():
+                raise GalleryError(f"no gallery at {folder}")
+            if folder.is_dir() and not (folder / CATALOG_FILE).exists():
+                raise GalleryError(f"not a nearsight gallery: {folder} has no {CATALOG_FILE}")
+            if folder.exists() and not folder.is_dir():
+                raise GalleryError(f"not a nearsight gallery: {folder} is a file, not a folder")
+            recover(folder)
+        reading = contextlib.nullcontext() if locked else gallery_lock(folder, exclusive=False)
+        with reading:  # under the lock: a writer may be between the two renames of a replace
+            if not folder.exists():
+                raise GalleryError(f"no gallery at {folder}")
+            if not folder.is_dir():
+                raise GalleryError(f"not a nearsight gallery: {folder} is a file, not a folder")
+            if not (folder / CATALOG_FILE).is_file():
+                raise GalleryError(f"not a nearsight gallery: {folder} has no {CATALOG_FILE}")
+            if not (folder / INDEX_FILE).is_file():
+                raise GalleryError(f"gallery {folder} is incomplete: it has no {INDEX_FILE}")
+            catalog = Catalog.open(folder / CATALOG_FILE, readonly=True)
+            try:
+                ids, labels = catalog.labels()
+                meta = catalog.meta()
+                kept = bool(meta.get("embeddings_kept", True))  # older galleries always kept it
+                if kept and not (folder / EMBEDDINGS_FILE).is_file():
+                    raise GalleryError(
+                        f"gallery {folder} is incomplete: it has no {EMBEDDINGS_FILE}"
+                    )
+                pending = meta.get("segments") or meta.get("removed")
+                mappable = (folder / INDEX_FILE).stat().st_size >= MMAP_MIN_BYTES
+                index = read_index(folder / INDEX_FILE, mmap=mappable and not pending)
+                embeddings = read_embeddings(folder / EMBEDDINGS_FILE) if kept else None
+                dim = int(meta.get("dim", index.d))
+                segments = [read_segment(folder, name, dim) for name in meta.get("segments", [])]
+                removed = np.sort(np.asarray(meta.get("removed", []), dtype=np.int64))
+                base_ids = check_consistent(folder, meta, ids, index, embeddings, segments, removed)
+            except BaseException:
+                catalog.close()
+                raise
+        self.close()
+        self._catalog = catalog
+        self.meta: dict[str, Any] = meta
+        self.ids: np.ndarray = ids  # catalog ids in order; row i of embeddings is ids[i]
+        self.labels: np.ndarray = labels  # -1 where unlabelled
+        self.dim: int = int(meta["dim"])
+        self.index_type: str = str(meta["index_type"])
+        self.model_sha256: str = str(meta["model_sha256"])
+        # the base as written, then the segments added and the removed ids dropped in memory
+        self._base = (base_ids, embeddings)
+        self._segments = segments
+        self._removed = removed
+        self._embeddings: np.ndarray | None = None
+        for segment_ids, segment_vectors in segments:
+            index.add_with_ids(segment_vectors, segment_ids)
+        self._excluded = None  # HNSW cannot remove points: its searches skip removed ids
+        if len(removed) and self.index_type == "hnsw":
+            batch = faiss.IDSelectorBatch(removed)
+            self._excluded = faiss.IDSelectorNot(batch)
+            self._excluded.referenced_objects = [batch]  # the SWIG wrapper does not keep it
+        elif len(removed):
+            index.remove_ids(removed)
+        self._index = index
+        self._store = VectorStore(
+            index,
+            self.index_type,
+            base_ids,
+            embeddings,
+            segments,
+            meta.get("vector_source"),
+            parse_memory(meta.get("memory_budget")),
+        )
+        apply_search_parameters(index, meta)
+        # a writer's private read (locked) is never searched: no GPU copy for it
+        self._gpu_index = None if locked else to_gpu(index, self.index_type)
+
+    def model_path(self, override: str | os.PathLike[str] | None = None) -> Path:
+        """The model to embed queries with: ``override``, else the one the gallery records
+        (one-line NearsightError when it records none or the file is gone)."""
+        return gallery_model.model_path(self, override)
+
+    def check_model(self, model: Any, name: str | os.PathLike[str] | None = None) -> None:
+        """GalleryError unless ``model`` (``dim``, ``model_sha256``) is the gallery's model."""
+        gallery_model.check_model(self, model, name)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def count(self) -> int:
+        return len(self.ids)
+
+    @property
+    def embeddings(self) -> np.ndarray:
+        """float32 [N, D]; row i is the vector of ``ids[i]``. Without segments or removals,
+        the memory-mapped embeddings.npy itself; else (or when the gallery has no
+        embeddings.npy) gathered once, on first use, by :class:`index.vector_store.VectorStore`
+        (read back from the index: approximate for PQ types, see :attr:`vectors_exact`)."""
+        if self._embeddings is None:
+            _, base = self._base
+            if base is not None and not self._segments and not len(self._removed):
+                self._embeddings = base
+            else:
+                self._embeddings = self._store.rows(self.ids)
+        return self._embeddings
+
+    @property
+    def embeddings_kept(self) -> bool:
+        """Whether the gallery holds embeddings.npy (its build may drop it past the budget)."""
+        return self._base[1] is not None
+
+    @property
+    def vectors_exact(self) -> bool:
+        """Whether item vectors read back are the ones added (False: decoded PQ codes)."""
+        return self._store.exact
+
+    def vectors_of(self, ids: np.ndarray | Sequence[int]) -> np.ndarray:
+        """float32 [len(ids), D]: the vectors of the items ``ids`` (all in the gallery)."""
+        return self._store.vectors_of(np.asarray(ids, dtype=np.int64))
+
+    def vector_rows(self, ids: np.ndarray | Sequence[int]) -> np.ndarray:
+        """:meth:`vectors_of` for many items: in RAM within the gallery's memory budget, else
+        a memory map of an unlinked temporary file (index.vector_store)."""
+        return self._store.rows(np.asarray(ids, dtype=np.int64))
+
+    def search(
+        self, vectors: np.ndarray, k: int, *, ids: np.ndarray | Sequence[int] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` nearest items of each query vector [Q, D]: (distances [Q, k'] float32,
+        ids [Q, k'] int64), nearest first, k' = min(k, len(gallery)). Distance: Euclidean
+        between unit vectors (see the module docstring). An approximate index may find fewer
+        than k' neighbours: the missing ones have id -1 and distance inf.
+
+        ``ids``: search only these items (a filter, see :meth:`filter_ids`); FAISS skips the
+        others while it searches (index.filtered), so k' = min(k, allowed items) items come
+        back whenever that many are allowed."""
+        if k < 1:
+            raise NearsightError(f"k must be a positive integer, got {k}")
+        queries = np.ascontiguousarray(np.asarray(vectors), dtype=np.float32)
+        if queries.ndim == 1:
+            queries = queries[None, :]
+        if queries.ndim != 2 or queries.shape[1] != self.dim:
+            raise NearsightError(
+                f"query vectors must have shape [Q, {self.dim}], got {tuple(queries.shape)}"
+            )
+        allowed = None
+        if ids is not None:
+            allowed = np.intersect1d(np.asarray(ids, dtype=np.int64), self.ids)
+        depth = min(k, self.count if allowed is None else len(allowed))
+        if depth == 0 or len(queries) == 0:
+            shape = (len(queries), depth)
+            return np.zeros(shape, np.float32), np.zeros(shape, np.int64)
+        if allowed is None or len(allowed) == self.count:
+            inner, found = self._search_index(queries, depth)
+        else:
+            inner, found = self._search_allowed(queries, depth, allowed)
+        distances = unit_distance(inner)
+        distances[found < 0] = np.inf
+        return distances, found.astype(np.int64, copy=False)
+
+    def filter_ids(self, filters: Sequence[Condition] | Sequence[str] | str) -> np.ndarray:
+        """Sorted ids of the items meeting every filter (``KEY=VALUE``, ``KEY>=N``, ...;
+        index.filters), for :meth:`search`'s ``ids``."""
+        conditions = [
+            f if isinstance(f, Condition) else parse_filter(f)
+            for f in ([filters] if isinstance(filters, str) else filters)
+        ]
+        assert self._catalog is not None
+        return self._catalog.filter_ids(conditions)
+
+    def meta_keys(self) -> list[str]:
+        """The names of the items' extra columns (metadata), sorted."""
+        assert self._catalog is not None
+        return self._catalog.meta_keys()
+
+    def _search_index(self, queries: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.index_type not in PQ_TYPES:
+            return self._search_raw(queries, depth)
+        if not self._store.can_rerank:  # no exact vectors to re-rank by: the codes' order
+            return self._search_raw(queries, depth)
+        # compressed codes rank roughly: re-rank more candidates by the exact vectors
+        _, candidates = self._search_raw(queries, min(self.count, depth * REFINE_FACTOR))
+        return refine(queries, candidates, self._store.vectors_of, depth)
+
+    def _search_raw(self, queries: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
+        if self._gpu_index is not None and depth <= 2048:  # GPU k-selection limit
+            with self._gpu_lock:
+                return self._gpu_index.search(queries, depth)
+        if self.index_type == "hnsw":
+            ef = max(int(self.meta.get("ef_search", HNSW_EF_SEARCH)), depth)
+            # faiss.contrib.torch_utils (imported by pytorch-metric-learning's
+            # AccuracyCalculator) replaces Index.search with a wrapper that has no `params`;
+            # it keeps the original as search_numpy
+            search = getattr(self._index, "search_numpy", self._index.search)
+            params = faiss.SearchParametersHNSW(efSearch=ef)
+            if self._excluded is not None:
+                params.sel = self._excluded
+            return search(queries, depth, params=params)
+        return self._index.search(queries, depth)
+
+    def _search_allowed(
+        self, queries: np.ndarray, depth: int, allowed: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        params = filtered.search_parameters(self.index_type, allowed, self.meta, depth)
+        # faiss.contrib.torch_utils may wrap Index.search without `params` (see _search_index)
+        search = getattr(self._index, "search_numpy", self._index.search)
+        inner, found = search(queries, depth, params=params)
+        if self.index_type == "flat":
+            return inner, found
+        return filtered.complete_rows(inner, found, queries, self._store.vectors_of, allowed)
+
+    def items(self, ids: Iterable[int]) -> list[dict[str, Any]]:
+        """Catalog rows of ``ids``, in the order given; GalleryError for an unknown id."""
+        wanted = [int(i) for i in ids]
+        assert self._catalog is not None
+        rows = {row["id"]: row for row in self._catalog.items(wanted)}
+        missing = [i for i in wanted if i not in rows]
+        if missing:
+            raise GalleryError(f"gallery {self.path} has no item with id {missing[0]}")
+        return [dict(rows[i]) for i in wanted]
+
+    def all_items(self) -> list[dict[str, Any]]:
+        assert self._catalog is not None
+        return self._catalog.items()
+
+    def default_ks(self) -> tuple[int, ...]:
+        """The papers' k values: SOP's for a gallery of the sop dataset, CUB/CARS's for other
+        datasets, by size for a gallery of loose images."""
+        return gallery_eval.default_ks(self)
+
+    def evaluate(
+        self, ks: Sequence[int] | None = None, queries: int | None = None
+    ) -> dict[str, float | int]:
+        """The papers' protocol on the stored vectors (nearsight.index.gallery.eval.evaluate_gallery):
+        every labelled item queries all the other labelled items; ``queries``: a seeded
+        sample of that many. Without embeddings.npy the vectors are read back (exact, or an
+        ApproximateVectorsWarning for PQ codes)."""
+        return gallery_eval.evaluate_gallery(self, ks, queries)
+
+    # -- writing (nearsight/index/gallery/write.py) ---------------------------------------------------
+
+    def add(self, vectors: np.ndarray, items: Sequence[dict[str, Any]]) -> list[int]:
+        """Add ``items`` (catalog rows without ids) with their L2-normalised ``vectors``;
+        returns their new ids (never an id the gallery held before). Writes one segment file
+        and one catalog transaction (nearsight/index/gallery/segments.py), not the gallery."""
+        return gallery_write.add(self, vectors, items)
+
+    def remove(self, ids: Iterable[int]) -> None:
+        """Remove the items ``ids`` (all must exist, else nothing changes): one catalog
+        transaction; the index drops them when opened, compaction for good (at once for HNSW,
+        whose graph cannot drop points; meanwhile its searches skip them)."""
+        gallery_write.remove(self, ids)
+
+    def compact(self) -> None:
+        """Fold the segments and removals into a new base index and embeddings (a whole,
+        copy-on-write rewrite of the gallery)."""
+        gallery_write.compact(self)
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._catalog is not None:
+            self._catalog.close()
+            self._catalog = None
+
+    def __enter__(self) -> Gallery:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

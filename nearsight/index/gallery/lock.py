@@ -1,0 +1,85 @@
+"""Locking a gallery folder and cleaning up after writers that were killed.
+
+Writers are serialised by an ``fcntl.flock`` on ``.GALLERY.lock`` beside the folder (never
+deleted, so every writer locks the same file); readers take it shared while they load, so they
+never see the instant between the two renames of a replace (models.atomic.replace_dir). A writer
+killed mid-write leaves a hidden temporary folder, swept by the next writer, or the old folder
+parked at ``.GALLERY.previous``, put back by :func:`recover`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import re
+import shutil
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+from nearsight.core.atomic import recover_dir
+from nearsight.index.catalog import CATALOG_FILE, GalleryError
+
+
+def lock_path(gallery_dir: str | os.PathLike[str]) -> Path:
+    folder = Path(gallery_dir).expanduser().absolute()
+    return folder.with_name(f".{folder.name}.lock")
+
+
+@contextlib.contextmanager
+def gallery_lock(gallery_dir: str | os.PathLike[str], *, exclusive: bool) -> Iterator[None]:
+    """Hold ``.GALLERY.lock`` (beside the gallery) exclusively (writers) or shared (readers).
+
+    A reader that cannot create the lock file (a read-only location) reads without it: nobody
+    can be writing there either."""
+    path = lock_path(gallery_dir)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as error:
+        if not exclusive and error.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
+            yield
+            return
+        raise GalleryError(f"cannot lock gallery {path.parent}: {error.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def sweep_temporaries(final: Path) -> None:
+    """Remove temporary folders left by writers that were killed (call under the write lock)."""
+    # exactly the names tempfile.mkdtemp gives (an 8-character random part), so that the
+    # temporaries of a gallery called "g.x" are not taken for those of "g"
+    pattern = re.compile(rf"\.{re.escape(final.name)}\.[a-z0-9_]{{8}}\.tmp")
+    for leftover in final.parent.iterdir():
+        if pattern.fullmatch(leftover.name) and leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def recover(folder: Path) -> None:
+    """Undo a writer killed between the two renames of a replace, or in the middle of a
+    catalog transaction (SQLite rolls its hot journal back when the catalog is next opened
+    for writing; a read-only open cannot), under the write lock."""
+    if previous_path(folder).exists() and not folder.exists():
+        with gallery_lock(folder, exclusive=True):
+            recover_dir(folder)
+    journal = folder / f"{CATALOG_FILE}-journal"
+    if journal.exists():
+        with gallery_lock(folder, exclusive=True):
+            if journal.exists():  # still there with the lock held: its writer died
+                connection = sqlite3.connect(folder / CATALOG_FILE)
+                try:
+                    connection.execute("SELECT count(*) FROM sqlite_master").fetchall()
+                except sqlite3.DatabaseError:
+                    pass  # a damaged catalog is reported by the open that follows
+                finally:
+                    connection.close()
+
+
+def previous_path(folder: Path) -> Path:
+    """Where models.atomic.replace_dir parks the old folder between its two renames."""
+    return folder.with_name(f".{folder.name}.previous")

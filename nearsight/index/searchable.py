@@ -1,0 +1,176 @@
+"""A gallery with the model that embeds its queries: what ``nearsight.open_gallery`` returns and
+what ``nearsight search`` and ``nearsight eval`` run on.
+
+The model is loaded on the first search (evaluation reads the stored embeddings and needs none),
+and checked to be the one the gallery was built with.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from nearsight.core.errors import NearsightError
+from nearsight.index.gallery.core import Gallery
+from nearsight.index.images import load_image
+from nearsight.index.search.query import check_vector, item_vector, search_rows
+
+ImageLike = str | os.PathLike[str] | Image.Image | np.ndarray
+Filters = str | Sequence[str] | None
+
+
+def _check_k(k: Any) -> int:
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
+        raise NearsightError(f"k must be a whole number of at least 1, got {k!r}")
+    return int(k)
+
+
+class SearchableGallery:
+    """An open gallery folder and (on first use) its embedder.
+
+    ``len(g)`` is the number of items; :meth:`search` gives the nearest items of an image as
+    dicts; :meth:`evaluate` the papers' leave-one-out metrics. Close it (or use ``with``)."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        model: str | os.PathLike[str] | None = None,
+        *,
+        device: str = "auto",
+        optimization: str = "all",
+    ) -> None:
+        self.gallery = Gallery.open(path)
+        self.path = self.gallery.path
+        self._model_override = model
+        self._device = device
+        self._optimization = optimization
+        self._embedder: Any = None
+
+    @property
+    def embedder(self) -> Any:
+        """The embedder of the gallery's queries (its recorded model, or ``model``), loaded and
+        checked against the gallery on first use."""
+        if self._embedder is None:
+            from nearsight.models.embedder import load_embedder
+
+            path = self.gallery.model_path(self._model_override)
+            embedder = load_embedder(path, device=self._device, optimization=self._optimization)
+            self.gallery.check_model(embedder, path)
+            self._embedder = embedder
+        return self._embedder
+
+    def __len__(self) -> int:
+        return len(self.gallery)
+
+    def search(
+        self, image: ImageLike, k: int = 8, *, filters: Filters = None
+    ) -> list[dict[str, Any]]:
+        """The ``k`` nearest gallery items of ``image`` (a file path, a PIL image, or an array
+        H x W x 3 / H x W of uint8, or of floats in [0, 1]), nearest first: dicts with rank, id,
+        path, label, class_name, distance (Euclidean between unit vectors, 0 to 2) and meta
+        (the item's extra columns). ``filters``: search only items matching all of them
+        (``"shop=north"``, ``["price>=10", "price<20"]``; inside FAISS, so k items come back
+        whenever k match)."""
+        return self.search_many([image], k, filters=filters)[0]
+
+    def search_many(
+        self, images: Sequence[ImageLike], k: int = 8, *, filters: Filters = None
+    ) -> list[list[dict[str, Any]]]:
+        """:meth:`search` of several images, embedded in one batch."""
+        k = _check_k(k)
+        decoded = [as_image(image) for image in images]  # one-line errors before the model loads
+        if not decoded:
+            return []
+        return self._rows(self.embedder.embed_images(decoded), k, filters)
+
+    def search_vector(
+        self, vector: Any, k: int = 8, *, filters: Filters = None
+    ) -> list[dict[str, Any]]:
+        """:meth:`search` by an embedding of the gallery's dim (made unit length here), e.g.
+        one from :func:`load_embedder` or from another system that uses the same model."""
+        return self._rows(check_vector(self.gallery, vector)[:1], _check_k(k), filters)[0]
+
+    def search_item(
+        self, item_id: int, k: int = 8, *, filters: Filters = None
+    ) -> list[dict[str, Any]]:
+        """:meth:`search` by a gallery item's stored embedding (the item itself comes first,
+        at distance 0, unless a filter leaves it out)."""
+        vector = item_vector(self.gallery, int(item_id))
+        return self._rows(vector, _check_k(k), filters)[0]
+
+    def _rows(self, vectors: np.ndarray, k: int, filters: Filters) -> list[list[dict[str, Any]]]:
+        answers = search_rows(self.gallery, vectors, k, filters=filters)
+        return [
+            [{"rank": rank, **row} for rank, row in enumerate(rows, start=1)] for rows in answers
+        ]
+
+    def evaluate(
+        self, ks: Sequence[int] | None = None, queries: int | None = None
+    ) -> dict[str, float | int]:
+        """Recall@k, NMI and MAP@R of the stored embeddings (every labelled item queries the
+        other labelled items); ``ks``: default the papers' values for the gallery's dataset.
+        ``queries``: only a seeded sample of that many labelled items query (each still
+        searching all the others exactly), see index.metrics.evaluate."""
+        return self.gallery.evaluate(ks, queries)
+
+    def close(self) -> None:
+        self.gallery.close()
+
+    def __enter__(self) -> SearchableGallery:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SearchableGallery({str(self.path)!r}, items={len(self)})"
+
+
+def _check_k(k: Any) -> int:
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
+        raise NearsightError(f"k must be a whole number of at least 1, got {k!r}")
+    return int(k)
+
+
+def as_image(image: ImageLike) -> Image.Image:
+    """A query as an RGB PIL image; paths are read by :func:`index.images.load_image` (one-line
+    errors for missing or unreadable files)."""
+    if isinstance(image, Image.Image):
+        return image.convert("RGB")
+    if isinstance(image, np.ndarray):
+        array = image
+        if array.ndim == 3 and array.shape[2] == 1:
+            array = array[:, :, 0]
+        if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[2] not in (3, 4)):
+            raise NearsightError(
+                f"an image array must be H x W, H x W x 3 or H x W x 4, got shape {list(image.shape)}"
+            )
+        if array.dtype != np.uint8:
+            if not np.issubdtype(array.dtype, np.floating):
+                raise NearsightError(f"an image array must be uint8 or float, got {array.dtype}")
+            array = (np.clip(array, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+        return Image.fromarray(np.ascontiguousarray(array)).convert("RGB")
+    if isinstance(image, str | os.PathLike):
+        return load_image(Path(image))
+    raise NearsightError(
+        f"a query image is a file path, a PIL image or a numpy array, not {type(image).__name__}"
+    )
+
+
+def open_gallery(
+    path: str | os.PathLike[str],
+    model: str | os.PathLike[str] | None = None,
+    *,
+    device: str = "auto",
+    optimization: str = "all",
+) -> SearchableGallery:
+    """Open the gallery folder ``path`` for searching. ``model``: the model that embeds queries
+    (default: the one the gallery records; it must be the model that built it). ``device``:
+    auto | cpu | cuda. ``optimization``: onnxruntime's graph optimisation, ``all`` (fastest per
+    query) or ``extended`` (half the load time and memory, for a few queries)."""
+    return SearchableGallery(path, model, device=device, optimization=optimization)

@@ -1,0 +1,138 @@
+"""Checkpoint I/O: a checkpoint carries the network's config, so it loads without training code.
+
+File layout (torch.save, loadable with ``weights_only=True``)::
+
+    {"format": "nearsight-checkpoint", "version": 1,
+     "model_config": EmbeddingConfig.to_dict(), "state_dict": EmbeddingNet.state_dict(),
+     "model_spec": ModelSpec.to_dict(), **extra}
+
+``model_config`` rebuilds the network (it holds training-only settings such as ``pretrained``);
+``model_spec`` (:mod:`models.spec`) is what everyone who runs the model reads. Checkpoints from
+before ``model_spec`` existed get theirs from ``model_config`` and the training config.
+
+``extra`` is where the trainer puts its state (optimiser, sampler, step, metrics...). It must
+hold only plain Python types (dict, list, tuple, str, int, float, bool, None) and tensors, so
+that the safe ``weights_only`` unpickler can read it back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from nearsight.core.atomic import atomic_write_path
+from nearsight.core.errors import NearsightError
+from nearsight.models.embedding import EmbeddingConfig, EmbeddingNet
+from nearsight.models.spec import SPEC_KEY, ModelSpec, spec_from_checkpoint
+
+CHECKPOINT_FORMAT = "nearsight-checkpoint"
+CHECKPOINT_VERSION = 1
+RESERVED_KEYS = ("format", "version", "model_config", "state_dict", SPEC_KEY)
+
+
+def save_checkpoint(
+    path: str | os.PathLike[str],
+    model: EmbeddingNet | nn.Module,
+    *,
+    extra: Mapping[str, Any] | None = None,
+    spec: ModelSpec | None = None,
+) -> Path:
+    """Write ``model`` (config + weights), its ``spec`` and ``extra`` to ``path`` atomically.
+    ``spec`` defaults to the net's config with the test resize of the training config in
+    ``extra["training"]["config"]["data"]["resize"]`` (the default ratio when absent). A DDP- or
+    torch.compile-wrapped net is unwrapped first, so the keys are always the plain net's."""
+    for wrapper_attribute in ("module", "_orig_mod"):  # DistributedDataParallel, torch.compile
+        model = getattr(model, wrapper_attribute, model)
+    if not isinstance(model, EmbeddingNet):
+        raise TypeError(f"save_checkpoint wants an EmbeddingNet, got {type(model).__name__}")
+    extra = dict(extra or {})
+    clashes = [key for key in RESERVED_KEYS if key in extra]
+    if clashes:
+        raise ValueError(f"extra checkpoint keys clash with reserved ones: {clashes}")
+    if spec is None:
+        spec = spec_from_checkpoint({"model_config": model.config.to_dict(), **extra})
+    payload = {
+        "format": CHECKPOINT_FORMAT,
+        "version": CHECKPOINT_VERSION,
+        "model_config": model.config.to_dict(),
+        SPEC_KEY: spec.to_dict(),
+        # CPU copies: a checkpoint written on a GPU machine loads anywhere
+        "state_dict": {key: value.detach().cpu() for key, value in model.state_dict().items()},
+        **extra,
+    }
+    final = Path(path)
+    try:
+        with atomic_write_path(final) as tmp:
+            torch.save(payload, tmp)
+    except RuntimeError as error:  # how torch's zip writer reports a failed write
+        reason = " ".join(str(error).split())[:200]
+        raise OSError(f"cannot write checkpoint {final} (a full disk?): {reason}") from None
+    return final
+
+
+def load_checkpoint(
+    path: str | os.PathLike[str], map_location: str | torch.device = "cpu"
+) -> dict[str, Any]:
+    """Read a checkpoint written by :func:`save_checkpoint`; NearsightError if it is missing,
+    not a nearsight checkpoint, from a newer version, or damaged."""
+    file = Path(path)
+    if not file.is_file():
+        raise NearsightError(f"checkpoint not found: {file}")
+    try:
+        payload = torch.load(file, map_location=map_location, weights_only=True)
+    except Exception as error:  # truncated zip, garbage, disallowed pickled objects
+        reason = " ".join(str(error).split())[:160]
+        raise NearsightError(f"{file}: not a readable nearsight checkpoint ({reason})") from None
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+        raise NearsightError(f"{file}: not a nearsight checkpoint (no '{CHECKPOINT_FORMAT}' tag)")
+    version = payload.get("version")
+    if not isinstance(version, int) or version > CHECKPOINT_VERSION:
+        raise NearsightError(
+            f"{file}: checkpoint version {version!r} is newer than this nearsight reads "
+            f"({CHECKPOINT_VERSION})"
+        )
+    if not isinstance(payload.get("model_config"), dict) or not isinstance(
+        payload.get("state_dict"), dict
+    ):
+        raise NearsightError(f"{file}: checkpoint lacks its model_config or state_dict")
+    return payload
+
+
+def load_embedding_net(
+    path: str | os.PathLike[str], map_location: str | torch.device = "cpu"
+) -> EmbeddingNet:
+    """The network stored in a checkpoint, in eval mode. Built from the stored config without
+    fetching pretrained weights (the stored weights replace them); ``config.pretrained`` keeps
+    the value recorded at training time."""
+    payload = load_checkpoint(path, map_location=map_location)
+    try:
+        config = EmbeddingConfig.from_dict(payload["model_config"])
+    except (NearsightError, TypeError) as error:
+        raise NearsightError(f"{path}: bad model_config: {error}") from None
+    net = EmbeddingNet(config)
+    try:
+        net.load_state_dict(payload["state_dict"], strict=True)
+    except RuntimeError as error:  # missing/unexpected keys, wrong shapes
+        reason = " ".join(str(error).split())
+        reason = reason if len(reason) <= 240 else reason[:237] + "..."
+        raise NearsightError(f"{path}: weights do not match the stored config ({reason})") from None
+    net.to(map_location)
+    return net.eval()
+
+
+def checkpoint_sha256(path: str | os.PathLike[str]) -> str:
+    """Hex SHA-256 of the checkpoint file (recorded in the ONNX metadata and galleries)."""
+    file = Path(path)
+    if not file.is_file():
+        raise NearsightError(f"checkpoint not found: {file}")
+    digest = hashlib.sha256()
+    with open(file, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,166 @@
+"""The one description of an embedding model: :class:`ModelSpec`.
+
+Training writes it once into the checkpoint (``model_spec``); export copies it into the ONNX
+metadata (one JSON property, ``model_spec``); ``nearsight index build`` records it in the
+gallery catalog's meta (``model_spec``); the embedders and the page read it back from there.
+No torch here: serving reads specs too.
+
+Files written before the spec existed carry its fields under other names;
+:func:`spec_from_onnx_metadata`, :func:`spec_from_checkpoint` and :func:`spec_from_gallery_meta`
+read those (legacy) fields into a spec, so old checkpoints, models and galleries still load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from nearsight.core.errors import NearsightError
+
+SPEC_KEY = "model_spec"  # the key in checkpoints, ONNX metadata and gallery meta
+POOLINGS = ("avg", "max", "avgmax")
+RESOLVED_FEATURE_NORMS = ("none", "batchnorm")
+EMBEDDINGS = ("last", "concat")  # the served embedding: the layer4 head's, or all heads'
+
+
+def default_resize(image_size: int) -> int:
+    """The papers' ratio: resize the short side to 256, then crop 224."""
+    return round(image_size * 256 / 224)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a model is, as far as anyone who runs it needs to know."""
+
+    arch: str = "resnet50"  # torchvision trunk
+    dim: int = 128  # embedding width of each head (see output_dim)
+    image_size: int = 224  # the square crop the model takes
+    test_resize: int = 0  # short side before the crop; 0 = default_resize(image_size)
+    pooling: str = "avg"  # avg | max | avgmax
+    feature_norm: str = "none"  # none | batchnorm (resolved, never "auto")
+    heads: tuple[str, ...] = ("layer4",)  # trunk stages the embedding is read from
+    embedding: str = "last"  # what is served: last (layer4's head) | concat (all heads)
+
+    def __post_init__(self) -> None:
+        for name in ("dim", "image_size", "test_resize"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise NearsightError(f"model spec: {name} must be a whole number, got {value!r}")
+        if self.dim == 0 or self.image_size == 0:
+            raise NearsightError("model spec: dim and image_size must be positive")
+        if self.test_resize == 0:
+            object.__setattr__(self, "test_resize", default_resize(self.image_size))
+        if self.pooling not in POOLINGS:
+            raise NearsightError(f"model spec: unknown pooling {self.pooling!r}")
+        if self.feature_norm not in RESOLVED_FEATURE_NORMS:
+            raise NearsightError(f"model spec: unknown feature_norm {self.feature_norm!r}")
+        if isinstance(self.heads, str) or not self.heads:
+            raise NearsightError(f"model spec: heads must be a list of stages, got {self.heads!r}")
+        object.__setattr__(self, "heads", tuple(str(head) for head in self.heads))
+        if self.embedding not in EMBEDDINGS:
+            raise NearsightError(f"model spec: unknown embedding {self.embedding!r}")
+
+    @property
+    def output_dim(self) -> int:
+        """The width of the served embedding: ``dim``, or ``dim`` x heads for ``concat``."""
+        return self.dim * len(self.heads) if self.embedding == "concat" else self.dim
+
+    def to_dict(self) -> dict[str, Any]:
+        values = dataclasses.asdict(self)
+        values["heads"] = list(self.heads)
+        return values
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> ModelSpec:
+        """A spec from :meth:`to_dict`'s output; fields a newer nearsight added are refused."""
+        if not isinstance(values, Mapping):
+            raise NearsightError(f"model spec must be a mapping, got {type(values).__name__}")
+        known = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise NearsightError(f"model spec: unknown field(s) {', '.join(map(str, unknown))}")
+        values = dict(values)
+        if "heads" in values and isinstance(values["heads"], list):
+            values["heads"] = tuple(values["heads"])
+        try:
+            return cls(**values)
+        except TypeError as error:
+            raise NearsightError(f"model spec: {error}") from None
+
+    @classmethod
+    def from_json(cls, text: str) -> ModelSpec:
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise NearsightError(f"model spec is not JSON ({error.msg})") from None
+        return cls.from_dict(values)
+
+
+def spec_from_onnx_metadata(metadata: Mapping[str, str]) -> ModelSpec:
+    """The spec of an exported model: its ``model_spec`` property, or (models exported before
+    it existed) the separate ``embedding_dim``, ``image_size``, ``resize``, ``arch`` and
+    ``pooling`` properties."""
+    if SPEC_KEY in metadata:
+        return ModelSpec.from_json(metadata[SPEC_KEY])
+    try:
+        image_size = int(metadata["image_size"])
+        return ModelSpec(
+            arch=metadata.get("arch") or ModelSpec.arch,
+            dim=int(metadata["embedding_dim"]),
+            image_size=image_size,
+            test_resize=int(metadata.get("resize") or 0),
+            pooling=metadata.get("pooling") or ModelSpec.pooling,
+        )
+    except (KeyError, ValueError) as error:
+        raise NearsightError(f"no model spec in the metadata ({error!r})") from None
+
+
+def spec_from_checkpoint(payload: Mapping[str, Any]) -> ModelSpec:
+    """The spec of a loaded checkpoint: its ``model_spec``, or (checkpoints written before it
+    existed) its ``model_config`` plus the training config's ``data.resize``."""
+    if isinstance(payload.get(SPEC_KEY), Mapping):
+        return ModelSpec.from_dict(payload[SPEC_KEY])
+    model_config = payload.get("model_config") or {}
+    training = payload.get("training") if isinstance(payload.get("training"), dict) else {}
+    data_config = ((training.get("config") or {}).get("data") or {}) if training else {}
+    return spec_from_model_config(model_config, data_config.get("resize"))
+
+
+def spec_from_model_config(model_config: Mapping[str, Any], resize: int | None = None) -> ModelSpec:
+    """A spec from an :class:`~nearsight.models.embedding.EmbeddingConfig` dict (its
+    ``feature_norm`` resolved) and the test-time resize (None: the default ratio)."""
+    feature_norm = model_config.get("feature_norm", "none")
+    if feature_norm == "auto":  # never stored so; resolve as EmbeddingConfig does
+        feature_norm = "batchnorm" if model_config.get("pretrained", "none") == "none" else "none"
+    return ModelSpec(
+        arch=str(model_config.get("arch", ModelSpec.arch)),
+        dim=int(model_config.get("dim", ModelSpec.dim)),
+        image_size=int(model_config.get("image_size", ModelSpec.image_size)),
+        test_resize=int(resize or 0),
+        pooling=str(model_config.get("pooling", ModelSpec.pooling)),
+        feature_norm=str(feature_norm),
+        heads=tuple(model_config.get("heads", ModelSpec.heads)),
+        embedding=str(model_config.get("embedding", ModelSpec.embedding)),
+    )
+
+
+def spec_from_gallery_meta(meta: Mapping[str, Any]) -> ModelSpec | None:
+    """The spec a gallery recorded: ``model_spec``, or (galleries built before it existed) its
+    ``dim``, ``image_size`` and ``resize`` (arch "": not recorded); None when it recorded
+    neither."""
+    if isinstance(meta.get(SPEC_KEY), Mapping):
+        return ModelSpec.from_dict(meta[SPEC_KEY])
+    if "image_size" in meta and "dim" in meta:
+        return ModelSpec(
+            arch="",
+            dim=int(meta["dim"]),
+            image_size=int(meta["image_size"]),
+            test_resize=int(meta.get("resize") or 0),
+        )
+    return None

@@ -1,0 +1,416 @@
+"""The training configuration: defaults, a YAML file on top, command-line overrides last.
+
+The fully resolved configuration is what a run saves as ``config.yaml``; loading that file
+gives back the same :class:`TrainConfig`, so a run can always be repeated or resumed.
+Unknown keys are errors (a typo must not silently train something else).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nearsight.core.errors import NearsightError
+from nearsight.models.embedding import FEATURE_NORMS, check_heads, resolve_feature_norm
+
+
+class ConfigError(NearsightError, ValueError):
+    """A configuration file or override that does not fit the schema."""
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """PyYAML follows YAML 1.1, where ``1e-4`` (no dot) is a string; configs mean a number."""
+
+
+_ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+][0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def parse_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+@dataclass
+class DataConfig:
+    dataset: str = "folder"
+    root: str = ""
+    image_size: int = 224
+    resize: int | None = None  # test-time short side; None = image_size * 256 / 224
+    crop_scale: list[float] = field(default_factory=lambda: [0.16, 1.0])  # RandomResizedCrop
+    flip: bool = True
+    workers: int = 2
+    eval_batch_size: int = 64
+    # classes held out of the training split to choose best.pt by (val/recall@1): a number of
+    # classes, or a share of them when below 1; 0 = none (best.pt is then chosen on the test
+    # split, as the papers report). Class-disjoint and drawn with `seed`.
+    val_classes: float = 0
+    # decode and resize every training image once and keep it in memory (small datasets: the
+    # per-step PNG decoding then disappears); the augmentation still runs per draw
+    cache_images: bool = False
+
+
+@dataclass
+class ModelConfig:
+    dim: int = 128
+    pooling: str = "avg"  # avg | max | avgmax
+    # imagenet | imagenet-v1 | imagenet-v2 | none | FILE.pth | auto (imagenet when its weights
+    # are in torchvision's cache, else none)
+    pretrained: str = "none"
+    freeze_bn: bool | None = None  # None: True from pretrained weights, False from scratch
+    # auto | none | batchnorm: standardise the pooled features before the head (auto: when
+    # training from scratch; see nearsight/models/embedding.py)
+    feature_norm: str = "auto"
+    # trunk stages with an embedding head of `dim`, low to high, ending at layer4; the loss is
+    # applied to each and summed (the RLL/ICE papers' L, M, H: [layer2, layer3, layer4])
+    heads: list[str] = field(default_factory=lambda: ["layer4"])
+    # what evaluation, export and galleries use: last (the layer4 head) | concat (every head,
+    # L2-normalised concatenation, dim x len(heads))
+    embedding: str = "last"
+
+
+@dataclass
+class LossConfig:
+    name: str = "ice"
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SamplerConfig:
+    # auto (the (m,n)-group design for bcontrastive, m-per-class otherwise) | group |
+    # m_per_class | random (the p-random pair design). A batch holds classes_per_batch x
+    # per_class images; params are further keyword arguments of the sampler (e.g. p).
+    name: str = "auto"
+    classes_per_batch: int = 16
+    per_class: int = 4
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adam"  # adam | adamw | sgd
+    # None = chosen by the starting point (see resolve_defaults): from pretrained weights the
+    # trunk at 1e-5 and the head at 1e-4; from scratch both at 1e-3
+    lr: float | None = None  # the trunk
+    head_lr: float | None = None  # new layers (the embedding head)
+    weight_decay: float = 5e-4
+    momentum: float = 0.9  # sgd only
+    # constant | step | cosine | auto (cosine from scratch, constant from pretrained weights);
+    # see nearsight/training/schedule.py
+    schedule: str = "auto"
+    milestones: list[float] = field(default_factory=list)  # "step": steps, or shares when < 1
+    gamma: float = 0.1
+    # "cosine": the share of the run after which the decay begins (warmup, then the rate holds,
+    # then a cosine tail); 0: the cosine spans the whole run
+    decay_start: float = 0.0
+    warmup_steps: int | None = None  # None: 0 from pretrained weights, ~5% of steps from scratch
+    # learning rate of parameters a loss owns and trains with the embedding (class proxies, a
+    # learnt margin); None = head_lr
+    loss_lr: float | None = None
+    # the first steps train only the new layers (heads, a loss's own parameters), the trunk
+    # frozen: Proxy Anchor's warm-up epoch
+    freeze_trunk_steps: int = 0
+    # RankMI's statistics network (Algorithm 1) has its own Adam
+    critic_lr: float = 1e-3
+    critic_weight_decay: float = 1e-4
+
+
+@dataclass
+class TrainConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    # updates of the embedding network (RankMI's critic batches between them do not count);
+    # `epochs` (passes of the batch sampler) wins when set
+    steps: int | None = 1000
+    epochs: int | None = None
+    # training seconds (evaluations excluded): the run stops, with its final evaluation, and
+    # the schedule decays, by whichever of steps/epochs and this limit comes first
+    time_limit_s: float | None = None
+    eval_every: int = 500  # steps; every run also ends with an evaluation
+    eval_at_start: bool = False  # also evaluate the untrained network (step 0)
+    save_every: int = 100  # steps between last.pt saves (and at every evaluation)
+    ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda
+    amp: bool = True  # bf16 autocast on CUDA (ignored on CPU)
+    channels_last: bool = True  # on CUDA
+    log_every: int = 10
+    # the settings resolve_defaults chose (dotted names); written into config.yaml
+    auto: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def dump(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def _merge(target: Any, values: dict[str, Any], where: str) -> Any:
+    """Copy ``values`` into the dataclass ``target`` recursively, rejecting unknown keys."""
+    if not isinstance(values, dict):
+        raise ConfigError(
+            f"config {where or 'file'} must be a mapping, got {type(values).__name__}"
+        )
+    names = {f.name: f for f in dataclasses.fields(target)}
+    for key, value in values.items():
+        path = f"{where}.{key}" if where else key
+        if key not in names:
+            raise ConfigError(f"unknown config key {path!r}; valid keys: {', '.join(names)}")
+        current = getattr(target, key)
+        if dataclasses.is_dataclass(current):
+            _merge(current, value, path)
+        elif key == "params":
+            if not isinstance(value, dict):
+                raise ConfigError(f"config {path} must be a mapping")
+            setattr(target, key, dict(value))
+        else:
+            setattr(target, key, value)
+    return target
+
+
+def load_config(
+    path: str | Path | None = None, overrides: dict[str, Any] | None = None
+) -> TrainConfig:
+    """Defaults, then the YAML file at ``path``, then ``overrides`` (dotted keys)."""
+    config = TrainConfig()
+    if path is not None:
+        path = Path(path)
+        try:
+            values = parse_yaml(_config_text(path)) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"config file {path} is not UTF-8 text (not a YAML file?)") from None
+        except OSError as error:  # a folder, no permission
+            raise ConfigError(f"cannot read config file {path}: {error.strerror}") from None
+        except yaml.YAMLError as error:
+            line = getattr(getattr(error, "problem_mark", None), "line", None)
+            at = f" (line {line + 1})" if line is not None else ""
+            raise ConfigError(f"config file {path} is not valid YAML{at}") from None
+        _merge(config, values, "")
+    for dotted, value in (overrides or {}).items():
+        apply_override(config, dotted, value)
+    validate(config)
+    return config
+
+
+def shipped_configs() -> list[str]:
+    """The names of the configs that ship inside the package (``rll_cub``, ...)."""
+    folder = resources.files("nearsight.training") / "configs"
+    return sorted(entry.name[:-5] for entry in folder.iterdir() if entry.name.endswith(".yaml"))
+
+
+def _config_text(path: Path) -> str:
+    """A file's text, or a shipped config's by its bare name (``rll_cub`` or ``rll_cub.yaml``),
+    read through importlib.resources so that it works from a wheel as from a checkout."""
+    if path.exists() or len(path.parts) > 1:
+        return path.read_text()
+    name = path.name if path.suffix == ".yaml" else f"{path.name}.yaml"
+    shipped = resources.files("nearsight.training") / "configs" / name
+    if not shipped.is_file():
+        raise FileNotFoundError(path)
+    return shipped.read_text()
+
+
+def apply_override(config: TrainConfig, dotted: str, value: Any) -> None:
+    """Set ``a.b.c`` = value; ``loss.params.x`` and ``sampler.params.x`` may be new keys."""
+    *parents, last = dotted.split(".")
+    node: Any = config
+    for part in parents:
+        if isinstance(node, dict):
+            node = node.setdefault(part, {})
+        elif dataclasses.is_dataclass(node) and hasattr(node, part):
+            node = getattr(node, part)
+        else:
+            raise ConfigError(f"unknown config key {dotted!r}")
+    if isinstance(node, dict):
+        node[last] = value
+    elif dataclasses.is_dataclass(node) and hasattr(node, last):
+        setattr(node, last, value)
+    else:
+        raise ConfigError(f"unknown config key {dotted!r}")
+
+
+def parse_set_option(text: str) -> tuple[str, Any]:
+    """``--set optim.lr=1e-4`` -> ("optim.lr", 0.0001); values are parsed as YAML scalars."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"--set takes KEY=VALUE, got {text!r}")
+    try:
+        return key.strip(), parse_yaml(raw)
+    except yaml.YAMLError:
+        raise ConfigError(f"--set {key}: cannot parse value {raw!r}") from None
+
+
+def _check_types(node: Any, where: str) -> None:
+    """Each value has its field's type (an int is accepted, and converted, for a float)."""
+    hints = typing.get_type_hints(type(node))
+    for item in dataclasses.fields(node):
+        value = getattr(node, item.name)
+        path = f"{where}.{item.name}" if where else item.name
+        if dataclasses.is_dataclass(value):
+            _check_types(value, path)
+            continue
+        expected = hints[item.name]
+        options = (
+            typing.get_args(expected)
+            if typing.get_origin(expected) is types.UnionType
+            else (expected,)
+        )
+        if value is None and type(None) in options:
+            continue
+        bases = tuple(typing.get_origin(o) or o for o in options if o is not type(None))
+        if float in bases and isinstance(value, int) and not isinstance(value, bool):
+            setattr(node, item.name, float(value))
+            continue
+        # bool is an int subclass: `steps: true` must not pass as an integer
+        is_bool_mismatch = isinstance(value, bool) and bool not in bases
+        if is_bool_mismatch or not isinstance(value, bases):
+            names = " or ".join(getattr(o, "__name__", str(o)) for o in options)
+            raise ConfigError(f"config {path} must be {names}, got {value!r}")
+
+
+def validate(config: TrainConfig) -> None:
+    from nearsight.training.losses.registry import LOSSES
+    from nearsight.training.samplers import SAMPLERS
+
+    _check_types(config, "")
+    if config.loss.name not in LOSSES:
+        raise ConfigError(
+            f"unknown loss {config.loss.name!r}; valid losses: {', '.join(sorted(LOSSES))}"
+        )
+    if config.sampler.name != "auto" and config.sampler.name not in SAMPLERS:
+        raise ConfigError(
+            f"unknown sampler {config.sampler.name!r}; valid samplers: auto, "
+            + ", ".join(sorted(SAMPLERS))
+        )
+    if config.steps is None and config.epochs is None and config.time_limit_s is None:
+        raise ConfigError("set steps, epochs or time_limit_s")
+    if config.time_limit_s is not None and config.time_limit_s <= 0:
+        raise ConfigError(f"time_limit_s must be positive, got {config.time_limit_s}")
+    val = config.data.val_classes
+    if val < 0 or (val >= 1 and val != int(val)):
+        raise ConfigError(
+            f"data.val_classes must be a number of classes or a share below 1, got {val}"
+        )
+    for name, value in (("steps", config.steps), ("epochs", config.epochs)):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    if config.device not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"device must be auto, cpu or cuda, got {config.device!r}")
+    if config.optim.name not in ("adam", "adamw", "sgd"):
+        raise ConfigError(f"optim.name must be adam, adamw or sgd, got {config.optim.name!r}")
+    if config.optim.schedule not in ("auto", "constant", "step", "cosine"):
+        raise ConfigError(
+            f"optim.schedule must be auto, constant, step or cosine, got {config.optim.schedule!r}"
+        )
+    decay_start = config.optim.decay_start
+    if not isinstance(decay_start, int | float) or not 0 <= decay_start < 1:
+        raise ConfigError(f"optim.decay_start must be in [0, 1), got {decay_start!r}")
+    if config.sampler.classes_per_batch < 2 or config.sampler.per_class < 1:
+        raise ConfigError("a batch needs at least 2 classes and 1 image per class")
+    if config.data.image_size < 16:
+        raise ConfigError(f"image size must be at least 16, got {config.data.image_size}")
+    # a zero period would be a modulo by zero mid-run; a negative count a DataLoader error
+    for name, value in (
+        ("eval_every", config.eval_every),
+        ("save_every", config.save_every),
+        ("log_every", config.log_every),
+        ("data.eval_batch_size", config.data.eval_batch_size),
+    ):
+        if value < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {value}")
+    if config.model.feature_norm not in FEATURE_NORMS:
+        raise ConfigError(
+            f"model.feature_norm must be one of {', '.join(FEATURE_NORMS)}, "
+            f"got {config.model.feature_norm!r}"
+        )
+    resolve_defaults(config)  # here, so config.yaml says what ran
+    try:
+        config.model.heads = check_heads(config.model.heads, config.model.embedding)
+    except NearsightError as error:
+        raise ConfigError(f"model.{error}") from None
+    if config.optim.freeze_trunk_steps < 0:
+        raise ConfigError(
+            f"optim.freeze_trunk_steps must be 0 or more, got {config.optim.freeze_trunk_steps}"
+        )
+    if config.data.workers < 0:
+        raise ConfigError(f"data.workers must be 0 or more, got {config.data.workers}")
+    if not config.ks or any(k < 1 for k in config.ks):
+        raise ConfigError(f"ks must be positive integers, got {config.ks}")
+
+
+# the settings that follow the starting point: (from pretrained weights, from scratch). From
+# scratch every layer is new, so the trunk trains at the head's rate, BatchNorm learns its
+# statistics and the rate warms up then decays; from pretrained weights the papers' fine-tuning
+# settings apply (a slow trunk, frozen BatchNorm statistics, a constant rate).
+STARTING_POINT_DEFAULTS: dict[str, tuple[Any, Any]] = {
+    "model.freeze_bn": (True, False),
+    "optim.head_lr": (1e-4, 1e-3),
+    "optim.schedule": ("constant", "cosine"),
+}
+PRETRAINED_TRUNK_LR = 1e-5
+# from scratch, the warmup lasts ~5% of the steps, between 1 and this many
+MAX_AUTO_WARMUP = 50
+UNKNOWN_LENGTH_WARMUP = 20  # a run bounded by epochs or time: its step count is not known yet
+
+
+def resolve_defaults(config: TrainConfig) -> None:
+    """Fill every automatic setting (None or "auto") from the starting point, in place, and
+    record their names in ``config.auto``. Values set explicitly are kept; a saved config has
+    nothing left to resolve, so resolving it again changes nothing."""
+    chosen: list[str] = []
+    model, optim = config.model, config.optim
+    if model.pretrained == "auto":
+        from nearsight.models.weights import imagenet_cache_path
+
+        cached = imagenet_cache_path("resnet50", "imagenet").exists()
+        model.pretrained = "imagenet" if cached else "none"
+        chosen.append("model.pretrained")
+    scratch = model.pretrained == "none"
+    for dotted, (pretrained_value, scratch_value) in STARTING_POINT_DEFAULTS.items():
+        section, name = dotted.split(".")
+        node = getattr(config, section)
+        if getattr(node, name) in (None, "auto"):
+            setattr(node, name, scratch_value if scratch else pretrained_value)
+            chosen.append(dotted)
+    if optim.lr is None:
+        optim.lr = optim.head_lr if scratch else PRETRAINED_TRUNK_LR
+        chosen.append("optim.lr")
+    if optim.warmup_steps is None:
+        if not scratch:
+            optim.warmup_steps = 0
+        elif config.steps is None or config.epochs is not None:
+            optim.warmup_steps = UNKNOWN_LENGTH_WARMUP
+        else:
+            optim.warmup_steps = min(MAX_AUTO_WARMUP, max(1, config.steps // 20))
+        chosen.append("optim.warmup_steps")
+    if model.feature_norm == "auto":
+        model.feature_norm = resolve_feature_norm(model.feature_norm, model.pretrained)
+        chosen.append("model.feature_norm")
+    config.auto = sorted(set(config.auto) | set(chosen))
+
+
+def config_from_file(path: str | Path) -> TrainConfig:
+    """A run's saved ``config.yaml``."""
+    return load_config(path)

@@ -1,0 +1,395 @@
+"""The training loop: a ResNet-50 embedding under a ranking loss, evaluated on held-out classes.
+
+A step is one update of the embedding network from one batch of the configured batch design.
+For RankMI (Algorithm 1 of the paper) ``critic_steps`` batches that update only the statistics
+network (embeddings detached, then a Newton re-estimate of beta) come between two steps; they
+are batches, not steps: ``steps``, the schedule, ``eval_every`` and ``save_every`` count
+embedding updates only. The learning rate follows ``nearsight/training/schedule.py`` over the steps and
+the training seconds used (evaluations excluded).
+
+Every ``eval_every`` steps (and at the end) the test split, and the validation classes when
+``data.val_classes`` holds some out, are embedded and their Recall@k / NMI / MAP@R appended to
+``metrics.jsonl`` (validation keys prefixed ``val/``); ``best.pt`` keeps the checkpoint with the
+best validation Recall@1 (test Recall@1 without a validation split). ``last.pt`` carries
+everything a resume needs (model, optimisers, schedule position and training seconds, sampler
+position, RNG states), so an interrupted run continues with exactly the batch and the learning
+rate it would have had next.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from nearsight.core.errors import NearsightError
+from nearsight.index.datasets import DatasetSplit, load_dataset
+from nearsight.training.builders import (
+    build_critic_optimizer,
+    build_model,
+    build_optimizer,
+    build_train_sampler,
+    build_training_loss,
+)
+from nearsight.training.config import TrainConfig
+from nearsight.training.data import SeededBatches, SeededTrainDataset, collate, hold_out_classes
+from nearsight.training.distributed import (
+    CPU_FALLBACK_NOTE,
+    RankSlice,
+    agree,
+    average_replicated_grads,
+    barrier,
+    cuda_available,
+    gather_with_grad,
+    init_distributed,
+    resolve_device,
+)
+from nearsight.training.evaluation import EvalSplit
+from nearsight.training.loss_roles import logged_scalars
+from nearsight.training.run_files import RunFiles
+from nearsight.training.schedule import LRSchedule, set_learning_rates
+
+log = logging.getLogger(__name__)
+clock = time.perf_counter  # the training-time clock (tests replace it with a fake one)
+
+
+@dataclass
+class TrainState:
+    """Where a run is; saved in ``last.pt`` and restored on resume."""
+
+    step: int = 0  # embedding updates
+    batch: int = 0  # batches drawn (critic batches included)
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    train_seconds: float = 0.0  # time in training batches, evaluations and saves excluded
+    best: float = -1.0  # the selection metric of best.pt
+    best_step: int = -1
+    best_metrics: dict[str, Any] = field(default_factory=dict)  # test metrics of best.pt
+    last_metrics: dict[str, Any] = field(default_factory=dict)  # of the last evaluation
+
+
+class Trainer:
+    """Train, evaluate and checkpoint one run in ``out_dir``."""
+
+    def __init__(self, config: TrainConfig, out_dir: str | Path, *, resume: bool = False):
+        self.config = config
+        self.resume = resume
+        self.dist = init_distributed(
+            "cuda" if config.device != "cpu" and cuda_available() else "cpu"
+        )
+        # the CPU note waits for the data to load: bad input stays one error line
+        self.device = resolve_device(config.device, self.dist.local_rank, note=False)
+        self.cuda = self.device.type == "cuda"
+        self.files = RunFiles(out_dir, main=self.dist.main)
+
+    # -- setup --------------------------------------------------------------------------
+    def _load_data(self) -> tuple[DatasetSplit, DatasetSplit | None, DatasetSplit]:
+        data = self.config.data
+        train = load_dataset(data.dataset, data.root, "train")
+        test = load_dataset(data.dataset, data.root, "test")
+        if len(train) == 0 or len(test) == 0:
+            raise NearsightError(
+                f"dataset {data.dataset} at {data.root} has an empty train or test split"
+            )
+        train, val = hold_out_classes(train, data.val_classes, self.config.seed)
+        return train, val, test
+
+    def _setup(self) -> None:
+        config = self.config
+        self.files.check(self.resume)
+        train, val, test = self._load_data()
+        if config.device == "auto" and not self.cuda and self.dist.local_rank == 0:
+            print(CPU_FALLBACK_NOTE, file=sys.stderr)
+        self.test = EvalSplit(test, config)
+        self.val = EvalSplit(val, config) if val is not None else None
+        self.model = build_model(config, self.device)
+        self.sampler = build_train_sampler(config, train.labels)
+        if self.sampler.batch_size % self.dist.world:
+            raise NearsightError(
+                f"batch size {self.sampler.batch_size} is not divisible by the "
+                f"{self.dist.world} processes"
+            )
+        self.batches = SeededBatches(self.sampler, config.seed)
+        self.dataset = SeededTrainDataset(
+            train.samples,
+            config.data.image_size,
+            config.data.crop_scale,
+            config.data.flip,
+            cache=config.data.cache_images,
+        )
+        self.loss_fn = build_training_loss(config, self.sampler).to(self.device)
+        self.critic_optimizer = build_critic_optimizer(self.loss_fn, config)
+        self.optimizer = build_optimizer(self.model, self.loss_fn, config)
+        self.total_batches, self.total_steps = self._length()
+        self.schedule = LRSchedule.from_config(config, self.total_steps)
+        self.train_model: nn.Module = self.model
+        if self.dist.world > 1:
+            self.train_model = nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.cuda else None
+            )
+        self.files.start(config.dump(), self.resume)
+
+    def _is_critic_batch(self, batch: int) -> bool:
+        return self.critic_optimizer is not None and self.loss_fn.is_critic_step(batch)
+
+    def _length(self) -> tuple[int | None, int | None]:
+        """(batches, steps) the run lasts by its step or epoch budget; None for time only."""
+        if self.config.epochs is not None:
+            batches = self.config.epochs * len(self.sampler)
+            return batches, sum(not self._is_critic_batch(b) for b in range(batches))
+        return None, self.config.steps
+
+    # -- the run ------------------------------------------------------------------------
+    def run(self) -> TrainState:
+        self._setup()
+        config, state = self.config, TrainState()
+        if self.resume:
+            state = self._load_last()
+        else:
+            if self.critic_optimizer is not None:
+                self.loss_fn.update_beta()  # Algorithm 1, line 2: beta of the initial critic
+            if config.eval_at_start:
+                self._evaluate_and_save(state)
+        self.bar = tqdm(
+            total=self.total_steps,
+            initial=state.step,
+            desc="train",
+            unit="step",
+            disable=not (self.dist.main and sys.stderr.isatty()),
+            dynamic_ncols=True,
+        )
+        while not self._finished(state):
+            self.train_one_epoch(state)
+        self.bar.close()
+        self.files.close()
+        barrier(self.dist)
+        return state
+
+    def _budget_done(self, state: TrainState) -> bool:
+        """Whether the run's steps (or epochs' batches) are all done."""
+        if self.total_batches is not None:
+            return state.batch >= self.total_batches
+        return self.total_steps is not None and state.step >= self.total_steps
+
+    def _finished(self, state: TrainState) -> bool:
+        return self._budget_done(state) or self._time_is_up(state)
+
+    def _time_is_up(self, state: TrainState) -> bool:
+        """Whether ``time_limit_s`` of training time is used; every process follows process 0."""
+        limit = self.config.time_limit_s
+        return limit is not None and agree(state.train_seconds >= limit, self.dist, self.device)
+
+    def train_one_epoch(self, state: TrainState) -> None:
+        """Batches from the sampler's current epoch (from where a resumed run left it) until
+        the epoch or the run ends; evaluates and checkpoints on the way."""
+        config = self.config
+        self.batches.set_epoch(state.epoch, start_batch=state.batch_in_epoch)
+        local = self.sampler.batch_size // self.dist.world
+        loader = DataLoader(
+            self.dataset,
+            batch_sampler=RankSlice(self.batches, self.dist.rank, local),
+            num_workers=config.data.workers,
+            collate_fn=collate,
+            pin_memory=self.cuda,
+        )
+        started = clock()
+        for images, labels in loader:
+            elapsed = state.train_seconds + clock() - started
+            critic = self._is_critic_batch(state.batch)
+            if not critic:
+                set_learning_rates(self.optimizer, self.schedule.factor(state.step, elapsed))
+            freeze_trunk = state.step < config.optim.freeze_trunk_steps
+            loss_value = self._train_step(images, labels, critic, state.batch, freeze_trunk)
+            state.batch += 1
+            state.batch_in_epoch += 1
+            state.step += 0 if critic else 1
+            now = clock()
+            batch_seconds = now - started
+            state.train_seconds += batch_seconds
+            self._log_batch(state, loss_value, critic, batch_seconds)
+            # the time limit ends a run after an update of the embedding, never a critic batch
+            time_up = not critic and self._time_is_up(state)
+            done = self._budget_done(state) or time_up
+            if time_up and not self._budget_done(state):
+                print(
+                    f"time limit of {config.time_limit_s:g}s reached after {state.step} steps",
+                    file=sys.stderr,
+                )
+            if done or (not critic and state.step % config.eval_every == 0):
+                self._evaluate_and_save(state)  # every run ends with an evaluation
+            elif not critic and state.step % config.save_every == 0:
+                self._save_last(state)
+            if done:
+                break
+            started = clock()  # evaluations and saves do not count as training time
+        else:
+            state.epoch += 1
+            state.batch_in_epoch = 0
+
+    def _train_step(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        critic: bool,
+        batch: int,
+        freeze_trunk: bool = False,
+    ) -> float:
+        """One batch: an update of the embedding network or, for RankMI when Algorithm 1 says
+        so (batch t updates the statistics network when t mod (k+1) != 0), of the critic."""
+        model, loss_fn = self.train_model, self.loss_fn
+        model.train()
+        images = images.to(self.device, non_blocking=True)
+        if self.cuda and self.config.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        labels = labels.to(self.device)
+        grad = torch.no_grad() if critic else contextlib.nullcontext()
+        multi_head = len(self.config.model.heads) > 1
+        with grad, self._autocast():
+            # several heads: every head's embeddings, one loss instance each (PerHeadLoss)
+            local_embeddings = model(images, all_heads=True) if multi_head else model(images)
+        if multi_head:
+            embeddings = [gather_with_grad(e.float(), self.dist) for e in local_embeddings]
+        else:
+            embeddings = gather_with_grad(local_embeddings.float(), self.dist)
+        all_labels = gather_with_grad(labels, self.dist)
+        if critic:
+            # all pairs of the batch, embeddings detached; then beta by Newton (lines 9-15)
+            self.critic_optimizer.zero_grad(set_to_none=True)
+            detached = [e.detach() for e in embeddings] if multi_head else embeddings.detach()
+            critic_loss = loss_fn.critic_loss(detached, all_labels)
+            critic_loss.backward()
+            average_replicated_grads(loss_fn.parameters(), self.dist)
+            self.critic_optimizer.step()
+            loss_fn.update_beta()
+            return float(critic_loss.detach())
+        loss = loss_fn(embeddings, all_labels)
+        self.optimizer.zero_grad(set_to_none=True)
+        # DDP averages gradients over processes; each process's backward only reaches its own
+        # slice of the global batch, so scaling by the world size gives the full-batch gradient.
+        (loss * self.dist.world).backward()
+        # a loss's own parameters (proxies) are outside DDP: their gradient is already the
+        # full-batch one, times the world size
+        average_replicated_grads(loss_fn.parameters(), self.dist, scale=self.dist.world)
+        if freeze_trunk:
+            # the warm-up of new layers (optim.freeze_trunk_steps): no gradient, so neither
+            # the step nor weight decay nor the optimiser's moments touch the trunk
+            for parameter in self.model.trunk_parameters():
+                parameter.grad = None
+        self.optimizer.step()
+        return float(loss.detach())
+
+    def _autocast(self):
+        if self.cuda and self.config.amp:
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    # -- logs ---------------------------------------------------------------------------
+    def _log_batch(self, state: TrainState, loss: float, critic: bool, seconds: float) -> None:
+        images_per_s = self.sampler.batch_size / max(seconds, 1e-9)
+        record: dict[str, Any] = {
+            "step": state.step,
+            "batch": state.batch,
+            "loss": loss,
+            "images_per_s": round(images_per_s, 2),
+        }
+        if critic:
+            record["phase"] = "critic"
+        record.update({f"lr_{g['name']}": g["lr"] for g in self.optimizer.param_groups})
+        self.files.append_train(record)
+        if not critic:
+            self.bar.update(1)
+        self.bar.set_postfix(loss=f"{loss:.4f}", img_s=f"{images_per_s:.1f}")
+        if critic or state.step % self.config.log_every:
+            return
+        scalars = {"train/loss": loss, "train/images_per_s": images_per_s}
+        scalars.update({f"lr/{g['name']}": g["lr"] for g in self.optimizer.param_groups})
+        scalars.update({f"train/{k}": v for k, v in logged_scalars(self.loss_fn).items()})
+        self.files.scalars(scalars, state.step)
+        if self.dist.main and not sys.stderr.isatty():
+            total = self.total_steps if self.total_steps is not None else "?"
+            print(
+                f"step {state.step}/{total} loss {loss:.4f} {images_per_s:.1f} img/s",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    # -- evaluation and checkpoints -----------------------------------------------------
+    @property
+    def selection_metric(self) -> str:
+        """What best.pt is chosen by: validation Recall@1 when classes are held out."""
+        return "val/recall@1" if self.val is not None else "recall@1"
+
+    def _evaluate_and_save(self, state: TrainState) -> None:
+        if self.dist.main:
+            metrics = self.test.evaluate(self.model, self.device, self._autocast)
+            state.last_metrics = metrics
+            record: dict[str, Any] = dict(metrics)
+            if self.val is not None:
+                val = self.val.evaluate(self.model, self.device, self._autocast)
+                record.update({f"val/{k}": v for k, v in val.items()})
+            self.files.append_metrics(
+                {"step": state.step, "batch": state.batch, "epoch": state.epoch, **record}
+            )
+            shown = {k: v for k, v in record.items() if not k.endswith("queries")}
+            self.files.scalars({f"eval/{k}": v for k, v in shown.items()}, state.step)
+            print(
+                f"eval step {state.step}: " + " ".join(f"{k} {v:.4f}" for k, v in shown.items()),
+                file=sys.stderr,
+                flush=True,
+            )
+            score = record.get(self.selection_metric, 0.0)
+            if score > state.best:
+                state.best, state.best_step, state.best_metrics = score, state.step, metrics
+                self.files.save_best(self.model, self._model_extra(state, record))
+        self._save_last(state)
+
+    def _model_extra(self, state: TrainState, metrics: dict | None) -> dict[str, Any]:
+        return {
+            "training": {
+                "loss": self.config.loss.name,
+                "dataset": self.config.data.dataset,
+                "step": state.step,
+                "metrics": metrics or {},
+                "selected_by": self.selection_metric,
+                "config": self.config.to_dict(),
+            }
+        }
+
+    def _save_last(self, state: TrainState) -> None:
+        if not self.dist.main:
+            return
+        extra = self._model_extra(state, None)
+        extra.update(
+            {
+                "state": asdict(state),
+                "optimizer": self.optimizer.state_dict(),
+                "loss_state": self.loss_fn.state_dict(),
+                "critic_optimizer": (
+                    self.critic_optimizer.state_dict() if self.critic_optimizer else None
+                ),
+                "rng": {"torch": torch.get_rng_state()},
+            }
+        )
+        self.files.save_last(self.model, extra)
+
+    def _load_last(self) -> TrainState:
+        checkpoint = self.files.load_last(self.device)
+        self.model.load_state_dict(checkpoint["state_dict"])
+        self.optimizer.load_state_dict(checkpoint["optimizer"])
+        self.loss_fn.load_state_dict(checkpoint["loss_state"])
+        if self.critic_optimizer is not None and checkpoint.get("critic_optimizer"):
+            self.critic_optimizer.load_state_dict(checkpoint["critic_optimizer"])
+        torch.set_rng_state(checkpoint["rng"]["torch"].cpu())
+        state = TrainState(**checkpoint["state"])
+        self.files.truncate_logs(state.batch)
+        print(f"resumed from {self.files.last} at step {state.step}", file=sys.stderr)
+        return state
