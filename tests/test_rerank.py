@@ -96,3 +96,16 @@ def test_parse_rerank():
         with pytest.raises(ValueError) as err:
             parse_rerank(bad)
         assert "\n" not in str(err.value)
+
+
+def test_rerank_candidates_none_sorts_by_cosine_and_aqe_fixes_a_hard_case():
+    from nearsight.index.rerank import rerank_candidates
+
+    q = _unit(np.array([[1.0, 0.3, 0.0]]))
+    # cos: id0 .97, id1 .94, id2 .85; after alpha-QE toward id0, id2 (.91) passes id1 (.90).
+    cand = _unit(np.array([[[1.0, 0.6, 0.0], [1.0, 0.0, 0.2], [0.8, 0.9, 0.0]]]))
+    ids = np.array([[10, 11, 12]])
+    got, _ = rerank_candidates(parse_rerank("none"), q, ids, cand)
+    assert got.tolist() == [[10, 11, 12]]
+    got, _ = rerank_candidates(parse_rerank("aqe:k=1,alpha=1"), q, ids, cand)
+    assert got.tolist() == [[10, 12, 11]]
