@@ -111,6 +111,7 @@ def build_app(
         view.analysis_max_items = analysis_max_items
     page = Page(views)
     page.show_paths = show_paths
+    page.concurrency, page.max_queue = concurrency, max_queue
     maps = MapTab(page.views)
     first = page.names[0]
 
@@ -346,14 +347,25 @@ def launch_app(
     prevent_thread_lock: bool = False,
     quiet: bool = False,
     api_key: str | None = None,
+    max_filter_conditions: int | None = None,
+    watch_interval: float = 0.0,
 ) -> str:
     """Start the server with the safety settings and the REST API (nearsight/app/rest.py) mounted at
-    ``/api``; returns the local URL. With ``prevent_thread_lock`` it returns at once (call
+    ``/api``; returns the local URL. ``watch_interval``: seconds between looks for other
+    processes' changes to the galleries (nearsight/app/live.py; 0: never). With ``prevent_thread_lock`` it returns at once (call
     ``demo.close()`` to stop, then ``close_rest_app(demo.nearsight_api)``)."""
     page: Page = demo.nearsight  # type: ignore[attr-defined]
     blocked = sorted({str(view.gallery.path) for view in page.views.values()})
     max_bytes = int(max_upload_mb * 1024 * 1024)
-    rest = make_rest_app(list(page.views.values()), max_upload_bytes=max_bytes, api_key=api_key)
+    page.max_filter_conditions = max_filter_conditions
+    rest = make_rest_app(
+        page.views,  # the live mapping: a reloaded gallery is seen by the next request
+        max_upload_bytes=max_bytes,
+        api_key=api_key,
+        concurrency=page.concurrency,
+        max_waiting=page.max_queue,
+        max_filter_conditions=max_filter_conditions,
+    )
     _, url, _ = demo.launch(
         server_name=host,
         server_port=port,
@@ -378,6 +390,8 @@ def launch_app(
     # (its own live under /gradio_api), so the mount shadows nothing
     demo.app.mount(API_PREFIX, rest)
     demo.nearsight_api = rest  # type: ignore[attr-defined]
+    if watch_interval > 0:
+        page.watch(watch_interval)
     if not prevent_thread_lock:
         demo.block_thread()
     return url

@@ -75,6 +75,7 @@ class GalleryView:
     ):
         self.name = name
         self.analysis_max_items = analysis_max_items
+        self.generation = 0  # counts the reloads of a live gallery (nearsight/app/live.py)
         self.gallery = gallery
         self.embedder = embedder
         self.rows: dict[int, dict[str, Any]] = {int(r["id"]): r for r in gallery.all_items()}
@@ -124,10 +125,12 @@ class GalleryView:
     def embed(self, image: Image.Image) -> np.ndarray:
         return np.asarray(self.embedder.embed_images([image]), dtype=np.float32)
 
-    def allowed_ids(self, filters: str | Sequence[str] | None) -> np.ndarray | None:
-        """Ids meeting every filter (nearsight/index/search/filters.py; several in one text separated by ';'
-        or new lines), or None for no filter."""
-        return allowed_ids(self.gallery, filters)
+    def allowed_ids(
+        self, filters: str | Sequence[str] | None, max_conditions: int | None = None
+    ) -> np.ndarray | None:
+        """Ids meeting every filter (nearsight/index/search/filters.py; several in one text
+        separated by ';' or new lines), or None for no filter."""
+        return allowed_ids(self.gallery, filters, max_conditions)
 
     def search_vector(
         self,

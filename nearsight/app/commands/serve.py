@@ -71,6 +71,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "a loopback address)",
     )
     parser.add_argument(
+        "--max-filter-conditions",
+        type=int,
+        default=None,
+        help="distinct conditions one search's filter may hold (default 32; repeats count once)",
+    )
+    parser.add_argument(
+        "--watch-interval",
+        type=float,
+        default=1.0,
+        help="seconds between looks at the galleries' files: changes made by `index add`, "
+        "`remove` or `compact` while serving are picked up (0: never; default 1)",
+    )
+    parser.add_argument(
         "--show-paths",
         action="store_true",
         help="show the galleries' absolute folder paths on the Summary tab (default: folder "
@@ -90,6 +103,12 @@ def run_serve(args: argparse.Namespace) -> int:
         raise NearsightError(f"--concurrency must be at least 1, got {args.concurrency}")
     if args.max_queue < 1:
         raise NearsightError(f"--max-queue must be at least 1, got {args.max_queue}")
+    if args.max_filter_conditions is not None and args.max_filter_conditions < 1:
+        raise NearsightError(
+            f"--max-filter-conditions must be at least 1, got {args.max_filter_conditions}"
+        )
+    if args.watch_interval < 0:
+        raise NearsightError(f"--watch-interval must be 0 or more, got {args.watch_interval}")
     if args.analysis_max_items < 0:
         raise NearsightError(
             f"--analysis-max-items must be 0 or more, got {args.analysis_max_items}"
@@ -119,6 +138,8 @@ def run_serve(args: argparse.Namespace) -> int:
             prevent_thread_lock=True,
             quiet=True,
             api_key=api_key,
+            max_filter_conditions=args.max_filter_conditions,
+            watch_interval=args.watch_interval,
         )
     except OSError as error:  # the port is taken, or the address is not ours
         demo.nearsight.close()
