@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -178,7 +179,7 @@ def test_too_many_filter_conditions_are_refused_naming_the_limit(api, onnx_galle
 
 
 def _rss_mb(pid: int, field: str) -> float:
-    for line in open(f"/proc/{pid}/status"):
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     raise AssertionError(f"no {field} in /proc/{pid}/status")
