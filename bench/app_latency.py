@@ -85,7 +85,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from nearsight.app.page import build_app, launch_app
+    from nearsight.app.page import build_app
+    from nearsight.app.server import launch_app
 
     start = time.perf_counter()
     demo = build_app(

@@ -158,8 +158,9 @@ def crash_training(config, out_dir: Path, monkeypatch, *, in_step: int) -> None:
 def running_page(galleries: list[Path]):
     """The page and its REST API served on a free port for a test: yields (url, app), then
     stops the server, the API's batcher and the page's analysis threads."""
-    from nearsight.app.page import build_app, launch_app
+    from nearsight.app.page import build_app
     from nearsight.app.rest import close_rest_app
+    from nearsight.app.server import launch_app
 
     demo = build_app(galleries, device="cpu")
     url = launch_app(demo, port=free_port(), prevent_thread_lock=True, quiet=True)

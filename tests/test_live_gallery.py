@@ -13,8 +13,9 @@ import httpx
 import pytest
 
 from nearsight.app.live import GalleryWatcher, fingerprint
-from nearsight.app.page import build_app, launch_app
+from nearsight.app.page import build_app
 from nearsight.app.rest import close_rest_app
+from nearsight.app.server import launch_app
 
 WATCH_S = 0.2
 VISIBLE_WITHIN_S = 5.0

@@ -59,6 +59,11 @@ class EmbedBatcher:
         self._queue.put((model_input, future))
         return future
 
+    @property
+    def waiting(self) -> int:
+        """Inputs queued for the model now."""
+        return self._queue.qsize()
+
     def close(self) -> None:
         if not self._closed:
             self._closed = True

@@ -104,4 +104,5 @@ def reopen(view: GalleryView) -> GalleryView:
         raise
     fresh = GalleryView(view.name, gallery, view.embedder, view.analysis_max_items)
     fresh.generation = view.generation + 1
+    fresh.show_paths = view.show_paths
     return fresh

@@ -170,7 +170,7 @@ def make_rest_app(
         """A gallery item's catalog row and metadata."""
         view = view_of(gallery)
         try:
-            row = view.row(item_id)
+            row = view.public_row(item_id)
         except NearsightError as error:
             raise ApiError(404, str(error)) from None
         return item_row(row)
