@@ -114,6 +114,9 @@ def train_one_and_two_processes(args: list[str], out: Path) -> tuple[Path, Path]
     """``nearsight train *args`` once in one process and once under torchrun with 2 CPU
     processes (gloo), one thread each; returns the two run folders (OUT/single, OUT/ddp)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # fp32: the comparison is of DDP's arithmetic, where the two runs agree to float rounding
+    # (bf16 autocast, the default on CPUs with native bf16, rounds the two batch splits apart)
+    args = [*args, "--set", "amp=false", "--set", "channels_last=false"]
     single, ddp = out / "single", out / "ddp"
     subprocess.run(
         [sys.executable, "-m", "nearsight.app.cli", "train", *args, "--out", str(single)],

@@ -81,7 +81,7 @@ class Page:
         return value
 
     @staticmethod
-    def read_upload(path: str | None) -> tuple[bytes, Any]:
+    def read_upload(path: str | None, min_side: int | None = None) -> tuple[bytes, Any]:
         if not path:
             raise PageError("no query image: upload, paste or drop one")
         file = Path(path)
@@ -89,7 +89,7 @@ class Page:
             data = file.read_bytes()
         except OSError as error:
             raise PageError(f"cannot read the upload: {error.strerror or error}") from None
-        return data, load_image_bytes(data, name=file.name)
+        return data, load_image_bytes(data, name=file.name, min_side=min_side)
 
     def start_analysis(self) -> None:
         """Compute every gallery's leave-one-out analysis in a background thread."""
@@ -126,7 +126,7 @@ class Page:
         with _page_errors():
             view = self.view(gallery)
             k = self.check_k(DEFAULT_K if k is None else k)
-            _, decoded = self.read_upload(image)
+            _, decoded = self.read_upload(image, view.embedder.resize)
             return json.dumps([n.as_json() for n in view.search_image(decoded, k)])
 
     def image_changed(
@@ -150,7 +150,7 @@ class Page:
         with _page_errors():
             view = self.view(gallery)
             k = self.check_k(k)
-            data, image = self.read_upload(image_path)
+            data, image = self.read_upload(image_path, view.embedder.resize)
             label = _label_value(query_class)
             note = ""
             twin = view.identical_item(data)

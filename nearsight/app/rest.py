@@ -243,7 +243,8 @@ async def _embed_upload(
 
     def prepare():
         try:
-            image = load_image_bytes(data, name)  # the pixel limit is checked from the header
+            # the pixel limit is checked from the header; a JPEG is decoded as the gallery's were
+            image = load_image_bytes(data, name, view.embedder.resize)
         except ImageLoadError as error:
             raise ApiError(415, _one_line(str(error))) from None
         return view.embedder.preprocess(image)
