@@ -166,3 +166,24 @@ def test_the_key_can_come_from_a_file_or_the_environment(onnx_gallery, tmp_path)
     assert shutil.which("ps") is None or KEY not in subprocess.run(
         ["ps", "-eo", "args"], capture_output=True, text=True
     ).stdout
+
+
+def test_slow_headers_and_stalled_bodies_are_cut_off(onnx_gallery):
+    """A client that never finishes its headers is disconnected after --header-timeout; one
+    whose body stalls gets 408 after --body-timeout (here 1 s each; without them uvicorn
+    keeps both connections for as long as the client likes)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    with serving([onnx_gallery.gallery], header_timeout_s=1.0, body_timeout_s=1.0) as url:
+        address = urlsplit(url)
+        with socket.create_connection((address.hostname, address.port), timeout=15) as slow:
+            slow.sendall(b"GET /api/health HTTP/1.1\r\nHost: x\r\n")  # and never the rest
+            started = time.monotonic()
+            assert slow.recv(1024) == b""  # closed by the server
+            assert time.monotonic() - started < 10
+        with socket.create_connection((address.hostname, address.port), timeout=15) as stall:
+            stall.sendall(b"POST /api/search HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n"
+                          b"Content-Type: multipart/form-data; boundary=x\r\n\r\n--x\r\n")  # fmt: skip
+            answer = stall.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 408")

@@ -10,6 +10,7 @@ from nearsight.app.guard import DEFAULT_BODY_TIMEOUT_S, Guard
 from nearsight.app.metrics import ServerMetrics
 from nearsight.app.page_handlers import Page
 from nearsight.app.rest import API_PREFIX, FORM_SLACK_BYTES, make_rest_app
+from nearsight.app.slow_clients import DEFAULT_HEADER_TIMEOUT_S, install_header_timeout
 
 DEFAULT_MAX_UPLOAD_MB = 10.0
 DEFAULT_MAX_CONNECTIONS = 256  # open connections beyond this get 503 (uvicorn's limit_concurrency)
@@ -45,6 +46,7 @@ def launch_app(
     watch_interval: float = 0.0,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
 ) -> str:
     """Start the server with the safety settings and the REST API (nearsight/app/rest.py) mounted at
     ``/api``; returns the local URL. ``watch_interval``: seconds between looks for other
@@ -75,6 +77,7 @@ def launch_app(
         metrics=metrics,
         access_log=not quiet,
     )
+    install_header_timeout(header_timeout_s)
     _, url, _ = demo.launch(
         app_kwargs={"middleware": [guard]},  # in front of every route, the page's included
         server_name=host,

@@ -79,6 +79,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="open connections beyond this get 503 (default 256)",
     )
     parser.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a new connection may take to send its request headers (default 10)",
+    )
+    parser.add_argument(
         "--body-timeout",
         type=float,
         default=30.0,
@@ -123,6 +129,8 @@ def run_serve(args: argparse.Namespace) -> int:
         )
     if args.max_connections < 1:
         raise NearsightError(f"--max-connections must be at least 1, got {args.max_connections}")
+    if not args.header_timeout > 0:
+        raise NearsightError(f"--header-timeout must be positive, got {args.header_timeout}")
     if not args.body_timeout > 0:
         raise NearsightError(f"--body-timeout must be positive, got {args.body_timeout}")
     if args.watch_interval < 0:
@@ -161,6 +169,7 @@ def run_serve(args: argparse.Namespace) -> int:
             watch_interval=args.watch_interval,
             max_connections=args.max_connections,
             body_timeout_s=args.body_timeout,
+            header_timeout_s=args.header_timeout,
         )
     except OSError as error:  # the port is taken, or the address is not ours
         demo.nearsight.close()
