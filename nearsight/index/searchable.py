@@ -132,12 +132,6 @@ class SearchableGallery:
         return f"SearchableGallery({str(self.path)!r}, items={len(self)})"
 
 
-def _check_k(k: Any) -> int:
-    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
-        raise NearsightError(f"k must be a whole number of at least 1, got {k!r}")
-    return int(k)
-
-
 def as_image(image: ImageLike, min_side: int | None = None) -> Image.Image:
     """A query as an RGB PIL image; paths are read by :func:`index.images.load_image` (one-line
     errors for missing or unreadable files)."""
