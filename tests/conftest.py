@@ -114,6 +114,9 @@ def train_one_and_two_processes(args: list[str], out: Path) -> tuple[Path, Path]
     """``nearsight train *args`` once in one process and once under torchrun with 2 CPU
     processes (gloo), one thread each; returns the two run folders (OUT/single, OUT/ddp)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # fp32: the comparison is of DDP's arithmetic, where the two runs agree to float rounding
+    # (bf16 autocast, the default on CPUs with native bf16, rounds the two batch splits apart)
+    args = [*args, "--set", "amp=false", "--set", "channels_last=false"]
     single, ddp = out / "single", out / "ddp"
     subprocess.run(
         [sys.executable, "-m", "nearsight.app.cli", "train", *args, "--out", str(single)],
@@ -158,8 +161,9 @@ def crash_training(config, out_dir: Path, monkeypatch, *, in_step: int) -> None:
 def running_page(galleries: list[Path]):
     """The page and its REST API served on a free port for a test: yields (url, app), then
     stops the server, the API's batcher and the page's analysis threads."""
-    from nearsight.app.page import build_app, launch_app
+    from nearsight.app.page import build_app
     from nearsight.app.rest import close_rest_app
+    from nearsight.app.server import launch_app
 
     demo = build_app(galleries, device="cpu")
     url = launch_app(demo, port=free_port(), prevent_thread_lock=True, quiet=True)

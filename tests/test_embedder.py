@@ -54,7 +54,26 @@ def onnx_embedder(models) -> OnnxEmbedder:
 
 @pytest.fixture(scope="module")
 def torch_embedder(models) -> TorchEmbedder:
-    return TorchEmbedder(models["checkpoint"], device="cpu")
+    """fp32, for parity with the ONNX model (the bf16 choice is tested below)."""
+    return TorchEmbedder(models["checkpoint"], device="cpu", amp=False, channels_last=False)
+
+
+def test_the_torch_embedder_takes_the_hardware_choice_and_stays_close_in_bf16(
+    models, torch_embedder, monkeypatch
+):
+    from nearsight.models import hardware
+
+    monkeypatch.setattr(hardware, "cpu_flags", lambda cpuinfo=None: {"avx512f", "amx_bf16"})
+    fast = TorchEmbedder(models["checkpoint"], device="cpu")
+    assert (fast.amp, fast.channels_last) == (True, True)
+    assert "native bf16" in fast.precision_note
+    monkeypatch.setattr(hardware, "cpu_flags", lambda cpuinfo=None: {"avx512f", "avx2"})
+    plain = TorchEmbedder(models["checkpoint"], device="cpu")
+    assert (plain.amp, plain.channels_last) == (False, False)
+    photos = _photos()
+    bf16, fp32 = fast.embed_images(photos), torch_embedder.embed_images(photos)
+    np.testing.assert_allclose(np.linalg.norm(bf16, axis=1), 1.0, atol=1e-5)
+    assert (bf16 * fp32).sum(axis=1).min() >= 0.999  # cosine to the fp32 vectors
 
 
 def _photos() -> list[Image.Image]:

@@ -279,10 +279,11 @@ def test_sessions_kept_by_the_server_are_capped(server, monkeypatch):
     config (~80 KB, measured): the server keeps the STATE_SESSIONS most recent ones, not
     Gradio's default 10000. Here with the cap lowered to 10, in a server of this process."""
     import nearsight.app.page as page_module
+    import nearsight.app.server as server_module
 
-    monkeypatch.setattr(page_module, "STATE_SESSIONS", 10)
+    monkeypatch.setattr(server_module, "STATE_SESSIONS", 10)
     demo = page_module.build_app([server.gallery], device="cpu", analyse=False)
-    url = page_module.launch_app(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
+    url = server_module.launch_app(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
     try:
         with httpx.Client(timeout=60) as http:
             for item in server.items[:25]:

@@ -15,8 +15,9 @@ import pytest
 from conftest import assert_one_line_error, free_port, run
 
 from nearsight.app.batcher import EmbedBatcher
-from nearsight.app.page import build_app, launch_app
+from nearsight.app.page import build_app
 from nearsight.app.rest import close_rest_app
+from nearsight.app.server import launch_app
 from nearsight.index.gallery.core import Gallery
 
 MAX_UPLOAD_MB = 0.25
@@ -73,7 +74,7 @@ def test_search_by_file_returns_neighbours_with_meta(api, product):  # noqa: F81
     first = body["neighbours"][0]
     assert first["distance"] == pytest.approx(0, abs=1e-3)
     assert first["meta"] == {"shop": "south", "price": 4.5, "sku": "0003"}
-    assert first["path"] == str(product["images"][3])
+    assert str(product["images"][3]).endswith("/" + first["path"])  # below the items' folder
 
 
 def test_filtered_search_returns_exactly_k_matching_items(api, product):  # noqa: F811
@@ -158,7 +159,7 @@ def test_concurrent_requests_all_answered_correctly(api, product):  # noqa: F811
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda image: _search(url, image, k=1), images))
     for image, answer in zip(images, answers, strict=True):
-        assert answer.json()["neighbours"][0]["path"] == str(image)
+        assert str(image).endswith("/" + answer.json()["neighbours"][0]["path"])
     assert batcher.embedded - embedded == 8 and 1 <= batcher.calls - calls <= 8
 
 
@@ -230,9 +231,9 @@ def test_api_key_comes_from_the_flag_or_the_environment(monkeypatch):
     from nearsight.app.commands.serve import _api_key
 
     monkeypatch.setenv("NEARSIGHT_API_KEY", "from-env")
-    assert _api_key(argparse.Namespace(api_key=None, host="0.0.0.0")) == "from-env"
-    assert _api_key(argparse.Namespace(api_key="flag", host="0.0.0.0")) == "flag"
+    assert _api_key(argparse.Namespace(api_key=None, api_key_file=None, host="0.0.0.0")) == "from-env"
+    assert _api_key(argparse.Namespace(api_key="flag", api_key_file=None, host="0.0.0.0")) == "flag"
     monkeypatch.delenv("NEARSIGHT_API_KEY")
-    assert _api_key(argparse.Namespace(api_key=None, host="127.0.0.1")) is None
-    assert _api_key(argparse.Namespace(api_key=None, host="::1")) is None
-    assert _api_key(argparse.Namespace(api_key=None, host="localhost")) is None
+    assert _api_key(argparse.Namespace(api_key=None, api_key_file=None, host="127.0.0.1")) is None
+    assert _api_key(argparse.Namespace(api_key=None, api_key_file=None, host="::1")) is None
+    assert _api_key(argparse.Namespace(api_key=None, api_key_file=None, host="localhost")) is None

@@ -19,6 +19,11 @@ from typing import Any
 import numpy as np
 
 DEFAULT_MAX_BATCH = 16
+DEFAULT_MAX_WAITING = 256  # inputs queued for the model before new ones are refused
+
+
+class BatcherFull(RuntimeError):
+    """The batcher already holds ``max_waiting`` inputs: the caller should retry later."""
 
 
 class EmbedBatcher:
@@ -26,12 +31,16 @@ class EmbedBatcher:
     batch [B, 3, S, S] to embeddings [B, D]."""
 
     def __init__(
-        self, embed: Callable[[Any], np.ndarray], max_batch: int = DEFAULT_MAX_BATCH
+        self,
+        embed: Callable[[Any], np.ndarray],
+        max_batch: int = DEFAULT_MAX_BATCH,
+        max_waiting: int = DEFAULT_MAX_WAITING,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self._embed = embed
         self.max_batch = max_batch
+        self.max_waiting = max_waiting
         self._queue: queue.SimpleQueue[tuple[Any, Future] | None] = queue.SimpleQueue()
         self._closed = False
         self.calls = 0  # embedding calls made (the tests and the bench read these)
@@ -40,12 +49,20 @@ class EmbedBatcher:
         self._thread.start()
 
     def submit(self, model_input: Any) -> Future:
-        """A future of the input's embedding [D] (float32); raises if the batcher is closed."""
+        """A future of the input's embedding [D] (float32); raises if the batcher is closed, and
+        :class:`BatcherFull` when ``max_waiting`` inputs are queued already."""
         if self._closed:
             raise RuntimeError("the embedding batcher is closed")
+        if self._queue.qsize() >= self.max_waiting:
+            raise BatcherFull(f"{self.max_waiting} images are already waiting for the model")
         future: Future = Future()
         self._queue.put((model_input, future))
         return future
+
+    @property
+    def waiting(self) -> int:
+        """Inputs queued for the model now."""
+        return self._queue.qsize()
 
     def close(self) -> None:
         if not self._closed:

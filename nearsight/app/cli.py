@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from nearsight.app.commands import COMMANDS
 from nearsight.core.errors import NearsightError
+from nearsight.core.threads import worker_threads
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    share_the_cores()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -50,6 +52,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         # a folder should be. Writes are atomic, so nothing was left half-written.
         print(f"nearsight: error: {_os_error_line(error)}", file=sys.stderr)
         return 2
+
+
+def share_the_cores() -> None:
+    """Several processes on one machine (LOCAL_WORLD_SIZE, from torchrun or another launcher):
+    OpenMP (torch, FAISS) takes this process's share of the cores, unless OMP_NUM_THREADS is
+    set already. onnxruntime reads the same share (nearsight/core/threads.py)."""
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    if local.isdigit() and int(local) > 1 and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = str(worker_threads())
 
 
 def _os_error_line(error: OSError) -> str:

@@ -5,13 +5,13 @@ read its Recall@k and its pair-distance distributions.
 This module is the page's layout; its handlers are in nearsight/app/page_handlers.py, its tables in
 nearsight/app/page_tables.py, the galleries it shows in nearsight/app/page_view.py.
 
-Build with :func:`build_app`, start with :func:`launch_app` (which applies the safety settings:
+Build with :func:`build_app`, start with :func:`nearsight.app.server.launch_app` (which applies the safety settings:
 upload size limit, no file serving beyond Gradio's own upload cache, no analytics, a system-font
 theme so that the page fetches nothing from the internet, a queue with a concurrency limit).
 
 Endpoint for gradio_client: ``/search`` (image file, k, gallery name) -> JSON text of the list
 of the k nearest items, ``{"id", "path", "label", "class_name", "distance", "meta"}``, nearest
-first (the JSON routes under ``/api`` are nearsight/app/rest.py, mounted by :func:`launch_app`)::
+first (the JSON routes under ``/api`` are nearsight/app/rest.py, mounted by ``launch_app``)::
 
     neighbours = json.loads(Client(url).predict(handle_file("q.jpg"), api_name="/search"))
 
@@ -40,26 +40,11 @@ from nearsight.app.page_html import CLICK_JS, message_html
 from nearsight.app.page_map import MapTab, map_tab_layout, wire_map_tab
 from nearsight.app.page_tables import FAILURE_COLUMNS, PAIR_COLUMNS, gallery_header
 from nearsight.app.page_view import GalleryView, open_views
-from nearsight.app.rest import API_PREFIX, make_rest_app
 from nearsight.index.analysis import ANALYSIS_MAX_ITEMS
 
-DEFAULT_MAX_UPLOAD_MB = 10.0
 DEFAULT_CONCURRENCY = 2  # embedding calls at once (each one uses every core already)
 DEFAULT_MAX_QUEUE = 64  # waiting events beyond this are refused ("queue full")
-# Sessions whose state Gradio keeps (least recently used dropped first). Every call of the API
-# over plain HTTP is a new session holding a copy of every component's config (docs/decisions.md):
-# Gradio's default of 10000 let a busy API client grow the server by far too much.
-STATE_SESSIONS = 1000
-SYSTEM_FONTS = ("system-ui", "Segoe UI", "Roboto", "Helvetica Neue", "Arial", "sans-serif")
-MONO_FONTS = ("ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace")
-
-
-def system_theme() -> gr.themes.Base:
-    """Gradio's default look with fonts the browser already has (no font download at all)."""
-    return gr.themes.Default(
-        font=[gr.themes.Font(name) for name in SYSTEM_FONTS],
-        font_mono=[gr.themes.Font(name) for name in MONO_FONTS],
-    )
+UPLOAD_CACHE_S = (60, 60)  # Gradio's delete_cache: (every N s, files older than N s)
 
 
 def query_image_input(**options: Any) -> gr.Image:
@@ -111,10 +96,16 @@ def build_app(
         view.analysis_max_items = analysis_max_items
     page = Page(views)
     page.show_paths = show_paths
+    for view in views:
+        view.show_paths = show_paths
+    page.concurrency, page.max_queue = concurrency, max_queue
     maps = MapTab(page.views)
     first = page.names[0]
 
-    with gr.Blocks(title="nearsight", analytics_enabled=False) as demo:
+    # uploads are removed from Gradio's cache a minute after they arrive (and all at exit)
+    with gr.Blocks(
+        title="nearsight", analytics_enabled=False, delete_cache=UPLOAD_CACHE_S
+    ) as demo:
         gr.Markdown(
             "## nearsight\nQuery a gallery by image. Frames: **green** = the query's class, "
             "**red** = another class, grey = the query's class is unknown."
@@ -335,49 +326,3 @@ def _filter_info(page: Page) -> str:
     keys = sorted({key for view in page.views.values() for key in view.gallery.meta_keys()})
     columns = ", ".join([*keys, "label", "class_name", "split"])
     return f"KEY=VALUE, KEY!=VALUE, KEY>=N, KEY<N, ... separated by ';' over: {columns}"
-
-
-def launch_app(
-    demo: gr.Blocks,
-    *,
-    host: str = "127.0.0.1",
-    port: int = 7860,
-    max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB,
-    prevent_thread_lock: bool = False,
-    quiet: bool = False,
-    api_key: str | None = None,
-) -> str:
-    """Start the server with the safety settings and the REST API (nearsight/app/rest.py) mounted at
-    ``/api``; returns the local URL. With ``prevent_thread_lock`` it returns at once (call
-    ``demo.close()`` to stop, then ``close_rest_app(demo.nearsight_api)``)."""
-    page: Page = demo.nearsight  # type: ignore[attr-defined]
-    blocked = sorted({str(view.gallery.path) for view in page.views.values()})
-    max_bytes = int(max_upload_mb * 1024 * 1024)
-    rest = make_rest_app(list(page.views.values()), max_upload_bytes=max_bytes, api_key=api_key)
-    _, url, _ = demo.launch(
-        server_name=host,
-        server_port=port,
-        prevent_thread_lock=True,  # the API is mounted on the running app, then we block
-        quiet=quiet,
-        share=False,
-        inbrowser=False,
-        show_error=False,  # only gr.Error messages reach the page, never a traceback
-        max_file_size=max_bytes,
-        allowed_paths=[],
-        blocked_paths=blocked,
-        enable_monitoring=False,
-        ssr_mode=False,
-        pwa=False,
-        mcp_server=False,
-        run_history=False,
-        state_session_capacity=STATE_SESSIONS,
-        footer_links=["api"],
-        theme=system_theme(),
-    )
-    # Gradio builds its FastAPI app inside launch(); none of its routes is under /api
-    # (its own live under /gradio_api), so the mount shadows nothing
-    demo.app.mount(API_PREFIX, rest)
-    demo.nearsight_api = rest  # type: ignore[attr-defined]
-    if not prevent_thread_lock:
-        demo.block_thread()
-    return url

@@ -13,6 +13,7 @@ from typing import Any
 
 import gradio as gr
 
+from nearsight.app.live import DEFAULT_INTERVAL_S, GalleryWatcher
 from nearsight.app.page_html import QueryCard, message_html, result_html
 from nearsight.app.page_tables import (
     FAILURE_ROWS,
@@ -49,6 +50,14 @@ class Page:
         self._random = random.Random()
         self.show_paths = False  # the Summary tab shows folder names only (serve --show-paths)
         self._warm_thread: threading.Thread | None = None
+        self._watcher: GalleryWatcher | None = None
+        self.concurrency, self.max_queue = 2, 64  # set by build_app
+        self.max_filter_conditions: int | None = None  # None: the filters module's default
+
+    def watch(self, interval: float = DEFAULT_INTERVAL_S) -> None:
+        """See other processes' changes to the galleries while serving (nearsight/app/live.py)."""
+        self._watcher = GalleryWatcher(self.views, interval)
+        self._watcher.start()
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -72,7 +81,7 @@ class Page:
         return value
 
     @staticmethod
-    def read_upload(path: str | None) -> tuple[bytes, Any]:
+    def read_upload(path: str | None, min_side: int | None = None) -> tuple[bytes, Any]:
         if not path:
             raise PageError("no query image: upload, paste or drop one")
         file = Path(path)
@@ -80,7 +89,7 @@ class Page:
             data = file.read_bytes()
         except OSError as error:
             raise PageError(f"cannot read the upload: {error.strerror or error}") from None
-        return data, load_image_bytes(data, name=file.name)
+        return data, load_image_bytes(data, name=file.name, min_side=min_side)
 
     def start_analysis(self) -> None:
         """Compute every gallery's leave-one-out analysis in a background thread."""
@@ -101,6 +110,8 @@ class Page:
         return all(view.analysis_ready for view in self.views.values())
 
     def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.stop()
         for view in self.views.values():
             view.close()
 
@@ -115,7 +126,7 @@ class Page:
         with _page_errors():
             view = self.view(gallery)
             k = self.check_k(DEFAULT_K if k is None else k)
-            _, decoded = self.read_upload(image)
+            _, decoded = self.read_upload(image, view.embedder.resize)
             return json.dumps([n.as_json() for n in view.search_image(decoded, k)])
 
     def image_changed(
@@ -139,7 +150,7 @@ class Page:
         with _page_errors():
             view = self.view(gallery)
             k = self.check_k(k)
-            data, image = self.read_upload(image_path)
+            data, image = self.read_upload(image_path, view.embedder.resize)
             label = _label_value(query_class)
             note = ""
             twin = view.identical_item(data)
@@ -148,7 +159,7 @@ class Page:
                 note = f"identical to gallery item #{twin} ({view.class_name(twin_label)})"
                 if label is None:
                     label = twin_label
-            neighbours = view.search_image(image, k, allowed=view.allowed_ids(filters))
+            neighbours = view.search_image(image, k, allowed=view.allowed_ids(filters, self.max_filter_conditions))
             card = QueryCard(
                 title="uploaded image",
                 thumbnail=thumbnail_uri(image),
@@ -167,7 +178,7 @@ class Page:
             view = self.view(gallery)
             k = self.check_k(k)
             item = _item_id(item_id)
-            neighbours = view.search_item(item, k, allowed=view.allowed_ids(filters))
+            neighbours = view.search_item(item, k, allowed=view.allowed_ids(filters, self.max_filter_conditions))
             label = view.label_of(item)
             card = QueryCard(
                 title=f"gallery item #{item}",

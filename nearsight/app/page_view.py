@@ -75,6 +75,8 @@ class GalleryView:
     ):
         self.name = name
         self.analysis_max_items = analysis_max_items
+        self.generation = 0  # counts the reloads of a live gallery (nearsight/app/live.py)
+        self.show_paths = False  # clients see paths below the items' common folder only
         self.gallery = gallery
         self.embedder = embedder
         self.rows: dict[int, dict[str, Any]] = {int(r["id"]): r for r in gallery.all_items()}
@@ -86,6 +88,8 @@ class GalleryView:
         for item_id, row in self.rows.items():
             if row.get("sha256"):
                 self.by_sha256.setdefault(str(row["sha256"]), item_id)
+        folders = {os.path.dirname(str(row["path"])) for row in self.rows.values()}
+        self._root = os.path.commonpath(sorted(folders)) if folders else ""
         self._thumbs: OrderedDict[int, str | None] = OrderedDict()
         self._thumbs_lock = threading.Lock()
         self._analysis: Analysis | None = None
@@ -115,6 +119,18 @@ class GalleryView:
         except KeyError:
             raise NearsightError(f"gallery {self.name} has no item with id {item_id}") from None
 
+    def public_path(self, path: str | os.PathLike[str]) -> str:
+        """An item's path as clients see it: below the gallery items' common folder, so the
+        server's own folders stay private (absolute with ``serve --show-paths``)."""
+        text = str(path)
+        if self.show_paths or not self._root:
+            return text
+        return os.path.relpath(text, self._root)
+
+    def public_row(self, item_id: int) -> dict[str, Any]:
+        """The item's catalog row with :meth:`public_path`."""
+        return {**self.row(item_id), "path": self.public_path(self.row(item_id)["path"])}
+
     def identical_item(self, data: bytes) -> int | None:
         """The id of a gallery item whose file has exactly these bytes, if any."""
         return self.by_sha256.get(hashlib.sha256(data).hexdigest())
@@ -124,10 +140,12 @@ class GalleryView:
     def embed(self, image: Image.Image) -> np.ndarray:
         return np.asarray(self.embedder.embed_images([image]), dtype=np.float32)
 
-    def allowed_ids(self, filters: str | Sequence[str] | None) -> np.ndarray | None:
-        """Ids meeting every filter (nearsight/index/search/filters.py; several in one text separated by ';'
-        or new lines), or None for no filter."""
-        return allowed_ids(self.gallery, filters)
+    def allowed_ids(
+        self, filters: str | Sequence[str] | None, max_conditions: int | None = None
+    ) -> np.ndarray | None:
+        """Ids meeting every filter (nearsight/index/search/filters.py; several in one text
+        separated by ';' or new lines), or None for no filter."""
+        return allowed_ids(self.gallery, filters, max_conditions)
 
     def search_vector(
         self,
@@ -156,7 +174,7 @@ class GalleryView:
                 Neighbour(
                     rank=rank,
                     id=item_id,
-                    path=str(row["path"]),
+                    path=self.public_path(row["path"]),
                     label=None if row["label"] is None else int(row["label"]),
                     class_name=row["class_name"],
                     distance=distance if math.isfinite(distance) else None,

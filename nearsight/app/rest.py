@@ -26,16 +26,17 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
+import numpy as np
 from fastapi import Depends, FastAPI, File, Form, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from nearsight.app.batcher import EmbedBatcher
+from nearsight.app.batcher import DEFAULT_MAX_WAITING, BatcherFull, EmbedBatcher
 from nearsight.app.page_view import GalleryView
 from nearsight.core.errors import NearsightError
 from nearsight.index.images import ImageLoadError, load_image_bytes
@@ -47,6 +48,8 @@ API_KEY_HEADER = "X-API-Key"
 DEFAULT_K = 8
 MAX_K = 1000
 FORM_SLACK_BYTES = 64 * 1024  # the multipart envelope and the small fields around the file
+MAX_ECHO_CHARS = 200  # an error message quoting a request's input is cut to this
+RETRY_AFTER_S = 1
 
 
 class ApiError(Exception):
@@ -57,19 +60,30 @@ class ApiError(Exception):
 
 
 def make_rest_app(
-    views: Sequence[GalleryView],
+    views: Mapping[str, GalleryView] | Sequence[GalleryView],
     *,
     max_upload_bytes: int,
     api_key: str | None = None,
     max_batch: int = 16,
+    concurrency: int = 2,
+    max_waiting: int = DEFAULT_MAX_WAITING,
+    max_filter_conditions: int | None = None,
 ) -> FastAPI:
-    """The ``/api`` application over the open galleries (mount it at :data:`API_PREFIX`)."""
-    by_name = {view.name: view for view in views}
-    names = [view.name for view in views]
+    """The ``/api`` application over the open galleries (mount it at :data:`API_PREFIX`).
+
+    ``views``: a name -> view mapping that may change while serving (live galleries,
+    nearsight/app/live.py: each request looks its gallery up once), or a list. At most
+    ``concurrency`` uploads are decoded at once and at most ``max_waiting`` wait for a decode
+    or the model; past that a request gets 503 with ``Retry-After``."""
+    by_name = views if isinstance(views, Mapping) else {view.name: view for view in views}
+    names = list(by_name)
     batchers: dict[int, EmbedBatcher] = {}
-    for view in views:
+    for view in by_name.values():
         if id(view.embedder) not in batchers:
-            batchers[id(view.embedder)] = EmbedBatcher(view.embedder.embed, max_batch=max_batch)
+            batchers[id(view.embedder)] = EmbedBatcher(
+                view.embedder.embed, max_batch=max_batch, max_waiting=max_waiting
+            )
+    decoding = DecodeGate(concurrency, max_waiting)
 
     app = FastAPI(
         title="nearsight",
@@ -96,12 +110,15 @@ def make_rest_app(
         if not name:
             return by_name[names[0]]
         if name not in by_name:
-            raise ApiError(404, f"no gallery named {name!r} (this server has: {', '.join(names)})")
+            raise ApiError(
+                404, f"no gallery named {_echo(name)!r} (this server has: {', '.join(names)})"
+            )
         return by_name[name]
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, error: ApiError) -> JSONResponse:
-        return JSONResponse({"error": error.message}, status_code=error.status)
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if error.status in (429, 503) else None
+        return JSONResponse({"error": error.message}, status_code=error.status, headers=headers)
 
     @app.exception_handler(NearsightError)
     async def _bad_input(_: Request, error: NearsightError) -> JSONResponse:
@@ -139,11 +156,12 @@ def make_rest_app(
                 {
                     "name": view.name,
                     "items": len(view),
+                    "generation": view.generation,
                     "dim": view.gallery.dim,
                     "index_type": view.gallery.index_type,
                     "meta_keys": view.gallery.meta_keys(),
                 }
-                for view in views
+                for view in list(by_name.values())
             ],
         }
 
@@ -152,7 +170,7 @@ def make_rest_app(
         """A gallery item's catalog row and metadata."""
         view = view_of(gallery)
         try:
-            row = view.row(item_id)
+            row = view.public_row(item_id)
         except NearsightError as error:
             raise ApiError(404, str(error)) from None
         return item_row(row)
@@ -174,10 +192,10 @@ def make_rest_app(
         if len(given) != 1:
             raise ApiError(422, "send exactly one of: image (a file), id, vector")
         view = view_of(gallery)
-        allowed = await run_in_threadpool(view.allowed_ids, filter)
+        allowed = await run_in_threadpool(view.allowed_ids, filter, max_filter_conditions)
         if image is not None:
             batcher = batchers[id(view.embedder)]
-            query = await _embed_upload(image, view, batcher, max_upload_bytes)
+            query = await _embed_upload(image, view, batcher, max_upload_bytes, decoding)
         elif item_id is not None:
             if item_id not in view.rows:
                 raise ApiError(404, f"gallery {view.name} has no item with id {item_id}")
@@ -190,35 +208,79 @@ def make_rest_app(
     return app
 
 
+class DecodeGate:
+    """At most ``concurrency`` decodes at once (a decoded 64 MP image is ~200 MB), and at most
+    ``max_waiting`` requests waiting for one."""
+
+    def __init__(self, concurrency: int, max_waiting: int):
+        self.concurrency = max(1, concurrency)
+        self.max_waiting = max_waiting
+        self._semaphore: asyncio.Semaphore | None = None  # made in the server's event loop
+        self.waiting = 0
+
+    async def run(self, work):
+        if self._semaphore is None:
+            self._semaphore = asyncio.Semaphore(self.concurrency)
+        if self.waiting >= self.max_waiting:
+            raise ApiError(503, f"the server is busy ({self.waiting} uploads waiting): retry")
+        self.waiting += 1
+        try:
+            async with self._semaphore:
+                return await run_in_threadpool(work)
+        finally:
+            self.waiting -= 1
+
+
 async def _embed_upload(
-    upload: UploadFile, view: GalleryView, batcher: EmbedBatcher, max_bytes: int
-) -> Any:
+    upload: UploadFile, view: GalleryView, batcher: EmbedBatcher, max_bytes: int,
+    decoding: DecodeGate,
+) -> Any:  # fmt: skip
     data = await upload.read(max_bytes + 1)
     if len(data) > max_bytes:
         limit = max_bytes / 1024 / 1024
         raise ApiError(413, f"the upload is larger than the server's limit ({limit:g} MB)")
-    name = upload.filename or "<upload>"
+    name = _echo(upload.filename or "<upload>")
 
     def prepare():
         try:
-            image = load_image_bytes(data, name)
+            # the pixel limit is checked from the header; a JPEG is decoded as the gallery's were
+            image = load_image_bytes(data, name, view.embedder.resize)
         except ImageLoadError as error:
             raise ApiError(415, _one_line(str(error))) from None
         return view.embedder.preprocess(image)
 
-    model_input = await run_in_threadpool(prepare)
-    return await asyncio.wrap_future(batcher.submit(model_input))
+    model_input = await decoding.run(prepare)
+    try:
+        future = batcher.submit(model_input)
+    except BatcherFull as error:
+        raise ApiError(503, f"the server is busy ({error}): retry") from None
+    return await asyncio.wrap_future(future)
 
 
 def _parse_vector(text: str | None) -> Any:
+    """A JSON list of numbers; anything else (deep nesting, huge integers) is a 422."""
+    if text is not None and len(text) > 64 * 1024 * 1024:
+        raise ApiError(413, "vector is too long")
     try:
-        return json.loads(text or "")
-    except ValueError:
+        value = json.loads(text or "")
+    except (ValueError, RecursionError):
         raise ApiError(422, "vector must be a JSON list of numbers") from None
+    try:
+        array = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError):
+        raise ApiError(422, "vector must be a JSON list of numbers") from None
+    if array.dtype != np.float64 or array.ndim not in (1, 2):
+        raise ApiError(422, "vector must be a JSON list of numbers")
+    return array
+
+
+def _echo(text: str) -> str:
+    """Request input quoted in a message: at most :data:`MAX_ECHO_CHARS` characters."""
+    return text if len(text) <= MAX_ECHO_CHARS else text[:MAX_ECHO_CHARS] + "..."
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split())
+    return _echo(" ".join(text.split()))
 
 
 def close_rest_app(app: FastAPI) -> None:

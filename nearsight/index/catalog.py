@@ -24,6 +24,7 @@ import json
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,7 +34,7 @@ from urllib.parse import quote
 import numpy as np
 
 from nearsight.core.errors import NearsightError
-from nearsight.index.search.filters import Condition, filter_sql, typed_meta
+from nearsight.index.search.filters import Condition, FilterError, filter_sql, typed_meta
 from nearsight.index.sqlite_db import Database
 
 CATALOG_FILE = "catalog.db"
@@ -56,6 +57,7 @@ ITEM_META_INDEX = "CREATE INDEX IF NOT EXISTS item_meta_key ON item_meta (key, v
 _INSERT_ITEM_META = "INSERT OR REPLACE INTO item_meta (item_id, key, value) VALUES (?, ?, ?)"
 _SQLITE_HEADER = b"SQLite format 3\x00"
 _CHUNK = 500  # ids per "IN (...)" query, well under SQLite's variable limit
+FILTER_TIME_LIMIT_S = 2.0  # one filter query; past it the search is refused
 
 
 class GalleryError(NearsightError):
@@ -218,11 +220,34 @@ class Catalog:
             rows = self._db.execute("SELECT DISTINCT key FROM item_meta ORDER BY key").fetchall()
         return [row[0] for row in rows]
 
-    def filter_ids(self, conditions: Sequence[Condition]) -> np.ndarray:
-        """Sorted int64 ids of the items meeting every condition (index.filters)."""
+    def filter_ids(
+        self, conditions: Sequence[Condition], *, time_limit_s: float = FILTER_TIME_LIMIT_S
+    ) -> np.ndarray:
+        """Sorted int64 ids of the items meeting every condition (index.search.filters).
+
+        The query runs on a connection of its own, read-only and outside the catalog's lock, so
+        a slow filter never makes other searches of the gallery wait; past ``time_limit_s`` it
+        is stopped with a FilterError."""
         sql, params = filter_sql(conditions, has_meta_table=self.has_item_meta())
-        with self._guard():
-            rows = self._db.execute(sql, params).fetchall()
+        uri = f"file:{quote(str(self.path.absolute()))}?mode=ro"
+        try:
+            conn = sqlite3.connect(uri, uri=True)
+        except sqlite3.Error as error:
+            raise GalleryError(f"cannot open gallery catalog {self.path.name}: {error}") from None
+        deadline = time.monotonic() + time_limit_s
+        conn.set_progress_handler(lambda: time.monotonic() > deadline, 10_000)
+        try:
+            rows = conn.execute(sql, params).fetchall()
+        except sqlite3.OperationalError as error:
+            if time.monotonic() > deadline:
+                raise FilterError(
+                    f"the filter took longer than {time_limit_s:g} s: narrow it"
+                ) from None
+            raise FilterError(f"the filter is too complex for the catalog ({error})") from None
+        except sqlite3.DatabaseError as error:
+            raise GalleryError(f"gallery catalog {self.path.name} is damaged: {error}") from None
+        finally:
+            conn.close()
         return np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows))
 
     def get(self, item_id: int) -> dict[str, Any] | None:

@@ -21,6 +21,7 @@ import numpy as np
 from nearsight.core.progress import progress
 from nearsight.index.images import ImageLoadError, load_image
 from nearsight.models.preprocess import test_transform
+from nearsight.models.spec import default_resize
 
 
 class ImagePaths:
@@ -30,13 +31,14 @@ class ImagePaths:
         self.paths = [Path(p) for p in paths]
         self.transform = test_transform(image_size, resize)
         self.image_size = image_size
+        self.min_side = resize or default_resize(image_size)  # JPEG draft decoding
 
     def __len__(self) -> int:
         return len(self.paths)
 
     def __getitem__(self, index: int) -> tuple[int, np.ndarray | None, str]:
         try:
-            image = load_image(self.paths[index])
+            image = load_image(self.paths[index], self.min_side)
         except ImageLoadError as error:
             return index, None, str(error)
         return index, self.transform(image), ""

@@ -1,4 +1,5 @@
-"""The one image loader: any file Pillow reads becomes a fully decoded 8-bit RGB image.
+"""The one image loader: any file Pillow reads becomes a decoded 8-bit RGB image (a large JPEG
+at 1/2, 1/4 or 1/8 scale when the caller needs no more pixels).
 
 Every part of nearsight (training, indexing, search, the page) loads images through
 :func:`load_image` or :func:`load_image_bytes`, so they all see the same pixels:
@@ -20,10 +21,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import math
 import os
 import struct
 import threading
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -76,8 +79,15 @@ class ImageLoadError(NearsightError):
         return cls(f"cannot read image {name}: {reason}", path=name, reason=reason)
 
 
-def load_image(path: str | os.PathLike[str]) -> Image.Image:
-    """Read the image file at ``path`` as a fully decoded RGB image (see the module docstring)."""
+MinSide = int | Callable[[int, int], int] | None
+
+
+def load_image(path: str | os.PathLike[str], min_side: MinSide = None) -> Image.Image:
+    """Read the image file at ``path`` as a decoded RGB image (see the module docstring).
+    ``min_side``: the short side the caller needs (an int, or a function of the file's width
+    and height); a JPEG that large is decoded at 1/2, 1/4 or 1/8 scale when that still leaves
+    it (:func:`draft_scale`). Every caller that embeds for one gallery passes the same value,
+    so a query equal to a gallery file decodes to the same pixels."""
     name = os.fspath(path)
     try:
         if os.path.isdir(name):
@@ -85,7 +95,7 @@ def load_image(path: str | os.PathLike[str]) -> Image.Image:
         if os.path.isfile(name) and os.path.getsize(name) == 0:
             raise ImageLoadError.for_file(name, "the file is empty")
         with open(name, "rb") as handle:
-            return _decode(handle, name)
+            return _decode(handle, name, min_side)
     except FileNotFoundError:
         raise ImageLoadError.for_file(name, "no such file") from None
     except PermissionError:
@@ -94,11 +104,27 @@ def load_image(path: str | os.PathLike[str]) -> Image.Image:
         raise ImageLoadError.for_file(name, error.strerror or str(error)) from None
 
 
-def load_image_bytes(data: bytes, name: str = "<upload>") -> Image.Image:
-    """Decode an image held in memory (an upload); ``name`` is what error messages call it."""
+def load_image_bytes(
+    data: bytes, name: str = "<upload>", min_side: MinSide = None
+) -> Image.Image:
+    """Decode an image held in memory (an upload); ``name`` is what error messages call it,
+    ``min_side`` as for :func:`load_image`."""
     if not data:
         raise ImageLoadError.for_file(name, "the file is empty")
-    return _decode(io.BytesIO(data), name)
+    return _decode(io.BytesIO(data), name, min_side)
+
+
+def draft_request(width: int, height: int, min_side: MinSide) -> tuple[int, int] | None:
+    """The size to ask a JPEG decoder for (Pillow's ``draft``, libjpeg's DCT scaling picks the
+    smallest of 1, 1/2, 1/4, 1/8 that is at least this large), or None to decode every pixel."""
+    if min_side is None:
+        return None
+    need = min_side(width, height) if callable(min_side) else int(min_side)
+    short = min(width, height)
+    if need <= 0 or short < 2 * need:  # not even half the pixels may go
+        return None
+    scale = need / short
+    return math.ceil(width * scale), math.ceil(height * scale)
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
@@ -128,9 +154,13 @@ def describe_image_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     return info
 
 
-def _decode(stream, name: str) -> Image.Image:
+def _decode(stream, name: str, min_side: MinSide = None) -> Image.Image:
     try:
         with _open_checked(stream, name) as image:
+            if image.format == "JPEG":
+                request = draft_request(*image.size, min_side)
+                if request is not None:
+                    image.draft("RGB", request)
             image.load()
             image = ImageOps.exif_transpose(image)
         return _to_rgb(image)

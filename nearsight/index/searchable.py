@@ -83,7 +83,8 @@ class SearchableGallery:
     ) -> list[list[dict[str, Any]]]:
         """:meth:`search` of several images, embedded in one batch."""
         k = _check_k(k)
-        decoded = [as_image(image) for image in images]  # one-line errors before the model loads
+        # one-line errors before the model loads; JPEGs decoded as the gallery's were
+        decoded = [as_image(image, self.embedder.resize) for image in images]
         if not decoded:
             return []
         return self._rows(self.embedder.embed_images(decoded), k, filters)
@@ -131,13 +132,7 @@ class SearchableGallery:
         return f"SearchableGallery({str(self.path)!r}, items={len(self)})"
 
 
-def _check_k(k: Any) -> int:
-    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
-        raise NearsightError(f"k must be a whole number of at least 1, got {k!r}")
-    return int(k)
-
-
-def as_image(image: ImageLike) -> Image.Image:
+def as_image(image: ImageLike, min_side: int | None = None) -> Image.Image:
     """A query as an RGB PIL image; paths are read by :func:`index.images.load_image` (one-line
     errors for missing or unreadable files)."""
     if isinstance(image, Image.Image):
@@ -156,7 +151,7 @@ def as_image(image: ImageLike) -> Image.Image:
             array = (np.clip(array, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
         return Image.fromarray(np.ascontiguousarray(array)).convert("RGB")
     if isinstance(image, str | os.PathLike):
-        return load_image(Path(image))
+        return load_image(Path(image), min_side)
     raise NearsightError(
         f"a query image is a file path, a PIL image or a numpy array, not {type(image).__name__}"
     )

@@ -35,7 +35,8 @@ import numpy as np
 from PIL import Image
 
 from nearsight.core.errors import NearsightError
-from nearsight.models.onnx_session import default_providers, open_session, physical_cores
+from nearsight.core.threads import physical_cores, worker_threads  # noqa: F401  (re-exported)
+from nearsight.models.onnx_session import default_providers, open_session
 from nearsight.models.preprocess import test_transform
 from nearsight.models.spec import SPEC_KEY, ModelSpec, spec_from_checkpoint, spec_from_onnx_metadata
 
@@ -242,7 +243,7 @@ class OnnxEmbedder(_EmbedderBase):
         if optimization not in levels:
             raise NearsightError(f"optimization must be all or extended, got {optimization!r}")
         options.graph_optimization_level = levels[optimization]
-        options.intra_op_num_threads = threads or physical_cores()
+        options.intra_op_num_threads = worker_threads(threads)
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.log_severity_level = 3  # errors only: no per-node placement warnings

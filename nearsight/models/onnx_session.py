@@ -17,24 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from nearsight.core.errors import NearsightError
-
-
-def physical_cores() -> int:
-    """Physical cores this process may run on (hyper-threads counted once)."""
-    try:
-        allowed = sorted(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
-    cores = set()
-    for cpu in allowed:
-        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
-        try:
-            package = (topology / "physical_package_id").read_text().strip()
-            core = (topology / "core_id").read_text().strip()
-        except OSError:
-            return max(1, len(allowed))
-        cores.add((package, core))
-    return max(1, len(cores))
+from nearsight.core.threads import physical_cores, worker_threads  # noqa: F401  (re-exported)
 
 
 def _cuda_works() -> bool:

@@ -4,6 +4,7 @@ created, so importing this module costs nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -12,15 +13,25 @@ import numpy as np
 
 from nearsight.core.errors import NearsightError
 from nearsight.models.embedder import _EmbedderBase, checkpoint_metadata
+from nearsight.models.hardware import resolve_fast_math
 
 if TYPE_CHECKING:
     import torch
 
 
 class TorchEmbedder(_EmbedderBase):
-    """A training checkpoint (``best.pt``) run by torch; ``device``: auto | cpu | cuda."""
+    """A training checkpoint (``best.pt``) run by torch; ``device``: auto | cpu | cuda. bf16
+    autocast and channels_last follow the hardware as in training (``amp``/``channels_last``
+    ``"auto"``), or are set by the caller."""
 
-    def __init__(self, checkpoint_path: str | os.PathLike[str], device: str = "auto") -> None:
+    def __init__(
+        self,
+        checkpoint_path: str | os.PathLike[str],
+        device: str = "auto",
+        *,
+        amp: bool | str = "auto",
+        channels_last: bool | str = "auto",
+    ) -> None:
         import torch
 
         from nearsight.models.checkpoint import load_checkpoint, load_embedding_net
@@ -35,6 +46,13 @@ class TorchEmbedder(_EmbedderBase):
         self.device = device
         payload = load_checkpoint(self.path)  # one-line errors for missing/foreign files
         self.net = load_embedding_net(self.path, map_location=device)
+        # the same choice as training (nearsight/models/hardware.py); amp/channels_last: auto,
+        # True or False
+        self.amp, self.channels_last, self.precision_note = resolve_fast_math(
+            amp, channels_last, cuda=device == "cuda"
+        )
+        if self.channels_last:
+            self.net.to(memory_format=torch.channels_last)
         self._init_metadata(checkpoint_metadata(payload, self.model_sha256))
 
     def embed(self, images: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -44,6 +62,17 @@ class TorchEmbedder(_EmbedderBase):
         batch = torch.as_tensor(images, dtype=torch.float32)
         if batch.shape[0] == 0:
             return np.zeros((0, self.dim), np.float32)
-        with torch.inference_mode():
-            out = self.net(batch.to(self.device))
-        return self._check_output(out.float().cpu().numpy(), len(batch))
+        batch = batch.to(self.device)
+        if self.channels_last:
+            batch = batch.contiguous(memory_format=torch.channels_last)
+        autocast = (
+            torch.autocast(self.device, dtype=torch.bfloat16)
+            if self.amp
+            else contextlib.nullcontext()
+        )
+        with torch.inference_mode(), autocast:
+            out = self.net(batch)
+        out = out.float()
+        if self.amp:  # bf16 rounding leaves the norm off 1 by ~1e-3: renormalise in float32
+            out = torch.nn.functional.normalize(out, dim=1)
+        return self._check_output(out.cpu().numpy(), len(batch))

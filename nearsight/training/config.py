@@ -152,8 +152,10 @@ class TrainConfig:
     ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda
-    amp: bool = True  # bf16 autocast on CUDA (ignored on CPU)
-    channels_last: bool = True  # on CUDA
+    # auto: on where the hardware runs bf16 natively (CUDA, AVX512-BF16/AMX CPUs); the losses
+    # compute in float32 either way (nearsight/models/hardware.py)
+    amp: bool | str = "auto"  # bf16 autocast
+    channels_last: bool | str = "auto"
     log_every: int = 10
     # the settings resolve_defaults chose (dotted names); written into config.yaml
     auto: list[str] = field(default_factory=list)
@@ -295,6 +297,9 @@ def validate(config: TrainConfig) -> None:
     from nearsight.training.samplers import SAMPLERS
 
     _check_types(config, "")
+    for name in ("amp", "channels_last"):
+        if isinstance(getattr(config, name), str) and getattr(config, name) != "auto":
+            raise ConfigError(f"config {name} must be auto, true or false, got {getattr(config, name)!r}")
     if config.loss.name not in LOSSES:
         raise ConfigError(
             f"unknown loss {config.loss.name!r}; valid losses: {', '.join(sorted(LOSSES))}"

@@ -12,6 +12,7 @@ network did not train on without looking at the test classes.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -62,6 +63,23 @@ def train_transform(image_size: int, crop_scale: Sequence[float], flip: bool):
     return T.Compose(steps)
 
 
+SMALLEST_CROP_RATIO = 3 / 4  # RandomResizedCrop's default aspect ratios: 3/4 to 4/3
+
+
+def train_min_side(image_size: int, crop_scale: Sequence[float]):
+    """The short side a training image must keep so that RandomResizedCrop's smallest crop
+    (``crop_scale[0]`` of the area, at the narrowest aspect ratio) still has ``image_size``
+    pixels across: a JPEG is draft-decoded only when that holds (nearsight/index/images.py).
+    A function of the image's width and height."""
+
+    def min_side(width: int, height: int) -> int:
+        short, long = min(width, height), max(width, height)
+        smallest_crop = math.sqrt(crop_scale[0] * short * long * SMALLEST_CROP_RATIO)
+        return math.ceil(short * image_size / smallest_crop)
+
+    return min_side
+
+
 class SeededTrainDataset(Dataset):
     """Items are ``(sample_index, augmentation_seed)`` pairs from :class:`SeededBatches`.
 
@@ -80,6 +98,7 @@ class SeededTrainDataset(Dataset):
     ):
         self.samples = list(samples)
         self.transform = train_transform(image_size, crop_scale, flip)
+        self.min_side = train_min_side(image_size, crop_scale)
         by_class: dict[int, list[int]] = {}
         for i, sample in enumerate(self.samples):
             by_class.setdefault(sample.label, []).append(i)
@@ -105,7 +124,7 @@ class SeededTrainDataset(Dataset):
         for offset in range(len(members)):
             candidate = members[(start + offset) % len(members)]
             try:
-                return load_image(self.samples[candidate].path)
+                return load_image(self.samples[candidate].path, self.min_side)
             except ImageLoadError as error:
                 if candidate not in self._reported:
                     self._reported.add(candidate)

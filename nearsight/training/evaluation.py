@@ -19,6 +19,7 @@ from nearsight.index.embed import embed_paths
 from nearsight.index.images import ImageLoadError, load_image
 from nearsight.index.metrics import evaluate
 from nearsight.models.preprocess import test_transform
+from nearsight.models.spec import default_resize
 from nearsight.training.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -36,11 +37,13 @@ class EvalSplit:
             self._load_tensors()
 
     def _load_tensors(self) -> None:
-        transform = test_transform(self.config.data.image_size, self.config.data.resize)
+        size, resize = self.config.data.image_size, self.config.data.resize
+        transform = test_transform(size, resize)
+        min_side = resize or default_resize(size)  # JPEG draft decoding, as galleries do
         tensors, ok = [], np.zeros(len(self.split), dtype=bool)
         for i, sample in enumerate(self.split.samples):
             try:
-                tensors.append(torch.from_numpy(transform(load_image(sample.path))))
+                tensors.append(torch.from_numpy(transform(load_image(sample.path, min_side))))
                 ok[i] = True
             except ImageLoadError as error:
                 log.warning("skipped in evaluation: %s", error)

@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 from nearsight.core.errors import NearsightError
 from nearsight.index.datasets import DatasetSplit, load_dataset
+from nearsight.models.hardware import resolve_fast_math
 from nearsight.training.builders import (
     build_critic_optimizer,
     build_model,
@@ -112,6 +113,13 @@ class Trainer:
         self.test = EvalSplit(test, config)
         self.val = EvalSplit(val, config) if val is not None else None
         self.model = build_model(config, self.device)
+        self.amp, self.channels_last, chosen = resolve_fast_math(
+            config.amp, config.channels_last, cuda=self.cuda
+        )
+        if self.channels_last:
+            self.model.to(memory_format=torch.channels_last)
+        if self.dist.main:
+            print(f"precision: {chosen}", file=sys.stderr)
         self.sampler = build_train_sampler(config, train.labels)
         if self.sampler.batch_size % self.dist.world:
             raise NearsightError(
@@ -248,7 +256,7 @@ class Trainer:
         model, loss_fn = self.train_model, self.loss_fn
         model.train()
         images = images.to(self.device, non_blocking=True)
-        if self.cuda and self.config.channels_last:
+        if self.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
         labels = labels.to(self.device)
         grad = torch.no_grad() if critic else contextlib.nullcontext()
@@ -288,8 +296,8 @@ class Trainer:
         return float(loss.detach())
 
     def _autocast(self):
-        if self.cuda and self.config.amp:
-            return torch.autocast("cuda", dtype=torch.bfloat16)
+        if self.amp:
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
     # -- logs ---------------------------------------------------------------------------
@@ -329,12 +337,14 @@ class Trainer:
         return "val/recall@1" if self.val is not None else "recall@1"
 
     def _evaluate_and_save(self, state: TrainState) -> None:
+        # in fp32, as the exported ONNX model runs: best.pt is chosen by the numbers its gallery
+        # will show (bf16 rounding flips near-ties on small sets)
         if self.dist.main:
-            metrics = self.test.evaluate(self.model, self.device, self._autocast)
+            metrics = self.test.evaluate(self.model, self.device)
             state.last_metrics = metrics
             record: dict[str, Any] = dict(metrics)
             if self.val is not None:
-                val = self.val.evaluate(self.model, self.device, self._autocast)
+                val = self.val.evaluate(self.model, self.device)
                 record.update({f"val/{k}": v for k, v in val.items()})
             self.files.append_metrics(
                 {"step": state.step, "batch": state.batch, "epoch": state.epoch, **record}

@@ -56,6 +56,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "KEY>=N, KEY>N, KEY<=N, KEY<N over metadata columns and label, class_name, split",
     )
     parser.add_argument(
+        "--max-filter-conditions",
+        type=int,
+        default=None,
+        help="distinct --filter conditions allowed (default 32; repeats count once)",
+    )
+    parser.add_argument(
         "--json",
         action="store_true",
         help='print a JSON list of {"id", "path", "label", "class_name", "distance", "meta"}',
@@ -76,7 +82,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_search(args: argparse.Namespace) -> int:
     from nearsight.core.errors import NearsightError
-    from nearsight.index.search.filters import parse_filters
+    from nearsight.index.search.filters import merge_conditions, parse_filters
 
     if args.k < 1:
         raise NearsightError(f"--k must be at least 1, got {args.k}")
@@ -86,7 +92,8 @@ def run_search(args: argparse.Namespace) -> int:
         raise NearsightError(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.workers < 0:
         raise NearsightError(f"--workers must be 0 or more, got {args.workers}")
-    conditions = parse_filters(args.filter)  # a bad filter fails before the model loads
+    # a bad filter fails before the model loads
+    conditions = merge_conditions(parse_filters(args.filter), args.max_filter_conditions)
     if args.queries is not None:
         return _run_batch(args, conditions)
     results = _search_one(args, conditions)

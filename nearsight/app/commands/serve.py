@@ -66,9 +66,42 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--api-key",
-        help="key the REST API (/api/search, /api/items) requires in the X-API-Key header "
-        "(default: the NEARSIGHT_API_KEY environment variable; required when --host is not "
-        "a loopback address)",
+        help="key every route but /api/health requires: X-API-Key or Authorization: Bearer "
+        "for API clients, a sign-in form for browsers (default: --api-key-file, else the "
+        "NEARSIGHT_API_KEY environment variable; required when --host is not a loopback "
+        "address). Prefer the file or the variable: a flag shows in `ps`",
+    )
+    parser.add_argument("--api-key-file", type=Path, help="read the API key from this file")
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=256,
+        help="open connections beyond this get 503 (default 256)",
+    )
+    parser.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a new connection may take to send its request headers (default 10)",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a request body may stall between chunks before a 408 (default 30)",
+    )
+    parser.add_argument(
+        "--max-filter-conditions",
+        type=int,
+        default=None,
+        help="distinct conditions one search's filter may hold (default 32; repeats count once)",
+    )
+    parser.add_argument(
+        "--watch-interval",
+        type=float,
+        default=1.0,
+        help="seconds between looks at the galleries' files: changes made by `index add`, "
+        "`remove` or `compact` while serving are picked up (0: never; default 1)",
     )
     parser.add_argument(
         "--show-paths",
@@ -90,6 +123,18 @@ def run_serve(args: argparse.Namespace) -> int:
         raise NearsightError(f"--concurrency must be at least 1, got {args.concurrency}")
     if args.max_queue < 1:
         raise NearsightError(f"--max-queue must be at least 1, got {args.max_queue}")
+    if args.max_filter_conditions is not None and args.max_filter_conditions < 1:
+        raise NearsightError(
+            f"--max-filter-conditions must be at least 1, got {args.max_filter_conditions}"
+        )
+    if args.max_connections < 1:
+        raise NearsightError(f"--max-connections must be at least 1, got {args.max_connections}")
+    if not args.header_timeout > 0:
+        raise NearsightError(f"--header-timeout must be positive, got {args.header_timeout}")
+    if not args.body_timeout > 0:
+        raise NearsightError(f"--body-timeout must be positive, got {args.body_timeout}")
+    if args.watch_interval < 0:
+        raise NearsightError(f"--watch-interval must be 0 or more, got {args.watch_interval}")
     if args.analysis_max_items < 0:
         raise NearsightError(
             f"--analysis-max-items must be 0 or more, got {args.analysis_max_items}"
@@ -98,8 +143,9 @@ def run_serve(args: argparse.Namespace) -> int:
     _check_address(args.host, args.port)  # before minutes of loading galleries
     api_key = _api_key(args)
 
-    from nearsight.app.page import build_app, launch_app
+    from nearsight.app.page import build_app
     from nearsight.app.rest import close_rest_app
+    from nearsight.app.server import launch_app
 
     demo = build_app(
         args.gallery,
@@ -119,6 +165,11 @@ def run_serve(args: argparse.Namespace) -> int:
             prevent_thread_lock=True,
             quiet=True,
             api_key=api_key,
+            max_filter_conditions=args.max_filter_conditions,
+            watch_interval=args.watch_interval,
+            max_connections=args.max_connections,
+            body_timeout_s=args.body_timeout,
+            header_timeout_s=args.header_timeout,
         )
     except OSError as error:  # the port is taken, or the address is not ours
         demo.nearsight.close()
@@ -147,7 +198,17 @@ def _api_key(args: argparse.Namespace) -> str | None:
     from nearsight.app.rest import API_KEY_ENV
     from nearsight.core.errors import NearsightError
 
-    key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
+    key = args.api_key
+    if key is None and args.api_key_file is not None:
+        try:
+            key = args.api_key_file.read_text().strip()
+        except (OSError, UnicodeDecodeError) as error:
+            reason = getattr(error, "strerror", None) or "not text"
+            raise NearsightError(f"cannot read --api-key-file {args.api_key_file}: {reason}") from None
+        if not key:
+            raise NearsightError(f"--api-key-file {args.api_key_file} is empty")
+    if key is None:
+        key = os.environ.get(API_KEY_ENV)
     key = (key or "").strip() or None
     if key is None and not _is_loopback(args.host):
         raise NearsightError(

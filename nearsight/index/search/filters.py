@@ -28,6 +28,8 @@ FILTERABLE_BUILTINS = ("id", "label", "class_name", "split", "width", "height")
 KEY_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,63}")
 OPERATORS = (">=", "<=", "!=", ">", "<", "=")  # longest first: ">=" before ">" and "="
 RANGE_OPERATORS = (">=", "<=", ">", "<")
+MAX_FILTER_CONDITIONS = 32  # distinct conditions in one search; serve/search raise it by a flag
+MAX_ECHO_CHARS = 80  # a message quoting a filter quotes at most this much of it
 _FILTER = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_.\-]*)\s*(>=|<=|!=|>|<|=)(.*)", re.DOTALL)
 
 
@@ -45,6 +47,10 @@ class Condition:
 
     def __str__(self) -> str:
         return f"{self.key}{self.op}{self.value}"
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= MAX_ECHO_CHARS else text[:MAX_ECHO_CHARS] + "..."
 
 
 def typed_value(text: str) -> MetaValue | None:
@@ -69,7 +75,7 @@ def check_key(key: str, *, builtin_ok: bool = False) -> str:
     key = key.strip()
     if not KEY_PATTERN.fullmatch(key):
         raise FilterError(
-            f"bad metadata key {key!r}: use letters, digits, '_', '.', '-' (a letter or '_' "
+            f"bad metadata key {_short(key)!r}: use letters, digits, '_', '.', '-' (a letter or '_' "
             "first, at most 64 characters)"
         )
     if not builtin_ok and key in BUILTIN_KEYS:
@@ -117,7 +123,7 @@ def parse_filter(text: str) -> Condition:
     match = _FILTER.fullmatch(text)
     if not match:
         raise FilterError(
-            f"bad filter {text!r}: use KEY=VALUE, KEY!=VALUE, KEY>=N, KEY>N, KEY<=N or KEY<N"
+            f"bad filter {_short(text)!r}: use KEY=VALUE, KEY!=VALUE, KEY>=N, KEY>N, KEY<=N or KEY<N"
         )
     key, op, raw = match.group(1), match.group(2), match.group(3)
     check_key(key, builtin_ok=True)
@@ -125,9 +131,11 @@ def parse_filter(text: str) -> Condition:
         raise FilterError(f"cannot filter on {key!r}")
     value = typed_value(raw)
     if value is None:
-        raise FilterError(f"bad filter {text!r}: no value after {op!r}")
+        raise FilterError(f"bad filter {_short(text)!r}: no value after {op!r}")
     if op in RANGE_OPERATORS and isinstance(value, str):
-        raise FilterError(f"bad filter {text!r}: {op} needs a number, got {value!r}")
+        raise FilterError(
+            f"bad filter {_short(text)!r}: {op} needs a number, got {_short(str(value))!r}"
+        )
     return Condition(key, op, value)
 
 
@@ -144,13 +152,30 @@ def parse_filters(texts: Iterable[str] | str | None) -> list[Condition]:
     return [parse_filter(part) for part in parts]
 
 
+def merge_conditions(
+    conditions: Sequence[Condition], max_conditions: int | None = None
+) -> list[Condition]:
+    """``conditions`` with repeats removed (first occurrence kept); a FilterError when more
+    than ``max_conditions`` (default :data:`MAX_FILTER_CONDITIONS`) distinct ones remain."""
+    limit = MAX_FILTER_CONDITIONS if max_conditions is None else max_conditions
+    merged = list(dict.fromkeys(conditions))
+    if len(merged) > limit:
+        raise FilterError(
+            f"{len(merged)} distinct filter conditions: the limit is {limit} "
+            "(serve and search raise it with --max-filter-conditions)"
+        )
+    return merged
+
+
 def filter_sql(conditions: Sequence[Condition], *, has_meta_table: bool) -> tuple[str, list]:
     """``SELECT id FROM items WHERE ...`` holding ``conditions`` (all of them), with its
-    parameters. Without an ``item_meta`` table (a catalog older than metadata) a condition on
-    a metadata key matches nothing."""
+    parameters. Conditions on one metadata key share one look-up of ``item_meta`` (an item
+    has one value per key, so they all test that value). Without an ``item_meta`` table (a
+    catalog older than metadata) a condition on a metadata key matches nothing."""
     clauses: list[str] = []
     params: list[MetaValue] = []
-    for condition in conditions:
+    by_key: dict[str, list[Condition]] = {}
+    for condition in merge_conditions(conditions, max_conditions=len(conditions)):
         numeric = condition.op in RANGE_OPERATORS
         if condition.key in FILTERABLE_BUILTINS:
             column = condition.key
@@ -167,16 +192,27 @@ def filter_sql(conditions: Sequence[Condition], *, has_meta_table: bool) -> tupl
         if not has_meta_table:
             clauses.append("1 = 0" if condition.op != "!=" else "1 = 1")
             continue
-        test = f"value {condition.op} ?"
-        if numeric:
-            test = f"typeof(value) IN ('integer', 'real') AND {test}"
-        inner = f"SELECT item_id FROM item_meta WHERE key = ? AND {test}"
-        if condition.op == "!=":  # an item without the key differs from the value too
-            inner = "SELECT item_id FROM item_meta WHERE key = ? AND value = ?"
-            clauses.append(f"id NOT IN ({inner})")
-        else:
-            clauses.append(f"id IN ({inner})")
-        params.extend([condition.key, condition.value])
+        by_key.setdefault(condition.key, []).append(condition)
+    for key, on_key in by_key.items():
+        holds = [c for c in on_key if c.op != "!="]
+        differs = [c for c in on_key if c.op == "!="]
+        if holds:
+            tests = []
+            for condition in holds:
+                test = f"value {condition.op} ?"
+                if condition.op in RANGE_OPERATORS:
+                    test = f"typeof(value) IN ('integer', 'real') AND {test}"
+                tests.append(f"({test})")
+            clauses.append(
+                f"id IN (SELECT item_id FROM item_meta WHERE key = ? AND {' AND '.join(tests)})"
+            )
+            params.extend([key, *(c.value for c in holds)])
+        if differs:  # an item without the key differs from the value too
+            marks = ", ".join("?" * len(differs))
+            clauses.append(
+                f"id NOT IN (SELECT item_id FROM item_meta WHERE key = ? AND value IN ({marks}))"
+            )
+            params.extend([key, *(c.value for c in differs)])
     where = " AND ".join(clauses) if clauses else "1 = 1"
     return f"SELECT id FROM items WHERE {where} ORDER BY id", params
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from nearsight.core.errors import NearsightError
 from nearsight.index.gallery.core import Gallery
-from nearsight.index.search.filters import Condition, parse_filters
+from nearsight.index.search.filters import Condition, merge_conditions, parse_filters
 
 
 def item_vector(gallery: Gallery, item_id: int) -> np.ndarray:
@@ -50,9 +50,13 @@ def check_vector(gallery: Gallery, vector: Any) -> np.ndarray:
 
 
 def allowed_ids(
-    gallery: Gallery, filters: Sequence[str | Condition] | str | None
+    gallery: Gallery,
+    filters: Sequence[str | Condition] | str | None,
+    max_conditions: int | None = None,
 ) -> np.ndarray | None:
-    """Ids meeting every filter, or None when there is no filter (search everything)."""
+    """Ids meeting every filter, or None when there is no filter (search everything).
+    Repeated conditions count once; more than ``max_conditions`` distinct ones (default
+    :data:`~nearsight.index.search.filters.MAX_FILTER_CONDITIONS`) is a FilterError."""
     if filters is None:
         return None
     if isinstance(filters, str):
@@ -61,6 +65,7 @@ def allowed_ids(
         conditions = [
             c for f in filters for c in ([f] if isinstance(f, Condition) else parse_filters(f))
         ]
+    conditions = merge_conditions(conditions, max_conditions)
     if not conditions:
         return None
     return gallery.filter_ids(conditions)
