@@ -7,8 +7,8 @@ embedding-reader for a dozen lines of rules. The rules, for N vectors of dim D a
 budget B bytes:
 
 1. N < 1,000: flat (autofaiss) -- nearsight keeps exact search further, up to 1M items while
-   the flat index fits in B: evaluation and the demo's numbers stay exact, and a flat search of
-   1M x 128 takes tens of milliseconds;
+   the flat index fits in B: evaluation and the demo's numbers stay exact (search times by
+   size: docs/scale.md);
 2. HNSW when a graph of M >= 8 links fits: M = floor((B / (4 N) - D) / 2) (autofaiss; nearsight
    builds M = index.faiss_index.HNSW_M, so it asks for 4 (D + 2 M) + 8 bytes per item);
 3. below 1M items (or with a GPU) an IVF-Flat that fits B (autofaiss's ivf_flat_threshold);
