@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from nearsight.index.rerank import alpha_qe, dba, k_reciprocal_distance, parse_rerank
+from nearsight.index.rerank import alpha_qe, k_reciprocal_distance, parse_rerank
+from nearsight.index.rerank.dba import dba
 
 
 def _unit(x):

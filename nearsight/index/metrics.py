@@ -140,6 +140,7 @@ def evaluate(
     queries: int | None = None,
     reorder: Reorder | None = None,
     reorder_depth: int = 0,
+    with_nmi: bool = True,
 ) -> dict[str, float | int]:
     """All metrics in the `nearsight eval --json` shape:
     {"recall@1": ..., "recall@2": ..., ..., "nmi": ..., "map@r": ..., "queries": Q}.
@@ -163,7 +164,8 @@ def evaluate(
         reorder_depth=reorder_depth,
     )
     result: dict[str, float | int] = {f"recall@{k}": value for k, value in recalls.items()}
-    result["nmi"] = nmi(vectors, codes, seed=seed, init=nmi_init)
+    if with_nmi:  # without: the retrieval metrics only (tuning a re-ranking)
+        result["nmi"] = nmi(vectors, codes, seed=seed, init=nmi_init)
     result["map@r"] = mean_ap
     result["queries"] = len(vectors) if query_ids is None else len(query_ids)
     return result

@@ -47,6 +47,7 @@ def evaluate_gallery(
     ks: Sequence[int] | None = None,
     queries: int | None = None,
     rerank: RerankSpec | str | None = None,
+    with_nmi: bool = True,
 ) -> dict[str, float | int]:
     """index.metrics.evaluate's dict (recall@k..., nmi, map@r, queries) of ``gallery``;
     ``queries``: only a seeded sample of that many labelled items query; ``rerank``: each
@@ -77,7 +78,7 @@ def evaluate_gallery(
     init = "k-means++" if classes <= EXACT_KMEANSPP_MAX_CLASSES else "afk-mc2"
     ks = tuple(ks or default_ks(gallery))
     if not spec.active:
-        return evaluate(vectors, labels, ks, nmi_init=init, queries=queries)
+        return evaluate(vectors, labels, ks, nmi_init=init, queries=queries, with_nmi=with_nmi)
     source = MatrixSource(vectors)
 
     def reorder(query_rows: np.ndarray, neighbours: np.ndarray) -> np.ndarray:
@@ -92,4 +93,5 @@ def evaluate_gallery(
         queries=queries,
         reorder=reorder,
         reorder_depth=spec.depth,
+        with_nmi=with_nmi,
     )
