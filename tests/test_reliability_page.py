@@ -234,7 +234,7 @@ def test_the_apis_take_only_files_uploaded_to_this_server(server):
         def inputs(api: str, path: str | Path) -> list:
             if api == "search":
                 return [file_data(path), 3, "gallery"]
-            return ["gallery", file_data(path), 3, "-1", ""]  # the page's upload events (+ filter)
+            return ["gallery", file_data(path), 3, "-1", "", False]  # upload events (+ filter, rerank)
 
         for api in ("search", "search_grid", "image_changed"):
             kind, outputs = call(http, server.url, api, inputs(api, uploaded))
