@@ -18,10 +18,12 @@ from PIL import Image
 from nearsight.core.errors import NearsightError
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.images import load_image
-from nearsight.index.search.query import check_vector, item_vector, search_rows
+from nearsight.index.rerank.spec import RerankSpec
+from nearsight.index.search.query import check_vector, item_vector, resolve_rerank, search_rows
 
 ImageLike = str | os.PathLike[str] | Image.Image | np.ndarray
 Filters = str | Sequence[str] | None
+Rerank = RerankSpec | str | None
 
 
 def _check_k(k: Any) -> int:
@@ -68,18 +70,24 @@ class SearchableGallery:
         return len(self.gallery)
 
     def search(
-        self, image: ImageLike, k: int = 8, *, filters: Filters = None
+        self, image: ImageLike, k: int = 8, *, filters: Filters = None, rerank: Rerank = None
     ) -> list[dict[str, Any]]:
         """The ``k`` nearest gallery items of ``image`` (a file path, a PIL image, or an array
         H x W x 3 / H x W of uint8, or of floats in [0, 1]), nearest first: dicts with rank, id,
         path, label, class_name, distance (Euclidean between unit vectors, 0 to 2) and meta
         (the item's extra columns). ``filters``: search only items matching all of them
         (``"shop=north"``, ``["price>=10", "price<20"]``; inside FAISS, so k items come back
-        whenever k match)."""
-        return self.search_many([image], k, filters=filters)[0]
+        whenever k match). ``rerank``: re-rank the candidates (``"aqe:k=2,alpha=3"``,
+        nearsight.index.rerank; ``"none"`` for off); default: the gallery's stored choice."""
+        return self.search_many([image], k, filters=filters, rerank=rerank)[0]
 
     def search_many(
-        self, images: Sequence[ImageLike], k: int = 8, *, filters: Filters = None
+        self,
+        images: Sequence[ImageLike],
+        k: int = 8,
+        *,
+        filters: Filters = None,
+        rerank: Rerank = None,
     ) -> list[list[dict[str, Any]]]:
         """:meth:`search` of several images, embedded in one batch."""
         k = _check_k(k)
@@ -87,37 +95,42 @@ class SearchableGallery:
         decoded = [as_image(image, self.embedder.resize) for image in images]
         if not decoded:
             return []
-        return self._rows(self.embedder.embed_images(decoded), k, filters)
+        return self._rows(self.embedder.embed_images(decoded), k, filters, rerank)
 
     def search_vector(
-        self, vector: Any, k: int = 8, *, filters: Filters = None
+        self, vector: Any, k: int = 8, *, filters: Filters = None, rerank: Rerank = None
     ) -> list[dict[str, Any]]:
         """:meth:`search` by an embedding of the gallery's dim (made unit length here), e.g.
         one from :func:`load_embedder` or from another system that uses the same model."""
-        return self._rows(check_vector(self.gallery, vector)[:1], _check_k(k), filters)[0]
+        vector = check_vector(self.gallery, vector)[:1]
+        return self._rows(vector, _check_k(k), filters, rerank)[0]
 
     def search_item(
-        self, item_id: int, k: int = 8, *, filters: Filters = None
+        self, item_id: int, k: int = 8, *, filters: Filters = None, rerank: Rerank = None
     ) -> list[dict[str, Any]]:
         """:meth:`search` by a gallery item's stored embedding (the item itself comes first,
         at distance 0, unless a filter leaves it out)."""
         vector = item_vector(self.gallery, int(item_id))
-        return self._rows(vector, _check_k(k), filters)[0]
+        return self._rows(vector, _check_k(k), filters, rerank)[0]
 
-    def _rows(self, vectors: np.ndarray, k: int, filters: Filters) -> list[list[dict[str, Any]]]:
-        answers = search_rows(self.gallery, vectors, k, filters=filters)
+    def _rows(
+        self, vectors: np.ndarray, k: int, filters: Filters, rerank: Rerank
+    ) -> list[list[dict[str, Any]]]:
+        answers = search_rows(self.gallery, vectors, k, filters=filters, rerank=rerank)
         return [
             [{"rank": rank, **row} for rank, row in enumerate(rows, start=1)] for rows in answers
         ]
 
     def evaluate(
-        self, ks: Sequence[int] | None = None, queries: int | None = None
+        self, ks: Sequence[int] | None = None, queries: int | None = None, rerank: Rerank = None
     ) -> dict[str, float | int]:
         """Recall@k, NMI and MAP@R of the stored embeddings (every labelled item queries the
         other labelled items); ``ks``: default the papers' values for the gallery's dataset.
         ``queries``: only a seeded sample of that many labelled items query (each still
-        searching all the others exactly), see index.metrics.evaluate."""
-        return self.gallery.evaluate(ks, queries)
+        searching all the others exactly), see index.metrics.evaluate. ``rerank``: as in
+        :meth:`search` (leave-one-out: no query reaches itself through an expansion)."""
+        spec = resolve_rerank(self.gallery, rerank)
+        return self.gallery.evaluate(ks, queries, spec)
 
     def close(self) -> None:
         self.gallery.close()

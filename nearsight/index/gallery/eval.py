@@ -19,6 +19,9 @@ import numpy as np
 from nearsight.core.errors import NearsightError
 from nearsight.index.metrics import CUB_KS, SOP_KS, evaluate
 from nearsight.index.metrics import default_ks as ks_by_size
+from nearsight.index.rerank.pipeline import rerank as rerank_rows
+from nearsight.index.rerank.sources import MatrixSource
+from nearsight.index.rerank.spec import RerankSpec, parse_rerank
 from nearsight.index.vector_store import ApproximateVectorsWarning
 
 if TYPE_CHECKING:  # index.gallery imports this module
@@ -40,10 +43,17 @@ def default_ks(gallery: Gallery) -> tuple[int, ...]:
 
 
 def evaluate_gallery(
-    gallery: Gallery, ks: Sequence[int] | None = None, queries: int | None = None
+    gallery: Gallery,
+    ks: Sequence[int] | None = None,
+    queries: int | None = None,
+    rerank: RerankSpec | str | None = None,
+    with_nmi: bool = True,
 ) -> dict[str, float | int]:
     """index.metrics.evaluate's dict (recall@k..., nmi, map@r, queries) of ``gallery``;
-    ``queries``: only a seeded sample of that many labelled items query."""
+    ``queries``: only a seeded sample of that many labelled items query; ``rerank``: each
+    query's neighbours re-ranked (nearsight.index.rerank), its own item excluded from every
+    expansion."""
+    spec = parse_rerank(rerank)
     labelled = gallery.labels >= 0
     if labelled.sum() < 2:
         raise NearsightError(
@@ -67,4 +77,21 @@ def evaluate_gallery(
     classes = len(np.unique(labels))
     init = "k-means++" if classes <= EXACT_KMEANSPP_MAX_CLASSES else "afk-mc2"
     ks = tuple(ks or default_ks(gallery))
-    return evaluate(vectors, labels, ks, nmi_init=init, queries=queries)
+    if not spec.active:
+        return evaluate(vectors, labels, ks, nmi_init=init, queries=queries, with_nmi=with_nmi)
+    source = MatrixSource(vectors)
+
+    def reorder(query_rows: np.ndarray, neighbours: np.ndarray) -> np.ndarray:
+        found, _ = rerank_rows(spec, source, source.vectors_of(query_rows), neighbours, query_rows)
+        return found
+
+    return evaluate(
+        vectors,
+        labels,
+        ks,
+        nmi_init=init,
+        queries=queries,
+        reorder=reorder,
+        reorder_depth=spec.depth,
+        with_nmi=with_nmi,
+    )

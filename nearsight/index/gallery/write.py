@@ -334,3 +334,11 @@ def _copy_catalog(source: Path, target: Path) -> None:
         raise GalleryError(f"gallery catalog {source} cannot be copied: {error}") from None
     finally:
         src.close()
+
+
+def set_meta(gallery: Gallery, **values: Any) -> None:
+    """Store ``values`` in the gallery's catalog meta (one transaction under the write lock),
+    e.g. the re-ranking chosen by ``nearsight eval --tune-rerank ... --save``."""
+    with _writing(gallery) as (_, catalog):
+        catalog.set_meta(**values)
+    gallery._load()
