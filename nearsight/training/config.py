@@ -21,6 +21,8 @@ import yaml
 from nearsight.core.errors import NearsightError
 from nearsight.models.embedding import FEATURE_NORMS, check_heads, resolve_feature_norm
 
+PAPER_KEY = "paper"
+
 
 class ConfigError(NearsightError, ValueError):
     """A configuration file or override that does not fit the schema."""
@@ -209,6 +211,10 @@ def load_config(
             line = getattr(getattr(error, "problem_mark", None), "line", None)
             at = f" (line {line + 1})" if line is not None else ""
             raise ConfigError(f"config file {path} is not valid YAML{at}") from None
+        if isinstance(values, dict):
+            # the paper's row a config is compared against: read by nearsight.training.paper,
+            # not a training setting
+            values.pop(PAPER_KEY, None)
         _merge(config, values, "")
     for dotted, value in (overrides or {}).items():
         apply_override(config, dotted, value)
@@ -299,7 +305,9 @@ def validate(config: TrainConfig) -> None:
     _check_types(config, "")
     for name in ("amp", "channels_last"):
         if isinstance(getattr(config, name), str) and getattr(config, name) != "auto":
-            raise ConfigError(f"config {name} must be auto, true or false, got {getattr(config, name)!r}")
+            raise ConfigError(
+                f"config {name} must be auto, true or false, got {getattr(config, name)!r}"
+            )
     if config.loss.name not in LOSSES:
         raise ConfigError(
             f"unknown loss {config.loss.name!r}; valid losses: {', '.join(sorted(LOSSES))}"
