@@ -75,6 +75,8 @@ def test_run_dir_holds_every_artifact(synth, tmp_path):
     torch.testing.assert_close(emb.norm(dim=1), torch.ones(2))
     best = load_checkpoint(out / "best.pt")
     assert best["training"]["loss"] == "ice"
+    # no classes held out: best.pt is the best test evaluation, and says so
+    assert best["training"]["selected_by"] == summary.selected_by == "test/recall@1"
     assert best["training"]["metrics"]["recall@1"] == max(e["recall@1"] for e in evaluations)
 
 
