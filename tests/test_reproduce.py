@@ -86,7 +86,9 @@ def test_reproduce_writes_both_rows_and_a_killed_run_resumes_to_the_same_table(c
     assert report["queries"] == 16  # the 4 test classes x 4 images
     assert all(0 <= report["ours"][name] <= 100 for name in report["columns"])
     assert report["difference"]["recall@1"] == pytest.approx(report["ours"]["recall@1"] - 66.7)
-    assert report["difference"]["map@r"] is None and "MAP@R" in report["citation"]["missing"]["map@r"]
+    assert (
+        report["difference"]["map@r"] is None and "MAP@R" in report["citation"]["missing"]["map@r"]
+    )
     assert report["selection"]["selected_by"] == "test/recall@1"
     assert report["nmi"]["average"] == "arithmetic"
     assert report["wall_seconds"]["total"] > 0 and report["device"]
@@ -128,7 +130,9 @@ def test_a_run_folder_of_other_settings_is_refused(cub, tmp_path, capsys):
     (other / "mine.txt").write_text("keep")
     code, _, err = run(capsys, "reproduce", "rankmi_cub", "--root", cub, "--out", other, *SETS)
     assert_one_line_error(code, err, "is not a reproduction")
-    code, _, err = run(capsys, "reproduce", "no_such_config", "--root", cub, "--out", tmp_path / "x")
+    code, _, err = run(
+        capsys, "reproduce", "no_such_config", "--root", cub, "--out", tmp_path / "x"
+    )
     assert_one_line_error(code, err, "config file not found")
 
 

@@ -129,6 +129,9 @@ class OptimConfig:
     # the first steps train only the new layers (heads, a loss's own parameters), the trunk
     # frozen: Proxy Anchor's warm-up epoch
     freeze_trunk_steps: int = 0
+    # clip every gradient element (the network's and the loss's own parameters) to
+    # [-value, value] before each update, as Proxy Anchor's code does; None = no clipping
+    clip_grad_value: float | None = None
     # RankMI's statistics network (Algorithm 1) has its own Adam
     critic_lr: float = 1e-3
     critic_weight_decay: float = 1e-4
@@ -367,6 +370,9 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError(
             f"optim.freeze_trunk_steps must be 0 or more, got {config.optim.freeze_trunk_steps}"
         )
+    clip = config.optim.clip_grad_value
+    if clip is not None and not clip > 0:
+        raise ConfigError(f"optim.clip_grad_value must be positive (or null), got {clip}")
     if config.data.workers < 0:
         raise ConfigError(f"data.workers must be 0 or more, got {config.data.workers}")
     if not config.ks or any(k < 1 for k in config.ks):

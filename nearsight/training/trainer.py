@@ -292,6 +292,9 @@ class Trainer:
             # the step nor weight decay nor the optimiser's moments touch the trunk
             for parameter in self.model.trunk_parameters():
                 parameter.grad = None
+        clip = self.config.optim.clip_grad_value
+        if clip is not None:  # after DDP's averaging: every process clips the same gradient
+            nn.utils.clip_grad_value_([*self.model.parameters(), *loss_fn.parameters()], clip)
         self.optimizer.step()
         return float(loss.detach())
 
