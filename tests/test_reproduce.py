@@ -146,3 +146,22 @@ def test_model_selection_protocols(tmp_path):
     assert overrides("val", **{"data.val_classes": 5})["data.val_classes"] == 5
     with pytest.raises(NearsightError, match="--selection val"):
         overrides("test", **{"data.val_classes": 0.2})
+
+
+def test_reproduce_under_torchrun_trains_with_two_processes(cub, tmp_path):
+    """Two CPU processes (gloo): distributed training, the index build's process group, and
+    process 0's report."""
+    out = tmp_path / "ddp"
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
+    command = reproduce(cub, out)
+    done = subprocess.run(
+        [torchrun, "--standalone", "--nproc_per_node", "2", *command[1:]],
+        env=ENV,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((out / "reproduction.json").read_text())
+    assert report["processes"] == 2 and report["queries"] == 16
+    assert "2 processes (torchrun)" in (out / "reproduction.md").read_text()
+    assert json.loads((out / "train" / "result.json").read_text())["steps"] == 8

@@ -29,6 +29,7 @@ from typing import Any
 
 from nearsight.core.atomic import atomic_file
 from nearsight.core.errors import NearsightError
+from nearsight.index.catalog import CATALOG_FILE
 from nearsight.training.paper import PaperRow, protocol_metrics, read_paper
 
 SELECTIONS = ("test", "val")
@@ -46,6 +47,7 @@ class Reproduction:
     overrides: dict[str, Any] = field(default_factory=dict)  # --set
     selection: str = "test"  # test: best.pt by test Recall@1 (the papers); val: held out
     workers: int | None = None  # image decoding processes of the index build
+    device_kind: str = "cpu"  # "cuda" when training runs on CUDA (the process group's backend)
 
     @property
     def rank(self) -> int:
@@ -81,21 +83,26 @@ class Reproduction:
 
     # -- the run ------------------------------------------------------------------------------
     def run(self) -> dict[str, Any] | None:
-        """Every stage not yet complete, then the report (process 0); returns the report."""
+        """Every stage not yet complete, then the report (process 0); returns the report.
+        Whether a stage is complete is read from its files, so every process of a torchrun
+        agrees on which stages to run."""
         from nearsight.training.config import load_config
 
         paper = read_paper(self.config)
         config = load_config(self.config, self.training_overrides())  # bad settings fail here
+        self.device_kind = "cuda" if config.device != "cpu" and _cuda() else "cpu"
         state = self._start()
         self._train(config, state)
         self._barrier()
         if self.rank == 0:
-            self._stage(state, "export", self._export)
+            self._stage(state, "export", self.out / "model.onnx", self._export)
         self._barrier()
-        self._stage(state, "index", lambda: self._index(config.data.dataset))
+        gallery = self.out / "gallery" / CATALOG_FILE
+        self._stage(state, "index", gallery, lambda: self._index(config.data.dataset))
         if self.rank != 0:
             return None
-        self._stage(state, "eval", lambda: self._evaluate(config.data.dataset, paper))
+        metrics = self.out / "metrics.json"
+        self._stage(state, "eval", metrics, lambda: self._evaluate(config.data.dataset, paper))
         from nearsight.app.reproduction_table import write_report
 
         return write_report(self, paper, config, state)
@@ -104,8 +111,12 @@ class Reproduction:
         return self.out / "reproduce.json"
 
     def _start(self) -> dict[str, Any]:
-        """The state of this run folder: new, or the same reproduction as before."""
+        """The state of this run folder: new, or the same reproduction as before (checked by
+        process 0; the others wait for it)."""
         path = self._state_path()
+        if self.rank != 0:
+            self._barrier()
+            return {"identity": self.identity(), "stages": {}}
         if path.is_file():
             state = json.loads(path.read_text())
             if state.get("identity") != self.identity():
@@ -113,14 +124,15 @@ class Reproduction:
                     f"{self.out} holds a reproduction of other settings "
                     f"({json.dumps(state.get('identity'))}): choose a new --out"
                 )
+            self._barrier()
             return state
         if self.out.exists() and (not self.out.is_dir() or any(self.out.iterdir())):
             raise NearsightError(
                 f"--out {self.out} exists and is not a reproduction: choose a new one"
             )
         state = {"identity": self.identity(), "stages": {}}
-        if self.rank == 0:
-            self._save_state(state)
+        self._save_state(state)
+        self._barrier()
         return state
 
     def _save_state(self, state: dict[str, Any]) -> None:
@@ -128,9 +140,10 @@ class Reproduction:
             with atomic_file(self._state_path(), "w") as handle:
                 json.dump(state, handle, indent=2)
 
-    def _stage(self, state: dict[str, Any], name: str, work) -> None:
-        """Run ``work`` unless the stage is recorded complete; record its time."""
-        if name in state["stages"]:
+    def _stage(self, state: dict[str, Any], name: str, output: Path, work) -> None:
+        """Run ``work`` unless its ``output`` (written last, atomically) is there; record its
+        time."""
+        if output.exists():
             _say(f"{name}: complete, skipped")
             return
         started = time.perf_counter()
@@ -142,7 +155,7 @@ class Reproduction:
     def _train(self, config, state: dict[str, Any]) -> None:
         folder = self.out / "train"
         done = folder / "result.json"
-        if "train" in state["stages"] and done.is_file():
+        if done.is_file():
             _say("train: complete, skipped")
             return
         from nearsight.training.run import resume_config, train
@@ -160,6 +173,7 @@ class Reproduction:
                 "seconds": round(time.perf_counter() - started, 2),
                 "train_seconds": round(result.train_seconds, 2),
                 "device": _device(config.device),
+                "processes": self.world,
             }
             self._save_state(state)
 
@@ -195,17 +209,31 @@ class Reproduction:
             json.dump({"nmi_average": paper.nmi, "metrics": _finite(metrics)}, handle, indent=2)
 
     def _barrier(self) -> None:
+        """Wait for every process of a torchrun, joining the process group the trainer would
+        (NCCL for CUDA training, else gloo) if none exists yet."""
         if self.world <= 1:
             return
+        import torch
         import torch.distributed as dist
 
-        if not dist.is_initialized():
-            dist.init_process_group("gloo")
-        dist.barrier()
+        from nearsight.training.distributed import init_distributed
+
+        info = init_distributed(self.device_kind)
+        if dist.get_backend() == "nccl":
+            torch.cuda.set_device(info.local_rank)
+            dist.barrier(device_ids=[info.local_rank])
+        else:
+            dist.barrier()
 
 
 def _finite(metrics: dict[str, Any]) -> dict[str, Any]:
     return {k: (None if isinstance(v, float) and v != v else v) for k, v in metrics.items()}
+
+
+def _cuda() -> bool:
+    from nearsight.training.distributed import cuda_available
+
+    return cuda_available()
 
 
 def _device(setting: str) -> str:

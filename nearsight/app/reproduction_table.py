@@ -77,6 +77,7 @@ def build_report(
         "wall_seconds": {**seconds, "total": round(sum(seconds.values()), 2)},
         "train_seconds": stages.get("train", {}).get("train_seconds"),
         "device": stages.get("train", {}).get("device"),
+        "processes": stages.get("train", {}).get("processes", 1),
         "queries": measured.get("queries"),
     }
 
@@ -139,7 +140,8 @@ def render(report: dict[str, Any]) -> str:
     lines += [
         "",
         f"Wall time: {wall['total']:.0f}s ({parts}{in_batches}; each stage as timed by the "
-        f"run that completed it). Device: {report['device']}.",
+        f"run that completed it). Device: {report['device']}"
+        + (f", {report['processes']} processes (torchrun)." if report["processes"] > 1 else "."),
     ]
     return "\n".join(lines) + "\n"
 
