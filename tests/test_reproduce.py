@@ -148,12 +148,13 @@ def test_model_selection_protocols(tmp_path):
         overrides("test", **{"data.val_classes": 0.2})
 
 
-def test_reproduce_under_torchrun_trains_with_two_processes(cub, tmp_path):
+def test_reproduce_under_torchrun_with_the_honest_selection(cub, tmp_path):
     """Two CPU processes (gloo): distributed training, the index build's process group, and
-    process 0's report."""
+    process 0's report; best.pt chosen on a held-out training class, with the papers' choice
+    (the best test evaluation) beside it."""
     out = tmp_path / "ddp"
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
-    command = reproduce(cub, out)
+    command = reproduce(cub, out, "--selection", "val", "--set", "data.val_classes=1")
     done = subprocess.run(
         [torchrun, "--standalone", "--nproc_per_node", "2", *command[1:]],
         env=ENV,
@@ -165,3 +166,8 @@ def test_reproduce_under_torchrun_trains_with_two_processes(cub, tmp_path):
     assert report["processes"] == 2 and report["queries"] == 16
     assert "2 processes (torchrun)" in (out / "reproduction.md").read_text()
     assert json.loads((out / "train" / "result.json").read_text())["steps"] == 8
+    assert report["selection"]["selected_by"] == "val/recall@1"
+    evaluations = [json.loads(line) for line in (out / "train" / "metrics.jsonl").open()]
+    best_test = max(e["recall@1"] for e in evaluations)
+    assert report["ours_best_test"]["recall@1"] == pytest.approx(100 * best_test)
+    assert "| ours, best test evaluation |" in (out / "reproduction.md").read_text()
