@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import http.server
 import io
 import tarfile
+import threading
 import zipfile
 from pathlib import Path
 
@@ -12,8 +15,9 @@ import pytest
 from conftest import assert_one_line_error, run
 from PIL import Image
 
+from nearsight.core.errors import NearsightError
 from nearsight.index.datasets import load_dataset
-from nearsight.index.datasets.archives import ArchiveError, check_disk_space
+from nearsight.index.datasets.archives import ArchiveError, check_disk_space, download
 from nearsight.index.datasets.prepare import BENCHMARKS
 
 
@@ -216,3 +220,51 @@ def test_an_existing_folder_is_not_overwritten(tmp_path, capsys):
                        "--out", out)  # fmt: skip
     assert_one_line_error(code, err, "not empty")
     assert (out / "keep.txt").read_text() == "mine"
+
+
+class RangeServer:
+    """A local HTTP server for one file that honours Range requests (as the datasets' hosts
+    do), recording the Range header of each request."""
+
+    def __init__(self, data: bytes):
+        ranges = self.ranges = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - the http.server API
+                asked = self.headers.get("Range")
+                ranges.append(asked)
+                start = int(asked.removeprefix("bytes=").rstrip("-")) if asked else 0
+                self.send_response(206 if asked else 200)
+                self.send_header("Content-Length", str(len(data) - start))
+                self.end_headers()
+                self.wfile.write(data[start:])
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/archive.tgz"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_download_resumes_a_partial_file_and_checks_the_md5(tmp_path):
+    data = np.random.default_rng(0).bytes(300_000)
+    md5 = hashlib.md5(data).hexdigest()
+    server = RangeServer(data)
+    try:
+        target = tmp_path / "archive.tgz"
+        target.with_name("archive.tgz.part").write_bytes(data[:120_000])  # an interrupted fetch
+        assert download(server.url, target, expected_md5=md5) == target
+        assert target.read_bytes() == data and server.ranges == ["bytes=120000-"]
+        assert not target.with_name("archive.tgz.part").exists()
+        other = tmp_path / "other.tgz"
+        with pytest.raises(NearsightError, match=f"expected {'0' * 32}"):
+            download(server.url, other, expected_md5="0" * 32)
+        assert not other.exists() and not other.with_name("other.tgz.part").exists()
+    finally:
+        server.close()
