@@ -40,6 +40,7 @@ class Member:
     size: int
     is_dir: bool
     link: str | None = None  # a symbolic or hard link's target
+    hard: bool = False  # a hard link: its target is named from the archive's root
 
 
 def md5sum(path: Path, *, desc: str = "md5") -> str:
@@ -68,7 +69,13 @@ def list_members(archive: Path) -> list[Member]:
                 return [Member(i.filename, i.file_size, i.is_dir()) for i in handle.infolist()]
         with tarfile.open(archive) as handle:
             return [
-                Member(m.name, m.size, m.isdir(), m.linkname if (m.issym() or m.islnk()) else None)
+                Member(
+                    m.name,
+                    m.size,
+                    m.isdir(),
+                    m.linkname if (m.issym() or m.islnk()) else None,
+                    m.islnk(),
+                )
                 for m in handle.getmembers()
             ]
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as error:
@@ -89,7 +96,8 @@ def unsafe_reason(member: Member) -> str | None:
         target = member.link.replace("\\", "/")
         if target.startswith("/"):
             return f"a link to the absolute path {member.link}"
-        resolved = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
+        base = "" if member.hard else posixpath.dirname(name)
+        resolved = posixpath.normpath(posixpath.join(base, target))
         if resolved == ".." or resolved.startswith("../"):
             return f"a link out of the folder ({member.link})"
     return None
