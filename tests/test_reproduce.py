@@ -134,6 +134,10 @@ def test_a_run_folder_of_other_settings_is_refused(cub, tmp_path, capsys):
         capsys, "reproduce", "no_such_config", "--root", cub, "--out", tmp_path / "x"
     )
     assert_one_line_error(code, err, "config file not found")
+    code, _, err = run(capsys, "reproduce", "rankmi_cub", "--root", tmp_path / "nothing",
+                       "--out", tmp_path / "y", *SETS)  # fmt: skip
+    assert_one_line_error(code, err, "not a CUB-200-2011 folder")
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 
 def test_model_selection_protocols(tmp_path):

@@ -91,6 +91,9 @@ class Reproduction:
         paper = read_paper(self.config)
         config = load_config(self.config, self.training_overrides())  # bad settings fail here
         self.device_kind = "cuda" if config.device != "cpu" and _cuda() else "cpu"
+        from nearsight.index.datasets import load_dataset
+
+        load_dataset(config.data.dataset, self.root, "test")  # a wrong --root: before any file
         state = self._start()
         self._train(config, state)
         self._barrier()
