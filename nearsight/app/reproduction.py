@@ -191,14 +191,16 @@ class Reproduction:
         return {"max_abs_diff": report.max_abs_diff}
 
     def _index(self, dataset: str) -> None:
-        from nearsight.app.cli import main
+        """``nearsight index build`` of the test split, called in this process so that its
+        errors reach the command line as they are."""
+        from nearsight.app.cli import build_parser
 
         argv = ["index", "build", "--model", str(self.out / "model.onnx"), "--dataset", dataset]
         argv += ["--root", str(self.root), "--split", "test", "--out", str(self.out / "gallery")]
         if self.workers is not None:
             argv += ["--workers", str(self.workers)]
-        if main(argv) != 0:
-            raise NearsightError("index build failed (see above)")
+        args = build_parser().parse_args(argv)
+        args.func(args)
 
     def _evaluate(self, dataset: str, paper: PaperRow) -> None:
         from nearsight.index.gallery.core import Gallery

@@ -44,7 +44,9 @@ def build_report(
     names = columns(paper, dataset, measured)
     ours = {n: _percent(measured.get(n)) for n in names}
     difference = {
-        n: (None if ours[n] is None or paper.metrics.get(n) is None else ours[n] - paper.metrics[n])
+        n: None
+        if ours[n] is None or paper.metrics.get(n) is None
+        else round(ours[n] - paper.metrics[n], 4)
         for n in names
     }
     stages = state["stages"]
@@ -68,7 +70,7 @@ def build_report(
                 n: paper.missing.get(n, "not in the paper's row")
                 for n in names
                 if paper.metrics.get(n) is None
-            },  # fmt: skip
+            },
         },
         "nmi": {"average": paper.nmi, "source": paper.nmi_source},
         "selection": {
