@@ -130,3 +130,81 @@ def test_search_rerank_matches_the_loop_reference(tmp_path):
         _, ids = gallery.search(vectors, len(vectors) - 1, rerank=spec, exclude=np.arange(36))
     for q in range(len(vectors)):
         assert ids[q].tolist() == _loop_ranking(vectors, q, spec)
+
+
+def test_the_stored_choice_survives_add_remove_and_compact(tmp_path):
+    from nearsight.index.gallery.write import set_meta
+
+    vectors, labels = _clustered(classes=6, per=8, seed=4)
+    folder = _gallery(tmp_path, vectors[:40], labels[:40])
+    spec = parse_rerank("dba:k=2,alpha=3,depth=20")
+    with Gallery.open(folder) as gallery:
+        set_meta(gallery, rerank=str(spec))
+        assert gallery.default_rerank == spec
+        new = gallery.add(vectors[40:], [{"path": f"/n/{i}.png", "label": int(label),
+                                          "class_name": None} for i, label in enumerate(labels[40:])])  # fmt: skip
+        gallery.remove([0, 1])
+        # the added items are found and re-ranked, the removed never come back
+        _, ids = gallery.search(vectors[40:44], 5, rerank=spec)
+        assert set(new[:4]) <= set(ids[:, 0].tolist()) and not np.isin(ids, [0, 1]).any()
+        gallery.compact()
+        assert gallery.default_rerank == spec
+    with Gallery.open(folder) as reopened:
+        assert reopened.default_rerank == spec
+        _, after = reopened.search(vectors[40:44], 5, rerank=spec)
+    np.testing.assert_array_equal(after, ids)
+
+
+def _neighbour_lists(gallery, keys, depth):
+    from nearsight.index.rerank.sources import GallerySource
+
+    return GallerySource(gallery).neighbours(np.asarray(keys), depth)
+
+
+def test_the_neighbour_graph_answers_as_the_index_does_through_add_remove_compact(tmp_path):
+    from nearsight.index.gallery.graph import GRAPH_FILE
+
+    vectors, labels = _clustered(classes=8, per=10, dim=12, seed=5)
+    items = [
+        {"path": f"/d/{i}.png", "label": int(x), "class_name": None} for i, x in enumerate(labels)
+    ]
+    with_graph = build_gallery(tmp_path / "graph", vectors[:60], items[:60], model_sha256=SHA,
+                               index_type="flat", neighbour_graph=True)  # fmt: skip
+    plain = build_gallery(tmp_path / "plain", vectors[:60], items[:60], model_sha256=SHA,
+                          index_type="flat")  # fmt: skip
+    assert (with_graph / GRAPH_FILE).exists() and not (plain / GRAPH_FILE).exists()
+    spec = parse_rerank("dba+aqe:k=3,alpha=2,depth=30")
+    with Gallery.open(with_graph) as g, Gallery.open(plain) as p:
+        assert g._graph is not None and p._graph is None
+
+        def same_answers(keys):
+            for depth in (1, 4, 16, 20):  # 20: past the graph's depth, searched
+                got, want = _neighbour_lists(g, keys, depth), _neighbour_lists(p, keys, depth)
+                np.testing.assert_array_equal(got[1], want[1])
+                np.testing.assert_allclose(got[0], want[0], atol=1e-5)
+            np.testing.assert_array_equal(
+                g.search(vectors, 6, rerank=spec)[1], p.search(vectors, 6, rerank=spec)[1]
+            )
+
+        same_answers(g.ids)
+        for gallery in (g, p):
+            gallery.add(vectors[60:], items[60:])  # a segment: merged into the rows exactly
+            gallery.remove([1, 2, 3, 30])  # masked out of the rows
+        same_answers(g.ids)
+        g.compact()
+        assert g._graph[0].shape == (76, 16)  # rebuilt for the new base
+        same_answers(g.ids)
+
+
+def test_a_graph_that_does_not_match_the_index_is_refused(tmp_path):
+    from nearsight.index.catalog import GalleryError
+    from nearsight.index.gallery.graph import GRAPH_FILE
+
+    vectors, labels = _clustered()
+    items = [
+        {"path": f"/d/{i}.png", "label": int(x), "class_name": None} for i, x in enumerate(labels)
+    ]
+    folder = build_gallery(tmp_path / "g", vectors, items, model_sha256=SHA, neighbour_graph=True)
+    np.save(folder / GRAPH_FILE, np.zeros((3, 16), dtype=np.int64))
+    with pytest.raises(GalleryError, match="neighbour graph of 3 rows for 36 indexed items"):
+        Gallery.open(folder)

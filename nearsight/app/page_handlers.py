@@ -37,7 +37,7 @@ MAX_K = 64
 UNKNOWN_CLASS = "-1"
 ANY_CLASS = "-1"
 # the page's re-rank toggle where neither serve --rerank nor the gallery chose one
-PAGE_RERANK = "dba+aqe:k=2,alpha=3"
+PAGE_RERANK = "dba+aqe:k=5,alpha=3"  # chosen on validation classes in bench/rerank.py
 
 
 class PageError(NearsightError):

@@ -42,11 +42,23 @@ def register(actions: argparse._SubParsersAction, index_types: list[str]) -> Non
         "compacts by itself once the segments hold a quarter of the gallery.",
     )
     compact.add_argument("--gallery", type=Path, required=True, help="gallery folder")
+    compact.add_argument(
+        "--neighbour-graph",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="add (or with --no-neighbour-graph drop) the stored nearest-item lists that "
+        "database-side augmentation reads (default: keep what the gallery has, rebuilt)",
+    )
     compact.set_defaults(func=run_compact)
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from nearsight.app.commands.index import _absolute, _check_out
+    from nearsight.app.commands.index import (
+        _absolute,
+        _check_out,
+        catalog_settings,
+        declared_types,
+    )
     from nearsight.core.errors import NearsightError
     from nearsight.index.chunks import read_meta, read_vectors
     from nearsight.index.gallery.core import build_gallery
@@ -55,12 +67,16 @@ def run_import(args: argparse.Namespace) -> int:
     out = _absolute(args.out)
     _check_out(out)
     vectors = read_vectors(args.vectors)
-    rows = read_meta(args.meta)
+    rows = read_meta(args.meta, declared_types(args))
     if len(rows) != len(vectors):
         raise NearsightError(
             f"{args.meta} has {len(rows)} rows but {args.vectors} has {len(vectors)} vectors"
         )
-    meta: dict = {"source": "import", "vectors": str(_absolute(args.vectors))}
+    meta: dict = {
+        "source": "import",
+        "vectors": str(_absolute(args.vectors)),
+        **catalog_settings(args, rows),
+    }
     model_sha256 = ""
     if args.model is not None:
         from nearsight.models.embedder import load_embedder
@@ -86,6 +102,7 @@ def run_import(args: argparse.Namespace) -> int:
         meta=meta,
         max_index_memory=args.max_index_memory,
         embeddings=args.embeddings,
+        neighbour_graph=args.neighbour_graph,
         vector_source=args.vectors,
     )
     from nearsight.index.gallery.core import Gallery
@@ -107,7 +124,7 @@ def run_compact(args: argparse.Namespace) -> int:
     with Gallery.open(args.gallery) as gallery:
         segments = len(gallery.meta.get("segments", []))
         removed = len(gallery.meta.get("removed", []))
-        gallery.compact()
+        gallery.compact(neighbour_graph=args.neighbour_graph)
         total = len(gallery)
     print(
         f"compacted {args.gallery}: {segments} segments and {removed} removals folded in, "

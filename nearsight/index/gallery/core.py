@@ -41,6 +41,7 @@ from nearsight.index.gallery.files import (  # noqa: F401  (re-exported)
     check_consistent,
     read_embeddings,
 )
+from nearsight.index.gallery.graph import read_graph
 from nearsight.index.gallery.lock import (  # noqa: F401  (lock_path re-exported)
     gallery_lock,
     lock_path,
@@ -150,6 +151,7 @@ class Gallery:
                 segments = [read_segment(folder, name, dim) for name in meta.get("segments", [])]
                 removed = np.sort(np.asarray(meta.get("removed", []), dtype=np.int64))
                 base_ids = check_consistent(folder, meta, ids, index, embeddings, segments, removed)
+                graph = read_graph(folder, meta, base_ids)
             except BaseException:
                 catalog.close()
                 raise
@@ -165,6 +167,7 @@ class Gallery:
         self._base = (base_ids, embeddings)
         self._segments = segments
         self._removed = removed
+        self._graph = graph  # optional (nearsight/index/gallery/graph.py)
         self._embeddings: np.ndarray | None = None
         for segment_ids, segment_vectors in segments:
             index.add_with_ids(segment_vectors, segment_ids)
@@ -399,10 +402,11 @@ class Gallery:
         whose graph cannot drop points; meanwhile its searches skip them)."""
         gallery_write.remove(self, ids)
 
-    def compact(self) -> None:
+    def compact(self, neighbour_graph: bool | None = None) -> None:
         """Fold the segments and removals into a new base index and embeddings (a whole,
-        copy-on-write rewrite of the gallery)."""
-        gallery_write.compact(self)
+        copy-on-write rewrite of the gallery); ``neighbour_graph``: add (True) or drop (False)
+        the stored neighbour graph (default: rebuild it if there is one)."""
+        gallery_write.compact(self, neighbour_graph)
 
     # -- lifetime ----------------------------------------------------------------------------
 

@@ -17,10 +17,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from nearsight.core.errors import NearsightError
-from nearsight.index.metrics import CUB_KS, SOP_KS, evaluate
+from nearsight.index.metrics import CUB_KS, SOP_KS
 from nearsight.index.metrics import default_ks as ks_by_size
-from nearsight.index.rerank.pipeline import rerank as rerank_rows
-from nearsight.index.rerank.sources import MatrixSource
+from nearsight.index.rerank.evaluate import evaluate_reranked
 from nearsight.index.rerank.spec import RerankSpec, parse_rerank
 from nearsight.index.vector_store import ApproximateVectorsWarning
 
@@ -78,30 +77,13 @@ def evaluate_gallery(
     classes = len(np.unique(labels))
     init = "k-means++" if classes <= EXACT_KMEANSPP_MAX_CLASSES else "afk-mc2"
     ks = tuple(ks or default_ks(gallery))
-    if not spec.active:
-        return evaluate(
-            vectors,
-            labels,
-            ks,
-            nmi_init=init,
-            queries=queries,
-            with_nmi=with_nmi,
-            nmi_average=nmi_average,
-        )
-    source = MatrixSource(vectors)
-
-    def reorder(query_rows: np.ndarray, neighbours: np.ndarray) -> np.ndarray:
-        found, _ = rerank_rows(spec, source, source.vectors_of(query_rows), neighbours, query_rows)
-        return found
-
-    return evaluate(
+    return evaluate_reranked(
         vectors,
         labels,
         ks,
+        spec,
         nmi_init=init,
         queries=queries,
-        reorder=reorder,
-        reorder_depth=spec.depth,
         with_nmi=with_nmi,
         nmi_average=nmi_average,
     )

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 import faiss
 import numpy as np
 
+from nearsight.index.gallery.graph import graph_neighbours
+
 if TYPE_CHECKING:  # the gallery imports the re-ranking layer
     from nearsight.index.gallery.core import Gallery
 
@@ -41,10 +43,31 @@ class GallerySource:
         return self.gallery.vectors_of(unique)[inverse.reshape(-1)]
 
     def neighbours(self, keys: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
+        """From the gallery's neighbour graph where it has one (a lookup), else (and for the
+        items it cannot answer) through the index (a search per key)."""
+        gallery = self.gallery
         unique, inverse = np.unique(np.asarray(keys, dtype=np.int64), return_inverse=True)
-        distances, found = self.gallery.search(self.gallery.vectors_of(unique), depth + 1)
-        sims = 1.0 - np.square(distances.astype(np.float64)) / 2.0  # unit vectors
-        sims, found = _without_self(sims, found, unique, depth)
+        vectors = gallery.vectors_of(unique)
+        sims = np.full((len(unique), depth), -np.inf)
+        found = np.full((len(unique), depth), -1, dtype=np.int64)
+        answered = np.zeros(len(unique), dtype=bool)
+        graph = gallery._graph
+        if graph is not None and depth <= graph[0].shape[1]:
+            added = None
+            if gallery._segments:
+                added_ids = np.concatenate([ids for ids, _ in gallery._segments])
+                added_vectors = np.concatenate([v for _, v in gallery._segments])
+                live = ~np.isin(added_ids, gallery._removed)
+                added = (added_ids[live], added_vectors[live])
+            base_ids = gallery._base[0]
+            sims, found, answered = graph_neighbours(
+                graph, base_ids, gallery._removed, added, unique, vectors, depth
+            )
+        rest = np.flatnonzero(~answered)
+        if len(rest):
+            distances, searched = gallery.search(vectors[rest], depth + 1)
+            cos = 1.0 - np.square(distances.astype(np.float64)) / 2.0  # unit vectors
+            sims[rest], found[rest] = _without_self(cos, searched, unique[rest], depth)
         return sims[inverse.reshape(-1)], found[inverse.reshape(-1)]
 
 

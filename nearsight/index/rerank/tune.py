@@ -16,10 +16,12 @@ GRID: tuple[str, ...] = (
     "none",
     *(f"aqe:k={k},alpha={a}" for k in (1, 2, 3, 5) for a in (1, 3)),
     *(f"dba:k={k},alpha={a}" for k in (1, 2, 3, 5) for a in (1, 3)),
-    *(f"dba+aqe:k={k},alpha=3" for k in (1, 2, 3)),
+    *(f"dba+aqe:k={k},alpha=3" for k in (1, 2, 3, 5)),
     *(
         f"kreciprocal:k1={k1},k2={k2},lambda={lam}"
-        for k1, k2, lam in ((20, 6, 0.3), (10, 3, 0.3), (5, 2, 0.3), (10, 3, 0.6))
+        for k1, k2, lam in (
+            (20, 6, 0.3), (20, 10, 0.3), (15, 4, 0.3), (10, 3, 0.3), (5, 2, 0.3), (10, 3, 0.6),
+        )
     ),
 )
 
