@@ -24,6 +24,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from nearsight.core.errors import NearsightError
+from nearsight.core.progress import progress
 
 CHUNK = 1 << 20
 # headroom beyond the archive's unpacked size: file system blocks, the reader's own files
@@ -129,13 +130,17 @@ def check_disk_space(folder: Path, needed: int) -> None:
 
 def extract(archive: Path, members: list[Member], target: Path) -> None:
     """Extract every member into the existing folder ``target`` (already checked as safe)."""
+    total, desc = len(members), f"extract {archive.name}"
     try:
         if zipfile.is_zipfile(archive):
             with zipfile.ZipFile(archive) as handle:
-                handle.extractall(target)
+                infos = progress(handle.infolist(), total=total, desc=desc, unit="files")
+                handle.extractall(target, members=infos)
             return
         with tarfile.open(archive) as handle:
-            handle.extractall(target, filter="data")
+            # in archive order: a .tar.gz is read forward once
+            entries = progress(handle.getmembers(), total=total, desc=desc, unit="files")
+            handle.extractall(target, members=entries, filter="data")
     except tarfile.FilterError as error:  # what check_members missed, tarfile still refuses
         raise ArchiveError(f"refusing {archive}: {error}") from None
     except (tarfile.TarError, zipfile.BadZipFile, EOFError) as error:
