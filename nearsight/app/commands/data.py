@@ -91,5 +91,5 @@ def run_prepare(args: argparse.Namespace) -> int:
         strict=args.strict,
         expect_shape=args.expect_shape,
     )
-    print(f"{report.summary()} in {time.perf_counter() - start:.1f}s")
+    print(report.summary(time.perf_counter() - start))
     return 0

@@ -102,7 +102,7 @@ class PrepareReport:
     extra: list[str] = field(default_factory=list)  # images that no list names
     warnings: list[str] = field(default_factory=list)
 
-    def summary(self) -> str:
+    def summary(self, seconds: float) -> str:
         spec = BENCHMARKS[self.name]
         images, classes = self.shape["all"]
         parts = ", ".join(
@@ -110,8 +110,8 @@ class PrepareReport:
         )
         origin = "the official archive" if self.official else "an unofficial archive"
         return (
-            f"prepared {spec.title} from {origin} in {self.out}: {images:,} images of "
-            f"{classes:,} classes ({parts}); use --dataset {self.name} --root {self.out}"
+            f"prepared {spec.title} from {origin} in {self.out} in {seconds:.1f}s: {images:,} "
+            f"images of {classes:,} classes ({parts}); use --dataset {self.name} --root {self.out}"
         )
 
 
