@@ -216,3 +216,29 @@ def test_add_maps_a_class_name_to_the_gallerys_label(shop, catalog, tmp_path, ca
         added = gallery.all_items()[-2:]
     assert added[0]["label"] == known["label"] and added[0]["class_name"] == known["class_name"]
     assert added[1]["label"] == top + 1 and added[1]["class_name"] == "brand-new"
+
+
+def test_column_types_and_label_codes():
+    from nearsight.index.search.filters import FilterError
+    from nearsight.index.search.meta_types import (
+        infer_types,
+        label_codes,
+        parse_meta_types,
+        typed_row,
+    )
+
+    rows = [{"sku": "430", "price": "2", "n": "1"}, {"sku": "091", "price": "2.5", "n": ""}]
+    types = infer_types(rows)
+    assert types == {"sku": "str", "price": "float", "n": "int"}
+    assert [typed_row(r, types) for r in rows] == [
+        {"sku": "430", "price": 2.0, "n": 1},
+        {"sku": "091", "price": 2.5},
+    ]
+    declared = infer_types(rows, parse_meta_types(["sku=int", "price=str"]))
+    assert typed_row(rows[1], declared) == {"sku": 91, "price": "2.5"}
+    with pytest.raises(FilterError, match="declared int"):
+        typed_row({"sku": "x1"}, {"sku": "int"})
+    with pytest.raises(FilterError, match="COLUMN=TYPE"):
+        parse_meta_types("sku=number")
+    assert label_codes(["3", 1, "", None]) == ([3, 1, None, None], [None] * 4)
+    assert label_codes(["c1", "c0", "", "c1"]) == ([1, 0, None, 1], ["c1", "c0", None, "c1"])

@@ -241,7 +241,8 @@ class Catalog:
         The query runs on a connection of its own, read-only and outside the catalog's lock, so
         a slow filter never makes other searches of the gallery wait; past ``time_limit_s`` it
         is stopped with a FilterError."""
-        known = set(self.meta_keys())
+        # the gallery's columns: those its items have, and those it was built with
+        known = set(self.meta_keys()) | set(self.meta().get("meta_types") or {})
         unknown = [c.key for c in conditions if c.key not in known | set(FILTERABLE_BUILTINS)]
         if unknown:
             keys = ", ".join([*sorted(known), *FILTERABLE_BUILTINS])

@@ -57,7 +57,7 @@ def infer_types(
             continue
         kinds = {_kind(value) for value in values}
         types[key] = "int" if kinds == {"int"} else "float" if kinds <= {"int", "float"} else "str"
-    return types | {key: kind for key, kind in declared.items() if key not in types}
+    return types  # a declared column no row has stays out
 
 
 def typed_row(raw: Mapping[str, object], types: Mapping[str, str]) -> dict[str, MetaValue]:
