@@ -70,7 +70,7 @@ PAPER_BATCH = {
     ("rankmi", "cub"): 120, ("rankmi", "cars"): 120, ("rankmi", "sop"): 120,
     ("nra", "cub"): 120, ("nra", "cars"): 120, ("nra", "sop"): 120,
     ("bcontrastive", "cub"): 64, ("bcontrastive", "cars"): 64, ("bcontrastive", "sop"): 64,
-    ("proxyanchor", "cub"): 180, ("proxyanchor", "cars"): 180, ("proxyanchor", "sop"): 180,
+    ("proxyanchor", "cub"): 120, ("proxyanchor", "cars"): 120, ("proxyanchor", "sop"): 180,
 }  # fmt: skip
 
 
@@ -335,3 +335,24 @@ def test_proxy_anchor_trains_its_proxies_at_100_times_the_rate(dataset: str):
     assert optim.name == "adamw" and optim.loss_lr == pytest.approx(100 * optim.lr)
     assert config.loss.params == {"alpha": 32, "margin": 0.1}
     assert 0 < optim.freeze_trunk_steps < config.steps
+
+
+@pytest.mark.parametrize(
+    ("dataset", "train_images", "decay_epochs"), [("cub", 5_864, 5), ("cars", 8_054, 10)]
+)
+def test_proxy_anchor_follows_the_authors_resnet50_command_line(
+    dataset, train_images, decay_epochs
+):
+    """--batch-size 120 --warm 5 --lr-decay-step 5 (CUB) / 10 (CARS), 60 epochs, gradients
+    clipped at 10: the command line of the ResNet-50 row these configs target."""
+    config = load_config(CONFIG_DIR / f"proxyanchor_{dataset}.yaml")
+    batch = config.sampler.classes_per_batch * config.sampler.per_class
+    epoch = train_images // batch  # the authors' loader drops the last partial batch
+    assert batch == 120
+    assert config.optim.freeze_trunk_steps == 5 * epoch
+    assert config.steps == 60 * epoch
+    assert config.optim.milestones == list(
+        range(decay_epochs * epoch, config.steps, decay_epochs * epoch)
+    )
+    assert config.optim.clip_grad_value == 10.0
+    assert load_config(CONFIG_DIR / "proxyanchor_sop.yaml").optim.clip_grad_value == 10.0

@@ -207,6 +207,7 @@ def test_update_beta_is_warm_started() -> None:
 
 def test_update_beta_is_clamped_into_0_2() -> None:
     loss = RankMILoss()
+    loss.beta_rooted = True  # past the first steps (see the test below)
     with torch.no_grad():
         loss.critic[-1].bias += 50.0  # V > 0 on [0, 2]: the root lies beyond 2
     assert loss.update_beta() == 2.0
@@ -215,6 +216,38 @@ def test_update_beta_is_clamped_into_0_2() -> None:
     assert loss.update_beta() == 0.0
     # the Newton step cap: a far root needs more steps than a clamped one
     assert loss.last_newton_steps <= 20
+
+
+def test_the_first_steps_keep_beta0_until_the_critic_has_a_root() -> None:
+    """RankMI's first step (docs/reproducing.md): a freshly initialised statistics network often has
+    no root of V in [0, 2] (4 of these 6 seeds); clamping gave beta = 0, so the first embedding
+    step (Algorithm 1 updates the embedding at t = 0) kept no negative. beta0 stands instead,
+    until an update finds a root; from then on the clamped estimate is used."""
+    rootless = 0
+    for seed in range(6):
+        torch.manual_seed(seed)
+        loss = RankMILoss(beta0=1.0)
+        beta = loss.update_beta()
+        if loss.beta_rooted:
+            assert abs(loss._potential64(beta)) <= 1e-5
+        else:
+            rootless += 1
+            assert beta == loss.beta == 1.0
+    assert rootless == 4
+    torch.manual_seed(1)
+    loss = RankMILoss(beta0=1.0)
+    assert loss.update_beta() == 1.0 and not loss.beta_rooted
+    with torch.no_grad():  # the critic learns: V now has a root in [0, 2]
+        loss.critic[-1].bias += loss.potential(torch.tensor([1.3])).neg().detach().squeeze()
+    root = loss.update_beta()
+    assert loss.beta_rooted and root == pytest.approx(1.3, abs=1e-4)
+    with torch.no_grad():  # then loses it: the clamped estimate stands, as before
+        loss.critic[-1].bias -= 100.0
+    assert loss.update_beta() == 0.0
+    # the flag survives a checkpoint, so a resumed run does not fall back to beta0
+    restored = RankMILoss(beta0=1.0)
+    restored.load_state_dict(loss.state_dict())
+    assert restored.beta_rooted and restored.beta == 0.0
 
 
 def test_update_beta_with_flat_potential_keeps_beta() -> None:

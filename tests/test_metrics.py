@@ -304,6 +304,20 @@ def test_numpy_nmi_equals_scikit_learn(seed):
     assert metrics.normalized_mutual_info(clusters, labels) == pytest.approx(expected, abs=1e-10)
 
 
+def test_geometric_nmi_equals_scikit_learn_and_differs_from_arithmetic():
+    """The balanced contrastive paper's NMI, I / sqrt(H(U) H(V)): scikit-learn's geometric
+    average; on unequal entropies it is larger than the arithmetic one (AM >= GM)."""
+    rng = np.random.default_rng(3)
+    labels, clusters = rng.integers(0, 20, size=600), rng.integers(0, 5, size=600)
+    clusters[:300] = labels[:300] % 5  # some agreement
+    expected = normalized_mutual_info_score(labels, clusters, average_method="geometric")
+    geometric = metrics.normalized_mutual_info(labels, clusters, average="geometric")
+    assert geometric == pytest.approx(expected, abs=1e-10)
+    assert geometric > metrics.normalized_mutual_info(labels, clusters) + 0.005
+    with pytest.raises(NearsightError, match="arithmetic, geometric"):
+        metrics.normalized_mutual_info(labels, clusters, average="harmonic")
+
+
 def test_nmi_limit_cases_match_scikit_learn():
     for labels, clusters in (
         [[0, 0, 0], [1, 1, 1]],

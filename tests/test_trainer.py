@@ -75,7 +75,30 @@ def test_run_dir_holds_every_artifact(synth, tmp_path):
     torch.testing.assert_close(emb.norm(dim=1), torch.ones(2))
     best = load_checkpoint(out / "best.pt")
     assert best["training"]["loss"] == "ice"
+    # no classes held out: best.pt is the best test evaluation, and says so
+    assert best["training"]["selected_by"] == summary.selected_by == "test/recall@1"
     assert best["training"]["metrics"]["recall@1"] == max(e["recall@1"] for e in evaluations)
+
+
+def test_clip_grad_value_bounds_every_update(synth, tmp_path):
+    """optim.clip_grad_value (Proxy Anchor's clip at 10): with plain SGD at rate 1 and no
+    weight decay, one step moves no weight by more than the clip value."""
+    from nearsight.models.checkpoint import load_checkpoint as load
+
+    settings = {"optim.name": "sgd", "optim.momentum": 0.0, "optim.weight_decay": 0.0,
+                "optim.lr": 1.0, "optim.head_lr": 1.0, "optim.schedule": "constant",
+                "optim.warmup_steps": 0, "eval_every": 10}  # fmt: skip
+    clip = 1e-4
+    out = tmp_path / "clipped"
+    train(tiny_config(synth, steps=1, eval_at_start=True, **settings,
+                      **{"optim.clip_grad_value": clip}), out)  # fmt: skip
+    before = load(out / "best.pt")["state_dict"]  # step 0, the untrained network
+    after = load(out / "last.pt")["state_dict"]
+    # parameters only: BatchNorm's running statistics are buffers, not updates
+    weights = [k for k in after if after[k].is_floating_point() and "running_" not in k]
+    moved = max(float((after[k] - before[k]).abs().max()) for k in weights)
+    # some gradient exceeds the clip, so the largest move is the clip (to float32 rounding)
+    assert moved == pytest.approx(clip, rel=0.01)
 
 
 def test_existing_run_is_not_overwritten(synth, tmp_path):
@@ -83,7 +106,6 @@ def test_existing_run_is_not_overwritten(synth, tmp_path):
     train(tiny_config(synth, steps=1), out)
     with pytest.raises(Exception, match="--resume"):
         train(tiny_config(synth, steps=1), out)
-
 
 
 @pytest.mark.parametrize("loss", ["ice", "rankmi"])

@@ -17,7 +17,9 @@ others.
   MATLAB and scikit-learn k-means of the original evaluation code; fixed seed), then the
   normalised mutual information between the cluster assignment and the labels, arithmetic
   normalisation (scikit-learn's normalized_mutual_info_score, computed here in numpy from the
-  contingency table: tests/test_metrics.py checks it against scikit-learn to 1e-10).
+  contingency table: tests/test_metrics.py checks it against scikit-learn to 1e-10). Papers
+  differ here: most (RankMI, RLL) divide by the arithmetic mean of the two entropies, the
+  balanced contrastive paper by their geometric mean; ``nmi_average="geometric"`` gives that.
 
 Neighbours come from exact (brute-force) inner-product search: the embeddings are L2 normalised,
 so inner product ranks like cosine similarity and like Euclidean distance. For a chunk of
@@ -53,6 +55,9 @@ SOP_KS: tuple[int, ...] = (1, 10, 100, 1000)  # Stanford Online Products
 # CUB's 5,924 and CARS196's 8,131): k = 1000 means nothing on a small gallery, and k <= 8
 # saturates less on a large one. Callers that know the dataset should pass ks themselves.
 SOP_SCALE_ITEMS = 20_000
+# how NMI normalises the mutual information: by the mean of the two entropies, or their
+# geometric mean (scikit-learn's average_method names)
+NMI_AVERAGES = ("arithmetic", "geometric")
 KMEANS_INITS = {
     "k-means++": "ClusteringInitMethod_KMEANS_PLUS_PLUS",
     "afk-mc2": "ClusteringInitMethod_AFK_MC2",
@@ -99,12 +104,15 @@ def nmi(
     seed: int = 0,
     niter: int = 20,
     init: str = "k-means++",
+    average: str = "arithmetic",
 ) -> float:
     """NMI between the labels and a k-means clustering (k = number of classes) of the
     embeddings. ``init``: "k-means++" (default; MATLAB's and scikit-learn's default, which the
     original DML evaluation code used), "afk-mc2" (faiss's fast approximation of k-means++, for
-    galleries with thousands of classes) or "random" (faiss's default: often merges clusters)."""
+    galleries with thousands of classes) or "random" (faiss's default: often merges clusters).
+    ``average``: how the two entropies normalise the mutual information (NMI_AVERAGES)."""
     vectors, codes = _prepare(embeddings, labels)
+    _check_average(average)
     if init not in KMEANS_INITS:
         raise NearsightError(f"k-means init must be one of {', '.join(KMEANS_INITS)}, got {init!r}")
     num_classes = int(codes.max()) + 1
@@ -126,7 +134,7 @@ def nmi(
     kmeans = faiss.Kmeans(vectors.shape[1], num_classes, **options)
     kmeans.train(vectors, init_centroids=init_centroids)
     _, assignment = kmeans.index.search(vectors, 1)
-    return normalized_mutual_info(codes, assignment[:, 0])
+    return normalized_mutual_info(codes, assignment[:, 0], average=average)
 
 
 def evaluate(
@@ -141,6 +149,7 @@ def evaluate(
     reorder: Reorder | None = None,
     reorder_depth: int = 0,
     with_nmi: bool = True,
+    nmi_average: str = "arithmetic",
 ) -> dict[str, float | int]:
     """All metrics in the `nearsight eval --json` shape:
     {"recall@1": ..., "recall@2": ..., ..., "nmi": ..., "map@r": ..., "queries": Q}.
@@ -165,7 +174,7 @@ def evaluate(
     )
     result: dict[str, float | int] = {f"recall@{k}": value for k, value in recalls.items()}
     if with_nmi:  # without: the retrieval metrics only (tuning a re-ranking)
-        result["nmi"] = nmi(vectors, codes, seed=seed, init=nmi_init)
+        result["nmi"] = nmi(vectors, codes, seed=seed, init=nmi_init, average=nmi_average)
     result["map@r"] = mean_ap
     result["queries"] = len(vectors) if query_ids is None else len(query_ids)
     return result
@@ -334,10 +343,14 @@ def _neighbours_without_self(
     return ids[~is_self].reshape(len(queries), k)
 
 
-def normalized_mutual_info(labels: np.ndarray, clusters: np.ndarray) -> float:
-    """NMI with arithmetic normalisation, I(U; V) / ((H(U) + H(V)) / 2), from the contingency
-    table of two integer labellings (scikit-learn's normalized_mutual_info_score, same limit
+def normalized_mutual_info(
+    labels: np.ndarray, clusters: np.ndarray, *, average: str = "arithmetic"
+) -> float:
+    """NMI with arithmetic normalisation, I(U; V) / ((H(U) + H(V)) / 2), or with
+    ``average="geometric"`` I(U; V) / sqrt(H(U) H(V)), from the contingency table of two integer
+    labellings (scikit-learn's normalized_mutual_info_score and its average_method, same limit
     cases: 1.0 when both put everything in one group, 0.0 when the mutual information is 0)."""
+    _check_average(average)
     labels = np.asarray(labels).reshape(-1)
     clusters = np.asarray(clusters).reshape(-1)
     _, u = np.unique(labels, return_inverse=True)
@@ -359,8 +372,16 @@ def normalized_mutual_info(labels: np.ndarray, clusters: np.ndarray) -> float:
     mutual = max(float(terms.sum()), 0.0)
     if mutual == 0.0:
         return 0.0
-    normaliser = (_entropy(row_sums) + _entropy(col_sums)) / 2
+    h_u, h_v = _entropy(row_sums), _entropy(col_sums)
+    normaliser = (h_u + h_v) / 2 if average == "arithmetic" else np.sqrt(h_u * h_v)
     return float(mutual / normaliser)
+
+
+def _check_average(average: str) -> None:
+    if average not in NMI_AVERAGES:
+        raise NearsightError(
+            f"NMI average must be one of {', '.join(NMI_AVERAGES)}, got {average!r}"
+        )
 
 
 def _entropy(counts: np.ndarray) -> float:

@@ -21,6 +21,8 @@ import yaml
 from nearsight.core.errors import NearsightError
 from nearsight.models.embedding import FEATURE_NORMS, check_heads, resolve_feature_norm
 
+PAPER_KEY = "paper"
+
 
 class ConfigError(NearsightError, ValueError):
     """A configuration file or override that does not fit the schema."""
@@ -127,6 +129,9 @@ class OptimConfig:
     # the first steps train only the new layers (heads, a loss's own parameters), the trunk
     # frozen: Proxy Anchor's warm-up epoch
     freeze_trunk_steps: int = 0
+    # clip every gradient element (the network's and the loss's own parameters) to
+    # [-value, value] before each update, as Proxy Anchor's code does; None = no clipping
+    clip_grad_value: float | None = None
     # RankMI's statistics network (Algorithm 1) has its own Adam
     critic_lr: float = 1e-3
     critic_weight_decay: float = 1e-4
@@ -209,6 +214,10 @@ def load_config(
             line = getattr(getattr(error, "problem_mark", None), "line", None)
             at = f" (line {line + 1})" if line is not None else ""
             raise ConfigError(f"config file {path} is not valid YAML{at}") from None
+        if isinstance(values, dict):
+            # the paper's row a config is compared against: read by nearsight.training.paper,
+            # not a training setting
+            values.pop(PAPER_KEY, None)
         _merge(config, values, "")
     for dotted, value in (overrides or {}).items():
         apply_override(config, dotted, value)
@@ -299,7 +308,9 @@ def validate(config: TrainConfig) -> None:
     _check_types(config, "")
     for name in ("amp", "channels_last"):
         if isinstance(getattr(config, name), str) and getattr(config, name) != "auto":
-            raise ConfigError(f"config {name} must be auto, true or false, got {getattr(config, name)!r}")
+            raise ConfigError(
+                f"config {name} must be auto, true or false, got {getattr(config, name)!r}"
+            )
     if config.loss.name not in LOSSES:
         raise ConfigError(
             f"unknown loss {config.loss.name!r}; valid losses: {', '.join(sorted(LOSSES))}"
@@ -359,6 +370,9 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError(
             f"optim.freeze_trunk_steps must be 0 or more, got {config.optim.freeze_trunk_steps}"
         )
+    clip = config.optim.clip_grad_value
+    if clip is not None and not clip > 0:
+        raise ConfigError(f"optim.clip_grad_value must be positive (or null), got {clip}")
     if config.data.workers < 0:
         raise ConfigError(f"data.workers must be 0 or more, got {config.data.workers}")
     if not config.ks or any(k < 1 for k in config.ks):

@@ -28,7 +28,7 @@ class TrainResult:
     batches: int  # batches drawn (RankMI's critic batches included)
     seconds: float  # wall time of this call
     train_seconds: float  # time in training batches over the whole run (resumes included)
-    selected_by: str  # what best.pt was chosen by: "val/recall@1" or "recall@1" (test)
+    selected_by: str  # what best.pt was chosen by: "val/recall@1" or "test/recall@1"
     best_step: int
     best_score: float  # the selection metric at best_step
     best: dict[str, Any] = field(default_factory=dict)  # test metrics of best.pt
@@ -50,7 +50,7 @@ class TrainResult:
         return (
             f"trained {self.steps} steps in {self.train_seconds:.0f}s of training "
             f"({self.seconds:.0f}s wall); run in {self.out_dir}\n"
-            f"best.pt (step {self.best_step}, best {chosen} {self.selected_by.removeprefix('val/')}"
+            f"best.pt (step {self.best_step}, best {chosen} {self.selected_by.split('/')[-1]}"
             f" {self.best_score:.4f}): test {recalls(self.best)}\n"
             f"last.pt (step {self.steps}): test {recalls(self.last)}"
         )

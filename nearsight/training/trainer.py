@@ -293,6 +293,9 @@ class Trainer:
             # the step nor weight decay nor the optimiser's moments touch the trunk
             for parameter in self.model.trunk_parameters():
                 parameter.grad = None
+        clip = self.config.optim.clip_grad_value
+        if clip is not None:  # after DDP's averaging: every process clips the same gradient
+            nn.utils.clip_grad_value_([*self.model.parameters(), *loss_fn.parameters()], clip)
         self.optimizer.step()
         return float(loss.detach())
 
@@ -334,8 +337,9 @@ class Trainer:
     # -- evaluation and checkpoints -----------------------------------------------------
     @property
     def selection_metric(self) -> str:
-        """What best.pt is chosen by: validation Recall@1 when classes are held out."""
-        return "val/recall@1" if self.val is not None else "recall@1"
+        """What best.pt is chosen by: validation Recall@1 when classes are held out, else test
+        Recall@1 (the papers' protocol); best.pt's ``selected_by`` says which."""
+        return "val/recall@1" if self.val is not None else "test/recall@1"
 
     def _evaluate_and_save(self, state: TrainState) -> None:
         # in fp32, as the exported ONNX model runs: best.pt is chosen by the numbers its gallery
@@ -357,7 +361,7 @@ class Trainer:
                 file=sys.stderr,
                 flush=True,
             )
-            score = record.get(self.selection_metric, 0.0)
+            score = record.get(self.selection_metric.removeprefix("test/"), 0.0)
             if score > state.best:
                 state.best, state.best_step, state.best_metrics = score, state.step, metrics
                 self.files.save_best(self.model, self._model_extra(state, record))

@@ -5,6 +5,16 @@ Each module has ``register(subparsers)``, which adds its parser and sets ``func`
 
 from __future__ import annotations
 
-from nearsight.app.commands import data, demo, eval, export, index, search, serve, train
+from nearsight.app.commands import (
+    data,
+    demo,
+    eval,
+    export,
+    index,
+    reproduce,
+    search,
+    serve,
+    train,
+)
 
-COMMANDS = [demo, data, train, export, index, eval, search, serve]
+COMMANDS = [demo, data, train, export, index, eval, search, serve, reproduce]

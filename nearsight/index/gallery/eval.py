@@ -47,11 +47,12 @@ def evaluate_gallery(
     queries: int | None = None,
     rerank: RerankSpec | str | None = None,
     with_nmi: bool = True,
+    nmi_average: str = "arithmetic",
 ) -> dict[str, float | int]:
     """index.metrics.evaluate's dict (recall@k..., nmi, map@r, queries) of ``gallery``;
     ``queries``: only a seeded sample of that many labelled items query; ``rerank``: each
     query's neighbours re-ranked (nearsight.index.rerank), its own item excluded from every
-    expansion."""
+    expansion; ``nmi_average``: NMI's normalisation (index.metrics.NMI_AVERAGES)."""
     spec = parse_rerank(rerank)
     labelled = gallery.labels >= 0
     if labelled.sum() < 2:
@@ -77,5 +78,12 @@ def evaluate_gallery(
     init = "k-means++" if classes <= EXACT_KMEANSPP_MAX_CLASSES else "afk-mc2"
     ks = tuple(ks or default_ks(gallery))
     return evaluate_reranked(
-        vectors, labels, ks, spec, nmi_init=init, queries=queries, with_nmi=with_nmi
+        vectors,
+        labels,
+        ks,
+        spec,
+        nmi_init=init,
+        queries=queries,
+        with_nmi=with_nmi,
+        nmi_average=nmi_average,
     )

@@ -57,6 +57,9 @@ NEWTON_MAX_STEPS = 20
 NEWTON_TOLERANCE = 1e-6
 # |V'(beta)| below this counts as flat: a Newton step would jump arbitrarily far.
 NEWTON_MIN_SLOPE = 1e-10
+# |V(beta)| at most this: Newton's estimate is a root of V (else V has no root it could reach
+# in [0, 2], and beta stayed clamped at an end or where V is flat)
+ROOT_TOLERANCE = 1e-5
 LEAKY_SLOPE = 0.1
 # 1 - d^2/4 is clamped at this so that d = 2 (antipodal points) gives a finite log weight.
 SPHERE_EPS = 1e-8
@@ -163,6 +166,8 @@ class RankMILoss(nn.Module):
         self.dws_cutoff = float(dws_cutoff)
         self.critic = statistics_network(hidden, layers)
         self.register_buffer("beta_state", torch.tensor(float(beta0), dtype=torch.float64))
+        # whether any update_beta has found a root of V: until one has, beta stays beta0
+        self.beta_rooted = False
         self.generator = torch.Generator(device="cpu")
         self.generator.manual_seed(int(seed))
         self.last_newton_steps = 0
@@ -178,10 +183,15 @@ class RankMILoss(nn.Module):
 
     def get_extra_state(self) -> dict[str, torch.Tensor]:
         # the negative-sampling generator, so that a resumed run draws the same negatives
-        return {"generator_state": self.generator.get_state()}
+        return {
+            "generator_state": self.generator.get_state(),
+            "beta_rooted": torch.tensor(self.beta_rooted),
+        }
 
     def set_extra_state(self, state: dict[str, torch.Tensor]) -> None:
         self.generator.set_state(state["generator_state"])
+        # a checkpoint from before the flag: its beta came from Newton already
+        self.beta_rooted = bool(state.get("beta_rooted", True))
 
     def critic_optimizer(self, lr: float = 1e-3, weight_decay: float = 1e-4) -> torch.optim.Adam:
         """Adam over the statistics network (the paper: lr 1e-3, weight decay 1e-4)."""
@@ -259,12 +269,29 @@ class RankMILoss(nn.Module):
         """Re-estimate beta, the root of V (T(beta) = 0), by Newton's method with V' from
         autograd, warm-started from the current beta: at most 20 steps, stopping when a step is
         below 1e-6, each iterate clamped into [0, 2]; a flat V (|V'| ~ 0) stops it where it is.
-        Evaluated in float64. Returns the new beta; ``last_newton_steps`` says how many
-        evaluations it took."""
+        Evaluated in float64. Until some call has found a root (|V| <= ROOT_TOLERANCE), a call
+        that finds none keeps beta at beta0; after that, the clamped estimate stands. Returns
+        the new beta; ``last_newton_steps`` says how many evaluations it took."""
         beta, steps = self._newton(self.beta)
-        self.beta_state.fill_(beta)
         self.last_newton_steps = steps
+        if abs(self._potential64(beta)) <= ROOT_TOLERANCE:
+            self.beta_rooted = True
+        elif not self.beta_rooted:
+            # a fresh statistics network often has no root in [0, 2]; clamping would give
+            # beta = 0, and the first embedding step would keep no negative at all. Algorithm
+            # 1 starts from beta0 (line 2) and updates the embedding first (t = 0): beta0
+            # stands until the critic has a root (docs/reproducing.md, "RankMI's first step").
+            return self.beta
+        self.beta_state.fill_(beta)
         return beta
+
+    @torch.no_grad()
+    def _potential64(self, x: float) -> float:
+        """V(x) in float64, as Newton evaluates it."""
+        params = {name: p.detach().to(torch.float64) for name, p in self.critic.named_parameters()}
+        device = next(self.critic.parameters()).device
+        point = torch.tensor([[x]], dtype=torch.float64, device=device)
+        return float(functional_call(self.critic, params, (point,)).squeeze() - x)
 
     # ------------------------------------------------------------------ embedding step
     def select_pairs(

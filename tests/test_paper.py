@@ -1,0 +1,73 @@
+"""Every config's ``paper:`` block: the row a reproduction is compared against, cited."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nearsight.core.errors import NearsightError
+from nearsight.training.config import load_config, shipped_configs
+from nearsight.training.paper import problems, protocol_metrics, read_paper
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "nearsight" / "training" / "configs"
+
+
+@pytest.mark.parametrize("name", shipped_configs())
+def test_every_config_has_a_cited_paper_row(name):
+    paper = read_paper(name)  # refuses a block that breaks a rule
+    dataset = load_config(name).data.dataset
+    assert set(protocol_metrics(dataset)) <= set(paper.metrics)
+    numbers = {key: value for key, value in paper.metrics.items() if value is not None}
+    assert numbers, "a paper row without a single number"
+    for key in numbers:
+        assert paper.citation(key)
+    for key, value in paper.metrics.items():
+        assert (value is None) == (key in paper.missing)
+    assert paper.differs, "every config differs from its paper somewhere"
+    assert paper.cite.count('"') == 2  # the title, quoted
+
+
+def test_the_rows_are_the_papers_own_numbers():
+    rankmi = read_paper("rankmi_cub")
+    assert (rankmi.table, rankmi.row) == ("Table 1 (CUB-200-2011)", "RankMI (Ours) 128R")
+    assert [rankmi.metrics[f"recall@{k}"] for k in (1, 2, 4, 8)] == [66.7, 77.2, 85.1, 91.0]
+    assert rankmi.metrics["nmi"] == 71.3 and rankmi.nmi == "arithmetic"
+    bcontrastive = read_paper("bcontrastive_cars")
+    assert bcontrastive.metrics["recall@1"] == 69.18 and bcontrastive.metrics["nmi"] == 62.89
+    # NMI as each paper defines it: the balanced contrastive paper's geometric mean
+    assert {read_paper(f"bcontrastive_{d}").nmi for d in ("cub", "cars", "sop")} == {"geometric"}
+    ice = read_paper("ice_cub")
+    assert ice.metrics["recall@1"] is None and "lost" in ice.missing["recall@1"]
+    assert "sec. 4.2" in read_paper("ice_sop").citation("recall@1")
+    assert read_paper("rll_cub").metrics["nmi"] == 63.6
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"cite": ""}, "no cite"),
+        ({"nmi": "harmonic"}, "nmi must be one of"),
+        ({"metrics": {"recall@1": 60.0}}, "no cell for recall@2"),
+        ({"missing": {}}, "map@r is empty and missing gives no reason"),
+        ({"sources": {"map@r": "somewhere"}}, "sources cites map@r"),
+        ({"metrics": {"recall@1": 160.0}}, "must be a percentage"),
+    ],
+)
+def test_a_broken_block_is_refused(change, expected, tmp_path):
+    block = read_paper("rankmi_cub").to_dict()
+    block.update(change)
+    assert any(expected in problem for problem in problems(block, "cub")), problems(block, "cub")
+    config = tmp_path / "broken.yaml"
+    config.write_text(yaml.safe_dump({"data": {"dataset": "cub"}, "paper": block}))
+    with pytest.raises(NearsightError, match="paper block"):
+        read_paper(config)
+
+
+def test_a_config_without_a_paper_block_is_named(tmp_path):
+    config = tmp_path / "mine.yaml"
+    config.write_text("steps: 10\n")
+    with pytest.raises(NearsightError, match="has no paper: block"):
+        read_paper(config)
+    assert load_config(CONFIG_DIR / "rll_cub.yaml").loss.name == "rll"  # training ignores it

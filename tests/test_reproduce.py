@@ -1,0 +1,177 @@
+"""``nearsight reproduce`` on a tiny CUB-layout dataset: both rows, both files, and a run killed
+during training that resumes to the same table."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import assert_one_line_error, run
+
+from nearsight.app.reproduction import Reproduction
+from nearsight.core.errors import NearsightError
+from nearsight.index.datasets.synthetic import write_synthetic
+
+# a tiny size from the command line: 32 px, 16-d, 8 steps of 3 classes x 2 images, from scratch
+TINY = {
+    "model.pretrained": "none", "data.image_size": 32, "data.resize": 32, "model.dim": 16,
+    "steps": 8, "eval_every": 4, "save_every": 1, "log_every": 1,
+    "sampler.classes_per_batch": 3, "sampler.per_class": 2, "data.workers": 0,
+    "data.eval_batch_size": 16, "amp": "false", "channels_last": "false",
+}  # fmt: skip
+SETS = [arg for key, value in TINY.items() for arg in ("--set", f"{key}={value}")]
+TABLE_KEYS = ("columns", "paper", "ours", "difference", "citation", "selection", "queries")
+
+
+def write_tiny_cub(root: Path) -> Path:
+    """CUB_200_2011's layout over synthetic 32 px images: classes 1-4 train, 101-104 test."""
+    synth = root / "synth"
+    write_synthetic(synth, classes=8, per_class=4, size=32, seed=0)
+    cub = root / "CUB_200_2011"
+    images, labels, names = [], [], []
+    folders = sorted({path.parent for path in synth.rglob("*.png")}, key=lambda p: p.name)
+    for number, folder in enumerate(folders):
+        class_id = number + 1 if number < 4 else 97 + number
+        name = f"{class_id:03d}.{folder.name}"
+        names.append(f"{class_id} {name}")
+        for image in sorted(folder.glob("*.png")):
+            (cub / "images" / name).mkdir(parents=True, exist_ok=True)
+            shutil.copy(image, cub / "images" / name / image.name)
+            images.append(f"{len(images) + 1} {name}/{image.name}")
+            labels.append(f"{len(labels) + 1} {class_id}")
+    for file_name, lines in (("images.txt", images), ("image_class_labels.txt", labels),
+                             ("classes.txt", names)):  # fmt: skip
+        (cub / file_name).write_text("\n".join(lines) + "\n")
+    shutil.rmtree(synth)
+    return root
+
+
+@pytest.fixture(scope="module")
+def cub(tmp_path_factory) -> Path:
+    return write_tiny_cub(tmp_path_factory.mktemp("cub"))
+
+
+def reproduce(cub: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "nearsight.app.cli", "reproduce", "rankmi_cub", "--root",
+            str(cub), "--out", str(out), "--workers", "0", *SETS, *extra]  # fmt: skip
+
+
+def table(out: Path) -> dict:
+    report = json.loads((out / "reproduction.json").read_text())
+    return {key: report[key] for key in TABLE_KEYS}
+
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # both runs do the same arithmetic
+
+
+def test_reproduce_writes_both_rows_and_a_killed_run_resumes_to_the_same_table(cub, tmp_path):
+    straight = tmp_path / "straight"
+    done = subprocess.run(reproduce(cub, straight), env=ENV, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    markdown = (straight / "reproduction.md").read_text()
+    assert markdown in done.stdout  # printed as well as written
+    assert "| paper | 66.7 | 77.2 | 85.1 | 91.0 | 71.3 | - |" in markdown
+    assert "| ours |" in markdown and "| ours - paper |" in markdown
+    assert 'Table 1 (CUB-200-2011), row "RankMI (Ours) 128R"' in markdown
+    assert "`--set steps=8` (the config: 3000)" in markdown
+    report = json.loads((straight / "reproduction.json").read_text())
+    assert report["columns"] == ["recall@1", "recall@2", "recall@4", "recall@8", "nmi", "map@r"]
+    assert report["queries"] == 16  # the 4 test classes x 4 images
+    assert all(0 <= report["ours"][name] <= 100 for name in report["columns"])
+    assert report["difference"]["recall@1"] == pytest.approx(report["ours"]["recall@1"] - 66.7)
+    assert (
+        report["difference"]["map@r"] is None and "MAP@R" in report["citation"]["missing"]["map@r"]
+    )
+    assert report["selection"]["selected_by"] == "test/recall@1"
+    assert report["nmi"]["average"] == "arithmetic"
+    assert report["wall_seconds"]["total"] > 0 and report["device"]
+
+    # killed (SIGKILL) once training has written its first checkpoint, then run again
+    killed = tmp_path / "killed"
+    process = subprocess.Popen(reproduce(cub, killed), env=ENV, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while not (killed / "train" / "last.pt").exists():
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    assert not (killed / "train" / "result.json").exists()  # killed during training
+    again = subprocess.run(reproduce(cub, killed), env=ENV, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "train: resuming" in again.stderr and "resumed from" in again.stderr
+    assert table(killed) == table(straight)
+
+    # a third run finds every stage complete and prints the same table
+    third = subprocess.run(reproduce(cub, killed), env=ENV, capture_output=True, text=True)
+    assert third.returncode == 0, third.stderr[-3000:]
+    for stage in ("train", "export", "index", "eval"):
+        assert f"{stage}: complete, skipped" in third.stderr
+    assert table(killed) == table(straight)
+
+
+def test_a_run_folder_of_other_settings_is_refused(cub, tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "reproduce.json").write_text(json.dumps({"identity": {"config": "rll_cub"}}))
+    code, _, err = run(capsys, "reproduce", "rankmi_cub", "--root", cub, "--out", out, *SETS)
+    assert_one_line_error(code, err, "holds a reproduction of other settings")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "mine.txt").write_text("keep")
+    code, _, err = run(capsys, "reproduce", "rankmi_cub", "--root", cub, "--out", other, *SETS)
+    assert_one_line_error(code, err, "is not a reproduction")
+    code, _, err = run(
+        capsys, "reproduce", "no_such_config", "--root", cub, "--out", tmp_path / "x"
+    )
+    assert_one_line_error(code, err, "config file not found")
+    code, _, err = run(capsys, "reproduce", "rankmi_cub", "--root", tmp_path / "nothing",
+                       "--out", tmp_path / "y", *SETS)  # fmt: skip
+    assert_one_line_error(code, err, "not a CUB-200-2011 folder")
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_model_selection_protocols(tmp_path):
+    def overrides(selection: str, **extra) -> dict:
+        repro = Reproduction("rankmi_cub", tmp_path, tmp_path / "run", dict(extra), selection)
+        return repro.training_overrides()
+
+    assert overrides("test")["data.val_classes"] == 0  # the papers: best on test
+    assert overrides("val")["data.val_classes"] == 0.1  # held-out training classes
+    assert overrides("val", **{"data.val_classes": 5})["data.val_classes"] == 5
+    with pytest.raises(NearsightError, match="--selection val"):
+        overrides("test", **{"data.val_classes": 0.2})
+
+
+def test_reproduce_under_torchrun_with_the_honest_selection(cub, tmp_path):
+    """Two CPU processes (gloo): distributed training, the index build's process group, and
+    process 0's report; best.pt chosen on a held-out training class, with the papers' choice
+    (the best test evaluation) beside it."""
+    out = tmp_path / "ddp"
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
+    command = reproduce(cub, out, "--selection", "val", "--set", "data.val_classes=1")
+    done = subprocess.run(
+        [torchrun, "--standalone", "--nproc_per_node", "2", *command[1:]],
+        env=ENV,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((out / "reproduction.json").read_text())
+    assert report["processes"] == 2 and report["queries"] == 16
+    assert "2 processes (torchrun)" in (out / "reproduction.md").read_text()
+    assert json.loads((out / "train" / "result.json").read_text())["steps"] == 8
+    assert report["selection"]["selected_by"] == "val/recall@1"
+    evaluations = [json.loads(line) for line in (out / "train" / "metrics.jsonl").open()]
+    best_test = max(e["recall@1"] for e in evaluations)
+    assert report["ours_best_test"]["recall@1"] == pytest.approx(100 * best_test)
+    assert "| ours, best test evaluation |" in (out / "reproduction.md").read_text()
