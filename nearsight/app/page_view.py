@@ -284,9 +284,10 @@ def open_views(
     all of them) or the model path each gallery's meta records. One embedder per model file.
     Raises NearsightError (one line) for a missing/damaged gallery or a model that does not
     match."""
+    from nearsight.index.gallery.model import foreign_spec
     from nearsight.models.embedder import load_embedder
 
-    embedders: dict[Path, Any] = {}
+    embedders: dict[tuple[Path, str], Any] = {}
     views: list[GalleryView] = []
     names = gallery_names(gallery_dirs)
     try:
@@ -294,9 +295,10 @@ def open_views(
             gallery = Gallery.open(folder)
             try:
                 path = gallery.model_path(model)
-                key = path.expanduser().resolve()
+                spec = foreign_spec(gallery)  # a model exported elsewhere runs as recorded
+                key = (path.expanduser().resolve(), spec.to_json() if spec else "")
                 if key not in embedders:
-                    embedders[key] = load_embedder(path, device=device)
+                    embedders[key] = load_embedder(path, device=device, spec=spec)
                 gallery.check_model(embedders[key], path)
             except BaseException:
                 gallery.close()

@@ -56,12 +56,9 @@ class SearchableGallery:
         """The embedder of the gallery's queries (its recorded model, or ``model``), loaded and
         checked against the gallery on first use."""
         if self._embedder is None:
-            from nearsight.models.embedder import load_embedder
-
-            path = self.gallery.model_path(self._model_override)
-            embedder = load_embedder(path, device=self._device, optimization=self._optimization)
-            self.gallery.check_model(embedder, path)
-            self._embedder = embedder
+            self._embedder = self.gallery.load_model(
+                self._model_override, device=self._device, optimization=self._optimization
+            )
         return self._embedder
 
     def __len__(self) -> int:

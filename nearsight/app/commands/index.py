@@ -14,6 +14,7 @@ from typing import Any
 
 from nearsight.app.commands import index_import
 from nearsight.app.commands.index_build import DEFAULT_CHUNK_SIZE, run_build
+from nearsight.app.commands.model_options import add_foreign_model_options
 
 MAX_LISTED_ERRORS = 20  # unreadable images listed one per line; past this, a count
 # index.faiss_index.INDEX_TYPES, written out: importing it would load faiss for every command
@@ -40,7 +41,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "reuses the finished chunks (kept in .OUT.chunks beside OUT until the gallery is "
         "written).",
     )
-    build.add_argument("--model", type=Path, required=True, help="model.onnx or a .pt checkpoint")
+    build.add_argument(
+        "--model",
+        type=Path,
+        required=True,
+        help="model.onnx or a .pt checkpoint; or an ONNX model exported elsewhere, with "
+        "--input-size (below)",
+    )
     source = build.add_mutually_exclusive_group(required=True)
     source.add_argument(
         "--dataset",
@@ -84,6 +91,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         f"{DEFAULT_CHUNK_SIZE})",
     )
     _add_embedding_options(build)
+    add_foreign_model_options(build)
     build.set_defaults(func=run_build)
 
     add = actions.add_parser(
@@ -137,12 +145,7 @@ def _add_embedding_options(parser: argparse.ArgumentParser) -> None:
 def load_gallery_model(gallery: Any, override: Path | None, device: str = "auto") -> Any:
     """The embedder for ``gallery``: ``override`` or the model path its meta records; checked
     to be the model the gallery was built with."""
-    from nearsight.models.embedder import load_embedder
-
-    path = gallery.model_path(override)
-    embedder = load_embedder(path, device=device)
-    gallery.check_model(embedder, path)
-    return embedder
+    return gallery.load_model(override, device=device)
 
 
 def _check_batching(args: argparse.Namespace) -> None:

@@ -33,8 +33,8 @@ def run_build(args: argparse.Namespace) -> int:
         _check_batching,
         _check_out,
     )
+    from nearsight.app.commands.model_options import load_index_model
     from nearsight.core.errors import NearsightError
-    from nearsight.models.embedder import load_embedder
 
     start = time.perf_counter()
     _check_batching(args)
@@ -44,7 +44,7 @@ def run_build(args: argparse.Namespace) -> int:
     out = _absolute(args.out)
     _check_out(out)
     paths, fields, source_meta = _build_sources(args)
-    embedder = load_embedder(args.model, device=args.device)
+    embedder = load_index_model(args)
     folder = out.with_name(f".{out.name}.chunks")
     names = [f"part-{j:06d}" for j in range(-(-len(paths) // args.chunk_size))]
     manifest = {
