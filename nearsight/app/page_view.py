@@ -13,10 +13,8 @@ from its results: an upload of a gallery file finds that item at distance 0.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import hashlib
-import io
 import math
 import os
 import threading
@@ -35,8 +33,8 @@ from nearsight.index.analysis import ANALYSIS_MAX_ITEMS, Analysis, analyse
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.images import load_image
 from nearsight.index.search.query import allowed_ids
+from nearsight.index.verdicts import THUMBNAIL_SIDE, thumbnail_uri  # noqa: F401  (re-exported)
 
-THUMBNAIL_SIDE = 160  # pixels, the longer side of a grid thumbnail
 THUMBNAIL_CACHE_ITEMS = 4096  # per gallery; ~6 KB each as base64 JPEG
 
 
@@ -262,14 +260,6 @@ def class_names(rows) -> dict[int, str]:
         if int(label) not in names or (name and names[int(label)].startswith("class ")):
             names[int(label)] = str(name) if name else f"class {label}"
     return dict(sorted(names.items()))
-
-
-def thumbnail_uri(image: Image.Image, side: int = THUMBNAIL_SIDE) -> str:
-    small = image.convert("RGB")
-    small.thumbnail((side, side), Image.Resampling.BILINEAR)
-    buffer = io.BytesIO()
-    small.save(buffer, format="JPEG", quality=85)
-    return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 # -- opening galleries with their model --------------------------------------------------------

@@ -291,6 +291,7 @@ def run_add(args: argparse.Namespace) -> int:
             for path, info in zip(kept_paths, described, strict=True)
         ]
         ids = gallery.add(vectors, items)
+        args.added_ids = ids  # nearsight.add_images returns them
         total = len(gallery)
     shown = ", ".join(map(str, ids[:10])) + (", ..." if len(ids) > 10 else "")
     print(
