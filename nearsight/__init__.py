@@ -68,7 +68,16 @@ def __getattr__(name: str) -> Any:
     module = _API.get(name)
     if module is None:
         raise AttributeError(f"module 'nearsight' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    try:
+        value = getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as error:  # e.g. nearsight.export with the serving set only
+        from nearsight.core.errors import NearsightError
+        from nearsight.core.extras import missing_extra
+
+        line = missing_extra(error)
+        if line is None:
+            raise
+        raise NearsightError(f"nearsight.{name}: {line}") from None
     globals()[name] = value  # the next access skips this function
     return value
 
