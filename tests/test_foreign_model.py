@@ -201,3 +201,23 @@ def test_a_nearsight_model_refuses_the_foreign_flags(onnx_gallery, tmp_path, cap
     code, _, err = run(capsys, "index", "build", "--model", onnx_gallery.model, "--images",
                        onnx_gallery.query, "--out", tmp_path / "g", "--input-size", "32", *FAST)  # fmt: skip
     assert_one_line_error(code, err, "describes itself")
+
+
+def test_import_without_the_model_refuses_its_description(tmp_path, capsys):
+    np.save(tmp_path / "vectors.npy", np.eye(2, dtype=np.float32))
+    (tmp_path / "meta.csv").write_text("label\n0\n1\n")
+    code, _, err = run(capsys, "index", "import", "--vectors", tmp_path / "vectors.npy",
+                       "--meta", tmp_path / "meta.csv", "--input-size", "32",
+                       "--out", tmp_path / "g")  # fmt: skip
+    assert_one_line_error(code, err, "give it too")
+    assert not (tmp_path / "g").exists()
+
+
+def test_the_page_summary_describes_the_model(foreign):
+    from nearsight.app.page_tables import spec_line
+    from nearsight.models.spec import spec_from_gallery_meta
+
+    with Gallery.open(foreign["gallery"]) as gallery:
+        line = spec_line(spec_from_gallery_meta(gallery.meta))
+    assert "exported elsewhere" in line and "mean 0.5 0.4 0.3" in line
+    assert "output features" in line and "pooling" not in line

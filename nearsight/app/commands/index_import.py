@@ -54,6 +54,10 @@ def run_import(args: argparse.Namespace) -> int:
     from nearsight.index.gallery.core import build_gallery
 
     start = time.perf_counter()
+    described = args.model_spec or args.input_size or args.mean or args.std or args.output
+    if args.model is None and (described or args.resize):
+        raise NearsightError("--input-size, --mean, --std, --resize, --output and --model-spec "
+                             "describe the --model the vectors came from: give it too")  # fmt: skip
     out = _absolute(args.out)
     _check_out(out)
     vectors = read_vectors(args.vectors)
