@@ -221,3 +221,29 @@ def test_the_page_summary_describes_the_model(foreign):
         line = spec_line(spec_from_gallery_meta(gallery.meta))
     assert "exported elsewhere" in line and "mean 0.5 0.4 0.3" in line
     assert "output features" in line and "pooling" not in line
+
+
+def test_a_resumed_build_does_not_reuse_chunks_of_another_description(foreign, tmp_path,
+                                                                      monkeypatch, capsys):  # fmt: skip
+    """Chunks embedded with one --mean/--std are not reused by a build with others."""
+    import shutil
+
+    from nearsight.app.commands import index_build
+
+    out = tmp_path / "gallery"
+    argv = ["index", "build", "--model", foreign["model"], "--dataset", "folder", "--root",
+            foreign["data"], "--split", "all", "--out", out, *FAST]  # fmt: skip
+    with monkeypatch.context() as patch:  # the first build leaves its chunks, as a killed one
+        patch.setattr(index_build.shutil, "rmtree", lambda *args, **kwargs: None)
+        code, _, err = run(capsys, *argv, "--input-size", SIZE, "--output", "features")
+    assert code == 0, err
+    assert (tmp_path / ".gallery.chunks").is_dir()
+    code, out_text, err = run(capsys, *argv, *FLAGS)
+    assert code == 0, err
+    assert "reused" not in out_text
+    with Gallery.open(out) as gallery:
+        items = gallery.all_items()
+        vectors = np.asarray(gallery.embeddings)
+    expected = torch_reference(foreign["model"], [Path(item["path"]) for item in items])
+    np.testing.assert_allclose(vectors, expected, atol=1e-4)
+    shutil.rmtree(tmp_path / ".gallery.chunks", ignore_errors=True)

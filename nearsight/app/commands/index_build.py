@@ -53,6 +53,8 @@ def run_build(args: argparse.Namespace) -> int:
         "images": hashlib.sha256("\n".join(map(str, paths)).encode()).hexdigest(),
         "fields": hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest(),
     }
+    if embedder.spec.foreign:  # the same file run with other --mean/--std gives other vectors
+        manifest["spec"] = embedder.spec.to_json()
     if rank == 0:
         _prepare(folder, manifest)
     _barrier(world)
