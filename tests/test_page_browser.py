@@ -172,3 +172,45 @@ def test_the_summary_and_nothing_fetched_from_outside(page, tiny):
     page.get_by_role("tab", name="Failures").click()
     page.locator("#ns-failures [data-testid='cell-0-0']").wait_for()
     assert page.outside == []
+
+
+def test_the_rerank_toggle_redraws_the_grid_and_the_failures_tab_lists_its_changes(page, server):
+    from nearsight.index.rerank.changes import rerank_changes
+
+    handlers = server[1].nearsight
+    view = handlers.view("gallery")
+    spec = handlers.rerank_spec(view, True)
+    # an item whose neighbours re-ranking re-orders, so the redraw is visible
+    item = next(
+        int(i)
+        for i in view.labelled_ids
+        if [n.id for n in view.search_item(int(i), 8)]
+        != [n.id for n in view.search_item(int(i), 8, None, spec)]
+    )
+    page.locator("#ns-item-id input").fill(str(item))
+    page.click("#ns-open")
+    page.wait_for_selector(f"#ns-results .ns-result[data-query-kind='item'][data-id='{item}']")
+
+    def shown() -> list[int]:
+        cells = page.locator("#ns-results .ns-cell")
+        return [int(cells.nth(i).get_attribute("data-id")) for i in range(cells.count())]
+
+    plain = shown()
+    assert plain == [n.id for n in view.search_item(item, 8)]
+    page.locator("#ns-rerank input").check()
+    expected = [n.id for n in view.search_item(item, 8, None, spec)]
+    page.wait_for_function(
+        "ids => [...document.querySelectorAll('#ns-results .ns-cell')]"
+        ".map(c => Number(c.dataset.id)).join() === ids.join()",
+        arg=expected,
+    )
+    assert item not in shown()  # still leave-one-out
+    page.get_by_role("tab", name="Failures").click()
+    page.get_by_text("What re-ranking changes").click()
+    page.click("#ns-rerank-changes")
+    changes = rerank_changes(view.gallery, spec)
+    fixed = sum(change.fixed for change in changes)
+    page.get_by_text(f"{fixed} queries fixed").first.wait_for()
+    if changes:
+        first = page.locator("#ns-changes [data-testid='cell-0-0']")
+        assert int(first.inner_text().strip()) == changes[0].id

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from nearsight.index.rerank import alpha_qe, dba, k_reciprocal_distance, parse_rerank
+from nearsight.index.rerank import alpha_qe, k_reciprocal_distance, parse_rerank
+from nearsight.index.rerank.dba import dba
 
 
 def _unit(x):
@@ -79,7 +80,9 @@ def test_k_reciprocal_matches_loop(k1, k2, lam):
     queries, cand = _data(seed=2)
     got = k_reciprocal_distance(queries, cand, k1=k1, k2=k2, lam=lam)
     for qi in range(len(queries)):
-        np.testing.assert_allclose(got[qi], _kr_loop(queries[qi], cand[qi], k1, k2, lam), atol=1e-12)
+        np.testing.assert_allclose(
+            got[qi], _kr_loop(queries[qi], cand[qi], k1, k2, lam), atol=1e-12
+        )
 
 
 def test_k_reciprocal_lambda_one_is_original_distance():
@@ -90,22 +93,30 @@ def test_k_reciprocal_lambda_one_is_original_distance():
 
 def test_parse_rerank():
     assert parse_rerank("none").method == "none"
-    assert parse_rerank("aqe:k=3,alpha=2").params == {"k": 3, "alpha": 2.0}
-    assert parse_rerank("kreciprocal:lambda=0.5").params == {"k1": 20, "k2": 6, "lambda": 0.5}
-    for bad in ["bogus", "aqe:k1=3", "aqe:k=x", "kreciprocal:lambda=2", "aqe:k"]:
+    assert parse_rerank("aqe:k=3,alpha=2").params == {"k": 3, "alpha": 2.0, "depth": 100}
+    spec = parse_rerank("kreciprocal:lambda=0.5,depth=50")
+    assert spec.params == {"k1": 20, "k2": 6, "lambda": 0.5, "depth": 50}
+    assert parse_rerank(str(spec)) == spec  # the stored form reads back
+    assert parse_rerank(None).method == "none"
+    for bad in [
+        "bogus",
+        "aqe:k1=3",
+        "aqe:k=x",
+        "kreciprocal:lambda=2",
+        "aqe:k",
+        "aqe:alpha=nan",
+        "kreciprocal:depth=5000",
+    ]:
         with pytest.raises(ValueError) as err:
             parse_rerank(bad)
         assert "\n" not in str(err.value)
 
 
-def test_rerank_candidates_none_sorts_by_cosine_and_aqe_fixes_a_hard_case():
-    from nearsight.index.rerank import rerank_candidates
+def test_rerank_aqe_fixes_a_hard_case():
+    from nearsight.index.rerank import MatrixSource, rerank
 
     q = _unit(np.array([[1.0, 0.3, 0.0]]))
-    # cos: id0 .97, id1 .94, id2 .85; after alpha-QE toward id0, id2 (.91) passes id1 (.90).
-    cand = _unit(np.array([[[1.0, 0.6, 0.0], [1.0, 0.0, 0.2], [0.8, 0.9, 0.0]]]))
-    ids = np.array([[10, 11, 12]])
-    got, _ = rerank_candidates(parse_rerank("none"), q, ids, cand)
-    assert got.tolist() == [[10, 11, 12]]
-    got, _ = rerank_candidates(parse_rerank("aqe:k=1,alpha=1"), q, ids, cand)
-    assert got.tolist() == [[10, 12, 11]]
+    # cos: row0 .97, row1 .94, row2 .85; after alpha-QE toward row0, row2 (.91) passes row1 (.90).
+    rows = _unit(np.array([[1.0, 0.6, 0.0], [1.0, 0.0, 0.2], [0.8, 0.9, 0.0]]))
+    got, _ = rerank(parse_rerank("aqe:k=1,alpha=1"), MatrixSource(rows), q, np.array([[0, 1, 2]]))
+    assert got.tolist() == [[0, 2, 1]]

@@ -105,4 +105,5 @@ def reopen(view: GalleryView) -> GalleryView:
     fresh = GalleryView(view.name, gallery, view.embedder, view.analysis_max_items)
     fresh.generation = view.generation + 1
     fresh.show_paths = view.show_paths
+    fresh.rerank_override = view.rerank_override
     return fresh

@@ -38,9 +38,15 @@ import gradio as gr
 from nearsight.app.page_handlers import ANY_CLASS, DEFAULT_K, MAX_K, UNKNOWN_CLASS, Page
 from nearsight.app.page_html import CLICK_JS, message_html
 from nearsight.app.page_map import MapTab, map_tab_layout, wire_map_tab
-from nearsight.app.page_tables import FAILURE_COLUMNS, PAIR_COLUMNS, gallery_header
+from nearsight.app.page_tables import (
+    CHANGE_COLUMNS,
+    FAILURE_COLUMNS,
+    PAIR_COLUMNS,
+    gallery_header,
+)
 from nearsight.app.page_view import GalleryView, open_views
 from nearsight.index.analysis import ANALYSIS_MAX_ITEMS
+from nearsight.index.rerank.spec import RerankSpec
 
 DEFAULT_CONCURRENCY = 2  # embedding calls at once (each one uses every core already)
 DEFAULT_MAX_QUEUE = 64  # waiting events beyond this are refused ("queue full")
@@ -82,6 +88,7 @@ def build_app(
     analyse: bool = True,
     analysis_max_items: int = ANALYSIS_MAX_ITEMS,
     show_paths: bool = False,
+    rerank: RerankSpec | None = None,
 ) -> gr.Blocks:
     """The page over ``galleries`` (folders, or views already open). ``model``: the model that
     embeds uploads (default: each gallery's recorded model; it must match). ``analyse``: start
@@ -98,6 +105,7 @@ def build_app(
     page.show_paths = show_paths
     for view in views:
         view.show_paths = show_paths
+        view.rerank_override = rerank
     page.concurrency, page.max_queue = concurrency, max_queue
     maps = MapTab(page.views)
     first = page.names[0]
@@ -146,6 +154,12 @@ def build_app(
                         info=_filter_info(page),
                         elem_id="ns-filter",
                     )
+                    rerank_box = gr.Checkbox(
+                        value=page.views[first].rerank.active,
+                        label="Re-rank the candidates",
+                        info=_rerank_info(page),
+                        elem_id="ns-rerank",
+                    )
                     search_button = gr.Button("Search", variant="primary", elem_id="ns-search")
                     with gr.Accordion("Query from the gallery (leave-one-out)", open=True):
                         pick_class = gr.Dropdown(
@@ -183,6 +197,20 @@ def build_app(
                     elem_id="ns-failure-results",
                     js_on_load=None,
                 )
+                with gr.Accordion("What re-ranking changes", open=False):
+                    changes_button = gr.Button(
+                        "List the queries re-ranking fixes and breaks",
+                        size="sm",
+                        elem_id="ns-rerank-changes",
+                    )
+                    changes_info = gr.Markdown(elem_id="ns-changes-info")
+                    changes_table = gr.Dataframe(
+                        headers=CHANGE_COLUMNS,
+                        interactive=False,
+                        max_height=300,
+                        wrap=True,
+                        elem_id="ns-changes",
+                    )
                 pairs_table = gr.Dataframe(
                     headers=PAIR_COLUMNS,
                     interactive=False,
@@ -235,7 +263,9 @@ def build_app(
             '{"id", "path", "label", "class_name", "distance", "meta"}, nearest first.',
             **embed_limits,
         )
-        upload_inputs = [gallery_choice, query_image, k_slider, query_class, filter_box]
+        upload_inputs = [
+            gallery_choice, query_image, k_slider, query_class, filter_box, rerank_box,
+        ]  # fmt: skip
         # change, not upload: a pasted image counts too; clearing the image changes nothing
         query_image.change(
             page.image_changed,
@@ -253,23 +283,26 @@ def build_app(
             **private,
             **embed_limits,
         )
-        rerun_inputs = [gallery_choice, state, query_image, k_slider, query_class, filter_box]
+        rerun_inputs = [
+            gallery_choice, state, query_image, k_slider, query_class, filter_box, rerank_box,
+        ]  # fmt: skip
+        rerank_box.input(page.rerun, rerun_inputs, grid_out, api_name="rerun_rerank", **private)
         k_slider.release(page.rerun, rerun_inputs, grid_out, api_name="rerun_k", **private)
         filter_box.submit(page.rerun, rerun_inputs, grid_out, api_name="rerun_filter", **private)
         query_class.input(page.rerun, rerun_inputs, grid_out, api_name="rerun_class", **private)
         random_button.click(
             page.random_item,
-            [gallery_choice, pick_class, k_slider, filter_box],
+            [gallery_choice, pick_class, k_slider, filter_box, rerank_box],
             [*grid_out, item_id],
             api_name="random_item",
             **private,
         )
-        open_inputs = [gallery_choice, item_id, k_slider, filter_box]
+        open_inputs = [gallery_choice, item_id, k_slider, filter_box, rerank_box]
         open_button.click(page.item_grid, open_inputs, grid_out, api_name="item_grid", **private)
         item_id.submit(page.item_grid, open_inputs, grid_out, api_name="item_submit", **private)
         results.click(
             page.clicked,
-            [gallery_choice, k_slider, filter_box],
+            [gallery_choice, k_slider, filter_box, rerank_box],
             [*grid_out, item_id],
             api_name="neighbour_clicked",
             **private,
@@ -306,6 +339,13 @@ def build_app(
             api_name="pair_selected",
             **private,
         )
+        changes_button.click(
+            page.rerank_changes,
+            gallery_choice,
+            [changes_table, changes_info],
+            api_name="rerank_changes",
+            **private,
+        )
         all_button.click(
             page.all_failures,
             gallery_choice,
@@ -320,6 +360,11 @@ def build_app(
     if analyse:
         page.start_analysis()
     return demo
+
+
+def _rerank_info(page: Page) -> str:
+    chosen = {str(page.rerank_spec(view, True)) for view in page.views.values()}
+    return "alpha-QE / DBA / k-reciprocal over the top candidates: " + ", ".join(sorted(chosen))
 
 
 def _filter_info(page: Page) -> str:

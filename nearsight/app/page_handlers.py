@@ -17,6 +17,7 @@ from nearsight.app.live import DEFAULT_INTERVAL_S, GalleryWatcher
 from nearsight.app.page_html import QueryCard, message_html, result_html
 from nearsight.app.page_tables import (
     FAILURE_ROWS,
+    changes_frame,
     distance_frame,
     failure_frame,
     failure_note,
@@ -28,11 +29,15 @@ from nearsight.app.page_tables import (
 from nearsight.app.page_view import GalleryView, Neighbour, thumbnail_uri
 from nearsight.core.errors import NearsightError
 from nearsight.index.images import load_image_bytes
+from nearsight.index.rerank.changes import MAX_COMPARED_ITEMS, rerank_changes
+from nearsight.index.rerank.spec import NONE, RerankSpec, parse_rerank
 
 DEFAULT_K = 8
 MAX_K = 64
 UNKNOWN_CLASS = "-1"
 ANY_CLASS = "-1"
+# the page's re-rank toggle where neither serve --rerank nor the gallery chose one
+PAGE_RERANK = "dba+aqe:k=5,alpha=3"  # chosen on validation classes in bench/rerank.py
 
 
 class PageError(NearsightError):
@@ -130,12 +135,18 @@ class Page:
             return json.dumps([n.as_json() for n in view.search_image(decoded, k)])
 
     def image_changed(
-        self, gallery: str, image_path: str | None, k: Any, query_class, filters: str = ""
+        self,
+        gallery: str,
+        image_path: str | None,
+        k: Any,
+        query_class,
+        filters: str = "",
+        rerank: bool | None = None,
     ):
         """A new query image (uploaded, pasted or dropped); nothing when it was cleared."""
         if not image_path:
             return gr.skip(), gr.skip(), gr.skip()
-        return self.upload_grid(gallery, image_path, k, query_class, filters)
+        return self.upload_grid(gallery, image_path, k, query_class, filters, rerank)
 
     def upload_grid(
         self,
@@ -144,6 +155,7 @@ class Page:
         k: Any,
         query_class: str | None,
         filters: str = "",
+        rerank: bool | None = None,
     ) -> tuple[str, str, dict]:
         """The grid of an uploaded query; its class from the dropdown, or from an identical
         gallery file when the dropdown says unknown."""
@@ -159,7 +171,8 @@ class Page:
                 note = f"identical to gallery item #{twin} ({view.class_name(twin_label)})"
                 if label is None:
                     label = twin_label
-            neighbours = view.search_image(image, k, allowed=view.allowed_ids(filters, self.max_filter_conditions))
+            allowed = view.allowed_ids(filters, self.max_filter_conditions)
+            neighbours = view.search_image(image, k, allowed, self.rerank_spec(view, rerank))
             card = QueryCard(
                 title="uploaded image",
                 thumbnail=thumbnail_uri(image),
@@ -171,14 +184,15 @@ class Page:
             return self._render(view, card, neighbours), _filter_note(filters), {"kind": "upload"}
 
     def item_grid(
-        self, gallery: str, item_id: Any, k: Any, filters: str = ""
+        self, gallery: str, item_id: Any, k: Any, filters: str = "", rerank: bool | None = None
     ) -> tuple[str, str, dict]:
         """The leave-one-out grid of a gallery item."""
         with _page_errors():
             view = self.view(gallery)
             k = self.check_k(k)
             item = _item_id(item_id)
-            neighbours = view.search_item(item, k, allowed=view.allowed_ids(filters, self.max_filter_conditions))
+            allowed = view.allowed_ids(filters, self.max_filter_conditions)
+            neighbours = view.search_item(item, k, allowed, self.rerank_spec(view, rerank))
             label = view.label_of(item)
             card = QueryCard(
                 title=f"gallery item #{item}",
@@ -201,7 +215,14 @@ class Page:
             gallery_size=len(view),
         )
 
-    def random_item(self, gallery: str, class_value: str | None, k: Any, filters: str = ""):
+    def random_item(
+        self,
+        gallery: str,
+        class_value: str | None,
+        k: Any,
+        filters: str = "",
+        rerank: bool | None = None,
+    ):
         with _page_errors():
             view = self.view(gallery)
             label = _label_value(class_value)
@@ -212,7 +233,7 @@ class Page:
             if not len(pool):
                 raise PageError(f"gallery {view.name} has no item of that class")
             item = int(pool[self._random.randrange(len(pool))])
-        grid, status, state = self.item_grid(gallery, item, k, filters)
+        grid, status, state = self.item_grid(gallery, item, k, filters, rerank)
         return grid, status, state, item
 
     def rerun(
@@ -223,23 +244,53 @@ class Page:
         k: Any,
         query_class,
         filters: str = "",
+        rerank: bool | None = None,
     ):
-        """Redraw the current query (after k, the query class or the filter changed)."""
+        """Redraw the current query (after k, the query class, the filter or the re-rank
+        toggle changed)."""
         if not state:
             return gr.skip(), gr.skip(), gr.skip()
         if state.get("kind") == "item":
-            return self.item_grid(gallery, state["id"], k, filters)
+            return self.item_grid(gallery, state["id"], k, filters, rerank)
         if not image_path:
             return gr.skip(), gr.skip(), gr.skip()
-        return self.upload_grid(gallery, image_path, k, query_class, filters)
+        return self.upload_grid(gallery, image_path, k, query_class, filters, rerank)
 
-    def clicked(self, gallery: str, k: Any, filters: str, event: gr.EventData):
+    def clicked(self, gallery: str, k: Any, filters: str, rerank: bool, event: gr.EventData):
         """A neighbour was clicked in a grid: query by that item."""
         item = getattr(event, "_data", None) or {}
         if not isinstance(item, dict) or "item_id" not in item:
             return gr.skip(), gr.skip(), gr.skip(), gr.skip()
-        grid, status, state = self.item_grid(gallery, item["item_id"], k, filters)
+        grid, status, state = self.item_grid(gallery, item["item_id"], k, filters, rerank)
         return grid, status, state, int(item["item_id"])
+
+    @staticmethod
+    def rerank_spec(view: GalleryView, on: bool | None) -> RerankSpec | None:
+        """The page's re-rank toggle: None (not given) uses the view's default; on uses it, or
+        :data:`PAGE_RERANK` where the gallery stores none; off searches plainly."""
+        if on is None:
+            return None
+        if not on:
+            return NONE
+        return view.rerank if view.rerank.active else parse_rerank(PAGE_RERANK)
+
+    def rerank_changes(self, gallery: str):
+        """The Failures tab's table of the queries re-ranking fixes and breaks."""
+        with _page_errors():
+            view = self.view(gallery)
+            spec = self.rerank_spec(view, True)
+            labelled = len(view.labelled_ids)
+            if labelled > MAX_COMPARED_ITEMS:
+                raise PageError(
+                    f"{labelled} labelled items: the comparison runs up to {MAX_COMPARED_ITEMS}"
+                )
+            changes = rerank_changes(view.gallery, spec)
+            fixed = sum(change.fixed for change in changes)
+            note = (
+                f"Re-ranking with `{spec}`: **{fixed}** queries fixed, "
+                f"**{len(changes) - fixed}** broken (leave-one-out top-1, {labelled} queries)"
+            )
+            return changes_frame(view, changes[:FAILURE_ROWS]), note
 
     # -- gallery choice, failures, summary ---------------------------------------------------
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from nearsight.app.page_view import GalleryView
 from nearsight.index.analysis import Analysis, Failure
+from nearsight.index.rerank.changes import Change
 from nearsight.models.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -124,6 +125,36 @@ def failure_frame(view: GalleryView, failures: list[Failure]) -> pd.DataFrame:
         for f in failures
     ]
     return pd.DataFrame(rows, columns=FAILURE_COLUMNS)
+
+
+CHANGE_COLUMNS = [
+    "id",
+    "class",
+    "top-1 before",
+    "class before",
+    "top-1 after",
+    "class after",
+    "re-ranking",
+]
+
+
+def changes_frame(view: GalleryView, changes: list[Change]) -> pd.DataFrame:
+    """Leave-one-out queries whose top-1 re-ranking fixed or broke, fixed first."""
+    import pandas as pd
+
+    rows = [
+        (
+            c.id,
+            view.class_name(c.label),
+            c.before_id,
+            view.class_name(c.before_label),
+            c.after_id,
+            view.class_name(c.after_label),
+            "fixed" if c.fixed else "broken",
+        )
+        for c in changes
+    ]
+    return pd.DataFrame(rows, columns=CHANGE_COLUMNS)
 
 
 def pairs_frame(view: GalleryView, analysis: Analysis) -> pd.DataFrame:

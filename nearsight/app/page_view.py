@@ -32,6 +32,7 @@ from nearsight.core.errors import NearsightError
 from nearsight.index.analysis import ANALYSIS_MAX_ITEMS, Analysis, analyse
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.images import load_image
+from nearsight.index.rerank.spec import RerankSpec
 from nearsight.index.search.query import allowed_ids
 from nearsight.index.verdicts import THUMBNAIL_SIDE, thumbnail_uri  # noqa: F401  (re-exported)
 
@@ -75,6 +76,7 @@ class GalleryView:
         self.analysis_max_items = analysis_max_items
         self.generation = 0  # counts the reloads of a live gallery (nearsight/app/live.py)
         self.show_paths = False  # clients see paths below the items' common folder only
+        self.rerank_override: RerankSpec | None = None  # serve --rerank
         self.gallery = gallery
         self.embedder = embedder
         self.rows: dict[int, dict[str, Any]] = {int(r["id"]): r for r in gallery.all_items()}
@@ -94,6 +96,14 @@ class GalleryView:
         self._analysis_lock = threading.Lock()
 
     # -- facts -------------------------------------------------------------------------------
+
+    @property
+    def rerank(self) -> RerankSpec:
+        """The re-ranking searches use unless told otherwise: serve --rerank, else the
+        gallery's stored choice (nearsight eval --tune-on ... --save), else none."""
+        if self.rerank_override is not None:
+            return self.rerank_override
+        return self.gallery.default_rerank
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -151,15 +161,23 @@ class GalleryView:
         k: int,
         exclude_id: int | None = None,
         allowed: np.ndarray | None = None,
+        rerank: RerankSpec | None = None,
     ) -> list[Neighbour]:
         """The k nearest items of one query vector, nearest first; ``exclude_id``: leave that
-        item out (a gallery item querying the others); ``allowed``: search only these ids
-        (inside FAISS: the true top-k of them)."""
-        depth = k + (1 if exclude_id is not None else 0)
+        item out (a gallery item querying the others, and of its re-ranking's expansions);
+        ``allowed``: search only these ids (inside FAISS: the true top-k of them);
+        ``rerank``: a re-ranking (default :attr:`rerank`; ``NONE`` for off)."""
+        spec = self.rerank if rerank is None else rerank
+        query = np.asarray(vector, np.float32).reshape(1, -1)
         with _one_openmp_thread():
-            distances, ids = self.gallery.search(
-                np.asarray(vector, np.float32).reshape(1, -1), depth, ids=allowed
-            )
+            if spec.active:
+                exclude = None if exclude_id is None else [exclude_id]
+                distances, ids = self.gallery.search(
+                    query, k, ids=allowed, rerank=spec, exclude=exclude
+                )
+            else:
+                depth = k + (1 if exclude_id is not None else 0)
+                distances, ids = self.gallery.search(query, depth, ids=allowed)
         found = [
             (int(i), float(d))
             for i, d in zip(ids[0], distances[0], strict=True)
@@ -182,20 +200,30 @@ class GalleryView:
         return result
 
     def search_image(
-        self, image: Image.Image, k: int, allowed: np.ndarray | None = None
+        self,
+        image: Image.Image,
+        k: int,
+        allowed: np.ndarray | None = None,
+        rerank: RerankSpec | None = None,
     ) -> list[Neighbour]:
-        return self.search_vector(self.embed(image), k, allowed=allowed)
+        return self.search_vector(self.embed(image), k, allowed=allowed, rerank=rerank)
 
     def item_vector(self, item_id: int) -> np.ndarray:
         self.row(item_id)  # one-line error for an unknown id
         return self.gallery.vectors_of([int(item_id)])[0]
 
     def search_item(
-        self, item_id: int, k: int, allowed: np.ndarray | None = None
+        self,
+        item_id: int,
+        k: int,
+        allowed: np.ndarray | None = None,
+        rerank: RerankSpec | None = None,
     ) -> list[Neighbour]:
         """Leave-one-out neighbours of a gallery item, from its stored embedding."""
         vector = self.item_vector(item_id)
-        return self.search_vector(vector, k, exclude_id=int(item_id), allowed=allowed)
+        return self.search_vector(
+            vector, k, exclude_id=int(item_id), allowed=allowed, rerank=rerank
+        )
 
     # -- thumbnails --------------------------------------------------------------------------
 

@@ -40,6 +40,7 @@ from nearsight.app.batcher import DEFAULT_MAX_WAITING, BatcherFull, EmbedBatcher
 from nearsight.app.page_view import GalleryView
 from nearsight.core.errors import NearsightError
 from nearsight.index.images import ImageLoadError, load_image_bytes
+from nearsight.index.rerank.spec import parse_rerank
 from nearsight.index.search.query import check_vector, item_row
 
 API_PREFIX = "/api"
@@ -185,6 +186,14 @@ def make_rest_app(
         k: Annotated[int, Form(ge=1, le=MAX_K)] = DEFAULT_K,
         filter: Annotated[str | None, Form(description="KEY=VALUE;KEY>=N;...")] = None,
         gallery: Annotated[str | None, Form()] = None,
+        rerank: Annotated[
+            str | None,
+            Form(
+                max_length=200,
+                description="none | aqe | dba | dba+aqe | kreciprocal[:K=V,...] (default: "
+                "the server's)",
+            ),
+        ] = None,
     ) -> dict[str, Any]:
         """The k nearest gallery items of an image, an item or a vector."""
         query_fields = (("image", image), ("id", item_id), ("vector", vector))
@@ -192,6 +201,10 @@ def make_rest_app(
         if len(given) != 1:
             raise ApiError(422, "send exactly one of: image (a file), id, vector")
         view = view_of(gallery)
+        try:
+            spec = None if rerank is None else parse_rerank(rerank)
+        except ValueError as error:
+            raise ApiError(422, str(error)) from None
         allowed = await run_in_threadpool(view.allowed_ids, filter, max_filter_conditions)
         if image is not None:
             batcher = batchers[id(view.embedder)]
@@ -202,8 +215,14 @@ def make_rest_app(
             query = view.item_vector(item_id)
         else:
             query = check_vector(view.gallery, _parse_vector(vector))
-        found = await run_in_threadpool(view.search_vector, query, k, None, allowed)
-        return {"gallery": view.name, "k": k, "neighbours": [n.as_json() for n in found]}
+        found = await run_in_threadpool(view.search_vector, query, k, None, allowed, spec)
+        used = view.rerank if spec is None else spec
+        return {
+            "gallery": view.name,
+            "k": k,
+            "rerank": str(used),
+            "neighbours": [n.as_json() for n in found],
+        }
 
     return app
 

@@ -40,7 +40,7 @@ serving path. bench/search.py times it against pytorch-metric-learning's Accurac
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import faiss
 import numpy as np
@@ -138,21 +138,34 @@ def evaluate(
     seed: int = 0,
     nmi_init: str = "k-means++",
     queries: int | None = None,
+    reorder: Reorder | None = None,
+    reorder_depth: int = 0,
+    with_nmi: bool = True,
 ) -> dict[str, float | int]:
     """All metrics in the `nearsight eval --json` shape:
     {"recall@1": ..., "recall@2": ..., ..., "nmi": ..., "map@r": ..., "queries": Q}.
     Recall@k and MAP@R share one neighbour search; ``seed`` and ``nmi_init`` go to :func:`nmi`.
     ``queries``: score only a random sample of that many queries (drawn with ``seed``), each
     still searching all N - 1 other items exactly: unbiased estimates of Recall@k and MAP@R at
-    Q / N of the O(N^2) cost. NMI always clusters the whole gallery (k-means is O(N))."""
+    Q / N of the O(N^2) cost. NMI always clusters the whole gallery (k-means is O(N)).
+    ``reorder(query_rows, neighbour_rows)``: re-ranks each query's ``reorder_depth`` (or more)
+    nearest other rows before scoring (nearsight.index.rerank); NMI is unaffected."""
     vectors, codes = _prepare(embeddings, labels)
     ks = _check_ks(ks)
     query_ids = _sample_queries(len(vectors), queries, seed)
     recalls, mean_ap = _retrieval_scores(
-        vectors, codes, ks, with_map=True, chunk=chunk, query_ids=query_ids
+        vectors,
+        codes,
+        ks,
+        with_map=True,
+        chunk=chunk,
+        query_ids=query_ids,
+        reorder=reorder,
+        reorder_depth=reorder_depth,
     )
     result: dict[str, float | int] = {f"recall@{k}": value for k, value in recalls.items()}
-    result["nmi"] = nmi(vectors, codes, seed=seed, init=nmi_init)
+    if with_nmi:  # without: the retrieval metrics only (tuning a re-ranking)
+        result["nmi"] = nmi(vectors, codes, seed=seed, init=nmi_init)
     result["map@r"] = mean_ap
     result["queries"] = len(vectors) if query_ids is None else len(query_ids)
     return result
@@ -203,6 +216,8 @@ def _retrieval_scores(
     with_map: bool,
     chunk: int,
     query_ids: np.ndarray | None = None,
+    reorder: Reorder | None = None,
+    reorder_depth: int = 0,
 ) -> tuple[dict[int, float], float]:
     """({k: Recall@k}, MAP@R or NaN) from one chunked exact kNN pass over the queries
     (``query_ids``, default every item), each against all other items."""
@@ -229,7 +244,12 @@ def _retrieval_scores(
         end = min(end, start + max(1, _MAX_RESULTS_PER_CHUNK // (depth + 1)))
         depth = _depth(k_recall, others_of_class, order, end, with_map)
         queries = order[start:end]
-        neighbours = _neighbours_without_self(index, vectors, queries, depth)
+        if reorder is None:
+            neighbours = _neighbours_without_self(index, vectors, queries, depth)
+        else:
+            wide = min(max(depth, reorder_depth), n - 1)
+            neighbours = reorder(queries, _neighbours_without_self(index, vectors, queries, wide))
+            neighbours = neighbours[:, :depth]
         same_class = codes[neighbours] == codes[queries][:, None]  # [q, depth]
 
         if k_recall:
@@ -250,6 +270,10 @@ def _retrieval_scores(
     scored = average_precision[~np.isnan(average_precision)]
     mean_ap = float(scored.mean()) if len(scored) else float("nan")
     return recalls, mean_ap
+
+
+# (query rows [Q], their nearest other rows [Q, N]) -> the rows re-ordered [Q, N]
+Reorder = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
 def _depth(k_recall: int, r: np.ndarray, order: np.ndarray, end: int, with_map: bool) -> int:

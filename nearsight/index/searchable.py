@@ -18,11 +18,13 @@ from PIL import Image
 from nearsight.core.errors import NearsightError
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.images import load_image
+from nearsight.index.rerank.spec import RerankSpec
 from nearsight.index.results import ResultsList, SearchResults, as_results
-from nearsight.index.search.query import check_vector, item_vector, search_rows
+from nearsight.index.search.query import check_vector, item_vector, resolve_rerank, search_rows
 
 ImageLike = str | os.PathLike[str] | Image.Image | np.ndarray
 Filters = str | Sequence[str] | None
+Rerank = RerankSpec | str | None
 SEARCH_BATCH = 64  # search_many: images decoded, embedded and searched at a time
 
 
@@ -73,6 +75,7 @@ class SearchableGallery:
         *,
         filters: Filters = None,
         label: int | None = None,
+        rerank: Rerank = None,
     ) -> SearchResults:
         """The ``k`` nearest gallery items of ``image`` (a file path, a PIL image, or an array
         H x W x 3 / H x W of uint8, or of floats in [0, 1]), nearest first: dicts with rank, id,
@@ -80,8 +83,10 @@ class SearchableGallery:
         (the item's extra columns). ``filters``: search only items matching all of them
         (``"shop=north"``, ``["price>=10", "price<20"]``; inside FAISS, so k items come back
         whenever k match). ``label``: the query's class, if known (colours the HTML grid,
-        adds a ``correct`` column to ``to_pandas()``). An unreadable image raises
-        NearsightError; several images go to :meth:`search_many`."""
+        adds a ``correct`` column to ``to_pandas()``). ``rerank``: re-rank the candidates
+        (``"aqe:k=2,alpha=3"``, nearsight.index.rerank; ``"none"`` for off); default: the
+        gallery's stored choice. An unreadable image raises NearsightError; several images go
+        to :meth:`search_many`."""
         if isinstance(image, list | tuple) or (isinstance(image, np.ndarray) and image.ndim == 4):
             raise NearsightError(
                 "search takes one image; for several, use search_many(images) (one result "
@@ -90,7 +95,7 @@ class SearchableGallery:
         k = _check_k(k)
         decoded = as_image(image, self.embedder.resize)
         vectors = self.embedder.embed_images([decoded])
-        return self._results(vectors, k, filters, [image], [label])[0]
+        return self._results(vectors, k, filters, rerank, [image], [label])[0]
 
     def search_many(
         self,
@@ -100,6 +105,7 @@ class SearchableGallery:
         filters: Filters = None,
         labels: Sequence[int | None] | None = None,
         batch_size: int = SEARCH_BATCH,
+        rerank: Rerank = None,
     ) -> ResultsList:
         """:meth:`search` of many images (an iterable, or an array N x H x W x 3), embedded
         ``batch_size`` at a time (memory stays bounded however many there are). One entry per
@@ -113,6 +119,7 @@ class SearchableGallery:
             raise NearsightError(
                 f"batch_size must be a whole number of at least 1, got {batch_size!r}"
             )
+        rerank = resolve_rerank(self.gallery, rerank)  # a bad spec fails before any image
         queries = list(images)
         wanted = [None] * len(queries) if labels is None else list(labels)
         if len(wanted) != len(queries):
@@ -134,6 +141,7 @@ class SearchableGallery:
                     vectors,
                     k,
                     filters,
+                    rerank,
                     [chunk[p] for p in positions],
                     [wanted[start + p] for p in positions],
                 )
@@ -143,21 +151,29 @@ class SearchableGallery:
         return results
 
     def search_vector(
-        self, vector: Any, k: int = 8, *, filters: Filters = None, label: int | None = None
+        self,
+        vector: Any,
+        k: int = 8,
+        *,
+        filters: Filters = None,
+        label: int | None = None,
+        rerank: Rerank = None,
     ) -> SearchResults:
         """:meth:`search` by an embedding of the gallery's dim (made unit length here), e.g.
         one from :meth:`vector`, from :func:`load_embedder` or from another system that uses
         the same model."""
         vectors = check_vector(self.gallery, vector)[:1]
-        return self._results(vectors, _check_k(k), filters, [vector], [label])[0]
+        return self._results(vectors, _check_k(k), filters, rerank, [vector], [label])[0]
 
-    def search_item(self, item_id: int, k: int = 8, *, filters: Filters = None) -> SearchResults:
+    def search_item(
+        self, item_id: int, k: int = 8, *, filters: Filters = None, rerank: Rerank = None
+    ) -> SearchResults:
         """:meth:`search` by a gallery item's stored embedding (the item itself comes first,
         at distance 0, unless a filter leaves it out); the item's class is the query's."""
         vector = item_vector(self.gallery, int(item_id))
         (row,) = self.gallery.items([int(item_id)])
         label = row.get("label")
-        return self._results(vector, _check_k(k), filters, [int(item_id)], [label])[0]
+        return self._results(vector, _check_k(k), filters, rerank, [int(item_id)], [label])[0]
 
     def vector(self, item_id: int) -> np.ndarray:
         """The stored embedding of gallery item ``item_id``: float32 [dim], unit length (a
@@ -169,20 +185,23 @@ class SearchableGallery:
         vectors: np.ndarray,
         k: int,
         filters: Filters,
+        rerank: Rerank,
         queries: Sequence[Any],
         labels: Sequence[int | None],
     ) -> list[SearchResults]:
-        answers = search_rows(self.gallery, vectors, k, filters=filters)
+        answers = search_rows(self.gallery, vectors, k, filters=filters, rerank=rerank)
         return as_results(answers, queries, labels)
 
     def evaluate(
-        self, ks: Sequence[int] | None = None, queries: int | None = None
+        self, ks: Sequence[int] | None = None, queries: int | None = None, rerank: Rerank = None
     ) -> dict[str, float | int]:
         """Recall@k, NMI and MAP@R of the stored embeddings (every labelled item queries the
         other labelled items); ``ks``: default the papers' values for the gallery's dataset.
         ``queries``: only a seeded sample of that many labelled items query (each still
-        searching all the others exactly), see index.metrics.evaluate."""
-        return self.gallery.evaluate(ks, queries)
+        searching all the others exactly), see index.metrics.evaluate. ``rerank``: as in
+        :meth:`search` (leave-one-out: no query reaches itself through an expansion)."""
+        spec = resolve_rerank(self.gallery, rerank)
+        return self.gallery.evaluate(ks, queries, spec)
 
     def close(self) -> None:
         self.gallery.close()

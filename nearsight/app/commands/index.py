@@ -327,3 +327,9 @@ def add_embeddings_option(parser: argparse.ArgumentParser) -> None:
         "without it (a flat, ivf or hnsw index; the imported files or kept build chunks for "
         "ivfpq/opq). Without it, eval and search by id read the vectors back from those",
     )
+    parser.add_argument(
+        "--neighbour-graph",
+        action="store_true",
+        help="also store each item's 16 nearest items, so that database-side augmentation "
+        "(--rerank dba, dba+aqe) looks them up instead of searching the index per candidate",
+    )

@@ -103,6 +103,7 @@ def run_build(args: argparse.Namespace) -> int:
         meta=meta,
         max_index_memory=args.max_index_memory,
         embeddings=args.embeddings,
+        neighbour_graph=args.neighbour_graph,
         vector_source=folder,
     )
     with Gallery.open(out) as gallery:

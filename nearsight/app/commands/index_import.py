@@ -44,6 +44,13 @@ def register(actions: argparse._SubParsersAction, index_types: list[str]) -> Non
         "compacts by itself once the segments hold a quarter of the gallery.",
     )
     compact.add_argument("--gallery", type=Path, required=True, help="gallery folder")
+    compact.add_argument(
+        "--neighbour-graph",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="add (or with --no-neighbour-graph drop) the stored nearest-item lists that "
+        "database-side augmentation reads (default: keep what the gallery has, rebuilt)",
+    )
     compact.set_defaults(func=run_compact)
 
 
@@ -94,6 +101,7 @@ def run_import(args: argparse.Namespace) -> int:
         meta=meta,
         max_index_memory=args.max_index_memory,
         embeddings=args.embeddings,
+        neighbour_graph=args.neighbour_graph,
         vector_source=args.vectors,
     )
     from nearsight.index.gallery.core import Gallery
@@ -115,7 +123,7 @@ def run_compact(args: argparse.Namespace) -> int:
     with Gallery.open(args.gallery) as gallery:
         segments = len(gallery.meta.get("segments", []))
         removed = len(gallery.meta.get("removed", []))
-        gallery.compact()
+        gallery.compact(neighbour_graph=args.neighbour_graph)
         total = len(gallery)
     print(
         f"compacted {args.gallery}: {segments} segments and {removed} removals folded in, "

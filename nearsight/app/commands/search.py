@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from nearsight.app.commands.rerank_option import add_rerank_option
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -66,6 +68,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help='print a JSON list of {"id", "path", "label", "class_name", "distance", "meta"}',
     )
+    add_rerank_option(parser)
     parser.add_argument("--model", type=Path, help="default: the model the gallery was built with")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument(
@@ -112,11 +115,12 @@ def _search_one(args: argparse.Namespace, conditions: list) -> list[dict[str, An
         args.gallery, args.model, device=args.device, optimization="extended"
     ) as gallery:
         if args.id is not None:
-            found = gallery.search_item(args.id, args.k, filters=conditions)
+            found = gallery.search_item(args.id, args.k, filters=conditions, rerank=args.rerank)
         elif args.vector is not None:
-            found = gallery.search_vector(_vector_file(args.vector), args.k, filters=conditions)
+            vector = _vector_file(args.vector)
+            found = gallery.search_vector(vector, args.k, filters=conditions, rerank=args.rerank)
         else:
-            found = gallery.search(args.image, args.k, filters=conditions)
+            found = gallery.search(args.image, args.k, filters=conditions, rerank=args.rerank)
     return [{key: value for key, value in row.items() if key != "rank"} for row in found]
 
 
@@ -185,7 +189,9 @@ def _run_batch(args: argparse.Namespace, conditions: list) -> int:
         result = embed_files(
             embedder, paths, batch_size=args.batch_size, workers=args.workers, desc="searching"
         )
-        answers = search_rows(gallery, result.embeddings, args.k, allowed=allowed)
+        answers = search_rows(
+            gallery, result.embeddings, args.k, allowed=allowed, rerank=args.rerank
+        )
     good = iter(answers)
     errors = iter(result.errors)  # in the order of the unreadable paths
     lines = []

@@ -8,6 +8,8 @@ import socket
 import sys
 from pathlib import Path
 
+from nearsight.app.commands.rerank_option import add_rerank_option
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -109,6 +111,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="show the galleries' absolute folder paths on the Summary tab (default: folder "
         "names only)",
     )
+    add_rerank_option(parser)
     parser.set_defaults(func=run_serve)
 
 
@@ -155,6 +158,7 @@ def run_serve(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         analysis_max_items=args.analysis_max_items,
         show_paths=args.show_paths,
+        rerank=args.rerank,
     )
     try:
         url = launch_app(

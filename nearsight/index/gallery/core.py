@@ -41,6 +41,7 @@ from nearsight.index.gallery.files import (  # noqa: F401  (re-exported)
     check_consistent,
     read_embeddings,
 )
+from nearsight.index.gallery.graph import read_graph
 from nearsight.index.gallery.lock import (  # noqa: F401  (lock_path re-exported)
     gallery_lock,
     lock_path,
@@ -50,6 +51,8 @@ from nearsight.index.gallery.lock import (  # noqa: F401  (lock_path re-exported
 from nearsight.index.gallery.segments import read_segment
 from nearsight.index.gallery.write import build_gallery  # noqa: F401  (re-exported)
 from nearsight.index.images import describe_image_file  # noqa: F401  (re-exported)
+from nearsight.index.rerank.search import reranked_search
+from nearsight.index.rerank.spec import RerankSpec, parse_rerank
 from nearsight.index.search import filtered
 from nearsight.index.search.faiss_index import (  # noqa: F401  (re-exported: the gallery's public names)
     HNSW_EF_SEARCH,
@@ -148,6 +151,7 @@ class Gallery:
                 segments = [read_segment(folder, name, dim) for name in meta.get("segments", [])]
                 removed = np.sort(np.asarray(meta.get("removed", []), dtype=np.int64))
                 base_ids = check_consistent(folder, meta, ids, index, embeddings, segments, removed)
+                graph = read_graph(folder, meta, base_ids)
             except BaseException:
                 catalog.close()
                 raise
@@ -163,6 +167,7 @@ class Gallery:
         self._base = (base_ids, embeddings)
         self._segments = segments
         self._removed = removed
+        self._graph = graph  # optional (nearsight/index/gallery/graph.py)
         self._embeddings: np.ndarray | None = None
         for segment_ids, segment_vectors in segments:
             index.add_with_ids(segment_vectors, segment_ids)
@@ -252,7 +257,13 @@ class Gallery:
         return self._store.rows(np.asarray(ids, dtype=np.int64))
 
     def search(
-        self, vectors: np.ndarray, k: int, *, ids: np.ndarray | Sequence[int] | None = None
+        self,
+        vectors: np.ndarray,
+        k: int,
+        *,
+        ids: np.ndarray | Sequence[int] | None = None,
+        rerank: RerankSpec | str | None = None,
+        exclude: np.ndarray | Sequence[int] | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` nearest items of each query vector [Q, D]: (distances [Q, k'] float32,
         ids [Q, k'] int64), nearest first, k' = min(k, len(gallery)). Distance: Euclidean
@@ -261,7 +272,22 @@ class Gallery:
 
         ``ids``: search only these items (a filter, see :meth:`filter_ids`); FAISS skips the
         others while it searches (index.filtered), so k' = min(k, allowed items) items come
-        back whenever that many are allowed."""
+        back whenever that many are allowed.
+
+        ``rerank`` (a spec, nearsight.index.rerank; default none): re-rank the top
+        ``max(k, depth)`` candidates; its distances are then the re-ranker's. ``exclude`` (with
+        ``rerank``): per query, an item id left out of its answer and its expansions."""
+        spec = parse_rerank(rerank)
+        if spec.active:
+            queries = np.asarray(vectors, dtype=np.float32)
+            return reranked_search(
+                self,
+                queries[None, :] if queries.ndim == 1 else queries,
+                k,
+                spec,
+                ids=ids,
+                exclude=exclude,
+            )
         if k < 1:
             raise NearsightError(f"k must be a positive integer, got {k}")
         queries = np.ascontiguousarray(np.asarray(vectors), dtype=np.float32)
@@ -357,13 +383,23 @@ class Gallery:
         return gallery_eval.default_ks(self)
 
     def evaluate(
-        self, ks: Sequence[int] | None = None, queries: int | None = None
+        self,
+        ks: Sequence[int] | None = None,
+        queries: int | None = None,
+        rerank: RerankSpec | str | None = None,
     ) -> dict[str, float | int]:
         """The papers' protocol on the stored vectors (nearsight.index.gallery.eval.evaluate_gallery):
         every labelled item queries all the other labelled items; ``queries``: a seeded
         sample of that many. Without embeddings.npy the vectors are read back (exact, or an
-        ApproximateVectorsWarning for PQ codes)."""
-        return gallery_eval.evaluate_gallery(self, ks, queries)
+        ApproximateVectorsWarning for PQ codes). ``rerank``: re-rank each query's neighbours
+        (leave-one-out: no query reaches itself through an expansion)."""
+        return gallery_eval.evaluate_gallery(self, ks, queries, rerank)
+
+    @property
+    def default_rerank(self) -> RerankSpec:
+        """The re-ranking stored in the gallery (``nearsight eval --tune-rerank ... --save``),
+        else none."""
+        return parse_rerank(self.meta.get("rerank"))
 
     # -- writing (nearsight/index/gallery/write.py) ---------------------------------------------------
 
@@ -379,10 +415,11 @@ class Gallery:
         whose graph cannot drop points; meanwhile its searches skip them)."""
         gallery_write.remove(self, ids)
 
-    def compact(self) -> None:
+    def compact(self, neighbour_graph: bool | None = None) -> None:
         """Fold the segments and removals into a new base index and embeddings (a whole,
-        copy-on-write rewrite of the gallery)."""
-        gallery_write.compact(self)
+        copy-on-write rewrite of the gallery); ``neighbour_graph``: add (True) or drop (False)
+        the stored neighbour graph (default: rebuild it if there is one)."""
+        gallery_write.compact(self, neighbour_graph)
 
     # -- lifetime ----------------------------------------------------------------------------
 

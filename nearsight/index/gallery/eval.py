@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from nearsight.core.errors import NearsightError
-from nearsight.index.metrics import CUB_KS, SOP_KS, evaluate
+from nearsight.index.metrics import CUB_KS, SOP_KS
 from nearsight.index.metrics import default_ks as ks_by_size
+from nearsight.index.rerank.evaluate import evaluate_reranked
+from nearsight.index.rerank.spec import RerankSpec, parse_rerank
 from nearsight.index.vector_store import ApproximateVectorsWarning
 
 if TYPE_CHECKING:  # index.gallery imports this module
@@ -40,10 +42,17 @@ def default_ks(gallery: Gallery) -> tuple[int, ...]:
 
 
 def evaluate_gallery(
-    gallery: Gallery, ks: Sequence[int] | None = None, queries: int | None = None
+    gallery: Gallery,
+    ks: Sequence[int] | None = None,
+    queries: int | None = None,
+    rerank: RerankSpec | str | None = None,
+    with_nmi: bool = True,
 ) -> dict[str, float | int]:
     """index.metrics.evaluate's dict (recall@k..., nmi, map@r, queries) of ``gallery``;
-    ``queries``: only a seeded sample of that many labelled items query."""
+    ``queries``: only a seeded sample of that many labelled items query; ``rerank``: each
+    query's neighbours re-ranked (nearsight.index.rerank), its own item excluded from every
+    expansion."""
+    spec = parse_rerank(rerank)
     labelled = gallery.labels >= 0
     if labelled.sum() < 2:
         raise NearsightError(
@@ -67,4 +76,6 @@ def evaluate_gallery(
     classes = len(np.unique(labels))
     init = "k-means++" if classes <= EXACT_KMEANSPP_MAX_CLASSES else "afk-mc2"
     ks = tuple(ks or default_ks(gallery))
-    return evaluate(vectors, labels, ks, nmi_init=init, queries=queries)
+    return evaluate_reranked(
+        vectors, labels, ks, spec, nmi_init=init, queries=queries, with_nmi=with_nmi
+    )

@@ -36,12 +36,14 @@ from nearsight.index.gallery.files import (
     check_consistent,
     gallery_writer,
 )
+from nearsight.index.gallery.graph import GRAPH_FILES, GRAPH_VERSION, compute_graph, write_graph
 from nearsight.index.gallery.lock import gallery_lock, sweep_temporaries
 from nearsight.index.gallery.segments import sweep_unlisted, write_segment
 from nearsight.index.search.faiss_index import (
     METRIC,
     PQ_TYPES,
     add_vectors,
+    apply_search_parameters,
     make_index,
     resolve_index_type,
 )
@@ -90,6 +92,7 @@ def build_gallery(
     target_recall: float = TARGET_RECALL,
     embeddings: str = "auto",
     vector_source: str | os.PathLike[str] | None = None,
+    neighbour_graph: bool = False,
 ) -> Path:
     """Write a new gallery folder at ``out_dir`` (replacing a gallery there) holding ``items``
     (catalog rows without ids: path, label, class_name, split, sha256, width, height) and their
@@ -99,8 +102,9 @@ def build_gallery(
     to ``target_recall`` recall@10 (index.tuning). ``embeddings``: keep, drop or (auto) drop
     embeddings.npy past the budget when exact vectors remain without it (index.vector_store);
     ``vector_source``: the .npy file or chunk folder ``vectors`` were read from (row i = id i),
-    recorded for a PQ gallery without embeddings.npy as its exact vectors. Returns the
-    folder."""
+    recorded for a PQ gallery without embeddings.npy as its exact vectors.
+    ``neighbour_graph``: also store each item's nearest items (nearsight/index/gallery/graph.py,
+    for fast database-side augmentation). Returns the folder."""
     if not items:
         raise NearsightError("cannot build a gallery of no images")
     array = _check_vectors(vectors, len(items))
@@ -130,11 +134,14 @@ def build_gallery(
                 "memory_budget": budget,
                 "embeddings_kept": keep,
                 **({"vector_source": source} if source else {}),
+                **({"neighbour_graph": GRAPH_VERSION} if neighbour_graph else {}),
                 **params,
             }
             rows = [{**item, "id": int(i)} for i, item in zip(ids, items, strict=True)]
             create_catalog(tmp / CATALOG_FILE, rows, full_meta)
             _write_arrays(tmp, index, array if keep else None)
+            if neighbour_graph:
+                _write_graph(tmp, index, full_meta, array, ids)
     return final
 
 
@@ -170,6 +177,19 @@ def _write_arrays(folder: Path, index: faiss.Index, embeddings: np.ndarray | Non
     for name in GALLERY_FILES:  # on disk before the rename makes them the gallery
         if name == EMBEDDINGS_FILE and embeddings is None:
             continue
+        with open(folder / name, "rb") as handle:
+            os.fsync(handle.fileno())
+
+
+def _write_graph(
+    folder: Path, index: faiss.Index, meta: dict[str, Any], vectors: np.ndarray, ids: np.ndarray
+) -> None:
+    """The neighbour graph of the base index's items into the temporary folder."""
+    apply_search_parameters(index, meta)  # the tuned nprobe / efSearch
+    search = getattr(index, "search_numpy", index.search)  # see Gallery._search_raw
+    neighbours, sims = compute_graph(search, vectors, ids)
+    write_graph(folder, neighbours, sims)
+    for name in GRAPH_FILES:
         with open(folder / name, "rb") as handle:
             os.fsync(handle.fileno())
 
@@ -248,11 +268,14 @@ def remove(gallery: Gallery, ids: Iterable[int]) -> None:
         gallery._load()
 
 
-def compact(gallery: Gallery) -> None:
+def compact(gallery: Gallery, neighbour_graph: bool | None = None) -> None:
     """Fold the segments and removals into a new base index and embeddings (a whole,
-    copy-on-write rewrite of the gallery)."""
+    copy-on-write rewrite of the gallery); the neighbour graph is rebuilt when the gallery has
+    one. ``neighbour_graph``: True adds one, False drops it."""
 
     def change(catalog: Catalog, current: Gallery):
+        if neighbour_graph is not None:
+            catalog.set_meta(neighbour_graph=GRAPH_VERSION if neighbour_graph else None)
         # a gallery without embeddings.npy stays without (its vectors: the index, the source)
         embeddings = current.embeddings if current.embeddings_kept else None
         index = current._index  # segments added, removed ids dropped (not for HNSW)
@@ -315,6 +338,9 @@ def _rewrite(gallery: Gallery, change) -> None:
                     catalog.close()
                 check_consistent(folder, meta, ids, index, embeddings, [], ids[:0])
                 _write_arrays(tmp, index, embeddings)
+                if meta.get("neighbour_graph"):
+                    vectors = current.vector_rows(ids) if embeddings is None else embeddings
+                    _write_graph(tmp, index, meta, np.asarray(vectors), ids)
         finally:
             current.close()
     gallery._load()
@@ -334,3 +360,11 @@ def _copy_catalog(source: Path, target: Path) -> None:
         raise GalleryError(f"gallery catalog {source} cannot be copied: {error}") from None
     finally:
         src.close()
+
+
+def set_meta(gallery: Gallery, **values: Any) -> None:
+    """Store ``values`` in the gallery's catalog meta (one transaction under the write lock),
+    e.g. the re-ranking chosen by ``nearsight eval --tune-rerank ... --save``."""
+    with _writing(gallery) as (_, catalog):
+        catalog.set_meta(**values)
+    gallery._load()

@@ -14,9 +14,7 @@ def _normalise(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(norm, 1e-12)
 
 
-def alpha_qe(
-    queries: np.ndarray, cand: np.ndarray, k: int = 2, alpha: float = 3.0
-) -> np.ndarray:
+def alpha_qe(queries: np.ndarray, cand: np.ndarray, k: int = 2, alpha: float = 3.0) -> np.ndarray:
     """Expand each query with its top-k candidates.
 
     queries: (Q, D) unit vectors; cand: (Q, N, D) candidate vectors per query, in any order

@@ -17,6 +17,7 @@ import numpy as np
 
 from nearsight.core.errors import NearsightError
 from nearsight.index.gallery.core import Gallery
+from nearsight.index.rerank.spec import RerankSpec, parse_rerank
 from nearsight.index.search.filters import Condition, merge_conditions, parse_filters
 
 
@@ -78,12 +79,15 @@ def search_rows(
     *,
     filters: Sequence[str | Condition] | str | None = None,
     allowed: np.ndarray | None = None,
+    rerank: RerankSpec | str | None = None,
 ) -> list[list[dict[str, Any]]]:
     """The ``k`` nearest items of each query vector, as JSON-ready rows (module docstring).
-    ``filters`` (or ``allowed``, already resolved ids): search only the matching items."""
+    ``filters`` (or ``allowed``, already resolved ids): search only the matching items.
+    ``rerank``: a re-ranking spec (nearsight.index.rerank); None: the gallery's stored one."""
     if allowed is None:
         allowed = allowed_ids(gallery, filters)
-    distances, ids = gallery.search(vectors, k, ids=allowed)
+    spec = resolve_rerank(gallery, rerank)
+    distances, ids = gallery.search(vectors, k, ids=allowed, rerank=spec)
     per_query = [
         [(int(i), float(d)) for i, d in zip(ids[q], distances[q], strict=True) if i >= 0]
         for q in range(len(ids))
@@ -91,6 +95,16 @@ def search_rows(
     wanted = sorted({i for found in per_query for i, _ in found})
     rows = {row["id"]: row for row in gallery.items(wanted)} if wanted else {}
     return [[neighbour_row(rows[i], d) for i, d in found] for found in per_query]
+
+
+def resolve_rerank(gallery: Gallery, rerank: RerankSpec | str | None) -> RerankSpec:
+    """``rerank`` parsed (one-line NearsightError when bad); None: the gallery's default."""
+    if rerank is None:
+        return gallery.default_rerank
+    try:
+        return parse_rerank(rerank)
+    except ValueError as error:
+        raise NearsightError(str(error)) from None
 
 
 def neighbour_row(item: dict[str, Any], distance: float) -> dict[str, Any]:
