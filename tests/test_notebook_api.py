@@ -174,3 +174,16 @@ def test_bad_calls_are_one_line_errors(onnx_gallery, tmp_path, call, message):
     with pytest.raises(NearsightError, match=re.escape(message)) as caught:
         call(tmp_path, onnx_gallery.model)
     assert "\n" not in str(caught.value)
+
+
+def test_search_many_reranks_as_search_does(onnx_gallery, tmp_path):
+    images = _images(onnx_gallery)[:3]
+    with nearsight.open_gallery(onnx_gallery.gallery) as gallery:
+        many = gallery.search_many(images, k=4, rerank="aqe:k=2")
+        alone = [gallery.search(image, k=4, rerank="aqe:k=2") for image in images]
+        plain = gallery.search_many(images, k=4, rerank="none")
+        with pytest.raises(NearsightError):  # a bad spec fails at once, not per image
+            gallery.search_many([tmp_path / "missing.png"], rerank="bogus")
+    assert [[h["id"] for h in r] for r in many] == [[h["id"] for h in r] for r in alone]
+    distances = [[round(h["distance"], 5) for h in r] for r in many]
+    assert distances != [[round(h["distance"], 5) for h in r] for r in plain]
