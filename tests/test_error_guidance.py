@@ -70,6 +70,22 @@ def test_train_and_export_without_the_extra(tmp_path):
     assert_names_the_extra(done, "export")
 
 
+def test_python_export_without_the_extra():
+    code = BLOCKER.split("sys.argv")[0] + (
+        "import nearsight\n"
+        "try:\n"
+        "    nearsight.export\n"
+        "except nearsight.NearsightError as error:\n"
+        "    print(error)\n"
+    )
+    code = code.format(blocked=TRAIN_ONLY)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().startswith("nearsight.export: ")
+    assert "pip install 'nearsight[train]'" in done.stdout
+
+
 def test_index_build_of_a_checkpoint_or_cars_without_the_extra(onnx_gallery, tmp_path):
     done = without_train_extra("index", "build", "--model", onnx_gallery.checkpoint,
                                "--images", onnx_gallery.query, "--out", tmp_path / "g")  # fmt: skip
