@@ -28,15 +28,14 @@ def add_foreign_model_options(parser: argparse.ArgumentParser) -> None:
         type=float,
         nargs=3,
         metavar=("R", "G", "B"),
-        help="per-channel mean of its input normalisation, pixels in [0, 1] (default ImageNet's: "
-        "0.485 0.456 0.406)",
+        help="per-channel mean of its input normalisation, pixels in [0, 1] (default ImageNet's)",
     )
     group.add_argument(
         "--std",
         type=float,
         nargs=3,
         metavar=("R", "G", "B"),
-        help="per-channel std (default ImageNet's: 0.229 0.224 0.225)",
+        help="per-channel std (default ImageNet's)",
     )
     group.add_argument(
         "--resize",
