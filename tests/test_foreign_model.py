@@ -247,3 +247,20 @@ def test_a_resumed_build_does_not_reuse_chunks_of_another_description(foreign, t
     expected = torch_reference(foreign["model"], [Path(item["path"]) for item in items])
     np.testing.assert_allclose(vectors, expected, atol=1e-4)
     shutil.rmtree(tmp_path / ".gallery.chunks", ignore_errors=True)
+
+
+def test_foreign_specs_round_trip_and_own_specs_keep_their_fields():
+    from nearsight.core.errors import NearsightError
+    from nearsight.models.spec import ModelSpec
+
+    own = ModelSpec(arch="resnet18", dim=8, image_size=32)
+    assert not own.foreign and "mean" not in own.to_dict() and "input_name" not in own.to_dict()
+    spec = ModelSpec(arch="onnx", dim=16, image_size=32, input_name="x", output_name="y",
+                     mean=[0.5, 0.4, 0.3], std=(0.25, 0.2, 0.3))  # fmt: skip
+    assert spec.foreign and spec.mean == MEAN
+    assert ModelSpec.from_json(spec.to_json()) == spec
+    for bad in ({"mean": (0.5, 0.5)}, {"std": (1, 0, 1)}, {"output_name": ""}, {"mean": "abc"}):
+        with pytest.raises(NearsightError, match="model spec"):
+            ModelSpec.from_dict({**spec.to_dict(), **bad})
+    with pytest.raises(NearsightError, match="need input_name"):
+        ModelSpec(mean=(0.5, 0.5, 0.5))
