@@ -23,7 +23,9 @@ SIZE, DIM = 32, 16
 MEAN, STD = (0.5, 0.4, 0.3), (0.25, 0.2, 0.3)
 
 
-def export_torchvision(path: Path, *, fixed_batch: bool = False, seed: int = 0) -> Path:
+def export_torchvision(
+    path: Path, *, fixed_batch: bool = False, any_size: bool = False, seed: int = 0
+) -> Path:
     """A random resnet18 whose classifier is a 16-d (unnormalised) embedding, exported by
     torch.onnx itself: input ``pixel_values``, outputs ``logits`` [N, 2] then ``features``."""
     import torch
@@ -42,6 +44,8 @@ def export_torchvision(path: Path, *, fixed_batch: bool = False, seed: int = 0) 
     torch.manual_seed(seed)
     model = Tower().eval()
     dynamic = None if fixed_batch else {"pixel_values": {0: "n"}, "features": {0: "n"}}
+    if any_size:
+        dynamic = {"pixel_values": {0: "n", 2: "h", 3: "w"}, "features": {0: "n"}}
     with warnings.catch_warnings():  # the TorchScript exporter's deprecation notes
         warnings.simplefilter("ignore", DeprecationWarning)
         torch.onnx.export(
@@ -176,7 +180,6 @@ def test_import_with_a_spec_file_and_a_fixed_batch_graph(foreign, tmp_path, caps
     ("extra", "fragments"),
     [
         ([], ("not a nearsight model", "--input-size")),
-        (["--mean", "0.5", "0.5", "0.5"], ("give its --input-size",)),
         (["--input-size", "32", "--output", "nope"], ("no output 'nope'", "features")),
         (["--input-size", "32", "--std", "0", "1", "1"], ("std must be positive",)),
     ],
@@ -264,3 +267,23 @@ def test_foreign_specs_round_trip_and_own_specs_keep_their_fields():
             ModelSpec.from_dict({**spec.to_dict(), **bad})
     with pytest.raises(NearsightError, match="need input_name"):
         ModelSpec(mean=(0.5, 0.5, 0.5))
+
+
+def test_the_input_size_comes_from_the_graph_when_it_fixes_one(foreign, tmp_path, capsys):
+    image = sorted(foreign["data"].rglob("*.png"))[0]
+    out = tmp_path / "gallery"
+    code, _, err = run(capsys, "index", "build", "--model", foreign["model"], "--images", image,
+                       "--out", out, "--mean", *MEAN, "--std", *STD, "--output", "features",
+                       *FAST)  # fmt: skip
+    assert code == 0, err
+    with Gallery.open(out) as gallery:
+        assert gallery.meta["model_spec"]["image_size"] == SIZE
+        vector = np.asarray(gallery.embeddings)[0]
+    np.testing.assert_allclose(vector, torch_reference(foreign["model"], [image])[0], atol=1e-4)
+    any_size = export_torchvision(tmp_path / "any.onnx", any_size=True)
+    code, _, err = run(capsys, "index", "build", "--model", any_size, "--images", image,
+                       "--out", tmp_path / "g2", "--mean", *MEAN, *FAST)  # fmt: skip
+    assert_one_line_error(code, err, "takes images of any size", "give its --input-size")
+    code, _, err = run(capsys, "index", "build", "--model", any_size, "--images", image,
+                       "--out", tmp_path / "g2", "--input-size", SIZE, *FAST)  # fmt: skip
+    assert code == 0, err

@@ -54,16 +54,17 @@ def fixed_batch(session: Any) -> int | None:
 def foreign_spec(
     path: str | os.PathLike[str],
     *,
-    image_size: int,
+    image_size: int | None = None,
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
     resize: int | None = None,
     output: str | None = None,
 ) -> ModelSpec:
     """The spec of the ONNX model at ``path``: its image input, the ``output`` (default: its
-    first) and the embedding width, found by running one blank image through it. ``mean`` and
-    ``std``: the input normalisation it was trained with (default ImageNet's); ``resize``:
-    the short side before the ``image_size`` crop (default 256/224 of it)."""
+    first) and the embedding width, found by running one blank image through it.
+    ``image_size``: the square crop it takes (default: its input's, when the graph fixes
+    one); ``mean`` and ``std``: the input normalisation it was trained with (default
+    ImageNet's); ``resize``: the short side before the crop (default 256/224 of it)."""
     import onnxruntime as ort
 
     file = Path(path)
@@ -71,7 +72,9 @@ def foreign_spec(
         raise NearsightError(f"model not found: {file}")
     if file.suffix.lower() != ".onnx":
         raise NearsightError(f"{file}: a model exported elsewhere must be a .onnx file")
-    if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1:
+    if image_size is not None and (
+        isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1
+    ):
         raise NearsightError(f"--input-size must be a positive whole number, got {image_size!r}")
     options = ort.SessionOptions()
     options.log_severity_level = 3
@@ -89,6 +92,14 @@ def foreign_spec(
             "(channels first, RGB)"
         )
     output_name = _output(session, file, output)
+    height, width = image_input.shape[2:]
+    if image_size is None:
+        if not (isinstance(height, int) and height > 0 and height == width):
+            raise NearsightError(
+                f"{file} takes images of any size ({image_input.name} "
+                f"{list(image_input.shape)}): give its --input-size"
+            )
+        image_size = height
     blank = np.zeros((fixed_batch(session) or 1, 3, image_size, image_size), np.float32)
     try:
         (result,) = session.run([output_name], {image_input.name: blank})

@@ -21,7 +21,11 @@ def add_foreign_model_options(parser: argparse.ArgumentParser) -> None:
         "description is stored in the gallery: search, serve and eval need no flags after.",
     )
     group.add_argument(
-        "--input-size", type=int, metavar="PX", help="the square crop the model takes, e.g. 224"
+        "--input-size",
+        type=int,
+        metavar="PX",
+        help="the square crop the model takes, e.g. 224 (default: its input's, when the graph "
+        "fixes one)",
     )
     group.add_argument(
         "--mean",
@@ -82,7 +86,6 @@ def read_spec_file(path: Path) -> dict[str, Any]:
 def requested_spec(args: argparse.Namespace) -> Any:
     """The foreign model spec the options describe (models.foreign.foreign_spec), or None when
     none of them is given (a nearsight model, which describes itself)."""
-    from nearsight.core.errors import NearsightError
 
     values: dict[str, Any] = read_spec_file(args.model_spec) if args.model_spec else {}
     for key in FILE_KEYS:
@@ -90,16 +93,11 @@ def requested_spec(args: argparse.Namespace) -> Any:
             values[key] = getattr(args, key)
     if not values:
         return None
-    if values.get("input_size") is None:
-        raise NearsightError(
-            "--mean, --std, --resize and --output describe a model exported elsewhere: give "
-            "its --input-size too"
-        )
     from nearsight.models.foreign import foreign_spec
 
     return foreign_spec(
         args.model,
-        image_size=values["input_size"],
+        image_size=values.get("input_size"),
         mean=values.get("mean"),
         std=values.get("std"),
         resize=values.get("resize"),
