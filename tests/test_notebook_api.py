@@ -143,8 +143,10 @@ def test_results_list_html_shows_errors_escaped(onnx_gallery, tmp_path):
 def test_build_add_remove_from_python(onnx_gallery, tmp_path):
     out = tmp_path / "built"
     with nearsight.build_gallery(
-        onnx_gallery.model, out, dataset="folder", root=onnx_gallery.data, split="all"
-    ) as gallery:
+        onnx_gallery.model, out, dataset="folder", root=onnx_gallery.data, split="all",
+        index_type="hnsw", chunk_size=5,  # any flag of `index build` by its keyword
+    ) as gallery:  # fmt: skip
+        assert gallery.gallery.index_type == "hnsw"
         assert len(gallery) == 12
         image = _images(onnx_gallery)[0]
         assert gallery.search(image, k=1)[0]["distance"] == pytest.approx(0, abs=1e-3)
@@ -168,6 +170,7 @@ def test_build_add_remove_from_python(onnx_gallery, tmp_path):
         (lambda g, m: nearsight.build_gallery(m, g / "x"), "a dataset (with its root) or images"),
         (lambda g, m: nearsight.remove_items(g / "nowhere", [1]), "no gallery at"),
         (lambda g, m: nearsight.add_images(g / "nowhere", []), "images is empty"),
+        (lambda g, m: nearsight.build_gallery(m, g / "x", images=[g / "a.png"], colour="red"), "unrecognized arguments: --colour red"),
     ],
 )  # fmt: skip
 def test_bad_calls_are_one_line_errors(onnx_gallery, tmp_path, call, message):

@@ -36,11 +36,22 @@ def _run(argv: Sequence[Any]) -> argparse.Namespace:
 
 
 def _option(name: str, value: Any) -> list[Any]:
-    if value is None:
+    if value is None or value is False:
         return []
+    if value is True:  # a switch
+        return [name]
     if isinstance(value, list | tuple):
         return [name, *value]
     return [name, value]
+
+
+def _flags(options: Mapping[str, Any]) -> list[Any]:
+    """Keyword arguments as the command's flags: ``chunk_size=512`` -> ``--chunk-size 512``."""
+    return [
+        part
+        for key, value in options.items()
+        for part in _option(f"--{key.replace('_', '-')}", value)
+    ]
 
 
 def build_gallery(
@@ -58,12 +69,14 @@ def build_gallery(
     std: Sequence[float] | None = None,
     resize: int | None = None,
     output: str | None = None,
+    **options: Any,
 ) -> SearchableGallery:
     """Embed a dataset (``dataset`` cub | cars | sop | folder | csv with its ``root``) or a
     list of ``images`` with ``model`` and write the gallery folder ``out``, as ``nearsight
     index build`` does (``split``: its ``--split``, default the command's); returns it opened
     for searching. A model exported elsewhere takes ``input_size``, ``mean``, ``std``,
-    ``resize`` and ``output`` (the command's flags of the same names)."""
+    ``resize`` and ``output`` (the command's flags of the same names). Any other flag of
+    the command is a keyword: ``chunk_size=512``, ``max_index_memory="2G"``."""
     if (dataset is None) == (images is None):
         raise NearsightError("build_gallery takes a dataset (with its root) or images, not both")
     argv: list[Any] = ["index", "build", "--model", model, "--out", out]
@@ -76,7 +89,7 @@ def build_gallery(
         argv += ["--images", *paths]
     argv += ["--index-type", index_type, "--device", device]
     argv += _option("--input-size", input_size) + _option("--mean", mean) + _option("--std", std)
-    argv += _option("--resize", resize) + _option("--output", output)
+    argv += _option("--resize", resize) + _option("--output", output) + _flags(options)
     _run(argv)
     return open_gallery(out, device=device)
 
@@ -90,10 +103,12 @@ def add_images(
     meta: Mapping[str, Any] | None = None,
     model: PathLike | None = None,
     device: str = "auto",
+    **options: Any,
 ) -> list[int]:
     """Embed ``images`` (files) with the gallery's model and add them, as ``nearsight index
     add`` does; ``meta``: their extra columns ({"shop": "north", "price": 12.5}). Returns the
-    new items' ids. An open gallery passed here sees the change at once."""
+    new items' ids. Any other flag of the command is a keyword (``batch_size=16``). An open
+    gallery passed here sees the change at once."""
     paths = list(images)
     if not paths:
         raise NearsightError("add_images: images is empty")
@@ -102,6 +117,7 @@ def add_images(
     argv += _option("--model", model)
     for key, value in (meta or {}).items():
         argv += ["--meta", f"{key}={value}"]
+    argv += _flags(options)
     args = _run(argv)
     _reload(gallery)
     return list(args.added_ids)
