@@ -94,6 +94,7 @@ def test_results_list_to_pandas_has_a_query_and_an_error_column(onnx_gallery, tm
         many = gallery.search_many([images[0], tmp_path / "gone.png", images[1]], k=2)
     frame = many.to_pandas()
     assert frame["query"].tolist() == [0, 0, 1, 2, 2]
+    assert frame["query_path"].tolist()[1:3] == [str(images[0]), str(tmp_path / "gone.png")]
     assert frame["error"].notna().tolist() == [False, False, True, False, False]
     assert "gone.png" in frame["error"].iloc[2]
     assert frame["id"].iloc[0] == many[0][0]["id"]

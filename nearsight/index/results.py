@@ -107,15 +107,21 @@ class ResultsList(list):
         return {n: r.error for n, r in enumerate(self) if r.error is not None}
 
     def to_pandas(self) -> Any:
-        """One DataFrame for all queries: a ``query`` column (the query's position), then
-        :meth:`SearchResults.records`' columns; an ``error`` column when a query failed."""
+        """One DataFrame for all queries: a ``query`` column (the query's position) and, when
+        queries were files, ``query_path``; then :meth:`SearchResults.records`' columns; an
+        ``error`` column when a query failed."""
         pandas = _pandas()
-        columns = ["query", *COLUMNS]
+        paths = any(isinstance(r.query, str | os.PathLike) for r in self)
+        columns = ["query", *(["query_path"] if paths else []), *COLUMNS]
         records: list[dict[str, Any]] = []
         for number, results in enumerate(self):
+            query: dict[str, Any] = {"query": number}
+            if paths:
+                is_path = isinstance(results.query, str | os.PathLike)
+                query["query_path"] = os.fspath(results.query) if is_path else None
             if results.error is not None:
-                records.append({"query": number, "error": results.error})
-            records += [{"query": number, **row} for row in results.records()]
+                records.append({**query, "error": results.error})
+            records += [{**query, **row} for row in results.records()]
         for row in records:
             columns += [key for key in row if key not in columns]
         return pandas.DataFrame.from_records(records, columns=columns)
