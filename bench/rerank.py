@@ -178,7 +178,12 @@ def run_latency(args) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             start = time.perf_counter()
             folder = build_gallery(
-                Path(tmp) / "g", vectors, items, model_sha256="0" * 64, neighbour_graph=True
+                Path(tmp) / "g",
+                vectors,
+                items,
+                model_sha256="0" * 64,
+                index_type=args.index_type,
+                neighbour_graph=True,
             )
             built = time.perf_counter() - start
             with Gallery.open(folder) as gallery:
@@ -262,6 +267,7 @@ def main(argv=None) -> int:
     parser.add_argument("--demo-model", type=Path, help="the demo's trained ONNX model")
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--index-type", default="auto", help="latency: the galleries' index")
     parser.add_argument("--items", type=int, default=10_000)
     parser.add_argument("--queries", type=int, default=60)
     parser.add_argument("--rerank", nargs="+", default=list(FAMILIES))

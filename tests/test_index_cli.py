@@ -70,7 +70,8 @@ def test_eval_equals_recall_computed_from_the_checkpoint(setup, capsys):
     assert code == 0, err
     result = json.loads(out)
     assert list(result) == ["recall@1", "recall@2", "recall@4", "recall@8", "nmi", "map@r",
-                            "queries"]  # fmt: skip
+                            "queries", "rerank", "unlabelled"]  # fmt: skip
+    assert result["rerank"] == "none" and result["unlabelled"] == 0
     assert result["queries"] == 12
     for k, value in expected.items():
         assert result[f"recall@{k}"] == pytest.approx(value, abs=1e-6)
@@ -81,7 +82,7 @@ def test_eval_equals_recall_computed_from_the_checkpoint(setup, capsys):
     code, out, _ = run(capsys, "eval", "--gallery", setup["gallery"], "--k", "1", "3", "--json")
     assert code == 0 and list(json.loads(out))[:2] == ["recall@1", "recall@3"]
     code, out, _ = run(capsys, "eval", "--gallery", setup["gallery"])
-    assert code == 0 and out.startswith("recall@1 ") and "(12 queries)" in out
+    assert code == 0 and out.startswith("recall@1 ") and "(12 labelled items queried)" in out
 
 
 def test_build_records_the_catalog_and_meta(setup):

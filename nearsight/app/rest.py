@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
 import numpy as np
-from fastapi import Depends, FastAPI, File, Form, Request, UploadFile
+from fastapi import Depends, FastAPI, File, Form, Path, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -39,6 +39,7 @@ from starlette.exceptions import HTTPException
 from nearsight.app.batcher import DEFAULT_MAX_WAITING, BatcherFull, EmbedBatcher
 from nearsight.app.page_view import GalleryView
 from nearsight.core.errors import NearsightError
+from nearsight.index.gallery.keys import ids_of_keys
 from nearsight.index.images import ImageLoadError, load_image_bytes
 from nearsight.index.rerank.spec import parse_rerank
 from nearsight.index.search.query import check_vector, item_row
@@ -175,6 +176,20 @@ def make_rest_app(
         except NearsightError as error:
             raise ApiError(404, str(error)) from None
         return item_row(row)
+
+    @app.get("/items/by-key/{key}", dependencies=[Depends(require_key)])
+    def item_by_key(
+        key: Annotated[str, Path(max_length=200)], gallery: str | None = None
+    ) -> dict[str, Any]:
+        """The item with this key (the gallery's key column, e.g. a SKU)."""
+        view = view_of(gallery)
+        try:
+            found = ids_of_keys(view.gallery, [key])
+        except NearsightError as error:  # the gallery has no key column
+            raise ApiError(404, str(error)) from None
+        if key not in found or found[key] not in view.rows:
+            raise ApiError(404, f"gallery {view.name} has no item with that key")
+        return item_row(view.public_row(found[key]))
 
     @app.post("/search", dependencies=[Depends(require_key)])
     async def search(

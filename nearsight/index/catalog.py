@@ -34,7 +34,14 @@ from urllib.parse import quote
 import numpy as np
 
 from nearsight.core.errors import NearsightError
-from nearsight.index.search.filters import Condition, FilterError, filter_sql, typed_meta
+from nearsight.index.search.filters import (
+    FILTERABLE_BUILTINS,
+    Condition,
+    FilterError,
+    MetaValue,
+    filter_sql,
+    typed_meta,
+)
 from nearsight.index.sqlite_db import Database
 
 CATALOG_FILE = "catalog.db"
@@ -108,6 +115,7 @@ class Catalog:
         self._db = db
         self.path = path
         self._lock = threading.RLock()
+        self._meta_keys: list[str] | None = None
 
     @classmethod
     def open(cls, db_path: str | os.PathLike[str], *, readonly: bool = False) -> Catalog:
@@ -213,12 +221,17 @@ class Catalog:
         return extras
 
     def meta_keys(self) -> list[str]:
-        """The extra column names items have, sorted."""
-        if not self.has_item_meta():
-            return []
-        with self._guard():
-            rows = self._db.execute("SELECT DISTINCT key FROM item_meta ORDER BY key").fetchall()
-        return [row[0] for row in rows]
+        """The extra column names items have, sorted (read once per open catalog: a write
+        makes a new Catalog object)."""
+        if self._meta_keys is None:
+            if not self.has_item_meta():
+                return []
+            with self._guard():
+                rows = self._db.execute(
+                    "SELECT DISTINCT key FROM item_meta ORDER BY key"
+                ).fetchall()
+            self._meta_keys = [row[0] for row in rows]
+        return list(self._meta_keys)
 
     def filter_ids(
         self, conditions: Sequence[Condition], *, time_limit_s: float = FILTER_TIME_LIMIT_S
@@ -228,6 +241,14 @@ class Catalog:
         The query runs on a connection of its own, read-only and outside the catalog's lock, so
         a slow filter never makes other searches of the gallery wait; past ``time_limit_s`` it
         is stopped with a FilterError."""
+        # the gallery's columns: those its items have, and those it was built with
+        known = set(self.meta_keys()) | set(self.meta().get("meta_types") or {})
+        unknown = [c.key for c in conditions if c.key not in known | set(FILTERABLE_BUILTINS)]
+        if unknown:
+            keys = ", ".join([*sorted(known), *FILTERABLE_BUILTINS])
+            raise FilterError(
+                f"unknown filter key {unknown[0]!r}: this gallery's keys are {keys}"
+            )
         sql, params = filter_sql(conditions, has_meta_table=self.has_item_meta())
         uri = f"file:{quote(str(self.path.absolute()))}?mode=ro"
         try:
@@ -249,6 +270,35 @@ class Catalog:
         finally:
             conn.close()
         return np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows))
+
+    def ids_by_meta(self, key: str, values: Sequence[MetaValue]) -> dict[MetaValue, list[int]]:
+        """value -> ids of the items whose metadata ``key`` has that value (the item_meta
+        (key, value) index: one look-up per value)."""
+        found: dict[MetaValue, list[int]] = {}
+        if not self.has_item_meta() or not values:
+            return found
+        with self._guard():
+            for start in range(0, len(values), _CHUNK):
+                chunk = list(values[start : start + _CHUNK])
+                marks = ",".join("?" * len(chunk))
+                rows = self._db.execute(
+                    f"SELECT value, item_id FROM item_meta WHERE key = ? AND value IN ({marks})",
+                    [key, *chunk],
+                ).fetchall()
+                for value, item_id in rows:
+                    found.setdefault(value, []).append(int(item_id))
+        return found
+
+    def ids_by_sha256(self, hashes: Sequence[str]) -> dict[str, int]:
+        """sha256 -> the id of an item with a file of those bytes (the first), for ``hashes``."""
+        wanted = set(hashes)
+        if not wanted:
+            return {}
+        with self._guard():
+            rows = self._db.execute(
+                "SELECT sha256, min(id) FROM items WHERE sha256 IS NOT NULL GROUP BY sha256"
+            ).fetchall()
+        return {sha: int(item_id) for sha, item_id in rows if sha in wanted}
 
     def get(self, item_id: int) -> dict[str, Any] | None:
         found = self.items([item_id])
@@ -287,6 +337,7 @@ class Catalog:
         """Insert ``items`` (without ids) and return the ids given to them: after every id the
         catalog has ever held, so ids of removed items are not reused. ``meta`` is updated in
         the same transaction."""
+        self._meta_keys = None
         new = list(items)
         for item in new:
             if "id" in item:
@@ -308,6 +359,7 @@ class Catalog:
     def remove(self, ids: Iterable[int], *, meta: dict[str, object] | None = None) -> None:
         """Delete the items with ``ids``; all of them must exist (else nothing is deleted).
         ``meta`` is updated in the same transaction."""
+        self._meta_keys = None
         wanted = sorted({int(i) for i in ids})
         with self._guard(writing=True), self._db.conn:
             present = {item["id"] for item in self.items(wanted)}

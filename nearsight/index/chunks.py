@@ -3,9 +3,10 @@
 A chunk folder holds pairs ``NAME.npy`` + ``NAME.csv``, taken in the sort order of NAME:
 
 - ``NAME.npy``: float32 (or float16/float64) [n, D] embeddings, one row per item;
-- ``NAME.csv``: n rows with a header; ``label`` (integer, empty when unlabelled), and optional
-  ``path``, ``class_name``, ``split``, ``sha256``, ``width``, ``height``; any other column is
-  the item's metadata (typed as a number or text, nearsight/index/search/filters.py; ``id`` is ignored).
+- ``NAME.csv``: n rows with a header; ``label`` (an integer or a class name, empty when
+  unlabelled), and optional ``path``, ``class_name``, ``split``, ``sha256``, ``width``,
+  ``height``; any other column is the item's metadata (each column typed as a whole,
+  nearsight/index/search/meta_types.py; ``id`` is ignored).
 
 A pair counts as finished once both files exist under their names and agree on n: writers
 write each file under a temporary name and rename it, the ``.csv`` last. ``nearsight index
@@ -18,13 +19,15 @@ from __future__ import annotations
 
 import csv
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from nearsight.core.errors import NearsightError
-from nearsight.index.search.filters import BUILTIN_KEYS, FilterError, typed_meta
+from nearsight.index.search.filters import BUILTIN_KEYS, FilterError
+from nearsight.index.search.meta_types import infer_types, label_codes, typed_row
 
 META_FIELDS = ("path", "label", "class_name", "split", "sha256", "width", "height")
 _INTEGER_FIELDS = ("label", "width", "height")
@@ -88,8 +91,11 @@ def read_vectors(path: Path) -> np.ndarray:
     return np.ascontiguousarray(vectors / norms, dtype=np.float32)
 
 
-def read_meta(path: Path) -> list[dict[str, Any]]:
-    """Catalog rows from a ``.csv`` or ``.parquet`` file or a chunk folder's ``.csv`` files."""
+def read_meta(path: Path, meta_types: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """Catalog rows from a ``.csv`` or ``.parquet`` file or a chunk folder's ``.csv`` files.
+    Metadata columns are typed as a whole (``meta_types``: declared types,
+    nearsight/index/search/meta_types.py); labels are integers or class names, coded as the
+    CSV dataset reader codes them (sorted names: 0, 1, ...)."""
     if path.is_dir():
         files = sorted(path.glob("*.csv"))
         if not files:
@@ -102,7 +108,34 @@ def read_meta(path: Path) -> list[dict[str, Any]]:
     for file in files:
         raw = _read_parquet(file) if file.suffix == ".parquet" else _read_csv(file)
         rows.extend(_clean(row, file, number) for number, row in enumerate(raw))
+    labels, names = label_codes([row["label"] for row in rows])
+    extras = [row.pop("meta") for row in rows]
+    try:
+        types = infer_types(extras, meta_types)
+        typed = [typed_row(extra, types) for extra in extras]
+    except FilterError as error:
+        raise NearsightError(f"{path}: {error}") from None
+    for row, label, name, meta in zip(rows, labels, names, typed, strict=True):
+        row["label"] = label
+        if row["class_name"] is None:
+            row["class_name"] = name
+        if meta:
+            row["meta"] = meta
     return rows
+
+
+def meta_types_of(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """The column types of already typed metadata (``row["meta"]``): what a gallery stores and
+    its chunks are read back with."""
+    kinds: dict[str, set[str]] = {}
+    for row in rows:
+        for key, value in (row.get("meta") or {}).items():
+            kind = "str" if isinstance(value, str) else "float" if isinstance(value, float) else "int"
+            kinds.setdefault(key, set()).add(kind)
+    return {
+        key: "str" if "str" in found else "float" if "float" in found else "int"
+        for key, found in kinds.items()
+    }
 
 
 def _load_npy(file: Path) -> np.ndarray:
@@ -153,7 +186,7 @@ def _clean(row: dict[str, Any], file: Path, number: int) -> dict[str, Any]:
         if value is None or (isinstance(value, str) and value.strip() == ""):
             clean[key] = None
             continue
-        if key in _INTEGER_FIELDS:
+        if key in _INTEGER_FIELDS and key != "label":  # labels: integers or class names
             try:
                 value = int(float(value)) if isinstance(value, str) else int(value)
             except (TypeError, ValueError):
@@ -163,15 +196,9 @@ def _clean(row: dict[str, Any], file: Path, number: int) -> dict[str, Any]:
         clean[key] = value
     if clean["path"] is None:
         clean["path"] = f"{file.name}#{number}"  # the catalog wants a name for every item
-    extra = {
+    clean["meta"] = {  # typed by whole column in read_meta
         str(key): value
         for key, value in row.items()
         if key and key not in META_FIELDS and key not in BUILTIN_KEYS
     }
-    try:
-        meta = typed_meta(extra)
-    except FilterError as error:
-        raise NearsightError(f"{file}: {error}") from None
-    if meta:
-        clean["meta"] = meta
     return clean

@@ -103,6 +103,7 @@ class Trainer:
         data = self.config.data
         train = load_dataset(data.dataset, data.root, "train")
         test = load_dataset(data.dataset, data.root, "test")
+        train.require_labels(), test.require_labels()
         if len(train) == 0 or len(test) == 0:
             raise NearsightError(
                 f"dataset {data.dataset} at {data.root} has an empty train or test split"

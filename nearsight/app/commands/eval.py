@@ -82,17 +82,19 @@ def run_eval(args: argparse.Namespace) -> int:
                 print(f"nearsight: stored rerank {spec} in {args.gallery}", file=sys.stderr)
         spec = resolve_rerank(gallery.gallery, spec)
         metrics = gallery.evaluate(args.k, args.queries, spec)
+        unlabelled = int((gallery.gallery.labels < 0).sum())
     for warning in caught:  # one line: vectors decoded from PQ codes (no embeddings.npy)
         if issubclass(warning.category, ApproximateVectorsWarning):
             print(f"nearsight: note: {warning.message}", file=sys.stderr)
     if args.json:
         # MAP@R is NaN when no class has two items: null keeps the output valid JSON
         numbers = {key: _json_number(value) for key, value in metrics.items()}
-        print(json.dumps(numbers | {"rerank": str(spec)}))
+        print(json.dumps(numbers | {"rerank": str(spec), "unlabelled": unlabelled}))
         return 0
     shown = "  ".join(f"{name} {value:.4f}" for name, value in metrics.items() if name != "queries")
     rerank = "" if not spec.active else f", rerank {spec}"
-    print(f"{shown}  ({metrics['queries']} queries{rerank})")
+    left_out = f"; {unlabelled} unlabelled items left out" if unlabelled else ""
+    print(f"{shown}  ({metrics['queries']} labelled items queried{left_out}{rerank})")
     return 0
 
 

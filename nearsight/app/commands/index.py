@@ -66,7 +66,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     build.add_argument("--root", type=Path, help="dataset folder (or its parent), with --dataset")
     build.add_argument(
-        "--split", default="test", choices=["train", "test", "all"], help="default: test"
+        "--split",
+        default="auto",
+        choices=["auto", "train", "test", "all"],
+        help="auto (default): the test split of cub, cars and sop and of any dataset with a "
+        "split of its own (train/ and test/ folders, a CSV split column); every item otherwise",
     )
     build.add_argument("--out", type=Path, required=True, help="gallery folder to write")
     build.add_argument(
@@ -102,7 +106,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add.add_argument("--gallery", type=Path, required=True, help="gallery folder")
     add.add_argument("images", nargs="+", type=Path, metavar="IMAGE")
-    add.add_argument("--label", type=int, help="integer class label of the images")
+    add.add_argument(
+        "--label",
+        help="class of the images: an integer label, or a class name (the gallery's label of "
+        "that name, or a new one)",
+    )
+    add.add_argument(
+        "--key",
+        help="the item's unique key (one image): an item with this key is replaced",
+    )
+    add_catalog_options(add, key_column=False)
     add.add_argument("--class-name", help="class name of the images")
     add.add_argument(
         "--meta",
@@ -122,7 +135,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Remove the items with ids ID... (from `nearsight search`) from the gallery.",
     )
     remove.add_argument("--gallery", type=Path, required=True, help="gallery folder")
-    remove.add_argument("--ids", type=int, nargs="+", required=True, metavar="ID")
+    which = remove.add_mutually_exclusive_group(required=True)
+    which.add_argument("--ids", type=int, nargs="+", metavar="ID")
+    which.add_argument("--keys", nargs="+", metavar="KEY", help="items by their key")
     remove.set_defaults(func=run_remove)
 
     index_import.register(actions, INDEX_TYPES)
@@ -223,23 +238,29 @@ def _read_list(list_file: Path) -> list[Path]:
 def _build_sources(args: argparse.Namespace) -> tuple[list[Path], list[dict[str, Any]], dict]:
     """(paths, catalog fields per path, meta about where they came from)."""
     from nearsight.core.errors import NearsightError
-    from nearsight.index.datasets import load_dataset
+    from nearsight.index.datasets import load_dataset, resolve_split
 
     if args.dataset is not None:
         if args.root is None:
             raise NearsightError("--root is required with --dataset (the dataset folder)")
-        split = load_dataset(args.dataset, args.root, args.split)
+        chosen = args.split
+        if chosen == "auto":
+            chosen = resolve_split(args.dataset, args.root)
+        split = load_dataset(args.dataset, args.root, chosen, declared_types(args))
+        if args.split == "auto":
+            why = "its own test split" if chosen == "test" else "no split of its own: every item"
+            print(f"split: {chosen} ({args.dataset} has {why}; --split to choose)", file=sys.stderr)
         paths = [_absolute(sample.path) for sample in split.samples]
-        fields = [
+        fields = [  # each item keeps the split its dataset gives it (None: it gives none)
             {
                 "label": sample.label,
                 "class_name": sample.class_name,
-                "split": args.split,
+                "split": sample.split,
                 "meta": sample.meta,
             }
             for sample in split.samples
         ]
-        meta = {"dataset": args.dataset, "root": str(_absolute(split.root)), "split": args.split}
+        meta = {"dataset": args.dataset, "root": str(_absolute(split.root)), "split": chosen}
         return paths, fields, meta
     if args.root is not None:
         raise NearsightError("--root goes with --dataset, not with --images or --list")
@@ -272,12 +293,17 @@ def _check_out(out: Path) -> None:
 def run_add(args: argparse.Namespace) -> int:
     from nearsight.core.errors import NearsightError
     from nearsight.index.gallery.core import Gallery
+    from nearsight.index.gallery.keys import duplicate_note, ids_of_keys
     from nearsight.index.search.filters import parse_meta_entries
 
     start = time.perf_counter()
     _check_batching(args)
-    meta = parse_meta_entries(args.meta)  # a typo is reported before the gallery is opened
+    raw = parse_meta_entries(args.meta, typed=False)  # a typo is reported before the gallery opens
+    if args.key is not None and len(args.images) != 1:
+        raise NearsightError("--key names one item: give one image with it")
     with Gallery.open(args.gallery) as gallery:
+        meta, key = _added_meta(gallery, raw, args)
+        label, class_name = _added_label(gallery, args.label, args.class_name)
         embedder = load_gallery_model(gallery, args.model, args.device)
         paths = [_absolute(path) for path in args.images]
         vectors, kept, errors = _embed_files(embedder, paths, args)
@@ -285,35 +311,145 @@ def run_add(args: argparse.Namespace) -> int:
             raise NearsightError(f"no image could be read (the first: {errors[0]})")
         kept_paths = [paths[i] for i in kept]
         described = _describe(kept_paths, args.workers)
-        extra = {"label": args.label, "class_name": args.class_name, "meta": meta}
+        extra = {"label": label, "class_name": class_name, "meta": meta}
         items = [
             {"path": str(path), **extra, **info}
             for path, info in zip(kept_paths, described, strict=True)
         ]
+        replaced = ids_of_keys(gallery, [key]).get(key) if key is not None else None
+        hashes = [info.get("sha256") for info in described]
+        assert gallery._catalog is not None
+        known = gallery._catalog.ids_by_sha256([h for h in hashes if h])
+        if replaced is not None:
+            known = {sha: i for sha, i in known.items() if i != replaced}
+        note = duplicate_note(hashes, [str(p) for p in kept_paths], known)
         ids = gallery.add(vectors, items)
         args.added_ids = ids  # nearsight.add_images returns them
+        if replaced is not None:  # after the add: a crash between leaves both, never neither
+            gallery.remove([replaced])
         total = len(gallery)
     shown = ", ".join(map(str, ids[:10])) + (", ..." if len(ids) > 10 else "")
+    swap = f", replacing item {replaced} (key {key!r})" if replaced is not None else ""
     print(
-        f"added {len(ids)} items (ids {shown}){_skipped_note(errors)} to {args.gallery}: "
+        f"added {len(ids)} items (ids {shown}){swap}{_skipped_note(errors)} to {args.gallery}: "
         f"{total} items, in {time.perf_counter() - start:.1f}s"
     )
+    if note:
+        print(f"nearsight: {note}", file=sys.stderr)
     return 0
 
 
+def _added_meta(gallery: Any, raw: dict[str, str], args: argparse.Namespace):
+    """(typed metadata, key) of added items: typed as the gallery's columns are (or as
+    declared), the key from --key or the key column's --meta entry."""
+    from nearsight.core.errors import NearsightError
+    from nearsight.index.gallery.keys import key_column
+    from nearsight.index.search.filters import FilterError
+    from nearsight.index.search.meta_types import parse_meta_types, typed_row
+
+    column = key_column(gallery)
+    if args.key is not None:
+        if column is None:
+            raise NearsightError(
+                f"gallery {args.gallery} has no key column: build it with a 'key' column or "
+                "--key-column NAME"
+            )
+        raw = {**raw, column: args.key}
+    types = {**gallery.meta.get("meta_types", {}), **parse_meta_types(args.meta_types)}
+    if column is not None:
+        types[column] = "str"
+    try:
+        meta = typed_row(raw, types)
+    except FilterError as error:
+        raise NearsightError(str(error)) from None
+    key = meta.get(column) if column is not None else None
+    return meta, None if key is None else str(key)
+
+
+def _added_label(gallery: Any, label: str | None, class_name: str | None):
+    """(label, class name) of added items: an integer label as given, or a class name mapped
+    to the gallery's label of that name (a new label, one past the largest, for a new name)."""
+    if label is None:
+        return None, class_name
+    text = label.strip()
+    if text.lstrip("+-").isdigit():
+        return int(text), class_name
+    existing = [row for row in gallery.all_items() if row["class_name"] == text]
+    if existing and existing[0]["label"] is not None:
+        return int(existing[0]["label"]), class_name or text
+    largest = int(gallery.labels.max()) if len(gallery.labels) else -1
+    return max(largest, -1) + 1, class_name or text
+
+
 def run_remove(args: argparse.Namespace) -> int:
+    from nearsight.core.errors import NearsightError
     from nearsight.index.gallery.core import Gallery
+    from nearsight.index.gallery.keys import ids_of_keys
 
     start = time.perf_counter()
     with Gallery.open(args.gallery) as gallery:
-        gallery.remove(args.ids)
+        ids = args.ids
+        if args.keys is not None:
+            found = ids_of_keys(gallery, args.keys)
+            unknown = [key for key in args.keys if key not in found]
+            if unknown:
+                raise NearsightError(f"gallery {args.gallery} has no item with key {unknown[0]!r}")
+            ids = list(found.values())
+        gallery.remove(ids)
         total = len(gallery)
-    count = len(set(args.ids))
+    count = len(set(ids))
     print(
         f"removed {count} items from {args.gallery}: {total} items, "
         f"in {time.perf_counter() - start:.1f}s"
     )
     return 0
+
+
+def add_catalog_options(parser: argparse.ArgumentParser, *, key_column: bool = True) -> None:
+    """``--meta-types`` and ``--key-column``, of ``index build``, ``import`` and (types) ``add``."""
+    parser.add_argument(
+        "--meta-types",
+        action="append",
+        metavar="COL=TYPE,...",
+        help="declare metadata column types (int, float, str), e.g. sku=str,price=float; "
+        "undeclared columns are numeric only when every value in them is a number",
+    )
+    if not key_column:
+        return
+    parser.add_argument(
+        "--key-column",
+        metavar="NAME",
+        help="the metadata column that holds each item's unique key (default: 'key' when the "
+        "source has one): index add replaces an item with the same key, index remove --keys "
+        "deletes by key",
+    )
+
+
+def catalog_settings(
+    args: argparse.Namespace, rows: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Gallery meta from the catalog options: the column types and the checked key column."""
+    from nearsight.index.chunks import meta_types_of
+    from nearsight.index.gallery.keys import DEFAULT_KEY_COLUMN, check_unique_keys
+
+    column = args.key_column
+    if column is None and any(DEFAULT_KEY_COLUMN in (row.get("meta") or {}) for row in rows):
+        column = DEFAULT_KEY_COLUMN
+    settings: dict[str, Any] = {"meta_types": meta_types_of(rows)}
+    if column is not None:
+        check_unique_keys(rows, column)
+        settings["key_column"] = column
+    return settings
+
+
+def declared_types(args: argparse.Namespace) -> dict[str, str]:
+    """``--meta-types``, with the key column declared text (keys are names, not numbers)."""
+    from nearsight.index.search.meta_types import parse_meta_types
+
+    declared = parse_meta_types(args.meta_types)
+    key = getattr(args, "key_column", None) or "key"
+    declared.setdefault(key, "str")
+    return declared
 
 
 def add_embeddings_option(parser: argparse.ArgumentParser) -> None:
@@ -327,6 +463,7 @@ def add_embeddings_option(parser: argparse.ArgumentParser) -> None:
         "without it (a flat, ivf or hnsw index; the imported files or kept build chunks for "
         "ivfpq/opq). Without it, eval and search by id read the vectors back from those",
     )
+    add_catalog_options(parser)
     parser.add_argument(
         "--neighbour-graph",
         action="store_true",

@@ -32,6 +32,7 @@ def run_build(args: argparse.Namespace) -> int:
         _build_sources,
         _check_batching,
         _check_out,
+        catalog_settings,
     )
     from nearsight.app.commands.model_options import load_index_model
     from nearsight.core.errors import NearsightError
@@ -44,6 +45,8 @@ def run_build(args: argparse.Namespace) -> int:
     out = _absolute(args.out)
     _check_out(out)
     paths, fields, source_meta = _build_sources(args)
+    # column types (kept through the chunks) and the key column, checked before embedding
+    settings = catalog_settings(args, fields)
     embedder = load_index_model(args)
     folder = out.with_name(f".{out.name}.chunks")
     names = [f"part-{j:06d}" for j in range(-(-len(paths) // args.chunk_size))]
@@ -82,9 +85,13 @@ def run_build(args: argparse.Namespace) -> int:
         return 0
 
     from nearsight.index.gallery.core import Gallery, build_gallery
+    from nearsight.index.gallery.keys import duplicate_note
     from nearsight.models.spec import SPEC_KEY
 
-    vectors, items = _read_all(folder, names)
+    vectors, items = _read_all(folder, names, settings["meta_types"])
+    note = duplicate_note([row.get("sha256") for row in items], [row["path"] for row in items], {})
+    if note:
+        print(f"nearsight: {note}", file=sys.stderr)
     if not items:
         raise NearsightError(f"none of the {len(paths)} images could be read")
     skipped = len(paths) - len(items)
@@ -93,6 +100,7 @@ def run_build(args: argparse.Namespace) -> int:
         "model": str(_absolute(args.model)),
         SPEC_KEY: embedder.spec.to_dict(),
         "skipped": skipped,
+        **settings,
     }
     build_gallery(
         out,
@@ -182,7 +190,9 @@ def _embed_chunk(
     write_chunk(folder, name, vectors, rows)
 
 
-def _read_all(folder: Path, names: list[str]) -> tuple[Any, list[dict[str, Any]]]:
+def _read_all(
+    folder: Path, names: list[str], meta_types: dict[str, str]
+) -> tuple[Any, list[dict[str, Any]]]:
     """Every chunk's vectors (as written: no renormalisation) and rows, in chunk order."""
     import numpy as np
 
@@ -194,7 +204,7 @@ def _read_all(folder: Path, names: list[str]) -> tuple[Any, list[dict[str, Any]]
         if not (folder / f"{name}.csv").is_file():
             raise NearsightError(f"chunk {folder / name} is missing: a process did not finish")
         part = np.load(folder / f"{name}.npy", allow_pickle=False)
-        rows = read_meta(folder / f"{name}.csv")
+        rows = read_meta(folder / f"{name}.csv", meta_types)
         if len(rows) != len(part):
             raise NearsightError(f"chunk {folder / name} is damaged: rows and vectors differ")
         parts.append(part.reshape(len(rows), -1) if len(rows) else None)

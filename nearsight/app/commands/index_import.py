@@ -55,7 +55,12 @@ def register(actions: argparse._SubParsersAction, index_types: list[str]) -> Non
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from nearsight.app.commands.index import _absolute, _check_out
+    from nearsight.app.commands.index import (
+        _absolute,
+        _check_out,
+        catalog_settings,
+        declared_types,
+    )
     from nearsight.core.errors import NearsightError
     from nearsight.index.chunks import read_meta, read_vectors
     from nearsight.index.gallery.core import build_gallery
@@ -68,12 +73,16 @@ def run_import(args: argparse.Namespace) -> int:
     out = _absolute(args.out)
     _check_out(out)
     vectors = read_vectors(args.vectors)
-    rows = read_meta(args.meta)
+    rows = read_meta(args.meta, declared_types(args))
     if len(rows) != len(vectors):
         raise NearsightError(
             f"{args.meta} has {len(rows)} rows but {args.vectors} has {len(vectors)} vectors"
         )
-    meta: dict = {"source": "import", "vectors": str(_absolute(args.vectors))}
+    meta: dict = {
+        "source": "import",
+        "vectors": str(_absolute(args.vectors)),
+        **catalog_settings(args, rows),
+    }
     model_sha256 = ""
     if args.model is not None:
         from nearsight.app.commands.model_options import load_index_model

@@ -17,6 +17,9 @@ from pathlib import Path
 from nearsight.core.errors import NearsightError
 
 SPLITS = ("train", "test", "all")
+# auto: the dataset's own test split where it has one (cub, cars, sop; train/ and test/
+# folders; a CSV's split column), else every item
+SPLIT_CHOICES = (*SPLITS, "auto")
 
 # Extensions (lower case) that folder and synthetic datasets treat as images.
 IMAGE_EXTENSIONS = frozenset(
@@ -31,12 +34,14 @@ class DatasetLayoutError(NearsightError):
 @dataclass(frozen=True)
 class Sample:
     """One image of a dataset: where it is, its integer class label and the class's name;
-    ``meta``: the source's extra columns (a CSV manifest's columns beyond path,label,split)."""
+    ``meta``: the source's extra columns (a CSV manifest's columns beyond path,label,split);
+    ``split``: the split it belongs to, train or test (None: the dataset does not say)."""
 
     path: Path
-    label: int
-    class_name: str
+    label: int | None  # None: unlabelled (a catalog item without a class)
+    class_name: str | None
     meta: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
+    split: str | None = field(default=None, compare=False, hash=False)
 
 
 @dataclass
@@ -68,6 +73,15 @@ class DatasetSplit:
     def num_classes(self) -> int:
         return len({sample.label for sample in self.samples})
 
+    def require_labels(self) -> None:
+        """A one-line error when some images have no label (training needs every one)."""
+        missing = sum(sample.label is None for sample in self.samples)
+        if missing:
+            raise DatasetLayoutError(
+                f"{missing} images of the {self.name} dataset at {self.root} have no label: "
+                "training needs a label on every image"
+            )
+
     def class_counts(self) -> dict[int, int]:
         """Label -> number of images, sorted by label."""
         return dict(sorted(Counter(self.labels).items()))
@@ -76,7 +90,10 @@ class DatasetSplit:
 def make_split(name: str, root: Path, split: str, samples: Iterable[Sample]) -> DatasetSplit:
     """Sort the samples deterministically and refuse an empty split (nothing to train on or
     search is always a mistake in the data, and is clearer here than later)."""
-    ordered = sorted(samples, key=lambda sample: (sample.label, str(sample.path)))
+    ordered = sorted(
+        samples,
+        key=lambda sample: (-1 if sample.label is None else sample.label, str(sample.path)),
+    )
     if not ordered:
         raise DatasetLayoutError(f"the {split} split of the {name} dataset at {root} has no images")
     return DatasetSplit(name=name, root=root, split=split, samples=ordered)

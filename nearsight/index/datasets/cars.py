@@ -50,7 +50,8 @@ def load_cars(root: Path, split: str) -> DatasetSplit:
             )
         in_train = label in TRAIN_CLASSES
         if split == "all" or (split == "train") == in_train:
-            samples.append(Sample(folder / relative, label, names[label - 1]))
+            part = "train" if in_train else "test"
+            samples.append(Sample(folder / relative, label, names[label - 1], split=part))
     return make_split("cars", folder, split, samples)
 
 

@@ -56,7 +56,10 @@ def load_cub(root: Path, split: str) -> DatasetSplit:
             )
         in_train = label in TRAIN_CLASSES
         if split == "all" or (split == "train") == in_train:
-            samples.append(Sample(folder / "images" / relative, label, class_names[label]))
+            part = "train" if in_train else "test"
+            samples.append(
+                Sample(folder / "images" / relative, label, class_names[label], split=part)
+            )
     return make_split("cub", folder, split, samples)
 
 

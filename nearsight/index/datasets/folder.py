@@ -35,13 +35,18 @@ def load_folder(root: Path, split: str) -> DatasetSplit:
         by_split = {name: _class_images(root / name) for name in ("train", "test")}
         all_names = sorted(set(by_split["train"]) | set(by_split["test"]))
         chosen = {"train": ("train",), "test": ("test",), "all": ("train", "test")}[split]
-        members = [(name, by_split[part][name]) for part in chosen for name in by_split[part]]
+        members = [
+            (name, by_split[part][name], part) for part in chosen for name in by_split[part]
+        ]
     else:
         classes = _class_images(root)
         all_names = sorted(classes)
         train, test = class_disjoint_halves(all_names)
         keep = {"train": train, "test": test, "all": train | test}[split]
-        members = [(name, classes[name]) for name in all_names if name in keep]
+        # no split of its own: the halves are nearsight's, so an item says which only when one
+        # half was asked for
+        part = None if split == "all" else split
+        members = [(name, classes[name], part) for name in all_names if name in keep]
 
     if not all_names:
         raise DatasetLayoutError(
@@ -49,7 +54,11 @@ def load_folder(root: Path, split: str) -> DatasetSplit:
             "(expected ROOT/<class>/<image>, or ROOT/train/<class>/ and ROOT/test/<class>/)"
         )
     label_of = {name: label for label, name in enumerate(all_names)}
-    samples = [Sample(path, label_of[name], name) for name, paths in members for path in paths]
+    samples = [
+        Sample(path, label_of[name], name, split=part)
+        for name, paths, part in members
+        for path in paths
+    ]
     return make_split("folder", root, split, samples)
 
 

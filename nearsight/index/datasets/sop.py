@@ -31,11 +31,12 @@ def load_sop(root: Path, split: str) -> DatasetSplit:
     folder = find_root(root, MARKERS, TITLE, EXPECTED)
     samples = []
     for file_name in _FILES[split]:
-        samples.extend(_read_list(folder, folder / file_name))
+        part = "train" if file_name in _FILES["train"] else "test"
+        samples.extend(_read_list(folder, folder / file_name, part))
     return make_split("sop", folder, split, samples)
 
 
-def _read_list(folder: Path, path: Path) -> list[Sample]:
+def _read_list(folder: Path, path: Path, part: str) -> list[Sample]:
     lines = read_lines(path, TITLE)
     if not lines or lines[0].split() != HEADER:
         raise bad_line(path, 1, f'the header "{" ".join(HEADER)}"')
@@ -50,5 +51,6 @@ def _read_list(folder: Path, path: Path) -> list[Sample]:
             raise bad_line(path, number, '"image_id class_id super_class_id path"') from None
         relative = parts[3].strip()
         super_class = relative.split("/", 1)[0].removesuffix("_final")
-        samples.append(Sample(folder / relative, class_id, f"{super_class}/{class_id}"))
+        name = f"{super_class}/{class_id}"
+        samples.append(Sample(folder / relative, class_id, name, split=part))
     return samples

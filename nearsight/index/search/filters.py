@@ -18,6 +18,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from nearsight.core.errors import NearsightError
 
@@ -86,34 +87,38 @@ def check_key(key: str, *, builtin_ok: bool = False) -> str:
     return key
 
 
-def parse_meta_entries(entries: Iterable[str]) -> dict[str, MetaValue]:
-    """``KEY=VALUE`` strings (``index add --meta``) as a typed dict; an empty VALUE is skipped."""
-    meta: dict[str, MetaValue] = {}
+def parse_meta_entries(entries: Iterable[str], *, typed: bool = True) -> dict[str, Any]:
+    """``KEY=VALUE`` strings (``index add --meta``) as a dict, each value typed by itself (or
+    left as text with ``typed=False``, for the gallery's column types); an empty VALUE is
+    skipped."""
+    meta: dict[str, Any] = {}
     for entry in entries:
         key, sep, text = entry.partition("=")
         if not sep:
             raise FilterError(f"--meta takes KEY=VALUE, got {entry!r}")
-        value = typed_value(text)
+        value = typed_value(text) if typed else (text.strip() or None)
         if value is not None:
             meta[check_key(key)] = value
     return meta
 
 
 def typed_meta(values: Mapping[str, object]) -> dict[str, MetaValue]:
-    """Metadata from a mapping (a CSV row's extra columns, JSON): typed, empty values dropped."""
+    """Metadata as the catalog stores it: numbers as they are, text as text (already typed by
+    its column, nearsight/index/search/meta_types.py), other values as text; empty values and
+    non-finite numbers dropped."""
     meta: dict[str, MetaValue] = {}
     for key, raw in values.items():
         if raw is None:
             continue
         if isinstance(raw, bool):
             raw = int(raw)
-        if isinstance(raw, int | float) and not isinstance(raw, bool):
+        if isinstance(raw, int | float):
             if isinstance(raw, float) and not math.isfinite(raw):
                 continue
             meta[check_key(str(key))] = raw
             continue
-        value = typed_value(str(raw))
-        if value is not None:
+        value = str(raw).strip()
+        if value:
             meta[check_key(str(key))] = value
     return meta
 

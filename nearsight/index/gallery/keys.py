@@ -1,0 +1,71 @@
+"""Stable item keys (a shop's SKU) and duplicate images, for building and updating galleries.
+
+A gallery may name one metadata column its key (catalog meta ``key_column``; ``key`` by
+default when the source has such a column, or ``--key-column NAME``). Keys are text and unique
+in the gallery: ``index add`` with a key the gallery holds replaces that item, ``index remove
+--keys`` deletes by key, and REST reads ``/api/items/by-key/{key}``. Duplicate images (the same
+file bytes, by sha256) are reported, not refused: a shop may list one photo under two SKUs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from nearsight.core.errors import NearsightError
+
+if TYPE_CHECKING:
+    from nearsight.index.gallery.core import Gallery
+
+DEFAULT_KEY_COLUMN = "key"
+
+
+def key_column(gallery: Gallery) -> str | None:
+    return gallery.meta.get("key_column")
+
+
+def check_unique_keys(rows: Sequence[dict[str, Any]], column: str) -> None:
+    """Every row has a key in ``column`` and no key repeats (one-line error naming one)."""
+    keys = [str((row.get("meta") or {}).get(column, "")).strip() for row in rows]
+    missing = sum(not key for key in keys)
+    if missing:
+        raise NearsightError(f"{missing} items have no {column!r} (the key column): give every item one")
+    repeated = [key for key, count in Counter(keys).items() if count > 1]
+    if repeated:
+        raise NearsightError(
+            f"key column {column!r} repeats {len(repeated)} keys (e.g. {repeated[0]!r}): keys "
+            "must be unique in a gallery"
+        )
+
+
+def ids_of_keys(gallery: Gallery, keys: Sequence[str]) -> dict[str, int]:
+    """key -> item id for the ``keys`` the gallery holds."""
+    column = key_column(gallery)
+    if column is None:
+        raise NearsightError(
+            f"gallery {gallery.path} has no key column (build it with a 'key' column or "
+            "--key-column NAME)"
+        )
+    assert gallery._catalog is not None
+    found = gallery._catalog.ids_by_meta(column, [str(key) for key in keys])
+    return {str(key): ids[0] for key, ids in found.items()}
+
+
+def duplicate_note(hashes: Sequence[str | None], paths: Sequence[str], known: dict[str, int]) -> str:
+    """One line about images whose bytes repeat among ``hashes`` or match gallery items
+    (``known``: sha256 -> id); empty when none do."""
+    seen: dict[str, str] = {}
+    pairs: list[str] = []
+    for sha, path in zip(hashes, paths, strict=True):
+        if not sha:
+            continue
+        if sha in known:
+            pairs.append(f"{path} = item {known[sha]}")
+        elif sha in seen:
+            pairs.append(f"{path} = {seen[sha]}")
+        else:
+            seen[sha] = path
+    if not pairs:
+        return ""
+    return f"note: {len(pairs)} duplicate images (same bytes), e.g. {pairs[0]}"

@@ -1,0 +1,244 @@
+"""A product catalog's traps (issue 23): splits that fit the data, whole-column metadata types,
+unknown filter keys, labels as class names or none, stable item keys, duplicate images."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from conftest import FAST, assert_one_line_error, free_port, run, tiny_model
+
+from nearsight.index.datasets.synthetic import write_synthetic
+from nearsight.index.gallery.core import Gallery
+
+
+@pytest.fixture(scope="module")
+def shop(tmp_path_factory) -> dict:
+    """72 product photos (12 classes x 6) and a random 16-d model."""
+    root = tmp_path_factory.mktemp("shop")
+    write_synthetic(root / "data", classes=12, per_class=6, size=32)
+    images = sorted((root / "data").rglob("*.png"))
+    assert len(images) == 72
+    return {"root": root, "images": images, "model": tiny_model(root / "model.pt", seed=0)}
+
+
+def _csv(path: Path, header: list[str], rows: list[list]) -> Path:
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
+
+
+def _build(capsys, shop, manifest: Path, out: Path, *extra) -> tuple[int, str, str]:
+    return run(capsys, "index", "build", "--model", shop["model"], "--dataset", "csv",
+               "--root", manifest, "--out", out, *FAST, *extra)  # fmt: skip
+
+
+def _rows(shop, extra=lambda n: []) -> list[list]:
+    return [[image, image.parent.name, *extra(n)] for n, image in enumerate(shop["images"])]
+
+
+def test_a_csv_without_a_split_column_indexes_every_item(shop, tmp_path, capsys):
+    manifest = _csv(tmp_path / "all.csv", ["path", "label"], _rows(shop))
+    code, _, err = _build(capsys, shop, manifest, tmp_path / "g")
+    assert code == 0, err
+    assert "split: all" in err
+    with Gallery.open(tmp_path / "g") as gallery:
+        assert len(gallery) == 72
+        assert {row["split"] for row in gallery.all_items()} == {None}  # none invented
+
+
+def test_a_split_column_is_kept_per_item_and_auto_takes_its_test_rows(shop, tmp_path, capsys):
+    manifest = _csv(tmp_path / "split.csv", ["path", "label", "split"],
+                    _rows(shop, lambda n: ["test" if n % 3 == 0 else "train"]))  # fmt: skip
+    code, _, err = _build(capsys, shop, manifest, tmp_path / "auto")
+    assert code == 0 and "split: test" in err
+    with Gallery.open(tmp_path / "auto") as gallery:
+        assert len(gallery) == 24
+    code, _, err = _build(capsys, shop, manifest, tmp_path / "whole", "--split", "all")
+    assert code == 0, err
+    code, out, _ = run(capsys, "search", "--gallery", tmp_path / "whole", "--id", "0", "--k", "72",
+                       "--filter", "split=test", "--json")  # fmt: skip
+    assert code == 0 and len(json.loads(out)) == 24  # each item's own split, not "all"
+
+
+@pytest.fixture(scope="module")
+def catalog(shop, tmp_path_factory) -> dict:
+    """A gallery with shop, price, sku (one '091': a text column) and a unique key column."""
+    root = tmp_path_factory.mktemp("catalog")
+    skus = ["091", "050", "430", *(f"{n + 500}" for n in range(69))]
+    rows = _rows(shop, lambda n: [("north", "south")[n % 2], f"{n * 1.5:.1f}", skus[n], f"K{n}"])
+    manifest = _csv(root / "shop.csv", ["path", "label", "shop", "price", "sku", "key"], rows)
+    return {"manifest": manifest, "gallery": root / "g", "skus": skus, "root": root}
+
+
+def test_unknown_filter_keys_are_refused_with_the_gallerys_keys(shop, catalog, capsys):
+    code, _, err = _build(capsys, shop, catalog["manifest"], catalog["gallery"])
+    assert code == 0, err
+    code, _, err = run(capsys, "search", "--gallery", catalog["gallery"], "--id", "0",
+                       "--filter", "colour=red")  # fmt: skip
+    assert_one_line_error(code, err, "unknown filter key 'colour'", "key", "price", "shop", "sku")
+    from nearsight import open_gallery
+    from nearsight.core.errors import NearsightError
+
+    with open_gallery(catalog["gallery"]) as gallery, pytest.raises(NearsightError, match="colour"):
+        gallery.search_item(0, 3, filters="colour=red")
+
+
+def test_a_column_is_numeric_only_when_all_of_it_is_or_when_declared(
+    shop, catalog, tmp_path, capsys
+):
+    if not catalog["gallery"].exists():
+        assert _build(capsys, shop, catalog["manifest"], catalog["gallery"])[0] == 0
+
+    def skus(gallery, *filters):
+        found = run(capsys, "search", "--gallery", gallery, "--id", "0", "--k", "72", "--json",
+                    *(x for f in filters for x in ("--filter", f)))  # fmt: skip
+        assert found[0] == 0, found[2]
+        return sorted(row["meta"]["sku"] for row in json.loads(found[1]))
+
+    with Gallery.open(catalog["gallery"]) as gallery:
+        assert gallery.meta["meta_types"]["sku"] == "str"  # '091' keeps the column text
+        values = {row["meta"]["key"]: row["meta"]["sku"] for row in gallery.all_items()}
+    assert values["K0"] == "091" and values["K2"] == "430"  # text, not the number 430
+    assert skus(catalog["gallery"], "sku<100") == []
+    assert skus(catalog["gallery"], "sku=091") == ["091"]
+    declared = tmp_path / "declared"
+    code, _, err = _build(capsys, shop, catalog["manifest"], declared, "--meta-types", "sku=int")
+    assert code == 0, err
+    assert skus(declared, "sku<100") == [50, 91]  # 091 and 050 as numbers
+    bad = _build(capsys, shop, catalog["manifest"], tmp_path / "bad", "--meta-types", "shop=int")
+    assert_one_line_error(bad[0], bad[2], "'shop' is declared int", "north")
+
+
+def test_import_takes_class_names_as_labels_and_evaluates(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(100), 3)
+    vectors = rng.normal(size=(100, 8))[labels] + 0.1 * rng.normal(size=(300, 8))
+    np.save(tmp_path / "v.npy", vectors.astype(np.float32))
+    _csv(tmp_path / "m.csv", ["label", "shop"], [[f"c{x}", "north"] for x in labels])
+    code, _, err = run(capsys, "index", "import", "--vectors", tmp_path / "v.npy", "--meta",
+                       tmp_path / "m.csv", "--out", tmp_path / "g")  # fmt: skip
+    assert code == 0, err
+    code, out, err = run(capsys, "eval", "--gallery", tmp_path / "g", "--json")
+    assert code == 0, err
+    assert json.loads(out)["queries"] == 300 and json.loads(out)["recall@1"] > 0.9
+    with Gallery.open(tmp_path / "g") as gallery:
+        first = gallery.items([0, 3])
+    assert first[0]["class_name"] == "c0" and first[1]["class_name"] == "c1"
+    assert first[0]["label"] != first[1]["label"]
+
+
+def test_unlabelled_items_are_searchable_filterable_and_counted_by_eval(shop, tmp_path, capsys):
+    rows = [[image, image.parent.name if n < 12 else "", ("north", "south")[n % 2]]
+            for n, image in enumerate(shop["images"])]  # fmt: skip
+    manifest = _csv(tmp_path / "half.csv", ["path", "label", "shop"], rows)
+    code, _, err = _build(capsys, shop, manifest, tmp_path / "g")
+    assert code == 0, err
+    code, out, _ = run(capsys, "search", "--gallery", tmp_path / "g", "--id", "40", "--k", "72",
+                       "--filter", "shop=north", "--json")  # fmt: skip
+    assert code == 0 and len(json.loads(out)) == 36
+    code, out, _ = run(capsys, "eval", "--gallery", tmp_path / "g")
+    assert code == 0 and "12 labelled items queried; 60 unlabelled items left out" in out
+    no_labels = _csv(tmp_path / "none.csv", ["path", "shop"], [[r[0], r[2]] for r in rows])
+    assert _build(capsys, shop, no_labels, tmp_path / "none")[0] == 0
+
+
+def test_keys_upsert_remove_and_serve(shop, catalog, tmp_path, capsys):
+    folder = tmp_path / "keyed"
+    shutil.copytree(catalog["gallery"], folder) if catalog["gallery"].exists() else None
+    if not folder.exists():
+        assert _build(capsys, shop, catalog["manifest"], folder)[0] == 0
+    with Gallery.open(folder) as gallery:
+        assert gallery.meta["key_column"] == "key"
+        before = len(gallery)
+        old = next(row["id"] for row in gallery.all_items() if row["meta"]["key"] == "K7")
+    photo = shop["images"][5]
+    code, out, err = run(capsys, "index", "add", "--gallery", folder, photo, "--key", "K7",
+                         "--label", "renamed", "--meta", "price=2", *FAST)  # fmt: skip
+    assert code == 0, err
+    assert f"replacing item {old} (key 'K7')" in out
+    assert "duplicate images" in err  # the same bytes as item 5
+    with Gallery.open(folder) as gallery:
+        assert len(gallery) == before and old not in gallery.ids
+        (new,) = [row for row in gallery.all_items() if row["meta"].get("key") == "K7"]
+        assert new["class_name"] == "renamed" and new["meta"]["price"] == 2.0  # a float column
+    code, out, err = run(capsys, "index", "remove", "--gallery", folder, "--keys", "K8", "K9")
+    assert code == 0, err
+    code, _, err = run(capsys, "index", "remove", "--gallery", folder, "--keys", "nope")
+    assert_one_line_error(code, err, "no item with key 'nope'")
+    from nearsight.app.page import build_app
+    from nearsight.app.rest import close_rest_app
+    from nearsight.app.server import launch_app
+
+    demo = build_app([folder], device="cpu", analyse=False)
+    url = launch_app(demo, port=free_port(), prevent_thread_lock=True, quiet=True).rstrip("/")
+    try:
+        found = httpx.get(f"{url}/api/items/by-key/K7", timeout=30)
+        assert found.status_code == 200 and found.json()["id"] == new["id"]
+        assert httpx.get(f"{url}/api/items/by-key/K8", timeout=30).status_code == 404
+        refused = httpx.post(f"{url}/api/search", data={"id": "0", "filter": "colour=red"})
+        assert refused.status_code == 400 and "unknown filter key" in refused.text
+    finally:
+        demo.close(verbose=False)
+        close_rest_app(demo.nearsight_api)
+        demo.nearsight.close()
+
+
+def test_repeated_keys_are_refused_and_duplicate_images_reported(shop, tmp_path, capsys):
+    rows = _rows(shop, lambda n: [f"K{n // 2}"])
+    manifest = _csv(tmp_path / "dup.csv", ["path", "label", "sku"], rows)
+    code, _, err = _build(capsys, shop, manifest, tmp_path / "g", "--key-column", "sku")
+    assert_one_line_error(code, err, "key column 'sku' repeats 36 keys")
+    twice = _csv(tmp_path / "twice.csv", ["path", "label"], _rows(shop) + _rows(shop)[:3])
+    code, _, err = _build(capsys, shop, twice, tmp_path / "twice")
+    assert code == 0 and "note: 3 duplicate images (same bytes)" in err
+
+
+def test_add_maps_a_class_name_to_the_gallerys_label(shop, catalog, tmp_path, capsys):
+    folder = tmp_path / "labels"
+    assert _build(capsys, shop, catalog["manifest"], folder)[0] == 0
+    with Gallery.open(folder) as gallery:
+        known = gallery.items([10])[0]
+        top = int(gallery.labels.max())
+    photo = shop["images"][0]
+    assert run(capsys, "index", "add", "--gallery", folder, photo, "--label",
+               known["class_name"], *FAST)[0] == 0  # fmt: skip
+    assert run(capsys, "index", "add", "--gallery", folder, photo, "--label", "brand-new",
+               *FAST)[0] == 0  # fmt: skip
+    with Gallery.open(folder) as gallery:
+        added = gallery.all_items()[-2:]
+    assert added[0]["label"] == known["label"] and added[0]["class_name"] == known["class_name"]
+    assert added[1]["label"] == top + 1 and added[1]["class_name"] == "brand-new"
+
+
+def test_column_types_and_label_codes():
+    from nearsight.index.search.filters import FilterError
+    from nearsight.index.search.meta_types import (
+        infer_types,
+        label_codes,
+        parse_meta_types,
+        typed_row,
+    )
+
+    rows = [{"sku": "430", "price": "2", "n": "1"}, {"sku": "091", "price": "2.5", "n": ""}]
+    types = infer_types(rows)
+    assert types == {"sku": "str", "price": "float", "n": "int"}
+    assert [typed_row(r, types) for r in rows] == [
+        {"sku": "430", "price": 2.0, "n": 1},
+        {"sku": "091", "price": 2.5},
+    ]
+    declared = infer_types(rows, parse_meta_types(["sku=int", "price=str"]))
+    assert typed_row(rows[1], declared) == {"sku": 91, "price": "2.5"}
+    with pytest.raises(FilterError, match="declared int"):
+        typed_row({"sku": "x1"}, {"sku": "int"})
+    with pytest.raises(FilterError, match="COLUMN=TYPE"):
+        parse_meta_types("sku=number")
+    assert label_codes(["3", 1, "", None]) == ([3, 1, None, None], [None] * 4)
+    assert label_codes(["c1", "c0", "", "c1"]) == ([1, 0, None, 1], ["c1", "c0", None, "c1"])
