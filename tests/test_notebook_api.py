@@ -191,3 +191,23 @@ def test_search_many_reranks_as_search_does(onnx_gallery, tmp_path):
     assert [[h["id"] for h in r] for r in many] == [[h["id"] for h in r] for r in alone]
     distances = [[round(h["distance"], 5) for h in r] for r in many]
     assert distances != [[round(h["distance"], 5) for h in r] for r in plain]
+
+
+def test_keys_from_python(onnx_gallery, tmp_path):
+    """The catalog's stable keys through the same wrappers: add with a key, replace it, remove
+    by key."""
+    images = _images(onnx_gallery)
+    manifest = tmp_path / "catalog.csv"
+    rows = ["path,label,key"] + [
+        f"{path},{n % 2},sku-{n + 10}" for n, path in enumerate(images[:4])
+    ]
+    manifest.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "keyed"
+    with nearsight.build_gallery(onnx_gallery.model, out, dataset="csv", root=manifest) as gallery:
+        first = nearsight.add_images(gallery, [images[5]], key="sku-1")
+        again = nearsight.add_images(gallery, [images[6]], key="sku-1")  # an upsert
+        assert len(gallery) == 5 and first != again
+        nearsight.remove_items(gallery, keys=["sku-1"])
+        assert len(gallery) == 4
+        with pytest.raises(NearsightError, match="ids or keys"):
+            nearsight.remove_items(gallery, [1], keys=["x"])

@@ -123,12 +123,21 @@ def add_images(
     return list(args.added_ids)
 
 
-def remove_items(gallery: PathLike | SearchableGallery, ids: Iterable[int]) -> None:
-    """Remove the items ``ids`` from the gallery, as ``nearsight index remove`` does."""
-    wanted = [int(i) for i in ids]
+def remove_items(
+    gallery: PathLike | SearchableGallery,
+    ids: Iterable[int] | None = None,
+    *,
+    keys: Iterable[str] | None = None,
+) -> None:
+    """Remove the items ``ids`` (or those with the ``keys`` of the gallery's key column) from
+    the gallery, as ``nearsight index remove`` does."""
+    if (ids is None) == (keys is None):
+        raise NearsightError("remove_items takes ids or keys, not both")
+    wanted = [int(i) for i in ids] if ids is not None else [str(k) for k in keys or []]
     if not wanted:
-        raise NearsightError("remove_items: ids is empty")
-    _run(["index", "remove", "--gallery", _folder(gallery), "--ids", *wanted])
+        raise NearsightError(f"remove_items: {'ids' if ids is not None else 'keys'} is empty")
+    which = "--ids" if ids is not None else "--keys"
+    _run(["index", "remove", "--gallery", _folder(gallery), which, *wanted])
     _reload(gallery)
 
 
