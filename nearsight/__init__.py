@@ -8,7 +8,11 @@ The entry points for notebooks and scripts, loaded on first use (``import nearsi
 imports neither torch nor onnxruntime):
 
 - :func:`open_gallery` (path, model=None) -> a gallery with ``.search(image, k=8)``,
-  ``.evaluate()`` and ``len()``;
+  ``.search_many(images)``, ``.vector(id)``, ``.evaluate()`` and ``len()``; results have
+  ``.to_pandas()`` and show as a grid in Jupyter;
+- :func:`build_gallery` (model, out, dataset=... | images=...) -> the new gallery, opened;
+  :func:`add_images` (gallery, images, ...) -> the new ids; :func:`remove_items` (gallery,
+  ids): what ``nearsight index build | add | remove`` run;
 - :func:`load_embedder` (model_path) -> an embedder with ``.embed_images(images)``;
 - :func:`export` (checkpoint, out, ...) -> the ONNX model, parity-checked (needs ``[train]``);
 - :func:`train` (config, out_dir, *, resume=False) -> a training run (needs ``[train]``).
@@ -25,6 +29,11 @@ __version__ = "0.1.0"
 _API = {
     "open_gallery": "nearsight.index.searchable",
     "SearchableGallery": "nearsight.index.searchable",
+    "SearchResults": "nearsight.index.results",
+    "ResultsList": "nearsight.index.results",
+    "build_gallery": "nearsight.app.api",
+    "add_images": "nearsight.app.api",
+    "remove_items": "nearsight.app.api",
     "load_embedder": "nearsight.models.embedder",
     "export": "nearsight.models.export",
     "train": "nearsight.training.run",
@@ -33,15 +42,22 @@ _API = {
 
 __all__ = [
     "NearsightError",
+    "ResultsList",
+    "SearchResults",
     "SearchableGallery",
+    "add_images",
+    "build_gallery",
     "export",
     "load_embedder",
     "open_gallery",
+    "remove_items",
     "train",
 ]
 
 if TYPE_CHECKING:
+    from nearsight.app.api import add_images, build_gallery, remove_items
     from nearsight.core.errors import NearsightError
+    from nearsight.index.results import ResultsList, SearchResults
     from nearsight.index.searchable import SearchableGallery, open_gallery
     from nearsight.models.embedder import load_embedder
     from nearsight.models.export import export
@@ -52,7 +68,16 @@ def __getattr__(name: str) -> Any:
     module = _API.get(name)
     if module is None:
         raise AttributeError(f"module 'nearsight' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    try:
+        value = getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as error:  # e.g. nearsight.export with the serving set only
+        from nearsight.core.errors import NearsightError
+        from nearsight.core.extras import missing_extra
+
+        line = missing_extra(error)
+        if line is None:
+            raise
+        raise NearsightError(f"nearsight.{name}: {line}") from None
     globals()[name] = value  # the next access skips this function
     return value
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from nearsight.app.commands import COMMANDS
 from nearsight.core.errors import NearsightError
+from nearsight.core.extras import missing_extra
 from nearsight.core.threads import worker_threads
 
 
@@ -40,6 +41,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NearsightError as error:
         print(f"nearsight: error: {error}", file=sys.stderr)
         return error.exit_code
+    except ModuleNotFoundError as error:  # train, export, a .pt, CARS with the serving set only
+        line = missing_extra(error)
+        if line is None:
+            raise
+        print(f"nearsight: error: nearsight {args.command}: {line}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("nearsight: interrupted", file=sys.stderr)
         return 130

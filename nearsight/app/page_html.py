@@ -15,9 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nearsight.app.page_view import Neighbour
+from nearsight.index.verdicts import FRAME_COLOURS, QUERY_COLOUR, correctness
 
-FRAME_COLOURS = {"true": "#16a34a", "false": "#dc2626", "unknown": "#9ca3af"}
-QUERY_COLOUR = "#2563eb"
 CELL_SIDE = 152  # pixels of the image area of a cell
 META_SHOWN = 4  # metadata entries under a cell's caption
 META_VALUE_CHARS = 24
@@ -44,12 +43,6 @@ class QueryCard:
     kind: str  # "upload" or "item"
     item_id: int | None = None
     note: str = ""  # e.g. "identical to gallery item #3"
-
-
-def correctness(query_label: int | None, neighbour_label: int | None) -> str:
-    if query_label is None or query_label < 0 or neighbour_label is None or neighbour_label < 0:
-        return "unknown"
-    return "true" if neighbour_label == query_label else "false"
 
 
 def _image(uri: str | None, alt: str) -> str:

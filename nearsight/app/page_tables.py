@@ -71,10 +71,14 @@ def summary_markdown(view: GalleryView, show_paths: bool = False) -> str:
 def spec_line(spec: ModelSpec) -> str:
     """A model spec in one line of markdown."""
     arch = f"{spec.arch}, " if spec.arch else ""
-    return (
-        f"{arch}dim {spec.dim}, image size {spec.image_size} (resized to {spec.test_resize} "
-        f"first), {spec.pooling} pooling"
-    )
+    size = f"image size {spec.image_size} (resized to {spec.test_resize} first)"
+    if spec.foreign:  # exported elsewhere: no pooling of ours, its own input statistics
+        mean, std = (" ".join(f"{v:g}" for v in values) for values in (spec.mean, spec.std))
+        return (
+            f"ONNX model exported elsewhere, dim {spec.dim}, {size}, input {spec.input_name} "
+            f"(mean {mean}, std {std}), output {spec.output_name}"
+        )
+    return f"{arch}dim {spec.dim}, {size}, {spec.pooling} pooling"
 
 
 def metrics_frame(metrics: dict | None) -> pd.DataFrame:

@@ -13,10 +13,8 @@ from its results: an upload of a gallery file finds that item at distance 0.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import hashlib
-import io
 import math
 import os
 import threading
@@ -36,8 +34,8 @@ from nearsight.index.gallery.core import Gallery
 from nearsight.index.images import load_image
 from nearsight.index.rerank.spec import RerankSpec
 from nearsight.index.search.query import allowed_ids
+from nearsight.index.verdicts import THUMBNAIL_SIDE, thumbnail_uri  # noqa: F401  (re-exported)
 
-THUMBNAIL_SIDE = 160  # pixels, the longer side of a grid thumbnail
 THUMBNAIL_CACHE_ITEMS = 4096  # per gallery; ~6 KB each as base64 JPEG
 
 
@@ -292,14 +290,6 @@ def class_names(rows) -> dict[int, str]:
     return dict(sorted(names.items()))
 
 
-def thumbnail_uri(image: Image.Image, side: int = THUMBNAIL_SIDE) -> str:
-    small = image.convert("RGB")
-    small.thumbnail((side, side), Image.Resampling.BILINEAR)
-    buffer = io.BytesIO()
-    small.save(buffer, format="JPEG", quality=85)
-    return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
 # -- opening galleries with their model --------------------------------------------------------
 
 
@@ -312,9 +302,10 @@ def open_views(
     all of them) or the model path each gallery's meta records. One embedder per model file.
     Raises NearsightError (one line) for a missing/damaged gallery or a model that does not
     match."""
+    from nearsight.index.gallery.model import foreign_spec
     from nearsight.models.embedder import load_embedder
 
-    embedders: dict[Path, Any] = {}
+    embedders: dict[tuple[Path, str], Any] = {}
     views: list[GalleryView] = []
     names = gallery_names(gallery_dirs)
     try:
@@ -322,9 +313,10 @@ def open_views(
             gallery = Gallery.open(folder)
             try:
                 path = gallery.model_path(model)
-                key = path.expanduser().resolve()
+                spec = foreign_spec(gallery)  # a model exported elsewhere runs as recorded
+                key = (path.expanduser().resolve(), spec.to_json() if spec else "")
                 if key not in embedders:
-                    embedders[key] = load_embedder(path, device=device)
+                    embedders[key] = load_embedder(path, device=device, spec=spec)
                 gallery.check_model(embedders[key], path)
             except BaseException:
                 gallery.close()

@@ -8,7 +8,7 @@ and checked to be the one the gallery was built with.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +19,13 @@ from nearsight.core.errors import NearsightError
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.images import load_image
 from nearsight.index.rerank.spec import RerankSpec
+from nearsight.index.results import ResultsList, SearchResults, as_results
 from nearsight.index.search.query import check_vector, item_vector, resolve_rerank, search_rows
 
 ImageLike = str | os.PathLike[str] | Image.Image | np.ndarray
 Filters = str | Sequence[str] | None
 Rerank = RerankSpec | str | None
+SEARCH_BATCH = 64  # search_many: images decoded, embedded and searched at a time
 
 
 def _check_k(k: Any) -> int:
@@ -58,68 +60,137 @@ class SearchableGallery:
         """The embedder of the gallery's queries (its recorded model, or ``model``), loaded and
         checked against the gallery on first use."""
         if self._embedder is None:
-            from nearsight.models.embedder import load_embedder
-
-            path = self.gallery.model_path(self._model_override)
-            embedder = load_embedder(path, device=self._device, optimization=self._optimization)
-            self.gallery.check_model(embedder, path)
-            self._embedder = embedder
+            self._embedder = self.gallery.load_model(
+                self._model_override, device=self._device, optimization=self._optimization
+            )
         return self._embedder
 
     def __len__(self) -> int:
         return len(self.gallery)
 
     def search(
-        self, image: ImageLike, k: int = 8, *, filters: Filters = None, rerank: Rerank = None
-    ) -> list[dict[str, Any]]:
+        self,
+        image: ImageLike,
+        k: int = 8,
+        *,
+        filters: Filters = None,
+        label: int | None = None,
+        rerank: Rerank = None,
+    ) -> SearchResults:
         """The ``k`` nearest gallery items of ``image`` (a file path, a PIL image, or an array
         H x W x 3 / H x W of uint8, or of floats in [0, 1]), nearest first: dicts with rank, id,
         path, label, class_name, distance (Euclidean between unit vectors, 0 to 2) and meta
         (the item's extra columns). ``filters``: search only items matching all of them
         (``"shop=north"``, ``["price>=10", "price<20"]``; inside FAISS, so k items come back
-        whenever k match). ``rerank``: re-rank the candidates (``"aqe:k=2,alpha=3"``,
-        nearsight.index.rerank; ``"none"`` for off); default: the gallery's stored choice."""
-        return self.search_many([image], k, filters=filters, rerank=rerank)[0]
+        whenever k match). ``label``: the query's class, if known (colours the HTML grid,
+        adds a ``correct`` column to ``to_pandas()``). ``rerank``: re-rank the candidates
+        (``"aqe:k=2,alpha=3"``, nearsight.index.rerank; ``"none"`` for off); default: the
+        gallery's stored choice. An unreadable image raises NearsightError; several images go
+        to :meth:`search_many`."""
+        if isinstance(image, list | tuple) or (isinstance(image, np.ndarray) and image.ndim == 4):
+            raise NearsightError(
+                "search takes one image; for several, use search_many(images) (one result "
+                "per image, an unreadable one reported in its entry instead of stopping)"
+            )
+        k = _check_k(k)
+        decoded = as_image(image, self.embedder.resize)
+        vectors = self.embedder.embed_images([decoded])
+        return self._results(vectors, k, filters, rerank, [image], [label])[0]
 
     def search_many(
         self,
-        images: Sequence[ImageLike],
+        images: Iterable[ImageLike] | np.ndarray,
         k: int = 8,
         *,
         filters: Filters = None,
+        labels: Sequence[int | None] | None = None,
+        batch_size: int = SEARCH_BATCH,
         rerank: Rerank = None,
-    ) -> list[list[dict[str, Any]]]:
-        """:meth:`search` of several images, embedded in one batch."""
+    ) -> ResultsList:
+        """:meth:`search` of many images (an iterable, or an array N x H x W x 3), embedded
+        ``batch_size`` at a time (memory stays bounded however many there are). One entry per
+        image, in order; an image that cannot be read gives an empty entry whose ``.error``
+        says why, and the others go on (``.errors`` lists them). ``labels``: each query's
+        class, if known. ``to_pandas()`` gives one table of all of them."""
         k = _check_k(k)
-        # one-line errors before the model loads; JPEGs decoded as the gallery's were
-        decoded = [as_image(image, self.embedder.resize) for image in images]
-        if not decoded:
-            return []
-        return self._rows(self.embedder.embed_images(decoded), k, filters, rerank)
+        if isinstance(images, str | os.PathLike | Image.Image):
+            raise NearsightError("search_many takes a list of images; for one, use search")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise NearsightError(
+                f"batch_size must be a whole number of at least 1, got {batch_size!r}"
+            )
+        rerank = resolve_rerank(self.gallery, rerank)  # a bad spec fails before any image
+        queries = list(images)
+        wanted = [None] * len(queries) if labels is None else list(labels)
+        if len(wanted) != len(queries):
+            raise NearsightError(f"{len(wanted)} labels for {len(queries)} images")
+        results = ResultsList()
+        for start in range(0, len(queries), batch_size):
+            chunk = queries[start : start + batch_size]
+            entries: list[SearchResults | None] = [None] * len(chunk)
+            decoded, positions = [], []
+            for position, image in enumerate(chunk):
+                try:
+                    decoded.append(as_image(image, self.embedder.resize))
+                    positions.append(position)
+                except NearsightError as error:  # this image only: the others go on
+                    entries[position] = SearchResults(query=image, error=str(error))
+            if decoded:
+                vectors = self.embedder.embed_images(decoded)
+                found = self._results(
+                    vectors,
+                    k,
+                    filters,
+                    rerank,
+                    [chunk[p] for p in positions],
+                    [wanted[start + p] for p in positions],
+                )
+                for position, answer in zip(positions, found, strict=True):
+                    entries[position] = answer
+            results.extend(entries)
+        return results
 
     def search_vector(
-        self, vector: Any, k: int = 8, *, filters: Filters = None, rerank: Rerank = None
-    ) -> list[dict[str, Any]]:
+        self,
+        vector: Any,
+        k: int = 8,
+        *,
+        filters: Filters = None,
+        label: int | None = None,
+        rerank: Rerank = None,
+    ) -> SearchResults:
         """:meth:`search` by an embedding of the gallery's dim (made unit length here), e.g.
-        one from :func:`load_embedder` or from another system that uses the same model."""
-        vector = check_vector(self.gallery, vector)[:1]
-        return self._rows(vector, _check_k(k), filters, rerank)[0]
+        one from :meth:`vector`, from :func:`load_embedder` or from another system that uses
+        the same model."""
+        vectors = check_vector(self.gallery, vector)[:1]
+        return self._results(vectors, _check_k(k), filters, rerank, [vector], [label])[0]
 
     def search_item(
         self, item_id: int, k: int = 8, *, filters: Filters = None, rerank: Rerank = None
-    ) -> list[dict[str, Any]]:
+    ) -> SearchResults:
         """:meth:`search` by a gallery item's stored embedding (the item itself comes first,
-        at distance 0, unless a filter leaves it out)."""
+        at distance 0, unless a filter leaves it out); the item's class is the query's."""
         vector = item_vector(self.gallery, int(item_id))
-        return self._rows(vector, _check_k(k), filters, rerank)[0]
+        (row,) = self.gallery.items([int(item_id)])
+        label = row.get("label")
+        return self._results(vector, _check_k(k), filters, rerank, [int(item_id)], [label])[0]
 
-    def _rows(
-        self, vectors: np.ndarray, k: int, filters: Filters, rerank: Rerank
-    ) -> list[list[dict[str, Any]]]:
+    def vector(self, item_id: int) -> np.ndarray:
+        """The stored embedding of gallery item ``item_id``: float32 [dim], unit length (a
+        one-line error when the gallery has no such item)."""
+        return np.array(item_vector(self.gallery, int(item_id))[0], dtype=np.float32)
+
+    def _results(
+        self,
+        vectors: np.ndarray,
+        k: int,
+        filters: Filters,
+        rerank: Rerank,
+        queries: Sequence[Any],
+        labels: Sequence[int | None],
+    ) -> list[SearchResults]:
         answers = search_rows(self.gallery, vectors, k, filters=filters, rerank=rerank)
-        return [
-            [{"rank": rank, **row} for rank, row in enumerate(rows, start=1)] for rows in answers
-        ]
+        return as_results(answers, queries, labels)
 
     def evaluate(
         self, ks: Sequence[int] | None = None, queries: int | None = None, rerank: Rerank = None

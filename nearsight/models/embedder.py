@@ -251,11 +251,16 @@ class OnnxEmbedder(_EmbedderBase):
         session = open_session(self.path, options, wanted)
         self.session = session
         self.providers: list[str] = session.get_providers()
+        self._read_model(session)
+
+    def _read_model(self, session: Any) -> None:
+        """Check the graph is a nearsight export and read its spec from its metadata."""
         metadata = dict(session.get_modelmeta().custom_metadata_map)
         if metadata.get("format") != MODEL_FORMAT:
             raise NearsightError(
                 f"{self.path} is not a nearsight model: its ONNX metadata has no "
-                f"format={MODEL_FORMAT} (write one with `nearsight export`)"
+                f"format={MODEL_FORMAT} (write one with `nearsight export`; for a model "
+                "exported elsewhere, give --input-size, --mean and --std)"
             )
         inputs, outputs = session.get_inputs(), session.get_outputs()
         if [i.name for i in inputs] != [INPUT_NAME] or OUTPUT_NAME not in [o.name for o in outputs]:
@@ -276,24 +281,41 @@ class OnnxEmbedder(_EmbedderBase):
         batch = np.ascontiguousarray(images, dtype=np.float32)
         if batch.shape[0] == 0:
             return np.zeros((0, self.dim), np.float32)
+        return self._check_output(self._run(batch), len(batch))
+
+    def _run(self, batch: np.ndarray) -> np.ndarray:
         (embeddings,) = self.session.run([OUTPUT_NAME], {INPUT_NAME: batch})
-        return self._check_output(np.asarray(embeddings, dtype=np.float32), len(batch))
+        return np.asarray(embeddings, dtype=np.float32)
 
 
 def load_embedder(
-    path: str | os.PathLike[str], device: str = "auto", *, optimization: str = "all"
+    path: str | os.PathLike[str],
+    device: str = "auto",
+    *,
+    optimization: str = "all",
+    spec: ModelSpec | None = None,
 ) -> Embedder:
     """The embedder for a model file, by suffix: ``.onnx`` (onnxruntime) or ``.pt``/``.pth``
     (a torch checkpoint). ``device``: auto | cpu | cuda. ``optimization``: see
-    :class:`OnnxEmbedder` (ONNX only)."""
+    :class:`OnnxEmbedder` (ONNX only). ``spec``: a foreign model's spec
+    (:func:`models.foreign.foreign_spec`, or the one a gallery recorded): an ONNX model
+    exported elsewhere, run as it describes."""
     file = Path(path)
     if not file.is_file():
         raise NearsightError(f"model not found: {file}")
     suffix = file.suffix.lower()
+    if spec is not None and spec.foreign and suffix != ".onnx":
+        raise NearsightError(f"{file}: a model exported elsewhere must be a .onnx file")
     if suffix == ".onnx":
-        embedder = OnnxEmbedder(
-            file, providers=default_providers(device), optimization=optimization
-        )
+        providers = default_providers(device)
+        if spec is not None and spec.foreign:
+            from nearsight.models.foreign import ForeignOnnxEmbedder
+
+            embedder: OnnxEmbedder = ForeignOnnxEmbedder(
+                file, spec, providers=providers, optimization=optimization
+            )
+        else:
+            embedder = OnnxEmbedder(file, providers=providers, optimization=optimization)
         if device == "cuda" and embedder.device != "cuda":
             raise NearsightError(
                 "--device cuda: onnxruntime could not start its CUDA provider here "

@@ -7,7 +7,7 @@ offsets, zero padding when the crop is larger than the image); tests/test_prepro
 it against torchvision. Training's evaluation, the torch and the onnxruntime embedders and the
 export's calibration all call :func:`test_transform`, so they see the same pixels. ImageNet
 mean/std normalisation is not here: it lives inside the model (and so inside the ONNX graph),
-which takes RGB in [0, 1].
+which takes RGB in [0, 1]. A foreign model (models.foreign) gets it from its embedder instead.
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ from PIL import Image
 
 from nearsight.models.spec import default_resize
 
+# torchvision's ImageNet statistics: inside nearsight's models; a foreign model's default
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
 # Past this ratio of long to short side, the long side is cut before resizing (see below).
 MAX_ASPECT_RATIO = 16
 

@@ -5,6 +5,11 @@ metadata (one JSON property, ``model_spec``); ``nearsight index build`` records 
 gallery catalog's meta (``model_spec``); the embedders and the page read it back from there.
 No torch here: serving reads specs too.
 
+A model exported elsewhere (any ONNX image-embedding graph, :mod:`models.foreign`) has a spec
+too: its ``input_name`` and ``output_name`` are set, and ``mean``/``std`` say how it wants its
+input normalised (nearsight's own models do that inside the graph). These four fields are
+written only when set, so the specs of nearsight's own models read as before.
+
 Files written before the spec existed carry its fields under other names;
 :func:`spec_from_onnx_metadata`, :func:`spec_from_checkpoint` and :func:`spec_from_gallery_meta`
 read those (legacy) fields into a spec, so old checkpoints, models and galleries still load.
@@ -24,6 +29,7 @@ SPEC_KEY = "model_spec"  # the key in checkpoints, ONNX metadata and gallery met
 POOLINGS = ("avg", "max", "avgmax")
 RESOLVED_FEATURE_NORMS = ("none", "batchnorm")
 EMBEDDINGS = ("last", "concat")  # the served embedding: the layer4 head's, or all heads'
+FOREIGN_FIELDS = ("input_name", "output_name", "mean", "std")  # only a foreign model's spec
 
 
 def default_resize(image_size: int) -> int:
@@ -43,6 +49,11 @@ class ModelSpec:
     feature_norm: str = "none"  # none | batchnorm (resolved, never "auto")
     heads: tuple[str, ...] = ("layer4",)  # trunk stages the embedding is read from
     embedding: str = "last"  # what is served: last (layer4's head) | concat (all heads)
+    # a foreign ONNX model (models.foreign); "" / () for nearsight's own
+    input_name: str = ""  # its NCHW float image input
+    output_name: str = ""  # the embedding output (flattened per image, then L2-normalised)
+    mean: tuple[float, ...] = ()  # per RGB channel: the input is (pixels in [0, 1] - mean) / std
+    std: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("dim", "image_size", "test_resize"):
@@ -62,6 +73,33 @@ class ModelSpec:
         object.__setattr__(self, "heads", tuple(str(head) for head in self.heads))
         if self.embedding not in EMBEDDINGS:
             raise NearsightError(f"model spec: unknown embedding {self.embedding!r}")
+        self._check_foreign()
+
+    def _check_foreign(self) -> None:
+        if not self.input_name:
+            if self.output_name or self.mean or self.std:
+                raise NearsightError("model spec: output_name, mean and std need input_name")
+            return
+        for name in ("mean", "std"):
+            value = getattr(self, name)
+            try:
+                numbers = tuple(float(x) for x in value)
+            except (TypeError, ValueError):
+                numbers = ()
+            if len(numbers) != 3 or isinstance(value, str):
+                raise NearsightError(
+                    f"model spec: {name} must be 3 numbers (R, G, B), got {value!r}"
+                )
+            object.__setattr__(self, name, numbers)
+        if min(self.std) <= 0:
+            raise NearsightError(f"model spec: std must be positive, got {list(self.std)}")
+        if not self.output_name:
+            raise NearsightError("model spec: a foreign model needs its output_name")
+
+    @property
+    def foreign(self) -> bool:
+        """Whether this describes a model exported elsewhere (models.foreign)."""
+        return bool(self.input_name)
 
     @property
     def output_dim(self) -> int:
@@ -71,6 +109,11 @@ class ModelSpec:
     def to_dict(self) -> dict[str, Any]:
         values = dataclasses.asdict(self)
         values["heads"] = list(self.heads)
+        if not self.foreign:  # nearsight's own models: the fields they always had
+            for name in FOREIGN_FIELDS:
+                del values[name]
+        else:
+            values["mean"], values["std"] = list(self.mean), list(self.std)
         return values
 
     def to_json(self) -> str:
@@ -86,8 +129,9 @@ class ModelSpec:
         if unknown:
             raise NearsightError(f"model spec: unknown field(s) {', '.join(map(str, unknown))}")
         values = dict(values)
-        if "heads" in values and isinstance(values["heads"], list):
-            values["heads"] = tuple(values["heads"])
+        for name in ("heads", "mean", "std"):
+            if name in values and isinstance(values[name], list):
+                values[name] = tuple(values[name])
         try:
             return cls(**values)
         except TypeError as error:

@@ -8,9 +8,11 @@ Unknown keys are errors (a typo must not silently train something else).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 import types
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -73,9 +75,9 @@ class DataConfig:
 class ModelConfig:
     dim: int = 128
     pooling: str = "avg"  # avg | max | avgmax
-    # imagenet | imagenet-v1 | imagenet-v2 | none | FILE.pth | auto (imagenet when its weights
-    # are in torchvision's cache, else none)
-    pretrained: str = "none"
+    # auto (default: imagenet when its weights are in torchvision's cache, else none, with a
+    # note line) | imagenet | imagenet-v1 | imagenet-v2 | none | FILE.pth
+    pretrained: str = "auto"
     freeze_bn: bool | None = None  # None: True from pretrained weights, False from scratch
     # auto | none | batchnorm: standardise the pooled features before the head (auto: when
     # training from scratch; see nearsight/models/embedding.py)
@@ -182,7 +184,7 @@ def _merge(target: Any, values: dict[str, Any], where: str) -> Any:
     for key, value in values.items():
         path = f"{where}.{key}" if where else key
         if key not in names:
-            raise ConfigError(f"unknown config key {path!r}; valid keys: {', '.join(names)}")
+            raise _unknown_key(path, names, f"; valid keys: {', '.join(names)}")
         current = getattr(target, key)
         if dataclasses.is_dataclass(current):
             _merge(current, value, path)
@@ -247,19 +249,35 @@ def apply_override(config: TrainConfig, dotted: str, value: Any) -> None:
     """Set ``a.b.c`` = value; ``loss.params.x`` and ``sampler.params.x`` may be new keys."""
     *parents, last = dotted.split(".")
     node: Any = config
-    for part in parents:
+    for depth, part in enumerate(parents):
         if isinstance(node, dict):
             node = node.setdefault(part, {})
         elif dataclasses.is_dataclass(node) and hasattr(node, part):
             node = getattr(node, part)
         else:
-            raise ConfigError(f"unknown config key {dotted!r}")
+            raise _unknown_key(dotted, _fields(node), at=depth)
     if isinstance(node, dict):
         node[last] = value
     elif dataclasses.is_dataclass(node) and hasattr(node, last):
         setattr(node, last, value)
     else:
-        raise ConfigError(f"unknown config key {dotted!r}")
+        raise _unknown_key(dotted, _fields(node), at=len(parents))
+
+
+def _fields(node: Any) -> list[str]:
+    return [f.name for f in dataclasses.fields(node)] if dataclasses.is_dataclass(node) else []
+
+
+def _unknown_key(dotted: str, names: Iterable[str], more: str = "", at: int = -1) -> ConfigError:
+    """"unknown config key 'optim.lrr' (did you mean 'optim.lr'?)": the part at position
+    ``at`` of the dotted key (default the last) matched against the ``names`` valid there."""
+    parts = dotted.split(".")
+    at = at % len(parts)
+    close = difflib.get_close_matches(parts[at], list(names), n=1)
+    hint = ""
+    if close:
+        hint = f" (did you mean {'.'.join([*parts[:at], close[0], *parts[at + 1 :]])!r}?)"
+    return ConfigError(f"unknown config key {dotted!r}{hint}{more}")
 
 
 def parse_set_option(text: str) -> tuple[str, Any]:

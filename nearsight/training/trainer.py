@@ -62,6 +62,12 @@ from nearsight.training.schedule import LRSchedule, set_learning_rates
 log = logging.getLogger(__name__)
 clock = time.perf_counter  # the training-time clock (tests replace it with a fake one)
 
+# --pretrained auto without ImageNet weights at hand (nothing is downloaded at run time)
+SCRATCH_NOTE = (
+    "nearsight: note: --pretrained auto: no ImageNet weights in torchvision's cache "
+    "(torch.hub's checkpoints folder), training from scratch; --pretrained FILE.pth takes others"
+)
+
 
 @dataclass
 class TrainState:
@@ -111,6 +117,9 @@ class Trainer:
         train, val, test = self._load_data()
         if config.device == "auto" and not self.cuda and self.dist.local_rank == 0:
             print(CPU_FALLBACK_NOTE, file=sys.stderr)
+        scratch_by_auto = "model.pretrained" in config.auto and config.model.pretrained == "none"
+        if scratch_by_auto and self.dist.main:
+            print(SCRATCH_NOTE, file=sys.stderr)
         self.test = EvalSplit(test, config)
         self.val = EvalSplit(val, config) if val is not None else None
         self.model = build_model(config, self.device)

@@ -14,6 +14,7 @@ from typing import Any
 
 from nearsight.app.commands import index_import
 from nearsight.app.commands.index_build import DEFAULT_CHUNK_SIZE, run_build
+from nearsight.app.commands.model_options import add_foreign_model_options
 
 MAX_LISTED_ERRORS = 20  # unreadable images listed one per line; past this, a count
 # index.faiss_index.INDEX_TYPES, written out: importing it would load faiss for every command
@@ -40,7 +41,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "reuses the finished chunks (kept in .OUT.chunks beside OUT until the gallery is "
         "written).",
     )
-    build.add_argument("--model", type=Path, required=True, help="model.onnx or a .pt checkpoint")
+    build.add_argument(
+        "--model",
+        type=Path,
+        required=True,
+        help="model.onnx or a .pt checkpoint; or an ONNX model exported elsewhere, with "
+        "--input-size (below)",
+    )
     source = build.add_mutually_exclusive_group(required=True)
     source.add_argument(
         "--dataset",
@@ -88,6 +95,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         f"{DEFAULT_CHUNK_SIZE})",
     )
     _add_embedding_options(build)
+    add_foreign_model_options(build)
     build.set_defaults(func=run_build)
 
     add = actions.add_parser(
@@ -152,12 +160,7 @@ def _add_embedding_options(parser: argparse.ArgumentParser) -> None:
 def load_gallery_model(gallery: Any, override: Path | None, device: str = "auto") -> Any:
     """The embedder for ``gallery``: ``override`` or the model path its meta records; checked
     to be the model the gallery was built with."""
-    from nearsight.models.embedder import load_embedder
-
-    path = gallery.model_path(override)
-    embedder = load_embedder(path, device=device)
-    gallery.check_model(embedder, path)
-    return embedder
+    return gallery.load_model(override, device=device)
 
 
 def _check_batching(args: argparse.Namespace) -> None:
@@ -321,6 +324,7 @@ def run_add(args: argparse.Namespace) -> int:
             known = {sha: i for sha, i in known.items() if i != replaced}
         note = duplicate_note(hashes, [str(p) for p in kept_paths], known)
         ids = gallery.add(vectors, items)
+        args.added_ids = ids  # nearsight.add_images returns them
         if replaced is not None:  # after the add: a crash between leaves both, never neither
             gallery.remove([replaced])
         total = len(gallery)

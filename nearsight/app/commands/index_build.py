@@ -34,8 +34,8 @@ def run_build(args: argparse.Namespace) -> int:
         _check_out,
         catalog_settings,
     )
+    from nearsight.app.commands.model_options import load_index_model
     from nearsight.core.errors import NearsightError
-    from nearsight.models.embedder import load_embedder
 
     start = time.perf_counter()
     _check_batching(args)
@@ -47,7 +47,7 @@ def run_build(args: argparse.Namespace) -> int:
     paths, fields, source_meta = _build_sources(args)
     # column types (kept through the chunks) and the key column, checked before embedding
     settings = catalog_settings(args, fields)
-    embedder = load_embedder(args.model, device=args.device)
+    embedder = load_index_model(args)
     folder = out.with_name(f".{out.name}.chunks")
     names = [f"part-{j:06d}" for j in range(-(-len(paths) // args.chunk_size))]
     manifest = {
@@ -56,6 +56,8 @@ def run_build(args: argparse.Namespace) -> int:
         "images": hashlib.sha256("\n".join(map(str, paths)).encode()).hexdigest(),
         "fields": hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest(),
     }
+    if embedder.spec.foreign:  # the same file run with other --mean/--std gives other vectors
+        manifest["spec"] = embedder.spec.to_json()
     if rank == 0:
         _prepare(folder, manifest)
     _barrier(world)

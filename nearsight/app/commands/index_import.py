@@ -10,6 +10,7 @@ from pathlib import Path
 
 def register(actions: argparse._SubParsersAction, index_types: list[str]) -> None:
     from nearsight.app.commands.index import add_embeddings_option
+    from nearsight.app.commands.model_options import add_foreign_model_options
 
     imported = actions.add_parser(
         "import",
@@ -32,6 +33,7 @@ def register(actions: argparse._SubParsersAction, index_types: list[str]) -> Non
     )
     imported.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     add_embeddings_option(imported)
+    add_foreign_model_options(imported)
     imported.set_defaults(func=run_import)
 
     compact = actions.add_parser(
@@ -64,6 +66,10 @@ def run_import(args: argparse.Namespace) -> int:
     from nearsight.index.gallery.core import build_gallery
 
     start = time.perf_counter()
+    described = args.model_spec or args.input_size or args.mean or args.std or args.output
+    if args.model is None and (described or args.resize):
+        raise NearsightError("--input-size, --mean, --std, --resize, --output and --model-spec "
+                             "describe the --model the vectors came from: give it too")  # fmt: skip
     out = _absolute(args.out)
     _check_out(out)
     vectors = read_vectors(args.vectors)
@@ -79,9 +85,10 @@ def run_import(args: argparse.Namespace) -> int:
     }
     model_sha256 = ""
     if args.model is not None:
-        from nearsight.models.embedder import load_embedder
+        from nearsight.app.commands.model_options import load_index_model
+        from nearsight.models.spec import SPEC_KEY
 
-        embedder = load_embedder(args.model, device=args.device)
+        embedder = load_index_model(args)
         if embedder.dim != vectors.shape[1]:
             raise NearsightError(
                 f"{args.model} embeds in dim {embedder.dim} but the vectors have dim "
@@ -92,6 +99,7 @@ def run_import(args: argparse.Namespace) -> int:
             model=str(_absolute(args.model)),
             image_size=embedder.image_size,
             resize=embedder.resize,
+            **{SPEC_KEY: embedder.spec.to_dict()},
         )
     build_gallery(
         out,

@@ -25,7 +25,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dim", type=int, help="embedding size (default 128)")
     parser.add_argument("--image-size", type=int, help="training and test crop (default 224)")
     parser.add_argument(
-        "--pretrained", help="imagenet | imagenet-v1 | imagenet-v2 | none | FILE.pth (default none)"
+        "--pretrained",
+        help="auto | imagenet | imagenet-v1 | imagenet-v2 | none | FILE.pth (default auto: "
+        "ImageNet weights when torchvision's cache has them, else from scratch, with a note)",
     )
     length = parser.add_mutually_exclusive_group()
     length.add_argument("--steps", type=int, help="updates of the embedding network (default 1000)")

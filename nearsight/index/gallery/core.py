@@ -197,6 +197,19 @@ class Gallery:
         (one-line NearsightError when it records none or the file is gone)."""
         return gallery_model.model_path(self, override)
 
+    def load_model(
+        self,
+        override: str | os.PathLike[str] | None = None,
+        *,
+        device: str = "auto",
+        optimization: str = "all",
+    ) -> Any:
+        """The embedder of this gallery's queries (``override`` or its recorded model, run
+        as its recorded spec says), checked to be the model it was built with."""
+        return gallery_model.load_model(
+            self, override, device=device, optimization=optimization
+        )
+
     def check_model(self, model: Any, name: str | os.PathLike[str] | None = None) -> None:
         """GalleryError unless ``model`` (``dim``, ``model_sha256``) is the gallery's model."""
         gallery_model.check_model(self, model, name)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from nearsight.core.errors import NearsightError
 from nearsight.index.catalog import GalleryError
+from nearsight.models.spec import ModelSpec, spec_from_gallery_meta
 
 if TYPE_CHECKING:  # index.gallery imports this module
     from nearsight.index.gallery.core import Gallery
@@ -50,3 +51,29 @@ def check_model(gallery: Gallery, model: Any, name: str | os.PathLike[str] | Non
         f"(dim {gallery.dim}) but {label} is {model_sha[:12]}.. (dim {model_dim}): rebuild the "
         "gallery or pass the model it was built with"
     )
+
+
+def load_model(
+    gallery: Gallery,
+    override: str | os.PathLike[str] | None = None,
+    *,
+    device: str = "auto",
+    optimization: str = "all",
+) -> Any:
+    """The embedder of ``gallery``'s queries: ``override`` or its recorded model, run as its
+    recorded spec says when that is a model exported elsewhere (models.foreign), and checked
+    to be the model the gallery was built with."""
+    from nearsight.models.embedder import load_embedder
+
+    path = model_path(gallery, override)
+    spec = foreign_spec(gallery)
+    embedder = load_embedder(path, device=device, optimization=optimization, spec=spec)
+    check_model(gallery, embedder, path)
+    return embedder
+
+
+def foreign_spec(gallery: Gallery) -> ModelSpec | None:
+    """The recorded spec when the gallery was built with a model exported elsewhere (which
+    only the spec tells how to run), else None (a nearsight model describes itself)."""
+    spec = spec_from_gallery_meta(gallery.meta)
+    return spec if spec is not None and spec.foreign else None

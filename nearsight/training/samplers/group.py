@@ -63,7 +63,8 @@ class GroupBatchSampler(ClassGroupSampler):
         if keep.sum() < self.n:
             raise SamplerConfigError(
                 f"group sampler: n={self.n} classes per batch, but only {int(keep.sum())} "
-                f"class(es) have at least m={self.m} images"
+                f"class(es) have at least m={self.m} images: lower --classes-per-batch "
+                "(sampler.classes_per_batch) or --per-class (sampler.per_class)"
             )
         self.index = ClassIndex(self.labels, keep)
         self._set_passes(passes)

@@ -50,13 +50,14 @@ class MPerClassSampler(ClassGroupSampler):
         if self.n < 2:
             raise SamplerConfigError(
                 f"m-per-class sampler: batch_size {size} with m={self.m} holds a single class; "
-                "a batch needs at least 2 classes for negative pairs"
+                "a batch needs at least 2 classes for negative pairs (raise --classes-per-batch)"
             )
         self.index = ClassIndex(self.labels)
         if len(self.index) < self.n:
             raise SamplerConfigError(
                 f"m-per-class sampler: {self.n} classes per batch, but the labels have only "
-                f"{len(self.index)} classes"
+                f"{len(self.index)} classes: lower --classes-per-batch "
+                f"(sampler.classes_per_batch) to {len(self.index)} or fewer"
             )
         self._set_passes(passes)
 

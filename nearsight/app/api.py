@@ -1,0 +1,150 @@
+"""The gallery-writing functions of ``import nearsight``: thin wrappers that run the CLI's own
+``index build``, ``index add`` and ``index remove`` (the same parser, defaults and code), so a
+notebook and the command line build the same gallery. Errors are NearsightError, one line."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from nearsight.core.errors import NearsightError
+from nearsight.index.searchable import SearchableGallery, open_gallery
+
+PathLike = str | os.PathLike[str]
+
+
+def _run(argv: Sequence[Any]) -> argparse.Namespace:
+    """Parse ``argv`` as the CLI does and run it; argparse's complaint becomes one error."""
+    from nearsight.app.cli import build_parser
+
+    complaint = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(complaint):
+            args = build_parser().parse_args([os.fspath(a) if isinstance(a, os.PathLike)
+                                              else str(a) for a in argv])  # fmt: skip
+    except SystemExit:
+        lines = [line for line in complaint.getvalue().splitlines() if line.strip()]
+        raise NearsightError(
+            lines[-1].split(": error: ", 1)[-1] if lines else "bad arguments"
+        ) from None
+    args.func(args)
+    return args
+
+
+def _option(name: str, value: Any) -> list[Any]:
+    if value is None or value is False:
+        return []
+    if value is True:  # a switch
+        return [name]
+    if isinstance(value, list | tuple):
+        return [name, *value]
+    return [name, value]
+
+
+def _flags(options: Mapping[str, Any]) -> list[Any]:
+    """Keyword arguments as the command's flags: ``chunk_size=512`` -> ``--chunk-size 512``."""
+    return [
+        part
+        for key, value in options.items()
+        for part in _option(f"--{key.replace('_', '-')}", value)
+    ]
+
+
+def build_gallery(
+    model: PathLike,
+    out: PathLike,
+    *,
+    dataset: str | None = None,
+    root: PathLike | None = None,
+    images: Iterable[PathLike] | None = None,
+    split: str | None = None,
+    index_type: str = "auto",
+    device: str = "auto",
+    input_size: int | None = None,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+    resize: int | None = None,
+    output: str | None = None,
+    **options: Any,
+) -> SearchableGallery:
+    """Embed a dataset (``dataset`` cub | cars | sop | folder | csv with its ``root``) or a
+    list of ``images`` with ``model`` and write the gallery folder ``out``, as ``nearsight
+    index build`` does (``split``: its ``--split``, default the command's); returns it opened
+    for searching. A model exported elsewhere takes ``input_size``, ``mean``, ``std``,
+    ``resize`` and ``output`` (the command's flags of the same names). Any other flag of
+    the command is a keyword: ``chunk_size=512``, ``max_index_memory="2G"``."""
+    if (dataset is None) == (images is None):
+        raise NearsightError("build_gallery takes a dataset (with its root) or images, not both")
+    argv: list[Any] = ["index", "build", "--model", model, "--out", out]
+    if dataset is not None:
+        argv += ["--dataset", dataset, *_option("--root", root), *_option("--split", split)]
+    else:
+        paths = list(images or [])
+        if not paths:
+            raise NearsightError("build_gallery: images is empty")
+        argv += ["--images", *paths]
+    argv += ["--index-type", index_type, "--device", device]
+    argv += _option("--input-size", input_size) + _option("--mean", mean) + _option("--std", std)
+    argv += _option("--resize", resize) + _option("--output", output) + _flags(options)
+    _run(argv)
+    return open_gallery(out, device=device)
+
+
+def add_images(
+    gallery: PathLike | SearchableGallery,
+    images: Iterable[PathLike],
+    *,
+    label: int | None = None,
+    class_name: str | None = None,
+    meta: Mapping[str, Any] | None = None,
+    model: PathLike | None = None,
+    device: str = "auto",
+    **options: Any,
+) -> list[int]:
+    """Embed ``images`` (files) with the gallery's model and add them, as ``nearsight index
+    add`` does; ``meta``: their extra columns ({"shop": "north", "price": 12.5}). Returns the
+    new items' ids. Any other flag of the command is a keyword (``batch_size=16``). An open
+    gallery passed here sees the change at once."""
+    paths = list(images)
+    if not paths:
+        raise NearsightError("add_images: images is empty")
+    argv: list[Any] = ["index", "add", "--gallery", _folder(gallery), *paths, "--device", device]
+    argv += _option("--label", label) + _option("--class-name", class_name)
+    argv += _option("--model", model)
+    for key, value in (meta or {}).items():
+        argv += ["--meta", f"{key}={value}"]
+    argv += _flags(options)
+    args = _run(argv)
+    _reload(gallery)
+    return list(args.added_ids)
+
+
+def remove_items(
+    gallery: PathLike | SearchableGallery,
+    ids: Iterable[int] | None = None,
+    *,
+    keys: Iterable[str] | None = None,
+) -> None:
+    """Remove the items ``ids`` (or those with the ``keys`` of the gallery's key column) from
+    the gallery, as ``nearsight index remove`` does."""
+    if (ids is None) == (keys is None):
+        raise NearsightError("remove_items takes ids or keys, not both")
+    wanted = [int(i) for i in ids] if ids is not None else [str(k) for k in keys or []]
+    if not wanted:
+        raise NearsightError(f"remove_items: {'ids' if ids is not None else 'keys'} is empty")
+    which = "--ids" if ids is not None else "--keys"
+    _run(["index", "remove", "--gallery", _folder(gallery), which, *wanted])
+    _reload(gallery)
+
+
+def _folder(gallery: PathLike | SearchableGallery) -> Any:
+    return gallery.path if isinstance(gallery, SearchableGallery) else gallery
+
+
+def _reload(gallery: PathLike | SearchableGallery) -> None:
+    if isinstance(gallery, SearchableGallery):
+        gallery.gallery.reload()

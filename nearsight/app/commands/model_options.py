@@ -1,0 +1,113 @@
+"""The options of ``index build`` and ``index import`` that describe a model exported elsewhere
+(an ONNX graph without nearsight's metadata: models.foreign), on the command line or in a small
+JSON/YAML file (``--model-spec``); and loading the model they name."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+from pathlib import Path
+from typing import Any
+
+# the spec file's keys, named as the flags that set them (a flag wins over the file)
+FILE_KEYS = ("input_size", "mean", "std", "resize", "output")
+
+
+def add_foreign_model_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "a model exported elsewhere",
+        "An ONNX model without nearsight's metadata (a CLIP or DINOv2 image tower, a "
+        "torchvision network: one [N, 3, H, W] RGB input, one embedding per image). Its "
+        "description is stored in the gallery: search, serve and eval need no flags after.",
+    )
+    group.add_argument(
+        "--input-size",
+        type=int,
+        metavar="PX",
+        help="the square crop the model takes, e.g. 224 (default: its input's, when the graph "
+        "fixes one)",
+    )
+    group.add_argument(
+        "--mean",
+        type=float,
+        nargs=3,
+        metavar=("R", "G", "B"),
+        help="per-channel mean of its input normalisation, pixels in [0, 1] (default ImageNet's)",
+    )
+    group.add_argument(
+        "--std",
+        type=float,
+        nargs=3,
+        metavar=("R", "G", "B"),
+        help="per-channel std (default ImageNet's)",
+    )
+    group.add_argument(
+        "--resize",
+        type=int,
+        metavar="PX",
+        help="short side before the centre crop (default 256/224 of --input-size)",
+    )
+    group.add_argument("--output", metavar="NAME", help="the embedding output (default: the first)")
+    group.add_argument(
+        "--model-spec",
+        type=Path,
+        metavar="FILE",
+        help="the same description as a JSON or YAML file with keys input_size, mean, std, "
+        "resize, output (flags override it)",
+    )
+
+
+def read_spec_file(path: Path) -> dict[str, Any]:
+    """The ``--model-spec`` file's values; an unknown key is an error with a suggestion."""
+    import yaml
+
+    from nearsight.core.errors import NearsightError
+
+    try:
+        values = yaml.safe_load(path.read_text(encoding="utf-8"))  # JSON is YAML too
+    except (OSError, UnicodeDecodeError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise NearsightError(f"cannot read --model-spec {path}: {reason}") from None
+    except yaml.YAMLError as error:
+        problem = " ".join(str(getattr(error, "problem", "") or error).split())
+        raise NearsightError(f"--model-spec {path} is not JSON or YAML ({problem})") from None
+    if not isinstance(values, dict):
+        raise NearsightError(f"--model-spec {path} must map keys to values")
+    for key in values:
+        if key not in FILE_KEYS:
+            close = difflib.get_close_matches(str(key), FILE_KEYS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise NearsightError(
+                f"--model-spec {path}: unknown key {key!r}{hint}; keys: {', '.join(FILE_KEYS)}"
+            )
+    return values
+
+
+def requested_spec(args: argparse.Namespace) -> Any:
+    """The foreign model spec the options describe (models.foreign.foreign_spec), or None when
+    none of them is given (a nearsight model, which describes itself)."""
+
+    values: dict[str, Any] = read_spec_file(args.model_spec) if args.model_spec else {}
+    for key in FILE_KEYS:
+        if getattr(args, key) is not None:
+            values[key] = getattr(args, key)
+    if not values:
+        return None
+    from nearsight.models.foreign import foreign_spec
+
+    return foreign_spec(
+        args.model,
+        image_size=values.get("input_size"),
+        mean=values.get("mean"),
+        std=values.get("std"),
+        resize=values.get("resize"),
+        output=values.get("output"),
+    )
+
+
+def load_index_model(args: argparse.Namespace) -> Any:
+    """The embedder of ``--model``: a nearsight model, or one exported elsewhere run as the
+    options above describe."""
+    from nearsight.models.embedder import load_embedder
+
+    return load_embedder(args.model, device=args.device, spec=requested_spec(args))
