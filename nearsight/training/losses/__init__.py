@@ -6,7 +6,7 @@
 
 Each loss lives in its own module and is a ``torch.nn.Module`` called as
 ``loss(embeddings, labels)`` with L2-normalised ``embeddings`` [N, D] and integer ``labels`` [N].
-The five seed losses follow ../shared/LOSSES.md; the baselines wrap pytorch-metric-learning.
+The five seed losses follow docs/losses.md; the baselines wrap pytorch-metric-learning.
 """
 
 from nearsight.training.losses.registry import LOSSES, build_loss, loss_parameters

@@ -7,7 +7,7 @@ with g(d) = d^2 and h(d) = max(0, alpha - d)^2 (eq. 5), the balanced weights of 
     eta_ij = lambda / (L - 1) * (N_yi - 1) / N_yj
 and the importance weights W = P_U / Q of eqs. 24-25, P_U = 1 / (N (N - 1)) being the uniform
 distribution over the ordered pairs of the training set and Q the distribution of eq. 8
-(p-random design) or eq. 9 ((m,n)-group design). See ../shared/LOSSES.md.
+(p-random design) or eq. 9 ((m,n)-group design). See docs/losses.md.
 
 Eq. 16 prints eta_ij = lambda/(L-1) (N_yi - 1)/N_yi; that is a typo: eq. 15 right above it, the
 summary at the end of section 5.2 and eq. 17 (lambda_traditional = N_yj (L-1)/(N_yi - 1), the

@@ -1,8 +1,7 @@
 """Instance cross entropy (ICE).
 
 Paper: X. Wang, E. Kodirov, Y. Hua, N. M. Robertson, "Instance Cross Entropy for Deep Metric
-Learning", arXiv:1911.09976 (2019); ``shared/papers/ice.txt``, as pinned by
-``shared/LOSSES.md``.
+Learning", arXiv:1911.09976 (2019); definitions in docs/losses.md.
 
 For anchor a and each positive p in P_a, one matching distribution over {p} ∪ N_a with the
 similarities rescaled by ``scale`` s (eqs. 3-4 with eq. 11's rescaling):

@@ -1,9 +1,9 @@
 """Nonlinear rank approximation (NRA) loss.
 
 Paper: K. Schall, K. U. Barthel, N. Hezel, K. Jung, "Deep Metric Learning using Similarities
-from Nonlinear Rank Approximations", MMSP 2019; ``shared/papers/nra-slides.txt`` (slides
+from Nonlinear Rank Approximations", MMSP 2019 (slides
 "Nonlinear Rank Approximation", "Evaluation of Nonlinear Transfer Function w", "NRA Loss
-Function"), as pinned by ``shared/LOSSES.md``.
+Function"); definitions in docs/losses.md.
 
 For anchor i, over its row j != i, with d_ij = ||f_i - f_j||_2:
 

@@ -5,7 +5,7 @@ the Newton estimate of the threshold beta (V(beta) = 0) and the embedding step o
 (margin filtering around beta, then distance-weighted negative sampling, Wu et al. 2017: one
 negative per positive pair of the batch, kept or not, among the anchor's margin-violating
 negatives).
-See ../shared/LOSSES.md, section "RankMI".
+See docs/losses.md, section "RankMI".
 
 Statistics network on a scalar distance d:
     Vt(d) = Linear(1,H) -> LeakyReLU(0.1) -> [Linear(H,H) -> LeakyReLU(0.1)] x layers -> Linear(H,1)

@@ -13,7 +13,7 @@ from nearsight.core.errors import NearsightError
 # name -> "module:Class"; modules are imported on first use so that building one loss does not
 # import the others (pytorch-metric-learning is only needed by the baselines).
 LOSSES: dict[str, str] = {
-    # seed losses (../shared/LOSSES.md)
+    # seed losses (docs/losses.md)
     "ice": "nearsight.training.losses.ice:InstanceCrossEntropyLoss",
     "rll": "nearsight.training.losses.rll:RankedListLoss",
     "nra": "nearsight.training.losses.nra:NonlinearRankApproximationLoss",

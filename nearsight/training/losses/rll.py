@@ -1,7 +1,7 @@
 """Ranked list loss (RLL).
 
 Paper: X. Wang, Y. Hua, E. Kodirov, G. Hu, R. Garnier, N. M. Robertson, "Ranked List Loss for
-Deep Metric Learning", CVPR 2019; ``shared/papers/rll.txt``, as pinned by ``shared/LOSSES.md``.
+Deep Metric Learning", CVPR 2019; definitions in docs/losses.md.
 
 Every image i of the batch is a query whose ranked list is the rest of the batch. With
 d_ij = ||f_i - f_j||_2, the negative boundary ``alpha`` and the ``margin`` m:
