@@ -148,7 +148,10 @@ def run_quality(args) -> dict:
 # -- latency ---------------------------------------------------------------------------------
 
 
-def clustered(n: int, dim: int = 128, classes: int = 1000, seed: int = 0) -> np.ndarray:
+DIM = 128  # the papers' embedding width
+
+
+def clustered(n: int, dim: int = DIM, classes: int = 1000, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     centres = rng.standard_normal((classes, dim), dtype=np.float32)
     points = centres[rng.integers(0, classes, n)] + 0.8 * rng.standard_normal(

@@ -356,3 +356,17 @@ def test_proxy_anchor_follows_the_authors_resnet50_command_line(
     )
     assert config.optim.clip_grad_value == 10.0
     assert load_config(CONFIG_DIR / "proxyanchor_sop.yaml").optim.clip_grad_value == 10.0
+
+
+def test_model_arch_selects_the_torchvision_resnet(tmp_path):
+    from nearsight.training.builders import build_model
+
+    overrides = {"model.arch": "resnet18", "model.pretrained": "none", "data.image_size": 32}
+    config = load_config("ice_cub", overrides)
+    import torch
+
+    net = build_model(config, torch.device("cpu"))
+    assert net.config.arch == "resnet18"
+    assert sum(p.numel() for p in net.parameters()) < 12_000_000  # resnet50 has 23M+
+    with pytest.raises(ConfigError, match="unknown model.arch 'resnet51'"):
+        load_config("ice_cub", {"model.arch": "resnet51"})

@@ -118,14 +118,14 @@ def resolve_feature_norm(feature_norm: str, pretrained: str) -> str:
 class EmbeddingConfig:
     """Everything needed to rebuild the network; stored in every checkpoint."""
 
-    dim: int = 128
+    dim: int = ModelSpec.dim
     pooling: str = "avg"  # avg | max | avgmax (avg + max, summed)
     # "imagenet" (= IMAGENET1K_V1, the papers'), "imagenet-v1", "imagenet-v2", "none", or a
     # path to a .pth file (see nearsight/models/weights.py)
     pretrained: str = "none"
     freeze_bn: bool = False
-    image_size: int = 224  # the training and export resolution; forward accepts any size >= 32
-    arch: str = "resnet50"
+    image_size: int = ModelSpec.image_size  # training and export size; forward takes any >= 32
+    arch: str = ModelSpec.arch
     # none | batchnorm | auto (batchnorm when pretrained is "none"); stored resolved
     feature_norm: str = "auto"
     # trunk stages with an embedding head, low to high, ending at layer4 (the papers'

@@ -21,6 +21,7 @@ def build_model(config: TrainConfig, device: torch.device) -> EmbeddingNet:
     torch.manual_seed(config.seed)
     model = build_embedding_net(
         EmbeddingConfig(
+            arch=model_cfg.arch,
             dim=model_cfg.dim,
             pooling=model_cfg.pooling,
             pretrained=model_cfg.pretrained,

@@ -21,7 +21,8 @@ from typing import Any
 import yaml
 
 from nearsight.core.errors import NearsightError
-from nearsight.models.embedding import FEATURE_NORMS, check_heads, resolve_feature_norm
+from nearsight.models.embedding import ARCHS, FEATURE_NORMS, check_heads, resolve_feature_norm
+from nearsight.models.spec import ModelSpec
 
 PAPER_KEY = "paper"
 
@@ -56,7 +57,7 @@ def parse_yaml(text: str) -> Any:
 class DataConfig:
     dataset: str = "folder"
     root: str = ""
-    image_size: int = 224
+    image_size: int = ModelSpec.image_size
     resize: int | None = None  # test-time short side; None = image_size * 256 / 224
     crop_scale: list[float] = field(default_factory=lambda: [0.16, 1.0])  # RandomResizedCrop
     flip: bool = True
@@ -73,7 +74,9 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    dim: int = 128
+    # any torchvision ResNet of nearsight.models.embedding.ARCHS (resnet18 ... resnet101)
+    arch: str = ModelSpec.arch
+    dim: int = ModelSpec.dim
     pooling: str = "avg"  # avg | max | avgmax
     # auto (default: imagenet when its weights are in torchvision's cache, else none, with a
     # note line) | imagenet | imagenet-v1 | imagenet-v2 | none | FILE.pth
@@ -333,6 +336,10 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError(
             f"unknown loss {config.loss.name!r}; valid losses: {', '.join(sorted(LOSSES))}"
         )
+    if config.model.arch not in ARCHS:
+        raise ConfigError(
+            f"unknown model.arch {config.model.arch!r}; valid: {', '.join(ARCHS)}"
+        )
     if config.sampler.name != "auto" and config.sampler.name not in SAMPLERS:
         raise ConfigError(
             f"unknown sampler {config.sampler.name!r}; valid samplers: auto, "
@@ -421,7 +428,7 @@ def resolve_defaults(config: TrainConfig) -> None:
     if model.pretrained == "auto":
         from nearsight.models.weights import imagenet_cache_path
 
-        cached = imagenet_cache_path("resnet50", "imagenet").exists()
+        cached = imagenet_cache_path(model.arch, "imagenet").exists()
         model.pretrained = "imagenet" if cached else "none"
         chosen.append("model.pretrained")
     scratch = model.pretrained == "none"

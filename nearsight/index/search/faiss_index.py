@@ -55,7 +55,7 @@ def unit_distance(inner_products: np.ndarray) -> np.ndarray:
 
 
 def resolve_index_type(
-    index_type: str, count: int, dim: int = 128, max_memory: int | None = None
+    index_type: str, count: int, dim: int | None = None, max_memory: int | None = None
 ) -> str:
     """The concrete index type: ``index_type`` itself, or for ``auto`` the choice of
     index.index_choice by item count and memory budget (bytes; default a share of RAM)."""
@@ -66,6 +66,8 @@ def resolve_index_type(
     if index_type == "auto":
         from nearsight.index.search.index_choice import choose_index_type
 
+        if dim is None:
+            raise ValueError("resolving index type 'auto' needs the vectors' dim")
         return choose_index_type(count, dim, max_memory)
     return index_type
 
