@@ -24,7 +24,6 @@ import json
 import os
 import sqlite3
 import threading
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,12 +33,10 @@ from urllib.parse import quote
 import numpy as np
 
 from nearsight.core.errors import NearsightError
+from nearsight.index.catalog_filter import run_filter
 from nearsight.index.search.filters import (
-    FILTERABLE_BUILTINS,
     Condition,
-    FilterError,
     MetaValue,
-    filter_sql,
     typed_meta,
 )
 from nearsight.index.sqlite_db import Database
@@ -241,35 +238,8 @@ class Catalog:
         The query runs on a connection of its own, read-only and outside the catalog's lock, so
         a slow filter never makes other searches of the gallery wait; past ``time_limit_s`` it
         is stopped with a FilterError."""
-        # the gallery's columns: those its items have, and those it was built with
         known = set(self.meta_keys()) | set(self.meta().get("meta_types") or {})
-        unknown = [c.key for c in conditions if c.key not in known | set(FILTERABLE_BUILTINS)]
-        if unknown:
-            keys = ", ".join([*sorted(known), *FILTERABLE_BUILTINS])
-            raise FilterError(
-                f"unknown filter key {unknown[0]!r}: this gallery's keys are {keys}"
-            )
-        sql, params = filter_sql(conditions, has_meta_table=self.has_item_meta())
-        uri = f"file:{quote(str(self.path.absolute()))}?mode=ro"
-        try:
-            conn = sqlite3.connect(uri, uri=True)
-        except sqlite3.Error as error:
-            raise GalleryError(f"cannot open gallery catalog {self.path.name}: {error}") from None
-        deadline = time.monotonic() + time_limit_s
-        conn.set_progress_handler(lambda: time.monotonic() > deadline, 10_000)
-        try:
-            rows = conn.execute(sql, params).fetchall()
-        except sqlite3.OperationalError as error:
-            if time.monotonic() > deadline:
-                raise FilterError(
-                    f"the filter took longer than {time_limit_s:g} s: narrow it"
-                ) from None
-            raise FilterError(f"the filter is too complex for the catalog ({error})") from None
-        except sqlite3.DatabaseError as error:
-            raise GalleryError(f"gallery catalog {self.path.name} is damaged: {error}") from None
-        finally:
-            conn.close()
-        return np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows))
+        return run_filter(self.path, conditions, known, self.has_item_meta(), time_limit_s)
 
     def ids_by_meta(self, key: str, values: Sequence[MetaValue]) -> dict[MetaValue, list[int]]:
         """value -> ids of the items whose metadata ``key`` has that value (the item_meta

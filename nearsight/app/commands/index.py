@@ -6,13 +6,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from nearsight.app.commands import index_import
+from nearsight.app.commands.catalog_options import add_catalog_options, declared_types
+from nearsight.app.commands.index_add import run_add, run_remove
 from nearsight.app.commands.index_build import DEFAULT_CHUNK_SIZE, run_build
 from nearsight.app.commands.model_options import add_foreign_model_options
 
@@ -285,171 +286,6 @@ def _check_out(out: Path) -> None:
             f"{out} already exists and is not a nearsight gallery (no {CATALOG_FILE}): "
             "choose a new folder or remove it"
         )
-
-
-# -- add / remove ----------------------------------------------------------------------------
-
-
-def run_add(args: argparse.Namespace) -> int:
-    from nearsight.core.errors import NearsightError
-    from nearsight.index.gallery.core import Gallery
-    from nearsight.index.gallery.keys import duplicate_note, ids_of_keys
-    from nearsight.index.search.filters import parse_meta_entries
-
-    start = time.perf_counter()
-    _check_batching(args)
-    raw = parse_meta_entries(args.meta, typed=False)  # a typo is reported before the gallery opens
-    if args.key is not None and len(args.images) != 1:
-        raise NearsightError("--key names one item: give one image with it")
-    with Gallery.open(args.gallery) as gallery:
-        meta, key = _added_meta(gallery, raw, args)
-        label, class_name = _added_label(gallery, args.label, args.class_name)
-        embedder = load_gallery_model(gallery, args.model, args.device)
-        paths = [_absolute(path) for path in args.images]
-        vectors, kept, errors = _embed_files(embedder, paths, args)
-        if not kept:
-            raise NearsightError(f"no image could be read (the first: {errors[0]})")
-        kept_paths = [paths[i] for i in kept]
-        described = _describe(kept_paths, args.workers)
-        extra = {"label": label, "class_name": class_name, "meta": meta}
-        items = [
-            {"path": str(path), **extra, **info}
-            for path, info in zip(kept_paths, described, strict=True)
-        ]
-        replaced = ids_of_keys(gallery, [key]).get(key) if key is not None else None
-        hashes = [info.get("sha256") for info in described]
-        assert gallery._catalog is not None
-        known = gallery._catalog.ids_by_sha256([h for h in hashes if h])
-        if replaced is not None:
-            known = {sha: i for sha, i in known.items() if i != replaced}
-        note = duplicate_note(hashes, [str(p) for p in kept_paths], known)
-        ids = gallery.add(vectors, items)
-        args.added_ids = ids  # nearsight.add_images returns them
-        if replaced is not None:  # after the add: a crash between leaves both, never neither
-            gallery.remove([replaced])
-        total = len(gallery)
-    shown = ", ".join(map(str, ids[:10])) + (", ..." if len(ids) > 10 else "")
-    swap = f", replacing item {replaced} (key {key!r})" if replaced is not None else ""
-    print(
-        f"added {len(ids)} items (ids {shown}){swap}{_skipped_note(errors)} to {args.gallery}: "
-        f"{total} items, in {time.perf_counter() - start:.1f}s"
-    )
-    if note:
-        print(f"nearsight: {note}", file=sys.stderr)
-    return 0
-
-
-def _added_meta(gallery: Any, raw: dict[str, str], args: argparse.Namespace):
-    """(typed metadata, key) of added items: typed as the gallery's columns are (or as
-    declared), the key from --key or the key column's --meta entry."""
-    from nearsight.core.errors import NearsightError
-    from nearsight.index.gallery.keys import key_column
-    from nearsight.index.search.filters import FilterError
-    from nearsight.index.search.meta_types import parse_meta_types, typed_row
-
-    column = key_column(gallery)
-    if args.key is not None:
-        if column is None:
-            raise NearsightError(
-                f"gallery {args.gallery} has no key column: build it with a 'key' column or "
-                "--key-column NAME"
-            )
-        raw = {**raw, column: args.key}
-    types = {**gallery.meta.get("meta_types", {}), **parse_meta_types(args.meta_types)}
-    if column is not None:
-        types[column] = "str"
-    try:
-        meta = typed_row(raw, types)
-    except FilterError as error:
-        raise NearsightError(str(error)) from None
-    key = meta.get(column) if column is not None else None
-    return meta, None if key is None else str(key)
-
-
-def _added_label(gallery: Any, label: str | None, class_name: str | None):
-    """(label, class name) of added items: an integer label as given, or a class name mapped
-    to the gallery's label of that name (a new label, one past the largest, for a new name)."""
-    if label is None:
-        return None, class_name
-    text = label.strip()
-    if text.lstrip("+-").isdigit():
-        return int(text), class_name
-    existing = [row for row in gallery.all_items() if row["class_name"] == text]
-    if existing and existing[0]["label"] is not None:
-        return int(existing[0]["label"]), class_name or text
-    largest = int(gallery.labels.max()) if len(gallery.labels) else -1
-    return max(largest, -1) + 1, class_name or text
-
-
-def run_remove(args: argparse.Namespace) -> int:
-    from nearsight.core.errors import NearsightError
-    from nearsight.index.gallery.core import Gallery
-    from nearsight.index.gallery.keys import ids_of_keys
-
-    start = time.perf_counter()
-    with Gallery.open(args.gallery) as gallery:
-        ids = args.ids
-        if args.keys is not None:
-            found = ids_of_keys(gallery, args.keys)
-            unknown = [key for key in args.keys if key not in found]
-            if unknown:
-                raise NearsightError(f"gallery {args.gallery} has no item with key {unknown[0]!r}")
-            ids = list(found.values())
-        gallery.remove(ids)
-        total = len(gallery)
-    count = len(set(ids))
-    print(
-        f"removed {count} items from {args.gallery}: {total} items, "
-        f"in {time.perf_counter() - start:.1f}s"
-    )
-    return 0
-
-
-def add_catalog_options(parser: argparse.ArgumentParser, *, key_column: bool = True) -> None:
-    """``--meta-types`` and ``--key-column``, of ``index build``, ``import`` and (types) ``add``."""
-    parser.add_argument(
-        "--meta-types",
-        action="append",
-        metavar="COL=TYPE,...",
-        help="declare metadata column types (int, float, str), e.g. sku=str,price=float; "
-        "undeclared columns are numeric only when every value in them is a number",
-    )
-    if not key_column:
-        return
-    parser.add_argument(
-        "--key-column",
-        metavar="NAME",
-        help="the metadata column that holds each item's unique key (default: 'key' when the "
-        "source has one): index add replaces an item with the same key, index remove --keys "
-        "deletes by key",
-    )
-
-
-def catalog_settings(
-    args: argparse.Namespace, rows: list[dict[str, Any]]
-) -> dict[str, Any]:
-    """Gallery meta from the catalog options: the column types and the checked key column."""
-    from nearsight.index.chunks import meta_types_of
-    from nearsight.index.gallery.keys import DEFAULT_KEY_COLUMN, check_unique_keys
-
-    column = args.key_column
-    if column is None and any(DEFAULT_KEY_COLUMN in (row.get("meta") or {}) for row in rows):
-        column = DEFAULT_KEY_COLUMN
-    settings: dict[str, Any] = {"meta_types": meta_types_of(rows)}
-    if column is not None:
-        check_unique_keys(rows, column)
-        settings["key_column"] = column
-    return settings
-
-
-def declared_types(args: argparse.Namespace) -> dict[str, str]:
-    """``--meta-types``, with the key column declared text (keys are names, not numbers)."""
-    from nearsight.index.search.meta_types import parse_meta_types
-
-    declared = parse_meta_types(args.meta_types)
-    key = getattr(args, "key_column", None) or "key"
-    declared.setdefault(key, "str")
-    return declared
 
 
 def add_embeddings_option(parser: argparse.ArgumentParser) -> None:

@@ -27,12 +27,12 @@ DEFAULT_CHUNK_SIZE = 4096
 
 
 def run_build(args: argparse.Namespace) -> int:
+    from nearsight.app.commands.catalog_options import catalog_settings
     from nearsight.app.commands.index import (
         _absolute,
         _build_sources,
         _check_batching,
         _check_out,
-        catalog_settings,
     )
     from nearsight.app.commands.model_options import load_index_model
     from nearsight.core.errors import NearsightError

@@ -55,11 +55,10 @@ def register(actions: argparse._SubParsersAction, index_types: list[str]) -> Non
 
 
 def run_import(args: argparse.Namespace) -> int:
+    from nearsight.app.commands.catalog_options import catalog_settings, declared_types
     from nearsight.app.commands.index import (
         _absolute,
         _check_out,
-        catalog_settings,
-        declared_types,
     )
     from nearsight.core.errors import NearsightError
     from nearsight.index.chunks import read_meta, read_vectors
