@@ -185,6 +185,11 @@ def test_keys_upsert_remove_and_serve(shop, catalog, tmp_path, capsys):
         assert httpx.get(f"{url}/api/items/by-key/K8", timeout=30).status_code == 404
         refused = httpx.post(f"{url}/api/search", data={"id": "0", "filter": "colour=red"})
         assert refused.status_code == 400 and "unknown filter key" in refused.text
+        import gradio as gr
+
+        page = demo.nearsight  # the page shows the same message, not an empty grid
+        with pytest.raises(gr.Error, match="unknown filter key 'colour'.*shop"):
+            page.item_grid(page.view(None).name, new["id"], 5, "colour=red")
     finally:
         demo.close(verbose=False)
         close_rest_app(demo.nearsight_api)
@@ -199,6 +204,43 @@ def test_repeated_keys_are_refused_and_duplicate_images_reported(shop, tmp_path,
     twice = _csv(tmp_path / "twice.csv", ["path", "label"], _rows(shop) + _rows(shop)[:3])
     code, _, err = _build(capsys, shop, twice, tmp_path / "twice")
     assert code == 0 and "note: 3 duplicate images (same bytes)" in err
+
+
+def test_split_auto_follows_the_datasets_own_split(tmp_path):
+    from nearsight.index.datasets import load_dataset, resolve_split
+
+    for name in ("cub", "cars", "sop"):
+        assert resolve_split(name, tmp_path) == "test"
+    split, plain = tmp_path / "split", tmp_path / "plain"
+    write_synthetic(split, classes=4, per_class=2, size=32)  # train/ and test/, 2 classes each
+    for class_folder in sorted(split.glob("*/*")):  # the same 4 classes without the split
+        shutil.copytree(class_folder, plain / class_folder.name)
+    assert resolve_split("folder", plain) == "all"
+    assert len(load_dataset("folder", plain, "auto").samples) == 8
+    assert resolve_split("folder", split) == "test"
+    chosen = load_dataset("folder", split, "auto").samples
+    assert len(chosen) == 4 and {sample.split for sample in chosen} == {"test"}
+
+
+def test_add_declares_new_column_types_and_later_adds_follow(shop, catalog, tmp_path, capsys):
+    folder = tmp_path / "typed"
+    assert _build(capsys, shop, catalog["manifest"], folder)[0] == 0
+    photo = shop["images"][0]
+    code, _, err = run(capsys, "index", "add", "--gallery", folder, photo, "--meta", "size=010",
+                       "--meta-types", "size=int", *FAST)  # fmt: skip
+    assert code == 0, err
+    code, _, err = run(capsys, "index", "add", "--gallery", folder, photo, "--meta", "size=020",
+                       *FAST)  # fmt: skip
+    assert code == 0, err
+    with Gallery.open(folder) as gallery:
+        assert gallery.meta["meta_types"]["size"] == "int"
+        assert [row["meta"]["size"] for row in gallery.all_items()[-2:]] == [10, 20]
+    code, out, _ = run(capsys, "search", "--gallery", folder, "--id", "0", "--k", "80",
+                       "--filter", "size<15", "--json")  # fmt: skip
+    assert code == 0 and [row["meta"]["size"] for row in json.loads(out)] == [10]
+    code, _, err = run(capsys, "index", "add", "--gallery", folder, photo, "--meta-types",
+                       "sku=int", *FAST)  # fmt: skip
+    assert_one_line_error(code, err, "the gallery's column 'sku' is str")
 
 
 def test_add_maps_a_class_name_to_the_gallerys_label(shop, catalog, tmp_path, capsys):

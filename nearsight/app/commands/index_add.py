@@ -20,6 +20,7 @@ def run_add(args: argparse.Namespace) -> int:
     from nearsight.core.errors import NearsightError
     from nearsight.index.gallery.core import Gallery
     from nearsight.index.gallery.keys import duplicate_note, ids_of_keys
+    from nearsight.index.gallery.write import set_meta
     from nearsight.index.search.filters import parse_meta_entries
 
     start = time.perf_counter()
@@ -28,7 +29,7 @@ def run_add(args: argparse.Namespace) -> int:
     if args.key is not None and len(args.images) != 1:
         raise NearsightError("--key names one item: give one image with it")
     with Gallery.open(args.gallery) as gallery:
-        meta, key = _added_meta(gallery, raw, args)
+        meta, key, new_types = _added_meta(gallery, raw, args)
         label, class_name = _added_label(gallery, args.label, args.class_name)
         embedder = load_gallery_model(gallery, args.model, args.device)
         paths = [_absolute(path) for path in args.images]
@@ -49,6 +50,9 @@ def run_add(args: argparse.Namespace) -> int:
         if replaced is not None:
             known = {sha: i for sha, i in known.items() if i != replaced}
         note = duplicate_note(hashes, [str(p) for p in kept_paths], known)
+        if new_types:  # a new column's type is stored, so that later adds follow it
+            stored = gallery.meta.get("meta_types") or {}
+            set_meta(gallery, meta_types={**stored, **new_types})
         ids = gallery.add(vectors, items)
         args.added_ids = ids  # nearsight.add_images returns them
         if replaced is not None:  # after the add: a crash between leaves both, never neither
@@ -66,9 +70,12 @@ def run_add(args: argparse.Namespace) -> int:
 
 
 def _added_meta(gallery: Any, raw: dict[str, str], args: argparse.Namespace):
-    """(typed metadata, key) of added items: typed as the gallery's columns are (or as
-    declared), the key from --key or the key column's --meta entry."""
+    """(typed metadata, key, types of new columns) of added items: typed as the gallery's
+    columns are (or as declared for new columns), the key from --key or the key column's
+    --meta entry. A declared type that differs from a stored column's is refused: the items
+    already there keep theirs, so only a rebuild can change it."""
     from nearsight.core.errors import NearsightError
+    from nearsight.index.chunks import meta_types_of
     from nearsight.index.gallery.keys import key_column
     from nearsight.index.search.filters import FilterError
     from nearsight.index.search.meta_types import parse_meta_types, typed_row
@@ -81,15 +88,25 @@ def _added_meta(gallery: Any, raw: dict[str, str], args: argparse.Namespace):
                 "--key-column NAME"
             )
         raw = {**raw, column: args.key}
-    types = {**gallery.meta.get("meta_types", {}), **parse_meta_types(args.meta_types)}
+    stored = dict(gallery.meta.get("meta_types") or {})
+    declared = parse_meta_types(args.meta_types)
+    for name, kind in declared.items():
+        if name in stored and stored[name] != kind:
+            raise NearsightError(
+                f"--meta-types {name}={kind}: the gallery's column '{name}' is "
+                f"{stored[name]} (rebuild the gallery to change a column's type)"
+            )
+    types = {**stored, **declared}
     if column is not None:
         types[column] = "str"
     try:
         meta = typed_row(raw, types)
     except FilterError as error:
         raise NearsightError(str(error)) from None
+    found = {**meta_types_of([{"meta": meta}]), **declared}
+    new_types = {name: kind for name, kind in found.items() if name not in stored}
     key = meta.get(column) if column is not None else None
-    return meta, None if key is None else str(key)
+    return meta, None if key is None else str(key), new_types
 
 
 def _added_label(gallery: Any, label: str | None, class_name: str | None):
