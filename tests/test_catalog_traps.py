@@ -89,6 +89,8 @@ def test_unknown_filter_keys_are_refused_with_the_gallerys_keys(shop, catalog, c
 
     with open_gallery(catalog["gallery"]) as gallery, pytest.raises(NearsightError, match="colour"):
         gallery.search_item(0, 3, filters="colour=red")
+    with open_gallery(catalog["gallery"]) as gallery, pytest.raises(ValueError, match="shop"):
+        gallery.search_item(0, 3, filters="colour=red")  # a bad argument, as Python expects
 
 
 def test_a_column_is_numeric_only_when_all_of_it_is_or_when_declared(
@@ -204,6 +206,13 @@ def test_repeated_keys_are_refused_and_duplicate_images_reported(shop, tmp_path,
     twice = _csv(tmp_path / "twice.csv", ["path", "label"], _rows(shop) + _rows(shop)[:3])
     code, _, err = _build(capsys, shop, twice, tmp_path / "twice")
     assert code == 0 and "note: 3 duplicate images (same bytes)" in err
+    keyed = _csv(tmp_path / "keyed.csv", ["path", "label", "key"], _rows(shop, lambda n: [n]))
+    assert _build(capsys, shop, keyed, tmp_path / "keyed")[0] == 0
+    code, _, err = run(capsys, "index", "add", "--gallery", tmp_path / "keyed",
+                       *shop["images"][:2], "--meta", "key=K1", *FAST)  # fmt: skip
+    assert_one_line_error(code, err, "a key names one item")  # two items, one key: refused
+    with Gallery.open(tmp_path / "keyed") as gallery:
+        assert len(gallery) == 72
 
 
 def test_split_auto_follows_the_datasets_own_split(tmp_path):

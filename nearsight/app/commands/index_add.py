@@ -30,6 +30,8 @@ def run_add(args: argparse.Namespace) -> int:
         raise NearsightError("--key names one item: give one image with it")
     with Gallery.open(args.gallery) as gallery:
         meta, key, new_types = _added_meta(gallery, raw, args)
+        if key is not None and len(args.images) != 1:  # a key given with --meta
+            raise NearsightError("a key names one item: give one image with it")
         label, class_name = _added_label(gallery, args.label, args.class_name)
         embedder = load_gallery_model(gallery, args.model, args.device)
         paths = [_absolute(path) for path in args.images]

@@ -34,8 +34,9 @@ MAX_ECHO_CHARS = 80  # a message quoting a filter quotes at most this much of it
 _FILTER = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_.\-]*)\s*(>=|<=|!=|>|<|=)(.*)", re.DOTALL)
 
 
-class FilterError(NearsightError):
-    """A filter or metadata entry that cannot be understood."""
+class FilterError(NearsightError, ValueError):
+    """A filter or metadata entry that cannot be understood (a ValueError too, as Python code
+    expects of a bad argument)."""
 
 
 @dataclass(frozen=True)
