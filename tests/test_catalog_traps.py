@@ -137,6 +137,35 @@ def test_import_takes_class_names_as_labels_and_evaluates(tmp_path, capsys):
     assert first[0]["label"] != first[1]["label"]
 
 
+def test_import_takes_meta_types_and_a_key_column(tmp_path, capsys):
+    np.save(tmp_path / "v.npy", np.random.default_rng(1).normal(size=(6, 8)).astype(np.float32))
+    rows = [[f"A{n}", f"{n:03d}" if n else "091", f"c{n % 2}"] for n in range(6)]
+    _csv(tmp_path / "m.csv", ["sku", "code", "label"], rows)
+
+    def build(out, *extra):
+        return run(capsys, "index", "import", "--vectors", tmp_path / "v.npy", "--meta",
+                   tmp_path / "m.csv", "--out", tmp_path / out, *extra)  # fmt: skip
+
+    def codes(out, *filters):
+        found = run(capsys, "search", "--gallery", tmp_path / out, "--id", "0", "--k", "6",
+                    "--json", *(x for f in filters for x in ("--filter", f)))  # fmt: skip
+        assert found[0] == 0, found[2]
+        return sorted(row["meta"]["code"] for row in json.loads(found[1]))
+
+    assert build("text")[0] == 0
+    assert codes("text", "code<100") == []  # leading zeros: a text column
+    code, _, err = build("typed", "--meta-types", "code=int", "--key-column", "sku")
+    assert code == 0, err
+    assert codes("typed", "code<100") == [1, 2, 3, 4, 5, 91]
+    code, out, err = run(capsys, "index", "remove", "--gallery", tmp_path / "typed", "--keys", "A2")
+    assert code == 0 and "removed 1 items" in out, err
+    with Gallery.open(tmp_path / "typed") as gallery:
+        assert gallery.meta["key_column"] == "sku"
+        assert sorted(row["meta"]["sku"] for row in gallery.all_items()) == [
+            "A0", "A1", "A3", "A4", "A5"
+        ]  # fmt: skip
+
+
 def test_unlabelled_items_are_searchable_filterable_and_counted_by_eval(shop, tmp_path, capsys):
     rows = [[image, image.parent.name if n < 12 else "", ("north", "south")[n % 2]]
             for n, image in enumerate(shop["images"])]  # fmt: skip
