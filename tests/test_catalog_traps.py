@@ -166,6 +166,19 @@ def test_import_takes_meta_types_and_a_key_column(tmp_path, capsys):
         ]  # fmt: skip
 
 
+def test_import_without_a_label_column(tmp_path, capsys):
+    np.save(tmp_path / "v.npy", np.random.default_rng(2).normal(size=(6, 8)).astype(np.float32))
+    _csv(tmp_path / "m.csv", ["shop"], [[("north", "south")[n % 2]] for n in range(6)])
+    code, _, err = run(capsys, "index", "import", "--vectors", tmp_path / "v.npy", "--meta",
+                       tmp_path / "m.csv", "--out", tmp_path / "g")  # fmt: skip
+    assert code == 0, err
+    code, out, err = run(capsys, "search", "--gallery", tmp_path / "g", "--id", "0", "--k", "6",
+                         "--filter", "shop=north", "--json")  # fmt: skip
+    assert code == 0 and sorted(row["id"] for row in json.loads(out)) == [0, 2, 4], err
+    code, _, err = run(capsys, "eval", "--gallery", tmp_path / "g")
+    assert_one_line_error(code, err, "0 labelled items")
+
+
 def test_unlabelled_items_are_searchable_filterable_and_counted_by_eval(shop, tmp_path, capsys):
     rows = [[image, image.parent.name if n < 12 else "", ("north", "south")[n % 2]]
             for n, image in enumerate(shop["images"])]  # fmt: skip

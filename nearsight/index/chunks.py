@@ -3,8 +3,8 @@
 A chunk folder holds pairs ``NAME.npy`` + ``NAME.csv``, taken in the sort order of NAME:
 
 - ``NAME.npy``: float32 (or float16/float64) [n, D] embeddings, one row per item;
-- ``NAME.csv``: n rows with a header; ``label`` (an integer or a class name, empty when
-  unlabelled), and optional ``path``, ``class_name``, ``split``, ``sha256``, ``width``,
+- ``NAME.csv``: n rows with a header; optional ``label`` (an integer or a class name, empty or
+  absent when unlabelled), ``path``, ``class_name``, ``split``, ``sha256``, ``width``,
   ``height``; any other column is the item's metadata (each column typed as a whole,
   nearsight/index/search/meta_types.py; ``id`` is ignored).
 
@@ -154,8 +154,8 @@ def _read_csv(file: Path) -> list[dict[str, Any]]:
     try:
         with open(file, newline="", encoding="utf-8-sig") as handle:
             reader = csv.DictReader(handle)
-            if reader.fieldnames is None or "label" not in reader.fieldnames:
-                raise NearsightError(f"{file} has no 'label' column in its header")
+            if reader.fieldnames is None:  # labels are optional, a header is not
+                raise NearsightError(f"{file} is empty: it needs a header row of column names")
             return [dict(row) for row in reader]
     except (OSError, UnicodeDecodeError, csv.Error) as error:
         reason = getattr(error, "strerror", None) or str(error)
@@ -173,8 +173,6 @@ def _read_parquet(file: Path) -> list[dict[str, Any]]:
         table = parquet.read_table(file)
     except Exception as error:  # pyarrow raises its own types for damaged files
         raise NearsightError(f"cannot read meta file {file}: {error}") from None
-    if "label" not in table.column_names:
-        raise NearsightError(f"{file} has no 'label' column")
     return table.to_pylist()
 
 
