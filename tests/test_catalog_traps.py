@@ -248,6 +248,8 @@ def test_repeated_keys_are_refused_and_duplicate_images_reported(shop, tmp_path,
     twice = _csv(tmp_path / "twice.csv", ["path", "label"], _rows(shop) + _rows(shop)[:3])
     code, _, err = _build(capsys, shop, twice, tmp_path / "twice")
     assert code == 0 and "note: 3 duplicate images (same bytes)" in err
+    (note,) = [line for line in err.splitlines() if "duplicate images" in line]
+    assert all(image.name in note for image in shop["images"][:3])  # its examples, one line
     keyed = _csv(tmp_path / "keyed.csv", ["path", "label", "key"], _rows(shop, lambda n: [n]))
     assert _build(capsys, shop, keyed, tmp_path / "keyed")[0] == 0
     code, _, err = run(capsys, "index", "add", "--gallery", tmp_path / "keyed",

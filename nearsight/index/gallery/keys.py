@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from nearsight.index.gallery.core import Gallery
 
 DEFAULT_KEY_COLUMN = "key"
+DUPLICATE_EXAMPLES = 3  # the note stays one readable line
 
 
 def key_column(gallery: Gallery) -> str | None:
@@ -68,4 +69,6 @@ def duplicate_note(hashes: Sequence[str | None], paths: Sequence[str], known: di
             seen[sha] = path
     if not pairs:
         return ""
-    return f"note: {len(pairs)} duplicate images (same bytes), e.g. {pairs[0]}"
+    more = "; ..." if len(pairs) > DUPLICATE_EXAMPLES else ""
+    examples = "; ".join(pairs[:DUPLICATE_EXAMPLES])
+    return f"note: {len(pairs)} duplicate images (same bytes), e.g. {examples}{more}"
