@@ -208,3 +208,15 @@ def test_a_graph_that_does_not_match_the_index_is_refused(tmp_path):
     np.save(folder / GRAPH_FILE, np.zeros((3, 16), dtype=np.int64))
     with pytest.raises(GalleryError, match="neighbour graph of 3 rows for 36 indexed items"):
         Gallery.open(folder)
+
+
+def test_plain_search_leaves_the_excluded_item_out_too(tmp_path):
+    vectors, labels = _clustered()
+    with Gallery.open(_gallery(tmp_path, vectors, labels)) as gallery:
+        distances, ids = gallery.search(vectors, 4, exclude=np.arange(36))
+        deeper_d, deeper = gallery.search(vectors, 5)
+    assert ids.shape == (36, 4) and not (ids == np.arange(36)[:, None]).any()
+    for q in range(36):
+        keep = deeper[q] != q
+        assert ids[q].tolist() == deeper[q][keep][:4].tolist()
+        np.testing.assert_array_equal(distances[q], deeper_d[q][keep][:4])

@@ -169,20 +169,14 @@ class GalleryView:
         ``rerank``: a re-ranking (default :attr:`rerank`; ``NONE`` for off)."""
         spec = self.rerank if rerank is None else rerank
         query = np.asarray(vector, np.float32).reshape(1, -1)
+        exclude = None if exclude_id is None else [exclude_id]
         with _one_openmp_thread():
-            if spec.active:
-                exclude = None if exclude_id is None else [exclude_id]
-                distances, ids = self.gallery.search(
-                    query, k, ids=allowed, rerank=spec, exclude=exclude
-                )
-            else:
-                depth = k + (1 if exclude_id is not None else 0)
-                distances, ids = self.gallery.search(query, depth, ids=allowed)
+            distances, ids = self.gallery.search(
+                query, k, ids=allowed, rerank=spec, exclude=exclude
+            )
         found = [
-            (int(i), float(d))
-            for i, d in zip(ids[0], distances[0], strict=True)
-            if i >= 0 and int(i) != exclude_id
-        ][:k]
+            (int(i), float(d)) for i, d in zip(ids[0], distances[0], strict=True) if i >= 0
+        ]
         result = []
         for rank, (item_id, distance) in enumerate(found, start=1):
             row = self.rows[item_id]

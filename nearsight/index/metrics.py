@@ -48,6 +48,7 @@ import faiss
 import numpy as np
 
 from nearsight.core.errors import NearsightError
+from nearsight.index.search.exclude import without_keys
 
 CUB_KS: tuple[int, ...] = (1, 2, 4, 8)  # CUB-200-2011, CARS196
 SOP_KS: tuple[int, ...] = (1, 10, 100, 1000)  # Stanford Online Products
@@ -338,9 +339,7 @@ def _neighbours_without_self(
     Searches k + 1 and drops the query's own id wherever it is (duplicates of the query may
     rank before it); where it is absent (tied duplicates pushed it out), drops the last."""
     _, ids = index.search(vectors[queries], k + 1)
-    is_self = ids == queries[:, None]
-    is_self[~is_self.any(axis=1), -1] = True
-    return ids[~is_self].reshape(len(queries), k)
+    return without_keys(queries, ids)[0]
 
 
 def normalized_mutual_info(

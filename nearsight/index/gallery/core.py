@@ -54,6 +54,7 @@ from nearsight.index.images import describe_image_file  # noqa: F401  (re-export
 from nearsight.index.rerank.search import reranked_search
 from nearsight.index.rerank.spec import RerankSpec, parse_rerank
 from nearsight.index.search import filtered
+from nearsight.index.search.exclude import without_keys
 from nearsight.index.search.faiss_index import (  # noqa: F401  (re-exported: the gallery's public names)
     HNSW_EF_SEARCH,
     INDEX_TYPES,
@@ -275,8 +276,8 @@ class Gallery:
         back whenever that many are allowed.
 
         ``rerank`` (a spec, nearsight.index.rerank; default none): re-rank the top
-        ``max(k, depth)`` candidates; its distances are then the re-ranker's. ``exclude`` (with
-        ``rerank``): per query, an item id left out of its answer and its expansions."""
+        ``max(k, depth)`` candidates; its distances are then the re-ranker's. ``exclude``: per
+        query, an item id left out of its answer (and of its re-ranking's expansions)."""
         spec = parse_rerank(rerank)
         if spec.active:
             queries = np.asarray(vectors, dtype=np.float32)
@@ -290,6 +291,10 @@ class Gallery:
             )
         if k < 1:
             raise NearsightError(f"k must be a positive integer, got {k}")
+        if exclude is not None:  # one deeper, then each row without its excluded id
+            distances, found = self.search(vectors, k + 1, ids=ids)
+            found, distances = without_keys(np.asarray(exclude, np.int64), found, distances)
+            return distances[:, :k], found[:, :k]
         queries = np.ascontiguousarray(np.asarray(vectors), dtype=np.float32)
         if queries.ndim == 1:
             queries = queries[None, :]

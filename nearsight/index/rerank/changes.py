@@ -42,10 +42,8 @@ def rerank_changes(gallery: Gallery, spec: RerankSpec) -> list[Change]:
     for start in range(0, len(ids), CHUNK):
         chunk = ids[start : start + CHUNK]
         vectors = gallery.vectors_of(chunk)
-        _, plain = gallery.search(vectors, 2)
-        before[start : start + len(chunk)] = np.where(
-            plain[:, 0] == chunk, plain[:, 1], plain[:, 0]
-        )
+        _, plain = gallery.search(vectors, 1, exclude=chunk)
+        before[start : start + len(chunk)] = plain[:, 0]
         _, reranked = gallery.search(vectors, 1, rerank=spec, exclude=chunk)
         after[start : start + len(chunk)] = reranked[:, 0]
     labels = gallery.labels[labelled]

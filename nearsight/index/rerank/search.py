@@ -10,6 +10,7 @@ import numpy as np
 from nearsight.index.rerank.pipeline import rerank
 from nearsight.index.rerank.sources import GallerySource
 from nearsight.index.rerank.spec import RerankSpec
+from nearsight.index.search.exclude import without_keys
 
 if TYPE_CHECKING:  # the gallery imports the re-ranking layer
     from nearsight.index.gallery.core import Gallery
@@ -31,16 +32,10 @@ def reranked_search(
     _, found = gallery.search(queries, depth, ids=ids)
     if exclude is not None:
         exclude = np.asarray(exclude, dtype=np.int64)
-        found = _drop_excluded(found, exclude)
+        (found,) = without_keys(exclude, found)
     if found.shape[1] == 0:
         return np.zeros(found.shape, np.float32), found
     keys, distances = rerank(spec, GallerySource(gallery), queries, found, exclude)
     keys, distances = keys[:, :k], distances[:, :k]
     return distances, keys
 
-
-def _drop_excluded(found: np.ndarray, exclude: np.ndarray) -> np.ndarray:
-    """Each row without its excluded id (or its last entry where the id is absent)."""
-    hit = found == exclude[:, None]
-    hit[~hit.any(axis=1), -1] = True
-    return found[~hit].reshape(len(found), found.shape[1] - 1)

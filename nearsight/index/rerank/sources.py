@@ -8,6 +8,7 @@ import faiss
 import numpy as np
 
 from nearsight.index.gallery.graph import graph_neighbours
+from nearsight.index.search.exclude import without_keys
 
 if TYPE_CHECKING:  # the gallery imports the re-ranking layer
     from nearsight.index.gallery.core import Gallery
@@ -82,11 +83,8 @@ def _without_self(
     sims: np.ndarray, found: np.ndarray, keys: np.ndarray, depth: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Drop each row's own key (or, where ties pushed it out, the last entry); pad to depth."""
-    is_self = found == keys[:, None]
-    is_self[~is_self.any(axis=1), -1] = True
-    rows = len(keys)
-    width = found.shape[1] - 1
-    sims, found = sims[~is_self].reshape(rows, width), found[~is_self].reshape(rows, width)
+    found, sims = without_keys(keys, found, sims)
+    width = found.shape[1]
     if width < depth:
         sims = np.pad(sims, ((0, 0), (0, depth - width)), constant_values=-np.inf)
         found = np.pad(found, ((0, 0), (0, depth - width)), constant_values=-1)
