@@ -316,3 +316,16 @@ TIMEOUT_MS = 60_000  # the 2-core test machine is shared: be patient, not flaky
 
 def upload(page, path: Path | str) -> None:
     page.set_input_files("#ns-query-image input[type=file]", str(path))
+
+
+@pytest.fixture()
+def empty_hub(tmp_path, monkeypatch) -> Path:
+    """torch.hub's cache in an empty folder, restored afterwards."""
+    import torch
+
+    hub = tmp_path / "hub"
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    previous = torch.hub.get_dir()
+    torch.hub.set_dir(str(hub))
+    yield hub
+    torch.hub.set_dir(previous)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import socket
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -259,15 +258,6 @@ def test_without_freeze_bn_train_mode_updates_running_stats(net):
 # ---------------------------------------------------------------- pretrained weights
 
 
-@pytest.fixture()
-def empty_hub(tmp_path, monkeypatch) -> Path:
-    """torch.hub's cache in an empty folder, restored afterwards."""
-    hub = tmp_path / "hub"
-    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
-    previous = torch.hub.get_dir()
-    torch.hub.set_dir(str(hub))
-    yield hub
-    torch.hub.set_dir(previous)
 
 
 @pytest.fixture()

@@ -9,10 +9,8 @@ import subprocess
 import sys
 import tomllib
 from importlib.metadata import packages_distributions
-from pathlib import Path
 
 import pytest
-import torch
 from conftest import ROOT, run
 
 from nearsight.core.extras import EXTRA_MODULES
@@ -164,14 +162,6 @@ def test_config_file_typos_get_a_suggestion(tmp_path):
     assert "did you mean" not in str(caught.value)  # nothing close: no guess
 
 
-@pytest.fixture()
-def empty_hub(tmp_path, monkeypatch) -> Path:
-    hub = tmp_path / "hub"
-    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
-    previous = torch.hub.get_dir()
-    torch.hub.set_dir(str(hub))
-    yield hub
-    torch.hub.set_dir(previous)
 
 
 def test_pretrained_auto_is_the_default_and_in_the_help(empty_hub, capsys):
