@@ -112,7 +112,9 @@ class Catalog:
         self._db = db
         self.path = path
         self._lock = threading.RLock()
+        # read once per open catalog; this object's own writes reset them
         self._meta_keys: list[str] | None = None
+        self._filter_keys: set[str] | None = None
 
     @classmethod
     def open(cls, db_path: str | os.PathLike[str], *, readonly: bool = False) -> Catalog:
@@ -238,8 +240,12 @@ class Catalog:
         The query runs on a connection of its own, read-only and outside the catalog's lock, so
         a slow filter never makes other searches of the gallery wait; past ``time_limit_s`` it
         is stopped with a FilterError."""
-        known = set(self.meta_keys()) | set(self.meta().get("meta_types") or {})
-        return run_filter(self.path, conditions, known, self.has_item_meta(), time_limit_s)
+        if self._filter_keys is None:  # the items' columns and the ones the gallery declares
+            declared = self.meta().get("meta_types") or {}
+            self._filter_keys = set(self.meta_keys()) | set(declared)
+        return run_filter(
+            self.path, conditions, self._filter_keys, self.has_item_meta(), time_limit_s
+        )
 
     def ids_by_meta(self, key: str, values: Sequence[MetaValue]) -> dict[MetaValue, list[int]]:
         """value -> ids of the items whose metadata ``key`` has that value (the item_meta
@@ -261,14 +267,18 @@ class Catalog:
 
     def ids_by_sha256(self, hashes: Sequence[str]) -> dict[str, int]:
         """sha256 -> the id of an item with a file of those bytes (the first), for ``hashes``."""
-        wanted = set(hashes)
-        if not wanted:
-            return {}
+        wanted = sorted(set(hashes))
+        found: dict[str, int] = {}
         with self._guard():
-            rows = self._db.execute(
-                "SELECT sha256, min(id) FROM items WHERE sha256 IS NOT NULL GROUP BY sha256"
-            ).fetchall()
-        return {sha: int(item_id) for sha, item_id in rows if sha in wanted}
+            for start in range(0, len(wanted), _CHUNK):
+                chunk = wanted[start : start + _CHUNK]
+                marks = ",".join("?" * len(chunk))
+                rows = self._db.execute(
+                    f"SELECT sha256, min(id) FROM items WHERE sha256 IN ({marks}) GROUP BY sha256",
+                    chunk,
+                ).fetchall()
+                found.update((sha, int(item_id)) for sha, item_id in rows)
+        return found
 
     def get(self, item_id: int) -> dict[str, Any] | None:
         found = self.items([item_id])
@@ -287,6 +297,7 @@ class Catalog:
     # -- writing (each call is one transaction) ----------------------------------------------
 
     def set_meta(self, **values: object) -> None:
+        self._filter_keys = None  # meta_types may change
         with self._guard(writing=True), self._db.conn:
             self._db.conn.executemany(_UPSERT_META, _meta_values(values))
 
@@ -307,7 +318,7 @@ class Catalog:
         """Insert ``items`` (without ids) and return the ids given to them: after every id the
         catalog has ever held, so ids of removed items are not reused. ``meta`` is updated in
         the same transaction."""
-        self._meta_keys = None
+        self._meta_keys = self._filter_keys = None
         new = list(items)
         for item in new:
             if "id" in item:
@@ -329,7 +340,7 @@ class Catalog:
     def remove(self, ids: Iterable[int], *, meta: dict[str, object] | None = None) -> None:
         """Delete the items with ``ids``; all of them must exist (else nothing is deleted).
         ``meta`` is updated in the same transaction."""
-        self._meta_keys = None
+        self._meta_keys = self._filter_keys = None
         wanted = sorted({int(i) for i in ids})
         with self._guard(writing=True), self._db.conn:
             present = {item["id"] for item in self.items(wanted)}

@@ -119,9 +119,14 @@ def _added_label(gallery: Any, label: str | None, class_name: str | None):
     text = label.strip()
     if text.lstrip("+-").isdigit():
         return int(text), class_name
-    existing = [row for row in gallery.all_items() if row["class_name"] == text]
-    if existing and existing[0]["label"] is not None:
-        return int(existing[0]["label"]), class_name or text
+    import numpy as np
+
+    from nearsight.index.search.filters import Condition
+
+    named = gallery.filter_ids([Condition("class_name", "=", text)])  # not every row in memory
+    labels = gallery.labels[np.searchsorted(gallery.ids, named)]
+    if len(labels) and labels[0] >= 0:
+        return int(labels[0]), class_name or text
     largest = int(gallery.labels.max()) if len(gallery.labels) else -1
     return max(largest, -1) + 1, class_name or text
 
