@@ -169,6 +169,7 @@ class Gallery:
         self._segments = segments
         self._removed = removed
         self._graph = graph  # optional (nearsight/index/gallery/graph.py)
+        self._added: tuple[np.ndarray, np.ndarray] | None = None
         self._embeddings: np.ndarray | None = None
         for segment_ids, segment_vectors in segments:
             index.add_with_ids(segment_vectors, segment_ids)
@@ -242,6 +243,17 @@ class Gallery:
     def embeddings_kept(self) -> bool:
         """Whether the gallery holds embeddings.npy (its build may drop it past the budget)."""
         return self._base[1] is not None
+
+    @property
+    def added_items(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(ids, vectors) of the items added since the base index was written and not removed
+        (the segments, gathered once), or None when there are none."""
+        if self._added is None and self._segments:
+            ids = np.concatenate([segment_ids for segment_ids, _ in self._segments])
+            vectors = np.concatenate([segment_vectors for _, segment_vectors in self._segments])
+            live = ~np.isin(ids, self._removed)
+            self._added = (ids[live], vectors[live])
+        return self._added
 
     @property
     def vectors_exact(self) -> bool:

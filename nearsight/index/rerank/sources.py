@@ -54,15 +54,9 @@ class GallerySource:
         answered = np.zeros(len(unique), dtype=bool)
         graph = gallery._graph
         if graph is not None and depth <= graph[0].shape[1]:
-            added = None
-            if gallery._segments:
-                added_ids = np.concatenate([ids for ids, _ in gallery._segments])
-                added_vectors = np.concatenate([v for _, v in gallery._segments])
-                live = ~np.isin(added_ids, gallery._removed)
-                added = (added_ids[live], added_vectors[live])
             base_ids = gallery._base[0]
             sims, found, answered = graph_neighbours(
-                graph, base_ids, gallery._removed, added, unique, vectors, depth
+                graph, base_ids, gallery._removed, gallery.added_items, unique, vectors, depth
             )
         rest = np.flatnonzero(~answered)
         if len(rest):
