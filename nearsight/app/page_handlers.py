@@ -26,11 +26,12 @@ from nearsight.app.page_tables import (
     pairs_frame,
     summary_markdown,
 )
-from nearsight.app.page_view import GalleryView, Neighbour, thumbnail_uri
+from nearsight.app.page_view import GalleryView, thumbnail_uri
 from nearsight.core.errors import NearsightError
 from nearsight.index.images import load_image_bytes
 from nearsight.index.rerank.changes import MAX_COMPARED_ITEMS, rerank_changes
 from nearsight.index.rerank.spec import NONE, RerankSpec, parse_rerank
+from nearsight.index.search.query import Neighbour, check_k
 
 DEFAULT_K = 8
 MAX_K = 64
@@ -77,13 +78,7 @@ class Page:
 
     @staticmethod
     def check_k(k: Any) -> int:
-        try:
-            value = int(k)
-        except (TypeError, ValueError):
-            raise PageError(f"k must be an integer from 1 to {MAX_K}, got {k!r}") from None
-        if not 1 <= value <= MAX_K or value != float(k):
-            raise PageError(f"k must be an integer from 1 to {MAX_K}, got {k!r}")
-        return value
+        return check_k(k, MAX_K)  # the index layer's one k check, with the slider's bound
 
     @staticmethod
     def read_upload(path: str | None, min_side: int | None = None) -> tuple[bytes, Any]:

@@ -20,18 +20,12 @@ from nearsight.index.gallery.core import Gallery
 from nearsight.index.images import load_image
 from nearsight.index.rerank.spec import RerankSpec
 from nearsight.index.results import ResultsList, SearchResults, as_results
-from nearsight.index.search.query import check_vector, item_vector, resolve_rerank, search_rows
+from nearsight.index.search.query import check_k, check_vector, item_vector, resolve_rerank, search
 
 ImageLike = str | os.PathLike[str] | Image.Image | np.ndarray
 Filters = str | Sequence[str] | None
 Rerank = RerankSpec | str | None
 SEARCH_BATCH = 64  # search_many: images decoded, embedded and searched at a time
-
-
-def _check_k(k: Any) -> int:
-    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
-        raise NearsightError(f"k must be a whole number of at least 1, got {k!r}")
-    return int(k)
 
 
 class SearchableGallery:
@@ -92,7 +86,7 @@ class SearchableGallery:
                 "search takes one image; for several, use search_many(images) (one result "
                 "per image, an unreadable one reported in its entry instead of stopping)"
             )
-        k = _check_k(k)
+        k = check_k(k)
         decoded = as_image(image, self.embedder.resize)
         vectors = self.embedder.embed_images([decoded])
         return self._results(vectors, k, filters, rerank, [image], [label])[0]
@@ -112,7 +106,7 @@ class SearchableGallery:
         image, in order; an image that cannot be read gives an empty entry whose ``.error``
         says why, and the others go on (``.errors`` lists them). ``labels``: each query's
         class, if known. ``to_pandas()`` gives one table of all of them."""
-        k = _check_k(k)
+        k = check_k(k)
         if isinstance(images, str | os.PathLike | Image.Image):
             raise NearsightError("search_many takes a list of images; for one, use search")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -163,7 +157,7 @@ class SearchableGallery:
         one from :meth:`vector`, from :func:`load_embedder` or from another system that uses
         the same model."""
         vectors = check_vector(self.gallery, vector)[:1]
-        return self._results(vectors, _check_k(k), filters, rerank, [vector], [label])[0]
+        return self._results(vectors, check_k(k), filters, rerank, [vector], [label])[0]
 
     def search_item(
         self, item_id: int, k: int = 8, *, filters: Filters = None, rerank: Rerank = None
@@ -173,7 +167,7 @@ class SearchableGallery:
         vector = item_vector(self.gallery, int(item_id))
         (row,) = self.gallery.items([int(item_id)])
         label = row.get("label")
-        return self._results(vector, _check_k(k), filters, rerank, [int(item_id)], [label])[0]
+        return self._results(vector, check_k(k), filters, rerank, [int(item_id)], [label])[0]
 
     def vector(self, item_id: int) -> np.ndarray:
         """The stored embedding of gallery item ``item_id``: float32 [dim], unit length (a
@@ -189,7 +183,7 @@ class SearchableGallery:
         queries: Sequence[Any],
         labels: Sequence[int | None],
     ) -> list[SearchResults]:
-        answers = search_rows(self.gallery, vectors, k, filters=filters, rerank=rerank)
+        answers = search(self.gallery, vectors, k, filters=filters, rerank=rerank)
         return as_results(answers, queries, labels)
 
     def evaluate(

@@ -86,9 +86,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_search(args: argparse.Namespace) -> int:
     from nearsight.core.errors import NearsightError
     from nearsight.index.search.filters import merge_conditions, parse_filters
+    from nearsight.index.search.query import check_k
 
-    if args.k < 1:
-        raise NearsightError(f"--k must be at least 1, got {args.k}")
+    check_k(args.k, name="--k")
     if (args.queries is None) != (args.out is None):
         raise NearsightError("--queries and --out go together")
     if args.batch_size < 1:
@@ -180,7 +180,7 @@ def _run_batch(args: argparse.Namespace, conditions: list) -> int:
     from nearsight.core.atomic import atomic_file
     from nearsight.index.embed import embed_files
     from nearsight.index.gallery.core import Gallery
-    from nearsight.index.search.query import allowed_ids, search_rows
+    from nearsight.index.search.query import allowed_ids, search
 
     paths = query_paths(args.queries)
     with Gallery.open(args.gallery) as gallery:
@@ -189,9 +189,8 @@ def _run_batch(args: argparse.Namespace, conditions: list) -> int:
         result = embed_files(
             embedder, paths, batch_size=args.batch_size, workers=args.workers, desc="searching"
         )
-        answers = search_rows(
-            gallery, result.embeddings, args.k, allowed=allowed, rerank=args.rerank
-        )
+        found = search(gallery, result.embeddings, args.k, allowed=allowed, rerank=args.rerank)
+    answers = [[n.as_json() for n in neighbours] for neighbours in found]
     good = iter(answers)
     errors = iter(result.errors)  # in the order of the unreadable paths
     lines = []

@@ -1,7 +1,8 @@
-"""Neighbours as JSON-ready rows: the one answer shape of the CLI (``search --json``, the
-``--queries`` lines), the REST API and the Python API.
+"""The one search of a gallery (:func:`search`) and its one answer shape (:class:`Neighbour`):
+the CLI (``search --json``, the ``--queries`` lines), the REST API, the page and the Python API
+all search through here, and check ``k`` with :func:`check_k`.
 
-A neighbour is ``{"id", "path", "label", "class_name", "distance", "meta"}``, nearest first;
+A neighbour as JSON is ``{"id", "path", "label", "class_name", "distance", "meta"}``, nearest first;
 ``meta`` holds the item's extra columns (empty when it has none). Queries are vectors: an
 uploaded image embedded by the gallery's model, a gallery item's stored embedding
 (:func:`item_vector`), or a vector a caller brings.
@@ -10,7 +11,8 @@ uploaded image embedded by the gallery's model, a gallery item's stored embeddin
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -72,7 +74,43 @@ def allowed_ids(
     return gallery.filter_ids(conditions)
 
 
-def search_rows(
+@dataclass(frozen=True)
+class Neighbour:
+    """One found item: its rank (1 = nearest), catalog fields and distance (Euclidean between
+    unit vectors; None where an approximate index found fewer than k)."""
+
+    rank: int
+    id: int
+    path: str
+    label: int | None
+    class_name: str | None
+    distance: float | None
+    meta: dict[str, Any] = field(default_factory=dict)  # the item's extra columns
+
+    def as_json(self) -> dict[str, Any]:
+        """The answer shape of ``search --json``, REST and the page's /search API."""
+        return {
+            "id": self.id,
+            "path": self.path,
+            "label": self.label,
+            "class_name": self.class_name,
+            "distance": self.distance,
+            "meta": dict(self.meta),
+        }
+
+
+def check_k(k: Any, max_k: int | None = None, name: str = "k") -> int:
+    """``k`` as an int (a whole float such as a slider's 5.0 counts), else a one-line error."""
+    bound = "of at least 1" if max_k is None else f"from 1 to {max_k}"
+    message = f"{name} must be an integer {bound}, got {k!r}"
+    if isinstance(k, bool) or not isinstance(k, int | float | np.integer | np.floating):
+        raise NearsightError(message)
+    if not math.isfinite(k) or k != int(k) or k < 1 or (max_k is not None and k > max_k):
+        raise NearsightError(message)
+    return int(k)
+
+
+def search(
     gallery: Gallery,
     vectors: np.ndarray,
     k: int,
@@ -80,21 +118,46 @@ def search_rows(
     filters: Sequence[str | Condition] | str | None = None,
     allowed: np.ndarray | None = None,
     rerank: RerankSpec | str | None = None,
-) -> list[list[dict[str, Any]]]:
-    """The ``k`` nearest items of each query vector, as JSON-ready rows (module docstring).
+    exclude: Sequence[int] | None = None,
+    rows: Mapping[int, dict[str, Any]] | None = None,
+    public_path: Callable[[str], str] = str,
+) -> list[list[Neighbour]]:
+    """The ``k`` nearest items of each query vector [Q, D], nearest first.
     ``filters`` (or ``allowed``, already resolved ids): search only the matching items.
-    ``rerank``: a re-ranking spec (nearsight.index.rerank); None: the gallery's stored one."""
+    ``rerank``: a re-ranking spec (nearsight.index.rerank); None: the gallery's stored one.
+    ``exclude``: one item id per query to leave out (a gallery item querying the others).
+    ``rows``: the catalog rows by id when the caller holds them (else read from SQLite);
+    ``public_path``: how a path is shown to the caller."""
+    k = check_k(k)
     if allowed is None:
         allowed = allowed_ids(gallery, filters)
     spec = resolve_rerank(gallery, rerank)
-    distances, ids = gallery.search(vectors, k, ids=allowed, rerank=spec)
+    distances, ids = gallery.search(vectors, k, ids=allowed, rerank=spec, exclude=exclude)
     per_query = [
         [(int(i), float(d)) for i, d in zip(ids[q], distances[q], strict=True) if i >= 0]
         for q in range(len(ids))
     ]
-    wanted = sorted({i for found in per_query for i, _ in found})
-    rows = {row["id"]: row for row in gallery.items(wanted)} if wanted else {}
-    return [[neighbour_row(rows[i], d) for i, d in found] for found in per_query]
+    if rows is None:
+        wanted = sorted({i for found in per_query for i, _ in found})
+        rows = {row["id"]: row for row in gallery.items(wanted)} if wanted else {}
+    return [
+        [_neighbour(rank, rows[i], d, public_path) for rank, (i, d) in enumerate(found, 1)]
+        for found in per_query
+    ]
+
+
+def _neighbour(
+    rank: int, item: Mapping[str, Any], distance: float, public_path: Callable[[str], str]
+) -> Neighbour:
+    return Neighbour(
+        rank=rank,
+        id=int(item["id"]),
+        path=public_path(str(item["path"])),
+        label=None if item["label"] is None else int(item["label"]),
+        class_name=item["class_name"],
+        distance=distance if math.isfinite(distance) else None,
+        meta=dict(item.get("meta") or {}),
+    )
 
 
 def resolve_rerank(gallery: Gallery, rerank: RerankSpec | str | None) -> RerankSpec:
@@ -105,17 +168,6 @@ def resolve_rerank(gallery: Gallery, rerank: RerankSpec | str | None) -> RerankS
         return parse_rerank(rerank)
     except ValueError as error:
         raise NearsightError(str(error)) from None
-
-
-def neighbour_row(item: dict[str, Any], distance: float) -> dict[str, Any]:
-    return {
-        "id": int(item["id"]),
-        "path": item["path"],
-        "label": item["label"],
-        "class_name": item["class_name"],
-        "distance": distance if math.isfinite(distance) else None,
-        "meta": dict(item.get("meta") or {}),
-    }
 
 
 def item_row(item: dict[str, Any]) -> dict[str, Any]:
