@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from PIL import Image
@@ -21,6 +21,9 @@ from nearsight.index.images import load_image
 from nearsight.index.rerank.spec import RerankSpec
 from nearsight.index.results import ResultsList, SearchResults, as_results
 from nearsight.index.search.query import check_k, check_vector, item_vector, resolve_rerank, search
+
+if TYPE_CHECKING:  # the serving path does not import torch
+    from nearsight.models.embedder import Embedder
 
 ImageLike = str | os.PathLike[str] | Image.Image | np.ndarray
 Filters = str | Sequence[str] | None
@@ -47,10 +50,10 @@ class SearchableGallery:
         self._model_override = model
         self._device = device
         self._optimization = optimization
-        self._embedder: Any = None
+        self._embedder: Embedder | None = None
 
     @property
-    def embedder(self) -> Any:
+    def embedder(self) -> Embedder:
         """The embedder of the gallery's queries (its recorded model, or ``model``), loaded and
         checked against the gallery on first use."""
         if self._embedder is None:
@@ -192,7 +195,7 @@ class SearchableGallery:
         """Recall@k, NMI and MAP@R of the stored embeddings (every labelled item queries the
         other labelled items); ``ks``: default the papers' values for the gallery's dataset.
         ``queries``: only a seeded sample of that many labelled items query (each still
-        searching all the others exactly), see index.metrics.evaluate. ``rerank``: as in
+        searching all the others exactly), see nearsight.index.metrics.evaluate. ``rerank``: as in
         :meth:`search` (leave-one-out: no query reaches itself through an expansion)."""
         spec = resolve_rerank(self.gallery, rerank)
         return self.gallery.evaluate(ks, queries, spec)
@@ -211,7 +214,7 @@ class SearchableGallery:
 
 
 def as_image(image: ImageLike, min_side: int | None = None) -> Image.Image:
-    """A query as an RGB PIL image; paths are read by :func:`index.images.load_image` (one-line
+    """A query as an RGB PIL image; paths are read by :func:`nearsight.index.images.load_image` (one-line
     errors for missing or unreadable files)."""
     if isinstance(image, Image.Image):
         return image.convert("RGB")
