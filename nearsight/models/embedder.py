@@ -7,7 +7,7 @@ An :class:`Embedder` turns images into L2-normalised embeddings. Two implementat
 - :class:`TorchEmbedder`: a ``best.pt``/``last.pt`` checkpoint, run by torch.
 
 Both take float RGB in [0, 1] ([N, 3, image_size, image_size]; ImageNet normalisation is inside
-the model) and both preprocess PIL images with :func:`models.preprocess.test_transform`, so a
+the model) and both preprocess PIL images with :func:`nearsight.models.preprocess.test_transform`, so a
 gallery built with one and a query embedded with the other see the same pixels.
 
 Which hash identifies a model (``model_sha256``, recorded by galleries): the sha256 of the FILE
@@ -298,7 +298,7 @@ def load_embedder(
     """The embedder for a model file, by suffix: ``.onnx`` (onnxruntime) or ``.pt``/``.pth``
     (a torch checkpoint). ``device``: auto | cpu | cuda. ``optimization``: see
     :class:`OnnxEmbedder` (ONNX only). ``spec``: a foreign model's spec
-    (:func:`models.foreign.foreign_spec`, or the one a gallery recorded): an ONNX model
+    (:func:`nearsight.models.foreign.foreign_spec`, or the one a gallery recorded): an ONNX model
     exported elsewhere, run as it describes."""
     file = Path(path)
     if not file.is_file():

@@ -5,7 +5,7 @@ metadata (one JSON property, ``model_spec``); ``nearsight index build`` records 
 gallery catalog's meta (``model_spec``); the embedders and the page read it back from there.
 No torch here: serving reads specs too.
 
-A model exported elsewhere (any ONNX image-embedding graph, :mod:`models.foreign`) has a spec
+A model exported elsewhere (any ONNX image-embedding graph, :mod:`nearsight.models.foreign`) has a spec
 too: its ``input_name`` and ``output_name`` are set, and ``mean``/``std`` say how it wants its
 input normalised (nearsight's own models do that inside the graph). These four fields are
 written only when set, so the specs of nearsight's own models read as before.
