@@ -23,13 +23,6 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright pac
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from conftest import make_tiny_gallery  # the same tiny gallery as the server tests
-
-    return make_tiny_gallery(tmp_path_factory.mktemp("browser"))
-
-
-@pytest.fixture(scope="module")
 def server(tiny):
     with running_page([tiny.gallery]) as served:
         yield served

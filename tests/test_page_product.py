@@ -15,13 +15,6 @@ from nearsight.app.page_tables import summary_markdown
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from conftest import make_tiny_gallery
-
-    return make_tiny_gallery(tmp_path_factory.mktemp("product-page"))
-
-
-@pytest.fixture(scope="module")
 def server(tiny):
     with running_page([tiny.gallery]) as served:
         yield served

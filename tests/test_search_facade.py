@@ -10,12 +10,9 @@ import sys
 
 import httpx
 import pytest
-from conftest import free_port, run
+from conftest import run, running_page
 
 import nearsight
-from nearsight.app.page import build_app
-from nearsight.app.rest import close_rest_app
-from nearsight.app.server import launch_app
 from nearsight.core.errors import NearsightError
 from nearsight.index.search.query import check_k
 
@@ -24,12 +21,8 @@ K = 5
 
 @pytest.fixture(scope="module")
 def served(onnx_gallery):
-    demo = build_app([onnx_gallery.gallery], device="cpu", analyse=False)
-    url = launch_app(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
-    yield url.rstrip("/"), demo
-    demo.close(verbose=False)
-    close_rest_app(demo.nearsight_api)
-    demo.nearsight.close()
+    with running_page([onnx_gallery.gallery], analyse=False) as (url, demo):
+        yield url.rstrip("/"), demo
 
 
 def test_every_front_end_finds_the_same_neighbours(served, onnx_gallery, capsys):
