@@ -337,3 +337,21 @@ def empty_hub(tmp_path, monkeypatch) -> Path:
     torch.hub.set_dir(str(hub))
     yield hub
     torch.hub.set_dir(previous)
+
+
+def count_python_calls(fn) -> int:
+    """Python function calls made while ``fn()`` runs (a loss whose count grows with the batch
+    loops over anchors in Python)."""
+    calls = 0
+
+    def profiler(frame, event, arg):
+        nonlocal calls
+        if event == "call":
+            calls += 1
+
+    sys.setprofile(profiler)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return calls

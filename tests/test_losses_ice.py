@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-import sys
 
 import pytest
 import torch
+from conftest import count_python_calls
 
 from nearsight.training.losses.ice import InstanceCrossEntropyLoss
 
@@ -227,22 +227,6 @@ def reference_ice_log_space(emb, labels, scale):
         for k in neg:
             grad[k] += wt_neg[k] / n * emb[a]
     return total_log / n, grad, None, None
-
-
-def count_python_calls(fn) -> int:
-    calls = 0
-
-    def profiler(frame, event, arg):
-        nonlocal calls
-        if event == "call":
-            calls += 1
-
-    sys.setprofile(profiler)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return calls
 
 
 def test_no_python_loop_over_anchors():

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-import sys
 
 import pytest
 import torch
+from conftest import count_python_calls
 
 from nearsight.training.losses.nra import NonlinearRankApproximationLoss, rank_transfer
 
@@ -247,22 +247,6 @@ def test_single_embedding_gives_zero():
     emb, _ = random_batch(1, 8, 1, seed=0)
     value, grad = autograd(NonlinearRankApproximationLoss(), emb, torch.tensor([0]))
     assert value.item() == 0.0 and torch.count_nonzero(grad) == 0
-
-
-def count_python_calls(fn) -> int:
-    calls = 0
-
-    def profiler(frame, event, arg):
-        nonlocal calls
-        if event == "call":
-            calls += 1
-
-    sys.setprofile(profiler)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return calls
 
 
 def test_no_python_loop_over_anchors():

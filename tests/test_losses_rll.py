@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-import sys
 
 import pytest
 import torch
+from conftest import count_python_calls
 
 from nearsight.training.losses.registry import build_loss
 from nearsight.training.losses.rll import RankedListLoss
@@ -166,22 +166,6 @@ def test_temperature_to_infinity_is_hardest_negative_mining():
     positive = (labels[:, None] == labels[None, :]) & ~torch.eye(16, dtype=torch.bool)
     expected += ((dist * positive).sum(1) / positive.sum(1)).mean().item()
     assert hard == pytest.approx(expected, rel=1e-9)
-
-
-def count_python_calls(fn) -> int:
-    calls = 0
-
-    def profiler(frame, event, arg):
-        nonlocal calls
-        if event == "call":
-            calls += 1
-
-    sys.setprofile(profiler)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return calls
 
 
 def test_no_python_loop_over_anchors():
