@@ -265,6 +265,19 @@ def make_tiny_gallery(root: Path, arch: str = "resnet50", seed: int = 2) -> Tiny
 
 
 @pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> TinyGallery:
+    """:func:`make_tiny_gallery`, built once per test module that asks for it."""
+    return make_tiny_gallery(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def tiny_page(tiny):
+    """(url, app): the page over the ``tiny`` gallery, served for the whole module."""
+    with running_page([tiny.gallery]) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
 def product(tmp_path_factory) -> dict:
     """A CSV manifest with shop, price and sku columns over a synthetic folder dataset."""
     import csv
@@ -324,8 +337,8 @@ def empty_hub(tmp_path, monkeypatch) -> Path:
     import torch
 
     hub = tmp_path / "hub"
+    previous = torch.hub.get_dir()  # before TORCH_HOME moves: get_dir() follows it
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))
-    previous = torch.hub.get_dir()
     torch.hub.set_dir(str(hub))
     yield hub
     torch.hub.set_dir(previous)

@@ -16,7 +16,7 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from conftest import TinyGallery, free_port, make_tiny_gallery
+from conftest import TinyGallery, free_port
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 from PIL import Image
@@ -32,11 +32,6 @@ from nearsight.models.embedder import load_embedder
 from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
 
 MAX_UPLOAD_MB = 0.25  # small, so that the oversized upload in the test is small too
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> TinyGallery:
-    return make_tiny_gallery(tmp_path_factory.mktemp("page"))
 
 
 @pytest.fixture(scope="module")
