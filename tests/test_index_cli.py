@@ -336,11 +336,11 @@ def test_two_concurrent_adds_both_land(setup, gallery_copy):
 
 
 def test_eval_json_stays_valid_when_map_at_r_is_undefined(tmp_path, capsys):
-    from nearsight.index.gallery.core import build_gallery
+    from nearsight.index.gallery.write import write_gallery
 
     vectors = np.eye(4, dtype=np.float32)
     items = [{"path": f"/x/{i}.png", "label": i} for i in range(4)]  # no class has two items
-    build_gallery(tmp_path / "g", vectors, items, model_sha256="0" * 64)
+    write_gallery(tmp_path / "g", vectors, items, model_sha256="0" * 64)
     code, out, err = run(capsys, "eval", "--gallery", tmp_path / "g", "--json")
     assert code == 0, err
     result = json.loads(out)  # strict JSON: no NaN

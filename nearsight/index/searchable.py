@@ -40,6 +40,9 @@ class SearchableGallery:
     ``len(g)`` is the number of items; :meth:`search` gives the nearest items of an image as
     dicts; :meth:`evaluate` the papers' leave-one-out metrics. Close it (or use ``with``)."""
 
+    # what built it, when nearsight.build_gallery did (a BuildReport)
+    build_report: Any = None
+
     def __init__(
         self,
         path: str | os.PathLike[str],

@@ -1,7 +1,7 @@
 """The vectors of a gallery's items, with or without ``embeddings.npy``.
 
 A gallery keeps ``embeddings.npy`` (float32 [N, D], a second copy of what the index holds)
-unless its build dropped it (``build_gallery(embeddings=...)``, ``--embeddings auto|keep|drop``;
+unless its build dropped it (``write_gallery(embeddings=...)``, ``--embeddings auto|keep|drop``;
 the catalog meta says ``embeddings_kept``). ``auto`` drops it when the vectors (N x D x 4
 bytes) exceed the memory budget (``--max-index-memory``, index.index_choice) and exact vectors
 can still be had without it: from the index (flat, IVF-Flat and HNSW store the vectors

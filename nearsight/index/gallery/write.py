@@ -80,7 +80,7 @@ def _check_vectors(vectors: np.ndarray, count: int, dim: int | None = None) -> n
     return array
 
 
-def build_gallery(
+def write_gallery(
     out_dir: str | os.PathLike[str],
     vectors: np.ndarray,
     items: Sequence[dict[str, Any]],
