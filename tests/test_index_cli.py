@@ -229,7 +229,7 @@ def test_bad_input_is_one_line_and_exit_2(setup, tmp_path, capsys):
         (["eval", "--gallery", tmp_path / "missing"], "no gallery at"),
         (["search", "--gallery", gallery, tmp_path / "nope.png"], "no such file"),
         (["search", "--gallery", gallery, unreadable], f"cannot read image {unreadable}"),
-        (["search", "--gallery", gallery, query, "--k", "0"], "--k must be at least 1"),
+        (["search", "--gallery", gallery, query, "--k", "0"], "k must be a whole number of at least 1"),
         (["index", "remove", "--gallery", tmp_path / "missing", "--ids", "1"], "no gallery at"),
         (["index", "build", "--model", tmp_path / "none.onnx", "--dataset", "folder", "--root",
           setup["data"], "--out", tmp_path / "g"], "model not found"),

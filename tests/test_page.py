@@ -23,10 +23,11 @@ from PIL import Image
 
 from nearsight.app.cli import main
 from nearsight.app.page import build_app
-from nearsight.app.page_view import GalleryView, gallery_names
+from nearsight.app.page_view import GalleryView
 from nearsight.app.server import launch_app
 from nearsight.index.analysis import Failure, confused_pairs, pair_distance_histogram
 from nearsight.index.gallery.core import Gallery
+from nearsight.index.search.served import gallery_names
 from nearsight.models.checkpoint import save_checkpoint
 from nearsight.models.embedder import load_embedder
 from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
@@ -109,7 +110,7 @@ def test_search_api_takes_k_and_the_gallery_name(tiny, client):
     assert [row["id"] for row in rows] == reference_neighbours(tiny, path, 3)[0]
     with pytest.raises(AppError, match="no gallery named 'nope'"):
         client.predict(handle_file(path), 3, "nope", api_name="/search")
-    with pytest.raises(AppError, match="k must be an integer from 1 to 64"):
+    with pytest.raises(AppError, match="k must be a whole number from 1 to 64"):
         client.predict(handle_file(path), 0, "gallery", api_name="/search")
 
 

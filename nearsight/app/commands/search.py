@@ -85,10 +85,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_search(args: argparse.Namespace) -> int:
     from nearsight.core.errors import NearsightError
+    from nearsight.index.search.checks import check_k
     from nearsight.index.search.filters import merge_conditions, parse_filters
 
-    if args.k < 1:
-        raise NearsightError(f"--k must be at least 1, got {args.k}")
+    check_k(args.k)
     if (args.queries is None) != (args.out is None):
         raise NearsightError("--queries and --out go together")
     if args.batch_size < 1:
