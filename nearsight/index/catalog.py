@@ -8,7 +8,7 @@
 - ``item_meta`` (absent in catalogs made before metadata existed): ``item_id``, ``key``,
   ``value``, one row per item and extra column (a CSV column beyond ``path,label,split``,
   ``index add --meta KEY=VALUE``). ``value`` has no declared type, so SQLite keeps each value
-  an integer, a real or text as given (typed by :func:`index.filters.typed_value`) and
+  an integer, a real or text as given (typed by :func:`nearsight.index.search.filters.typed_value`) and
   :meth:`Catalog.filter_ids` compares numbers as numbers.
 - ``meta``: ``key`` -> ``value`` where the value is JSON text (so ``dim`` comes back as an int):
   ``model_sha256``, ``dim``, ``metric``, ``index_type``, ``created`` and any extras; ``next_id``
@@ -105,7 +105,7 @@ def create_catalog(
 
 
 class Catalog:
-    """An open catalog; use :meth:`open` (or :func:`index.gallery_files.open_catalog_dir`),
+    """An open catalog; use :meth:`open` (or :func:`nearsight.index.gallery.files.open_catalog_dir`),
     ideally in a ``with``."""
 
     def __init__(self, db: Database, path: Path):
@@ -235,7 +235,7 @@ class Catalog:
     def filter_ids(
         self, conditions: Sequence[Condition], *, time_limit_s: float = FILTER_TIME_LIMIT_S
     ) -> np.ndarray:
-        """Sorted int64 ids of the items meeting every condition (index.search.filters).
+        """Sorted int64 ids of the items meeting every condition (nearsight.index.search.filters).
 
         The query runs on a connection of its own, read-only and outside the catalog's lock, so
         a slow filter never makes other searches of the gallery wait; past ``time_limit_s`` it

@@ -203,5 +203,5 @@ class _Source:
         for number in np.unique(file_of):
             mask = file_of == number
             out[mask] = self._arrays[number][ids[mask] - self.starts[number]]
-        # as index.chunks.read_vectors made them for the index: unit rows
+        # as nearsight.index.chunks.read_vectors made them for the index: unit rows
         return out / np.linalg.norm(out, axis=1, keepdims=True)

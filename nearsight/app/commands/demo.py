@@ -4,7 +4,7 @@ data synth -> train (briefly, a seed loss) -> export ONNX -> index build (the un
 classes, once with the trained network and once with the same network before training) ->
 eval -> serve both galleries. Each step says what it does and how long it took; a finished step
 is reused, so a second run opens the page in seconds. Every step calls the library functions
-its own subcommand calls (training.run.train, models.export.export_onnx, index.gallery).
+its own subcommand calls (nearsight.training.run.train, nearsight.models.export.export_onnx, nearsight.index.gallery).
 """
 
 from __future__ import annotations

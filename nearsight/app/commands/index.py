@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from nearsight.app.commands import index_import
 from nearsight.app.commands.catalog_options import add_catalog_options
@@ -14,6 +14,10 @@ from nearsight.app.commands.index_add import run_add, run_remove
 from nearsight.app.commands.index_build import run_build
 from nearsight.app.commands.model_options import add_foreign_model_options
 from nearsight.index.gallery.defaults import DEFAULT_BATCH_SIZE, DEFAULT_CHUNK_SIZE
+
+if TYPE_CHECKING:  # typing only: the CLI loads these when a command runs
+    from nearsight.index.gallery.core import Gallery
+    from nearsight.models.embedder import Embedder
 
 # index.faiss_index.INDEX_TYPES, written out: importing it would load faiss for every command
 INDEX_TYPES = ["auto", "flat", "ivf", "ivfpq", "opq", "hnsw"]
@@ -160,7 +164,7 @@ def _add_embedding_options(parser: argparse.ArgumentParser) -> None:
 # -- shared with search ----------------------------------------------------------------------
 
 
-def load_gallery_model(gallery: Any, override: Path | None, device: str = "auto") -> Any:
+def load_gallery_model(gallery: Gallery, override: Path | None, device: str = "auto") -> Embedder:
     """The embedder for ``gallery``: ``override`` or the model path its meta records; checked
     to be the model the gallery was built with."""
     return gallery.load_model(override, device=device)

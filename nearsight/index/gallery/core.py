@@ -22,7 +22,7 @@ import os
 import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import faiss
 import numpy as np
@@ -36,6 +36,7 @@ from nearsight.index.gallery.load import read_folder
 from nearsight.index.rerank.search import reranked_search
 from nearsight.index.rerank.spec import RerankSpec, parse_rerank
 from nearsight.index.search import filtered
+from nearsight.index.search.checks import check_k
 from nearsight.index.search.exclude import without_keys
 from nearsight.index.search.faiss_index import (
     HNSW_EF_SEARCH,
@@ -48,6 +49,9 @@ from nearsight.index.search.filters import Condition, parse_filter
 from nearsight.index.search.index_choice import parse_memory
 from nearsight.index.search.tuning import REFINE_FACTOR, refine
 from nearsight.index.vector_store import VectorStore
+
+if TYPE_CHECKING:  # typing only: the embedders' modules load onnxruntime
+    from nearsight.models.embedder import Embedder
 
 # -- the open gallery ------------------------------------------------------------------------
 
@@ -67,7 +71,7 @@ class Gallery:
     # -- opening -----------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, gallery_dir: str | os.PathLike[str], *, model: Any = None) -> Gallery:
+    def open(cls, gallery_dir: str | os.PathLike[str], *, model: Embedder | None = None) -> Gallery:
         """Open and check the gallery at ``gallery_dir``; with ``model`` (an Embedder: ``dim``
         and ``model_sha256``) also check it is the model the gallery was built with."""
         gallery = cls(Path(gallery_dir).expanduser().absolute())
@@ -140,12 +144,12 @@ class Gallery:
         *,
         device: str = "auto",
         optimization: str = "all",
-    ) -> Any:
+    ) -> Embedder:
         """The embedder of this gallery's queries (``override`` or its recorded model, run
         as its recorded spec says), checked to be the model it was built with."""
         return gallery_model.load_model(self, override, device=device, optimization=optimization)
 
-    def check_model(self, model: Any, name: str | os.PathLike[str] | None = None) -> None:
+    def check_model(self, model: Embedder, name: str | os.PathLike[str] | None = None) -> None:
         """GalleryError unless ``model`` (``dim``, ``model_sha256``) is the gallery's model."""
         gallery_model.check_model(self, model, name)
 
@@ -162,7 +166,7 @@ class Gallery:
     def embeddings(self) -> np.ndarray:
         """float32 [N, D]; row i is the vector of ``ids[i]``. Without segments or removals,
         the memory-mapped embeddings.npy itself; else (or when the gallery has no
-        embeddings.npy) gathered once, on first use, by :class:`index.vector_store.VectorStore`
+        embeddings.npy) gathered once, on first use, by :class:`nearsight.index.vector_store.VectorStore`
         (read back from the index: approximate for PQ types, see :attr:`vectors_exact`)."""
         if self._embeddings is None:
             _, base = self._base
@@ -234,8 +238,7 @@ class Gallery:
                 ids=ids,
                 exclude=exclude,
             )
-        if k < 1:
-            raise NearsightError(f"k must be a positive integer, got {k}")
+        k = check_k(k)
         if exclude is not None:  # one deeper, then each row without its excluded id
             distances, found = self.search(vectors, k + 1, ids=ids)
             found, distances = without_keys(np.asarray(exclude, np.int64), found, distances)
