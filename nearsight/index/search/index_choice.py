@@ -17,9 +17,9 @@ budget B bytes:
    plus an 8-byte id, searched with an exact re-rank of the candidates from embeddings.npy.
 
 nlist is the power of two nearest sqrt(N) (nearsight.index.search.faiss_index.ivf_parameters; autofaiss takes
-4 sqrt(N) below 1M items and 16k-256k lists past that, which this 2-core machine could not
-train and fill in minutes), trained, like autofaiss, on a capped sample (64 points per list). autofaiss tunes nprobe/efSearch for a
-latency target; nearsight tunes them for a recall target (index.tuning).
+4 sqrt(N) below 1M items and 16k-256k lists past that: too slow to train and fill on a small
+machine, docs/decisions.md "Index choice"), trained, like autofaiss, on a capped sample (64 points per list). autofaiss tunes nprobe/efSearch for a
+latency target; nearsight tunes them for a recall target (nearsight.index.search.tuning).
 """
 
 from __future__ import annotations
