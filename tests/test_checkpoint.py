@@ -16,11 +16,9 @@ from nearsight.models.checkpoint import (
     checkpoint_sha256,
     load_checkpoint,
     load_embedding_net,
-    model_config,
     save_checkpoint,
 )
 from nearsight.models.embedding import EmbeddingConfig, EmbeddingNet
-from nearsight.models.spec import ModelSpec
 
 
 @pytest.fixture(scope="module")
@@ -71,20 +69,9 @@ def test_payload_layout_and_extra_state(trained):
     net, path = trained
     payload = load_checkpoint(path)
     assert payload["format"] == "nearsight-checkpoint"
-    assert payload["version"] == 1
-    assert "model_config" not in payload  # the spec is the one record of the model's fields
+    assert payload["version"] == 2
+    assert "model_config" not in payload  # the network is described once, by its spec
     assert payload["model_training"] == {"pretrained": "imagenet", "freeze_bn": True}
-    assert model_config(payload) == {
-        "dim": 12,
-        "pooling": "avgmax",
-        "pretrained": "imagenet",
-        "freeze_bn": True,
-        "image_size": 224,
-        "arch": "resnet18",
-        "feature_norm": "none",
-        "heads": ["layer4"],
-        "embedding": "last",
-    }
     # the spec: what runs the model reads (training settings such as pretrained are not in it)
     assert payload["model_spec"] == {
         "arch": "resnet18",
@@ -201,35 +188,26 @@ def test_weights_that_do_not_match_the_config(tmp_path, trained):
     with pytest.raises(NearsightError, match="bad.pt: weights do not match the stored config"):
         load_embedding_net(bad)
 
-    payload["model_spec"]["colour"] = "red"
+    payload["model_spec"] = {"dim": 12, "colour": "red"}
     torch.save(payload, bad)
-    with pytest.raises(NearsightError, match="bad model_spec: model spec: unknown field"):
-        load_embedding_net(bad)
-
-    payload["model_config"] = {"dim": 12, "colour": "red"}  # an older checkpoint's whole config
-    torch.save(payload, bad)
-    with pytest.raises(NearsightError, match="bad model_config: unknown embedding setting"):
+    with pytest.raises(NearsightError, match="bad model description: model spec: unknown"):
         load_embedding_net(bad)
 
 
-def test_an_old_checkpoint_with_config_and_spec_still_loads(tmp_path, trained):
-    """Written as save_checkpoint wrote them before the spec was stored once: the whole
-    model_config beside the model_spec."""
+def test_a_version_1_checkpoint_with_its_model_config_still_loads(tmp_path, trained):
+    """Version 1 stored the network twice (model_config beside model_spec); it still loads,
+    from model_config, as do files from before model_spec existed."""
     net, path = trained
     payload = load_checkpoint(path)
-    old = {key: value for key, value in payload.items() if key != "model_training"}
-    old["model_config"] = net.config.to_dict()
-    legacy = tmp_path / "legacy.pt"
-    torch.save(old, legacy)
-    loaded = load_embedding_net(legacy)
-    assert loaded.config == net.config
-    for key, value in net.state_dict().items():
-        assert torch.equal(loaded.state_dict()[key], value), key
-
-
-def test_a_spec_that_does_not_describe_the_net_is_refused(tmp_path):
-    net = EmbeddingNet(EmbeddingConfig(dim=8, image_size=32, arch="resnet18"))
-    spec = ModelSpec(arch="resnet18", dim=9, image_size=32, feature_norm="batchnorm")
-    with pytest.raises(ValueError, match="does not describe the net"):
-        save_checkpoint(tmp_path / "x.pt", net, spec=spec)
-    assert not (tmp_path / "x.pt").exists()
+    payload["version"] = 1
+    payload["model_config"] = net.config.to_dict()
+    del payload["model_training"]
+    for name, keep_spec in (("v1.pt", True), ("older.pt", False)):
+        old = (
+            dict(payload) if keep_spec else {k: v for k, v in payload.items() if k != "model_spec"}
+        )
+        torch.save(old, tmp_path / name)
+        loaded = load_embedding_net(tmp_path / name)
+        assert loaded.config == net.config
+        for key, value in net.state_dict().items():
+            assert torch.equal(loaded.state_dict()[key], value), key

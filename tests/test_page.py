@@ -16,16 +16,18 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from conftest import TinyGallery, free_port, running_page
+from conftest import TinyGallery, free_port
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 from PIL import Image
 
 from nearsight.app.cli import main
 from nearsight.app.page import build_app
-from nearsight.app.page_view import GalleryView, gallery_names
+from nearsight.app.page_view import GalleryView
+from nearsight.app.server import launch_app
 from nearsight.index.analysis import Failure, confused_pairs, pair_distance_histogram
 from nearsight.index.gallery.core import Gallery
+from nearsight.index.search.served import gallery_names
 from nearsight.models.checkpoint import save_checkpoint
 from nearsight.models.embedder import load_embedder
 from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
@@ -46,8 +48,18 @@ def test_split_gallery(tiny) -> Path:
 @pytest.fixture(scope="module")
 def server(tiny, test_split_gallery):
     """(url, demo): the page over both galleries, served on 127.0.0.1 for the whole module."""
-    with running_page([tiny.gallery, test_split_gallery], max_upload_mb=MAX_UPLOAD_MB) as served:
-        yield served
+    demo = build_app([tiny.gallery, test_split_gallery], device="cpu")
+    url = launch_app(
+        demo,
+        port=free_port(),
+        max_upload_mb=MAX_UPLOAD_MB,
+        prevent_thread_lock=True,
+        quiet=True,
+    )
+    assert demo.nearsight.wait_analysis(timeout=120)
+    yield url, demo
+    demo.close(verbose=False)
+    demo.nearsight.close()
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +110,7 @@ def test_search_api_takes_k_and_the_gallery_name(tiny, client):
     assert [row["id"] for row in rows] == reference_neighbours(tiny, path, 3)[0]
     with pytest.raises(AppError, match="no gallery named 'nope'"):
         client.predict(handle_file(path), 3, "nope", api_name="/search")
-    with pytest.raises(AppError, match="k must be an integer from 1 to 64"):
+    with pytest.raises(AppError, match="k must be a whole number from 1 to 64"):
         client.predict(handle_file(path), 0, "gallery", api_name="/search")
 
 

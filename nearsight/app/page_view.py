@@ -1,10 +1,14 @@
-"""A served gallery as the page sees it, without Gradio: its searches
-(:class:`~nearsight.app.served.ServedGallery`) plus thumbnails and the gallery's cached
-leave-one-out analysis (:mod:`nearsight.index.analysis`).
+"""One gallery as the page sees it, without Gradio: the served gallery
+(:class:`nearsight.index.search.served.ServedGallery`: searches by image or by item, public
+paths) plus thumbnails and the gallery's cached leave-one-out analysis
+(:mod:`nearsight.index.analysis`).
 
-A :class:`GalleryView` wraps one open :class:`~nearsight.index.gallery.Gallery` and the embedder
-that matches it. Its analysis is computed once (the first caller computes it, the others wait)
-and cached; the page starts it in a background thread so that the server answers at once.
+The analysis is computed once (the first caller computes it, the others wait) and cached; the
+page starts it in a background thread so that the server answers at once.
+
+A gallery item used as a query is left out of its own results (by id, so an exact duplicate of
+it still counts as a neighbour). An uploaded image is not a gallery item and nothing is removed
+from its results: an upload of a gallery file finds that item at distance 0.
 """
 
 from __future__ import annotations
@@ -13,26 +17,21 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING
 
-from nearsight.app.served import ServedGallery, class_names  # noqa: F401  (re-exported)
 from nearsight.core.errors import NearsightError
 from nearsight.index.analysis import ANALYSIS_MAX_ITEMS, Analysis, analyse
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.images import load_image
-from nearsight.index.search.query import Neighbour  # noqa: F401  (re-exported)
-from nearsight.index.verdicts import THUMBNAIL_SIDE, thumbnail_uri  # noqa: F401  (re-exported)
-
-if TYPE_CHECKING:  # the serving path does not import torch
-    from nearsight.models.embedder import Embedder
+from nearsight.index.search.served import ServedGallery, open_served
+from nearsight.index.verdicts import thumbnail_uri
+from nearsight.models.embedder import Embedder
 
 THUMBNAIL_CACHE_ITEMS = 4096  # per gallery; ~6 KB each as base64 JPEG
 
 
 class GalleryView(ServedGallery):
-    """A served gallery as the page sees it: its searches (:class:`ServedGallery`) plus
-    thumbnails and the cached analysis. Safe to use from several threads."""
+    """A served gallery with the page's thumbnails and analysis. Safe to use from several
+    threads."""
 
     def __init__(
         self,
@@ -82,57 +81,10 @@ class GalleryView(ServedGallery):
         return self._analysis
 
 
-# -- opening galleries with their model --------------------------------------------------------
-
-
 def open_views(
     gallery_dirs: Sequence[str | os.PathLike[str]],
     model: str | os.PathLike[str] | None = None,
     device: str = "auto",
 ) -> list[GalleryView]:
-    """Open every gallery with the model that embeds its uploads: ``model`` (which must match
-    all of them) or the model path each gallery's meta records. One embedder per model file.
-    Raises NearsightError (one line) for a missing/damaged gallery or a model that does not
-    match."""
-    from nearsight.index.gallery.model import foreign_spec
-    from nearsight.models.embedder import load_embedder
-
-    embedders: dict[tuple[Path, str], Embedder] = {}
-    views: list[GalleryView] = []
-    names = gallery_names(gallery_dirs)
-    try:
-        for name, folder in zip(names, gallery_dirs, strict=True):
-            gallery = Gallery.open(folder)
-            try:
-                path = gallery.model_path(model)
-                spec = foreign_spec(gallery)  # a model exported elsewhere runs as recorded
-                key = (path.expanduser().resolve(), spec.to_json() if spec else "")
-                if key not in embedders:
-                    embedders[key] = load_embedder(path, device=device, spec=spec)
-                gallery.check_model(embedders[key], path)
-            except BaseException:
-                gallery.close()
-                raise
-            views.append(GalleryView(name, gallery, embedders[key]))
-    except BaseException:
-        for view in views:
-            view.close()
-        raise
-    return views
-
-
-def gallery_names(gallery_dirs: Sequence[str | os.PathLike[str]]) -> list[str]:
-    """Short unique names for the dropdown: the folder names, with a parent folder added (or a
-    number) where two galleries share a name."""
-    paths = [Path(folder).expanduser().absolute() for folder in gallery_dirs]
-    plain = [path.name or str(path) for path in paths]
-    names = [
-        f"{path.parent.name}/{name}" if plain.count(name) > 1 and path.parent.name else name
-        for path, name in zip(paths, plain, strict=True)
-    ]
-    seen: dict[str, int] = {}
-    unique = []
-    for name in names:
-        seen[name] = seen.get(name, 0) + 1
-        unique.append(name if seen[name] == 1 else f"{name} ({seen[name]})")
-    return unique
+    """:func:`~nearsight.index.search.served.open_served`, as the page's views."""
+    return open_served(gallery_dirs, model, device, kind=GalleryView)

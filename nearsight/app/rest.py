@@ -37,12 +37,12 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from nearsight.app.batcher import DEFAULT_MAX_WAITING, BatcherFull, EmbedBatcher
-from nearsight.app.served import ServedGallery
 from nearsight.core.errors import NearsightError
 from nearsight.index.gallery.keys import ids_of_keys
 from nearsight.index.images import ImageLoadError, load_image_bytes
 from nearsight.index.rerank.spec import parse_rerank
 from nearsight.index.search.query import check_vector, item_row
+from nearsight.index.search.served import ServedGallery
 
 API_PREFIX = "/api"
 API_KEY_ENV = "NEARSIGHT_API_KEY"

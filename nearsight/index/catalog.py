@@ -33,12 +33,15 @@ import numpy as np
 
 from nearsight.core.errors import NearsightError
 from nearsight.index.catalog_filter import run_filter
-from nearsight.index.catalog_rows import (  # noqa: F401  (ITEM_COLUMNS re-exported)
+from nearsight.index.catalog_rows import (
     INSERT_ITEM,
+    INSERT_ITEM_META,
     ITEM_COLUMNS,
+    ITEM_META_INDEX,
+    ITEM_META_TABLE,
     META_COLUMNS,
     UPSERT_META,
-    decode_value,
+    decode_meta,
     item_meta,
     item_meta_values,
     item_row,
@@ -52,12 +55,6 @@ from nearsight.index.search.filters import (
 from nearsight.index.sqlite_db import Database
 
 CATALOG_FILE = "catalog.db"
-ITEM_META_TABLE = (
-    "CREATE TABLE IF NOT EXISTS item_meta (item_id INTEGER NOT NULL, key TEXT NOT NULL, "
-    "value NOT NULL, PRIMARY KEY (item_id, key)) WITHOUT ROWID"
-)
-ITEM_META_INDEX = "CREATE INDEX IF NOT EXISTS item_meta_key ON item_meta (key, value)"
-_INSERT_ITEM_META = "INSERT OR REPLACE INTO item_meta (item_id, key, value) VALUES (?, ?, ?)"
 _SQLITE_HEADER = b"SQLite format 3\x00"
 _CHUNK = 500  # ids per "IN (...)" query, well under SQLite's variable limit
 FILTER_TIME_LIMIT_S = 2.0  # one filter query; past it the search is refused
@@ -94,7 +91,7 @@ def create_catalog(
             db.conn.executemany(INSERT_ITEM, [row_values(row) for row in rows])
             db.conn.execute(ITEM_META_TABLE)
             db.conn.execute(ITEM_META_INDEX)
-            db.conn.executemany(_INSERT_ITEM_META, item_meta_values(rows, extras))
+            db.conn.executemany(INSERT_ITEM_META, item_meta_values(rows, extras))
             db.conn.executemany(UPSERT_META, meta_values(meta))
     except sqlite3.IntegrityError as error:
         db.close()
@@ -167,7 +164,7 @@ class Catalog:
     def meta(self) -> dict[str, object]:
         with self._guard():
             rows = self._db.execute("SELECT key, value FROM meta ORDER BY key").fetchall()
-        return {key: decode_value(value) for key, value in rows}
+        return {key: decode_meta(value) for key, value in rows}
 
     def items(self, ids: Iterable[int] | None = None) -> list[dict[str, Any]]:
         """All items, or those with ``ids`` (unknown ids are skipped), ordered by id. Each row
@@ -234,7 +231,7 @@ class Catalog:
     def filter_ids(
         self, conditions: Sequence[Condition], *, time_limit_s: float = FILTER_TIME_LIMIT_S
     ) -> np.ndarray:
-        """Sorted int64 ids of the items meeting every condition (index.search.filters).
+        """Sorted int64 ids of the items meeting every condition (nearsight.index.search.filters).
 
         The query runs on a connection of its own, read-only and outside the catalog's lock, so
         a slow filter never makes other searches of the gallery wait; past ``time_limit_s`` it
@@ -308,7 +305,7 @@ class Catalog:
             stored_next = conn.execute("SELECT value FROM meta WHERE key = 'next_id'").fetchone()
         start = 0 if highest is None else int(highest) + 1
         if stored_next is not None:
-            start = max(start, int(decode_value(stored_next[0])))
+            start = max(start, int(decode_meta(stored_next[0])))
         return start
 
     def add_items(
@@ -331,7 +328,7 @@ class Catalog:
             if any(extras):  # an old catalog gets the table on its first metadata
                 conn.execute(ITEM_META_TABLE)
                 conn.execute(ITEM_META_INDEX)
-                conn.executemany(_INSERT_ITEM_META, item_meta_values(rows, extras))
+                conn.executemany(INSERT_ITEM_META, item_meta_values(rows, extras))
             updates = {**(meta or {}), "next_id": start + len(rows)}
             conn.executemany(UPSERT_META, meta_values(updates))
         return [row["id"] for row in rows]

@@ -1,6 +1,5 @@
-"""A catalog's rows: how an item dict and a meta value become the SQLite rows of
-:mod:`nearsight.index.catalog` (checked, typed, JSON-encoded) and come back.
-"""
+"""How catalog items and meta become SQLite rows and back: the table columns, the item
+metadata table, and the conversions (nearsight/index/catalog.py runs the queries)."""
 
 from __future__ import annotations
 
@@ -23,6 +22,12 @@ ITEM_COLUMNS: dict[str, type] = {
     "height": int,
 }
 META_COLUMNS: dict[str, type] = {"key": str, "value": str}
+ITEM_META_TABLE = (
+    "CREATE TABLE IF NOT EXISTS item_meta (item_id INTEGER NOT NULL, key TEXT NOT NULL, "
+    "value NOT NULL, PRIMARY KEY (item_id, key)) WITHOUT ROWID"
+)
+ITEM_META_INDEX = "CREATE INDEX IF NOT EXISTS item_meta_key ON item_meta (key, value)"
+INSERT_ITEM_META = "INSERT OR REPLACE INTO item_meta (item_id, key, value) VALUES (?, ?, ?)"
 INSERT_ITEM = (
     f"INSERT INTO items ({', '.join(ITEM_COLUMNS)}) VALUES ({', '.join('?' * len(ITEM_COLUMNS))})"
 )
@@ -64,10 +69,10 @@ def row_values(row: dict[str, Any]) -> tuple:
 
 
 def meta_values(values: dict[str, object]) -> list[tuple[str, str]]:
-    return [(str(key), json.dumps(value, default=to_json)) for key, value in values.items()]
+    return [(str(key), json.dumps(value, default=_to_json)) for key, value in values.items()]
 
 
-def to_json(value: object) -> object:
+def _to_json(value: object) -> object:
     if isinstance(value, np.generic | np.ndarray):
         return value.tolist()
     if isinstance(value, os.PathLike):
@@ -75,7 +80,7 @@ def to_json(value: object) -> object:
     raise TypeError(f"catalog meta values must be JSON-serialisable, got {type(value).__name__}")
 
 
-def decode_value(text: str) -> object:
+def decode_meta(text: str) -> object:
     try:
         return json.loads(text)
     except (TypeError, ValueError):

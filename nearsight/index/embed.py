@@ -23,7 +23,7 @@ from nearsight.index.images import ImageLoadError, load_image
 from nearsight.models.preprocess import test_transform
 from nearsight.models.spec import default_resize
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # typing only: the embedders' modules load onnxruntime
     from nearsight.models.embedder import Embedder
 
 
@@ -120,7 +120,7 @@ def embed_files(
     workers: int = 0,
     desc: str = "embedding",
 ) -> EmbeddingResult:
-    """``embed_paths`` with a loaded embedder (``models.embedder``), at the image size and
+    """``embed_paths`` with a loaded embedder (``nearsight.models.embedder``), at the image size and
     resize its model records."""
     return embed_paths(
         embedder.embed,

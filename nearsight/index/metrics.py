@@ -48,12 +48,8 @@ import faiss
 import numpy as np
 
 from nearsight.core.errors import NearsightError
-from nearsight.index.nmi import (  # noqa: F401  (re-exported)
-    KMEANS_INITS,
-    NMI_AVERAGES,
-    cluster_nmi,
-    normalized_mutual_info,
-)
+from nearsight.index.metric_inputs import prepare_embeddings
+from nearsight.index.nmi import nmi
 from nearsight.index.search.exclude import without_keys
 
 CUB_KS: tuple[int, ...] = (1, 2, 4, 8)  # CUB-200-2011, CARS196
@@ -83,7 +79,7 @@ def recall_at_k(
 ) -> dict[int, float]:
     """Recall@k for each k in ``ks``: {k: share of queries with a same-class item in the top k}.
     A k larger than N - 1 is evaluated on all N - 1 other items."""
-    vectors, codes = _prepare(embeddings, labels)
+    vectors, codes = prepare_embeddings(embeddings, labels)
     ks = _check_ks(ks)
     recalls, _ = _retrieval_scores(vectors, codes, ks, with_map=False, chunk=chunk)
     return recalls
@@ -91,27 +87,9 @@ def recall_at_k(
 
 def map_at_r(embeddings: np.ndarray, labels: Sequence | np.ndarray, *, chunk: int = 4096) -> float:
     """MAP@R (Musgrave et al. 2020); queries whose class has no other item are excluded."""
-    vectors, codes = _prepare(embeddings, labels)
+    vectors, codes = prepare_embeddings(embeddings, labels)
     _, mean_ap = _retrieval_scores(vectors, codes, (), with_map=True, chunk=chunk)
     return mean_ap
-
-
-def nmi(
-    embeddings: np.ndarray,
-    labels: Sequence | np.ndarray,
-    *,
-    seed: int = 0,
-    niter: int = 20,
-    init: str = "k-means++",
-    average: str = "arithmetic",
-) -> float:
-    """NMI between the labels and a k-means clustering (k = number of classes) of the
-    embeddings. ``init``: "k-means++" (default; MATLAB's and scikit-learn's default, which the
-    original DML evaluation code used), "afk-mc2" (faiss's fast approximation of k-means++, for
-    galleries with thousands of classes) or "random" (faiss's default: often merges clusters).
-    ``average``: how the two entropies normalise the mutual information (NMI_AVERAGES)."""
-    vectors, codes = _prepare(embeddings, labels)
-    return cluster_nmi(vectors, codes, seed=seed, niter=niter, init=init, average=average)
 
 
 def evaluate(
@@ -136,7 +114,7 @@ def evaluate(
     Q / N of the O(N^2) cost. NMI always clusters the whole gallery (k-means is O(N)).
     ``reorder(query_rows, neighbour_rows)``: re-ranks each query's ``reorder_depth`` (or more)
     nearest other rows before scoring (nearsight.index.rerank); NMI is unaffected."""
-    vectors, codes = _prepare(embeddings, labels)
+    vectors, codes = prepare_embeddings(embeddings, labels)
     ks = _check_ks(ks)
     query_ids = _sample_queries(len(vectors), queries, seed)
     recalls, mean_ap = _retrieval_scores(
@@ -158,24 +136,6 @@ def evaluate(
 
 
 # ---------------------------------------------------------------- internals
-
-
-def _prepare(embeddings, labels) -> tuple[np.ndarray, np.ndarray]:
-    """float32 C-contiguous [N, D] vectors and int64 class codes 0..C-1 for faiss/numpy."""
-    vectors = np.ascontiguousarray(np.asarray(embeddings), dtype=np.float32)
-    if vectors.ndim != 2 or vectors.shape[1] == 0:
-        raise NearsightError(f"embeddings must be a 2-D array [N, D], got shape {vectors.shape}")
-    labels = np.asarray(labels)
-    if labels.ndim != 1 or len(labels) != len(vectors):
-        raise NearsightError(
-            f"labels must be one per embedding: {labels.shape} labels for {len(vectors)} embeddings"
-        )
-    if len(vectors) < 2:
-        raise NearsightError(f"need at least 2 items to evaluate retrieval, got {len(vectors)}")
-    if not np.isfinite(vectors).all():
-        raise NearsightError("embeddings contain NaN or infinite values")
-    _, codes = np.unique(labels, return_inverse=True)
-    return vectors, codes.astype(np.int64).reshape(-1)
 
 
 def _sample_queries(n: int, queries: int | None, seed: int) -> np.ndarray | None:

@@ -1,15 +1,20 @@
-"""NMI of the papers: k-means on the embeddings (faiss; k = number of classes; k-means++
-seeding, fixed seed), then the normalised mutual information between the clusters and the
-labels, computed in numpy from the contingency table (the protocol: :mod:`nearsight.index.metrics`,
-whose ``nmi`` prepares the embeddings and calls :func:`cluster_nmi`).
+"""NMI, as the deep-metric-learning papers compute it: k-means on the embeddings (faiss;
+k = number of classes; k-means++ seeding, as in the MATLAB and scikit-learn k-means of the
+original evaluation code; fixed seed), then the normalised mutual information between the
+cluster assignment and the labels, from the contingency table in numpy (the arithmetic or the
+geometric mean of the two entropies: nearsight/index/metrics.py's docstring says which papers
+use which). No scikit-learn: this is on the serving path (``nearsight eval``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import faiss
 import numpy as np
 
 from nearsight.core.errors import NearsightError
+from nearsight.index.metric_inputs import prepare_embeddings
 
 # how NMI normalises the mutual information: by the mean of the two entropies, or their
 # geometric mean (scikit-learn's average_method names)
@@ -21,17 +26,21 @@ KMEANS_INITS = {
 }
 
 
-def cluster_nmi(
-    vectors: np.ndarray,
-    codes: np.ndarray,
+def nmi(
+    embeddings: np.ndarray,
+    labels: Sequence | np.ndarray,
     *,
     seed: int = 0,
     niter: int = 20,
     init: str = "k-means++",
     average: str = "arithmetic",
 ) -> float:
-    """:func:`nearsight.index.metrics.nmi` of prepared float32 ``vectors`` and class codes
-    0..C-1."""
+    """NMI between the labels and a k-means clustering (k = number of classes) of the
+    embeddings. ``init``: "k-means++" (default; MATLAB's and scikit-learn's default, which the
+    original DML evaluation code used), "afk-mc2" (faiss's fast approximation of k-means++, for
+    galleries with thousands of classes) or "random" (faiss's default: often merges clusters).
+    ``average``: how the two entropies normalise the mutual information (NMI_AVERAGES)."""
+    vectors, codes = prepare_embeddings(embeddings, labels)
     _check_average(average)
     if init not in KMEANS_INITS:
         raise NearsightError(f"k-means init must be one of {', '.join(KMEANS_INITS)}, got {init!r}")

@@ -23,7 +23,6 @@ from PIL import Image
 
 from nearsight.core.errors import NearsightError
 from nearsight.index.images import load_image
-from nearsight.index.search.query import Neighbour
 from nearsight.index.verdicts import FRAME_COLOURS, QUERY_COLOUR, correctness, thumbnail_uri
 
 NOTEBOOK_THUMBNAIL = 96  # pixels, the longer side of a notebook grid's thumbnails
@@ -203,15 +202,14 @@ def _query_html(results: SearchResults, number: int | None = None) -> str:
 
 
 def as_results(
-    answers: Sequence[Sequence[Neighbour]],
+    answers: Sequence[Sequence[dict[str, Any]]],
     queries: Sequence[Any],
     labels: Sequence[int | None],
 ) -> list[SearchResults]:
-    """Neighbours (``nearsight.index.search.query.search``) as :class:`SearchResults`, rank
-    first in each dict."""
+    """Ranked rows (``search_rows``) as :class:`SearchResults`, rank first in each dict."""
     return [
         SearchResults(
-            ({"rank": n.rank, **n.as_json()} for n in rows),
+            ({"rank": rank, **row} for rank, row in enumerate(rows, start=1)),
             query=query,
             query_label=label,
         )

@@ -20,9 +20,10 @@ from nearsight.index.gallery.core import Gallery
 from nearsight.index.images import load_image
 from nearsight.index.rerank.spec import RerankSpec
 from nearsight.index.results import ResultsList, SearchResults, as_results
-from nearsight.index.search.query import check_k, check_vector, item_vector, resolve_rerank, search
+from nearsight.index.search.checks import check_k
+from nearsight.index.search.query import check_vector, item_vector, resolve_rerank, search_rows
 
-if TYPE_CHECKING:  # the serving path does not import torch
+if TYPE_CHECKING:  # typing only: the embedders' modules load onnxruntime
     from nearsight.models.embedder import Embedder
 
 ImageLike = str | os.PathLike[str] | Image.Image | np.ndarray
@@ -36,6 +37,9 @@ class SearchableGallery:
 
     ``len(g)`` is the number of items; :meth:`search` gives the nearest items of an image as
     dicts; :meth:`evaluate` the papers' leave-one-out metrics. Close it (or use ``with``)."""
+
+    # what built it, when nearsight.build_gallery did (a BuildReport)
+    build_report: Any = None
 
     def __init__(
         self,
@@ -186,7 +190,7 @@ class SearchableGallery:
         queries: Sequence[Any],
         labels: Sequence[int | None],
     ) -> list[SearchResults]:
-        answers = search(self.gallery, vectors, k, filters=filters, rerank=rerank)
+        answers = search_rows(self.gallery, vectors, k, filters=filters, rerank=rerank)
         return as_results(answers, queries, labels)
 
     def evaluate(

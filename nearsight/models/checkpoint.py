@@ -1,16 +1,16 @@
-"""Checkpoint I/O: a checkpoint carries the network's config, so it loads without training code.
+"""Checkpoint I/O: a checkpoint carries the network's spec, so it loads without training code.
 
 File layout (torch.save, loadable with ``weights_only=True``)::
 
-    {"format": "nearsight-checkpoint", "version": 1,
-     "model_spec": ModelSpec.to_dict(), "model_training": {"pretrained", "freeze_bn"},
+    {"format": "nearsight-checkpoint", "version": 2,
+     "model_spec": ModelSpec.to_dict(), "model_training": {"pretrained": ..., "freeze_bn": ...},
      "state_dict": EmbeddingNet.state_dict(), **extra}
 
-``model_spec`` (:mod:`nearsight.models.spec`) is the one record of the model's fields, read by
-everyone who runs the model; ``model_training`` holds only the network settings the spec lacks
-(:data:`TRAINING_FIELDS`), so :func:`model_config` rebuilds the network's config from the two.
-Older checkpoints stored the whole config as ``model_config`` (beside a spec, or alone, from
-before the spec existed); they still load.
+``model_spec`` (:mod:`nearsight.models.spec`) is the one description of the network, what
+everyone who runs the model reads and what rebuilds it; ``model_training`` holds only what the
+spec lacks (the weights training started from, whether BatchNorm was frozen). Version 1 files
+stored the network a second time as ``model_config`` (:class:`EmbeddingConfig`); they still
+load, and those from before ``model_spec`` existed get their spec from it.
 
 ``extra`` is where the trainer puts its state (optimiser, sampler, step, metrics...). It must
 hold only plain Python types (dict, list, tuple, str, int, float, bool, None) and tensors, so
@@ -31,19 +31,13 @@ from torch import nn
 from nearsight.core.atomic import atomic_write_path
 from nearsight.core.errors import NearsightError
 from nearsight.models.embedding import EmbeddingConfig, EmbeddingNet
-from nearsight.models.spec import (
-    SPEC_KEY,
-    ModelSpec,
-    spec_from_checkpoint,
-    spec_from_model_config,
-)
+from nearsight.models.spec import SPEC_KEY, ModelSpec, spec_from_checkpoint
 
 CHECKPOINT_FORMAT = "nearsight-checkpoint"
-CHECKPOINT_VERSION = 1
-LEGACY_CONFIG_KEY = "model_config"  # the whole EmbeddingConfig, written before the spec sufficed
-TRAINING_KEY = "model_training"
-TRAINING_FIELDS = ("pretrained", "freeze_bn")  # EmbeddingConfig's fields that the spec lacks
-RESERVED_KEYS = ("format", "version", LEGACY_CONFIG_KEY, TRAINING_KEY, "state_dict", SPEC_KEY)
+CHECKPOINT_VERSION = 2
+TRAINING_KEY = "model_training"  # what the spec lacks: EmbeddingConfig's training fields
+TRAINING_FIELDS = ("pretrained", "freeze_bn")
+RESERVED_KEYS = ("format", "version", "model_config", "state_dict", SPEC_KEY, TRAINING_KEY)
 
 
 def save_checkpoint(
@@ -65,16 +59,15 @@ def save_checkpoint(
     clashes = [key for key in RESERVED_KEYS if key in extra]
     if clashes:
         raise ValueError(f"extra checkpoint keys clash with reserved ones: {clashes}")
-    config = model.config.to_dict()
     if spec is None:
-        spec = spec_from_checkpoint({LEGACY_CONFIG_KEY: config, **extra})
-    elif spec != spec_from_model_config(config, spec.test_resize):
-        raise ValueError(f"the spec does not describe the net: {spec} vs its config {config}")
+        spec = spec_from_checkpoint({"model_config": model.config.to_dict(), **extra})
+    if EmbeddingConfig.from_spec(spec, **_training_fields(model.config)) != model.config:
+        raise ValueError("the spec given to save_checkpoint does not describe the network")
     payload = {
         "format": CHECKPOINT_FORMAT,
         "version": CHECKPOINT_VERSION,
         SPEC_KEY: spec.to_dict(),
-        TRAINING_KEY: {name: config[name] for name in TRAINING_FIELDS},
+        TRAINING_KEY: _training_fields(model.config),
         # CPU copies: a checkpoint written on a GPU machine loads anywhere
         "state_dict": {key: value.detach().cpu() for key, value in model.state_dict().items()},
         **extra,
@@ -110,32 +103,27 @@ def load_checkpoint(
             f"{file}: checkpoint version {version!r} is newer than this nearsight reads "
             f"({CHECKPOINT_VERSION})"
         )
-    has_model = isinstance(payload.get(SPEC_KEY), dict) or isinstance(
-        payload.get(LEGACY_CONFIG_KEY), dict
+    described = isinstance(payload.get(SPEC_KEY), dict) or isinstance(
+        payload.get("model_config"), dict
     )
-    if not has_model or not isinstance(payload.get("state_dict"), dict):
+    if not described or not isinstance(payload.get("state_dict"), dict):
         raise NearsightError(f"{file}: checkpoint lacks its model_spec or state_dict")
     return payload
 
 
-def model_config(payload: Mapping[str, Any]) -> dict[str, Any]:
-    """The network's :class:`EmbeddingConfig` dict of a loaded checkpoint: its spec plus
-    ``model_training``, or the whole ``model_config`` that older checkpoints stored."""
-    if isinstance(payload.get(LEGACY_CONFIG_KEY), Mapping):
-        return dict(payload[LEGACY_CONFIG_KEY])
-    spec = ModelSpec.from_dict(payload[SPEC_KEY])
+def checkpoint_config(payload: Mapping[str, Any]) -> EmbeddingConfig:
+    """The network's config from a checkpoint: its spec and training fields (version 2), or
+    the ``model_config`` a version 1 file stored."""
+    if "model_config" in payload:  # version 1
+        return EmbeddingConfig.from_dict(payload["model_config"])
     training = payload.get(TRAINING_KEY) or {}
-    return {
-        "dim": spec.dim,
-        "pooling": spec.pooling,
-        "pretrained": training.get("pretrained", "none"),
-        "freeze_bn": training.get("freeze_bn", False),
-        "image_size": spec.image_size,
-        "arch": spec.arch,
-        "feature_norm": spec.feature_norm,
-        "heads": list(spec.heads),
-        "embedding": spec.embedding,
-    }
+    if not isinstance(training, Mapping) or set(training) - set(TRAINING_FIELDS):
+        raise NearsightError(f"{TRAINING_KEY} must map {', '.join(TRAINING_FIELDS)} to values")
+    return EmbeddingConfig.from_spec(ModelSpec.from_dict(payload[SPEC_KEY]), **training)
+
+
+def _training_fields(config: EmbeddingConfig) -> dict[str, Any]:
+    return {name: getattr(config, name) for name in TRAINING_FIELDS}
 
 
 def load_embedding_net(
@@ -145,11 +133,10 @@ def load_embedding_net(
     fetching pretrained weights (the stored weights replace them); ``config.pretrained`` keeps
     the value recorded at training time."""
     payload = load_checkpoint(path, map_location=map_location)
-    stored = LEGACY_CONFIG_KEY if LEGACY_CONFIG_KEY in payload else SPEC_KEY
     try:
-        config = EmbeddingConfig.from_dict(model_config(payload))
+        config = checkpoint_config(payload)
     except (NearsightError, TypeError) as error:
-        raise NearsightError(f"{path}: bad {stored}: {error}") from None
+        raise NearsightError(f"{path}: bad model description: {error}") from None
     net = EmbeddingNet(config)
     try:
         net.load_state_dict(payload["state_dict"], strict=True)

@@ -73,7 +73,7 @@ def nearsight_version() -> str:
 
 
 def checkpoint_metadata(payload: Mapping[str, Any], checkpoint_sha256: str) -> dict[str, str]:
-    """The metadata of the model in a loaded checkpoint (``models.checkpoint.load_checkpoint``):
+    """The metadata of the model in a loaded checkpoint (``nearsight.models.checkpoint.load_checkpoint``):
     its :class:`ModelSpec` (legacy checkpoints: from their model config and training config)
     and where it came from."""
     training = payload.get("training") if isinstance(payload.get("training"), dict) else {}
@@ -120,7 +120,7 @@ class Embedder(Protocol):
         ...
 
     def embed_images(self, images: Sequence[Image.Image], batch_size: int = 32) -> np.ndarray:
-        """RGB PIL images -> [N, dim] float32, through models.preprocess.test_transform."""
+        """RGB PIL images -> [N, dim] float32, through nearsight.models.preprocess.test_transform."""
         ...
 
 

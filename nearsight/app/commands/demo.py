@@ -4,14 +4,13 @@ data synth -> train (briefly, a seed loss) -> export ONNX -> index build (the un
 classes, once with the trained network and once with the same network before training) ->
 eval -> serve both galleries. Each step says what it does and how long it took; a finished step
 is reused, so a second run opens the page in seconds. Every step calls the library functions
-its own subcommand calls (training.run.train, models.export.export_onnx, index.gallery).
+its own subcommand calls (nearsight.training.run.train, nearsight.models.export.export_onnx, nearsight.index.gallery).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -237,40 +236,14 @@ def _train(config, run: Path, untrained_checkpoint: Path) -> None:
 
 def _build_gallery(model: Path, data: Path, out: Path, workers: int) -> None:
     """A gallery of the test split, embedded by ``model`` (as ``nearsight index build``)."""
-    import numpy as np
-
-    from nearsight.index.datasets import load_dataset
-    from nearsight.index.embed import embed_files
-    from nearsight.index.gallery.core import build_gallery, describe_image_file
+    from nearsight.index.gallery.build import build_gallery
+    from nearsight.index.gallery.sources import dataset_source
     from nearsight.models.embedder import load_embedder
 
-    split = load_dataset("folder", data, "test")
-    embedder = load_embedder(model, device="cpu")
-    paths = [Path(os.path.abspath(sample.path)) for sample in split.samples]
-    result = embed_files(embedder, paths, workers=workers)
-    kept = [int(i) for i in np.flatnonzero(result.ok)]
-    if not kept:
-        raise NearsightError(f"no test image of {data} could be read")
-    items = [
-        {
-            "path": str(paths[i]),
-            "label": split.samples[i].label,
-            "class_name": split.samples[i].class_name,
-            "split": "test",
-            **describe_image_file(paths[i]),
-        }
-        for i in kept
-    ]
-    meta = {
-        "dataset": "folder",
-        "root": os.path.abspath(split.root),
-        "split": "test",
-        "model": os.path.abspath(model),
-        "image_size": embedder.image_size,
-        "resize": embedder.resize,
-        "skipped": len(paths) - len(kept),
-    }
-    build_gallery(out, result.embeddings, items, model_sha256=embedder.model_sha256, meta=meta)
+    source = dataset_source("folder", data, "test")
+    build_gallery(
+        load_embedder(model, device="cpu"), source, out, model_path=model, workers=workers
+    )
 
 
 def _gallery_matches(gallery: Path, model: Path) -> bool:

@@ -18,64 +18,40 @@ indexes are searched on it; the file is always the CPU index.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import faiss
 import numpy as np
 
 from nearsight.core.errors import NearsightError
-from nearsight.index.catalog import CATALOG_FILE, Catalog, GalleryError
+from nearsight.index.catalog import Catalog, GalleryError
 from nearsight.index.gallery import eval as gallery_eval
 from nearsight.index.gallery import model as gallery_model
 from nearsight.index.gallery import write as gallery_write
-from nearsight.index.gallery.eval import EXACT_KMEANSPP_MAX_CLASSES  # noqa: F401
-from nearsight.index.gallery.files import (  # noqa: F401  (re-exported)
-    EMBEDDINGS_FILE,
-    GALLERY_FILES,
-    INDEX_FILE,
-    check_consistent,
-    read_embeddings,
-)
-from nearsight.index.gallery.graph import read_graph
-from nearsight.index.gallery.lock import (  # noqa: F401  (lock_path re-exported)
-    gallery_lock,
-    lock_path,
-    previous_path,
-    recover,
-)
-from nearsight.index.gallery.segments import read_segment
-from nearsight.index.gallery.write import build_gallery  # noqa: F401  (re-exported)
-from nearsight.index.images import describe_image_file  # noqa: F401  (re-exported)
+from nearsight.index.gallery.load import read_folder
 from nearsight.index.rerank.search import reranked_search
 from nearsight.index.rerank.spec import RerankSpec, parse_rerank
 from nearsight.index.search import filtered
+from nearsight.index.search.checks import check_k
 from nearsight.index.search.exclude import without_keys
-from nearsight.index.search.faiss_index import (  # noqa: F401  (re-exported: the gallery's public names)
+from nearsight.index.search.faiss_index import (
     HNSW_EF_SEARCH,
-    INDEX_TYPES,
-    METRIC,
     PQ_TYPES,
     apply_search_parameters,
-    index_ids,
-    ivf_parameters,
-    make_index,
-    read_index,
-    resolve_index_type,
     to_gpu,
     unit_distance,
 )
 from nearsight.index.search.filters import Condition, parse_filter
-from nearsight.index.search.index_choice import FLAT_MAX_ITEMS, parse_memory  # noqa: F401
+from nearsight.index.search.index_choice import parse_memory
 from nearsight.index.search.tuning import REFINE_FACTOR, refine
 from nearsight.index.vector_store import VectorStore
 
-MMAP_MIN_BYTES = 1 << 30  # an index file this large is memory-mapped where FAISS can
-
+if TYPE_CHECKING:  # typing only: the embedders' modules load onnxruntime
+    from nearsight.models.embedder import Embedder
 
 # -- the open gallery ------------------------------------------------------------------------
 
@@ -95,7 +71,7 @@ class Gallery:
     # -- opening -----------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, gallery_dir: str | os.PathLike[str], *, model: Any = None) -> Gallery:
+    def open(cls, gallery_dir: str | os.PathLike[str], *, model: Embedder | None = None) -> Gallery:
         """Open and check the gallery at ``gallery_dir``; with ``model`` (an Embedder: ``dim``
         and ``model_sha256``) also check it is the model the gallery was built with."""
         gallery = cls(Path(gallery_dir).expanduser().absolute())
@@ -115,47 +91,10 @@ class Gallery:
     def _load(self, *, locked: bool = False) -> None:
         """Read and check the folder; ``locked``: the caller holds the write lock already (a
         second flock from this process would wait for itself)."""
-        folder = self.path
-        if not locked:
-            # plain mistakes are reported before a lock file is made beside the folder
-            if not folder.exists() and not previous_path(folder).exists():
-                raise GalleryError(f"no gallery at {folder}")
-            if folder.is_dir() and not (folder / CATALOG_FILE).exists():
-                raise GalleryError(f"not a nearsight gallery: {folder} has no {CATALOG_FILE}")
-            if folder.exists() and not folder.is_dir():
-                raise GalleryError(f"not a nearsight gallery: {folder} is a file, not a folder")
-            recover(folder)
-        reading = contextlib.nullcontext() if locked else gallery_lock(folder, exclusive=False)
-        with reading:  # under the lock: a writer may be between the two renames of a replace
-            if not folder.exists():
-                raise GalleryError(f"no gallery at {folder}")
-            if not folder.is_dir():
-                raise GalleryError(f"not a nearsight gallery: {folder} is a file, not a folder")
-            if not (folder / CATALOG_FILE).is_file():
-                raise GalleryError(f"not a nearsight gallery: {folder} has no {CATALOG_FILE}")
-            if not (folder / INDEX_FILE).is_file():
-                raise GalleryError(f"gallery {folder} is incomplete: it has no {INDEX_FILE}")
-            catalog = Catalog.open(folder / CATALOG_FILE, readonly=True)
-            try:
-                ids, labels = catalog.labels()
-                meta = catalog.meta()
-                kept = bool(meta.get("embeddings_kept", True))  # older galleries always kept it
-                if kept and not (folder / EMBEDDINGS_FILE).is_file():
-                    raise GalleryError(
-                        f"gallery {folder} is incomplete: it has no {EMBEDDINGS_FILE}"
-                    )
-                pending = meta.get("segments") or meta.get("removed")
-                mappable = (folder / INDEX_FILE).stat().st_size >= MMAP_MIN_BYTES
-                index = read_index(folder / INDEX_FILE, mmap=mappable and not pending)
-                embeddings = read_embeddings(folder / EMBEDDINGS_FILE) if kept else None
-                dim = int(meta.get("dim", index.d))
-                segments = [read_segment(folder, name, dim) for name in meta.get("segments", [])]
-                removed = np.sort(np.asarray(meta.get("removed", []), dtype=np.int64))
-                base_ids = check_consistent(folder, meta, ids, index, embeddings, segments, removed)
-                graph = read_graph(folder, meta, base_ids)
-            except BaseException:
-                catalog.close()
-                raise
+        read = read_folder(self.path, locked=locked)
+        catalog, meta, ids, labels = read.catalog, read.meta, read.ids, read.labels
+        index, base_ids, embeddings = read.index, read.base_ids, read.embeddings
+        segments, removed, graph = read.segments, read.removed, read.graph
         self.close()
         self._catalog = catalog
         self.meta: dict[str, Any] = meta
@@ -205,14 +144,12 @@ class Gallery:
         *,
         device: str = "auto",
         optimization: str = "all",
-    ) -> Any:
+    ) -> Embedder:
         """The embedder of this gallery's queries (``override`` or its recorded model, run
         as its recorded spec says), checked to be the model it was built with."""
-        return gallery_model.load_model(
-            self, override, device=device, optimization=optimization
-        )
+        return gallery_model.load_model(self, override, device=device, optimization=optimization)
 
-    def check_model(self, model: Any, name: str | os.PathLike[str] | None = None) -> None:
+    def check_model(self, model: Embedder, name: str | os.PathLike[str] | None = None) -> None:
         """GalleryError unless ``model`` (``dim``, ``model_sha256``) is the gallery's model."""
         gallery_model.check_model(self, model, name)
 
@@ -229,7 +166,7 @@ class Gallery:
     def embeddings(self) -> np.ndarray:
         """float32 [N, D]; row i is the vector of ``ids[i]``. Without segments or removals,
         the memory-mapped embeddings.npy itself; else (or when the gallery has no
-        embeddings.npy) gathered once, on first use, by :class:`index.vector_store.VectorStore`
+        embeddings.npy) gathered once, on first use, by :class:`nearsight.index.vector_store.VectorStore`
         (read back from the index: approximate for PQ types, see :attr:`vectors_exact`)."""
         if self._embeddings is None:
             _, base = self._base
@@ -301,8 +238,7 @@ class Gallery:
                 ids=ids,
                 exclude=exclude,
             )
-        if k < 1:
-            raise NearsightError(f"k must be a positive integer, got {k}")
+        k = check_k(k)
         if exclude is not None:  # one deeper, then each row without its excluded id
             distances, found = self.search(vectors, k + 1, ids=ids)
             found, distances = without_keys(np.asarray(exclude, np.int64), found, distances)

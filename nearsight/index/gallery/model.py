@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from nearsight.core.errors import NearsightError
 from nearsight.index.catalog import GalleryError
 from nearsight.models.spec import ModelSpec, spec_from_gallery_meta
+
+if TYPE_CHECKING:  # typing only: the embedders' modules load onnxruntime
+    from nearsight.models.embedder import Embedder
 
 if TYPE_CHECKING:  # index.gallery imports this module
     from nearsight.index.gallery.core import Gallery
@@ -37,7 +40,9 @@ def model_path(gallery: Gallery, override: str | os.PathLike[str] | None = None)
     return path
 
 
-def check_model(gallery: Gallery, model: Any, name: str | os.PathLike[str] | None = None) -> None:
+def check_model(
+    gallery: Gallery, model: Embedder, name: str | os.PathLike[str] | None = None
+) -> None:
     """GalleryError unless ``model`` (``dim``, ``model_sha256``) is the gallery's model."""
     model_dim = int(model.dim)
     model_sha = str(model.model_sha256)
@@ -59,7 +64,7 @@ def load_model(
     *,
     device: str = "auto",
     optimization: str = "all",
-) -> Any:
+) -> Embedder:
     """The embedder of ``gallery``'s queries: ``override`` or its recorded model, run as its
     recorded spec says when that is a model exported elsewhere (models.foreign), and checked
     to be the model the gallery was built with."""

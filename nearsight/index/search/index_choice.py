@@ -13,10 +13,10 @@ budget B bytes:
    builds M = nearsight.index.search.faiss_index.HNSW_M, so it asks for 4 (D + 2 M) + 8 bytes per item);
 3. below 1M items (or with a GPU) an IVF-Flat that fits B (autofaiss's ivf_flat_threshold);
 4. otherwise product quantization: autofaiss's "OPQ{m}_{y},IVF{n},PQ{m}x8" with the largest
-   code that fits B; here ``opq`` with dim / 4 bytes per vector (faiss_index.pq_bytes),
+   code that fits B; here ``opq`` with dim / 4 bytes per vector (nearsight.index.search.faiss_index.pq_bytes),
    plus an 8-byte id, searched with an exact re-rank of the candidates from embeddings.npy.
 
-nlist is the power of two nearest sqrt(N) (faiss_index.ivf_parameters; autofaiss takes
+nlist is the power of two nearest sqrt(N) (nearsight.index.search.faiss_index.ivf_parameters; autofaiss takes
 4 sqrt(N) below 1M items and 16k-256k lists past that: too slow to train and fill on a small
 machine, docs/decisions.md "Index choice"), trained, like autofaiss, on a capped sample (64 points per list). autofaiss tunes nprobe/efSearch for a
 latency target; nearsight tunes them for a recall target (nearsight.index.search.tuning).

@@ -1,8 +1,7 @@
-"""The one search of a gallery (:func:`search`) and its one answer shape (:class:`Neighbour`):
-the CLI (``search --json``, the ``--queries`` lines), the REST API, the page and the Python API
-all search through here, and check ``k`` with :func:`check_k`.
+"""Neighbours as JSON-ready rows: the one answer shape of the CLI (``search --json``, the
+``--queries`` lines), the REST API and the Python API.
 
-A neighbour as JSON is ``{"id", "path", "label", "class_name", "distance", "meta"}``, nearest first;
+A neighbour is ``{"id", "path", "label", "class_name", "distance", "meta"}``, nearest first;
 ``meta`` holds the item's extra columns (empty when it has none). Queries are vectors: an
 uploaded image embedded by the gallery's model, a gallery item's stored embedding
 (:func:`item_vector`), or a vector a caller brings.
@@ -11,8 +10,7 @@ uploaded image embedded by the gallery's model, a gallery item's stored embeddin
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,6 +18,7 @@ import numpy as np
 from nearsight.core.errors import NearsightError
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.rerank.spec import RerankSpec, parse_rerank
+from nearsight.index.search.checks import check_k
 from nearsight.index.search.filters import Condition, merge_conditions, parse_filters
 
 
@@ -74,60 +73,23 @@ def allowed_ids(
     return gallery.filter_ids(conditions)
 
 
-@dataclass(frozen=True)
-class Neighbour:
-    """One found item: its rank (1 = nearest), catalog fields and distance (Euclidean between
-    unit vectors; None where an approximate index found fewer than k)."""
-
-    rank: int
-    id: int
-    path: str
-    label: int | None
-    class_name: str | None
-    distance: float | None
-    meta: dict[str, Any] = field(default_factory=dict)  # the item's extra columns
-
-    def as_json(self) -> dict[str, Any]:
-        """The answer shape of ``search --json``, REST and the page's /search API."""
-        return {
-            "id": self.id,
-            "path": self.path,
-            "label": self.label,
-            "class_name": self.class_name,
-            "distance": self.distance,
-            "meta": dict(self.meta),
-        }
-
-
-def check_k(k: Any, max_k: int | None = None, name: str = "k") -> int:
-    """``k`` as an int (a whole float such as a slider's 5.0 counts), else a one-line error."""
-    bound = "of at least 1" if max_k is None else f"from 1 to {max_k}"
-    message = f"{name} must be an integer {bound}, got {k!r}"
-    if isinstance(k, bool) or not isinstance(k, int | float | np.integer | np.floating):
-        raise NearsightError(message)
-    if not math.isfinite(k) or k != int(k) or k < 1 or (max_k is not None and k > max_k):
-        raise NearsightError(message)
-    return int(k)
-
-
-def search(
+def search_rows(
     gallery: Gallery,
     vectors: np.ndarray,
-    k: int,
+    k: Any,
     *,
     filters: Sequence[str | Condition] | str | None = None,
     allowed: np.ndarray | None = None,
     rerank: RerankSpec | str | None = None,
-    exclude: Sequence[int] | None = None,
+    exclude: Sequence[int] | np.ndarray | None = None,
     rows: Mapping[int, dict[str, Any]] | None = None,
-    public_path: Callable[[str], str] = str,
-) -> list[list[Neighbour]]:
-    """The ``k`` nearest items of each query vector [Q, D], nearest first.
+) -> list[list[dict[str, Any]]]:
+    """The search every caller goes through (the CLI, REST, the page, the Python API): the
+    ``k`` nearest items of each query vector, as JSON-ready rows (module docstring).
     ``filters`` (or ``allowed``, already resolved ids): search only the matching items.
     ``rerank``: a re-ranking spec (nearsight.index.rerank); None: the gallery's stored one.
-    ``exclude``: one item id per query to leave out (a gallery item querying the others).
-    ``rows``: the catalog rows by id when the caller holds them (else read from SQLite);
-    ``public_path``: how a path is shown to the caller."""
+    ``exclude``: per query, an item left out (a gallery item querying the others). ``rows``:
+    the catalog rows by id where the caller holds them in memory (else they are read)."""
     k = check_k(k)
     if allowed is None:
         allowed = allowed_ids(gallery, filters)
@@ -140,24 +102,7 @@ def search(
     if rows is None:
         wanted = sorted({i for found in per_query for i, _ in found})
         rows = {row["id"]: row for row in gallery.items(wanted)} if wanted else {}
-    return [
-        [_neighbour(rank, rows[i], d, public_path) for rank, (i, d) in enumerate(found, 1)]
-        for found in per_query
-    ]
-
-
-def _neighbour(
-    rank: int, item: Mapping[str, Any], distance: float, public_path: Callable[[str], str]
-) -> Neighbour:
-    return Neighbour(
-        rank=rank,
-        id=int(item["id"]),
-        path=public_path(str(item["path"])),
-        label=None if item["label"] is None else int(item["label"]),
-        class_name=item["class_name"],
-        distance=distance if math.isfinite(distance) else None,
-        meta=dict(item.get("meta") or {}),
-    )
+    return [[neighbour_row(rows[i], d) for i, d in found] for found in per_query]
 
 
 def resolve_rerank(gallery: Gallery, rerank: RerankSpec | str | None) -> RerankSpec:
@@ -168,6 +113,19 @@ def resolve_rerank(gallery: Gallery, rerank: RerankSpec | str | None) -> RerankS
         return parse_rerank(rerank)
     except ValueError as error:
         raise NearsightError(str(error)) from None
+
+
+def neighbour_row(item: dict[str, Any], distance: float) -> dict[str, Any]:
+    """The one neighbour shape (module docstring); a distance an approximate index could not
+    give (inf) is None."""
+    return {
+        "id": int(item["id"]),
+        "path": item["path"],
+        "label": item["label"],
+        "class_name": item["class_name"],
+        "distance": distance if math.isfinite(distance) else None,
+        "meta": dict(item.get("meta") or {}),
+    }
 
 
 def item_row(item: dict[str, Any]) -> dict[str, Any]:

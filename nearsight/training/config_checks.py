@@ -1,7 +1,6 @@
-"""The rules of a training configuration: :func:`validate` checks every field (types, ranges,
-names of losses, samplers and trunks) and :func:`resolve_defaults` fills the automatic settings
-from the starting point (pretrained or from scratch). :mod:`nearsight.training.config` loads
-the configuration and calls :func:`validate` on it.
+"""Checking a training configuration and filling its automatic settings: every value has its
+field's type and a meaning (:func:`validate`), and ``None``/``"auto"`` settings are chosen from
+the starting point (:func:`resolve_defaults`), so that a run's ``config.yaml`` says what ran.
 """
 
 from __future__ import annotations
@@ -65,9 +64,7 @@ def validate(config: TrainConfig) -> None:
             f"unknown loss {config.loss.name!r}; valid losses: {', '.join(sorted(LOSSES))}"
         )
     if config.model.arch not in ARCHS:
-        raise ConfigError(
-            f"unknown model.arch {config.model.arch!r}; valid: {', '.join(ARCHS)}"
-        )
+        raise ConfigError(f"unknown model.arch {config.model.arch!r}; valid: {', '.join(ARCHS)}")
     if config.sampler.name != "auto" and config.sampler.name not in SAMPLERS:
         raise ConfigError(
             f"unknown sampler {config.sampler.name!r}; valid samplers: auto, "

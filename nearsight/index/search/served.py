@@ -1,11 +1,7 @@
-"""One served gallery as REST and the page see it, without Gradio or thumbnails: the catalog
-rows in memory, the embedder of its uploads, and searches by image, vector or item through the
-index layer's one search (:func:`nearsight.index.search.query.search`).
-
-A gallery item used as a query is left out of its own results (by id, so an exact duplicate of
-it still counts as a neighbour). An uploaded image is not a gallery item and nothing is removed
-from its results: an upload of a gallery file finds that item at distance 0.
-"""
+"""A gallery opened for serving (the page and the REST API): its model, its catalog rows in
+memory, the paths clients may see, and searches through :func:`nearsight.index.search.query.
+search_rows` (the one search route) answered as :class:`Neighbour` (the one row shape, typed).
+The page's view (nearsight/app/page_view.py) adds thumbnails and the failure analysis."""
 
 from __future__ import annotations
 
@@ -13,7 +9,9 @@ import contextlib
 import hashlib
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
 
 import faiss
 import numpy as np
@@ -22,21 +20,36 @@ from PIL import Image
 from nearsight.core.errors import NearsightError
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.rerank.spec import RerankSpec
-from nearsight.index.search.query import Neighbour, allowed_ids, search
+from nearsight.index.search.query import allowed_ids, search_rows
+from nearsight.models.embedder import Embedder
 
-if TYPE_CHECKING:  # the serving path does not import torch
-    from nearsight.models.embedder import Embedder
+
+@dataclass(frozen=True)
+class Neighbour:
+    """One row of :func:`~nearsight.index.search.query.search_rows` (the one shape) and its
+    rank, with the row's fields as attributes."""
+
+    rank: int
+    row: dict[str, Any]
+
+    id = property(lambda self: int(self.row["id"]))
+    path = property(lambda self: str(self.row["path"]))
+    label = property(lambda self: None if self.row["label"] is None else int(self.row["label"]))
+    class_name = property(lambda self: self.row["class_name"])
+    # None where an approximate index found fewer than k
+    distance = property(lambda self: self.row["distance"])
+    meta = property(lambda self: self.row["meta"])  # the item's extra columns
+
+    def as_json(self) -> dict[str, Any]:
+        """The row: the shape `nearsight search --json` prints."""
+        return {**self.row, "meta": dict(self.row["meta"])}
+
 
 class ServedGallery:
-    """One gallery as REST and the page see it: catalog rows in memory and the embedder of
-    its uploads. Safe to use from several threads."""
+    """One gallery as a server holds it: catalog rows in memory, the embedder. Safe to use
+    from several threads."""
 
-    def __init__(
-        self,
-        name: str,
-        gallery: Gallery,
-        embedder: Embedder,
-    ):
+    def __init__(self, name: str, gallery: Gallery, embedder: Embedder):
         self.name = name
         self.generation = 0  # counts the reloads of a live gallery (nearsight/app/live.py)
         self.show_paths = False  # clients see paths below the items' common folder only
@@ -127,21 +140,16 @@ class ServedGallery:
         item out (a gallery item querying the others, and of its re-ranking's expansions);
         ``allowed``: search only these ids (inside FAISS: the true top-k of them);
         ``rerank``: a re-ranking (default :attr:`rerank`; ``NONE`` for off)."""
-        spec = self.rerank if rerank is None else rerank
         query = np.asarray(vector, np.float32).reshape(1, -1)
         exclude = None if exclude_id is None else [exclude_id]
-        with _one_openmp_thread():
-            (found,) = search(
-                self.gallery,
-                query,
-                k,
-                allowed=allowed,
-                rerank=spec,
-                exclude=exclude,
-                rows=self.rows,
-                public_path=self.public_path,
-            )
-        return found
+        with one_openmp_thread():
+            (found,) = search_rows(self.gallery, query, k, allowed=allowed, exclude=exclude,
+                                   rerank=self.rerank if rerank is None else rerank,
+                                   rows=self.rows)  # fmt: skip
+        return [
+            Neighbour(rank, {**row, "path": self.public_path(row["path"])})
+            for rank, row in enumerate(found, start=1)
+        ]
 
     def search_image(
         self,
@@ -174,12 +182,12 @@ class ServedGallery:
 
 
 @contextlib.contextmanager
-def _one_openmp_thread():
+def one_openmp_thread():
     """Search one query on one OpenMP thread. OpenMP's thread count is a per-thread setting, so
     this affects the calling thread only, and it is restored after (torch's embedding uses
     OpenMP too). On a busy machine an OpenMP team spends far longer waiting for its members
-    than one query takes (docs/decisions.md), and the page's requests run side by side anyway.
-    The background analysis keeps every core for its batched searches."""
+    than one query takes (docs/decisions.md), and a server's requests run side by side anyway.
+    The page's background analysis keeps every core for its batched searches."""
     previous = faiss.omp_get_max_threads()
     faiss.omp_set_num_threads(1)
     try:
@@ -199,3 +207,62 @@ def class_names(rows) -> dict[int, str]:
         if int(label) not in names or (name and names[int(label)].startswith("class ")):
             names[int(label)] = str(name) if name else f"class {label}"
     return dict(sorted(names.items()))
+
+
+# -- opening galleries with their model --------------------------------------------------------
+
+Served = TypeVar("Served", bound=ServedGallery)
+
+
+def open_served(
+    gallery_dirs: Sequence[str | os.PathLike[str]],
+    model: str | os.PathLike[str] | None = None,
+    device: str = "auto",
+    kind: type[Served] = ServedGallery,  # type: ignore[assignment]
+) -> list[Served]:
+    """Open every gallery with the model that embeds its uploads: ``model`` (which must match
+    all of them) or the model path each gallery's meta records. One embedder per model file.
+    ``kind``: the class to open them as (the page's view adds to this one). Raises
+    NearsightError (one line) for a missing/damaged gallery or a model that does not match."""
+    from nearsight.index.gallery.model import foreign_spec
+    from nearsight.models.embedder import load_embedder
+
+    embedders: dict[tuple[Path, str], Embedder] = {}
+    served: list[Served] = []
+    names = gallery_names(gallery_dirs)
+    try:
+        for name, folder in zip(names, gallery_dirs, strict=True):
+            gallery = Gallery.open(folder)
+            try:
+                path = gallery.model_path(model)
+                spec = foreign_spec(gallery)  # a model exported elsewhere runs as recorded
+                key = (path.expanduser().resolve(), spec.to_json() if spec else "")
+                if key not in embedders:
+                    embedders[key] = load_embedder(path, device=device, spec=spec)
+                gallery.check_model(embedders[key], path)
+            except BaseException:
+                gallery.close()
+                raise
+            served.append(kind(name, gallery, embedders[key]))
+    except BaseException:
+        for one in served:
+            one.close()
+        raise
+    return served
+
+
+def gallery_names(gallery_dirs: Sequence[str | os.PathLike[str]]) -> list[str]:
+    """Short unique names for the dropdown: the folder names, with a parent folder added (or a
+    number) where two galleries share a name."""
+    paths = [Path(folder).expanduser().absolute() for folder in gallery_dirs]
+    plain = [path.name or str(path) for path in paths]
+    names = [
+        f"{path.parent.name}/{name}" if plain.count(name) > 1 and path.parent.name else name
+        for path, name in zip(paths, plain, strict=True)
+    ]
+    seen: dict[str, int] = {}
+    unique = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        unique.append(name if seen[name] == 1 else f"{name} ({seen[name]})")
+    return unique
