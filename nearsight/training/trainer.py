@@ -22,7 +22,6 @@ import contextlib
 import logging
 import sys
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +61,7 @@ from nearsight.training.distributed import (
 )
 from nearsight.training.evaluation import EvalSplit
 from nearsight.training.loss_roles import logged_scalars
+from nearsight.training.resume import TrainState, load_last, model_extra, save_last
 from nearsight.training.run_files import RunFiles
 from nearsight.training.schedule import LRSchedule, set_learning_rates
 
@@ -73,21 +73,6 @@ SCRATCH_NOTE = (
     "nearsight: note: --pretrained auto: no ImageNet weights in torchvision's cache "
     "(torch.hub's checkpoints folder), training from scratch; --pretrained FILE.pth takes others"
 )
-
-
-@dataclass
-class TrainState:
-    """Where a run is; saved in ``last.pt`` and restored on resume."""
-
-    step: int = 0  # embedding updates
-    batch: int = 0  # batches drawn (critic batches included)
-    epoch: int = 0
-    batch_in_epoch: int = 0
-    train_seconds: float = 0.0  # time in training batches, evaluations and saves excluded
-    best: float = -1.0  # the selection metric of best.pt
-    best_step: int = -1
-    best_metrics: dict[str, Any] = field(default_factory=dict)  # test metrics of best.pt
-    last_metrics: dict[str, Any] = field(default_factory=dict)  # of the last evaluation
 
 
 class Trainer:
@@ -381,43 +366,11 @@ class Trainer:
         self._save_last(state)
 
     def _model_extra(self, state: TrainState, metrics: dict | None) -> dict[str, Any]:
-        return {
-            "training": {
-                "loss": self.config.loss.name,
-                "dataset": self.config.data.dataset,
-                "step": state.step,
-                "metrics": metrics or {},
-                "selected_by": self.selection_metric,
-                "config": self.config.to_dict(),
-            }
-        }
+        return model_extra(self.config, state, metrics, self.selection_metric)
 
     def _save_last(self, state: TrainState) -> None:
-        if not self.dist.main:
-            return
-        extra = self._model_extra(state, None)
-        extra.update(
-            {
-                "state": asdict(state),
-                "optimizer": self.optimizer.state_dict(),
-                "loss_state": self.loss_fn.state_dict(),
-                "critic_optimizer": (
-                    self.critic_optimizer.state_dict() if self.critic_optimizer else None
-                ),
-                "rng": {"torch": torch.get_rng_state()},
-            }
-        )
-        self.files.save_last(self.model, extra)
+        if self.dist.main:
+            save_last(self, state)
 
     def _load_last(self) -> TrainState:
-        checkpoint = self.files.load_last(self.device)
-        self.model.load_state_dict(checkpoint["state_dict"])
-        self.optimizer.load_state_dict(checkpoint["optimizer"])
-        self.loss_fn.load_state_dict(checkpoint["loss_state"])
-        if self.critic_optimizer is not None and checkpoint.get("critic_optimizer"):
-            self.critic_optimizer.load_state_dict(checkpoint["critic_optimizer"])
-        torch.set_rng_state(checkpoint["rng"]["torch"].cpu())
-        state = TrainState(**checkpoint["state"])
-        self.files.truncate_logs(state.batch)
-        print(f"resumed from {self.files.last} at step {state.step}", file=sys.stderr)
-        return state
+        return load_last(self)
