@@ -55,7 +55,7 @@ from torch import nn
 
 from nearsight.core.errors import NearsightError
 from nearsight.models.preprocess import IMAGENET_MEAN, IMAGENET_STD
-from nearsight.models.spec import POOLINGS, ModelSpec, spec_from_model_config
+from nearsight.models.spec import EMBEDDINGS, POOLINGS, ModelSpec, spec_from_model_config
 from nearsight.models.weights import load_trunk_weights, resolve_pretrained
 
 FEATURE_NORMS = ("auto", "none", "batchnorm")
@@ -64,7 +64,6 @@ ARCHS: dict[str, int] = {"resnet18": 512, "resnet34": 512, "resnet50": 2048, "re
 TRUNK_LAYERS = ("conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3", "layer4")
 # trunk stages that can carry an embedding head, from low to high
 HEAD_STAGES = ("layer1", "layer2", "layer3", "layer4")
-EMBEDDINGS = ("last", "concat")
 
 
 def stage_width(arch: str, stage: str) -> int:
@@ -118,7 +117,7 @@ class EmbeddingConfig:
     """Everything needed to rebuild the network; stored in every checkpoint."""
 
     dim: int = ModelSpec.dim
-    pooling: str = "avg"  # avg | max | avgmax (avg + max, summed)
+    pooling: str = ModelSpec.pooling  # avg | max | avgmax (avg + max, summed)
     # "imagenet" (= IMAGENET1K_V1, the papers'), "imagenet-v1", "imagenet-v2", "none", or a
     # path to a .pth file (see nearsight/models/weights.py)
     pretrained: str = "none"
@@ -129,9 +128,9 @@ class EmbeddingConfig:
     feature_norm: str = "auto"
     # trunk stages with an embedding head, low to high, ending at layer4 (the papers'
     # multi-level setting: [layer2, layer3, layer4]); each head has `dim` dimensions
-    heads: list[str] = dataclasses.field(default_factory=lambda: ["layer4"])
+    heads: list[str] = dataclasses.field(default_factory=lambda: list(ModelSpec.heads))
     # what the network serves: last (the layer4 head) | concat (all heads, dim x len(heads))
-    embedding: str = "last"
+    embedding: str = ModelSpec.embedding
 
     def __post_init__(self) -> None:
         if isinstance(self.dim, bool) or not isinstance(self.dim, int) or self.dim <= 0:

@@ -70,7 +70,7 @@ class ModelConfig:
     # any torchvision ResNet of nearsight.models.embedding.ARCHS (resnet18 ... resnet101)
     arch: str = ModelSpec.arch
     dim: int = ModelSpec.dim
-    pooling: str = "avg"  # avg | max | avgmax
+    pooling: str = ModelSpec.pooling  # avg | max | avgmax
     # auto (default: imagenet when its weights are in torchvision's cache, else none, with a
     # note line) | imagenet | imagenet-v1 | imagenet-v2 | none | FILE.pth
     pretrained: str = "auto"
@@ -80,10 +80,10 @@ class ModelConfig:
     feature_norm: str = "auto"
     # trunk stages with an embedding head of `dim`, low to high, ending at layer4; the loss is
     # applied to each and summed (the RLL/ICE papers' L, M, H: [layer2, layer3, layer4])
-    heads: list[str] = field(default_factory=lambda: ["layer4"])
+    heads: list[str] = field(default_factory=lambda: list(ModelSpec.heads))
     # what evaluation, export and galleries use: last (the layer4 head) | concat (every head,
     # L2-normalised concatenation, dim x len(heads))
-    embedding: str = "last"
+    embedding: str = ModelSpec.embedding
 
 
 @dataclass
