@@ -159,17 +159,19 @@ def crash_training(config, out_dir: Path, monkeypatch, *, in_step: int) -> None:
 
 
 @contextlib.contextmanager
-def running_page(galleries: list[Path]):
+def running_page(galleries: list[Path], *, analyse: bool = True, **options):
     """The page and its REST API served on a free port for a test: yields (url, app), then
-    stops the server, the API's batcher and the page's analysis threads."""
+    stops the server, the API's batcher and the page's analysis threads. ``analyse``: wait for
+    the galleries' analysis first (False: start none); ``options`` go to ``launch_app``."""
     from nearsight.app.page import build_app
     from nearsight.app.rest import close_rest_app
     from nearsight.app.server import launch_app
 
-    demo = build_app(galleries, device="cpu")
-    url = launch_app(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
+    demo = build_app(galleries, device="cpu", analyse=analyse)
+    url = launch_app(demo, port=free_port(), prevent_thread_lock=True, quiet=True, **options)
     try:
-        assert demo.nearsight.wait_analysis(timeout=120)
+        if analyse:
+            assert demo.nearsight.wait_analysis(timeout=120)
         yield url, demo
     finally:
         demo.close(verbose=False)

@@ -16,7 +16,7 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from conftest import TinyGallery, free_port
+from conftest import TinyGallery, free_port, running_page
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 from PIL import Image
@@ -24,7 +24,6 @@ from PIL import Image
 from nearsight.app.cli import main
 from nearsight.app.page import build_app
 from nearsight.app.page_view import GalleryView
-from nearsight.app.server import launch_app
 from nearsight.index.analysis import Failure, confused_pairs, pair_distance_histogram
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.search.served import gallery_names
@@ -48,18 +47,8 @@ def test_split_gallery(tiny) -> Path:
 @pytest.fixture(scope="module")
 def server(tiny, test_split_gallery):
     """(url, demo): the page over both galleries, served on 127.0.0.1 for the whole module."""
-    demo = build_app([tiny.gallery, test_split_gallery], device="cpu")
-    url = launch_app(
-        demo,
-        port=free_port(),
-        max_upload_mb=MAX_UPLOAD_MB,
-        prevent_thread_lock=True,
-        quiet=True,
-    )
-    assert demo.nearsight.wait_analysis(timeout=120)
-    yield url, demo
-    demo.close(verbose=False)
-    demo.nearsight.close()
+    with running_page([tiny.gallery, test_split_gallery], max_upload_mb=MAX_UPLOAD_MB) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ key, OpenAPI, and the micro-batcher (nearsight/app/batcher.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -12,42 +13,26 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import numpy as np
 import pytest
-from conftest import assert_one_line_error, free_port, run
+from conftest import assert_one_line_error, run, running_page
 
 from nearsight.app.batcher import EmbedBatcher
-from nearsight.app.page import build_app
-from nearsight.app.rest import close_rest_app
-from nearsight.app.server import launch_app
 from nearsight.index.gallery.core import Gallery
 
 MAX_UPLOAD_MB = 0.25
 KEY = "s3cret-key"
 
 
-def _start(gallery, **options):
-    demo = build_app([gallery], device="cpu", analyse=False)
-    url = launch_app(
-        demo,
-        port=free_port(),
-        max_upload_mb=MAX_UPLOAD_MB,
-        prevent_thread_lock=True,
-        quiet=True,
-        **options,
-    )
-    return url.rstrip("/"), demo
-
-
-def _stop(demo) -> None:
-    demo.close(verbose=False)
-    close_rest_app(demo.nearsight_api)
-    demo.nearsight.close()
+@contextlib.contextmanager
+def _serve(gallery, **options):
+    """(url without its trailing slash, app): the API is under f"{url}/api"."""
+    with running_page([gallery], analyse=False, max_upload_mb=MAX_UPLOAD_MB, **options) as served:
+        yield served[0].rstrip("/"), served[1]
 
 
 @pytest.fixture(scope="module")
 def api(product):  # noqa: F811
-    url, demo = _start(product["gallery"])
-    yield url, demo
-    _stop(demo)
+    with _serve(product["gallery"]) as served:
+        yield served
 
 
 def _search(url: str, image=None, **fields) -> httpx.Response:
@@ -200,8 +185,7 @@ def test_batcher_passes_a_model_error_to_every_waiting_request():
 
 
 def test_api_key_is_required_when_set(product):  # noqa: F811
-    url, demo = _start(product["gallery"], api_key=KEY)
-    try:
+    with _serve(product["gallery"], api_key=KEY) as (url, _):
         image = product["images"][2]
         refused = _search(url, image, k=2)
         assert refused.status_code == 401 and "API key" in refused.json()["error"]
@@ -215,8 +199,6 @@ def test_api_key_is_required_when_set(product):  # noqa: F811
         bearer = httpx.get(f"{url}/api/items/1", headers={"Authorization": f"Bearer {KEY}"})
         assert bearer.status_code == 200
         assert httpx.get(f"{url}/api/health", timeout=30).status_code == 200
-    finally:
-        _stop(demo)
 
 
 def test_serving_beyond_localhost_needs_a_key(capsys, product, monkeypatch):  # noqa: F811
