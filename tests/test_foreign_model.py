@@ -231,7 +231,7 @@ def test_a_resumed_build_does_not_reuse_chunks_of_another_description(foreign, t
     """Chunks embedded with one --mean/--std are not reused by a build with others."""
     import shutil
 
-    from nearsight.app.commands import index_build
+    from nearsight.index.gallery import build as index_build
 
     out = tmp_path / "gallery"
     argv = ["index", "build", "--model", foreign["model"], "--dataset", "folder", "--root",

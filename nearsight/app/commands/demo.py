@@ -236,41 +236,22 @@ def _train(config, run: Path, untrained_checkpoint: Path) -> None:
 
 
 def _build_gallery(model: Path, data: Path, out: Path, workers: int) -> None:
-    """A gallery of the test split, embedded by ``model`` (as ``nearsight index build``)."""
-    import numpy as np
-
+    """A gallery of the test split, embedded by ``model`` (the builder ``index build`` uses)."""
     from nearsight.index.datasets import load_dataset
-    from nearsight.index.embed import embed_files
-    from nearsight.index.gallery.core import build_gallery, describe_image_file
+    from nearsight.index.gallery.build import build_gallery
     from nearsight.models.embedder import load_embedder
 
     split = load_dataset("folder", data, "test")
-    embedder = load_embedder(model, device="cpu")
     paths = [Path(os.path.abspath(sample.path)) for sample in split.samples]
-    result = embed_files(embedder, paths, workers=workers)
-    kept = [int(i) for i in np.flatnonzero(result.ok)]
-    if not kept:
-        raise NearsightError(f"no test image of {data} could be read")
-    items = [
-        {
-            "path": str(paths[i]),
-            "label": split.samples[i].label,
-            "class_name": split.samples[i].class_name,
-            "split": "test",
-            **describe_image_file(paths[i]),
-        }
-        for i in kept
+    fields = [
+        {"label": sample.label, "class_name": sample.class_name, "split": "test"}
+        for sample in split.samples
     ]
-    meta = {
-        "dataset": "folder",
-        "root": os.path.abspath(split.root),
-        "split": "test",
-        "model": os.path.abspath(model),
-        "image_size": embedder.image_size,
-        "resize": embedder.resize,
-        "skipped": len(paths) - len(kept),
-    }
-    build_gallery(out, result.embeddings, items, model_sha256=embedder.model_sha256, meta=meta)
+    meta = {"dataset": "folder", "root": os.path.abspath(split.root), "split": "test"}
+    build_gallery(
+        load_embedder(model, device="cpu"), paths, out, fields=fields, meta=meta,
+        model_path=model, workers=workers,
+    )  # fmt: skip
 
 
 def _gallery_matches(gallery: Path, model: Path) -> bool:

@@ -85,7 +85,7 @@ def run_import(args: argparse.Namespace) -> int:
     model_sha256 = ""
     if args.model is not None:
         from nearsight.app.commands.model_options import load_index_model
-        from nearsight.models.spec import SPEC_KEY
+        from nearsight.index.gallery.model import gallery_model_meta
 
         embedder = load_index_model(args)
         if embedder.dim != vectors.shape[1]:
@@ -94,12 +94,7 @@ def run_import(args: argparse.Namespace) -> int:
                 f"{vectors.shape[1]}"
             )
         model_sha256 = embedder.model_sha256
-        meta.update(
-            model=str(_absolute(args.model)),
-            image_size=embedder.image_size,
-            resize=embedder.resize,
-            **{SPEC_KEY: embedder.spec.to_dict()},
-        )
+        meta.update(gallery_model_meta(embedder, args.model))
     build_gallery(
         out,
         vectors,

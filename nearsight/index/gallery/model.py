@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 from nearsight.core.errors import NearsightError
 from nearsight.index.catalog import GalleryError
-from nearsight.models.spec import ModelSpec, spec_from_gallery_meta
+from nearsight.models.spec import SPEC_KEY, ModelSpec, spec_from_gallery_meta
 
 if TYPE_CHECKING:  # index.gallery imports this module
     from nearsight.index.gallery.core import Gallery
+    from nearsight.models.embedder import Embedder
 
 
 def model_path(gallery: Gallery, override: str | os.PathLike[str] | None = None) -> Path:
@@ -77,3 +78,16 @@ def foreign_spec(gallery: Gallery) -> ModelSpec | None:
     only the spec tells how to run), else None (a nearsight model describes itself)."""
     spec = spec_from_gallery_meta(gallery.meta)
     return spec if spec is not None and spec.foreign else None
+
+
+def gallery_model_meta(
+    embedder: Embedder, model: str | os.PathLike[str] | None = None
+) -> dict[str, Any]:
+    """The gallery meta that records its model: the file (absolute) and its ``ModelSpec``.
+    The one writer of these fields; galleries written before the spec existed are still read
+    by their legacy ``image_size``/``resize`` (spec_from_gallery_meta)."""
+    path = model if model is not None else getattr(embedder, "path", None)
+    meta: dict[str, Any] = {SPEC_KEY: embedder.spec.to_dict()}
+    if path is not None:
+        meta["model"] = os.path.abspath(Path(path).expanduser())
+    return meta
