@@ -1,6 +1,8 @@
-"""The gallery-writing functions of ``import nearsight``: thin wrappers that run the CLI's own
+"""The gallery-writing functions of ``import nearsight``: thin wrappers over the CLI's own
 ``index build``, ``index add`` and ``index remove`` (the same parser, defaults and code), so a
-notebook and the command line build the same gallery. Errors are NearsightError, one line."""
+notebook and the command line build the same gallery. ``build_gallery`` reads its keywords
+with the command's parser and calls the typed builder, ``nearsight.index.gallery.build``.
+Errors are NearsightError, one line."""
 
 from __future__ import annotations
 
@@ -18,7 +20,15 @@ PathLike = str | os.PathLike[str]
 
 
 def _run(argv: Sequence[Any]) -> argparse.Namespace:
-    """Parse ``argv`` as the CLI does and run it; argparse's complaint becomes one error."""
+    """Parse ``argv`` as the CLI does and run it."""
+    args = _parse(argv)
+    args.func(args)
+    return args
+
+
+def _parse(argv: Sequence[Any]) -> argparse.Namespace:
+    """Parse ``argv`` as the CLI does (its defaults and checks); argparse's complaint becomes
+    one error."""
     from nearsight.app.cli import build_parser
 
     complaint = io.StringIO()
@@ -31,7 +41,6 @@ def _run(argv: Sequence[Any]) -> argparse.Namespace:
         raise NearsightError(
             lines[-1].split(": error: ", 1)[-1] if lines else "bad arguments"
         ) from None
-    args.func(args)
     return args
 
 
@@ -90,7 +99,9 @@ def build_gallery(
     argv += ["--index-type", index_type, "--device", device]
     argv += _option("--input-size", input_size) + _option("--mean", mean) + _option("--std", std)
     argv += _option("--resize", resize) + _option("--output", output) + _flags(options)
-    _run(argv)
+    from nearsight.app.commands.index_build import build_from_args
+
+    build_from_args(_parse(argv))  # the typed builder (nearsight.index.gallery.build)
     return open_gallery(out, device=device)
 
 

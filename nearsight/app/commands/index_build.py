@@ -4,11 +4,21 @@ embeds in finished chunks (resumable), one shard per torchrun process, then merg
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from nearsight.index.chunks import DEFAULT_CHUNK_SIZE  # noqa: F401  (the option's default)
 
+if TYPE_CHECKING:
+    from nearsight.index.gallery.build import BuildReport
+
 
 def run_build(args: argparse.Namespace) -> int:
+    print(build_from_args(args).summary())
+    return 0
+
+
+def build_from_args(args: argparse.Namespace) -> BuildReport:
+    """The parsed ``index build`` options as one typed ``build_gallery`` call."""
     from nearsight.app.commands.catalog_options import catalog_settings
     from nearsight.app.commands.index import _absolute, _build_sources, _check_batching, _check_out
     from nearsight.app.commands.model_options import load_index_model
@@ -23,7 +33,7 @@ def run_build(args: argparse.Namespace) -> int:
     paths, fields, source_meta = _build_sources(args)
     # column types (kept through the chunks) and the key column, checked before embedding
     settings = catalog_settings(args, fields)
-    report = build_gallery(
+    return build_gallery(
         load_index_model(args),
         paths,
         out,
@@ -39,5 +49,3 @@ def run_build(args: argparse.Namespace) -> int:
         embeddings=args.embeddings,
         neighbour_graph=args.neighbour_graph,
     )
-    print(report.summary())
-    return 0

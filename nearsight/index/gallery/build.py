@@ -69,7 +69,7 @@ class BuildReport:
 
 def build_gallery(
     embedder: Embedder,
-    paths: Sequence[Path],
+    paths: Sequence[str | os.PathLike[str]],
     out: str | os.PathLike[str],
     *,
     fields: Sequence[Mapping[str, Any]] | None = None,
@@ -100,7 +100,7 @@ def build_gallery(
     if workers < 0:
         raise NearsightError(f"--workers must be 0 or more, got {workers}")
     out = Path(os.path.abspath(Path(out).expanduser()))
-    paths = [Path(path) for path in paths]
+    paths = [Path(os.path.abspath(Path(path).expanduser())) for path in paths]
     rows = [dict(row) for row in fields] if fields is not None else [{} for _ in paths]
     if len(rows) != len(paths):
         raise NearsightError(f"{len(rows)} field rows for {len(paths)} images")

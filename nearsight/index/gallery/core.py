@@ -18,7 +18,6 @@ indexes are searched on it; the file is always the CPU index.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 from collections.abc import Iterable, Sequence
@@ -29,7 +28,7 @@ import faiss
 import numpy as np
 
 from nearsight.core.errors import NearsightError
-from nearsight.index.catalog import CATALOG_FILE, Catalog, GalleryError
+from nearsight.index.catalog import Catalog, GalleryError
 from nearsight.index.gallery import eval as gallery_eval
 from nearsight.index.gallery import model as gallery_model
 from nearsight.index.gallery import write as gallery_write
@@ -41,14 +40,13 @@ from nearsight.index.gallery.files import (  # noqa: F401  (re-exported)
     check_consistent,
     read_embeddings,
 )
-from nearsight.index.gallery.graph import read_graph
 from nearsight.index.gallery.lock import (  # noqa: F401  (lock_path re-exported)
     gallery_lock,
     lock_path,
     previous_path,
     recover,
 )
-from nearsight.index.gallery.segments import read_segment
+from nearsight.index.gallery.read import MMAP_MIN_BYTES, read_folder  # noqa: F401
 from nearsight.index.gallery.write import build_gallery  # noqa: F401  (re-exported)
 from nearsight.index.images import describe_image_file  # noqa: F401  (re-exported)
 from nearsight.index.rerank.search import reranked_search
@@ -73,9 +71,6 @@ from nearsight.index.search.filters import Condition, parse_filter
 from nearsight.index.search.index_choice import FLAT_MAX_ITEMS, parse_memory  # noqa: F401
 from nearsight.index.search.tuning import REFINE_FACTOR, refine
 from nearsight.index.vector_store import VectorStore
-
-MMAP_MIN_BYTES = 1 << 30  # an index file this large is memory-mapped where FAISS can
-
 
 # -- the open gallery ------------------------------------------------------------------------
 
@@ -115,71 +110,26 @@ class Gallery:
     def _load(self, *, locked: bool = False) -> None:
         """Read and check the folder; ``locked``: the caller holds the write lock already (a
         second flock from this process would wait for itself)."""
-        folder = self.path
-        if not locked:
-            # plain mistakes are reported before a lock file is made beside the folder
-            if not folder.exists() and not previous_path(folder).exists():
-                raise GalleryError(f"no gallery at {folder}")
-            if folder.is_dir() and not (folder / CATALOG_FILE).exists():
-                raise GalleryError(f"not a nearsight gallery: {folder} has no {CATALOG_FILE}")
-            if folder.exists() and not folder.is_dir():
-                raise GalleryError(f"not a nearsight gallery: {folder} is a file, not a folder")
-            recover(folder)
-        reading = contextlib.nullcontext() if locked else gallery_lock(folder, exclusive=False)
-        with reading:  # under the lock: a writer may be between the two renames of a replace
-            if not folder.exists():
-                raise GalleryError(f"no gallery at {folder}")
-            if not folder.is_dir():
-                raise GalleryError(f"not a nearsight gallery: {folder} is a file, not a folder")
-            if not (folder / CATALOG_FILE).is_file():
-                raise GalleryError(f"not a nearsight gallery: {folder} has no {CATALOG_FILE}")
-            if not (folder / INDEX_FILE).is_file():
-                raise GalleryError(f"gallery {folder} is incomplete: it has no {INDEX_FILE}")
-            catalog = Catalog.open(folder / CATALOG_FILE, readonly=True)
-            try:
-                ids, labels = catalog.labels()
-                meta = catalog.meta()
-                kept = bool(meta.get("embeddings_kept", True))  # older galleries always kept it
-                if kept and not (folder / EMBEDDINGS_FILE).is_file():
-                    raise GalleryError(
-                        f"gallery {folder} is incomplete: it has no {EMBEDDINGS_FILE}"
-                    )
-                pending = meta.get("segments") or meta.get("removed")
-                mappable = (folder / INDEX_FILE).stat().st_size >= MMAP_MIN_BYTES
-                index = read_index(folder / INDEX_FILE, mmap=mappable and not pending)
-                embeddings = read_embeddings(folder / EMBEDDINGS_FILE) if kept else None
-                dim = int(meta.get("dim", index.d))
-                segments = [read_segment(folder, name, dim) for name in meta.get("segments", [])]
-                removed = np.sort(np.asarray(meta.get("removed", []), dtype=np.int64))
-                base_ids = check_consistent(folder, meta, ids, index, embeddings, segments, removed)
-                graph = read_graph(folder, meta, base_ids)
-            except BaseException:
-                catalog.close()
-                raise
+        snapshot = read_folder(self.path, locked=locked)
         self.close()
-        self._catalog = catalog
+        self._catalog = snapshot.catalog
+        meta = snapshot.meta
         self.meta: dict[str, Any] = meta
-        self.ids: np.ndarray = ids  # catalog ids in order; row i of embeddings is ids[i]
-        self.labels: np.ndarray = labels  # -1 where unlabelled
+        self.ids: np.ndarray = snapshot.ids  # catalog ids in order; row i of embeddings is ids[i]
+        self.labels: np.ndarray = snapshot.labels  # -1 where unlabelled
         self.dim: int = int(meta["dim"])
         self.index_type: str = str(meta["index_type"])
         self.model_sha256: str = str(meta["model_sha256"])
         # the base as written, then the segments added and the removed ids dropped in memory
+        base_ids, embeddings, segments = snapshot.base_ids, snapshot.embeddings, snapshot.segments
         self._base = (base_ids, embeddings)
         self._segments = segments
-        self._removed = removed
-        self._graph = graph  # optional (nearsight/index/gallery/graph.py)
+        self._removed = snapshot.removed
+        self._graph = snapshot.graph  # optional (nearsight/index/gallery/graph.py)
         self._added: tuple[np.ndarray, np.ndarray] | None = None
         self._embeddings: np.ndarray | None = None
-        for segment_ids, segment_vectors in segments:
-            index.add_with_ids(segment_vectors, segment_ids)
-        self._excluded = None  # HNSW cannot remove points: its searches skip removed ids
-        if len(removed) and self.index_type == "hnsw":
-            batch = faiss.IDSelectorBatch(removed)
-            self._excluded = faiss.IDSelectorNot(batch)
-            self._excluded.referenced_objects = [batch]  # the SWIG wrapper does not keep it
-        elif len(removed):
-            index.remove_ids(removed)
+        self._excluded = snapshot.excluded  # HNSW cannot remove points: searches skip them
+        index = snapshot.index
         self._index = index
         self._store = VectorStore(
             index,

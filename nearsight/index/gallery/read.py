@@ -1,0 +1,99 @@
+"""Reading a gallery folder: check its files agree and bring catalog, index, vectors, added
+segments and removed ids into memory as one snapshot (``Gallery._load`` keeps it)."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import faiss
+import numpy as np
+
+from nearsight.index.catalog import CATALOG_FILE, Catalog, GalleryError
+from nearsight.index.gallery.files import (
+    EMBEDDINGS_FILE,
+    INDEX_FILE,
+    check_consistent,
+    read_embeddings,
+)
+from nearsight.index.gallery.graph import read_graph
+from nearsight.index.gallery.lock import gallery_lock, previous_path, recover
+from nearsight.index.gallery.segments import read_segment
+from nearsight.index.search.faiss_index import read_index
+
+MMAP_MIN_BYTES = 1 << 30  # an index file this large is memory-mapped where FAISS can
+
+
+@dataclass
+class FolderSnapshot:
+    """One consistent read of a gallery folder. ``index`` holds the segments added and the
+    removed ids dropped (HNSW cannot remove points: ``excluded`` skips them in searches)."""
+
+    catalog: Catalog
+    meta: dict[str, Any]
+    ids: np.ndarray
+    labels: np.ndarray
+    index: Any
+    base_ids: np.ndarray
+    embeddings: np.ndarray | None
+    segments: list[tuple[np.ndarray, np.ndarray]]
+    removed: np.ndarray
+    graph: Any
+    excluded: Any
+
+
+def read_folder(folder: Path, *, locked: bool = False) -> FolderSnapshot:
+    """Read and check ``folder``; ``locked``: the caller holds the write lock already (a
+    second flock from this process would wait for itself)."""
+    if not locked:
+        # plain mistakes are reported before a lock file is made beside the folder
+        if not folder.exists() and not previous_path(folder).exists():
+            raise GalleryError(f"no gallery at {folder}")
+        if folder.is_dir() and not (folder / CATALOG_FILE).exists():
+            raise GalleryError(f"not a nearsight gallery: {folder} has no {CATALOG_FILE}")
+        if folder.exists() and not folder.is_dir():
+            raise GalleryError(f"not a nearsight gallery: {folder} is a file, not a folder")
+        recover(folder)
+    reading = contextlib.nullcontext() if locked else gallery_lock(folder, exclusive=False)
+    with reading:  # under the lock: a writer may be between the two renames of a replace
+        if not folder.exists():
+            raise GalleryError(f"no gallery at {folder}")
+        if not folder.is_dir():
+            raise GalleryError(f"not a nearsight gallery: {folder} is a file, not a folder")
+        if not (folder / CATALOG_FILE).is_file():
+            raise GalleryError(f"not a nearsight gallery: {folder} has no {CATALOG_FILE}")
+        if not (folder / INDEX_FILE).is_file():
+            raise GalleryError(f"gallery {folder} is incomplete: it has no {INDEX_FILE}")
+        catalog = Catalog.open(folder / CATALOG_FILE, readonly=True)
+        try:
+            ids, labels = catalog.labels()
+            meta = catalog.meta()
+            kept = bool(meta.get("embeddings_kept", True))  # older galleries always kept it
+            if kept and not (folder / EMBEDDINGS_FILE).is_file():
+                raise GalleryError(f"gallery {folder} is incomplete: it has no {EMBEDDINGS_FILE}")
+            pending = meta.get("segments") or meta.get("removed")
+            mappable = (folder / INDEX_FILE).stat().st_size >= MMAP_MIN_BYTES
+            index = read_index(folder / INDEX_FILE, mmap=mappable and not pending)
+            embeddings = read_embeddings(folder / EMBEDDINGS_FILE) if kept else None
+            dim = int(meta.get("dim", index.d))
+            segments = [read_segment(folder, name, dim) for name in meta.get("segments", [])]
+            removed = np.sort(np.asarray(meta.get("removed", []), dtype=np.int64))
+            base_ids = check_consistent(folder, meta, ids, index, embeddings, segments, removed)
+            graph = read_graph(folder, meta, base_ids)
+        except BaseException:
+            catalog.close()
+            raise
+    for segment_ids, segment_vectors in segments:
+        index.add_with_ids(segment_vectors, segment_ids)
+    excluded = None
+    if len(removed) and str(meta["index_type"]) == "hnsw":
+        batch = faiss.IDSelectorBatch(removed)
+        excluded = faiss.IDSelectorNot(batch)
+        excluded.referenced_objects = [batch]  # the SWIG wrapper does not keep it
+    elif len(removed):
+        index.remove_ids(removed)
+    return FolderSnapshot(
+        catalog, meta, ids, labels, index, base_ids, embeddings, segments, removed, graph, excluded
+    )
