@@ -1,6 +1,7 @@
 """The one gallery builder, called directly: ``nearsight.index.gallery.build.build_gallery``
 builds, resumes after a real SIGKILL from its finished chunks, and shards over 2 processes
-(RANK/WORLD_SIZE, as torchrun sets them) into the same gallery as 1 process."""
+(RANK/WORLD_SIZE, as torchrun sets them) into the same gallery as 1 process; and
+``import_gallery`` writes vectors embedded elsewhere with the same model meta."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ import numpy as np
 import pytest
 from conftest import free_port, tiny_model
 
+from nearsight.core.errors import NearsightError
 from nearsight.index.datasets.synthetic import write_synthetic
-from nearsight.index.gallery.build import BuildReport, build_gallery
+from nearsight.index.gallery.build import BuildReport, build_gallery, import_gallery
 from nearsight.index.gallery.core import Gallery
 from nearsight.models.embedder import load_embedder
 
@@ -101,6 +103,24 @@ def test_an_unreadable_image_is_skipped_and_reported(setup, tmp_path):
     paths = [*setup["paths"][:3], bad]
     report = build_gallery(load_embedder(setup["model"], device="cpu"), paths, tmp_path / "g")
     assert (report.items, report.skipped, len(report.unreadable)) == (3, 1, 1)
+
+
+def test_import_gallery_writes_the_same_model_meta_and_checks_the_dim(setup, tmp_path):
+    """Vectors embedded elsewhere: the one model-meta writer, and a model of another dim is
+    refused before anything is written."""
+    items, vectors = contents(setup["clean"])
+    rows = [{key: item[key] for key in ("path", "label")} for item in items]
+    embedder = load_embedder(setup["model"], device="cpu")
+    report = import_gallery(vectors, rows, tmp_path / "g", embedder=embedder,
+                            model_path=setup["model"])  # fmt: skip
+    assert (report.items, report.dim, report.index_type) == (9, 16, "flat")
+    with Gallery.open(tmp_path / "g") as imported, Gallery.open(setup["clean"]) as built:
+        for key in ("model", "model_spec"):
+            assert imported.meta[key] == built.meta[key]
+        assert imported.model_sha256 == built.model_sha256
+    with pytest.raises(NearsightError, match="embeds in dim 16 but the vectors have dim 8"):
+        import_gallery(vectors[:, :8], rows, tmp_path / "h", embedder=embedder)
+    assert not (tmp_path / "h").exists()
 
 
 @pytest.mark.slow  # a child process (torch import)

@@ -62,9 +62,8 @@ def run_import(args: argparse.Namespace) -> int:
     )
     from nearsight.core.errors import NearsightError
     from nearsight.index.chunks import read_meta, read_vectors
-    from nearsight.index.gallery.core import build_gallery
+    from nearsight.index.gallery.build import import_gallery
 
-    start = time.perf_counter()
     described = args.model_spec or args.input_size or args.mean or args.std or args.output
     if args.model is None and (described or args.resize):
         raise NearsightError("--input-size, --mean, --std, --resize, --output and --model-spec "
@@ -82,39 +81,27 @@ def run_import(args: argparse.Namespace) -> int:
         "vectors": str(_absolute(args.vectors)),
         **catalog_settings(args, rows),
     }
-    model_sha256 = ""
+    embedder = None
     if args.model is not None:
         from nearsight.app.commands.model_options import load_index_model
-        from nearsight.index.gallery.model import gallery_model_meta
 
         embedder = load_index_model(args)
-        if embedder.dim != vectors.shape[1]:
-            raise NearsightError(
-                f"{args.model} embeds in dim {embedder.dim} but the vectors have dim "
-                f"{vectors.shape[1]}"
-            )
-        model_sha256 = embedder.model_sha256
-        meta.update(gallery_model_meta(embedder, args.model))
-    build_gallery(
-        out,
+    report = import_gallery(
         vectors,
         rows,
-        model_sha256=model_sha256,
-        index_type=args.index_type,
+        out,
+        embedder=embedder,
+        model_path=args.model,
         meta=meta,
+        index_type=args.index_type,
         max_index_memory=args.max_index_memory,
         embeddings=args.embeddings,
         neighbour_graph=args.neighbour_graph,
         vector_source=args.vectors,
     )
-    from nearsight.index.gallery.core import Gallery
-
-    with Gallery.open(out) as gallery:
-        index_type = gallery.index_type
     print(
-        f"imported gallery {out}: {len(rows)} items, {index_type} index, dim "
-        f"{vectors.shape[1]}{'' if args.model else ', no model'}, in "
-        f"{time.perf_counter() - start:.1f}s"
+        f"imported gallery {out}: {report.items} items, {report.index_type} index, dim "
+        f"{report.dim}{'' if args.model else ', no model'}, in {report.seconds:.1f}s"
     )
     return 0
 

@@ -189,6 +189,59 @@ def build_gallery(
     )
 
 
+def import_gallery(
+    vectors: np.ndarray,
+    rows: Sequence[dict[str, Any]],
+    out: str | os.PathLike[str],
+    *,
+    embedder: Embedder | None = None,
+    model_path: str | os.PathLike[str] | None = None,
+    meta: Mapping[str, Any] | None = None,
+    index_type: str = "auto",
+    max_index_memory: str | int | None = None,
+    embeddings: str = "auto",
+    neighbour_graph: bool = False,
+    vector_source: str | os.PathLike[str] | None = None,
+) -> BuildReport:
+    """Write the gallery ``out`` from vectors embedded elsewhere (row i of ``vectors`` is
+    ``rows[i]``). ``embedder``: the model they came from (checked to embed in their dim; its
+    path and spec go in the meta), or None: a gallery searched by id or vector only."""
+    from nearsight.index.gallery.core import Gallery
+    from nearsight.index.gallery.model import gallery_model_meta
+    from nearsight.index.gallery.write import build_gallery as write_gallery
+
+    start = time.perf_counter()
+    out = Path(os.path.abspath(Path(out).expanduser()))
+    if len(rows) != len(vectors):
+        raise NearsightError(f"{len(rows)} rows but {len(vectors)} vectors")
+    gallery_meta = dict(meta or {})
+    if embedder is not None:
+        if embedder.dim != vectors.shape[1]:
+            raise NearsightError(
+                f"{model_path or embedder.path} embeds in dim {embedder.dim} but the vectors "
+                f"have dim {vectors.shape[1]}"
+            )
+        gallery_meta.update(gallery_model_meta(embedder, model_path))
+    write_gallery(
+        out,
+        vectors,
+        rows,
+        model_sha256=embedder.model_sha256 if embedder is not None else "",
+        index_type=index_type,
+        meta=gallery_meta,
+        max_index_memory=max_index_memory,
+        embeddings=embeddings,
+        neighbour_graph=neighbour_graph,
+        vector_source=vector_source,
+    )
+    with Gallery.open(out) as gallery:
+        built_type = gallery.index_type
+    return BuildReport(
+        out=out, rank=0, world=1, chunks=0, embedded=0, reused=0, items=len(rows),
+        index_type=built_type, dim=int(vectors.shape[1]), seconds=time.perf_counter() - start,
+    )  # fmt: skip
+
+
 def _process_group() -> tuple[int, int]:
     """(rank, world size): from torchrun's environment, with a gloo process group for the
     barriers; (0, 1) when run alone."""
