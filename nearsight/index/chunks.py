@@ -29,8 +29,6 @@ from nearsight.core.errors import NearsightError
 from nearsight.index.search.filters import BUILTIN_KEYS, FilterError
 from nearsight.index.search.meta_types import infer_types, label_codes, typed_row
 
-DEFAULT_CHUNK_SIZE = 4096  # images per chunk of `index build`
-
 META_FIELDS = ("path", "label", "class_name", "split", "sha256", "width", "height")
 _INTEGER_FIELDS = ("label", "width", "height")
 

@@ -7,7 +7,6 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,6 @@ from nearsight.app.commands.index_add import run_add, run_remove
 from nearsight.app.commands.index_build import DEFAULT_CHUNK_SIZE, run_build
 from nearsight.app.commands.model_options import add_foreign_model_options
 
-MAX_LISTED_ERRORS = 20  # unreadable images listed one per line; past this, a count
 # index.faiss_index.INDEX_TYPES, written out: importing it would load faiss for every command
 INDEX_TYPES = ["auto", "flat", "ivf", "ivfpq", "opq", "hnsw"]
 
@@ -171,37 +169,6 @@ def _check_batching(args: argparse.Namespace) -> None:
         raise NearsightError(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.workers < 0:
         raise NearsightError(f"--workers must be 0 or more, got {args.workers}")
-
-
-def _embed_files(
-    embedder: Any, paths: Sequence[Path], args: argparse.Namespace
-) -> tuple[Any, list[int], list[str]]:
-    """(vectors of the readable images, their positions in ``paths``, error lines)."""
-    import numpy as np
-
-    from nearsight.index.embed import embed_files
-
-    result = embed_files(embedder, paths, batch_size=args.batch_size, workers=args.workers)
-    _report_unreadable(result.errors)
-    return result.embeddings, [int(i) for i in np.flatnonzero(result.ok)], result.errors
-
-
-def _report_unreadable(errors: Sequence[str]) -> None:
-    for line in errors[:MAX_LISTED_ERRORS]:
-        print(f"nearsight: skipped: {line}", file=sys.stderr)
-    if len(errors) > MAX_LISTED_ERRORS:
-        print(
-            f"nearsight: skipped {len(errors) - MAX_LISTED_ERRORS} more unreadable images",
-            file=sys.stderr,
-        )
-
-
-def _describe(paths: Sequence[Path], workers: int) -> list[dict[str, Any]]:
-    """sha256, width and height of each file (hashing releases the GIL: threads overlap I/O)."""
-    from nearsight.index.gallery.core import describe_image_file
-
-    with ThreadPoolExecutor(max_workers=max(1, min(8, workers or 1))) as pool:
-        return list(pool.map(describe_image_file, paths))
 
 
 def _absolute(path: str | os.PathLike[str]) -> Path:

@@ -12,12 +12,11 @@ def run_add(args: argparse.Namespace) -> int:
     from nearsight.app.commands.index import (
         _absolute,
         _check_batching,
-        _describe,
-        _embed_files,
         _skipped_note,
         load_gallery_model,
     )
     from nearsight.core.errors import NearsightError
+    from nearsight.index.gallery.build import embed_and_describe
     from nearsight.index.gallery.core import Gallery
     from nearsight.index.gallery.keys import duplicate_note, ids_of_keys
     from nearsight.index.gallery.write import set_meta
@@ -35,11 +34,12 @@ def run_add(args: argparse.Namespace) -> int:
         label, class_name = _added_label(gallery, args.label, args.class_name)
         embedder = load_gallery_model(gallery, args.model, args.device)
         paths = [_absolute(path) for path in args.images]
-        vectors, kept, errors = _embed_files(embedder, paths, args)
+        vectors, kept, described, errors = embed_and_describe(
+            embedder, paths, args.batch_size, args.workers
+        )
         if not kept:
             raise NearsightError(f"no image could be read (the first: {errors[0]})")
         kept_paths = [paths[i] for i in kept]
-        described = _describe(kept_paths, args.workers)
         extra = {"label": label, "class_name": class_name, "meta": meta}
         items = [
             {"path": str(path), **extra, **info}

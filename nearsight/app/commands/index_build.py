@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from nearsight.index.chunks import DEFAULT_CHUNK_SIZE  # noqa: F401  (the option's default)
+from nearsight.index.gallery.build import DEFAULT_CHUNK_SIZE  # noqa: F401  (the option's default)
 
 if TYPE_CHECKING:
     from nearsight.index.gallery.build import BuildReport

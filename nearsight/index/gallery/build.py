@@ -25,14 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from nearsight.core.errors import NearsightError
-from nearsight.index.chunks import DEFAULT_CHUNK_SIZE
 
-if TYPE_CHECKING:  # the CLI imports this module at start: the runtimes load on use
+if TYPE_CHECKING:  # the CLI imports this module at start: numpy and the runtimes load on use
+    import numpy as np
+
     from nearsight.models.embedder import Embedder
-MAX_LISTED_ERRORS = 20
+
+DEFAULT_CHUNK_SIZE = 4096  # images per chunk
+MAX_LISTED_ERRORS = 20  # unreadable images listed one per line; past this, a count
 
 
 @dataclass(frozen=True)
@@ -282,6 +283,8 @@ def embed_and_describe(
 ) -> tuple[np.ndarray, list[int], list[dict[str, Any]], list[str]]:
     """(vectors of the readable images, their positions in ``paths``, their sha256/width/height,
     error lines); the errors are also listed on stderr."""
+    import numpy as np
+
     from nearsight.index.embed import embed_files
     from nearsight.index.images import describe_image_file
 
@@ -328,6 +331,8 @@ def _read_all(
     folder: Path, names: list[str], meta_types: dict[str, str]
 ) -> tuple[np.ndarray, list[dict[str, Any]]]:
     """Every chunk's vectors (as written: no renormalisation) and rows, in chunk order."""
+    import numpy as np
+
     from nearsight.index.chunks import read_meta
 
     parts, items = [], []
