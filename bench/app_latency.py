@@ -11,7 +11,7 @@ Setup (timed, not measured as latency):
 1. a random (untrained) 224-px ResNet-50 embedding net, saved as a checkpoint and, by default,
    exported to ONNX (what a deployment serves; ``--model-format pt`` serves the checkpoint);
 2. a gallery of ``--items`` random unit vectors (D = ``--dim``) written by index.gallery's
-   build_gallery, each item pointing at one of a few real image files (search by upload never
+   write_gallery, each item pointing at one of a few real image files (search by upload never
    opens them; the page's thumbnails would) with ``--classes`` balanced labels, so that the
    page's leave-one-out analysis runs at full size too;
 3. the page (app.page.build_app / launch_app) in a separate server process on 127.0.0.1, CPU
@@ -151,7 +151,8 @@ def make_images(workdir: Path) -> list[Path]:
 
 
 def make_gallery(workdir: Path, model: Path, images: list[Path], args) -> tuple[Path, float]:
-    from nearsight.index.gallery.core import build_gallery, describe_image_file
+    from nearsight.index.gallery.write import write_gallery
+    from nearsight.index.images import describe_image_file
     from nearsight.models.embedder import load_embedder
 
     rng = np.random.default_rng(0)
@@ -170,7 +171,7 @@ def make_gallery(workdir: Path, model: Path, images: list[Path], args) -> tuple[
     ]
     embedder = load_embedder(model, device="cpu")
     start = time.perf_counter()
-    gallery = build_gallery(
+    gallery = write_gallery(
         workdir / "gallery",
         vectors,
         items,

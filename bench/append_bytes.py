@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nearsight.index.gallery.core import build_gallery
+from nearsight.index.gallery.write import write_gallery
 
 CHILD = """
 import sys
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         vectors = rng.standard_normal((args.items, args.dim), dtype=np.float32)
         vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
         items = [{"path": f"/bench/{i}.jpg"} for i in range(args.items)]
-        folder = build_gallery(Path(work) / "g", vectors, items, model_sha256="", index_type="flat")
+        folder = write_gallery(Path(work) / "g", vectors, items, model_sha256="", index_type="flat")
         del vectors, items
         size = sum(p.stat().st_size for p in folder.iterdir())
         done = subprocess.run(

@@ -71,7 +71,8 @@ def make_model(workdir: Path, dim: int, image_size: int) -> Path:
 
 def make_gallery(workdir: Path, model: Path, items: int) -> tuple[Path, Path]:
     from nearsight.index.datasets.synthetic import write_synthetic
-    from nearsight.index.gallery.core import build_gallery, describe_image_file
+    from nearsight.index.gallery.write import write_gallery
+    from nearsight.index.images import describe_image_file
     from nearsight.models.embedder import load_embedder
 
     images_dir = workdir / "images"
@@ -96,7 +97,7 @@ def make_gallery(workdir: Path, model: Path, items: int) -> tuple[Path, Path]:
         }
         for i in range(items)
     ]
-    build_gallery(
+    write_gallery(
         gallery,
         vectors,
         rows,

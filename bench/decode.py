@@ -6,7 +6,12 @@ For CUB-size (640 x 427) and SOP-size (1536 x 1024) JPEGs, one process on one th
 (torch.set_num_threads(1)), images/s of:
 - test: load_image + the test transform (resize, centre crop), what index builds, evaluation and
   queries do; the peer is the same without draft decoding;
-- train: load_image + RandomResizedCrop(scale 0.16-1) + flip + to tensor, the training path.
+- train: the training path, :class:`nearsight.training.augment.RandomCropDecode` (crop drawn
+  before decoding, the JPEG decoded at the scale that crop allows, cut + resize + flip, uint8
+  tensor) under the dataset's seeding; the peer decodes every pixel first (train_full).
+- decode_floor: the JPEG decoded at 1/8 scale and nothing else, the least work any decoder
+  does for the file (its entropy-coded bytes are all read whatever the scale): no pipeline on
+  this file runs faster.
 Goal (issue 27): 500 img/s per core for CUB-size and 250 for SOP-size at 224 px, so that 16
 cores feed ~5,000 img/s. A script, not a test; the load average is printed with the numbers.
 """
@@ -24,10 +29,11 @@ import numpy as np
 import torch
 from PIL import Image
 
-from nearsight.index.images import load_image
+from nearsight.index.images import load_image, load_image_pixels
+from nearsight.index.jpeg import decode_rgb
 from nearsight.models.preprocess import test_transform
 from nearsight.models.spec import default_resize
-from nearsight.training.data import train_min_side, train_transform
+from nearsight.training.augment import RandomCropDecode
 
 SIZES = {"cub": (640, 427), "sop": (1536, 1024)}
 
@@ -65,8 +71,13 @@ def main() -> None:
     size = args.image_size
     resize = default_resize(size)
     test = test_transform(size)
-    train = train_transform(size, [0.16, 1.0], True)
-    train_side = train_min_side(size, [0.16, 1.0])
+    train = RandomCropDecode(size, [0.16, 1.0], True)
+
+    def train_step(path: Path, draft: bool) -> torch.Tensor:
+        with torch.random.fork_rng(devices=[]):  # as SeededTrainDataset does per image
+            torch.default_generator.manual_seed(0)
+            return train(lambda min_side: load_image_pixels(path, min_side if draft else None))
+
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, dims in SIZES.items():
@@ -76,8 +87,9 @@ def main() -> None:
             row = {
                 "test_full": rate(paths, lambda p: test(load_image(p))),
                 "test_draft": rate(paths, lambda p: test(load_image(p, resize))),
-                "train_full": rate(paths, lambda p: train(load_image(p))),
-                "train_draft": rate(paths, lambda p: train(load_image(p, train_side))),
+                "train_full": rate(paths, lambda p: train_step(p, draft=False)),
+                "train_draft": rate(paths, lambda p: train_step(p, draft=True)),
+                "decode_floor": rate(paths, lambda p, wh=dims: decode_rgb(p.read_bytes(), *wh, 8)),
             }
             results[name] = row
             print(f"{name} {dims[0]}x{dims[1]} at {size} px, img/s on one core: "

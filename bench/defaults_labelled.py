@@ -9,7 +9,7 @@ the Stanford Online Products layout (``Ebay_train.txt``/``Ebay_test.txt``, read 
 - ``old``: what ``--pretrained none`` did before the starting-point defaults, the fine-tuning
   settings (trunk 1e-5, head 1e-4, BatchNorm frozen at its random initialisation, constant
   rate), as explicit ``--set`` flags;
-- ``defaults``: no flags (nearsight/training/config.py resolve_defaults: BatchNorm learning, trunk and
+- ``defaults``: no flags (nearsight/training/config_checks.py resolve_defaults: BatchNorm learning, trunk and
   head at 1e-3, warmup then cosine decay);
 - ``tuned``: the issue's hand-tuned flags (BatchNorm learning, trunk and head at 1e-3, constant
   rate).

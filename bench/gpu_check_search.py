@@ -33,7 +33,7 @@ def make_gallery_index(vectors: np.ndarray, kind: str):
     try:
         from nearsight.index.search.faiss_index import make_index
     except ImportError:
-        from nearsight.index.gallery.core import make_index
+        from nearsight.index.search.faiss_index import make_index
     return make_index(vectors, np.arange(len(vectors), dtype=np.int64), kind)
 
 

@@ -46,7 +46,9 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from nearsight.index.gallery.core import INDEX_FILE, Gallery, build_gallery
+from nearsight.index.gallery.core import Gallery
+from nearsight.index.gallery.files import INDEX_FILE
+from nearsight.index.gallery.write import write_gallery
 from nearsight.index.search.tuning import recall_at_k
 
 TYPES = ("flat", "ivf", "ivfpq", "opq", "hnsw")
@@ -93,7 +95,7 @@ def bench_type(
     folder = workdir / f"g-{index_type}"
     items = [{"path": f"/bench/{i}"} for i in range(len(vectors))]
     start = time.perf_counter()
-    build_gallery(folder, vectors, items, model_sha256="bench", index_type=index_type)
+    write_gallery(folder, vectors, items, model_sha256="bench", index_type=index_type)
     build_s = time.perf_counter() - start
     del items
     start = time.perf_counter()

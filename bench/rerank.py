@@ -171,7 +171,8 @@ def timed(call, repeats: int) -> float:
 
 
 def run_latency(args) -> dict:
-    from nearsight.index.gallery.core import Gallery, build_gallery
+    from nearsight.index.gallery.core import Gallery
+    from nearsight.index.gallery.write import write_gallery
 
     report = {}
     methods = ["none", *FAMILIES, "dba (graph)", "dba+aqe (graph)"]
@@ -182,7 +183,7 @@ def run_latency(args) -> dict:
         items = [{"path": f"/x/{i}.png", "label": None, "class_name": None} for i in range(size)]
         with tempfile.TemporaryDirectory() as tmp:
             start = time.perf_counter()
-            folder = build_gallery(
+            folder = write_gallery(
                 Path(tmp) / "g",
                 vectors,
                 items,

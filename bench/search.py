@@ -36,7 +36,9 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from nearsight.index.gallery.core import EXACT_KMEANSPP_MAX_CLASSES, Gallery, build_gallery
+from nearsight.index.gallery.core import Gallery
+from nearsight.index.gallery.eval import EXACT_KMEANSPP_MAX_CLASSES
+from nearsight.index.gallery.write import write_gallery
 from nearsight.index.metrics import SOP_KS, evaluate, nmi, recall_at_k
 
 DIM = 128
@@ -77,7 +79,7 @@ def bench_latency(size: int, queries: int, batches: int, workdir: Path) -> dict:
     vectors = unit_vectors(size, DIM, seed=size)
     items = [{"path": f"/bench/{i}.jpg"} for i in range(size)]
     start = time.perf_counter()
-    folder = build_gallery(
+    folder = write_gallery(
         workdir / f"g{size}", vectors, items, model_sha256="0" * 64, index_type="flat"
     )
     build_s = time.perf_counter() - start

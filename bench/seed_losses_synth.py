@@ -70,7 +70,7 @@ from nearsight.training.run import train
 SEED_LOSSES = ["ice", "rll", "nra", "rankmi", "bcontrastive"]
 
 # From scratch (no ImageNet weights here), with the library's from-scratch defaults
-# (nearsight/training/config.py resolve_defaults: BatchNorm learning, the trunk at the head's rate 1e-3,
+# (nearsight/training/config_checks.py resolve_defaults: BatchNorm learning, the trunk at the head's rate 1e-3,
 # warmup then cosine decay over the time limit; nearsight/models/embedding.py: zero-initialised residual
 # branches, feature_norm batchnorm). Loss parameters are the defaults of LOSSES.md.
 SETTINGS = {

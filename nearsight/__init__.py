@@ -10,9 +10,10 @@ imports neither torch nor onnxruntime):
 - :func:`open_gallery` (path, model=None) -> a gallery with ``.search(image, k=8)``,
   ``.search_many(images)``, ``.vector(id)``, ``.evaluate()`` and ``len()``; results have
   ``.to_pandas()`` and show as a grid in Jupyter;
-- :func:`build_gallery` (model, out, dataset=... | images=...) -> the new gallery, opened;
-  :func:`add_images` (gallery, images, ...) -> the new ids; :func:`remove_items` (gallery,
-  ids): what ``nearsight index build | add | remove`` run;
+- :func:`build_gallery` (model, out, dataset=... | images=...) -> the new gallery, opened,
+  with its :class:`BuildReport` (the index layer's builder, which ``nearsight index build``
+  runs too); :func:`add_images` (gallery, images, ...) -> the new ids; :func:`remove_items`
+  (gallery, ids): what ``nearsight index add | remove`` run;
 - :func:`load_embedder` (model_path) -> an embedder with ``.embed_images(images)``;
 - :func:`export` (checkpoint, out, ...) -> the ONNX model, parity-checked (needs ``[train]``);
 - :func:`train` (config, out_dir, *, resume=False) -> a training run (needs ``[train]``).
@@ -32,6 +33,7 @@ _API = {
     "SearchResults": "nearsight.index.results",
     "ResultsList": "nearsight.index.results",
     "build_gallery": "nearsight.app.api",
+    "BuildReport": "nearsight.index.gallery.build",
     "add_images": "nearsight.app.api",
     "remove_items": "nearsight.app.api",
     "load_embedder": "nearsight.models.embedder",
@@ -41,6 +43,7 @@ _API = {
 }
 
 __all__ = [
+    "BuildReport",
     "NearsightError",
     "ResultsList",
     "SearchResults",
@@ -57,6 +60,7 @@ __all__ = [
 if TYPE_CHECKING:
     from nearsight.app.api import add_images, build_gallery, remove_items
     from nearsight.core.errors import NearsightError
+    from nearsight.index.gallery.build import BuildReport
     from nearsight.index.results import ResultsList, SearchResults
     from nearsight.index.searchable import SearchableGallery, open_gallery
     from nearsight.models.embedder import load_embedder

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -265,6 +266,19 @@ def make_tiny_gallery(root: Path, arch: str = "resnet50", seed: int = 2) -> Tiny
 
 
 @pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> TinyGallery:
+    """:func:`make_tiny_gallery`, built once per test module that asks for it."""
+    return make_tiny_gallery(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def tiny_page(tiny):
+    """(url, app): the page over the ``tiny`` gallery, served for the whole module."""
+    with running_page([tiny.gallery]) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
 def product(tmp_path_factory) -> dict:
     """A CSV manifest with shop, price and sku columns over a synthetic folder dataset."""
     import csv
@@ -324,8 +338,73 @@ def empty_hub(tmp_path, monkeypatch) -> Path:
     import torch
 
     hub = tmp_path / "hub"
+    previous = torch.hub.get_dir()  # before TORCH_HOME moves: get_dir() follows it
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))
-    previous = torch.hub.get_dir()
     torch.hub.set_dir(str(hub))
     yield hub
     torch.hub.set_dir(previous)
+
+
+# -- loss tests: random batches, autograd, and the checks every seed loss passes ----------------
+
+
+def random_batch(n: int, dim: int, classes: int, seed: int) -> tuple[Any, Any]:
+    """``n`` unit float64 embeddings of ``dim`` and shuffled labels of ``classes`` classes."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    emb = torch.randn(n, dim, generator=generator, dtype=torch.float64)
+    emb = torch.nn.functional.normalize(emb, dim=1)
+    labels = torch.arange(n) % classes
+    labels = labels[torch.randperm(n, generator=generator)]
+    return emb, labels
+
+
+def autograd(loss_fn, emb, labels):
+    """(loss value, its gradient with respect to ``emb``)."""
+    import torch
+
+    emb = emb.clone().requires_grad_(True)
+    value = loss_fn(emb, labels)
+    (grad,) = torch.autograd.grad(value, emb)
+    return value, grad
+
+
+def count_python_calls(fn) -> int:
+    """Python function calls made while ``fn()`` runs."""
+    calls = 0
+
+    def profiler(frame, event, arg):
+        nonlocal calls
+        if event == "call":
+            calls += 1
+
+    sys.setprofile(profiler)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def assert_no_python_loop_over_anchors(loss) -> None:
+    """Whole-batch tensor code: a batch 10x larger makes no more Python calls."""
+    counts = []
+    for n in (16, 160):
+        emb, labels = random_batch(n, 8, n // 4, seed=0)
+        emb.requires_grad_(True)
+        loss(emb, labels)  # warm-up: lazy imports happen once
+        counts.append(count_python_calls(lambda emb=emb, labels=labels: loss(emb, labels)))
+    assert counts[0] == counts[1], counts
+
+
+def assert_float32_agrees_with_float64(loss) -> None:
+    """Training runs in float32: the same batch gives the same loss and gradient."""
+    import torch
+
+    emb, labels = random_batch(24, 16, 6, seed=21)
+    value64, grad64 = autograd(loss, emb, labels)
+    value32, grad32 = autograd(loss, emb.float(), labels)
+    assert value32.dtype == torch.float32 and grad32.dtype == torch.float32
+    assert value32.item() == pytest.approx(value64.item(), rel=1e-4)
+    torch.testing.assert_close(grad32.double(), grad64, rtol=1e-3, atol=1e-5)

@@ -69,18 +69,9 @@ def test_payload_layout_and_extra_state(trained):
     net, path = trained
     payload = load_checkpoint(path)
     assert payload["format"] == "nearsight-checkpoint"
-    assert payload["version"] == 1
-    assert payload["model_config"] == {
-        "dim": 12,
-        "pooling": "avgmax",
-        "pretrained": "imagenet",
-        "freeze_bn": True,
-        "image_size": 224,
-        "arch": "resnet18",
-        "feature_norm": "none",
-        "heads": ["layer4"],
-        "embedding": "last",
-    }
+    assert payload["version"] == 2
+    assert "model_config" not in payload  # the network is described once, by its spec
+    assert payload["model_training"] == {"pretrained": "imagenet", "freeze_bn": True}
     # the spec: what runs the model reads (training settings such as pretrained are not in it)
     assert payload["model_spec"] == {
         "arch": "resnet18",
@@ -191,13 +182,32 @@ def test_garbage_and_foreign_files_are_one_line_errors(tmp_path):
 def test_weights_that_do_not_match_the_config(tmp_path, trained):
     net, path = trained
     payload = load_checkpoint(path)
-    payload["model_config"]["dim"] = 64  # head stored as 12-d
+    payload["model_spec"]["dim"] = 64  # head stored as 12-d
     bad = tmp_path / "bad.pt"
     torch.save(payload, bad)
     with pytest.raises(NearsightError, match="bad.pt: weights do not match the stored config"):
         load_embedding_net(bad)
 
-    payload["model_config"] = {"dim": 12, "colour": "red"}
+    payload["model_spec"] = {"dim": 12, "colour": "red"}
     torch.save(payload, bad)
-    with pytest.raises(NearsightError, match="bad model_config: unknown embedding setting"):
+    with pytest.raises(NearsightError, match="bad model description: model spec: unknown"):
         load_embedding_net(bad)
+
+
+def test_a_version_1_checkpoint_with_its_model_config_still_loads(tmp_path, trained):
+    """Version 1 stored the network twice (model_config beside model_spec); it still loads,
+    from model_config, as do files from before model_spec existed."""
+    net, path = trained
+    payload = load_checkpoint(path)
+    payload["version"] = 1
+    payload["model_config"] = net.config.to_dict()
+    del payload["model_training"]
+    for name, keep_spec in (("v1.pt", True), ("older.pt", False)):
+        old = (
+            dict(payload) if keep_spec else {k: v for k, v in payload.items() if k != "model_spec"}
+        )
+        torch.save(old, tmp_path / name)
+        loaded = load_embedding_net(tmp_path / name)
+        assert loaded.config == net.config
+        for key, value in net.state_dict().items():
+            assert torch.equal(loaded.state_dict()[key], value), key

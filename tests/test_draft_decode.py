@@ -43,7 +43,9 @@ def test_a_large_jpeg_decodes_at_the_smallest_scale_that_keeps_the_short_side(tm
     assert load_image(png, 256).size == (1536, 1024)  # only JPEGs have a draft mode
 
 
-def test_training_drafts_only_where_the_smallest_crop_keeps_its_pixels():
+def test_a_cached_training_image_keeps_the_pixels_of_its_smallest_crop():
+    """data.cache_images decodes once for every later crop: drafted only where the smallest
+    crop keeps its pixels (uncached, each crop picks its own scale: test_fast_decode.py)."""
     cub = train_min_side(224, [0.16, 1.0])(500, 375)
     assert cub > 375 // 2  # CUB-size images are decoded whole at 224 px
     loose = train_min_side(64, [0.5, 1.0])(1536, 1024)

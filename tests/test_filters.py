@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from nearsight.index.catalog import CATALOG_FILE
-from nearsight.index.gallery.core import Gallery, build_gallery
+from nearsight.index.gallery.core import Gallery
+from nearsight.index.gallery.write import write_gallery
 from nearsight.index.search.filters import (
     FilterError,
     parse_filter,
@@ -68,7 +69,7 @@ def _gallery(tmp_path, index_type: str, count: int = 600, dim: int = 16, seed: i
         for i in range(count)
     ]
     items[0]["meta"]["price"] = "ask"  # text in a numeric column: never in a range
-    folder = build_gallery(
+    folder = write_gallery(
         tmp_path / f"g-{index_type}", vectors, items, model_sha256="m" * 64, index_type=index_type
     )
     return folder, vectors

@@ -231,13 +231,13 @@ def test_a_resumed_build_does_not_reuse_chunks_of_another_description(foreign, t
     """Chunks embedded with one --mean/--std are not reused by a build with others."""
     import shutil
 
-    from nearsight.index.gallery import build as index_build
+    from nearsight.index.gallery import build
 
     out = tmp_path / "gallery"
     argv = ["index", "build", "--model", foreign["model"], "--dataset", "folder", "--root",
             foreign["data"], "--split", "all", "--out", out, *FAST]  # fmt: skip
     with monkeypatch.context() as patch:  # the first build leaves its chunks, as a killed one
-        patch.setattr(index_build.shutil, "rmtree", lambda *args, **kwargs: None)
+        patch.setattr(build.shutil, "rmtree", lambda *args, **kwargs: None)
         code, _, err = run(capsys, *argv, "--input-size", SIZE, "--output", "features")
     assert code == 0, err
     assert (tmp_path / ".gallery.chunks").is_dir()

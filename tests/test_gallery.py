@@ -17,18 +17,17 @@ import numpy as np
 import pytest
 
 from nearsight.index.catalog import CATALOG_FILE, Catalog, GalleryError
-from nearsight.index.gallery.core import (
-    EMBEDDINGS_FILE,
-    INDEX_FILE,
-    Gallery,
-    build_gallery,
+from nearsight.index.gallery.core import Gallery
+from nearsight.index.gallery.files import EMBEDDINGS_FILE, INDEX_FILE
+from nearsight.index.gallery.lock import lock_path
+from nearsight.index.gallery.write import write_gallery
+from nearsight.index.metrics import evaluate
+from nearsight.index.search.faiss_index import (
+    HNSW_M,
     ivf_parameters,
-    lock_path,
     resolve_index_type,
     unit_distance,
 )
-from nearsight.index.metrics import evaluate
-from nearsight.index.search.faiss_index import HNSW_M
 from nearsight.index.search.tuning import recall_at_k
 
 SHA = "ab" * 32
@@ -78,14 +77,14 @@ def vectors() -> np.ndarray:
 
 @pytest.fixture
 def flat(tmp_path, vectors) -> Path:
-    return build_gallery(tmp_path / "g", vectors, items_for(300), model_sha256=SHA)
+    return write_gallery(tmp_path / "g", vectors, items_for(300), model_sha256=SHA)
 
 
 # -- building and searching -------------------------------------------------------------------
 
 
 def test_build_writes_the_three_files_and_meta(tmp_path, vectors):
-    out = build_gallery(
+    out = write_gallery(
         tmp_path / "g", vectors, items_for(300), model_sha256=SHA, meta={"dataset": "cub"}
     )
     assert sorted(p.name for p in out.iterdir()) == sorted(
@@ -113,7 +112,7 @@ def test_build_writes_the_three_files_and_meta(tmp_path, vectors):
 
 @pytest.mark.parametrize("index_type", ["flat", "ivf", "ivfpq", "opq", "hnsw"])
 def test_every_index_type_finds_each_item_first(tmp_path, vectors, index_type):
-    out = build_gallery(
+    out = write_gallery(
         tmp_path / "g", vectors, items_for(300), model_sha256=SHA, index_type=index_type
     )
     with Gallery.open(out) as gallery:
@@ -161,7 +160,7 @@ def test_tuning_holds_out_its_queries_so_new_queries_get_the_target_recall(
     rng = np.random.default_rng(0)
     centres = rng.standard_normal((200, 64)).astype(np.float32)
     vectors, queries = embedding_like(rng, 20_000, centres), embedding_like(rng, 1000, centres)
-    out = build_gallery(
+    out = write_gallery(
         tmp_path / "g", vectors, items_for(20_000), model_sha256=SHA, index_type=index_type
     )
     _, exact = faiss.knn(queries, vectors, 10, metric=faiss.METRIC_INNER_PRODUCT)
@@ -181,7 +180,7 @@ def test_distance_is_euclidean_between_unit_vectors(tmp_path):
     e1, e2 = np.eye(4, dtype=np.float32)[:2]
     diagonal = (e1 + e2) / np.float32(math.sqrt(2))
     gallery_vectors = np.stack([e1, e2, -e1, diagonal])
-    out = build_gallery(tmp_path / "g", gallery_vectors, items_for(4), model_sha256=SHA)
+    out = write_gallery(tmp_path / "g", gallery_vectors, items_for(4), model_sha256=SHA)
     with Gallery.open(out) as gallery:
         distances, ids = gallery.search(e1[None], 10)  # k past the gallery size: all 4
     np.testing.assert_array_equal(ids, [[0, 3, 1, 2]])
@@ -220,17 +219,17 @@ def test_search_shapes_and_bad_queries(flat, vectors):
         assert gallery.search(vectors[:0], 3)[1].shape == (0, 3)
         with pytest.raises(Exception, match=r"shape \[Q, 16\]"):
             gallery.search(np.zeros((2, 8), np.float32), 3)
-        with pytest.raises(Exception, match="k must be a positive"):
+        with pytest.raises(Exception, match="k must be a whole number"):
             gallery.search(vectors[:1], 0)
 
 
 def test_build_refuses_bad_vectors(tmp_path, vectors):
     with pytest.raises(ValueError, match="L2-normalised"):
-        build_gallery(tmp_path / "g", vectors * 2, items_for(300), model_sha256=SHA)
+        write_gallery(tmp_path / "g", vectors * 2, items_for(300), model_sha256=SHA)
     with pytest.raises(ValueError, match="299 vectors for 300 items"):
-        build_gallery(tmp_path / "g", vectors[:299], items_for(300), model_sha256=SHA)
+        write_gallery(tmp_path / "g", vectors[:299], items_for(300), model_sha256=SHA)
     with pytest.raises(Exception, match="no images"):
-        build_gallery(tmp_path / "g", vectors[:0], [], model_sha256=SHA)
+        write_gallery(tmp_path / "g", vectors[:0], [], model_sha256=SHA)
     assert not (tmp_path / "g").exists()
 
 
@@ -238,7 +237,7 @@ def test_evaluate_uses_the_stored_embeddings_of_labelled_items(tmp_path, vectors
     items = items_for(300)
     for item in items[::7]:
         item["label"] = item["class_name"] = None  # unlabelled: left out of the evaluation
-    out = build_gallery(tmp_path / "g", vectors, items, model_sha256=SHA)
+    out = write_gallery(tmp_path / "g", vectors, items, model_sha256=SHA)
     labelled = np.array([item["label"] is not None for item in items])
     labels = np.array([item["label"] for item in items if item["label"] is not None])
     with Gallery.open(out) as gallery:
@@ -251,7 +250,7 @@ def test_evaluate_uses_the_stored_embeddings_of_labelled_items(tmp_path, vectors
 def test_default_ks_follow_the_dataset(tmp_path, vectors):
     for dataset, ks in (("sop", (1, 10, 100, 1000)), ("cub", (1, 2, 4, 8)), (None, (1, 2, 4, 8))):
         meta = {"dataset": dataset} if dataset else {}
-        out = build_gallery(tmp_path / "g", vectors, items_for(300), model_sha256=SHA, meta=meta)
+        out = write_gallery(tmp_path / "g", vectors, items_for(300), model_sha256=SHA, meta=meta)
         with Gallery.open(out) as gallery:
             assert gallery.default_ks() == ks
 
@@ -313,7 +312,7 @@ def test_open_refuses_what_is_not_a_whole_gallery(tmp_path, flat, vectors):
 
 @pytest.mark.parametrize("index_type", ["flat", "ivf", "hnsw"])
 def test_add_then_remove_gives_back_the_same_search_results(tmp_path, vectors, index_type):
-    out = build_gallery(
+    out = write_gallery(
         tmp_path / "g", vectors, items_for(300), model_sha256=SHA, index_type=index_type
     )
     before = gallery_state(out)
@@ -440,7 +439,7 @@ def test_sigkill_mid_compact_leaves_the_previous_gallery(flat, tmp_path):
 
 @pytest.mark.parametrize("index_type", ["flat", "ivf", "hnsw"])
 def test_add_writes_a_segment_and_compact_folds_it_in(tmp_path, vectors, index_type):
-    folder = build_gallery(
+    folder = write_gallery(
         tmp_path / "g", vectors, items_for(300), model_sha256=SHA, index_type=index_type
     )
     index_bytes = (folder / INDEX_FILE).read_bytes()

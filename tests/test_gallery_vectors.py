@@ -14,7 +14,9 @@ import pytest
 
 from nearsight.app.cli import main
 from nearsight.index.catalog import CATALOG_FILE
-from nearsight.index.gallery.core import EMBEDDINGS_FILE, INDEX_FILE, Gallery, build_gallery
+from nearsight.index.gallery.core import Gallery
+from nearsight.index.gallery.files import EMBEDDINGS_FILE, INDEX_FILE
+from nearsight.index.gallery.write import write_gallery
 from nearsight.index.search.query import item_vector
 from nearsight.index.vector_store import ApproximateVectorsWarning, keep_embeddings
 
@@ -36,7 +38,7 @@ def items_of(labels) -> list[dict]:
 
 
 def build(folder, vectors, labels, index_type, embeddings, **options):
-    return build_gallery(
+    return write_gallery(
         folder,
         vectors,
         items_of(labels),

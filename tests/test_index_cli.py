@@ -229,7 +229,7 @@ def test_bad_input_is_one_line_and_exit_2(setup, tmp_path, capsys):
         (["eval", "--gallery", tmp_path / "missing"], "no gallery at"),
         (["search", "--gallery", gallery, tmp_path / "nope.png"], "no such file"),
         (["search", "--gallery", gallery, unreadable], f"cannot read image {unreadable}"),
-        (["search", "--gallery", gallery, query, "--k", "0"], "--k must be at least 1"),
+        (["search", "--gallery", gallery, query, "--k", "0"], "k must be a whole number of at least 1"),
         (["index", "remove", "--gallery", tmp_path / "missing", "--ids", "1"], "no gallery at"),
         (["index", "build", "--model", tmp_path / "none.onnx", "--dataset", "folder", "--root",
           setup["data"], "--out", tmp_path / "g"], "model not found"),
@@ -336,11 +336,11 @@ def test_two_concurrent_adds_both_land(setup, gallery_copy):
 
 
 def test_eval_json_stays_valid_when_map_at_r_is_undefined(tmp_path, capsys):
-    from nearsight.index.gallery.core import build_gallery
+    from nearsight.index.gallery.write import write_gallery
 
     vectors = np.eye(4, dtype=np.float32)
     items = [{"path": f"/x/{i}.png", "label": i} for i in range(4)]  # no class has two items
-    build_gallery(tmp_path / "g", vectors, items, model_sha256="0" * 64)
+    write_gallery(tmp_path / "g", vectors, items, model_sha256="0" * 64)
     code, out, err = run(capsys, "eval", "--gallery", tmp_path / "g", "--json")
     assert code == 0, err
     result = json.loads(out)  # strict JSON: no NaN

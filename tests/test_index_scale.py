@@ -19,7 +19,8 @@ import torch
 
 from nearsight.app.cli import main
 from nearsight.index.datasets.synthetic import write_synthetic
-from nearsight.index.gallery.core import Gallery, build_gallery
+from nearsight.index.gallery.core import Gallery
+from nearsight.index.gallery.write import write_gallery
 from nearsight.models.checkpoint import save_checkpoint
 from nearsight.models.embedding import EmbeddingConfig, EmbeddingNet
 
@@ -283,7 +284,7 @@ def test_adding_one_item_writes_the_item_not_the_gallery(tmp_path):
     count, dim = 100_000, 64
     vectors = np.random.default_rng(0).standard_normal((count, dim)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    folder = build_gallery(
+    folder = write_gallery(
         tmp_path / "g", vectors, [{"path": f"/{i}.jpg"} for i in range(count)], model_sha256=""
     )
     gallery_bytes = sum(p.stat().st_size for p in folder.iterdir())

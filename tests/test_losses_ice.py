@@ -3,21 +3,12 @@
 from __future__ import annotations
 
 import math
-import sys
 
 import pytest
 import torch
+from conftest import assert_no_python_loop_over_anchors, autograd, random_batch
 
 from nearsight.training.losses.ice import InstanceCrossEntropyLoss
-
-
-def random_batch(n: int, dim: int, classes: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    generator = torch.Generator().manual_seed(seed)
-    emb = torch.randn(n, dim, generator=generator, dtype=torch.float64)
-    emb = torch.nn.functional.normalize(emb, dim=1)
-    labels = torch.arange(n) % classes
-    labels = labels[torch.randperm(n, generator=generator)]
-    return emb, labels
 
 
 def reference_ice(emb: torch.Tensor, labels: torch.Tensor, scale: float, symmetric: bool):
@@ -67,13 +58,6 @@ def reference_ice(emb: torch.Tensor, labels: torch.Tensor, scale: float, symmetr
             if symmetric:
                 grad[a] += wt * emb[k]
     return total_log / n, grad, wt_pos, wt_neg
-
-
-def autograd(loss_fn, emb, labels):
-    emb = emb.clone().requires_grad_(True)
-    value = loss_fn(emb, labels)
-    (grad,) = torch.autograd.grad(value, emb)
-    return value, grad
 
 
 @pytest.mark.parametrize(
@@ -229,31 +213,8 @@ def reference_ice_log_space(emb, labels, scale):
     return total_log / n, grad, None, None
 
 
-def count_python_calls(fn) -> int:
-    calls = 0
-
-    def profiler(frame, event, arg):
-        nonlocal calls
-        if event == "call":
-            calls += 1
-
-    sys.setprofile(profiler)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return calls
-
-
 def test_no_python_loop_over_anchors():
-    loss = InstanceCrossEntropyLoss()
-    counts = []
-    for n in (16, 160):
-        emb, labels = random_batch(n, 8, n // 4, seed=0)
-        emb.requires_grad_(True)
-        loss(emb, labels)  # warm-up: lazy imports happen once
-        counts.append(count_python_calls(lambda emb=emb, labels=labels: loss(emb, labels)))
-    assert counts[0] == counts[1], counts
+    assert_no_python_loop_over_anchors(InstanceCrossEntropyLoss())
 
 
 def test_no_gradient_reaches_the_anchor_unless_symmetric():

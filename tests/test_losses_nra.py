@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import math
-import sys
 
 import pytest
 import torch
+from conftest import (
+    assert_float32_agrees_with_float64,
+    assert_no_python_loop_over_anchors,
+    autograd,
+    random_batch,
+)
 
 from nearsight.training.losses.nra import NonlinearRankApproximationLoss, rank_transfer
-
-
-def random_batch(n: int, dim: int, classes: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    generator = torch.Generator().manual_seed(seed)
-    emb = torch.randn(n, dim, generator=generator, dtype=torch.float64)
-    emb = torch.nn.functional.normalize(emb, dim=1)
-    labels = torch.arange(n) % classes
-    labels = labels[torch.randperm(n, generator=generator)]
-    return emb, labels
 
 
 def reference_w(r: float, alpha: float) -> float:
@@ -61,13 +57,6 @@ def reference_nra(emb, labels, alpha=2.0, detach_extremes=False, include_anchor=
     loss = -total / n
     (grad,) = torch.autograd.grad(loss, leaf)
     return loss.item(), grad
-
-
-def autograd(loss_fn, emb, labels):
-    emb = emb.clone().requires_grad_(True)
-    value = loss_fn(emb, labels)
-    (grad,) = torch.autograd.grad(value, emb)
-    return value, grad
 
 
 def test_transfer_function_values_from_losses_md():
@@ -249,42 +238,12 @@ def test_single_embedding_gives_zero():
     assert value.item() == 0.0 and torch.count_nonzero(grad) == 0
 
 
-def count_python_calls(fn) -> int:
-    calls = 0
-
-    def profiler(frame, event, arg):
-        nonlocal calls
-        if event == "call":
-            calls += 1
-
-    sys.setprofile(profiler)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return calls
-
-
 def test_no_python_loop_over_anchors():
-    loss = NonlinearRankApproximationLoss()
-    counts = []
-    for n in (16, 160):
-        emb, labels = random_batch(n, 8, n // 4, seed=0)
-        emb.requires_grad_(True)
-        loss(emb, labels)
-        counts.append(count_python_calls(lambda emb=emb, labels=labels: loss(emb, labels)))
-    assert counts[0] == counts[1], counts
+    assert_no_python_loop_over_anchors(NonlinearRankApproximationLoss())
 
 
 def test_float32_agrees_with_float64():
-    # training runs in float32: the same batch must give the same loss and gradient
-    emb, labels = random_batch(24, 16, 6, seed=21)
-    loss = NonlinearRankApproximationLoss(alpha=2.0)
-    value64, grad64 = autograd(loss, emb, labels)
-    value32, grad32 = autograd(loss, emb.float(), labels)
-    assert value32.dtype == torch.float32 and grad32.dtype == torch.float32
-    assert value32.item() == pytest.approx(value64.item(), rel=1e-4)
-    torch.testing.assert_close(grad32.double(), grad64, rtol=1e-3, atol=1e-5)
+    assert_float32_agrees_with_float64(NonlinearRankApproximationLoss(alpha=2.0))
 
 
 @pytest.mark.parametrize("alpha", [0.5, 1.0, 2.0, 3.0])

@@ -142,7 +142,7 @@ def test_multi_head_training_sums_the_heads_losses(synth, tmp_path):
     last = load_checkpoint(out / "last.pt")
     # the side heads trained (their own groups' parameters moved off their zero bias)
     assert last["state_dict"]["side_embeddings.layer2.bias"].abs().sum() > 0
-    assert last["model_config"]["heads"] == ["layer2", "layer3", "layer4"]
+    assert last["model_spec"]["heads"] == ["layer2", "layer3", "layer4"]
     # the logged loss of step 1 is the sum of the three heads' ICE values on that batch
     first = read_jsonl(out / "train.jsonl")[0]["loss"]
     single = tmp_path / "ice1"

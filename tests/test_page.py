@@ -16,27 +16,23 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from conftest import TinyGallery, free_port, make_tiny_gallery
+from conftest import TinyGallery, free_port
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 from PIL import Image
 
 from nearsight.app.cli import main
 from nearsight.app.page import build_app
-from nearsight.app.page_view import GalleryView, gallery_names
+from nearsight.app.page_view import GalleryView
 from nearsight.app.server import launch_app
 from nearsight.index.analysis import Failure, confused_pairs, pair_distance_histogram
 from nearsight.index.gallery.core import Gallery
+from nearsight.index.search.served import gallery_names
 from nearsight.models.checkpoint import save_checkpoint
 from nearsight.models.embedder import load_embedder
 from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
 
 MAX_UPLOAD_MB = 0.25  # small, so that the oversized upload in the test is small too
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> TinyGallery:
-    return make_tiny_gallery(tmp_path_factory.mktemp("page"))
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +110,7 @@ def test_search_api_takes_k_and_the_gallery_name(tiny, client):
     assert [row["id"] for row in rows] == reference_neighbours(tiny, path, 3)[0]
     with pytest.raises(AppError, match="no gallery named 'nope'"):
         client.predict(handle_file(path), 3, "nope", api_name="/search")
-    with pytest.raises(AppError, match="k must be an integer from 1 to 64"):
+    with pytest.raises(AppError, match="k must be a whole number from 1 to 64"):
         client.predict(handle_file(path), 0, "gallery", api_name="/search")
 
 

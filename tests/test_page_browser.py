@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, running_page, upload
+from conftest import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, upload
 from PIL import Image
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
@@ -23,19 +23,6 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright pac
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from conftest import make_tiny_gallery  # the same tiny gallery as the server tests
-
-    return make_tiny_gallery(tmp_path_factory.mktemp("browser"))
-
-
-@pytest.fixture(scope="module")
-def server(tiny):
-    with running_page([tiny.gallery]) as served:
-        yield served
-
-
-@pytest.fixture(scope="module")
 def browser():
     with sync_api.sync_playwright() as playwright:
         chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
@@ -44,10 +31,10 @@ def browser():
 
 
 @pytest.fixture
-def page(browser, server, request):
+def page(browser, tiny_page, request):
     """A fresh tab on the page; ``page.outside`` lists requests that left 127.0.0.1. On a
     failure the tab's screenshot is saved to test-artifacts/<test>.png."""
-    url = server[0]
+    url = tiny_page[0]
     context = browser.new_context(viewport={"width": 1400, "height": 1100})
     tab = context.new_page()
     tab.set_default_timeout(TIMEOUT_MS)
@@ -125,8 +112,8 @@ def test_k_changes_the_number_of_thumbnails(page, tiny):
     assert page.locator("#ns-results .ns-cell").count() == 3
 
 
-def test_a_failing_query_opens_from_the_failure_list_with_a_red_rank_1(page, server):
-    failures = server[1].nearsight.view("gallery").analysis().failures
+def test_a_failing_query_opens_from_the_failure_list_with_a_red_rank_1(page, tiny_page):
+    failures = tiny_page[1].nearsight.view("gallery").analysis().failures
     assert failures
     page.get_by_role("tab", name="Failures").click()
     table = page.locator("#ns-failures")
@@ -174,10 +161,10 @@ def test_the_summary_and_nothing_fetched_from_outside(page, tiny):
     assert page.outside == []
 
 
-def test_the_rerank_toggle_redraws_the_grid_and_the_failures_tab_lists_its_changes(page, server):
+def test_the_rerank_toggle_redraws_the_grid_and_the_failures_tab_lists_its_changes(page, tiny_page):
     from nearsight.index.rerank.changes import rerank_changes
 
-    handlers = server[1].nearsight
+    handlers = tiny_page[1].nearsight
     view = handlers.view("gallery")
     spec = handlers.rerank_spec(view, True)
     # an item whose neighbours re-ranking re-orders, so the redraw is visible

@@ -8,23 +8,10 @@ import re
 
 import numpy as np
 import pytest
-from conftest import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, running_page, upload
+from conftest import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, upload
 
 from nearsight.app.page_map import CLICK_RADIUS, PCA, build_map, project, recall_chart_html
 from nearsight.app.page_tables import summary_markdown
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from conftest import make_tiny_gallery
-
-    return make_tiny_gallery(tmp_path_factory.mktemp("product-page"))
-
-
-@pytest.fixture(scope="module")
-def server(tiny):
-    with running_page([tiny.gallery]) as served:
-        yield served
 
 
 def test_pca_projection_keeps_the_two_widest_directions():
@@ -35,8 +22,8 @@ def test_pca_projection_keeps_the_two_widest_directions():
     assert spread[0] == pytest.approx(10.0, rel=0.15) and spread[1] == pytest.approx(3, rel=0.15)
 
 
-def test_map_points_and_recall_chart(server):
-    _, demo = server
+def test_map_points_and_recall_chart(tiny_page):
+    _, demo = tiny_page
     view = next(iter(demo.nearsight.views.values()))
     emap = build_map(view, PCA)
     assert len(emap.ids) == len(view) and emap.image.size == (720, 520)
@@ -55,8 +42,8 @@ def test_map_points_and_recall_chart(server):
     assert sorted(1 - misses[c] / counts[c] for c in counts) == pytest.approx(recalls, abs=1e-4)
 
 
-def test_summary_shows_folder_names_unless_asked(server, tiny):
-    _, demo = server
+def test_summary_shows_folder_names_unless_asked(tiny_page, tiny):
+    _, demo = tiny_page
     view = next(iter(demo.nearsight.views.values()))
     hidden = summary_markdown(view)
     assert str(tiny.gallery) not in hidden and str(tiny.root) not in hidden
@@ -79,19 +66,19 @@ def browser():
 
 
 @pytest.fixture
-def tab(browser, server):
+def tab(browser, tiny_page):
     context = browser.new_context(viewport={"width": 1400, "height": 1100})
     page = context.new_page()
     page.set_default_timeout(TIMEOUT_MS)
-    page.goto(server[0])
+    page.goto(tiny_page[0])
     page.wait_for_selector("#ns-results .ns-message")
     yield page
     context.close()
 
 
 @browser_only
-def test_clicking_a_map_point_shows_that_items_grid(tab, server):
-    _, demo = server
+def test_clicking_a_map_point_shows_that_items_grid(tab, tiny_page):
+    _, demo = tiny_page
     name = demo.nearsight.names[0]
     emap = demo.nearsight_maps.map(name, PCA)
     # the point farthest from every other one: a click on it cannot mean a neighbour
@@ -136,8 +123,8 @@ def test_filter_box_limits_the_grid(tab, tiny):
     assert labels == {str(item["label"])}  # exactly the 4 items of its class, nothing else
 
 
-def test_the_query_image_takes_the_webcam(server):
-    _, demo = server
+def test_the_query_image_takes_the_webcam(tiny_page):
+    _, demo = tiny_page
     (image,) = [c for c in demo.config["components"]
                 if c.get("props", {}).get("elem_id") == "ns-query-image"]  # fmt: skip
     assert image["props"]["sources"] == ["upload", "webcam", "clipboard"]

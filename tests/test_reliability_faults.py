@@ -184,7 +184,7 @@ BIG = 100_000  # items: the writer's temporary folder then lives ~0.4 s here, lo
 def big_gallery(gallery, tmp_path_factory) -> Path:
     """A gallery of BIG random unit vectors under the tiny model (items are never read back
     from their files by `index add`, so their paths need not exist)."""
-    from nearsight.index.gallery.core import build_gallery
+    from nearsight.index.gallery.write import write_gallery
     from nearsight.models.embedder import load_embedder
 
     embedder = load_embedder(gallery["model"], device="cpu")
@@ -193,7 +193,7 @@ def big_gallery(gallery, tmp_path_factory) -> Path:
     items = [{"path": f"/nowhere/{i}.png", "label": i % 100} for i in range(BIG)]
     out = tmp_path_factory.mktemp("big") / "gallery"
     meta = {"model": str(gallery["model"]), "image_size": embedder.image_size}
-    build_gallery(out, vectors, items, model_sha256=embedder.model_sha256, meta=meta)
+    write_gallery(out, vectors, items, model_sha256=embedder.model_sha256, meta=meta)
     return out
 
 

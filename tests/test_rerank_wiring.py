@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from nearsight.index.gallery.core import Gallery, build_gallery
+from nearsight.index.gallery.core import Gallery
+from nearsight.index.gallery.write import write_gallery
 from nearsight.index.rerank import k_reciprocal_distance, parse_rerank
 
 SHA = "ab" * 32
@@ -26,7 +27,7 @@ def _gallery(tmp_path, vectors, labels, index_type="flat", name="g"):
         {"path": f"/data/{i}.png", "label": int(label), "class_name": f"c{label}"}
         for i, label in enumerate(labels)
     ]
-    return build_gallery(tmp_path / name, vectors, items, model_sha256=SHA, index_type=index_type)
+    return write_gallery(tmp_path / name, vectors, items, model_sha256=SHA, index_type=index_type)
 
 
 def _dba_vector(v, c, q, k, alpha, exclude_query=True):
@@ -168,9 +169,9 @@ def test_the_neighbour_graph_answers_as_the_index_does_through_add_remove_compac
     items = [
         {"path": f"/d/{i}.png", "label": int(x), "class_name": None} for i, x in enumerate(labels)
     ]
-    with_graph = build_gallery(tmp_path / "graph", vectors[:60], items[:60], model_sha256=SHA,
+    with_graph = write_gallery(tmp_path / "graph", vectors[:60], items[:60], model_sha256=SHA,
                                index_type="flat", neighbour_graph=True)  # fmt: skip
-    plain = build_gallery(tmp_path / "plain", vectors[:60], items[:60], model_sha256=SHA,
+    plain = write_gallery(tmp_path / "plain", vectors[:60], items[:60], model_sha256=SHA,
                           index_type="flat")  # fmt: skip
     assert (with_graph / GRAPH_FILE).exists() and not (plain / GRAPH_FILE).exists()
     spec = parse_rerank("dba+aqe:k=3,alpha=2,depth=30")
@@ -204,7 +205,7 @@ def test_a_graph_that_does_not_match_the_index_is_refused(tmp_path):
     items = [
         {"path": f"/d/{i}.png", "label": int(x), "class_name": None} for i, x in enumerate(labels)
     ]
-    folder = build_gallery(tmp_path / "g", vectors, items, model_sha256=SHA, neighbour_graph=True)
+    folder = write_gallery(tmp_path / "g", vectors, items, model_sha256=SHA, neighbour_graph=True)
     np.save(folder / GRAPH_FILE, np.zeros((3, 16), dtype=np.int64))
     with pytest.raises(GalleryError, match="neighbour graph of 3 rows for 36 indexed items"):
         Gallery.open(folder)

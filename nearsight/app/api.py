@@ -1,8 +1,7 @@
-"""The gallery-writing functions of ``import nearsight``: thin wrappers over the CLI's own
-``index build``, ``index add`` and ``index remove`` (the same parser, defaults and code), so a
-notebook and the command line build the same gallery. ``build_gallery`` reads its keywords
-with the command's parser and calls the typed builder, ``nearsight.index.gallery.build``.
-Errors are NearsightError, one line."""
+"""The gallery-writing functions of ``import nearsight``. ``build_gallery`` calls the index
+layer's builder (what ``nearsight index build`` calls); ``add_images`` and ``remove_items`` run
+the CLI's own ``index add`` and ``index remove`` (the same parser, defaults and code). Errors are
+NearsightError, one line."""
 
 from __future__ import annotations
 
@@ -14,21 +13,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from nearsight.core.errors import NearsightError
+from nearsight.index.gallery.defaults import DEFAULT_BATCH_SIZE, DEFAULT_CHUNK_SIZE
 from nearsight.index.searchable import SearchableGallery, open_gallery
 
 PathLike = str | os.PathLike[str]
 
 
 def _run(argv: Sequence[Any]) -> argparse.Namespace:
-    """Parse ``argv`` as the CLI does and run it."""
-    args = _parse(argv)
-    args.func(args)
-    return args
-
-
-def _parse(argv: Sequence[Any]) -> argparse.Namespace:
-    """Parse ``argv`` as the CLI does (its defaults and checks); argparse's complaint becomes
-    one error."""
+    """Parse ``argv`` as the CLI does and run it; argparse's complaint becomes one error."""
     from nearsight.app.cli import build_parser
 
     complaint = io.StringIO()
@@ -41,6 +33,7 @@ def _parse(argv: Sequence[Any]) -> argparse.Namespace:
         raise NearsightError(
             lines[-1].split(": error: ", 1)[-1] if lines else "bad arguments"
         ) from None
+    args.func(args)
     return args
 
 
@@ -70,7 +63,7 @@ def build_gallery(
     dataset: str | None = None,
     root: PathLike | None = None,
     images: Iterable[PathLike] | None = None,
-    split: str | None = None,
+    split: str = "auto",
     index_type: str = "auto",
     device: str = "auto",
     input_size: int | None = None,
@@ -78,31 +71,58 @@ def build_gallery(
     std: Sequence[float] | None = None,
     resize: int | None = None,
     output: str | None = None,
-    **options: Any,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    workers: int = 0,
+    key_column: str | None = None,
+    meta_types: Mapping[str, str] | None = None,
+    max_index_memory: str | int | None = None,
+    embeddings: str = "auto",
+    neighbour_graph: bool = False,
 ) -> SearchableGallery:
-    """Embed a dataset (``dataset`` cub | cars | sop | folder | csv with its ``root``) or a
-    list of ``images`` with ``model`` and write the gallery folder ``out``, as ``nearsight
-    index build`` does (``split``: its ``--split``, default the command's); returns it opened
-    for searching. A model exported elsewhere takes ``input_size``, ``mean``, ``std``,
-    ``resize`` and ``output`` (the command's flags of the same names). Any other flag of
-    the command is a keyword: ``chunk_size=512``, ``max_index_memory="2G"``."""
+    """Embed a dataset (``dataset`` cub | cars | sop | folder | csv with its ``root`` and
+    ``split``) or a list of ``images`` with ``model`` and write the gallery folder ``out``
+    through :func:`nearsight.index.gallery.build.build_gallery` (what ``nearsight index build``
+    runs); returns it opened for searching, its :class:`BuildReport` as ``.build_report``. A
+    model exported elsewhere takes ``input_size``, ``mean``, ``std``, ``resize`` and
+    ``output`` (``index build``'s flags of the same names)."""
+    from nearsight.index.gallery.build import build_gallery as build
+    from nearsight.index.gallery.sources import dataset_source, images_source
+    from nearsight.models.embedder import load_embedder
+
     if (dataset is None) == (images is None):
         raise NearsightError("build_gallery takes a dataset (with its root) or images, not both")
-    argv: list[Any] = ["index", "build", "--model", model, "--out", out]
     if dataset is not None:
-        argv += ["--dataset", dataset, *_option("--root", root), *_option("--split", split)]
+        if root is None:
+            raise NearsightError("build_gallery: a dataset needs its root")
+        declared = {**(meta_types or {})}
+        declared.setdefault(key_column or "key", "str")  # keys are names, not numbers
+        source = dataset_source(dataset, root, split, declared)
     else:
-        paths = list(images or [])
-        if not paths:
-            raise NearsightError("build_gallery: images is empty")
-        argv += ["--images", *paths]
-    argv += ["--index-type", index_type, "--device", device]
-    argv += _option("--input-size", input_size) + _option("--mean", mean) + _option("--std", std)
-    argv += _option("--resize", resize) + _option("--output", output) + _flags(options)
-    from nearsight.app.commands.index_build import build_from_args
+        source = images_source(images or [])
+    spec = None
+    if any(v is not None for v in (input_size, mean, std, resize, output)):
+        from nearsight.models.foreign import foreign_spec
 
-    build_from_args(_parse(argv))  # the typed builder (nearsight.index.gallery.build)
-    return open_gallery(out, device=device)
+        spec = foreign_spec(model, image_size=input_size, mean=mean, std=std, resize=resize,
+                            output=output)  # fmt: skip
+    report = build(
+        load_embedder(model, device=device, spec=spec),
+        source,
+        out,
+        model_path=model,
+        index_type=index_type,
+        chunk_size=chunk_size,
+        batch_size=batch_size,
+        workers=workers,
+        key_column=key_column,
+        max_index_memory=max_index_memory,
+        embeddings=embeddings,
+        neighbour_graph=neighbour_graph,
+    )
+    gallery = open_gallery(out, device=device)
+    gallery.build_report = report
+    return gallery
 
 
 def add_images(

@@ -2,7 +2,7 @@
 
 Each subcommand lives in its own module under ``nearsight/app/commands`` with two functions:
 ``register(subparsers)`` adds its parser and sets ``func``; the parsed namespace is then passed
-to that ``func``. Bad input raises :class:`models.errors.NearsightError`: the message is printed
+to that ``func``. Bad input raises :class:`nearsight.core.errors.NearsightError`: the message is printed
 as one line on stderr and the exit status is 2, never a traceback. So is an OSError (a full
 disk, no permission): a fault of the machine, not of the code.
 """

@@ -26,11 +26,14 @@ from nearsight.app.page_tables import (
     pairs_frame,
     summary_markdown,
 )
-from nearsight.app.page_view import GalleryView, Neighbour, thumbnail_uri
+from nearsight.app.page_view import GalleryView
 from nearsight.core.errors import NearsightError
 from nearsight.index.images import load_image_bytes
 from nearsight.index.rerank.changes import MAX_COMPARED_ITEMS, rerank_changes
 from nearsight.index.rerank.spec import NONE, RerankSpec, parse_rerank
+from nearsight.index.search.checks import check_k
+from nearsight.index.search.served import Neighbour
+from nearsight.index.verdicts import thumbnail_uri
 
 DEFAULT_K = 8
 MAX_K = 64
@@ -78,12 +81,9 @@ class Page:
     @staticmethod
     def check_k(k: Any) -> int:
         try:
-            value = int(k)
-        except (TypeError, ValueError):
-            raise PageError(f"k must be an integer from 1 to {MAX_K}, got {k!r}") from None
-        if not 1 <= value <= MAX_K or value != float(k):
-            raise PageError(f"k must be an integer from 1 to {MAX_K}, got {k!r}")
-        return value
+            return check_k(k, MAX_K)
+        except NearsightError as error:
+            raise PageError(str(error)) from None
 
     @staticmethod
     def read_upload(path: str | None, min_side: int | None = None) -> tuple[bytes, Any]:

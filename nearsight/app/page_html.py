@@ -14,7 +14,7 @@ import html
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from nearsight.app.page_view import Neighbour
+from nearsight.index.search.served import Neighbour
 from nearsight.index.verdicts import FRAME_COLOURS, QUERY_COLOUR, correctness
 
 CELL_SIDE = 152  # pixels of the image area of a cell

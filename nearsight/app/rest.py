@@ -37,12 +37,12 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from nearsight.app.batcher import DEFAULT_MAX_WAITING, BatcherFull, EmbedBatcher
-from nearsight.app.page_view import GalleryView
 from nearsight.core.errors import NearsightError
 from nearsight.index.gallery.keys import ids_of_keys
 from nearsight.index.images import ImageLoadError, load_image_bytes
 from nearsight.index.rerank.spec import parse_rerank
 from nearsight.index.search.query import check_vector, item_row
+from nearsight.index.search.served import ServedGallery
 
 API_PREFIX = "/api"
 API_KEY_ENV = "NEARSIGHT_API_KEY"
@@ -62,7 +62,7 @@ class ApiError(Exception):
 
 
 def make_rest_app(
-    views: Mapping[str, GalleryView] | Sequence[GalleryView],
+    views: Mapping[str, ServedGallery] | Sequence[ServedGallery],
     *,
     max_upload_bytes: int,
     api_key: str | None = None,
@@ -108,7 +108,7 @@ def make_rest_app(
                 401, f"missing or wrong API key (send it in the {API_KEY_HEADER} header)"
             )
 
-    def view_of(name: str | None) -> GalleryView:
+    def view_of(name: str | None) -> ServedGallery:
         if not name:
             return by_name[names[0]]
         if name not in by_name:
@@ -266,7 +266,7 @@ class DecodeGate:
 
 
 async def _embed_upload(
-    upload: UploadFile, view: GalleryView, batcher: EmbedBatcher, max_bytes: int,
+    upload: UploadFile, view: ServedGallery, batcher: EmbedBatcher, max_bytes: int,
     decoding: DecodeGate,
 ) -> Any:  # fmt: skip
     data = await upload.read(max_bytes + 1)

@@ -8,7 +8,7 @@
 - ``item_meta`` (absent in catalogs made before metadata existed): ``item_id``, ``key``,
   ``value``, one row per item and extra column (a CSV column beyond ``path,label,split``,
   ``index add --meta KEY=VALUE``). ``value`` has no declared type, so SQLite keeps each value
-  an integer, a real or text as given (typed by :func:`index.filters.typed_value`) and
+  an integer, a real or text as given (typed by :func:`nearsight.index.search.filters.typed_value`) and
   :meth:`Catalog.filter_ids` compares numbers as numbers.
 - ``meta``: ``key`` -> ``value`` where the value is JSON text (so ``dim`` comes back as an int):
   ``model_sha256``, ``dim``, ``metric``, ``index_type``, ``created`` and any extras; ``next_id``
@@ -20,7 +20,6 @@ The gallery folder around it (written whole, its catalog opened): nearsight/inde
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sqlite3
 import threading
@@ -34,31 +33,28 @@ import numpy as np
 
 from nearsight.core.errors import NearsightError
 from nearsight.index.catalog_filter import run_filter
+from nearsight.index.catalog_rows import (
+    INSERT_ITEM,
+    INSERT_ITEM_META,
+    ITEM_COLUMNS,
+    ITEM_META_INDEX,
+    ITEM_META_TABLE,
+    META_COLUMNS,
+    UPSERT_META,
+    decode_meta,
+    item_meta,
+    item_meta_values,
+    item_row,
+    meta_values,
+    row_values,
+)
 from nearsight.index.search.filters import (
     Condition,
     MetaValue,
-    typed_meta,
 )
 from nearsight.index.sqlite_db import Database
 
 CATALOG_FILE = "catalog.db"
-ITEM_COLUMNS: dict[str, type] = {
-    "id": int,
-    "path": str,
-    "label": int,
-    "class_name": str,
-    "split": str,
-    "sha256": str,
-    "width": int,
-    "height": int,
-}
-META_COLUMNS: dict[str, type] = {"key": str, "value": str}
-ITEM_META_TABLE = (
-    "CREATE TABLE IF NOT EXISTS item_meta (item_id INTEGER NOT NULL, key TEXT NOT NULL, "
-    "value NOT NULL, PRIMARY KEY (item_id, key)) WITHOUT ROWID"
-)
-ITEM_META_INDEX = "CREATE INDEX IF NOT EXISTS item_meta_key ON item_meta (key, value)"
-_INSERT_ITEM_META = "INSERT OR REPLACE INTO item_meta (item_id, key, value) VALUES (?, ?, ?)"
 _SQLITE_HEADER = b"SQLite format 3\x00"
 _CHUNK = 500  # ids per "IN (...)" query, well under SQLite's variable limit
 FILTER_TIME_LIMIT_S = 2.0  # one filter query; past it the search is refused
@@ -81,8 +77,8 @@ def create_catalog(
     if path.exists():
         raise GalleryError(f"cannot create catalog {path}: the file already exists")
     items = list(items)
-    rows = [_item_row(item, position) for position, item in enumerate(items)]
-    extras = [_item_meta(item) for item in items]
+    rows = [item_row(item, position) for position, item in enumerate(items)]
+    extras = [item_meta(item) for item in items]
     meta = dict(meta)
     meta.setdefault("created", datetime.now(UTC).isoformat(timespec="seconds"))
     meta.setdefault("next_id", max((row["id"] for row in rows), default=-1) + 1)
@@ -92,11 +88,11 @@ def create_catalog(
             db["items"].create(ITEM_COLUMNS, pk="id", not_null={"path"})
             db["items"].create_index(["label"])
             db["meta"].create(META_COLUMNS, pk="key", not_null={"value"})
-            db.conn.executemany(_INSERT_ITEM, [_row_values(row) for row in rows])
+            db.conn.executemany(INSERT_ITEM, [row_values(row) for row in rows])
             db.conn.execute(ITEM_META_TABLE)
             db.conn.execute(ITEM_META_INDEX)
-            db.conn.executemany(_INSERT_ITEM_META, _item_meta_values(rows, extras))
-            db.conn.executemany(_UPSERT_META, _meta_values(meta))
+            db.conn.executemany(INSERT_ITEM_META, item_meta_values(rows, extras))
+            db.conn.executemany(UPSERT_META, meta_values(meta))
     except sqlite3.IntegrityError as error:
         db.close()
         path.unlink(missing_ok=True)
@@ -105,7 +101,7 @@ def create_catalog(
 
 
 class Catalog:
-    """An open catalog; use :meth:`open` (or :func:`index.gallery_files.open_catalog_dir`),
+    """An open catalog; use :meth:`open` (or :func:`nearsight.index.gallery.files.open_catalog_dir`),
     ideally in a ``with``."""
 
     def __init__(self, db: Database, path: Path):
@@ -168,7 +164,7 @@ class Catalog:
     def meta(self) -> dict[str, object]:
         with self._guard():
             rows = self._db.execute("SELECT key, value FROM meta ORDER BY key").fetchall()
-        return {key: _decode(value) for key, value in rows}
+        return {key: decode_meta(value) for key, value in rows}
 
     def items(self, ids: Iterable[int] | None = None) -> list[dict[str, Any]]:
         """All items, or those with ``ids`` (unknown ids are skipped), ordered by id. Each row
@@ -235,7 +231,7 @@ class Catalog:
     def filter_ids(
         self, conditions: Sequence[Condition], *, time_limit_s: float = FILTER_TIME_LIMIT_S
     ) -> np.ndarray:
-        """Sorted int64 ids of the items meeting every condition (index.search.filters).
+        """Sorted int64 ids of the items meeting every condition (nearsight.index.search.filters).
 
         The query runs on a connection of its own, read-only and outside the catalog's lock, so
         a slow filter never makes other searches of the gallery wait; past ``time_limit_s`` it
@@ -299,7 +295,7 @@ class Catalog:
     def set_meta(self, **values: object) -> None:
         self._filter_keys = None  # meta_types may change
         with self._guard(writing=True), self._db.conn:
-            self._db.conn.executemany(_UPSERT_META, _meta_values(values))
+            self._db.conn.executemany(UPSERT_META, meta_values(values))
 
     def next_id(self) -> int:
         """The id the next added item gets: after every id the catalog has ever held."""
@@ -309,7 +305,7 @@ class Catalog:
             stored_next = conn.execute("SELECT value FROM meta WHERE key = 'next_id'").fetchone()
         start = 0 if highest is None else int(highest) + 1
         if stored_next is not None:
-            start = max(start, int(_decode(stored_next[0])))
+            start = max(start, int(decode_meta(stored_next[0])))
         return start
 
     def add_items(
@@ -326,15 +322,15 @@ class Catalog:
         with self._guard(writing=True), self._db.conn:
             conn = self._db.conn
             start = self.next_id()
-            rows = [_item_row(item, start + offset) for offset, item in enumerate(new)]
-            conn.executemany(_INSERT_ITEM, [_row_values(row) for row in rows])
-            extras = [_item_meta(item) for item in new]
+            rows = [item_row(item, start + offset) for offset, item in enumerate(new)]
+            conn.executemany(INSERT_ITEM, [row_values(row) for row in rows])
+            extras = [item_meta(item) for item in new]
             if any(extras):  # an old catalog gets the table on its first metadata
                 conn.execute(ITEM_META_TABLE)
                 conn.execute(ITEM_META_INDEX)
-                conn.executemany(_INSERT_ITEM_META, _item_meta_values(rows, extras))
+                conn.executemany(INSERT_ITEM_META, item_meta_values(rows, extras))
             updates = {**(meta or {}), "next_id": start + len(rows)}
-            conn.executemany(_UPSERT_META, _meta_values(updates))
+            conn.executemany(UPSERT_META, meta_values(updates))
         return [row["id"] for row in rows]
 
     def remove(self, ids: Iterable[int], *, meta: dict[str, object] | None = None) -> None:
@@ -360,7 +356,7 @@ class Catalog:
                         f"DELETE FROM item_meta WHERE item_id IN ({marks})", chunk
                     )
             if meta:
-                self._db.conn.executemany(_UPSERT_META, _meta_values(meta))
+                self._db.conn.executemany(UPSERT_META, meta_values(meta))
 
     # -- lifetime ----------------------------------------------------------------------------
 
@@ -388,64 +384,3 @@ class Catalog:
                 )  # a full disk, a quota: SQLite says "disk I/O error" or "disk is full"
                 problem = "cannot be written" if unwritable else "is damaged"
                 raise GalleryError(f"gallery catalog {self.path} {problem}: {error}") from None
-
-
-# -- rows -------------------------------------------------------------------------------------
-
-_INSERT_ITEM = (
-    f"INSERT INTO items ({', '.join(ITEM_COLUMNS)}) VALUES ({', '.join('?' * len(ITEM_COLUMNS))})"
-)
-_UPSERT_META = (
-    "INSERT INTO meta (key, value) VALUES (?, ?) "
-    "ON CONFLICT(key) DO UPDATE SET value = excluded.value"
-)
-
-
-def _item_meta(item: dict[str, Any]) -> dict[str, Any]:
-    return typed_meta(item.get("meta") or {})
-
-
-def _item_meta_values(rows: list[dict[str, Any]], extras: list[dict[str, Any]]) -> list[tuple]:
-    return [
-        (row["id"], key, value)
-        for row, extra in zip(rows, extras, strict=True)
-        for key, value in extra.items()
-    ]
-
-
-def _item_row(item: dict[str, Any], default_id: int) -> dict[str, Any]:
-    unknown = set(item) - set(ITEM_COLUMNS) - {"meta"}
-    if unknown:
-        raise ValueError(f"unknown catalog item fields: {', '.join(sorted(unknown))}")
-    if item.get("path") is None:
-        raise ValueError("a catalog item needs a 'path'")
-    row: dict[str, Any] = {}
-    for name, kind in ITEM_COLUMNS.items():
-        value = item.get(name, default_id if name == "id" else None)
-        if value is not None:
-            value = os.fspath(value) if name == "path" else kind(value)
-        row[name] = value
-    return row
-
-
-def _row_values(row: dict[str, Any]) -> tuple:
-    return tuple(row[name] for name in ITEM_COLUMNS)
-
-
-def _meta_values(values: dict[str, object]) -> list[tuple[str, str]]:
-    return [(str(key), json.dumps(value, default=_to_json)) for key, value in values.items()]
-
-
-def _to_json(value: object) -> object:
-    if isinstance(value, np.generic | np.ndarray):
-        return value.tolist()
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    raise TypeError(f"catalog meta values must be JSON-serialisable, got {type(value).__name__}")
-
-
-def _decode(text: str) -> object:
-    try:
-        return json.loads(text)
-    except (TypeError, ValueError):
-        return text  # written by something else: give it back as it is

@@ -1,8 +1,8 @@
 """Embed many image files in batches: threads decode, the model embeds, bad files are skipped.
 
 Used by the trainer's evaluation and by ``nearsight index build``; both go through the same
-decoding (:func:`index.images.load_image`) and the same test transform
-(:func:`models.preprocess.test_transform`). An unreadable image never aborts the job: it is
+decoding (:func:`nearsight.index.images.load_image`) and the same test transform
+(:func:`nearsight.models.preprocess.test_transform`). An unreadable image never aborts the job: it is
 skipped, and its path and reason are returned. No torch: indexing with an ONNX model must not
 need it (decoding and resizing in Pillow release the GIL, so threads overlap them).
 """
@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from nearsight.core.progress import progress
 from nearsight.index.images import ImageLoadError, load_image
 from nearsight.models.preprocess import test_transform
 from nearsight.models.spec import default_resize
+
+if TYPE_CHECKING:  # typing only: the embedders' modules load onnxruntime
+    from nearsight.models.embedder import Embedder
 
 
 class ImagePaths:
@@ -110,14 +113,14 @@ def embed_paths(
 
 
 def embed_files(
-    embedder: Any,
+    embedder: Embedder,
     paths: Sequence[str | Path],
     *,
     batch_size: int = 64,
     workers: int = 0,
     desc: str = "embedding",
 ) -> EmbeddingResult:
-    """``embed_paths`` with a loaded embedder (``models.embedder``), at the image size and
+    """``embed_paths`` with a loaded embedder (``nearsight.models.embedder``), at the image size and
     resize its model records."""
     return embed_paths(
         embedder.embed,

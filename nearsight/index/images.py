@@ -1,5 +1,6 @@
 """The one image loader: any file Pillow reads becomes a decoded 8-bit RGB image (a large JPEG
-at 1/2, 1/4 or 1/8 scale when the caller needs no more pixels).
+at 1/2, 1/4 or 1/8 scale when the caller needs no more pixels; JPEGs through TurboJPEG,
+:mod:`nearsight.index.jpeg`, with Pillow's pixels).
 
 Every part of nearsight (training, indexing, search, the page) loads images through
 :func:`load_image` or :func:`load_image_bytes`, so they all see the same pixels:
@@ -19,6 +20,7 @@ Every part of nearsight (training, indexing, search, the page) loads images thro
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import math
@@ -33,6 +35,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from nearsight.core.errors import NearsightError
+from nearsight.index.jpeg import FAST_MODES, decode_rgb
 
 # Images with more pixels than this are refused before decoding (64 megapixels, 192 MB as RGB).
 MAX_PIXELS = 64_000_000
@@ -84,10 +87,20 @@ MinSide = int | Callable[[int, int], int] | None
 
 def load_image(path: str | os.PathLike[str], min_side: MinSide = None) -> Image.Image:
     """Read the image file at ``path`` as a decoded RGB image (see the module docstring).
-    ``min_side``: the short side the caller needs (an int, or a function of the file's width
-    and height); a JPEG that large is decoded at 1/2, 1/4 or 1/8 scale when that still leaves
+    ``min_side``: the short side the caller needs (an int, or a function of the image's width
+    and height, upright as it will be returned); a JPEG that large is decoded at 1/2, 1/4 or 1/8 scale when that still leaves
     it (:func:`draft_scale`). Every caller that embeds for one gallery passes the same value,
     so a query equal to a gallery file decodes to the same pixels."""
+    return _load_file(path, min_side, as_array=False)
+
+
+def load_image_pixels(path: str | os.PathLike[str], min_side: MinSide = None) -> np.ndarray:
+    """:func:`load_image`'s pixels as an ``[H, W, 3]`` uint8 array; most JPEGs reach it
+    without a Pillow image in between (what the training path wants: it resizes with torch)."""
+    return _load_file(path, min_side, as_array=True)
+
+
+def _load_file(path: str | os.PathLike[str], min_side: MinSide, as_array: bool):
     name = os.fspath(path)
     try:
         if os.path.isdir(name):
@@ -95,7 +108,7 @@ def load_image(path: str | os.PathLike[str], min_side: MinSide = None) -> Image.
         if os.path.isfile(name) and os.path.getsize(name) == 0:
             raise ImageLoadError.for_file(name, "the file is empty")
         with open(name, "rb") as handle:
-            return _decode(handle, name, min_side)
+            return _decode(handle, name, min_side, as_array)
     except FileNotFoundError:
         raise ImageLoadError.for_file(name, "no such file") from None
     except PermissionError:
@@ -116,7 +129,8 @@ def load_image_bytes(
 
 def draft_request(width: int, height: int, min_side: MinSide) -> tuple[int, int] | None:
     """The size to ask a JPEG decoder for (Pillow's ``draft``, libjpeg's DCT scaling picks the
-    smallest of 1, 1/2, 1/4, 1/8 that is at least this large), or None to decode every pixel."""
+    smallest of 1, 1/2, 1/4, 1/8 that is at least this large), or None to decode every pixel.
+    A callable ``min_side`` is given ``width`` and ``height``."""
     if min_side is None:
         return None
     need = min_side(width, height) if callable(min_side) else int(min_side)
@@ -125,6 +139,15 @@ def draft_request(width: int, height: int, min_side: MinSide) -> tuple[int, int]
         return None
     scale = need / short
     return math.ceil(width * scale), math.ceil(height * scale)
+
+
+def draft_scale(width: int, height: int, request: tuple[int, int] | None) -> int:
+    """The DCT scale (1, 2, 4 or 8) Pillow's ``draft`` picks for ``request``: the largest that
+    leaves the image at least that large."""
+    if request is None:
+        return 1
+    fits = min(width // request[0], height // request[1])
+    return next(scale for scale in (8, 4, 2) if fits >= scale) if fits >= 2 else 1
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
@@ -148,26 +171,63 @@ def describe_image_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     with contextlib.suppress(Exception), Image.open(path) as image:  # reads the header only
         width, height = image.size
         # EXIF orientations 5-8 turn the image a quarter: load_image gives height x width
-        if image.getexif().get(_EXIF_ORIENTATION, 1) in (5, 6, 7, 8):
+        if image.getexif().get(_EXIF_ORIENTATION, 1) in _QUARTER_TURNS:
             width, height = height, width
         info["width"], info["height"] = int(width), int(height)
     return info
 
 
-def _decode(stream, name: str, min_side: MinSide = None) -> Image.Image:
+def _decode(stream, name: str, min_side: MinSide = None, as_array: bool = False):
     try:
         with _open_checked(stream, name) as image:
-            if image.format == "JPEG":
-                request = draft_request(*image.size, min_side)
-                if request is not None:
-                    image.draft("RGB", request)
+            if image.format != "JPEG":
+                image.load()
+                image = _to_rgb(ImageOps.exif_transpose(image))
+                return np.array(image) if as_array else image
+            orientation = image.getexif().get(_EXIF_ORIENTATION, 1)
+            if callable(min_side) and orientation in _QUARTER_TURNS:
+                # the caller sees the image upright: ask with its width and height swapped
+                min_side = functools.partial(_swapped, min_side)
+            request = draft_request(*image.size, min_side)
+            if image.mode in FAST_MODES:
+                stream.seek(0)
+                pixels = decode_rgb(stream.read(), *image.size, draft_scale(*image.size, request))
+                if pixels is not None:
+                    if as_array and orientation not in _UPRIGHT:
+                        return pixels
+                    upright = _orient(Image.fromarray(pixels), orientation)
+                    return np.array(upright) if as_array else upright
+            if request is not None:
+                image.draft("RGB", request)
             image.load()
-            image = ImageOps.exif_transpose(image)
-        return _to_rgb(image)
+            image = _to_rgb(ImageOps.exif_transpose(image))
+        return np.array(image) if as_array else image
     except ImageLoadError:
         raise
     except _PIL_ERRORS as error:
         raise ImageLoadError.for_file(name, _reason(error)) from None
+
+
+# EXIF orientation -> the transpose that makes the image upright (as ImageOps.exif_transpose)
+_UPRIGHT = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+_QUARTER_TURNS = (5, 6, 7, 8)
+
+
+def _orient(image: Image.Image, orientation: int) -> Image.Image:
+    method = _UPRIGHT.get(orientation)
+    return image if method is None else image.transpose(method)
+
+
+def _swapped(min_side: Callable[[int, int], int], width: int, height: int) -> int:
+    return min_side(height, width)
 
 
 def _open_checked(stream, name: str) -> Image.Image:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from PIL import Image
@@ -20,7 +20,11 @@ from nearsight.index.gallery.core import Gallery
 from nearsight.index.images import load_image
 from nearsight.index.rerank.spec import RerankSpec
 from nearsight.index.results import ResultsList, SearchResults, as_results
+from nearsight.index.search.checks import check_k
 from nearsight.index.search.query import check_vector, item_vector, resolve_rerank, search_rows
+
+if TYPE_CHECKING:  # typing only: the embedders' modules load onnxruntime
+    from nearsight.models.embedder import Embedder
 
 ImageLike = str | os.PathLike[str] | Image.Image | np.ndarray
 Filters = str | Sequence[str] | None
@@ -28,17 +32,14 @@ Rerank = RerankSpec | str | None
 SEARCH_BATCH = 64  # search_many: images decoded, embedded and searched at a time
 
 
-def _check_k(k: Any) -> int:
-    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
-        raise NearsightError(f"k must be a whole number of at least 1, got {k!r}")
-    return int(k)
-
-
 class SearchableGallery:
     """An open gallery folder and (on first use) its embedder.
 
     ``len(g)`` is the number of items; :meth:`search` gives the nearest items of an image as
     dicts; :meth:`evaluate` the papers' leave-one-out metrics. Close it (or use ``with``)."""
+
+    # what built it, when nearsight.build_gallery did (a BuildReport)
+    build_report: Any = None
 
     def __init__(
         self,
@@ -53,10 +54,10 @@ class SearchableGallery:
         self._model_override = model
         self._device = device
         self._optimization = optimization
-        self._embedder: Any = None
+        self._embedder: Embedder | None = None
 
     @property
-    def embedder(self) -> Any:
+    def embedder(self) -> Embedder:
         """The embedder of the gallery's queries (its recorded model, or ``model``), loaded and
         checked against the gallery on first use."""
         if self._embedder is None:
@@ -92,7 +93,7 @@ class SearchableGallery:
                 "search takes one image; for several, use search_many(images) (one result "
                 "per image, an unreadable one reported in its entry instead of stopping)"
             )
-        k = _check_k(k)
+        k = check_k(k)
         decoded = as_image(image, self.embedder.resize)
         vectors = self.embedder.embed_images([decoded])
         return self._results(vectors, k, filters, rerank, [image], [label])[0]
@@ -112,7 +113,7 @@ class SearchableGallery:
         image, in order; an image that cannot be read gives an empty entry whose ``.error``
         says why, and the others go on (``.errors`` lists them). ``labels``: each query's
         class, if known. ``to_pandas()`` gives one table of all of them."""
-        k = _check_k(k)
+        k = check_k(k)
         if isinstance(images, str | os.PathLike | Image.Image):
             raise NearsightError("search_many takes a list of images; for one, use search")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -163,7 +164,7 @@ class SearchableGallery:
         one from :meth:`vector`, from :func:`load_embedder` or from another system that uses
         the same model."""
         vectors = check_vector(self.gallery, vector)[:1]
-        return self._results(vectors, _check_k(k), filters, rerank, [vector], [label])[0]
+        return self._results(vectors, check_k(k), filters, rerank, [vector], [label])[0]
 
     def search_item(
         self, item_id: int, k: int = 8, *, filters: Filters = None, rerank: Rerank = None
@@ -173,7 +174,7 @@ class SearchableGallery:
         vector = item_vector(self.gallery, int(item_id))
         (row,) = self.gallery.items([int(item_id)])
         label = row.get("label")
-        return self._results(vector, _check_k(k), filters, rerank, [int(item_id)], [label])[0]
+        return self._results(vector, check_k(k), filters, rerank, [int(item_id)], [label])[0]
 
     def vector(self, item_id: int) -> np.ndarray:
         """The stored embedding of gallery item ``item_id``: float32 [dim], unit length (a
@@ -198,7 +199,7 @@ class SearchableGallery:
         """Recall@k, NMI and MAP@R of the stored embeddings (every labelled item queries the
         other labelled items); ``ks``: default the papers' values for the gallery's dataset.
         ``queries``: only a seeded sample of that many labelled items query (each still
-        searching all the others exactly), see index.metrics.evaluate. ``rerank``: as in
+        searching all the others exactly), see nearsight.index.metrics.evaluate. ``rerank``: as in
         :meth:`search` (leave-one-out: no query reaches itself through an expansion)."""
         spec = resolve_rerank(self.gallery, rerank)
         return self.gallery.evaluate(ks, queries, spec)
@@ -217,7 +218,7 @@ class SearchableGallery:
 
 
 def as_image(image: ImageLike, min_side: int | None = None) -> Image.Image:
-    """A query as an RGB PIL image; paths are read by :func:`index.images.load_image` (one-line
+    """A query as an RGB PIL image; paths are read by :func:`nearsight.index.images.load_image` (one-line
     errors for missing or unreadable files)."""
     if isinstance(image, Image.Image):
         return image.convert("RGB")

@@ -1,7 +1,7 @@
 """The vectors of a gallery's items, with or without ``embeddings.npy``.
 
 A gallery keeps ``embeddings.npy`` (float32 [N, D], a second copy of what the index holds)
-unless its build dropped it (``build_gallery(embeddings=...)``, ``--embeddings auto|keep|drop``;
+unless its build dropped it (``write_gallery(embeddings=...)``, ``--embeddings auto|keep|drop``;
 the catalog meta says ``embeddings_kept``). ``auto`` drops it when the vectors (N x D x 4
 bytes) exceed the memory budget (``--max-index-memory``, index.index_choice) and exact vectors
 can still be had without it: from the index (flat, IVF-Flat and HNSW store the vectors
@@ -203,5 +203,5 @@ class _Source:
         for number in np.unique(file_of):
             mask = file_of == number
             out[mask] = self._arrays[number][ids[mask] - self.starts[number]]
-        # as index.chunks.read_vectors made them for the index: unit rows
+        # as nearsight.index.chunks.read_vectors made them for the index: unit rows
         return out / np.linalg.norm(out, axis=1, keepdims=True)

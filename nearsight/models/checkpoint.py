@@ -1,14 +1,16 @@
-"""Checkpoint I/O: a checkpoint carries the network's config, so it loads without training code.
+"""Checkpoint I/O: a checkpoint carries the network's spec, so it loads without training code.
 
 File layout (torch.save, loadable with ``weights_only=True``)::
 
-    {"format": "nearsight-checkpoint", "version": 1,
-     "model_config": EmbeddingConfig.to_dict(), "state_dict": EmbeddingNet.state_dict(),
-     "model_spec": ModelSpec.to_dict(), **extra}
+    {"format": "nearsight-checkpoint", "version": 2,
+     "model_spec": ModelSpec.to_dict(), "model_training": {"pretrained": ..., "freeze_bn": ...},
+     "state_dict": EmbeddingNet.state_dict(), **extra}
 
-``model_config`` rebuilds the network (it holds training-only settings such as ``pretrained``);
-``model_spec`` (:mod:`models.spec`) is what everyone who runs the model reads. Checkpoints from
-before ``model_spec`` existed get theirs from ``model_config`` and the training config.
+``model_spec`` (:mod:`nearsight.models.spec`) is the one description of the network, what
+everyone who runs the model reads and what rebuilds it; ``model_training`` holds only what the
+spec lacks (the weights training started from, whether BatchNorm was frozen). Version 1 files
+stored the network a second time as ``model_config`` (:class:`EmbeddingConfig`); they still
+load, and those from before ``model_spec`` existed get their spec from it.
 
 ``extra`` is where the trainer puts its state (optimiser, sampler, step, metrics...). It must
 hold only plain Python types (dict, list, tuple, str, int, float, bool, None) and tensors, so
@@ -32,8 +34,10 @@ from nearsight.models.embedding import EmbeddingConfig, EmbeddingNet
 from nearsight.models.spec import SPEC_KEY, ModelSpec, spec_from_checkpoint
 
 CHECKPOINT_FORMAT = "nearsight-checkpoint"
-CHECKPOINT_VERSION = 1
-RESERVED_KEYS = ("format", "version", "model_config", "state_dict", SPEC_KEY)
+CHECKPOINT_VERSION = 2
+TRAINING_KEY = "model_training"  # what the spec lacks: EmbeddingConfig's training fields
+TRAINING_FIELDS = ("pretrained", "freeze_bn")
+RESERVED_KEYS = ("format", "version", "model_config", "state_dict", SPEC_KEY, TRAINING_KEY)
 
 
 def save_checkpoint(
@@ -57,11 +61,13 @@ def save_checkpoint(
         raise ValueError(f"extra checkpoint keys clash with reserved ones: {clashes}")
     if spec is None:
         spec = spec_from_checkpoint({"model_config": model.config.to_dict(), **extra})
+    if EmbeddingConfig.from_spec(spec, **_training_fields(model.config)) != model.config:
+        raise ValueError("the spec given to save_checkpoint does not describe the network")
     payload = {
         "format": CHECKPOINT_FORMAT,
         "version": CHECKPOINT_VERSION,
-        "model_config": model.config.to_dict(),
         SPEC_KEY: spec.to_dict(),
+        TRAINING_KEY: _training_fields(model.config),
         # CPU copies: a checkpoint written on a GPU machine loads anywhere
         "state_dict": {key: value.detach().cpu() for key, value in model.state_dict().items()},
         **extra,
@@ -97,11 +103,27 @@ def load_checkpoint(
             f"{file}: checkpoint version {version!r} is newer than this nearsight reads "
             f"({CHECKPOINT_VERSION})"
         )
-    if not isinstance(payload.get("model_config"), dict) or not isinstance(
-        payload.get("state_dict"), dict
-    ):
-        raise NearsightError(f"{file}: checkpoint lacks its model_config or state_dict")
+    described = isinstance(payload.get(SPEC_KEY), dict) or isinstance(
+        payload.get("model_config"), dict
+    )
+    if not described or not isinstance(payload.get("state_dict"), dict):
+        raise NearsightError(f"{file}: checkpoint lacks its model_spec or state_dict")
     return payload
+
+
+def checkpoint_config(payload: Mapping[str, Any]) -> EmbeddingConfig:
+    """The network's config from a checkpoint: its spec and training fields (version 2), or
+    the ``model_config`` a version 1 file stored."""
+    if "model_config" in payload:  # version 1
+        return EmbeddingConfig.from_dict(payload["model_config"])
+    training = payload.get(TRAINING_KEY) or {}
+    if not isinstance(training, Mapping) or set(training) - set(TRAINING_FIELDS):
+        raise NearsightError(f"{TRAINING_KEY} must map {', '.join(TRAINING_FIELDS)} to values")
+    return EmbeddingConfig.from_spec(ModelSpec.from_dict(payload[SPEC_KEY]), **training)
+
+
+def _training_fields(config: EmbeddingConfig) -> dict[str, Any]:
+    return {name: getattr(config, name) for name in TRAINING_FIELDS}
 
 
 def load_embedding_net(
@@ -112,9 +134,9 @@ def load_embedding_net(
     the value recorded at training time."""
     payload = load_checkpoint(path, map_location=map_location)
     try:
-        config = EmbeddingConfig.from_dict(payload["model_config"])
+        config = checkpoint_config(payload)
     except (NearsightError, TypeError) as error:
-        raise NearsightError(f"{path}: bad model_config: {error}") from None
+        raise NearsightError(f"{path}: bad model description: {error}") from None
     net = EmbeddingNet(config)
     try:
         net.load_state_dict(payload["state_dict"], strict=True)

@@ -7,7 +7,7 @@ An :class:`Embedder` turns images into L2-normalised embeddings. Two implementat
 - :class:`TorchEmbedder`: a ``best.pt``/``last.pt`` checkpoint, run by torch.
 
 Both take float RGB in [0, 1] ([N, 3, image_size, image_size]; ImageNet normalisation is inside
-the model) and both preprocess PIL images with :func:`models.preprocess.test_transform`, so a
+the model) and both preprocess PIL images with :func:`nearsight.models.preprocess.test_transform`, so a
 gallery built with one and a query embedded with the other see the same pixels.
 
 Which hash identifies a model (``model_sha256``, recorded by galleries): the sha256 of the FILE
@@ -73,7 +73,7 @@ def nearsight_version() -> str:
 
 
 def checkpoint_metadata(payload: Mapping[str, Any], checkpoint_sha256: str) -> dict[str, str]:
-    """The metadata of the model in a loaded checkpoint (``models.checkpoint.load_checkpoint``):
+    """The metadata of the model in a loaded checkpoint (``nearsight.models.checkpoint.load_checkpoint``):
     its :class:`ModelSpec` (legacy checkpoints: from their model config and training config)
     and where it came from."""
     training = payload.get("training") if isinstance(payload.get("training"), dict) else {}
@@ -120,7 +120,7 @@ class Embedder(Protocol):
         ...
 
     def embed_images(self, images: Sequence[Image.Image], batch_size: int = 32) -> np.ndarray:
-        """RGB PIL images -> [N, dim] float32, through models.preprocess.test_transform."""
+        """RGB PIL images -> [N, dim] float32, through nearsight.models.preprocess.test_transform."""
         ...
 
 
@@ -298,7 +298,7 @@ def load_embedder(
     """The embedder for a model file, by suffix: ``.onnx`` (onnxruntime) or ``.pt``/``.pth``
     (a torch checkpoint). ``device``: auto | cpu | cuda. ``optimization``: see
     :class:`OnnxEmbedder` (ONNX only). ``spec``: a foreign model's spec
-    (:func:`models.foreign.foreign_spec`, or the one a gallery recorded): an ONNX model
+    (:func:`nearsight.models.foreign.foreign_spec`, or the one a gallery recorded): an ONNX model
     exported elsewhere, run as it describes."""
     file = Path(path)
     if not file.is_file():

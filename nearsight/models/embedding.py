@@ -55,10 +55,9 @@ from torch import nn
 
 from nearsight.core.errors import NearsightError
 from nearsight.models.preprocess import IMAGENET_MEAN, IMAGENET_STD
-from nearsight.models.spec import ModelSpec, spec_from_model_config
+from nearsight.models.spec import POOLINGS, ModelSpec, spec_from_model_config
 from nearsight.models.weights import load_trunk_weights, resolve_pretrained
 
-POOLINGS = ("avg", "max", "avgmax")
 FEATURE_NORMS = ("auto", "none", "batchnorm")
 # torchvision ResNets whose children up to layer4 form the trunk -> width of layer4's output
 ARCHS: dict[str, int] = {"resnet18": 512, "resnet34": 512, "resnet50": 2048, "resnet101": 2048}

@@ -3,7 +3,7 @@
 The model file (DESIGN.md "Artifacts"): ONE ``.onnx`` file (no external data), input
 ``images`` float32 [N, 3, H, W] RGB in [0, 1] with ImageNet normalisation inside the graph
 (it is inside ``EmbeddingNet.forward``), output ``embeddings`` [N, D] L2-normalised, dynamic N,
-and the string metadata of :data:`models.embedder.METADATA_KEYS` (the model spec as JSON, loss,
+and the string metadata of :data:`nearsight.models.embedder.METADATA_KEYS` (the model spec as JSON, loss,
 training dataset, checkpoint sha256, nearsight version, opset...).
 
 Decisions

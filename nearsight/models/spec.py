@@ -5,7 +5,7 @@ metadata (one JSON property, ``model_spec``); ``nearsight index build`` records 
 gallery catalog's meta (``model_spec``); the embedders and the page read it back from there.
 No torch here: serving reads specs too.
 
-A model exported elsewhere (any ONNX image-embedding graph, :mod:`models.foreign`) has a spec
+A model exported elsewhere (any ONNX image-embedding graph, :mod:`nearsight.models.foreign`) has a spec
 too: its ``input_name`` and ``output_name`` are set, and ``mean``/``std`` say how it wants its
 input normalised (nearsight's own models do that inside the graph). These four fields are
 written only when set, so the specs of nearsight's own models read as before.
@@ -49,7 +49,7 @@ class ModelSpec:
     feature_norm: str = "none"  # none | batchnorm (resolved, never "auto")
     heads: tuple[str, ...] = ("layer4",)  # trunk stages the embedding is read from
     embedding: str = "last"  # what is served: last (layer4's head) | concat (all heads)
-    # a foreign ONNX model (models.foreign); "" / () for nearsight's own
+    # a foreign ONNX model (nearsight.models.foreign); "" / () for nearsight's own
     input_name: str = ""  # its NCHW float image input
     output_name: str = ""  # the embedding output (flattened per image, then L2-normalised)
     mean: tuple[float, ...] = ()  # per RGB channel: the input is (pixels in [0, 1] - mean) / std
@@ -98,7 +98,7 @@ class ModelSpec:
 
     @property
     def foreign(self) -> bool:
-        """Whether this describes a model exported elsewhere (models.foreign)."""
+        """Whether this describes a model exported elsewhere (nearsight.models.foreign)."""
         return bool(self.input_name)
 
     @property

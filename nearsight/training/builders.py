@@ -121,7 +121,16 @@ def build_optimizer(
             groups, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay
         )
     cls = torch.optim.AdamW if optim.name == "adamw" else torch.optim.Adam
-    return cls(groups, lr=optim.lr, weight_decay=optim.weight_decay)
+    return cls(groups, lr=optim.lr, weight_decay=optim.weight_decay, fused=fused_adam(groups))
+
+
+def fused_adam(groups: list[dict[str, Any]]) -> bool:
+    """Adam's fused kernel (one pass over each tensor, where foreach makes several) where
+    torch has it for every parameter: floating point, on the CPU or CUDA. Same update rule."""
+    params = [p for group in groups for p in group["params"]]
+    return bool(params) and all(
+        p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params
+    )
 
 
 def build_critic_optimizer(loss: nn.Module, config: TrainConfig) -> torch.optim.Optimizer | None:

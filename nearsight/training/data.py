@@ -17,13 +17,12 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
-from PIL import Image
 from torch.utils.data import Dataset, Sampler
-from torchvision import transforms as T
 
 from nearsight.core.errors import NearsightError
 from nearsight.index.datasets import DatasetSplit, Sample
-from nearsight.index.images import ImageLoadError, load_image
+from nearsight.index.images import ImageLoadError, MinSide, load_image_pixels
+from nearsight.training.augment import RandomCropDecode
 
 log = logging.getLogger(__name__)
 
@@ -53,24 +52,14 @@ def hold_out_classes(
     )
 
 
-def train_transform(image_size: int, crop_scale: Sequence[float], flip: bool):
-    """Random resized crop and horizontal flip (train); the output is RGB in [0, 1]."""
-    steps: list = [T.RandomResizedCrop(image_size, scale=tuple(crop_scale), antialias=True)]
-    if flip:
-        steps.append(T.RandomHorizontalFlip())
-    steps.append(T.PILToTensor())
-    steps.append(T.ConvertImageDtype(torch.float32))
-    return T.Compose(steps)
-
-
 SMALLEST_CROP_RATIO = 3 / 4  # RandomResizedCrop's default aspect ratios: 3/4 to 4/3
 
 
 def train_min_side(image_size: int, crop_scale: Sequence[float]):
     """The short side a training image must keep so that RandomResizedCrop's smallest crop
     (``crop_scale[0]`` of the area, at the narrowest aspect ratio) still has ``image_size``
-    pixels across: a JPEG is draft-decoded only when that holds (nearsight/index/images.py).
-    A function of the image's width and height."""
+    pixels across: what an image decoded once for every later crop (``data.cache_images``)
+    keeps. A function of the image's width and height."""
 
     def min_side(width: int, height: int) -> int:
         short, long = min(width, height), max(width, height)
@@ -97,7 +86,7 @@ class SeededTrainDataset(Dataset):
         cache: bool = False,
     ):
         self.samples = list(samples)
-        self.transform = train_transform(image_size, crop_scale, flip)
+        self.transform = RandomCropDecode(image_size, crop_scale, flip)
         self.min_side = train_min_side(image_size, crop_scale)
         by_class: dict[int, list[int]] = {}
         for i, sample in enumerate(self.samples):
@@ -105,26 +94,26 @@ class SeededTrainDataset(Dataset):
         self._same_class = by_class
         self._reported: set[int] = set()
         # decoded once, before the DataLoader forks its workers (which then share the pages)
-        self._cache: list[Image.Image] | None = None
+        self._cache: list[np.ndarray] | None = None
         if cache:
-            self._cache = [self._decode(i) for i in range(len(self.samples))]
+            self._cache = [self._decode(i, self.min_side) for i in range(len(self.samples))]
 
     def __len__(self) -> int:
         return len(self.samples)
 
-    def _load(self, index: int) -> Image.Image:
+    def _load(self, index: int, min_side: MinSide) -> np.ndarray:
         if self._cache is not None:
             return self._cache[index]
-        return self._decode(index)
+        return self._decode(index, min_side)
 
-    def _decode(self, index: int) -> Image.Image:
+    def _decode(self, index: int, min_side: MinSide) -> np.ndarray:
         label = self.samples[index].label
         members = self._same_class[label]
         start = members.index(index)
         for offset in range(len(members)):
             candidate = members[(start + offset) % len(members)]
             try:
-                return load_image(self.samples[candidate].path, self.min_side)
+                return load_image_pixels(self.samples[candidate].path, min_side)
             except ImageLoadError as error:
                 if candidate not in self._reported:
                     self._reported.add(candidate)
@@ -134,11 +123,13 @@ class SeededTrainDataset(Dataset):
         )
 
     def __getitem__(self, item: tuple[int, int]) -> tuple[torch.Tensor, int]:
+        """The augmented image as uint8 [3, S, S] (:mod:`nearsight.training.augment`)."""
         index, seed = item
-        image = self._load(index)
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            tensor = self.transform(image)
+            # the CPU generator only: torch.manual_seed also seeds every accelerator backend,
+            # each recording a stack trace while uninitialised (most of a small image's cost)
+            torch.default_generator.manual_seed(seed)
+            tensor = self.transform(lambda min_side: self._load(index, min_side))
         return tensor, self.samples[index].label
 
 
@@ -168,6 +159,14 @@ class SeededBatches(Sampler[list[tuple[int, int]]]):
 
 
 def collate(batch: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 images [B, 3, S, S] and their labels (:func:`to_unit_range` on the device)."""
     images = torch.stack([x for x, _ in batch])
     labels = torch.tensor([y for _, y in batch], dtype=torch.long)
     return images, labels
+
+
+def to_unit_range(images: torch.Tensor, channels_last: bool = False) -> torch.Tensor:
+    """A batch of uint8 images as float32 in [0, 1] (the model's input), in channels_last
+    memory where the step runs in it."""
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    return images.to(torch.float32, memory_format=memory_format).div_(255.0)

@@ -42,7 +42,13 @@ from nearsight.training.builders import (
     build_training_loss,
 )
 from nearsight.training.config import TrainConfig
-from nearsight.training.data import SeededBatches, SeededTrainDataset, collate, hold_out_classes
+from nearsight.training.data import (
+    SeededBatches,
+    SeededTrainDataset,
+    collate,
+    hold_out_classes,
+    to_unit_range,
+)
 from nearsight.training.distributed import (
     CPU_FALLBACK_NOTE,
     RankSlice,
@@ -265,9 +271,7 @@ class Trainer:
         so (batch t updates the statistics network when t mod (k+1) != 0), of the critic."""
         model, loss_fn = self.train_model, self.loss_fn
         model.train()
-        images = images.to(self.device, non_blocking=True)
-        if self.channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
+        images = to_unit_range(images.to(self.device, non_blocking=True), self.channels_last)
         labels = labels.to(self.device)
         grad = torch.no_grad() if critic else contextlib.nullcontext()
         multi_head = len(self.config.model.heads) > 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 
 def add_catalog_options(parser: argparse.ArgumentParser, *, key_column: bool = True) -> None:
@@ -24,23 +23,6 @@ def add_catalog_options(parser: argparse.ArgumentParser, *, key_column: bool = T
         "source has one): index add replaces an item with the same key, index remove --keys "
         "deletes by key",
     )
-
-
-def catalog_settings(
-    args: argparse.Namespace, rows: list[dict[str, Any]]
-) -> dict[str, Any]:
-    """Gallery meta from the catalog options: the column types and the checked key column."""
-    from nearsight.index.chunks import meta_types_of
-    from nearsight.index.gallery.keys import DEFAULT_KEY_COLUMN, check_unique_keys
-
-    column = args.key_column
-    if column is None and any(DEFAULT_KEY_COLUMN in (row.get("meta") or {}) for row in rows):
-        column = DEFAULT_KEY_COLUMN
-    settings: dict[str, Any] = {"meta_types": meta_types_of(rows)}
-    if column is not None:
-        check_unique_keys(rows, column)
-        settings["key_column"] = column
-    return settings
 
 
 def declared_types(args: argparse.Namespace) -> dict[str, str]:

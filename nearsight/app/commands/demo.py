@@ -4,14 +4,13 @@ data synth -> train (briefly, a seed loss) -> export ONNX -> index build (the un
 classes, once with the trained network and once with the same network before training) ->
 eval -> serve both galleries. Each step says what it does and how long it took; a finished step
 is reused, so a second run opens the page in seconds. Every step calls the library functions
-its own subcommand calls (training.run.train, models.export.export_onnx, index.gallery).
+its own subcommand calls (nearsight.training.run.train, nearsight.models.export.export_onnx, nearsight.index.gallery).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -236,22 +235,15 @@ def _train(config, run: Path, untrained_checkpoint: Path) -> None:
 
 
 def _build_gallery(model: Path, data: Path, out: Path, workers: int) -> None:
-    """A gallery of the test split, embedded by ``model`` (the builder ``index build`` uses)."""
-    from nearsight.index.datasets import load_dataset
+    """A gallery of the test split, embedded by ``model`` (as ``nearsight index build``)."""
     from nearsight.index.gallery.build import build_gallery
+    from nearsight.index.gallery.sources import dataset_source
     from nearsight.models.embedder import load_embedder
 
-    split = load_dataset("folder", data, "test")
-    paths = [Path(os.path.abspath(sample.path)) for sample in split.samples]
-    fields = [
-        {"label": sample.label, "class_name": sample.class_name, "split": "test"}
-        for sample in split.samples
-    ]
-    meta = {"dataset": "folder", "root": os.path.abspath(split.root), "split": "test"}
+    source = dataset_source("folder", data, "test")
     build_gallery(
-        load_embedder(model, device="cpu"), paths, out, fields=fields, meta=meta,
-        model_path=model, workers=workers,
-    )  # fmt: skip
+        load_embedder(model, device="cpu"), source, out, model_path=model, workers=workers
+    )
 
 
 def _gallery_matches(gallery: Path, model: Path) -> bool:

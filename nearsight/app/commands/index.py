@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from nearsight.app.commands import index_import
-from nearsight.app.commands.catalog_options import add_catalog_options, declared_types
+from nearsight.app.commands.catalog_options import add_catalog_options
 from nearsight.app.commands.index_add import run_add, run_remove
-from nearsight.app.commands.index_build import DEFAULT_CHUNK_SIZE, run_build
+from nearsight.app.commands.index_build import run_build
 from nearsight.app.commands.model_options import add_foreign_model_options
+from nearsight.index.gallery.defaults import DEFAULT_BATCH_SIZE, DEFAULT_CHUNK_SIZE
+
+if TYPE_CHECKING:  # typing only: the CLI loads these when a command runs
+    from nearsight.index.gallery.core import Gallery
+    from nearsight.models.embedder import Embedder
 
 # index.faiss_index.INDEX_TYPES, written out: importing it would load faiss for every command
 INDEX_TYPES = ["auto", "flat", "ivf", "ivfpq", "opq", "hnsw"]
@@ -143,7 +146,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _add_embedding_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--batch-size", type=int, default=64, help="images per batch (default 64)")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=DEFAULT_BATCH_SIZE,
+        help=f"images per batch (default {DEFAULT_BATCH_SIZE})",
+    )
     parser.add_argument(
         "--workers",
         type=int,
@@ -156,7 +164,7 @@ def _add_embedding_options(parser: argparse.ArgumentParser) -> None:
 # -- shared with search ----------------------------------------------------------------------
 
 
-def load_gallery_model(gallery: Any, override: Path | None, device: str = "auto") -> Any:
+def load_gallery_model(gallery: Gallery, override: Path | None, device: str = "auto") -> Embedder:
     """The embedder for ``gallery``: ``override`` or the model path its meta records; checked
     to be the model the gallery was built with."""
     return gallery.load_model(override, device=device)
@@ -169,90 +177,6 @@ def _check_batching(args: argparse.Namespace) -> None:
         raise NearsightError(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.workers < 0:
         raise NearsightError(f"--workers must be 0 or more, got {args.workers}")
-
-
-def _absolute(path: str | os.PathLike[str]) -> Path:
-    """Absolute and normalised ("a/../b" -> "b"), symlinks kept: what the catalog records."""
-    return Path(os.path.abspath(Path(path).expanduser()))
-
-
-def _skipped_note(errors: Sequence[str]) -> str:
-    return f", {len(errors)} unreadable skipped" if errors else ""
-
-
-# -- build -----------------------------------------------------------------------------------
-
-
-def _read_list(list_file: Path) -> list[Path]:
-    from nearsight.core.errors import NearsightError
-
-    try:
-        text = list_file.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as error:
-        reason = getattr(error, "strerror", None) or str(error)
-        raise NearsightError(f"cannot read image list {list_file}: {reason}") from None
-    base = _absolute(list_file).parent
-    paths = []
-    for line in text.splitlines():
-        entry = line.strip()
-        if entry and not entry.startswith("#"):
-            path = Path(entry).expanduser()
-            paths.append(_absolute(base / path))
-    if not paths:
-        raise NearsightError(f"image list {list_file} names no images")
-    return paths
-
-
-def _build_sources(args: argparse.Namespace) -> tuple[list[Path], list[dict[str, Any]], dict]:
-    """(paths, catalog fields per path, meta about where they came from)."""
-    from nearsight.core.errors import NearsightError
-    from nearsight.index.datasets import load_dataset, resolve_split
-
-    if args.dataset is not None:
-        if args.root is None:
-            raise NearsightError("--root is required with --dataset (the dataset folder)")
-        chosen = args.split
-        if chosen == "auto":
-            chosen = resolve_split(args.dataset, args.root)
-        split = load_dataset(args.dataset, args.root, chosen, declared_types(args))
-        if args.split == "auto":
-            why = "its own test split" if chosen == "test" else "no split of its own: every item"
-            print(f"split: {chosen} ({args.dataset} has {why}; --split to choose)", file=sys.stderr)
-        paths = [_absolute(sample.path) for sample in split.samples]
-        fields = [  # each item keeps the split its dataset gives it (None: it gives none)
-            {
-                "label": sample.label,
-                "class_name": sample.class_name,
-                "split": sample.split,
-                "meta": sample.meta,
-            }
-            for sample in split.samples
-        ]
-        meta = {"dataset": args.dataset, "root": str(_absolute(split.root)), "split": chosen}
-        return paths, fields, meta
-    if args.root is not None:
-        raise NearsightError("--root goes with --dataset, not with --images or --list")
-    if args.images is not None:
-        paths = [_absolute(path) for path in args.images]
-        meta = {"source": "images"}
-    else:
-        paths = _read_list(args.list)
-        meta = {"source": str(_absolute(args.list))}
-    return paths, [{} for _ in paths], meta
-
-
-def _check_out(out: Path) -> None:
-    """Refuse a folder that is not a gallery before spending minutes embedding."""
-    from nearsight.core.errors import NearsightError
-    from nearsight.index.catalog import CATALOG_FILE
-
-    if out.exists() and not out.is_dir():
-        raise NearsightError(f"cannot write a gallery to {out}: it is a file")
-    if out.is_dir() and any(out.iterdir()) and not (out / CATALOG_FILE).is_file():
-        raise NearsightError(
-            f"{out} already exists and is not a nearsight gallery (no {CATALOG_FILE}): "
-            "choose a new folder or remove it"
-        )
 
 
 def add_embeddings_option(parser: argparse.ArgumentParser) -> None:

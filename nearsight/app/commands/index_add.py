@@ -9,16 +9,15 @@ from typing import Any
 
 
 def run_add(args: argparse.Namespace) -> int:
-    from nearsight.app.commands.index import (
-        _absolute,
-        _check_batching,
-        _skipped_note,
-        load_gallery_model,
-    )
+    import numpy as np
+
+    from nearsight.app.commands.index import _check_batching, load_gallery_model
     from nearsight.core.errors import NearsightError
-    from nearsight.index.gallery.build import embed_and_describe
+    from nearsight.index.embed import embed_files
+    from nearsight.index.gallery.build import describe_files, report_unreadable
     from nearsight.index.gallery.core import Gallery
     from nearsight.index.gallery.keys import duplicate_note, ids_of_keys
+    from nearsight.index.gallery.sources import absolute_path
     from nearsight.index.gallery.write import set_meta
     from nearsight.index.search.filters import parse_meta_entries
 
@@ -33,13 +32,15 @@ def run_add(args: argparse.Namespace) -> int:
             raise NearsightError("a key names one item: give one image with it")
         label, class_name = _added_label(gallery, args.label, args.class_name)
         embedder = load_gallery_model(gallery, args.model, args.device)
-        paths = [_absolute(path) for path in args.images]
-        vectors, kept, described, errors = embed_and_describe(
-            embedder, paths, args.batch_size, args.workers
-        )
+        paths = [absolute_path(path) for path in args.images]
+        result = embed_files(embedder, paths, batch_size=args.batch_size, workers=args.workers)
+        report_unreadable(result.errors)
+        vectors, errors = result.embeddings, result.errors
+        kept = [int(i) for i in np.flatnonzero(result.ok)]
         if not kept:
             raise NearsightError(f"no image could be read (the first: {errors[0]})")
         kept_paths = [paths[i] for i in kept]
+        described = describe_files(kept_paths, args.workers)
         extra = {"label": label, "class_name": class_name, "meta": meta}
         items = [
             {"path": str(path), **extra, **info}
@@ -62,8 +63,9 @@ def run_add(args: argparse.Namespace) -> int:
         total = len(gallery)
     shown = ", ".join(map(str, ids[:10])) + (", ..." if len(ids) > 10 else "")
     swap = f", replacing item {replaced} (key {key!r})" if replaced is not None else ""
+    skipped = f", {len(errors)} unreadable skipped" if errors else ""
     print(
-        f"added {len(ids)} items (ids {shown}){swap}{_skipped_note(errors)} to {args.gallery}: "
+        f"added {len(ids)} items (ids {shown}){swap}{skipped} to {args.gallery}: "
         f"{total} items, in {time.perf_counter() - start:.1f}s"
     )
     if note:

@@ -55,32 +55,23 @@ def register(actions: argparse._SubParsersAction, index_types: list[str]) -> Non
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from nearsight.app.commands.catalog_options import catalog_settings, declared_types
-    from nearsight.app.commands.index import (
-        _absolute,
-        _check_out,
-    )
+    from nearsight.app.commands.catalog_options import declared_types
     from nearsight.core.errors import NearsightError
     from nearsight.index.chunks import read_meta, read_vectors
     from nearsight.index.gallery.build import import_gallery
+    from nearsight.index.gallery.sources import absolute_path, check_out_folder
 
     described = args.model_spec or args.input_size or args.mean or args.std or args.output
     if args.model is None and (described or args.resize):
         raise NearsightError("--input-size, --mean, --std, --resize, --output and --model-spec "
                              "describe the --model the vectors came from: give it too")  # fmt: skip
-    out = _absolute(args.out)
-    _check_out(out)
+    check_out_folder(absolute_path(args.out))  # before reading what may be gigabytes
     vectors = read_vectors(args.vectors)
     rows = read_meta(args.meta, declared_types(args))
     if len(rows) != len(vectors):
         raise NearsightError(
             f"{args.meta} has {len(rows)} rows but {args.vectors} has {len(vectors)} vectors"
         )
-    meta: dict = {
-        "source": "import",
-        "vectors": str(_absolute(args.vectors)),
-        **catalog_settings(args, rows),
-    }
     embedder = None
     if args.model is not None:
         from nearsight.app.commands.model_options import load_index_model
@@ -89,18 +80,18 @@ def run_import(args: argparse.Namespace) -> int:
     report = import_gallery(
         vectors,
         rows,
-        out,
+        args.out,
+        vectors_path=args.vectors,
         embedder=embedder,
         model_path=args.model,
-        meta=meta,
         index_type=args.index_type,
+        key_column=args.key_column,
         max_index_memory=args.max_index_memory,
         embeddings=args.embeddings,
         neighbour_graph=args.neighbour_graph,
-        vector_source=args.vectors,
     )
     print(
-        f"imported gallery {out}: {report.items} items, {report.index_type} index, dim "
+        f"imported gallery {report.out}: {report.items} items, {report.index_type} index, dim "
         f"{report.dim}{'' if args.model else ', no model'}, in {report.seconds:.1f}s"
     )
     return 0

@@ -1,5 +1,5 @@
 """The options of ``index build`` and ``index import`` that describe a model exported elsewhere
-(an ONNX graph without nearsight's metadata: models.foreign), on the command line or in a small
+(an ONNX graph without nearsight's metadata: nearsight.models.foreign), on the command line or in a small
 JSON/YAML file (``--model-spec``); and loading the model they name."""
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def read_spec_file(path: Path) -> dict[str, Any]:
 
 
 def requested_spec(args: argparse.Namespace) -> Any:
-    """The foreign model spec the options describe (models.foreign.foreign_spec), or None when
+    """The foreign model spec the options describe (nearsight.models.foreign.foreign_spec), or None when
     none of them is given (a nearsight model, which describes itself)."""
 
     values: dict[str, Any] = read_spec_file(args.model_spec) if args.model_spec else {}

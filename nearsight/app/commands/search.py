@@ -85,10 +85,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_search(args: argparse.Namespace) -> int:
     from nearsight.core.errors import NearsightError
+    from nearsight.index.search.checks import check_k
     from nearsight.index.search.filters import merge_conditions, parse_filters
 
-    if args.k < 1:
-        raise NearsightError(f"--k must be at least 1, got {args.k}")
+    check_k(args.k)
     if (args.queries is None) != (args.out is None):
         raise NearsightError("--queries and --out go together")
     if args.batch_size < 1:
@@ -155,13 +155,13 @@ def _print_table(results: list[dict[str, Any]]) -> None:
 
 def query_paths(source: Path) -> list[Path]:
     """The images of a folder (recursively, by extension, sorted) or of a list file."""
-    from nearsight.app.commands.index import _absolute, _read_list
     from nearsight.core.errors import NearsightError
     from nearsight.index.datasets.base import IMAGE_EXTENSIONS
+    from nearsight.index.gallery.sources import absolute_path, list_source
 
     if source.is_dir():
         paths = sorted(
-            _absolute(path)
+            absolute_path(path)
             for path in source.rglob("*")
             if path.suffix.lower() in IMAGE_EXTENSIONS and path.is_file()
         )
@@ -170,7 +170,7 @@ def query_paths(source: Path) -> list[Path]:
         return paths
     if not source.exists():
         raise NearsightError(f"--queries {source}: no such folder or file")
-    return _read_list(source)
+    return list_source(source).paths
 
 
 def _run_batch(args: argparse.Namespace, conditions: list) -> int:

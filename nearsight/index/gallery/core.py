@@ -22,7 +22,7 @@ import os
 import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import faiss
 import numpy as np
@@ -32,45 +32,26 @@ from nearsight.index.catalog import Catalog, GalleryError
 from nearsight.index.gallery import eval as gallery_eval
 from nearsight.index.gallery import model as gallery_model
 from nearsight.index.gallery import write as gallery_write
-from nearsight.index.gallery.eval import EXACT_KMEANSPP_MAX_CLASSES  # noqa: F401
-from nearsight.index.gallery.files import (  # noqa: F401  (re-exported)
-    EMBEDDINGS_FILE,
-    GALLERY_FILES,
-    INDEX_FILE,
-    check_consistent,
-    read_embeddings,
-)
-from nearsight.index.gallery.lock import (  # noqa: F401  (lock_path re-exported)
-    gallery_lock,
-    lock_path,
-    previous_path,
-    recover,
-)
-from nearsight.index.gallery.read import MMAP_MIN_BYTES, read_folder  # noqa: F401
-from nearsight.index.gallery.write import build_gallery  # noqa: F401  (re-exported)
-from nearsight.index.images import describe_image_file  # noqa: F401  (re-exported)
+from nearsight.index.gallery.load import read_folder
 from nearsight.index.rerank.search import reranked_search
 from nearsight.index.rerank.spec import RerankSpec, parse_rerank
 from nearsight.index.search import filtered
+from nearsight.index.search.checks import check_k
 from nearsight.index.search.exclude import without_keys
-from nearsight.index.search.faiss_index import (  # noqa: F401  (re-exported: the gallery's public names)
+from nearsight.index.search.faiss_index import (
     HNSW_EF_SEARCH,
-    INDEX_TYPES,
-    METRIC,
     PQ_TYPES,
     apply_search_parameters,
-    index_ids,
-    ivf_parameters,
-    make_index,
-    read_index,
-    resolve_index_type,
     to_gpu,
     unit_distance,
 )
 from nearsight.index.search.filters import Condition, parse_filter
-from nearsight.index.search.index_choice import FLAT_MAX_ITEMS, parse_memory  # noqa: F401
+from nearsight.index.search.index_choice import parse_memory
 from nearsight.index.search.tuning import REFINE_FACTOR, refine
 from nearsight.index.vector_store import VectorStore
+
+if TYPE_CHECKING:  # typing only: the embedders' modules load onnxruntime
+    from nearsight.models.embedder import Embedder
 
 # -- the open gallery ------------------------------------------------------------------------
 
@@ -90,7 +71,7 @@ class Gallery:
     # -- opening -----------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, gallery_dir: str | os.PathLike[str], *, model: Any = None) -> Gallery:
+    def open(cls, gallery_dir: str | os.PathLike[str], *, model: Embedder | None = None) -> Gallery:
         """Open and check the gallery at ``gallery_dir``; with ``model`` (an Embedder: ``dim``
         and ``model_sha256``) also check it is the model the gallery was built with."""
         gallery = cls(Path(gallery_dir).expanduser().absolute())
@@ -110,26 +91,34 @@ class Gallery:
     def _load(self, *, locked: bool = False) -> None:
         """Read and check the folder; ``locked``: the caller holds the write lock already (a
         second flock from this process would wait for itself)."""
-        snapshot = read_folder(self.path, locked=locked)
+        read = read_folder(self.path, locked=locked)
+        catalog, meta, ids, labels = read.catalog, read.meta, read.ids, read.labels
+        index, base_ids, embeddings = read.index, read.base_ids, read.embeddings
+        segments, removed, graph = read.segments, read.removed, read.graph
         self.close()
-        self._catalog = snapshot.catalog
-        meta = snapshot.meta
+        self._catalog = catalog
         self.meta: dict[str, Any] = meta
-        self.ids: np.ndarray = snapshot.ids  # catalog ids in order; row i of embeddings is ids[i]
-        self.labels: np.ndarray = snapshot.labels  # -1 where unlabelled
+        self.ids: np.ndarray = ids  # catalog ids in order; row i of embeddings is ids[i]
+        self.labels: np.ndarray = labels  # -1 where unlabelled
         self.dim: int = int(meta["dim"])
         self.index_type: str = str(meta["index_type"])
         self.model_sha256: str = str(meta["model_sha256"])
         # the base as written, then the segments added and the removed ids dropped in memory
-        base_ids, embeddings, segments = snapshot.base_ids, snapshot.embeddings, snapshot.segments
         self._base = (base_ids, embeddings)
         self._segments = segments
-        self._removed = snapshot.removed
-        self._graph = snapshot.graph  # optional (nearsight/index/gallery/graph.py)
+        self._removed = removed
+        self._graph = graph  # optional (nearsight/index/gallery/graph.py)
         self._added: tuple[np.ndarray, np.ndarray] | None = None
         self._embeddings: np.ndarray | None = None
-        self._excluded = snapshot.excluded  # HNSW cannot remove points: searches skip them
-        index = snapshot.index
+        for segment_ids, segment_vectors in segments:
+            index.add_with_ids(segment_vectors, segment_ids)
+        self._excluded = None  # HNSW cannot remove points: its searches skip removed ids
+        if len(removed) and self.index_type == "hnsw":
+            batch = faiss.IDSelectorBatch(removed)
+            self._excluded = faiss.IDSelectorNot(batch)
+            self._excluded.referenced_objects = [batch]  # the SWIG wrapper does not keep it
+        elif len(removed):
+            index.remove_ids(removed)
         self._index = index
         self._store = VectorStore(
             index,
@@ -155,14 +144,12 @@ class Gallery:
         *,
         device: str = "auto",
         optimization: str = "all",
-    ) -> Any:
+    ) -> Embedder:
         """The embedder of this gallery's queries (``override`` or its recorded model, run
         as its recorded spec says), checked to be the model it was built with."""
-        return gallery_model.load_model(
-            self, override, device=device, optimization=optimization
-        )
+        return gallery_model.load_model(self, override, device=device, optimization=optimization)
 
-    def check_model(self, model: Any, name: str | os.PathLike[str] | None = None) -> None:
+    def check_model(self, model: Embedder, name: str | os.PathLike[str] | None = None) -> None:
         """GalleryError unless ``model`` (``dim``, ``model_sha256``) is the gallery's model."""
         gallery_model.check_model(self, model, name)
 
@@ -179,7 +166,7 @@ class Gallery:
     def embeddings(self) -> np.ndarray:
         """float32 [N, D]; row i is the vector of ``ids[i]``. Without segments or removals,
         the memory-mapped embeddings.npy itself; else (or when the gallery has no
-        embeddings.npy) gathered once, on first use, by :class:`index.vector_store.VectorStore`
+        embeddings.npy) gathered once, on first use, by :class:`nearsight.index.vector_store.VectorStore`
         (read back from the index: approximate for PQ types, see :attr:`vectors_exact`)."""
         if self._embeddings is None:
             _, base = self._base
@@ -251,8 +238,7 @@ class Gallery:
                 ids=ids,
                 exclude=exclude,
             )
-        if k < 1:
-            raise NearsightError(f"k must be a positive integer, got {k}")
+        k = check_k(k)
         if exclude is not None:  # one deeper, then each row without its excluded id
             distances, found = self.search(vectors, k + 1, ids=ids)
             found, distances = without_keys(np.asarray(exclude, np.int64), found, distances)

@@ -52,7 +52,7 @@ def evaluate_gallery(
     """index.metrics.evaluate's dict (recall@k..., nmi, map@r, queries) of ``gallery``;
     ``queries``: only a seeded sample of that many labelled items query; ``rerank``: each
     query's neighbours re-ranked (nearsight.index.rerank), its own item excluded from every
-    expansion; ``nmi_average``: NMI's normalisation (index.metrics.NMI_AVERAGES)."""
+    expansion; ``nmi_average``: NMI's normalisation (nearsight.index.nmi.NMI_AVERAGES)."""
     spec = parse_rerank(rerank)
     labelled = gallery.labels >= 0
     if labelled.sum() < 2:

@@ -2,7 +2,7 @@
 
 Writers are serialised by an ``fcntl.flock`` on ``.GALLERY.lock`` beside the folder (never
 deleted, so every writer locks the same file); readers take it shared while they load, so they
-never see the instant between the two renames of a replace (models.atomic.replace_dir). A writer
+never see the instant between the two renames of a replace (nearsight.core.atomic.replace_dir). A writer
 killed mid-write leaves a hidden temporary folder, swept by the next writer, or the old folder
 parked at ``.GALLERY.previous``, put back by :func:`recover`.
 """
@@ -81,5 +81,5 @@ def recover(folder: Path) -> None:
 
 
 def previous_path(folder: Path) -> Path:
-    """Where models.atomic.replace_dir parks the old folder between its two renames."""
+    """Where nearsight.core.atomic.replace_dir parks the old folder between its two renames."""
     return folder.with_name(f".{folder.name}.previous")

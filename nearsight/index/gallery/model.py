@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from nearsight.core.errors import NearsightError
 from nearsight.index.catalog import GalleryError
-from nearsight.models.spec import SPEC_KEY, ModelSpec, spec_from_gallery_meta
+from nearsight.models.spec import ModelSpec, spec_from_gallery_meta
+
+if TYPE_CHECKING:  # typing only: the embedders' modules load onnxruntime
+    from nearsight.models.embedder import Embedder
 
 if TYPE_CHECKING:  # index.gallery imports this module
     from nearsight.index.gallery.core import Gallery
-    from nearsight.models.embedder import Embedder
 
 
 def model_path(gallery: Gallery, override: str | os.PathLike[str] | None = None) -> Path:
@@ -38,7 +40,9 @@ def model_path(gallery: Gallery, override: str | os.PathLike[str] | None = None)
     return path
 
 
-def check_model(gallery: Gallery, model: Any, name: str | os.PathLike[str] | None = None) -> None:
+def check_model(
+    gallery: Gallery, model: Embedder, name: str | os.PathLike[str] | None = None
+) -> None:
     """GalleryError unless ``model`` (``dim``, ``model_sha256``) is the gallery's model."""
     model_dim = int(model.dim)
     model_sha = str(model.model_sha256)
@@ -60,7 +64,7 @@ def load_model(
     *,
     device: str = "auto",
     optimization: str = "all",
-) -> Any:
+) -> Embedder:
     """The embedder of ``gallery``'s queries: ``override`` or its recorded model, run as its
     recorded spec says when that is a model exported elsewhere (models.foreign), and checked
     to be the model the gallery was built with."""
@@ -78,16 +82,3 @@ def foreign_spec(gallery: Gallery) -> ModelSpec | None:
     only the spec tells how to run), else None (a nearsight model describes itself)."""
     spec = spec_from_gallery_meta(gallery.meta)
     return spec if spec is not None and spec.foreign else None
-
-
-def gallery_model_meta(
-    embedder: Embedder, model: str | os.PathLike[str] | None = None
-) -> dict[str, Any]:
-    """The gallery meta that records its model: the file (absolute) and its ``ModelSpec``.
-    The one writer of these fields; galleries written before the spec existed are still read
-    by their legacy ``image_size``/``resize`` (spec_from_gallery_meta)."""
-    path = model if model is not None else getattr(embedder, "path", None)
-    meta: dict[str, Any] = {SPEC_KEY: embedder.spec.to_dict()}
-    if path is not None:
-        meta["model"] = os.path.abspath(Path(path).expanduser())
-    return meta

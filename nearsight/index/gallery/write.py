@@ -1,7 +1,7 @@
 """Writing a gallery: building it whole, appending segments, removing items, compacting.
 
 A gallery is built whole into a temporary folder beside ``GALLERY`` and renamed into place
-(:func:`index.gallery_files.gallery_writer`). ``add`` writes one segment file (nearsight/index/gallery/segments.py)
+(:func:`nearsight.index.gallery.files.gallery_writer`). ``add`` writes one segment file (nearsight/index/gallery/segments.py)
 and commits one catalog transaction; ``remove`` commits one catalog transaction; ``compact`` is
 copy-on-write: it writes a new folder holding the updated catalog, index and embeddings, then
 renames it. A crash (even SIGKILL) at any point leaves the previous gallery whole; the next
@@ -10,7 +10,7 @@ serialised by an ``fcntl.flock`` on ``.GALLERY.lock`` beside the folder (nearsig
 and a writer re-reads the gallery from disk once it holds the lock, so two concurrent ``add``
 calls both land.
 
-:class:`index.gallery.Gallery`'s ``add``, ``remove`` and ``compact`` are the functions here.
+:class:`nearsight.index.gallery.core.Gallery`'s ``add``, ``remove`` and ``compact`` are the functions here.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def _check_vectors(vectors: np.ndarray, count: int, dim: int | None = None) -> n
     return array
 
 
-def build_gallery(
+def write_gallery(
     out_dir: str | os.PathLike[str],
     vectors: np.ndarray,
     items: Sequence[dict[str, Any]],
@@ -215,7 +215,7 @@ def _write_errors(folder: Path) -> Iterator[None]:
 
 
 def add(gallery: Gallery, vectors: np.ndarray, items: Sequence[dict[str, Any]]) -> list[int]:
-    """:meth:`Gallery.add <index.gallery.Gallery.add>`: one segment file and one catalog
+    """:meth:`Gallery.add <nearsight.index.gallery.core.Gallery.add>`: one segment file and one catalog
     transaction, then ``gallery`` is reloaded (or compacted, past the thresholds above)."""
     if not items:
         return []
@@ -247,7 +247,7 @@ def add(gallery: Gallery, vectors: np.ndarray, items: Sequence[dict[str, Any]]) 
 
 
 def remove(gallery: Gallery, ids: Iterable[int]) -> None:
-    """:meth:`Gallery.remove <index.gallery.Gallery.remove>`: one catalog transaction (HNSW
+    """:meth:`Gallery.remove <nearsight.index.gallery.core.Gallery.remove>`: one catalog transaction (HNSW
     compacts at once)."""
     wanted = sorted({int(i) for i in ids})
     if not wanted:

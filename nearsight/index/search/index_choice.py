@@ -10,16 +10,16 @@ budget B bytes:
    the flat index fits in B: evaluation and the demo's numbers stay exact (search times by
    size: docs/scale.md);
 2. HNSW when a graph of M >= 8 links fits: M = floor((B / (4 N) - D) / 2) (autofaiss; nearsight
-   builds M = index.faiss_index.HNSW_M, so it asks for 4 (D + 2 M) + 8 bytes per item);
+   builds M = nearsight.index.search.faiss_index.HNSW_M, so it asks for 4 (D + 2 M) + 8 bytes per item);
 3. below 1M items (or with a GPU) an IVF-Flat that fits B (autofaiss's ivf_flat_threshold);
 4. otherwise product quantization: autofaiss's "OPQ{m}_{y},IVF{n},PQ{m}x8" with the largest
-   code that fits B; here ``opq`` with dim / 4 bytes per vector (index.faiss_index.pq_bytes),
+   code that fits B; here ``opq`` with dim / 4 bytes per vector (nearsight.index.search.faiss_index.pq_bytes),
    plus an 8-byte id, searched with an exact re-rank of the candidates from embeddings.npy.
 
-nlist is the power of two nearest sqrt(N) (index.faiss_index.ivf_parameters; autofaiss takes
-4 sqrt(N) below 1M items and 16k-256k lists past that, which this 2-core machine could not
-train and fill in minutes), trained, like autofaiss, on a capped sample (64 points per list). autofaiss tunes nprobe/efSearch for a
-latency target; nearsight tunes them for a recall target (index.tuning).
+nlist is the power of two nearest sqrt(N) (nearsight.index.search.faiss_index.ivf_parameters; autofaiss takes
+4 sqrt(N) below 1M items and 16k-256k lists past that: too slow to train and fill on a small
+machine, docs/decisions.md "Index choice"), trained, like autofaiss, on a capped sample (64 points per list). autofaiss tunes nprobe/efSearch for a
+latency target; nearsight tunes them for a recall target (nearsight.index.search.tuning).
 """
 
 from __future__ import annotations

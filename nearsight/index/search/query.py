@@ -10,7 +10,7 @@ uploaded image embedded by the gallery's model, a gallery item's stored embeddin
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,6 +18,7 @@ import numpy as np
 from nearsight.core.errors import NearsightError
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.rerank.spec import RerankSpec, parse_rerank
+from nearsight.index.search.checks import check_k
 from nearsight.index.search.filters import Condition, merge_conditions, parse_filters
 
 
@@ -75,25 +76,32 @@ def allowed_ids(
 def search_rows(
     gallery: Gallery,
     vectors: np.ndarray,
-    k: int,
+    k: Any,
     *,
     filters: Sequence[str | Condition] | str | None = None,
     allowed: np.ndarray | None = None,
     rerank: RerankSpec | str | None = None,
+    exclude: Sequence[int] | np.ndarray | None = None,
+    rows: Mapping[int, dict[str, Any]] | None = None,
 ) -> list[list[dict[str, Any]]]:
-    """The ``k`` nearest items of each query vector, as JSON-ready rows (module docstring).
+    """The search every caller goes through (the CLI, REST, the page, the Python API): the
+    ``k`` nearest items of each query vector, as JSON-ready rows (module docstring).
     ``filters`` (or ``allowed``, already resolved ids): search only the matching items.
-    ``rerank``: a re-ranking spec (nearsight.index.rerank); None: the gallery's stored one."""
+    ``rerank``: a re-ranking spec (nearsight.index.rerank); None: the gallery's stored one.
+    ``exclude``: per query, an item left out (a gallery item querying the others). ``rows``:
+    the catalog rows by id where the caller holds them in memory (else they are read)."""
+    k = check_k(k)
     if allowed is None:
         allowed = allowed_ids(gallery, filters)
     spec = resolve_rerank(gallery, rerank)
-    distances, ids = gallery.search(vectors, k, ids=allowed, rerank=spec)
+    distances, ids = gallery.search(vectors, k, ids=allowed, rerank=spec, exclude=exclude)
     per_query = [
         [(int(i), float(d)) for i, d in zip(ids[q], distances[q], strict=True) if i >= 0]
         for q in range(len(ids))
     ]
-    wanted = sorted({i for found in per_query for i, _ in found})
-    rows = {row["id"]: row for row in gallery.items(wanted)} if wanted else {}
+    if rows is None:
+        wanted = sorted({i for found in per_query for i, _ in found})
+        rows = {row["id"]: row for row in gallery.items(wanted)} if wanted else {}
     return [[neighbour_row(rows[i], d) for i, d in found] for found in per_query]
 
 
@@ -108,6 +116,8 @@ def resolve_rerank(gallery: Gallery, rerank: RerankSpec | str | None) -> RerankS
 
 
 def neighbour_row(item: dict[str, Any], distance: float) -> dict[str, Any]:
+    """The one neighbour shape (module docstring); a distance an approximate index could not
+    give (inf) is None."""
     return {
         "id": int(item["id"]),
         "path": item["path"],

@@ -91,8 +91,8 @@ def float32_loss(forward: _Forward) -> _Forward:
     """Decorator for a loss method ``(self, embeddings, labels, ...)``: compute it in float32
     when the embeddings come in bfloat16/float16 or an autocast region is active (float64
     stays float64). Half precision rounds distances near 1.4 to steps of 2^-7, which coarsens
-    every margin, rank and softmax weight: NRA's gradient was 45% off on bf16 inputs. The
-    gradient still reaches the half-precision input through the cast."""
+    every margin, rank and softmax weight (measured: docs/decisions.md, "Losses in half
+    precision"). The gradient still reaches the half-precision input through the cast."""
 
     @functools.wraps(forward)
     def wrapper(self, embeddings: torch.Tensor, *args, **kwargs) -> torch.Tensor:

@@ -67,7 +67,8 @@ def log_similarities(rank: torch.Tensor, alpha: float) -> tuple[torch.Tensor, to
     Each branch of w gives the *small* one of s and 1 - s exactly (0.5 (2r)^alpha = w for
     r < 1/2, 0.5 (2(1-r))^alpha = s for r >= 1/2), so the clamp is applied to that small
     number and the other log is log1p(-small): 1 - 1e-7 is not representable in float32, and
-    clamping s itself there would move the saturated log(1 - s) by 17%."""
+    clamping s itself there would move the saturated log(1 - s) (docs/decisions.md, "Losses in
+    half precision")."""
     below_half = rank < 0.5
     # the small quantity of each branch lies in [0, 1/2]: clamping it below at 1e-7 is the
     # clamp of s into [1e-7, 1 - 1e-7]; the cap at 3/4 (never reached by the branch taken)

@@ -1,5 +1,5 @@
-"""Reading a gallery folder: check its files agree and bring catalog, index, vectors, added
-segments and removed ids into memory as one snapshot (``Gallery._load`` keeps it)."""
+"""Reading a gallery folder from disk, checked: what :meth:`Gallery.open` and ``reload`` hold
+(nearsight/index/gallery/core.py)."""
 
 from __future__ import annotations
 
@@ -27,25 +27,25 @@ MMAP_MIN_BYTES = 1 << 30  # an index file this large is memory-mapped where FAIS
 
 
 @dataclass
-class FolderSnapshot:
-    """One consistent read of a gallery folder. ``index`` holds the segments added and the
-    removed ids dropped (HNSW cannot remove points: ``excluded`` skips them in searches)."""
+class GalleryFiles:
+    """A gallery folder as read: the open catalog (the caller closes it), its meta, the item
+    ids and labels in catalog order, the base index and embeddings, the added segments, the
+    removed ids and the optional neighbour graph."""
 
     catalog: Catalog
     meta: dict[str, Any]
     ids: np.ndarray
     labels: np.ndarray
-    index: Any
+    index: faiss.Index
     base_ids: np.ndarray
     embeddings: np.ndarray | None
     segments: list[tuple[np.ndarray, np.ndarray]]
     removed: np.ndarray
     graph: Any
-    excluded: Any
 
 
-def read_folder(folder: Path, *, locked: bool = False) -> FolderSnapshot:
-    """Read and check ``folder``; ``locked``: the caller holds the write lock already (a
+def read_folder(folder: Path, *, locked: bool = False) -> GalleryFiles:
+    """Read and check the folder; ``locked``: the caller holds the write lock already (a
     second flock from this process would wait for itself)."""
     if not locked:
         # plain mistakes are reported before a lock file is made beside the folder
@@ -85,15 +85,5 @@ def read_folder(folder: Path, *, locked: bool = False) -> FolderSnapshot:
         except BaseException:
             catalog.close()
             raise
-    for segment_ids, segment_vectors in segments:
-        index.add_with_ids(segment_vectors, segment_ids)
-    excluded = None
-    if len(removed) and str(meta["index_type"]) == "hnsw":
-        batch = faiss.IDSelectorBatch(removed)
-        excluded = faiss.IDSelectorNot(batch)
-        excluded.referenced_objects = [batch]  # the SWIG wrapper does not keep it
-    elif len(removed):
-        index.remove_ids(removed)
-    return FolderSnapshot(
-        catalog, meta, ids, labels, index, base_ids, embeddings, segments, removed, graph, excluded
-    )
+    return GalleryFiles(catalog, meta, ids, labels, index, base_ids, embeddings, segments,
+                        removed, graph)  # fmt: skip
