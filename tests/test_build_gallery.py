@@ -16,9 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nearsight.index.gallery.build import BuildReport, build_gallery
+from nearsight.core.errors import NearsightError
+from nearsight.index.gallery.build import BuildReport, build_gallery, import_gallery
 from nearsight.index.gallery.core import Gallery
-from nearsight.index.gallery.sources import dataset_source
+from nearsight.index.gallery.sources import dataset_source, images_source
 from nearsight.models.embedder import load_embedder
 from nearsight.models.spec import SPEC_KEY
 
@@ -144,3 +145,35 @@ def test_a_bad_index_type_fails_before_embedding(onnx_gallery, tmp_path):
             index_type="bogus",
         )
     assert not (tmp_path / ".g.chunks").exists()
+
+
+def test_an_unreadable_image_is_skipped_and_counted(onnx_gallery, tmp_path):
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"not an image")
+    paths = [onnx_gallery.query, bad]
+    report = build_gallery(load_embedder(onnx_gallery.model, device="cpu"), images_source(paths),
+                           tmp_path / "g", model_path=onnx_gallery.model)  # fmt: skip
+    assert (report.items, report.skipped) == (1, 1)
+    with Gallery.open(tmp_path / "g") as gallery:
+        assert [row["path"] for row in gallery.all_items()] == [str(onnx_gallery.query)]
+
+
+def test_import_writes_the_model_meta_a_build_writes_and_checks_the_dim(onnx_gallery, clean,
+                                                                        tmp_path):  # fmt: skip
+    """Vectors embedded elsewhere: the same model meta as a build; a model of another dim is
+    refused before anything is written."""
+    out, _ = clean
+    paths, vectors = _contents(out)
+    rows = [{"path": path} for path in paths]
+    embedder = load_embedder(onnx_gallery.model, device="cpu")
+    report = import_gallery(vectors, rows, tmp_path / "g", vectors_path=tmp_path / "v.npy",
+                            embedder=embedder, model_path=onnx_gallery.model)  # fmt: skip
+    assert (report.items, report.dim, report.index_type) == (12, 8, "flat")
+    with Gallery.open(tmp_path / "g") as imported, Gallery.open(out) as built:
+        assert imported.meta[SPEC_KEY] == built.meta[SPEC_KEY]
+        assert imported.meta["model"] == built.meta["model"]
+        assert imported.model_sha256 == built.model_sha256
+    with pytest.raises(NearsightError, match="embeds in dim 8 but the vectors have dim 4"):
+        import_gallery(vectors[:, :4], rows, tmp_path / "h", vectors_path=tmp_path / "v.npy",
+                       embedder=embedder, model_path=onnx_gallery.model)  # fmt: skip
+    assert not (tmp_path / "h").exists()
