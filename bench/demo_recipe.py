@@ -8,6 +8,7 @@ step count keeps the comparison fair on a shared, loaded CPU; images/s says what
 
     python bench/demo_recipe.py --steps 300                    # every variant
     python bench/demo_recipe.py --steps 300 --variants demo constant-lr
+    python bench/demo_recipe.py --steps 150 --variants demo fp32 --seeds 0 1 2   # bf16 vs fp32
     python bench/demo_recipe.py --steps 300 --threads 1 --variants demo one-head &
     python bench/demo_recipe.py --steps 300 --threads 1 --variants normsoftmax 64px
 
@@ -37,6 +38,8 @@ NORMSOFTMAX = {"loss.name": "normsoftmax", "optim.loss_lr": 1e-2}
 # each against the shipped demo recipe (ICE, heads on layer2/3/4, concatenated)
 VARIANTS: dict[str, dict[str, Any]] = {
     "demo": {},
+    # the precision the hardware chooses (bf16 + channels_last where native) against fp32
+    "fp32": {"amp": False, "channels_last": False},
     "constant-lr": {"optim.schedule": "constant", "optim.warmup_steps": 0},
     "64px": {"data.image_size": 64},
     "no-cache": {"data.cache_images": False},
@@ -61,12 +64,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-def run_variant(data: Path, out: Path, name: str, steps: int, workers: int) -> dict[str, Any]:
+def run_variant(
+    data: Path, out: Path, name: str, steps: int, workers: int, seed: int = 0
+) -> dict[str, Any]:
     args = argparse.Namespace(
         image_size=48, workers=workers, loss="ice", classes=100, steps=steps, train_seconds=None
     )
     config = demo_config(args, data)
-    for key, value in VARIANTS[name].items():
+    for key, value in {**VARIANTS[name], "seed": seed}.items():
         apply_override(config, key, value)
     validate(config)
     result = train(config, out)
@@ -74,6 +79,7 @@ def run_variant(data: Path, out: Path, name: str, steps: int, workers: int) -> d
     rates = [json.loads(x)["images_per_s"] for x in (out / "train.jsonl").read_text().splitlines()]
     return {
         "variant": name,
+        "seed": seed,
         "steps": result.steps,
         "train_seconds": round(result.train_seconds, 1),
         "images_per_s": round(statistics.median(rates[2:] or rates), 1),
@@ -88,6 +94,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="one run per seed")
     parser.add_argument("--data", type=Path, help="the demo's synthetic dataset (made if missing)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument(
@@ -103,18 +110,25 @@ def main() -> None:
         data = args.data or Path(tmp) / "synth"
         if not (data / "synthetic.json").exists():
             write_synthetic(data, classes=100, per_class=24, size=96, seed=0)
-        for name in args.variants:
-            results.append(
-                run_variant(data, Path(tmp) / f"run-{name}", name, args.steps, args.workers)
-            )
-            print(json.dumps(results[-1]), flush=True)
+        for seed in args.seeds:
+            for name in args.variants:
+                out = Path(tmp) / f"run-{name}-{seed}"
+                results.append(run_variant(data, out, name, args.steps, args.workers, seed))
+                print(json.dumps(results[-1]), flush=True)
     print(
-        f"\n{'variant':<14}{'steps':>6}{'seconds':>9}{'img/s':>7}{'R@1 before':>12}{'R@1 after':>11}"
+        f"\n{'variant':<14}{'seed':>5}{'steps':>6}{'seconds':>9}{'img/s':>7}{'R@1 before':>12}"
+        f"{'R@1 after':>11}"
     )
     for r in results:
         print(
-            f"{r['variant']:<14}{r['steps']:>6}{r['train_seconds']:>9}{r['images_per_s']:>7}"
-            f"{r['untrained_recall@1']:>12.4f}{r['trained_recall@1']:>11.4f}"
+            f"{r['variant']:<14}{r['seed']:>5}{r['steps']:>6}{r['train_seconds']:>9}"
+            f"{r['images_per_s']:>7}{r['untrained_recall@1']:>12.4f}{r['trained_recall@1']:>11.4f}"
+        )
+    for name in args.variants:
+        after = [r["trained_recall@1"] for r in results if r["variant"] == name]
+        spread = f" +- {statistics.stdev(after):.4f}" if len(after) > 1 else ""
+        print(
+            f"{name}: mean R@1 after {statistics.mean(after):.4f}{spread} over {len(after)} seeds"
         )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
