@@ -43,7 +43,7 @@ import numpy as np
 from PIL import Image
 
 from nearsight.index.datasets import load_dataset
-from nearsight.index.metrics import recall_at_k
+from nearsight.index.metrics.retrieval import recall_at_k
 from nearsight.models.preprocess import test_transform
 from nearsight.training.config import load_config
 from nearsight.training.run import train

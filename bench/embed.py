@@ -33,7 +33,7 @@ from nearsight.index.datasets import load_dataset
 from nearsight.index.datasets.synthetic import write_synthetic
 from nearsight.index.embed import embed_paths
 from nearsight.index.images import load_image
-from nearsight.index.metrics import recall_at_k
+from nearsight.index.metrics.retrieval import recall_at_k
 from nearsight.models.checkpoint import load_embedding_net, save_checkpoint
 from nearsight.models.embedder import OnnxEmbedder, physical_cores
 from nearsight.models.embedding import EmbeddingConfig, EmbeddingNet

@@ -136,7 +136,7 @@ def metrics_on_cpu(metrics: Any):
 
 
 def run_eval(ctx: Context, part: Part) -> None:
-    from nearsight.index import metrics
+    from nearsight.index.metrics import retrieval as metrics
 
     sizes = ctx.sizes
     vectors, labels = clustered_vectors(sizes.eval_items, 128, sizes.eval_classes, seed=2)

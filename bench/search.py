@@ -39,7 +39,7 @@ import numpy as np
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.gallery.eval import EXACT_KMEANSPP_MAX_CLASSES
 from nearsight.index.gallery.write import write_gallery
-from nearsight.index.metrics import SOP_KS, evaluate, nmi, recall_at_k
+from nearsight.index.metrics.retrieval import SOP_KS, evaluate, nmi, recall_at_k
 
 DIM = 128
 K = 10

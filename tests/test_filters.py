@@ -8,7 +8,7 @@ import sqlite3
 import numpy as np
 import pytest
 
-from nearsight.index.catalog import CATALOG_FILE
+from nearsight.index.catalog.store import CATALOG_FILE
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.gallery.write import write_gallery
 from nearsight.index.search.filters import (

@@ -16,12 +16,12 @@ import faiss
 import numpy as np
 import pytest
 
-from nearsight.index.catalog import CATALOG_FILE, Catalog, GalleryError
+from nearsight.index.catalog.store import CATALOG_FILE, Catalog, GalleryError
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.gallery.files import EMBEDDINGS_FILE, INDEX_FILE
 from nearsight.index.gallery.lock import lock_path
 from nearsight.index.gallery.write import write_gallery
-from nearsight.index.metrics import evaluate
+from nearsight.index.metrics.retrieval import evaluate
 from nearsight.index.search.faiss_index import (
     HNSW_M,
     ivf_parameters,

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from nearsight.app.cli import main
-from nearsight.index.catalog import CATALOG_FILE
+from nearsight.index.catalog.store import CATALOG_FILE
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.gallery.files import EMBEDDINGS_FILE, INDEX_FILE
 from nearsight.index.gallery.write import write_gallery

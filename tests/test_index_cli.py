@@ -27,7 +27,7 @@ from nearsight.index.datasets import load_dataset
 from nearsight.index.datasets.synthetic import write_synthetic
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.images import load_image
-from nearsight.index.metrics import evaluate, recall_at_k
+from nearsight.index.metrics.retrieval import evaluate, recall_at_k
 from nearsight.models.checkpoint import load_embedding_net
 from nearsight.models.preprocess import test_transform as make_test_transform
 

@@ -16,7 +16,7 @@ from conftest import running_page
 
 from nearsight.app.batcher import BatcherFull, EmbedBatcher
 from nearsight.app.rest import ApiError, DecodeGate
-from nearsight.index.catalog import Catalog, create_catalog
+from nearsight.index.catalog.store import Catalog, create_catalog
 from nearsight.index.search.filters import (
     MAX_FILTER_CONDITIONS,
     Condition,

@@ -198,7 +198,7 @@ def test_the_neighbour_graph_answers_as_the_index_does_through_add_remove_compac
 
 
 def test_a_graph_that_does_not_match_the_index_is_refused(tmp_path):
-    from nearsight.index.catalog import GalleryError
+    from nearsight.index.catalog.store import GalleryError
     from nearsight.index.gallery.graph import GRAPH_FILE
 
     vectors, labels = _clustered()

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from nearsight.app.page_view import GalleryView
 from nearsight.core.errors import NearsightError
-from nearsight.index.catalog import CATALOG_FILE
+from nearsight.index.catalog.store import CATALOG_FILE
 from nearsight.index.gallery.core import Gallery
 
 DEFAULT_INTERVAL_S = 1.0

@@ -29,7 +29,7 @@ from typing import Any
 
 from nearsight.core.atomic import atomic_file
 from nearsight.core.errors import NearsightError
-from nearsight.index.catalog import CATALOG_FILE
+from nearsight.index.catalog.store import CATALOG_FILE
 from nearsight.training.paper import PaperRow, protocol_metrics, read_paper
 
 SELECTIONS = ("test", "val")

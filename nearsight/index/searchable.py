@@ -24,6 +24,7 @@ from nearsight.index.search.checks import check_k
 from nearsight.index.search.query import check_vector, item_vector, resolve_rerank, search_rows
 
 if TYPE_CHECKING:  # typing only: the embedders' modules load onnxruntime
+    from nearsight.index.gallery.build import BuildReport
     from nearsight.models.embedder import Embedder
 
 ImageLike = str | os.PathLike[str] | Image.Image | np.ndarray
@@ -38,8 +39,8 @@ class SearchableGallery:
     ``len(g)`` is the number of items; :meth:`search` gives the nearest items of an image as
     dicts; :meth:`evaluate` the papers' leave-one-out metrics. Close it (or use ``with``)."""
 
-    # what built it, when nearsight.build_gallery did (a BuildReport)
-    build_report: Any = None
+    # what built it, when nearsight.build_gallery did
+    build_report: BuildReport | None = None
 
     def __init__(
         self,
@@ -199,7 +200,7 @@ class SearchableGallery:
         """Recall@k, NMI and MAP@R of the stored embeddings (every labelled item queries the
         other labelled items); ``ks``: default the papers' values for the gallery's dataset.
         ``queries``: only a seeded sample of that many labelled items query (each still
-        searching all the others exactly), see nearsight.index.metrics.evaluate. ``rerank``: as in
+        searching all the others exactly), see nearsight.index.metrics.retrieval.evaluate. ``rerank``: as in
         :meth:`search` (leave-one-out: no query reaches itself through an expansion)."""
         spec = resolve_rerank(self.gallery, rerank)
         return self.gallery.evaluate(ks, queries, spec)

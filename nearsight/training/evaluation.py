@@ -17,7 +17,7 @@ import torch
 from nearsight.index.datasets import DatasetSplit
 from nearsight.index.embed import embed_paths
 from nearsight.index.images import ImageLoadError, load_image
-from nearsight.index.metrics import evaluate
+from nearsight.index.metrics.retrieval import evaluate
 from nearsight.models.preprocess import test_transform
 from nearsight.models.spec import default_resize
 from nearsight.training.config import TrainConfig

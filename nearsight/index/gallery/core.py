@@ -28,7 +28,7 @@ import faiss
 import numpy as np
 
 from nearsight.core.errors import NearsightError
-from nearsight.index.catalog import Catalog, GalleryError
+from nearsight.index.catalog.store import Catalog, GalleryError
 from nearsight.index.gallery import eval as gallery_eval
 from nearsight.index.gallery import model as gallery_model
 from nearsight.index.gallery import write as gallery_write

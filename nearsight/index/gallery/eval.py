@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from nearsight.core.errors import NearsightError
-from nearsight.index.metrics import CUB_KS, SOP_KS
-from nearsight.index.metrics import default_ks as ks_by_size
+from nearsight.index.metrics.retrieval import CUB_KS, SOP_KS
+from nearsight.index.metrics.retrieval import default_ks as ks_by_size
 from nearsight.index.rerank.evaluate import evaluate_reranked
 from nearsight.index.rerank.spec import RerankSpec, parse_rerank
 from nearsight.index.vector_store import ApproximateVectorsWarning
@@ -49,10 +49,10 @@ def evaluate_gallery(
     with_nmi: bool = True,
     nmi_average: str = "arithmetic",
 ) -> dict[str, float | int]:
-    """index.metrics.evaluate's dict (recall@k..., nmi, map@r, queries) of ``gallery``;
+    """nearsight.index.metrics.retrieval.evaluate's dict (recall@k..., nmi, map@r, queries) of ``gallery``;
     ``queries``: only a seeded sample of that many labelled items query; ``rerank``: each
     query's neighbours re-ranked (nearsight.index.rerank), its own item excluded from every
-    expansion; ``nmi_average``: NMI's normalisation (nearsight.index.nmi.NMI_AVERAGES)."""
+    expansion; ``nmi_average``: NMI's normalisation (nearsight.index.metrics.nmi.NMI_AVERAGES)."""
     spec = parse_rerank(rerank)
     labelled = gallery.labels >= 0
     if labelled.sum() < 2:

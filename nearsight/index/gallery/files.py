@@ -3,7 +3,7 @@ that the files agree (nearsight/index/gallery/core.py reads them, nearsight/inde
 
 Layout (DESIGN.md)::
 
-    GALLERY/catalog.db      items (id = FAISS id, path, label, ...) and meta (index.catalog)
+    GALLERY/catalog.db      items (id = FAISS id, path, label, ...) and meta (nearsight.index.catalog)
     GALLERY/index.faiss     the CPU FAISS index; its ids are the catalog ids
     GALLERY/embeddings.npy  float32 [N, D], L2-normalised, row i = the i-th catalog id in order
                             (optional past the memory budget: meta ``embeddings_kept``,
@@ -26,7 +26,7 @@ import faiss
 import numpy as np
 
 from nearsight.core.atomic import atomic_dir, recover_dir
-from nearsight.index.catalog import CATALOG_FILE, Catalog, GalleryError, create_catalog
+from nearsight.index.catalog.store import CATALOG_FILE, Catalog, GalleryError, create_catalog
 from nearsight.index.search.faiss_index import METRIC, index_ids
 
 INDEX_FILE = "index.faiss"

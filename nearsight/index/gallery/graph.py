@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from nearsight.index.catalog import GalleryError
+from nearsight.index.catalog.store import GalleryError
 
 GRAPH_FILE = "neighbours.npy"
 GRAPH_SIMS_FILE = "neighbour_sims.npy"

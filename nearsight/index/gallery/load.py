@@ -11,7 +11,7 @@ from typing import Any
 import faiss
 import numpy as np
 
-from nearsight.index.catalog import CATALOG_FILE, Catalog, GalleryError
+from nearsight.index.catalog.store import CATALOG_FILE, Catalog, GalleryError
 from nearsight.index.gallery.files import (
     EMBEDDINGS_FILE,
     INDEX_FILE,

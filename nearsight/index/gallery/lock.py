@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from nearsight.core.atomic import recover_dir
-from nearsight.index.catalog import CATALOG_FILE, GalleryError
+from nearsight.index.catalog.store import CATALOG_FILE, GalleryError
 
 
 def lock_path(gallery_dir: str | os.PathLike[str]) -> Path:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nearsight.core.errors import NearsightError
-from nearsight.index.catalog import GalleryError
+from nearsight.index.catalog.store import GalleryError
 from nearsight.models.spec import ModelSpec, spec_from_gallery_meta
 
 if TYPE_CHECKING:  # typing only: the embedders' modules load onnxruntime

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nearsight.index.catalog import GalleryError
+from nearsight.index.catalog.store import GalleryError
 
 SEGMENT_PATTERN = re.compile(r"segment-\d{12}\.npz")
 _TEMPORARY_PATTERN = re.compile(r"\.segment-\d{12}\.npz\.[0-9]+\.tmp")

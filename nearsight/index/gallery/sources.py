@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from nearsight.core.errors import NearsightError
-from nearsight.index.catalog import CATALOG_FILE
+from nearsight.index.catalog.store import CATALOG_FILE
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ import numpy as np
 
 from nearsight.core.atomic import recover_dir
 from nearsight.core.errors import NearsightError
-from nearsight.index.catalog import CATALOG_FILE, Catalog, GalleryError, create_catalog
+from nearsight.index.catalog.store import CATALOG_FILE, Catalog, GalleryError, create_catalog
 from nearsight.index.gallery.files import (
     EMBEDDINGS_FILE,
     GALLERY_FILES,

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from nearsight.index.metrics import evaluate
+from nearsight.index.metrics.retrieval import evaluate
 from nearsight.index.rerank.pipeline import rerank
 from nearsight.index.rerank.sources import MatrixSource
 from nearsight.index.rerank.spec import RerankSpec
@@ -20,7 +20,7 @@ def evaluate_reranked(
     spec: RerankSpec,
     **options: Any,
 ) -> dict[str, float | int]:
-    """:func:`nearsight.index.metrics.evaluate` of ``vectors`` with ``spec`` applied to every
+    """:func:`nearsight.index.metrics.retrieval.evaluate` of ``vectors`` with ``spec`` applied to every
     query's nearest other rows; the query's own row is excluded from its candidates (by the
     evaluation) and from every candidate's DBA neighbours (here). ``options``: evaluate's."""
     if not spec.active:

@@ -26,7 +26,7 @@ import faiss
 import numpy as np
 
 from nearsight.core.errors import NearsightError
-from nearsight.index.catalog import GalleryError
+from nearsight.index.catalog.store import GalleryError
 
 INDEX_TYPES = ("auto", "flat", "ivf", "ivfpq", "opq", "hnsw")
 IVF_TYPES = ("ivf", "ivfpq", "opq")  # searched with nprobe

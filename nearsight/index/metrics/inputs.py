@@ -1,5 +1,5 @@
 """What every retrieval metric takes: embeddings [N, D] and one label per row, checked (one-line
-errors) and converted once (nearsight/index/metrics.py, nearsight/index/nmi.py)."""
+errors) and converted once (nearsight/index/metrics/retrieval.py, nearsight/index/metrics/nmi.py)."""
 
 from __future__ import annotations
 

@@ -32,8 +32,8 @@ from urllib.parse import quote
 import numpy as np
 
 from nearsight.core.errors import NearsightError
-from nearsight.index.catalog_filter import run_filter
-from nearsight.index.catalog_rows import (
+from nearsight.index.catalog.filter import run_filter
+from nearsight.index.catalog.rows import (
     INSERT_ITEM,
     INSERT_ITEM_META,
     ITEM_COLUMNS,
@@ -48,11 +48,11 @@ from nearsight.index.catalog_rows import (
     meta_values,
     row_values,
 )
+from nearsight.index.catalog.sqlite_db import Database
 from nearsight.index.search.filters import (
     Condition,
     MetaValue,
 )
-from nearsight.index.sqlite_db import Database
 
 CATALOG_FILE = "catalog.db"
 _SQLITE_HEADER = b"SQLite format 3\x00"

@@ -48,8 +48,8 @@ import faiss
 import numpy as np
 
 from nearsight.core.errors import NearsightError
-from nearsight.index.metric_inputs import prepare_embeddings
-from nearsight.index.nmi import nmi
+from nearsight.index.metrics.inputs import prepare_embeddings
+from nearsight.index.metrics.nmi import nmi
 from nearsight.index.search.exclude import without_keys
 
 CUB_KS: tuple[int, ...] = (1, 2, 4, 8)  # CUB-200-2011, CARS196

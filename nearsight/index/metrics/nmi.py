@@ -2,7 +2,7 @@
 k = number of classes; k-means++ seeding, as in the MATLAB and scikit-learn k-means of the
 original evaluation code; fixed seed), then the normalised mutual information between the
 cluster assignment and the labels, from the contingency table in numpy (the arithmetic or the
-geometric mean of the two entropies: nearsight/index/metrics.py's docstring says which papers
+geometric mean of the two entropies: nearsight/index/metrics/retrieval.py's docstring says which papers
 use which). No scikit-learn: this is on the serving path (``nearsight eval``).
 """
 
@@ -14,7 +14,7 @@ import faiss
 import numpy as np
 
 from nearsight.core.errors import NearsightError
-from nearsight.index.metric_inputs import prepare_embeddings
+from nearsight.index.metrics.inputs import prepare_embeddings
 
 # how NMI normalises the mutual information: by the mean of the two entropies, or their
 # geometric mean (scikit-learn's average_method names)

@@ -23,7 +23,7 @@ def run_filter(
 ) -> np.ndarray:
     """Sorted int64 ids of the items of the catalog at ``path`` meeting every condition;
     ``known``: the gallery's metadata columns."""
-    from nearsight.index.catalog import GalleryError
+    from nearsight.index.catalog.store import GalleryError
 
     unknown = [c.key for c in conditions if c.key not in known | set(FILTERABLE_BUILTINS)]
     if unknown:
