@@ -87,6 +87,7 @@ def build_gallery(
     model exported elsewhere takes ``input_size``, ``mean``, ``std``, ``resize`` and
     ``output`` (``index build``'s flags of the same names)."""
     from nearsight.index.gallery.build import build_gallery as build
+    from nearsight.index.gallery.keys import declared_meta_types
     from nearsight.index.gallery.sources import dataset_source, images_source
     from nearsight.models.embedder import load_embedder
 
@@ -95,8 +96,7 @@ def build_gallery(
     if dataset is not None:
         if root is None:
             raise NearsightError("build_gallery: a dataset needs its root")
-        declared = {**(meta_types or {})}
-        declared.setdefault(key_column or "key", "str")  # keys are names, not numbers
+        declared = declared_meta_types(meta_types, key_column)
         source = dataset_source(dataset, root, split, declared)
     else:
         source = images_source(images or [])

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from nearsight.core.errors import NearsightError
 from nearsight.core.progress import progress
 from nearsight.index.images import ImageLoadError, load_image
 from nearsight.models.preprocess import test_transform
@@ -110,6 +111,15 @@ def embed_paths(
     dim = chunks[0].shape[1] if chunks else 0
     embeddings = np.concatenate(chunks) if chunks else np.zeros((0, dim), np.float32)
     return EmbeddingResult(np.ascontiguousarray(embeddings), ok, errors)
+
+
+def check_batching(batch_size: int, workers: int) -> None:
+    """``embed_files``' batch size (at least 1) and decoding workers (0 or more), checked before
+    a model loads (one-line errors naming the command's flags)."""
+    if batch_size < 1:
+        raise NearsightError(f"--batch-size must be at least 1, got {batch_size}")
+    if workers < 0:
+        raise NearsightError(f"--workers must be 0 or more, got {workers}")
 
 
 def embed_files(

@@ -27,9 +27,7 @@ def add_catalog_options(parser: argparse.ArgumentParser, *, key_column: bool = T
 
 def declared_types(args: argparse.Namespace) -> dict[str, str]:
     """``--meta-types``, with the key column declared text (keys are names, not numbers)."""
+    from nearsight.index.gallery.keys import declared_meta_types
     from nearsight.index.search.meta_types import parse_meta_types
 
-    declared = parse_meta_types(args.meta_types)
-    key = getattr(args, "key_column", None) or "key"
-    declared.setdefault(key, "str")
-    return declared
+    return declared_meta_types(parse_meta_types(args.meta_types), getattr(args, "key_column", None))

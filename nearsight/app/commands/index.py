@@ -170,15 +170,6 @@ def load_gallery_model(gallery: Gallery, override: Path | None, device: str = "a
     return gallery.load_model(override, device=device)
 
 
-def _check_batching(args: argparse.Namespace) -> None:
-    from nearsight.core.errors import NearsightError
-
-    if args.batch_size < 1:
-        raise NearsightError(f"--batch-size must be at least 1, got {args.batch_size}")
-    if args.workers < 0:
-        raise NearsightError(f"--workers must be 0 or more, got {args.workers}")
-
-
 def add_embeddings_option(parser: argparse.ArgumentParser) -> None:
     """``--embeddings auto|keep|drop`` of ``index build`` and ``index import``."""
     parser.add_argument(

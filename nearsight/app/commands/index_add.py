@@ -11,9 +11,9 @@ from typing import Any
 def run_add(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from nearsight.app.commands.index import _check_batching, load_gallery_model
+    from nearsight.app.commands.index import load_gallery_model
     from nearsight.core.errors import NearsightError
-    from nearsight.index.embed import embed_files
+    from nearsight.index.embed import check_batching, embed_files
     from nearsight.index.gallery.build import describe_files, report_unreadable
     from nearsight.index.gallery.core import Gallery
     from nearsight.index.gallery.keys import duplicate_note, ids_of_keys
@@ -22,7 +22,7 @@ def run_add(args: argparse.Namespace) -> int:
     from nearsight.index.search.filters import parse_meta_entries
 
     start = time.perf_counter()
-    _check_batching(args)
+    check_batching(args.batch_size, args.workers)
     raw = parse_meta_entries(args.meta, typed=False)  # a typo is reported before the gallery opens
     if args.key is not None and len(args.images) != 1:
         raise NearsightError("--key names one item: give one image with it")

@@ -85,16 +85,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_search(args: argparse.Namespace) -> int:
     from nearsight.core.errors import NearsightError
+    from nearsight.index.embed import check_batching
     from nearsight.index.search.checks import check_k
     from nearsight.index.search.filters import merge_conditions, parse_filters
 
     check_k(args.k)
     if (args.queries is None) != (args.out is None):
         raise NearsightError("--queries and --out go together")
-    if args.batch_size < 1:
-        raise NearsightError(f"--batch-size must be at least 1, got {args.batch_size}")
-    if args.workers < 0:
-        raise NearsightError(f"--workers must be 0 or more, got {args.workers}")
+    check_batching(args.batch_size, args.workers)
     # a bad filter fails before the model loads
     conditions = merge_conditions(parse_filters(args.filter), args.max_filter_conditions)
     if args.queries is not None:

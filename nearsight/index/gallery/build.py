@@ -33,7 +33,7 @@ import numpy as np
 
 from nearsight.core.errors import NearsightError
 from nearsight.index.chunks import finished_chunks, meta_types_of, read_meta, write_chunk
-from nearsight.index.embed import embed_files
+from nearsight.index.embed import check_batching, embed_files
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.gallery.defaults import (
     DEFAULT_BATCH_SIZE,
@@ -132,10 +132,7 @@ def build_gallery(
         )
     if chunk_size < 1:
         raise NearsightError(f"--chunk-size must be at least 1, got {chunk_size}")
-    if batch_size < 1:
-        raise NearsightError(f"--batch-size must be at least 1, got {batch_size}")
-    if workers < 0:
-        raise NearsightError(f"--workers must be 0 or more, got {workers}")
+    check_batching(batch_size, workers)
     rank, world = process_group()
     out = absolute_path(out)
     check_out_folder(out)

@@ -10,7 +10,7 @@ file bytes, by sha256) are reported, not refused: a shop may list one photo unde
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from nearsight.core.errors import NearsightError
@@ -20,6 +20,16 @@ if TYPE_CHECKING:
 
 DEFAULT_KEY_COLUMN = "key"
 DUPLICATE_EXAMPLES = 3  # the note stays one readable line
+
+
+def declared_meta_types(
+    declared: Mapping[str, str] | None, key_column: str | None = None
+) -> dict[str, str]:
+    """The declared metadata column types, with the key column (``key_column``, else
+    ``key``) declared text: keys are names, not numbers ("0042" stays "0042")."""
+    types = dict(declared or {})
+    types.setdefault(key_column or DEFAULT_KEY_COLUMN, "str")
+    return types
 
 
 def key_column(gallery: Gallery) -> str | None:
