@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from conftest import FAST, assert_one_line_error, free_port, run, tiny_model
+from helpers import FAST, assert_one_line_error, free_port, run, tiny_model
 
 from nearsight.index.datasets.synthetic import write_synthetic
 from nearsight.index.gallery.core import Gallery

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from conftest import FAST, assert_one_line_error, run, running_page
+from helpers import FAST, assert_one_line_error, run, running_page
 from PIL import Image
 
 import nearsight

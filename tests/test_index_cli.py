@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import FAST, assert_one_line_error, run, tiny_model
+from helpers import FAST, assert_one_line_error, run, tiny_model
 
 from nearsight.app.cli import main
 from nearsight.index.datasets import load_dataset

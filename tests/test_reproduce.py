@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import assert_one_line_error, run
+from helpers import assert_one_line_error, run
 
 from nearsight.app.reproduction import Reproduction
 from nearsight.core.errors import NearsightError

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import numpy as np
 import pytest
-from conftest import assert_one_line_error, run, running_page
+from helpers import assert_one_line_error, run, running_page
 
 from nearsight.app.batcher import EmbedBatcher
 from nearsight.index.gallery.core import Gallery
