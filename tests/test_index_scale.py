@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +43,7 @@ def assert_same_gallery(a: Path, b: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory) -> dict:
+def setup(tmp_path_factory) -> Iterator[dict]:
     root = tmp_path_factory.mktemp("scale")
     write_synthetic(root / "data", classes=6, per_class=4, size=32)
     torch.manual_seed(0)
@@ -52,7 +53,8 @@ def setup(tmp_path_factory) -> dict:
              "--split", "all", "--chunk-size", "5", *FAST]  # fmt: skip
     single = root / "single"
     assert main([str(arg) for arg in [*build, "--out", single]]) == 0
-    return {"root": root, "model": model, "build": build, "single": single}
+    yield {"root": root, "model": model, "build": build, "single": single}
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.mark.slow  # two CLI processes (torch imports)

@@ -70,7 +70,7 @@ def data(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def gallery(data, tmp_path_factory) -> dict:
+def gallery(data, tmp_path_factory) -> Iterator[dict]:
     root = tmp_path_factory.mktemp("faults-gallery")
     torch.manual_seed(0)
     model = save_checkpoint(
@@ -80,7 +80,8 @@ def gallery(data, tmp_path_factory) -> dict:
     out = root / "gallery"
     argv = ["index", "build", "--model", str(model), "--dataset", "folder", "--root", str(data)]
     assert main([*argv, "--out", str(out), *FAST]) == 0
-    return {"model": model, "gallery": out}
+    yield {"model": model, "gallery": out}
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def gallery_state(folder: Path) -> dict[str, bytes]:

@@ -15,9 +15,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
@@ -76,7 +78,7 @@ def link_distribution(dist: metadata.Distribution, site: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def serving_venv(tmp_path_factory, nearsight_wheel) -> Path:
+def serving_venv(tmp_path_factory, nearsight_wheel) -> Iterator[Path]:
     root = tmp_path_factory.mktemp("serving-venv")
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
@@ -99,7 +101,8 @@ def serving_venv(tmp_path_factory, nearsight_wheel) -> Path:
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    return python
+    yield python
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def run_in_venv(python: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
