@@ -72,3 +72,15 @@ def empty_hub(tmp_path, monkeypatch) -> Iterator[Path]:
     torch.hub.set_dir(str(hub))
     yield hub
     torch.hub.set_dir(previous)
+
+
+@pytest.fixture()
+def no_network(monkeypatch) -> None:
+    """Every DNS lookup and TCP connection fails at once (a machine offline)."""
+    import socket
+
+    def refuse(*args, **kwargs):
+        raise OSError("network blocked by the test")
+
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)

@@ -153,6 +153,9 @@ class TrainConfig:
     eval_at_start: bool = False  # also evaluate the untrained network (step 0)
     save_every: int = 100  # steps between last.pt saves (and at every evaluation)
     ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    # how evaluations normalise NMI's mutual information: arithmetic | geometric mean of the
+    # two entropies (nearsight reproduce sets the paper's)
+    nmi_average: str = "arithmetic"
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda
     # auto: on where the hardware runs bf16 natively (CUDA, AVX512-BF16/AMX CPUs); the losses
