@@ -104,3 +104,14 @@ def test_a_config_without_a_paper_block_is_named(tmp_path):
     with pytest.raises(NearsightError, match="has no paper: block"):
         read_paper(config)
     assert load_config(CONFIG_DIR / "rll_cub.yaml").loss.name == "rll"  # training ignores it
+
+
+def test_the_docs_list_every_configs_differences():
+    """docs/reproducing.md's per-config lists are the configs' paper.differs, word for word."""
+    docs = (CONFIG_DIR.parents[2] / "docs" / "reproducing.md").read_text()
+    for name in shipped_configs():
+        section = docs.split(f"### `{name}`\n", 1)[1].split("\n### ", 1)[0]
+        paper = read_paper(name)
+        assert paper.selection_source in section, name
+        for item in paper.differs:
+            assert f"\n- {item}\n" in section, (name, item)

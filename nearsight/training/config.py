@@ -58,7 +58,7 @@ class DataConfig:
     eval_batch_size: int = 64
     # classes held out of the training split to choose best.pt by (val/recall@1): a number of
     # classes, or a share of them when below 1; 0 = none (best.pt is then chosen on the test
-    # split, as the papers report). Class-disjoint and drawn with `seed`.
+    # split, as Proxy Anchor's code does). Class-disjoint and drawn with `seed`.
     val_classes: float = 0
     # decode and resize every training image once and keep it in memory (small datasets: the
     # per-step PNG decoding then disappears); the augmentation still runs per draw
