@@ -17,7 +17,7 @@ from PIL import Image
 
 from nearsight.app.cli import main
 from nearsight.app.page import build_app
-from nearsight.index.datasets.synthetic import write_synthetic
+from nearsight.data.datasets.synthetic import write_synthetic
 from nearsight.index.gallery.core import Gallery
 from nearsight.models.checkpoint import save_checkpoint
 from nearsight.models.embedding import EmbeddingConfig, EmbeddingNet

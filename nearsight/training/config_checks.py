@@ -11,7 +11,7 @@ import typing
 from typing import TYPE_CHECKING, Any
 
 from nearsight.core.errors import NearsightError
-from nearsight.index.metrics.nmi import NMI_AVERAGES
+from nearsight.data.metrics.nmi import NMI_AVERAGES
 from nearsight.models.embedding import ARCHS, FEATURE_NORMS, check_heads, resolve_feature_norm
 
 if TYPE_CHECKING:
