@@ -14,3 +14,11 @@ class NearsightError(Exception):
     """Bad input: the message is one line that names the problem and, where possible, the fix."""
 
     exit_code = 2
+
+
+def printable(text: str, limit: int = 200) -> str:
+    """``text`` made safe to quote inside a one-line message: control characters (a newline, a
+    terminal escape) are written as their escapes, so a name from a file or a request cannot
+    start a line of its own; at most ``limit`` characters."""
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[: limit + 1])
+    return shown if len(text) <= limit else shown[:limit] + "..."
