@@ -164,8 +164,7 @@ def running_page(galleries: list[Path], *, analyse: bool = True, **options):
     stops the server, the API's batcher and the page's analysis threads. ``analyse``: wait for
     the galleries' analysis first (False: start none); ``options`` go to ``launch_app``."""
     from nearsight.app.page import build_app
-    from nearsight.app.rest import close_rest_app
-    from nearsight.app.server import launch_app
+    from nearsight.app.server import launch_app, stop_app
 
     demo = build_app(galleries, device="cpu", analyse=analyse)
     url = launch_app(demo, port=free_port(), prevent_thread_lock=True, quiet=True, **options)
@@ -174,9 +173,7 @@ def running_page(galleries: list[Path], *, analyse: bool = True, **options):
             assert demo.nearsight.wait_analysis(timeout=120)
         yield url, demo
     finally:
-        demo.close(verbose=False)
-        close_rest_app(demo.nearsight_api)
-        demo.nearsight.close()
+        stop_app(demo)
 
 
 # -- tiny galleries built by the CLI ----------------------------------------------------------

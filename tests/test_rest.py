@@ -16,6 +16,7 @@ import pytest
 from conftest import assert_one_line_error, run, running_page
 
 from nearsight.app.batcher import EmbedBatcher
+from nearsight.app.server import served as served_app
 from nearsight.index.gallery.core import Gallery
 
 MAX_UPLOAD_MB = 0.25
@@ -138,7 +139,7 @@ def test_items_route_and_openapi(api):
 
 def test_concurrent_requests_all_answered_correctly(api, product):  # noqa: F811
     url, demo = api
-    batcher = next(iter(demo.nearsight_api.state.batchers.values()))
+    batcher = next(iter(served_app(demo).rest.state.batchers.values()))
     calls, embedded = batcher.calls, batcher.embedded
     images = product["images"][:8]
     with ThreadPoolExecutor(8) as pool:
