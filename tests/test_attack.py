@@ -5,13 +5,17 @@ bounded; a second client address is another loopback address (127.0.0.2)."""
 
 from __future__ import annotations
 
+import io
 import select
 import socket
+import threading
 import time
 from urllib.parse import urlsplit
 
 import httpx
-from conftest import running_page
+import numpy as np
+import pytest
+from conftest import process_mb, running_page, serve_process
 
 
 def _address(url: str) -> tuple[str, int]:
@@ -106,3 +110,45 @@ def test_one_address_cannot_take_every_connection(onnx_gallery):
                 sock.close()
     assert refused == 32
     assert answer.status_code == 200, answer.text
+
+
+def _post_at_once(url: str, name: str, data: bytes, times: int) -> list[int]:
+    statuses: list[int] = []
+
+    def post() -> None:
+        files = {"image": (name, data, "application/octet-stream")}
+        statuses.append(httpx.post(f"{url}/api/search", files=files, timeout=600).status_code)
+
+    threads = [threading.Thread(target=post) for _ in range(times)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return statuses
+
+
+@pytest.mark.slow
+def test_four_16_bit_pngs_at_once_stay_within_the_decode_budget(onnx_gallery):
+    """Four 16-bit PNGs of 7990 x 7990 (142 KB each; 64 MP, 2 bytes a pixel) posted at once to
+    a server with --concurrency 2, then four float TIFFs of that size (4 bytes a pixel): decoded
+    two at a time, each within its estimate of 8 bytes a pixel (~490 MB), the server's peak
+    resident memory grows by under 1.5 GB (before: each decode took ~2.2 GB through float64
+    copies of the whole image, and eight at once reached 6.35 GB)."""
+    from PIL import Image
+
+    plane = np.zeros((7990, 7990), np.uint16)
+    plane[::7, ::5] = 40000
+    png, tiff = io.BytesIO(), io.BytesIO()
+    Image.fromarray(plane).save(png, format="PNG")
+    plane = np.full((7990, 7990), 0.5, np.float32)
+    Image.fromarray(plane).save(tiff, format="TIFF", compression="tiff_adobe_deflate")
+    del plane
+    args = ["--gallery", onnx_gallery.gallery, "--concurrency", "2", "--max-upload-mb", "4"]
+    with serve_process(args) as (url, server):
+        idle = process_mb(server.pid)
+        statuses = _post_at_once(url, "big.png", png.getvalue(), 4)
+        statuses += _post_at_once(url, "big.tif", tiff.getvalue(), 4)
+        peak = process_mb(server.pid, "VmHWM")
+    print(f"idle {idle:.0f} MB, peak {peak:.0f} MB")
+    assert statuses == [200] * 8
+    assert peak - idle < 1536

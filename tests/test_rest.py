@@ -213,9 +213,11 @@ def test_api_key_comes_from_the_flag_or_the_environment(monkeypatch):
 
     from nearsight.app.commands.serve import _api_key
 
-    monkeypatch.setenv("NEARSIGHT_API_KEY", "from-env")
-    assert _api_key(argparse.Namespace(api_key=None, api_key_file=None, host="0.0.0.0")) == "from-env"
-    assert _api_key(argparse.Namespace(api_key="flag", api_key_file=None, host="0.0.0.0")) == "flag"
+    monkeypatch.setenv("NEARSIGHT_API_KEY", "from-env-16-chars")
+    env = _api_key(argparse.Namespace(api_key=None, api_key_file=None, host="0.0.0.0"))
+    assert env == "from-env-16-chars"
+    flag = _api_key(argparse.Namespace(api_key="flag-of-16-chars", api_key_file=None, host="0.0.0.0"))
+    assert flag == "flag-of-16-chars"
     monkeypatch.delenv("NEARSIGHT_API_KEY")
     assert _api_key(argparse.Namespace(api_key=None, api_key_file=None, host="127.0.0.1")) is None
     assert _api_key(argparse.Namespace(api_key=None, api_key_file=None, host="::1")) is None

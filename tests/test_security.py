@@ -13,7 +13,7 @@ from multiprocessing.pool import ThreadPool
 
 import httpx
 import pytest
-from conftest import free_port
+from conftest import free_port, serve_process
 from gradio_client import Client, handle_file
 
 from nearsight.app.page import build_app
@@ -299,42 +299,26 @@ def test_a_stalled_sign_in_form_is_a_408_not_a_traceback(onnx_gallery, capfd):
     assert "Traceback" not in capfd.readouterr().err
 
 
-def _serve_cli(args: list[str], env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "nearsight.app.cli", "serve", "--analysis-max-items", "0", *args],
-        env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
-
-
 def test_a_short_key_is_refused_beyond_loopback(onnx_gallery, tmp_path):
     key_file = tmp_path / "key"
     key_file.write_text("a\n")
-    server = _serve_cli(["--gallery", str(onnx_gallery.gallery), "--host", "0.0.0.0", "--port",
-                         str(free_port()), "--api-key-file", str(key_file)])  # fmt: skip
-    try:
-        _, err = server.communicate(timeout=120)
-    finally:
-        server.kill()
-    assert server.returncode == 2
-    lines = [line for line in err.splitlines() if line.startswith("nearsight: error:")]
-    assert len(lines) == 1 and "at least 16" in lines[0], err
+    done = subprocess.run(
+        [sys.executable, "-m", "nearsight.app.cli", "serve", "--gallery",
+         str(onnx_gallery.gallery), "--host", "0.0.0.0", "--port", str(free_port()),
+         "--api-key-file", str(key_file)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.splitlines() if line.startswith("nearsight: error:")]
+    assert len(lines) == 1 and "at least 16" in lines[0], done.stderr
 
 
 def test_the_access_log_is_on_by_default(onnx_gallery):
-    port = free_port()
-    server = _serve_cli(["--gallery", str(onnx_gallery.gallery), "--port", str(port)])
-    try:
-        url = f"http://127.0.0.1:{port}"
-        for _ in range(600):
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{url}/api/health?secret=x", timeout=1).status_code == 200:
-                    break
-            time.sleep(0.2)
+    with serve_process(["--gallery", onnx_gallery.gallery], stderr=subprocess.PIPE) as served:
+        url, server = served
+        httpx.get(f"{url}/api/health?secret=x", timeout=10)
         httpx.get(f"{url}/api/items/999", timeout=10)
-    finally:
-        server.terminate()
-        _, err = server.communicate(timeout=30)
+    err = server.stderr.read()
     lines = [line for line in err.splitlines() if line.startswith("nearsight: 127.0.0.1 GET")]
     assert any(line.startswith("nearsight: 127.0.0.1 GET /api/health 200 ") for line in lines)
     assert any(line.startswith("nearsight: 127.0.0.1 GET /api/items/999 404 ") for line in lines)
