@@ -103,16 +103,14 @@ class Guard:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        status = {"code": 500}
+        status = {"code": 500, "logged": False}
 
-        async def counted_send(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status["code"] = message["status"]
-            await send(message)
-
-        try:
-            await self._handle(scope, receive, counted_send)
-        finally:
+        def log() -> None:
+            # once, before the last byte of the answer leaves: a client that has its answer
+            # finds the line written
+            if status["logged"]:
+                return
+            status["logged"] = True
             seconds = time.perf_counter() - started
             path = scope.get("path", "")
             if self.settings.metrics is not None:
@@ -121,6 +119,18 @@ class Guard:
                 print(f"nearsight: {_client(scope) or '-'} {scope.get('method', '?')} "
                       f"{printable(path)} {status['code']} {seconds * 1000:.1f} ms",
                       file=sys.stderr, flush=True)  # fmt: skip
+
+        async def counted_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            elif message["type"] == "http.response.body" and not message.get("more_body"):
+                log()
+            await send(message)
+
+        try:
+            await self._handle(scope, receive, counted_send)
+        finally:
+            log()
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         refusal = self._refusal(scope)
