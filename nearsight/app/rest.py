@@ -38,7 +38,7 @@ from starlette.exceptions import HTTPException
 
 from nearsight.app.auth import API_KEY_HEADER, key_matches, presented_key
 from nearsight.app.batcher import DEFAULT_MAX_WAITING, BatcherFull, EmbedBatcher
-from nearsight.core.errors import NearsightError
+from nearsight.core.errors import Busy, NearsightError
 from nearsight.data.images import ImageLoadError, load_image_bytes
 from nearsight.index.gallery.keys import ids_of_keys
 from nearsight.search.rerank.spec import parse_rerank
@@ -113,6 +113,9 @@ def make_rest_app(
 
     @app.exception_handler(NearsightError)
     async def _bad_input(_: Request, error: NearsightError) -> JSONResponse:
+        if isinstance(error, Busy):  # the server's state, not the request: never a 4xx
+            headers = {"Retry-After": str(RETRY_AFTER_S)}
+            return JSONResponse({"error": _one_line(str(error))}, status_code=503, headers=headers)
         return JSONResponse({"error": _one_line(str(error))}, status_code=400)
 
     @app.exception_handler(RequestValidationError)

@@ -16,6 +16,11 @@ class NearsightError(Exception):
     exit_code = 2
 
 
+class Busy(NearsightError):
+    """Work that did not finish in time because the machine is busy, not because of what was
+    asked: the server answers 503 with Retry-After, never a 4xx."""
+
+
 def printable(text: str, limit: int = 200) -> str:
     """``text`` made safe to quote inside a one-line message: control characters (a newline, a
     terminal escape) are written as their escapes, so a name from a file or a request cannot
