@@ -350,7 +350,7 @@ class Gallery:
 
     @property
     def default_rerank(self) -> RerankSpec:
-        """The re-ranking stored in the gallery (``nearsight eval --tune-rerank ... --save``),
+        """The re-ranking stored in the gallery (``nearsight eval --tune-on VAL --save``),
         else none."""
         return parse_rerank(self.meta.get("rerank"))
 
