@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from nearsight.core.errors import NearsightError
+from nearsight.core.extras import EXTRA_MODULES
 from nearsight.index.search.filters import BUILTIN_KEYS, FilterError
 from nearsight.index.search.meta_types import infer_types, label_codes, typed_row
 
@@ -166,8 +167,10 @@ def _read_parquet(file: Path) -> list[dict[str, Any]]:
     try:
         import pyarrow.parquet as parquet
     except ImportError:
+        extra = EXTRA_MODULES["pyarrow"]
         raise NearsightError(
-            f"reading {file} needs pyarrow (pip install pyarrow), or give the meta as .csv"
+            f"reading {file} needs pyarrow, which comes with nearsight's [{extra}] extra: "
+            f"pip install 'nearsight[{extra}]' (or give the meta as .csv)"
         ) from None
     try:
         table = parquet.read_table(file)
