@@ -7,7 +7,8 @@ What runs, in each document's own copy of the small data (tests/docs/workspace.p
 - ```` ```python ```` blocks: as Python, in one namespace per document;
 - ```` ```usage ```` blocks: a command-line synopsis, checked against the CLI's parser
   (tests/docs/usage.py);
-- every ```nearsight SUBCOMMAND ...``` code span in the prose: its flags exist;
+- code spans in the prose: ```nearsight SUBCOMMAND ...``` (its flags exist), a file of the
+  repository (it exists; tests/docs/references.py), a ``nearsight.`` Python name (it imports);
 - ``<!-- invisible-code-block: python -->`` (or ``sh``) comments: checks of what the text
   around them says, unseen by a reader.
 
@@ -32,11 +33,12 @@ import pytest
 from sybil import Document, Example, Region, Sybil
 from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser
 from sybil.parsers.markdown.lexers import DirectiveInHTMLCommentLexer
+from tests.docs.references import check_reference, is_reference
 from tests.docs.shell import DocWorkspace
 from tests.docs.usage import ROOT, check_span, check_usage
 from tests.docs.workspace import build_workspace, copy_workspace
 
-SPAN = re.compile(r"(?<!`)`(nearsight [^`]+)`(?!`)")
+SPAN = re.compile(r"(?<!`)`([^`]+)`(?!`)")
 FENCED = re.compile(r"^```.*?^```|<!--.*?-->", re.MULTILINE | re.DOTALL)
 
 
@@ -71,13 +73,25 @@ def directives(document: Document) -> Iterator[Region]:
         yield Region(lexed.start, lexed.end, (lexed.lexemes["directive"], reason), _directive)
 
 
-def command_spans(document: Document) -> Iterable[Region]:
+def code_spans(document: Document) -> Iterable[Region]:
+    """Code spans in the prose that name a subcommand, a file or a Python name."""
     fenced = [m.span() for m in FENCED.finditer(document.text)]
     for match in SPAN.finditer(document.text):
         if any(start <= match.start() < end for start, end in fenced):
             continue  # a block's own parser checks it
         text = " ".join(match.group(1).split())
-        yield Region(match.start(), match.end(), text, lambda example: check_span(example.parsed))
+        if text.startswith("nearsight "):
+            yield Region(match.start(), match.end(), text, _check_command_span)
+        elif is_reference(text):
+            yield Region(match.start(), match.end(), text, _check_reference_span)
+
+
+def _check_command_span(example: Example) -> str | None:
+    return check_span(example.parsed)
+
+
+def _check_reference_span(example: Example) -> str | None:
+    return check_reference(example.parsed)
 
 
 def _check_without_running(example: Example) -> None:
@@ -113,7 +127,7 @@ DOCUMENTS = Sybil(
         CodeBlockParser("sh", _run_shell),
         CodeBlockParser("usage", lambda example: check_usage(str(example.parsed))),
         python_blocks,
-        command_spans,
+        code_spans,
     ],
     path=str(ROOT),
     patterns=["README.md", "docs/*.md"],
