@@ -16,8 +16,6 @@ import nearsight
 from nearsight.core.errors import NearsightError
 from nearsight.search.evaluate import evaluate_gallery
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def test_import_nearsight_loads_no_runtime(tmp_path):
     code = (
