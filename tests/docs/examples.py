@@ -52,7 +52,7 @@ class _NextBlock:
         example.document.pop_evaluator(self)
         if self.directive == "not-run":
             _check_without_running(example)
-            pytest.skip(self.reason)
+            pytest.skip(f"{Path(example.path).name}:{example.line}: {self.reason}")
         try:
             example.region.evaluator(example)
         except Exception as error:  # noqa: BLE001 (any failure is the expected one)
