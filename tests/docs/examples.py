@@ -30,11 +30,11 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pytest
-from sybil import Document, Example, Region, Sybil
+from sybil import Document, Example, Lexeme, Region, Sybil
 from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser
 from sybil.parsers.markdown.lexers import DirectiveInHTMLCommentLexer
 from tests.docs.references import check_reference, is_reference
-from tests.docs.shell import DocWorkspace
+from tests.docs.shell import DOC_URL, DocWorkspace
 from tests.docs.usage import ROOT, check_span, check_usage
 from tests.docs.workspace import build_workspace, copy_workspace
 
@@ -114,8 +114,16 @@ def python_blocks(document: Document) -> Iterator[Region]:
 
 
 def _in_workspace(evaluate: Callable[[Example], object]) -> Callable[[Example], object]:
+    """Python runs in the document's copy of the small data; the address the docs show for a
+    server is the one the document's latest ``nearsight serve`` listens on."""
+
     def evaluate_there(example: Example) -> object:
-        example.namespace["docs_workspace"].path  # noqa: B018 (made, and the working folder)
+        workspace = example.namespace["docs_workspace"]
+        workspace.path  # noqa: B018 (made, and the working folder)
+        source = example.parsed
+        if isinstance(source, Lexeme) and DOC_URL in source:
+            text = source.replace(DOC_URL, workspace.url)
+            example.parsed = Lexeme(text, source.offset, source.line_offset)
         return evaluate(example)
 
     return evaluate_there
