@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 from sybil import Document, Example, Lexeme, Region, Sybil
+from sybil.example import NotEvaluated
 from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser
 from sybil.parsers.markdown.lexers import DirectiveInHTMLCommentLexer
 from tests.docs.references import check_reference, is_reference
@@ -49,6 +50,8 @@ class _NextBlock:
         self.directive, self.reason = directive, reason
 
     def __call__(self, example: Example) -> None:
+        if "source" not in example.region.lexemes:
+            raise NotEvaluated()  # a code span in the prose between the comment and its block
         example.document.pop_evaluator(self)
         if self.directive == "not-run":
             _check_without_running(example)
@@ -95,7 +98,7 @@ def _check_reference_span(example: Example) -> str | None:
 
 
 def _check_without_running(example: Example) -> None:
-    language = example.region.lexemes.get("arguments") if example.region.lexemes else None
+    language = example.region.lexemes.get("arguments")
     if language == "python":
         compile(str(example.parsed), example.path, "exec")
     elif language == "sh":
