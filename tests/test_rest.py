@@ -103,7 +103,7 @@ def test_search_by_item_and_by_vector(api, product):  # noqa: F811
 @pytest.mark.parametrize(
     "fields, status, fragment",
     [
-        ({"vector": "[1, 2]"}, 400, "16 numbers"),
+        ({"vector": "[1, 2]"}, 422, "16 numbers"),
         ({"vector": "nope"}, 422, "JSON list"),
         ({"id": 999}, 404, "no item with id 999"),
         ({"id": 1, "k": 0}, 422, "k"),

@@ -224,7 +224,10 @@ def make_rest_app(
                 raise ApiError(404, f"gallery {view.name} has no item with id {item_id}")
             query, self_id = view.item_vector(item_id), item_id
         else:
-            query = check_vector(view.gallery, _parse_vector(vector))
+            try:
+                query = check_vector(view.gallery, _parse_vector(vector))
+            except NearsightError as error:  # the wrong length, zeros: a bad field
+                raise ApiError(422, f"vector: {error}") from None
         found = await run_in_threadpool(
             partial(view.search_one, query, k, allowed=allowed, rerank=spec, self_id=self_id)
         )
