@@ -16,7 +16,7 @@ Two ways, chosen per search by how many items the filter allows:
     rotation); nprobe is widened by N / allowed (up to nlist), so that about as many allowed
     items are scored as an unfiltered search scores items;
   - hnsw: ``SearchParametersHNSW(sel, efSearch)``, efSearch widened the same way: the walk
-    visits every node but keeps only allowed ones.
+    walks through every node it meets but keeps only the allowed ones.
 
   PQ types take REFINE_FACTOR x k candidates in the codes' order and re-rank them by the exact
   vectors, as their unfiltered searches do (index.ann.tuning.refine). A query that still came
