@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import ONNX_CLASSES, ONNX_PER_CLASS, assert_one_line_error, run
+from helpers import ONNX_CLASSES, ONNX_PER_CLASS, assert_one_line_error, run
 
 from nearsight.core.errors import NearsightError
 from nearsight.index.ann import filtered
