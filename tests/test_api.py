@@ -50,12 +50,14 @@ def test_open_gallery_searches_paths_images_and_arrays(onnx_gallery):
         by_array = gallery.search(pixels, k=3)
         by_floats = gallery.search(pixels.astype(np.float32) / 255.0, k=3)
         rows = gallery.gallery.all_items()
-    assert by_path == by_image == by_array == by_floats
+    assert by_image == by_array == by_floats  # the same pixels, embedded
+    assert [hit.id for hit in by_path] == [hit.id for hit in by_image]
+    np.testing.assert_allclose([h.distance for h in by_path], [h.distance for h in by_image], atol=1e-5)
     assert [hit["rank"] for hit in by_path] == [1, 2, 3]
-    assert set(by_path[0]) == {"rank", "id", "path", "label", "class_name", "distance", "meta"}
-    # a gallery file finds itself first, at distance 0
+    assert set(by_path[0]) == {"rank", "id", "key", "path", "label", "class_name", "distance", "meta"}
+    # a gallery file is searched as that item: first, at distance exactly 0
     own = next(row for row in rows if Path(row["path"]) == onnx_gallery.query)
-    assert by_path[0]["id"] == own["id"] and by_path[0]["distance"] == pytest.approx(0, abs=1e-3)
+    assert by_path[0]["id"] == own["id"] and by_path[0]["distance"] == 0.0
     distances = [hit["distance"] for hit in by_path]
     assert distances == sorted(distances)
 

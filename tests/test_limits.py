@@ -23,6 +23,7 @@ from nearsight.index.catalog.filters import (
     filter_sql,
     merge_conditions,
     parse_filters,
+    typed_conditions,
 )
 from nearsight.index.catalog.store import Catalog, create_catalog
 
@@ -44,7 +45,8 @@ def big_catalog(tmp_path_factory):
 
 
 def test_repeats_are_merged_and_the_limit_is_named():
-    assert merge_conditions(parse_filters(["price>=0"] * 60)) == [Condition("price", ">=", 0)]
+    # parsed as text; the gallery reads the value with its column's type when it runs it
+    assert merge_conditions(parse_filters(["price>=0"] * 60)) == [Condition("price", ">=", "0")]
     too_many = parse_filters([f"price>={i}" for i in range(MAX_FILTER_CONDITIONS + 1)])
     with pytest.raises(FilterError, match=r"the limit is 32 .*--max-filter-conditions"):
         merge_conditions(too_many)
@@ -52,10 +54,12 @@ def test_repeats_are_merged_and_the_limit_is_named():
 
 
 def test_conditions_on_one_key_share_one_lookup():
-    sql, params = filter_sql(
+    typed = typed_conditions(
         parse_filters(["price>=10", "price<20", "price!=15", "price!=16", "shop=s1"]),
-        has_meta_table=True,
+        {"price": "int", "shop": "str"},
+        {},
     )
+    sql, params = filter_sql(typed, has_meta_table=True)
     assert sql.count("SELECT item_id FROM item_meta") == 3  # price holds, price differs, shop
     assert params == ["price", 10, 20, "price", 15, 16, "shop", "s1"]
 

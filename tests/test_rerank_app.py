@@ -101,7 +101,7 @@ def test_page_toggle_and_the_fixed_and_broken_list(served, product):  # noqa: F8
     item = int(view.labelled_ids[5])
     spec = page.rerank_spec(view, True)
     assert spec.active and page.rerank_spec(view, False).method == "none"
-    on = view.search_item(item, 5, None, spec)
+    on = view.search_one(view.item_vector(item), 5, rerank=spec, exclude_id=item)
     with Gallery.open(product["gallery"]) as gallery:
         _, want = reranked_search(gallery, gallery.vectors_of([item]), 5, spec, exclude=[item])
     assert [n.id for n in on] == want[0].tolist()

@@ -16,7 +16,7 @@ from nearsight.index.gallery.defaults import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_WORKERS,
 )
-from nearsight.search.searchable import SearchableGallery, open_gallery
+from nearsight.search.searcher import Searcher, open_gallery
 
 PathLike = str | os.PathLike[str]
 
@@ -44,7 +44,7 @@ def build_gallery(
     max_index_memory: str | int | None = None,
     embeddings: str = "auto",
     neighbour_graph: bool = False,
-) -> SearchableGallery:
+) -> Searcher:
     """Embed a dataset (``dataset`` cub | cars | sop | folder | csv with its ``root`` and
     ``split``) or a list of ``images`` with ``model`` and write the gallery folder ``out``
     through :func:`nearsight.index.gallery.build.build_gallery` (what ``nearsight index build``
@@ -91,7 +91,7 @@ def build_gallery(
 
 
 def add_images(
-    gallery: PathLike | SearchableGallery,
+    gallery: PathLike | Searcher,
     images: Iterable[PathLike],
     *,
     label: int | str | None = None,
@@ -130,7 +130,7 @@ def add_images(
 
 
 def remove_items(
-    gallery: PathLike | SearchableGallery,
+    gallery: PathLike | Searcher,
     ids: Iterable[int] | None = None,
     *,
     keys: Iterable[str] | None = None,
@@ -149,7 +149,7 @@ def remove_items(
 
 
 def get_item(
-    gallery: PathLike | SearchableGallery, item_id: int | None = None, *, key: str | None = None
+    gallery: PathLike | Searcher, item_id: int | None = None, *, key: str | None = None
 ) -> dict[str, Any]:
     """The catalog row (id, path, label, class_name, split, sha256, width, height, meta) of
     the item ``item_id``, or of the item whose key (any text) is ``key``: what ``nearsight index
@@ -159,7 +159,7 @@ def get_item(
 
     if (item_id is None) == (key is None):
         raise NearsightError("get_item takes an id or a key, not both")
-    if isinstance(gallery, SearchableGallery):
+    if isinstance(gallery, Searcher):
         opened, owned = gallery.gallery, False
     else:
         opened, owned = Gallery.open(gallery), True
@@ -170,10 +170,10 @@ def get_item(
             opened.close()
 
 
-def _folder(gallery: PathLike | SearchableGallery) -> Any:
-    return gallery.path if isinstance(gallery, SearchableGallery) else gallery
+def _folder(gallery: PathLike | Searcher) -> Any:
+    return gallery.path if isinstance(gallery, Searcher) else gallery
 
 
-def _reload(gallery: PathLike | SearchableGallery) -> None:
-    if isinstance(gallery, SearchableGallery):
+def _reload(gallery: PathLike | Searcher) -> None:
+    if isinstance(gallery, Searcher):
         gallery.gallery.reload()

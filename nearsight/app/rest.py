@@ -26,9 +26,11 @@ Uploads are decoded and resized in worker threads, then embedded by the gallery 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import json
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Annotated, Any
 
 import numpy as np
@@ -175,7 +177,7 @@ def make_rest_app(
         if key_column(view.gallery) is None:
             raise ApiError(404, f"gallery {view.name} has no key column")
         found = ids_of_keys(view.gallery, [key])
-        if key not in found or found[key] not in view.rows:
+        if key not in found or found[key] not in view.rows():
             raise ApiError(404, f"gallery {view.name} has no item with that key")
         return item_row(view.public_row(found[key]))
 
@@ -238,16 +240,19 @@ def make_rest_app(
         except ValueError as error:
             raise ApiError(422, str(error)) from None
         allowed = await run_in_threadpool(view.allowed_ids, filter, max_filter_conditions)
+        self_id = None  # a query that is a gallery item comes first, at distance 0
         if image is not None:
             batcher = batchers[id(view.embedder)]
-            query = await _embed_upload(image, view, batcher, max_upload_bytes, decoding)
+            query, self_id = await _embed_upload(image, view, batcher, max_upload_bytes, decoding)
         elif item_id is not None:
-            if item_id not in view.rows:
+            if item_id not in view.rows():
                 raise ApiError(404, f"gallery {view.name} has no item with id {item_id}")
-            query = view.item_vector(item_id)
+            query, self_id = view.item_vector(item_id), item_id
         else:
             query = check_vector(view.gallery, _parse_vector(vector))
-        found = await run_in_threadpool(view.search_vector, query, k, None, allowed, spec)
+        found = await run_in_threadpool(
+            partial(view.search_one, query, k, allowed=allowed, rerank=spec, self_id=self_id)
+        )
         used = view.rerank if spec is None else spec
         return {
             "gallery": view.name,
@@ -285,12 +290,15 @@ class DecodeGate:
 async def _embed_upload(
     upload: UploadFile, view: ServedGallery, batcher: EmbedBatcher, max_bytes: int,
     decoding: DecodeGate,
-) -> Any:  # fmt: skip
+) -> tuple[Any, int | None]:  # fmt: skip
     data = await upload.read(max_bytes + 1)
     if len(data) > max_bytes:
         limit = max_bytes / 1024 / 1024
         raise ApiError(413, f"the upload is larger than the server's limit ({limit:g} MB)")
     name = _echo(upload.filename or "<upload>")
+    twin = view.identical_item(hashlib.sha256(data).hexdigest())
+    if twin is not None:  # a gallery item's own file: searched as that item
+        return view.item_vector(twin), twin
 
     def prepare():
         try:
@@ -305,7 +313,7 @@ async def _embed_upload(
         future = batcher.submit(model_input)
     except BatcherFull as error:
         raise ApiError(503, f"the server is busy ({error}): retry") from None
-    return await asyncio.wrap_future(future)
+    return await asyncio.wrap_future(future), None
 
 
 def _parse_vector(text: str | None) -> Any:

@@ -22,7 +22,6 @@ import numpy as np
 
 from nearsight.core.errors import NearsightError
 from nearsight.data.meta import FilterError, typed_row
-from nearsight.index.catalog.filters import Condition
 from nearsight.index.chunks import meta_types_of
 from nearsight.index.embed import check_batching, embed_files
 from nearsight.index.gallery.build import describe_files, report_unreadable
@@ -252,10 +251,9 @@ def _added_label(
     name = str(label).strip()
     if not name:
         raise NearsightError("a label may not be empty")
-    named = gallery.filter_ids([Condition("class_name", "=", name)])  # not every row in memory
-    labels = gallery.labels[np.searchsorted(gallery.ids, named)]
-    if len(labels) and labels[0] >= 0:
-        return int(labels[0]), class_name or name
+    named = [number for number, known in gallery.class_names().items() if known == name]
+    if named:
+        return named[0], class_name or name
     largest = int(gallery.labels.max()) if len(gallery.labels) else -1
     return max(largest, -1) + 1, class_name or name
 
