@@ -6,25 +6,27 @@ from __future__ import annotations
 import csv
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-from conftest import FAST, assert_one_line_error, free_port, run, tiny_model
+from helpers import FAST, assert_one_line_error, free_port, run, tiny_model
 
 from nearsight.data.datasets.synthetic import write_synthetic
 from nearsight.index.gallery.core import Gallery
 
 
 @pytest.fixture(scope="module")
-def shop(tmp_path_factory) -> dict:
+def shop(tmp_path_factory) -> Iterator[dict]:
     """72 product photos (12 classes x 6) and a random 16-d model."""
     root = tmp_path_factory.mktemp("shop")
     write_synthetic(root / "data", classes=12, per_class=6, size=32)
     images = sorted((root / "data").rglob("*.png"))
     assert len(images) == 72
-    return {"root": root, "images": images, "model": tiny_model(root / "model.pt", seed=0)}
+    yield {"root": root, "images": images, "model": tiny_model(root / "model.pt", seed=0)}
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def _csv(path: Path, header: list[str], rows: list[list]) -> Path:
@@ -69,13 +71,14 @@ def test_a_split_column_is_kept_per_item_and_auto_takes_its_test_rows(shop, tmp_
 
 
 @pytest.fixture(scope="module")
-def catalog(shop, tmp_path_factory) -> dict:
+def catalog(shop, tmp_path_factory) -> Iterator[dict]:
     """A gallery with shop, price, sku (one '091': a text column) and a unique key column."""
     root = tmp_path_factory.mktemp("catalog")
     skus = ["091", "050", "430", *(f"{n + 500}" for n in range(69))]
     rows = _rows(shop, lambda n: [("north", "south")[n % 2], f"{n * 1.5:.1f}", skus[n], f"K{n}"])
     manifest = _csv(root / "shop.csv", ["path", "label", "shop", "price", "sku", "key"], rows)
-    return {"manifest": manifest, "gallery": root / "g", "skus": skus, "root": root}
+    yield {"manifest": manifest, "gallery": root / "g", "skus": skus, "root": root}
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def test_unknown_filter_keys_are_refused_with_the_gallerys_keys(shop, catalog, capsys):

@@ -11,7 +11,7 @@ import tomllib
 from importlib.metadata import packages_distributions
 
 import pytest
-from conftest import ROOT, run
+from helpers import ROOT, run
 
 from nearsight.core.extras import EXTRA_MODULES
 from nearsight.training.config import ConfigError, load_config
@@ -181,7 +181,7 @@ def test_pretrained_auto_is_the_default_and_in_the_help(empty_hub, capsys):
 
 
 def test_training_from_scratch_by_auto_says_so(empty_hub, tmp_path, capsys):
-    from conftest import write_digits
+    from helpers import write_digits
 
     from nearsight.training.run import train
 

@@ -6,13 +6,14 @@ no further flags."""
 from __future__ import annotations
 
 import json
+import shutil
 import warnings
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-from conftest import FAST, assert_one_line_error, run, running_page
+from helpers import FAST, assert_one_line_error, run, running_page
 from PIL import Image
 
 import nearsight
@@ -94,7 +95,8 @@ def foreign(tmp_path_factory):
     argv = ["index", "build", "--model", model, "--dataset", "folder", "--root", data]
     argv += ["--split", "all", "--out", gallery, *FAST, *FLAGS]
     assert main([str(arg) for arg in argv]) == 0
-    return {"root": root, "data": data, "model": model, "gallery": gallery}
+    yield {"root": root, "data": data, "model": model, "gallery": gallery}
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def test_build_stores_the_spec_and_unit_vectors_of_the_model(foreign):

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from conftest import running_page
+from helpers import running_page
 
 from nearsight.app.batcher import BatcherFull, EmbedBatcher
 from nearsight.app.rest import ApiError, DecodeGate
@@ -199,7 +199,7 @@ def test_eight_64_megapixel_uploads_at_once_keep_the_server_under_a_memory_bound
     import subprocess
     import sys
 
-    from conftest import free_port
+    from helpers import free_port
     from PIL import Image
 
     big = tmp_path / "big.png"

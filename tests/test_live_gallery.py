@@ -41,7 +41,7 @@ def wait_for(predicate, timeout: float = VISIBLE_WITHIN_S) -> float:
 def served(onnx_gallery, tmp_path):
     gallery = tmp_path / "gallery"
     shutil.copytree(onnx_gallery.gallery, gallery)
-    from conftest import free_port
+    from helpers import free_port
 
     demo = build_app([gallery], device="cpu", analyse=False)
     url = launch_app(demo, port=free_port(), prevent_thread_lock=True, quiet=True,

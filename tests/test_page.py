@@ -16,9 +16,9 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from conftest import TinyGallery, free_port, running_page
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
+from helpers import TinyGallery, free_port, running_page
 from PIL import Image
 
 from nearsight.app.cli import main

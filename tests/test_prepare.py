@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import assert_one_line_error, run
+from helpers import assert_one_line_error, run
 from PIL import Image
 
 from nearsight.core.errors import NearsightError

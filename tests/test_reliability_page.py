@@ -67,7 +67,7 @@ def rss_mb(pid: int) -> float:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Server:
-    from conftest import make_tiny_gallery  # the page tests' gallery, secret and symlink
+    from helpers import make_tiny_gallery  # the page tests' gallery, secret and symlink
 
     # ResNet-18: 400 queries in a test; the page code is the same for any network
     tiny = make_tiny_gallery(tmp_path_factory.mktemp("reliability-page"), "resnet18", seed=0)

@@ -8,7 +8,7 @@ import shutil
 import httpx
 import numpy as np
 import pytest
-from conftest import free_port, run
+from helpers import free_port, run
 
 from nearsight.app.page import build_app
 from nearsight.app.rest import close_rest_app

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from conftest import assert_one_line_error, run, running_page
+from helpers import assert_one_line_error, run, running_page
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 

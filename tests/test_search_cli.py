@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import FAST, assert_one_line_error, run
+from helpers import FAST, assert_one_line_error, run
 
 from nearsight.app.cli import main
 

@@ -9,7 +9,7 @@ import sys
 
 import httpx
 import pytest
-from conftest import run
+from helpers import run
 
 import nearsight
 from nearsight.core.errors import NearsightError

@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from conftest import running_page
+from helpers import running_page
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 

@@ -12,8 +12,8 @@ import time
 
 import httpx
 import pytest
-from conftest import free_port
 from gradio_client import Client, handle_file
+from helpers import free_port
 
 from nearsight.app.page import build_app
 from nearsight.app.rest import close_rest_app
