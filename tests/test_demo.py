@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import httpx
-from conftest import free_port
+from helpers import free_port
 
 from nearsight.app.cli import main
 

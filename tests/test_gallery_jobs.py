@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import FAST, ROOT, assert_one_line_error, run, tiny_model
+from helpers import FAST, ROOT, assert_one_line_error, run, tiny_model
 
 import nearsight
 from nearsight.core.errors import NearsightError

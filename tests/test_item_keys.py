@@ -7,12 +7,13 @@ from __future__ import annotations
 import csv
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
 import httpx
 import pytest
-from conftest import FAST, assert_one_line_error, run, running_page
+from helpers import FAST, assert_one_line_error, run, running_page
 
 import nearsight
 from nearsight.core.errors import NearsightError
@@ -32,7 +33,7 @@ KEYS = [
 
 
 @pytest.fixture(scope="module")
-def keyed(onnx_gallery, tmp_path_factory) -> dict:
+def keyed(onnx_gallery, tmp_path_factory) -> Iterator[dict]:
     """A gallery of the ONNX fixture's first images, keyed by KEYS (built from a CSV)."""
     root = tmp_path_factory.mktemp("keyed")
     images = sorted(onnx_gallery.data.rglob("*.png"))
@@ -48,7 +49,8 @@ def keyed(onnx_gallery, tmp_path_factory) -> dict:
     with nearsight.open_gallery(gallery) as opened:
         ids = {row["meta"]["key"]: row["id"] for row in opened.gallery.all_items()}
     assert sorted(ids) == sorted(KEYS)
-    return {"gallery": gallery, "ids": ids, "spare": images[len(KEYS)]}
+    yield {"gallery": gallery, "ids": ids, "spare": images[len(KEYS)]}
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture()
