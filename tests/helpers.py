@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -160,8 +161,7 @@ def running_page(galleries: list[Path], *, analyse: bool = True, **options):
     stops the server, the API's batcher and the page's analysis threads. ``analyse``: wait for
     the galleries' analysis first (False: start none); ``options`` go to ``launch_app``."""
     from nearsight.app.page import build_app
-    from nearsight.app.rest import close_rest_app
-    from nearsight.app.server import launch_app
+    from nearsight.app.server import launch_app, stop_app
 
     demo = build_app(galleries, device="cpu", analyse=analyse)
     url = launch_app(demo, port=free_port(), prevent_thread_lock=True, quiet=True, **options)
@@ -170,9 +170,45 @@ def running_page(galleries: list[Path], *, analyse: bool = True, **options):
             assert demo.nearsight.wait_analysis(timeout=120)
         yield url, demo
     finally:
-        demo.close(verbose=False)
-        close_rest_app(demo.nearsight_api)
-        demo.nearsight.close()
+        stop_app(demo)
+
+
+@contextlib.contextmanager
+def serve_process(args: list, *, env: dict | None = None, stderr: Any = subprocess.DEVNULL):
+    """``nearsight serve ARGS`` in a process of its own on a free port of 127.0.0.1, once its
+    ``/api/health`` answers (at most 120 s): yields (url, process), then terminates it."""
+    import httpx
+
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "nearsight.app.cli", "serve", "--port", str(port),
+         "--analysis-max-items", "0", *[str(arg) for arg in args]],
+        env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL, stderr=stderr, text=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{url}/api/health", timeout=1).status_code == 200:
+                    break
+            assert process.poll() is None, "the server exited"
+            time.sleep(0.2)
+        yield url, process
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(30)
+
+
+def process_mb(pid: int, field: str = "VmRSS") -> float:
+    """A process's resident memory now (VmRSS) or at its peak (VmHWM), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
 
 
 # -- tiny galleries built by the CLI ----------------------------------------------------------

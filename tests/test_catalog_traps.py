@@ -223,8 +223,7 @@ def test_keys_upsert_remove_and_serve(shop, catalog, tmp_path, capsys):
     code, _, err = run(capsys, "index", "remove", "--gallery", folder, "--keys", "nope")
     assert_one_line_error(code, err, "no item with key 'nope'")
     from nearsight.app.page import build_app
-    from nearsight.app.rest import close_rest_app
-    from nearsight.app.server import launch_app
+    from nearsight.app.server import launch_app, stop_app
 
     demo = build_app([folder], device="cpu", analyse=False)
     url = launch_app(demo, port=free_port(), prevent_thread_lock=True, quiet=True).rstrip("/")
@@ -240,9 +239,7 @@ def test_keys_upsert_remove_and_serve(shop, catalog, tmp_path, capsys):
         with pytest.raises(gr.Error, match="unknown filter key 'colour'.*shop"):
             page.item_grid(page.view(None).name, new["id"], 5, "colour=red")
     finally:
-        demo.close(verbose=False)
-        close_rest_app(demo.nearsight_api)
-        demo.nearsight.close()
+        stop_app(demo)
 
 
 def test_repeated_keys_are_refused_and_duplicate_images_reported(shop, tmp_path, capsys):

@@ -14,8 +14,7 @@ import pytest
 
 from nearsight.app.live import GalleryWatcher, fingerprint
 from nearsight.app.page import build_app
-from nearsight.app.rest import close_rest_app
-from nearsight.app.server import launch_app
+from nearsight.app.server import launch_app, stop_app
 
 WATCH_S = 0.2
 VISIBLE_WITHIN_S = 5.0
@@ -49,9 +48,7 @@ def served(onnx_gallery, tmp_path):
     try:
         yield url.rstrip("/") + "/api", gallery
     finally:
-        demo.close(verbose=False)
-        close_rest_app(demo.nearsight_api)
-        demo.nearsight.close()
+        stop_app(demo)
 
 
 def health(api: str) -> dict:

@@ -291,5 +291,4 @@ def test_sessions_kept_by_the_server_are_capped(server, monkeypatch):
                 assert kind == "complete" and rows[0]["id"] == item["id"]
         assert len(demo.state_holder.session_data) == 10
     finally:
-        demo.close(verbose=False)
-        demo.nearsight.close()
+        server_module.stop_app(demo)

@@ -11,8 +11,7 @@ import pytest
 from helpers import free_port, run
 
 from nearsight.app.page import build_app
-from nearsight.app.rest import close_rest_app
-from nearsight.app.server import launch_app
+from nearsight.app.server import launch_app, stop_app
 from nearsight.index.gallery.core import Gallery
 from nearsight.search.evaluate import evaluate_gallery
 from nearsight.search.rerank import parse_rerank
@@ -75,9 +74,7 @@ def served(product):  # noqa: F811
     demo = build_app([product["gallery"]], device="cpu", analyse=False)
     url = launch_app(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
     yield url.rstrip("/"), demo
-    demo.close(verbose=False)
-    close_rest_app(demo.nearsight_api)
-    demo.nearsight.close()
+    stop_app(demo)
 
 
 def test_rest_search_takes_a_rerank_and_refuses_a_bad_one(served, product):  # noqa: F811

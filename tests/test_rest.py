@@ -19,6 +19,7 @@ from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
 from nearsight.app.batcher import EmbedBatcher
+from nearsight.app.server import served as served_app
 from nearsight.index.gallery.core import Gallery
 
 MAX_UPLOAD_MB = 0.25
@@ -102,7 +103,7 @@ def test_search_by_item_and_by_vector(api, product):  # noqa: F811
 @pytest.mark.parametrize(
     "fields, status, fragment",
     [
-        ({"vector": "[1, 2]"}, 400, "16 numbers"),
+        ({"vector": "[1, 2]"}, 422, "16 numbers"),
         ({"vector": "nope"}, 422, "JSON list"),
         ({"id": 999}, 404, "no item with id 999"),
         ({"id": 1, "k": 0}, 422, "k"),
@@ -151,7 +152,7 @@ def test_items_route_and_openapi(api):
 
 def test_concurrent_requests_all_answered_correctly(api, product, tmp_path):  # noqa: F811
     url, demo = api
-    batcher = next(iter(demo.nearsight_api.state.batchers.values()))
+    batcher = next(iter(served_app(demo).rest.state.batchers.values()))
     calls, embedded = batcher.calls, batcher.embedded
     images = product["images"][:8]
     with ThreadPoolExecutor(8) as pool:  # new bytes, same pixels: embedded, not recognised
@@ -225,9 +226,11 @@ def test_api_key_comes_from_the_flag_or_the_environment(monkeypatch):
 
     from nearsight.app.commands.serve import _api_key
 
-    monkeypatch.setenv("NEARSIGHT_API_KEY", "from-env")
-    assert _api_key(argparse.Namespace(api_key=None, api_key_file=None, host="0.0.0.0")) == "from-env"
-    assert _api_key(argparse.Namespace(api_key="flag", api_key_file=None, host="0.0.0.0")) == "flag"
+    monkeypatch.setenv("NEARSIGHT_API_KEY", "from-env-16-chars")
+    env = _api_key(argparse.Namespace(api_key=None, api_key_file=None, host="0.0.0.0"))
+    assert env == "from-env-16-chars"
+    flag = _api_key(argparse.Namespace(api_key="flag-of-16-chars", api_key_file=None, host="0.0.0.0"))
+    assert flag == "flag-of-16-chars"
     monkeypatch.delenv("NEARSIGHT_API_KEY")
     assert _api_key(argparse.Namespace(api_key=None, api_key_file=None, host="127.0.0.1")) is None
     assert _api_key(argparse.Namespace(api_key=None, api_key_file=None, host="::1")) is None

@@ -27,21 +27,22 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import hmac
 import json
 from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Annotated, Any
 
 import numpy as np
-from fastapi import Depends, FastAPI, File, Form, Path, Query, Request, UploadFile
+from fastapi import Depends, FastAPI, File, Form, Path, Query, Request, Security, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.security import APIKeyHeader, HTTPBearer
 from starlette.exceptions import HTTPException
 
+from nearsight.app.auth import API_KEY_HEADER, key_matches, presented_key
 from nearsight.app.batcher import DEFAULT_MAX_WAITING, BatcherFull, EmbedBatcher
-from nearsight.core.errors import NearsightError
+from nearsight.core.errors import Busy, NearsightError
 from nearsight.data.images import ImageLoadError, load_image_bytes
 from nearsight.index.gallery.keys import ids_of_keys, key_column
 from nearsight.search.rerank.spec import parse_rerank
@@ -49,8 +50,6 @@ from nearsight.search.route import check_vector, item_row
 from nearsight.search.served import ServedGallery
 
 API_PREFIX = "/api"
-API_KEY_ENV = "NEARSIGHT_API_KEY"
-API_KEY_HEADER = "X-API-Key"
 DEFAULT_K = 8
 MAX_K = 1000
 FORM_SLACK_BYTES = 64 * 1024  # the multipart envelope and the small fields around the file
@@ -101,17 +100,7 @@ def make_rest_app(
     )
     app.state.batchers = batchers
 
-    def require_key(request: Request) -> None:
-        if not api_key:
-            return
-        given = request.headers.get(API_KEY_HEADER, "")
-        bearer = request.headers.get("authorization", "")
-        if not given and bearer.lower().startswith("bearer "):
-            given = bearer[7:].strip()
-        if not given or not hmac.compare_digest(given.encode(), api_key.encode()):
-            raise ApiError(
-                401, f"missing or wrong API key (send it in the {API_KEY_HEADER} header)"
-            )
+    require_key = _key_dependency(api_key)
 
     def view_of(name: str | None) -> ServedGallery:
         if not name:
@@ -129,6 +118,9 @@ def make_rest_app(
 
     @app.exception_handler(NearsightError)
     async def _bad_input(_: Request, error: NearsightError) -> JSONResponse:
+        if isinstance(error, Busy):  # the server's state, not the request: never a 4xx
+            headers = {"Retry-After": str(RETRY_AFTER_S)}
+            return JSONResponse({"error": _one_line(str(error))}, status_code=503, headers=headers)
         return JSONResponse({"error": _one_line(str(error))}, status_code=400)
 
     @app.exception_handler(RequestValidationError)
@@ -249,7 +241,10 @@ def make_rest_app(
                 raise ApiError(404, f"gallery {view.name} has no item with id {item_id}")
             query, self_id = view.item_vector(item_id), item_id
         else:
-            query = check_vector(view.gallery, _parse_vector(vector))
+            try:
+                query = check_vector(view.gallery, _parse_vector(vector))
+            except NearsightError as error:  # the wrong length, zeros: a bad field
+                raise ApiError(422, f"vector: {error}") from None
         found = await run_in_threadpool(
             partial(view.search_one, query, k, allowed=allowed, rerank=spec, self_id=self_id)
         )
@@ -340,6 +335,30 @@ def _echo(text: str) -> str:
 
 def _one_line(text: str) -> str:
     return _echo(" ".join(text.split()))
+
+
+# only for the OpenAPI schema: require_key reads the key as the guard does
+_KEY_HEADER = APIKeyHeader(name=API_KEY_HEADER, auto_error=False, scheme_name="APIKey")
+_BEARER = HTTPBearer(auto_error=False, scheme_name="Bearer")
+
+
+def _key_dependency(api_key: str | None):
+    """The routes' dependency: the key checked as the guard checks it (nearsight/app/auth.py),
+    and declared in the OpenAPI schema (X-API-Key, or a bearer token) when there is one."""
+    if not api_key:
+        return lambda: None
+
+    def require_key(
+        request: Request,
+        _header: Annotated[str | None, Security(_KEY_HEADER)] = None,
+        _bearer: Annotated[Any, Security(_BEARER)] = None,
+    ) -> None:
+        if not key_matches(presented_key(request.scope["headers"]), api_key):
+            raise ApiError(
+                401, f"missing or wrong API key (send it in the {API_KEY_HEADER} header)"
+            )
+
+    return require_key
 
 
 def close_rest_app(app: FastAPI) -> None:

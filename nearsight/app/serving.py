@@ -1,11 +1,10 @@
 """Serving galleries until interrupted: the typed job ``nearsight serve`` and ``nearsight demo``
-run (the flags are checked here, before minutes of loading galleries; the page is
-nearsight/app/page.py, the server nearsight/app/server.py)."""
+run. The settings are checked here, before minutes of loading galleries (one-line errors that
+name ``serve``'s flags); the page is nearsight/app/page.py, the server nearsight/app/server.py."""
 
 from __future__ import annotations
 
 import errno
-import ipaddress
 import os
 import socket
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 
 from nearsight.core.errors import NearsightError
 
-# nearsight serve's defaults (its flags show them)
+# nearsight serve's defaults (its flags show them; server.py's launch_app has the same)
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7860
 DEFAULT_MAX_UPLOAD_MB = 10.0
@@ -22,6 +21,7 @@ DEFAULT_CONCURRENCY = 2  # searches embedded at once
 DEFAULT_MAX_QUEUE = 64  # events waiting in the page's queue
 DEFAULT_ANALYSIS_MAX_ITEMS = 100_000  # the largest gallery analysed at start (O(N^2))
 DEFAULT_MAX_CONNECTIONS = 256
+DEFAULT_MAX_CLIENT_CONNECTIONS = 32
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_BODY_TIMEOUT_S = 30.0
 DEFAULT_WATCH_INTERVAL_S = 1.0
@@ -41,10 +41,14 @@ def serve(
     max_queue: int = DEFAULT_MAX_QUEUE,
     analysis_max_items: int = DEFAULT_ANALYSIS_MAX_ITEMS,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    max_client_connections: int = DEFAULT_MAX_CLIENT_CONNECTIONS,
     header_timeout: float = DEFAULT_HEADER_TIMEOUT_S,
     body_timeout: float = DEFAULT_BODY_TIMEOUT_S,
     max_filter_conditions: int | None = None,
     watch_interval: float = DEFAULT_WATCH_INTERVAL_S,
+    allowed_hosts: Sequence[str] = (),
+    access_log: bool = True,
+    secure_cookie: bool = False,
     show_paths: bool = False,
     rerank: str | None = None,
 ) -> None:
@@ -54,15 +58,16 @@ def serve(
     are ``nearsight serve``'s flags of the same names."""
     _check_settings(port=port, max_upload_mb=max_upload_mb, concurrency=concurrency,
                     max_queue=max_queue, max_filter_conditions=max_filter_conditions,
-                    max_connections=max_connections, header_timeout=header_timeout,
-                    body_timeout=body_timeout, watch_interval=watch_interval,
+                    max_connections=max_connections,
+                    max_client_connections=max_client_connections,
+                    header_timeout=header_timeout, body_timeout=body_timeout,
+                    watch_interval=watch_interval,
                     analysis_max_items=analysis_max_items)  # fmt: skip
     check_address(host, port)  # before minutes of loading galleries
     key = resolve_api_key(api_key, api_key_file, host)
 
     from nearsight.app.page import build_app
-    from nearsight.app.rest import close_rest_app
-    from nearsight.app.server import launch_app
+    from nearsight.app.server import launch_app, stop_app
 
     demo = build_app([Path(g) for g in galleries], None if model is None else Path(model),
                      device=device, concurrency=concurrency, max_queue=max_queue,
@@ -73,7 +78,10 @@ def serve(
                          prevent_thread_lock=True, quiet=True, api_key=key,
                          max_filter_conditions=max_filter_conditions,
                          watch_interval=watch_interval, max_connections=max_connections,
-                         body_timeout_s=body_timeout, header_timeout_s=header_timeout)  # fmt: skip
+                         max_client_connections=max_client_connections,
+                         body_timeout_s=body_timeout, header_timeout_s=header_timeout,
+                         allowed_hosts=[name.strip() for name in allowed_hosts],
+                         access_log=access_log, secure_cookie=secure_cookie)  # fmt: skip
     except OSError as error:  # the port is taken, or the address is not ours
         demo.nearsight.close()
         reason = (
@@ -87,9 +95,7 @@ def serve(
     try:
         demo.block_thread()  # until Ctrl-C
     finally:
-        demo.close(verbose=False)
-        close_rest_app(demo.nearsight_api)
-        demo.nearsight.close()
+        stop_app(demo)
     print("nearsight: stopped", file=sys.stderr)
 
 
@@ -97,8 +103,9 @@ def resolve_api_key(
     given: str | None, key_file: str | os.PathLike[str] | None, host: str
 ) -> str | None:
     """The API key: ``given``, else the contents of ``key_file``, else the NEARSIGHT_API_KEY
-    environment variable; None when there is none, which only a loopback ``host`` may serve."""
-    from nearsight.app.rest import API_KEY_ENV
+    environment variable; None when there is none. Beyond localhost one is required, and long
+    enough (nearsight.app.auth.check_key)."""
+    from nearsight.app.auth import API_KEY_ENV, check_key
 
     key = given
     if key is None and key_file is not None:
@@ -112,21 +119,8 @@ def resolve_api_key(
     if key is None:
         key = os.environ.get(API_KEY_ENV)
     key = (key or "").strip() or None
-    if key is None and not is_loopback(host):
-        raise NearsightError(
-            f"serving on {host} (beyond this machine) needs an API key for the REST API: "
-            f"pass --api-key KEY or set {API_KEY_ENV}"
-        )
+    check_key(key, host)
     return key
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def check_address(host: str, port: int) -> None:
@@ -158,6 +152,7 @@ def _check_settings(
     max_queue: int,
     max_filter_conditions: int | None,
     max_connections: int,
+    max_client_connections: int,
     header_timeout: float,
     body_timeout: float,
     watch_interval: float,
@@ -178,6 +173,10 @@ def _check_settings(
         )
     if max_connections < 1:
         raise NearsightError(f"--max-connections must be at least 1, got {max_connections}")
+    if max_client_connections < 1:
+        raise NearsightError(
+            f"--max-client-connections must be at least 1, got {max_client_connections}"
+        )
     if not header_timeout > 0:
         raise NearsightError(f"--header-timeout must be positive, got {header_timeout}")
     if not body_timeout > 0:

@@ -31,3 +31,16 @@ def closest_names(name: str, known: Iterable[str], most: int = 5) -> str:
         return "did you mean " + ", ".join(repr(c) for c in close) + "?"
     more = f" (of {len(choices)})" if len(choices) > most else ""
     return "its names include " + ", ".join(repr(c) for c in choices[:most]) + more
+
+
+class Busy(NearsightError):
+    """Work that did not finish in time because the machine is busy, not because of what was
+    asked: the server answers 503 with Retry-After, never a 4xx."""
+
+
+def printable(text: str, limit: int = 200) -> str:
+    """``text`` made safe to quote inside a one-line message: control characters (a newline, a
+    terminal escape) are written as their escapes, so a name from a file or a request cannot
+    start a line of its own; at most ``limit`` characters."""
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[: limit + 1])
+    return shown if len(text) <= limit else shown[:limit] + "..."

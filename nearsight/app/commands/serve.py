@@ -75,8 +75,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--api-key",
         help="key every route but /api/health requires: X-API-Key or Authorization: Bearer "
         "for API clients, a sign-in form for browsers (default: --api-key-file, else the "
-        "NEARSIGHT_API_KEY environment variable; required when --host is not a loopback "
-        "address). Prefer the file or the variable: a flag shows in `ps`",
+        "NEARSIGHT_API_KEY environment variable; required, of 16 characters or more, when "
+        "--host is not a loopback address). Prefer the file or the variable: a flag shows "
+        "in `ps`",
     )
     parser.add_argument("--api-key-file", type=Path, help="read the API key from this file")
     parser.add_argument(
@@ -86,11 +87,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"open connections beyond this get 503 (default {serving.DEFAULT_MAX_CONNECTIONS})",
     )
     parser.add_argument(
+        "--max-client-connections",
+        type=int,
+        default=serving.DEFAULT_MAX_CLIENT_CONNECTIONS,
+        help="open connections one client address may hold; more get 429 (default "
+        f"{serving.DEFAULT_MAX_CLIENT_CONNECTIONS})",
+    )
+    parser.add_argument(
         "--header-timeout",
         type=float,
         default=serving.DEFAULT_HEADER_TIMEOUT_S,
-        help="seconds a new connection may take to send its request headers (default "
-        f"{serving.DEFAULT_HEADER_TIMEOUT_S:g})",
+        help="seconds a request's headers may take to arrive, on every request of a "
+        f"connection (default {serving.DEFAULT_HEADER_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--allowed-hosts",
+        default="",
+        metavar="NAMES",
+        help="comma-separated host names the server answers to, besides the defaults "
+        "(loopback names on a loopback --host; the address itself; this machine's names on "
+        "0.0.0.0); other Host headers get 400 and other Origins 403 (DNS rebinding). "
+        "'*': any",
+    )
+    parser.add_argument(
+        "--secure-cookie",
+        action="store_true",
+        help="mark the browser's session cookie Secure (serving behind an HTTPS proxy "
+        "that does not send X-Forwarded-Proto; over HTTPS it is always Secure)",
+    )
+    parser.add_argument(
+        "--no-access-log",
+        action="store_true",
+        help="no line per request on stderr (default: client, method, path, status, ms)",
     )
     parser.add_argument(
         "--body-timeout",
@@ -137,10 +165,14 @@ def run_serve(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         analysis_max_items=args.analysis_max_items,
         max_connections=args.max_connections,
+        max_client_connections=args.max_client_connections,
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,
         max_filter_conditions=args.max_filter_conditions,
         watch_interval=args.watch_interval,
+        allowed_hosts=args.allowed_hosts.split(","),
+        access_log=not args.no_access_log,
+        secure_cookie=args.secure_cookie,
         show_paths=args.show_paths,
         rerank=args.rerank,
     )
@@ -148,6 +180,6 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def _api_key(args: argparse.Namespace) -> str | None:
-    """--api-key, else --api-key-file, else NEARSIGHT_API_KEY; refused beyond localhost
-    without one."""
+    """--api-key, else --api-key-file, else NEARSIGHT_API_KEY; beyond localhost one is
+    required, and long enough (nearsight.app.auth.check_key)."""
     return serving.resolve_api_key(args.api_key, args.api_key_file, args.host)

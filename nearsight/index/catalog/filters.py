@@ -12,6 +12,11 @@ item columns (``label``, ``class_name``, ``split``, ``width``, ``height``, ``id`
 from ``items``, other keys from ``item_meta`` (one row per item and key, the value stored with
 SQLite's own int/real/text type). :func:`run_filter` runs it on its own read-only connection,
 with a time budget, after refusing keys the gallery does not have (a typo is not "no match").
+
+The budget is the filter's own work, the CPU time of the thread running it: past it the filter
+is the client's to narrow (a FilterError). A filter that stays within it but waits for the CPU
+(a busy server) is stopped at :data:`BUSY_FACTOR` times the budget in wall time with
+:class:`~nearsight.core.errors.Busy` (503: retry), never blamed on the client.
 """
 
 from __future__ import annotations
@@ -27,9 +32,11 @@ from urllib.parse import quote
 
 import numpy as np
 
-from nearsight.core.errors import closest_names
+from nearsight.core.errors import Busy, closest_names
 from nearsight.data.meta import FilterError, MetaValue, _short, check_key
 from nearsight.index.errors import GalleryError
+
+BUSY_FACTOR = 2.0
 
 FILTERABLE_BUILTINS = ("id", "label", "class_name", "split", "width", "height")
 OPERATORS = (">=", "<=", "!=", ">", "<", "=")  # longest first: ">=" before ">" and "="
@@ -239,14 +246,24 @@ def run_filter(
         conn = sqlite3.connect(uri, uri=True)
     except sqlite3.Error as error:
         raise GalleryError(f"cannot open gallery catalog {path.name}: {error}") from None
-    deadline = time.monotonic() + time_limit_s
-    conn.set_progress_handler(lambda: time.monotonic() > deadline, 10_000)
+    work_deadline = time.thread_time() + time_limit_s
+    deadline = time.monotonic() + time_limit_s * BUSY_FACTOR
+
+    def stop() -> bool:
+        return time.thread_time() > work_deadline or time.monotonic() > deadline
+
+    conn.set_progress_handler(stop, 10_000)
     try:
         rows = conn.execute(sql, params).fetchall()
     except sqlite3.OperationalError as error:
-        if time.monotonic() > deadline:
+        if time.thread_time() > work_deadline:
             raise FilterError(
-                f"the filter took longer than {time_limit_s:g} s: narrow it"
+                f"the filter took longer than {time_limit_s:g} s of work: narrow it"
+            ) from None
+        if time.monotonic() > deadline:
+            raise Busy(
+                f"the server is busy: the filter did not finish within "
+                f"{time_limit_s * BUSY_FACTOR:g} s (retry)"
             ) from None
         raise FilterError(f"the filter is too complex for the catalog ({error})") from None
     except sqlite3.DatabaseError as error:

@@ -376,7 +376,7 @@ def _copy_catalog(source: Path, target: Path) -> None:
 
 def set_meta(gallery: Gallery, **values: Any) -> None:
     """Store ``values`` in the gallery's catalog meta (one transaction under the write lock),
-    e.g. the re-ranking chosen by ``nearsight eval --tune-rerank ... --save``."""
+    e.g. the re-ranking chosen by ``nearsight eval --tune-on VAL --save``."""
     with _writing(gallery) as (_, catalog):
         catalog.set_meta(**values)
     gallery._load()
