@@ -152,3 +152,55 @@ def test_four_16_bit_pngs_at_once_stay_within_the_decode_budget(onnx_gallery):
     print(f"idle {idle:.0f} MB, peak {peak:.0f} MB")
     assert statuses == [200] * 8
     assert peak - idle < 1536
+
+
+@pytest.mark.slow
+def test_a_rerank_flood_leaves_plain_searches_and_health_fast(onnx_gallery, tmp_path):
+    """48 clients (16 from each of three addresses) re-ranking k=1000 with k-reciprocal at its largest allowed parameters, all
+    valid requests, as fast as the server answers them (the attack that took every thread of the
+    server's pool, and a plain search to a median of 15 s): a plain search's median stays
+    within 1.5 s, health answers, and the flood gets answers or 503 (busy), never a 4xx."""
+    from nearsight.app.cli import main
+
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(3000, 8)).astype(np.float32)
+    np.save(tmp_path / "v.npy", vectors / np.linalg.norm(vectors, axis=1, keepdims=True))
+    (tmp_path / "m.csv").write_text("path\n" + "".join(f"/x/{i}.jpg\n" for i in range(3000)))
+    assert main(["index", "import", "--vectors", str(tmp_path / "v.npy"), "--meta",
+                 str(tmp_path / "m.csv"), "--model", str(onnx_gallery.model), "--out",
+                 str(tmp_path / "g"), "--index-type", "flat"]) == 0  # fmt: skip
+    heavy = {"k": "1000", "rerank": "kreciprocal:k1=200,k2=200,depth=400"}
+    statuses: list[int] = []
+    stop = threading.Event()
+
+    def flood(seed: int) -> None:  # 16 clients from each of three loopback addresses
+        transport = httpx.HTTPTransport(local_address=f"127.0.0.{2 + seed % 3}")
+        with httpx.Client(timeout=300, transport=transport) as client:
+            for n in range(100):  # bounded; stopped much sooner
+                if stop.is_set():
+                    return
+                data = {**heavy, "id": str((seed * 100 + n) % 3000)}
+                statuses.append(client.post(f"{url}/api/search", data=data).status_code)
+
+    with running_page([tmp_path / "g"], analyse=False) as (url, _):
+        url = url.rstrip("/")
+        threads = [threading.Thread(target=flood, args=(seed,)) for seed in range(48)]
+        for thread in threads:
+            thread.start()
+        time.sleep(2)  # the flood fills the queue
+        plain, health = [], []
+        with httpx.Client(timeout=60) as client:
+            for n in range(15):
+                start = time.perf_counter()
+                answer = client.post(f"{url}/api/search", data={"id": str(n), "k": "8"})
+                plain.append(time.perf_counter() - start)
+                assert answer.status_code == 200 and answer.json()["neighbours"][0]["id"] == n
+                start = time.perf_counter()
+                assert client.get(f"{url}/api/health").status_code == 200
+                health.append(time.perf_counter() - start)
+        stop.set()
+        for thread in threads:
+            thread.join(300)
+    assert np.median(plain) <= 1.5, plain
+    assert np.median(health) <= 1.5, health
+    assert set(statuses) <= {200, 503} and 200 in statuses, sorted(set(statuses))

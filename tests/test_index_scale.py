@@ -144,13 +144,17 @@ def test_a_changed_build_does_not_reuse_chunks(setup, tmp_path, capsys):
 def test_a_pq_build_past_the_budget_keeps_its_chunks_instead_of_embeddings(setup, tmp_path, capsys):
     """--embeddings auto past --max-index-memory: a PQ index holds codes only, so the build
     keeps its chunk folder as the gallery's exact vectors and writes no embeddings.npy."""
+    write_synthetic(tmp_path / "data", classes=8, per_class=32, size=32)  # 256: a PQ's floor
     out = tmp_path / "g"
+    build = ["index", "build", "--model", setup["model"], "--dataset", "folder", "--root",
+             tmp_path / "data", "--split", "all", "--chunk-size", "100", *FAST]  # fmt: skip
     options = ["--index-type", "ivfpq", "--max-index-memory", "1K"]
-    code, stdout, err = run(capsys, *setup["build"], "--out", out, *options)
+    code, stdout, err = run(capsys, *build, "--out", out, *options)
     assert code == 0, err
-    assert "chunks kept in" in stdout
-    assert not (out / "embeddings.npy").exists() and (tmp_path / ".g.chunks").is_dir()
-    _, _, expected = contents(setup["single"])
+    assert "256 items" in stdout and "chunks kept in" in stdout
+    chunks = tmp_path / ".g.chunks"
+    assert not (out / "embeddings.npy").exists() and chunks.is_dir()
+    expected = np.concatenate([np.load(part) for part in sorted(chunks.glob("part-*.npy"))])
     with Gallery.open(out) as gallery:
         assert gallery.meta["embeddings_kept"] is False and gallery.vectors_exact
         np.testing.assert_allclose(gallery.embeddings, expected, atol=1e-6)

@@ -15,7 +15,7 @@ import pytest
 from helpers import running_page
 
 from nearsight.app.batcher import BatcherFull, EmbedBatcher
-from nearsight.app.rest import ApiError, DecodeGate
+from nearsight.app.rest import ApiError, WorkGate
 from nearsight.data.meta import FilterError
 from nearsight.index.catalog.filters import (
     MAX_FILTER_CONDITIONS,
@@ -158,7 +158,7 @@ def test_a_full_batcher_refuses_new_inputs():
 
 
 def test_decodes_wait_for_a_slot_and_a_full_gate_is_a_503():
-    gate = DecodeGate(concurrency=2, max_waiting=3)
+    gate = WorkGate(concurrency=2, max_waiting=3)
     running = {"now": 0, "most": 0}
 
     def decode():

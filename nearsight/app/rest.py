@@ -29,7 +29,6 @@ import asyncio
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from functools import partial
 from typing import Annotated, Any
 
 import numpy as np
@@ -56,6 +55,8 @@ FORM_SLACK_BYTES = 64 * 1024  # the multipart envelope and the small fields arou
 MAX_ECHO_CHARS = 200  # an error message quoting a request's input is cut to this
 MAX_KEY_CHARS = 200  # the longest item key a request may name
 RETRY_AFTER_S = 1
+# filtered or re-ranked searches at once: one core stays free for plain searches and health
+HEAVY_CONCURRENCY = 1
 
 
 class ApiError(Exception):
@@ -89,7 +90,8 @@ def make_rest_app(
             batchers[id(view.embedder)] = EmbedBatcher(
                 view.embedder.embed, max_batch=max_batch, max_waiting=max_waiting
             )
-    decoding = DecodeGate(concurrency, max_waiting)
+    decoding = WorkGate(concurrency, max_waiting, "uploads")
+    heavy_work = WorkGate(HEAVY_CONCURRENCY, max_waiting, "filtered or re-ranked searches")
 
     app = FastAPI(
         title="nearsight",
@@ -231,7 +233,6 @@ def make_rest_app(
             spec = None if rerank is None else parse_rerank(rerank)
         except ValueError as error:
             raise ApiError(422, str(error)) from None
-        allowed = await run_in_threadpool(view.allowed_ids, filter, max_filter_conditions)
         self_id = None  # a query that is a gallery item comes first, at distance 0
         if image is not None:
             batcher = batchers[id(view.embedder)]
@@ -245,10 +246,15 @@ def make_rest_app(
                 query = check_vector(view.gallery, _parse_vector(vector))
             except NearsightError as error:  # the wrong length, zeros: a bad field
                 raise ApiError(422, f"vector: {error}") from None
-        found = await run_in_threadpool(
-            partial(view.search_one, query, k, allowed=allowed, rerank=spec, self_id=self_id)
-        )
         used = view.rerank if spec is None else spec
+
+        def work():
+            allowed = view.allowed_ids(filter, max_filter_conditions)
+            return view.search_one(query, k, allowed=allowed, rerank=used, self_id=self_id)
+
+        # filters and re-ranking share one small pool; a plain search never waits behind them
+        heavy = bool(filter and filter.strip()) or used.active
+        found = await (heavy_work.run(work) if heavy else run_in_threadpool(work))
         return {
             "gallery": view.name,
             "k": k,
@@ -259,13 +265,15 @@ def make_rest_app(
     return app
 
 
-class DecodeGate:
-    """At most ``concurrency`` decodes at once (a decoded 64 MP image is ~200 MB), and at most
-    ``max_waiting`` requests waiting for one."""
+class WorkGate:
+    """At most ``concurrency`` pieces of one kind of work at once (a decoded 64 MP image is
+    ~200 MB; a re-ranking or a filter keeps a core busy), and at most ``max_waiting`` requests
+    waiting for one; past that, 503 with Retry-After. Waiting holds no thread."""
 
-    def __init__(self, concurrency: int, max_waiting: int):
+    def __init__(self, concurrency: int, max_waiting: int, what: str = "requests"):
         self.concurrency = max(1, concurrency)
         self.max_waiting = max_waiting
+        self.what = what
         self._semaphore: asyncio.Semaphore | None = None  # made in the server's event loop
         self.waiting = 0
 
@@ -273,7 +281,7 @@ class DecodeGate:
         if self._semaphore is None:
             self._semaphore = asyncio.Semaphore(self.concurrency)
         if self.waiting >= self.max_waiting:
-            raise ApiError(503, f"the server is busy ({self.waiting} uploads waiting): retry")
+            raise ApiError(503, f"the server is busy ({self.waiting} {self.what} waiting): retry")
         self.waiting += 1
         try:
             async with self._semaphore:
@@ -284,7 +292,7 @@ class DecodeGate:
 
 async def _embed_upload(
     upload: UploadFile, view: ServedGallery, batcher: EmbedBatcher, max_bytes: int,
-    decoding: DecodeGate,
+    decoding: WorkGate,
 ) -> tuple[Any, int | None]:  # fmt: skip
     data = await upload.read(max_bytes + 1)
     if len(data) > max_bytes:
