@@ -17,7 +17,8 @@ imports neither torch nor onnxruntime):
 - :func:`build_gallery` (model, out, dataset=... | images=...) -> the new gallery, opened,
   with its :class:`BuildReport` (the index layer's builder, which ``nearsight index build``
   runs too); :func:`add_images` (gallery, images, ...) -> the new ids; :func:`remove_items`
-  (gallery, ids): what ``nearsight index add | remove`` run;
+  (gallery, ids | keys=...); :func:`get_item` (gallery, id | key=...) -> one item: the typed
+  jobs ``nearsight index add | remove | show`` run;
 - :func:`load_embedder` (model_path) -> an embedder with ``.embed_images(images)``;
 - :func:`export` (checkpoint, out, ...) -> the ONNX model, parity-checked (needs ``[train]``);
 - :func:`train` (config, out_dir, *, resume=False) -> a training run (needs ``[train]``).
@@ -41,6 +42,7 @@ _API = {
     "BuildReport": "nearsight.index.gallery.build",
     "add_images": "nearsight.app.api",
     "remove_items": "nearsight.app.api",
+    "get_item": "nearsight.app.api",
     "load_embedder": "nearsight.models.embedder",
     "export": "nearsight.models.export",
     "train": "nearsight.training.run",
@@ -57,6 +59,7 @@ __all__ = [
     "add_images",
     "build_gallery",
     "export",
+    "get_item",
     "load_embedder",
     "open_gallery",
     "remove_items",
@@ -64,7 +67,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from nearsight.app.api import add_images, build_gallery, remove_items
+    from nearsight.app.api import add_images, build_gallery, get_item, remove_items
     from nearsight.core.errors import NearsightError
     from nearsight.index.gallery.build import BuildReport
     from nearsight.models.embedder import load_embedder

@@ -7,7 +7,9 @@
   8), ``filter`` (``KEY=VALUE``, ``KEY>=N``..., several separated by ``;``), ``gallery`` (a
   name from ``/api/health``; default the first). Answers ``{"gallery", "k", "neighbours"}``,
   each neighbour ``{"id", "path", "label", "class_name", "distance", "meta"}``.
-- ``GET /api/items/{id}?gallery=NAME``: the item's catalog row and ``meta``.
+- ``GET /api/items/{id}?gallery=NAME``: the item's catalog row and ``meta``;
+  ``GET /api/items/by-key?key=K`` (or ``/api/items/by-key/K``, percent-encoded): the item
+  whose key is K, any text.
 - ``GET /api/health``: ``{"status": "ok", "galleries": [{"name", "items", "dim", ...}]}``.
 
 Safety, as the page: an upload larger than the limit is refused (413) before it is parsed; a
@@ -30,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
 import numpy as np
-from fastapi import Depends, FastAPI, File, Form, Path, Request, Security, UploadFile
+from fastapi import Depends, FastAPI, File, Form, Path, Query, Request, Security, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -41,7 +43,7 @@ from nearsight.app.auth import API_KEY_HEADER, key_matches, presented_key
 from nearsight.app.batcher import DEFAULT_MAX_WAITING, BatcherFull, EmbedBatcher
 from nearsight.core.errors import Busy, NearsightError
 from nearsight.data.images import ImageLoadError, load_image_bytes
-from nearsight.index.gallery.keys import ids_of_keys
+from nearsight.index.gallery.keys import ids_of_keys, key_column
 from nearsight.search.rerank.spec import parse_rerank
 from nearsight.search.route import check_vector, item_row
 from nearsight.search.served import ServedGallery
@@ -51,6 +53,7 @@ DEFAULT_K = 8
 MAX_K = 1000
 FORM_SLACK_BYTES = 64 * 1024  # the multipart envelope and the small fields around the file
 MAX_ECHO_CHARS = 200  # an error message quoting a request's input is cut to this
+MAX_KEY_CHARS = 200  # the longest item key a request may name
 RETRY_AFTER_S = 1
 # filtered or re-ranked searches at once: one core stays free for plain searches and health
 HEAVY_CONCURRENCY = 1
@@ -163,6 +166,34 @@ def make_rest_app(
             ],
         }
 
+    def keyed_item(key: str, gallery: str | None) -> dict[str, Any]:
+        view = view_of(gallery)
+        if key_column(view.gallery) is None:
+            raise ApiError(404, f"gallery {view.name} has no key column")
+        found = ids_of_keys(view.gallery, [key])
+        if key not in found or found[key] not in view.rows():
+            raise ApiError(404, f"gallery {view.name} has no item with that key")
+        return item_row(view.public_row(found[key]))
+
+    # before /items/{item_id}, which would read "by-key" as an id
+    @app.get("/items/by-key", dependencies=[Depends(require_key)])
+    def item_by_key_query(
+        key: Annotated[str, Query(min_length=1, max_length=MAX_KEY_CHARS)],
+        gallery: str | None = None,
+    ) -> dict[str, Any]:
+        """The item with this key (the gallery's key column, e.g. a SKU): any text, as a
+        query parameter (``?key=a/b%20c``)."""
+        return keyed_item(key, gallery)
+
+    # a path converter: the server decodes %2F to "/" before routing, so a key may hold "/"
+    @app.get("/items/by-key/{key:path}", dependencies=[Depends(require_key)])
+    def item_by_key(
+        key: Annotated[str, Path(min_length=1, max_length=MAX_KEY_CHARS)],
+        gallery: str | None = None,
+    ) -> dict[str, Any]:
+        """The item with this key, percent-encoded in the path (``/items/by-key/a%2Fb``)."""
+        return keyed_item(key, gallery)
+
     @app.get("/items/{item_id}", dependencies=[Depends(require_key)])
     def item(item_id: int, gallery: str | None = None) -> dict[str, Any]:
         """A gallery item's catalog row and metadata."""
@@ -172,20 +203,6 @@ def make_rest_app(
         except NearsightError as error:
             raise ApiError(404, str(error)) from None
         return item_row(row)
-
-    @app.get("/items/by-key/{key}", dependencies=[Depends(require_key)])
-    def item_by_key(
-        key: Annotated[str, Path(max_length=200)], gallery: str | None = None
-    ) -> dict[str, Any]:
-        """The item with this key (the gallery's key column, e.g. a SKU)."""
-        view = view_of(gallery)
-        try:
-            found = ids_of_keys(view.gallery, [key])
-        except NearsightError as error:  # the gallery has no key column
-            raise ApiError(404, str(error)) from None
-        if key not in found or found[key] not in view.rows():
-            raise ApiError(404, f"gallery {view.name} has no item with that key")
-        return item_row(view.public_row(found[key]))
 
     @app.post("/search", dependencies=[Depends(require_key)])
     async def search(
