@@ -11,7 +11,7 @@ theme so that the page fetches nothing from the internet, a queue with a concurr
 
 Endpoint for gradio_client: ``/search`` (image file, k, gallery name) -> JSON text of the list
 of the k nearest items, ``{"id", "path", "label", "class_name", "distance", "meta"}``, nearest
-first (the JSON routes under ``/api`` are nearsight/app/rest.py, mounted by ``launch_app``)::
+first (the JSON routes under ``/api`` are nearsight/app/rest/, mounted by ``launch_app``)::
 
     neighbours = json.loads(Client(url).predict(handle_file("q.jpg"), api_name="/search"))
 

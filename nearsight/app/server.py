@@ -91,7 +91,7 @@ def launch_app(
     secure_cookie: bool = False,
     session_s: float = SESSION_S,
 ) -> str:
-    """Start the server with the safety settings and the REST API (nearsight/app/rest.py) mounted at
+    """Start the server with the safety settings and the REST API (nearsight/app/rest/) mounted at
     ``/api``; returns the local URL. ``watch_interval``: seconds between looks for other
     processes' changes to the galleries (nearsight/app/live.py; 0: never). ``allowed_hosts``:
     names the server answers to besides the defaults for ``host`` (nearsight/app/hosts.py).
@@ -109,7 +109,7 @@ def launch_app(
         max_waiting=page.max_queue,
         max_filter_conditions=max_filter_conditions,
     )
-    batchers = rest.state.batchers.values()
+    batchers = rest.state.rest.batchers.values()
     metrics = ServerMetrics(
         lambda: [(v.name, len(v), v.generation) for v in list(page.views.values())],
         lambda: sum(batcher.waiting for batcher in batchers),
