@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import gradio as gr
 from fastapi import FastAPI
@@ -27,6 +28,9 @@ from nearsight.app.slow_clients import (
     ConnectionPolicy,
     install,
 )
+
+if TYPE_CHECKING:  # the page module imports this one's settings
+    from nearsight.app.page import PageBlocks
 
 DEFAULT_MAX_UPLOAD_MB = 10.0
 DEFAULT_MAX_CONNECTIONS = 256  # open connections beyond this get 503 (uvicorn's limit_concurrency)
@@ -71,7 +75,7 @@ def stop_app(demo: gr.Blocks) -> None:
 
 
 def launch_app(
-    demo: gr.Blocks,
+    demo: PageBlocks,
     *,
     host: str = "127.0.0.1",
     port: int = 7860,
@@ -97,7 +101,7 @@ def launch_app(
     names the server answers to besides the defaults for ``host`` (nearsight/app/hosts.py).
     ``access_log``: one line per request on stderr. With ``prevent_thread_lock`` it returns at
     once (call :func:`stop_app` to stop)."""
-    page: Page = demo.nearsight  # type: ignore[attr-defined]
+    page: Page = demo.nearsight
     blocked = sorted({str(view.gallery.path) for view in page.views.values()})
     max_bytes = int(max_upload_mb * 1024 * 1024)
     page.max_filter_conditions = max_filter_conditions
