@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from multiprocessing.pool import ThreadPool
 
@@ -314,12 +315,22 @@ def test_a_short_key_is_refused_beyond_loopback(onnx_gallery, tmp_path):
 
 
 def test_the_access_log_is_on_by_default(onnx_gallery):
+    wanted = ("nearsight: 127.0.0.1 GET /api/health 200 ", "nearsight: 127.0.0.1 GET /api/items/999 404 ")
     with serve_process(["--gallery", onnx_gallery.gallery], stderr=subprocess.PIPE) as served:
         url, server = served
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(iter(server.stderr.readline, "")),
+                                  daemon=True)  # fmt: skip
+        reader.start()
         httpx.get(f"{url}/api/health?secret=x", timeout=10)
-        httpx.get(f"{url}/api/items/999", timeout=10)
-    err = server.stderr.read()
-    lines = [line for line in err.splitlines() if line.startswith("nearsight: 127.0.0.1 GET")]
-    assert any(line.startswith("nearsight: 127.0.0.1 GET /api/health 200 ") for line in lines)
-    assert any(line.startswith("nearsight: 127.0.0.1 GET /api/items/999 404 ") for line in lines)
+        assert httpx.get(f"{url}/api/items/999", timeout=10).status_code == 404
+        deadline = time.monotonic() + 30  # the lines reach the pipe as the answers leave
+        while time.monotonic() < deadline and not all(
+            any(line.startswith(w) for line in list(lines)) for w in wanted
+        ):
+            time.sleep(0.1)
+    reader.join(30)
+    err = "".join(lines)
+    for line in wanted:
+        assert line in err, err
     assert "secret" not in err
