@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nearsight.index.catalog.store import CATALOG_FILE, Catalog, GalleryError, create_catalog
+from nearsight.index.catalog.create import create_catalog
+from nearsight.index.catalog.store import CATALOG_FILE, Catalog, GalleryError
 from nearsight.index.gallery.files import gallery_writer, open_catalog_dir, write_catalog_dir
 
 META = {"model_sha256": "ab" * 32, "dim": 128, "metric": "inner_product", "index_type": "flat"}

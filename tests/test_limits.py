@@ -17,6 +17,7 @@ from helpers import running_page
 from nearsight.app.batcher import BatcherFull, EmbedBatcher
 from nearsight.app.rest.gates import GateFull, WorkGate
 from nearsight.data.meta import FilterError
+from nearsight.index.catalog.create import create_catalog
 from nearsight.index.catalog.filters import (
     MAX_FILTER_CONDITIONS,
     Condition,
@@ -25,7 +26,7 @@ from nearsight.index.catalog.filters import (
     parse_filters,
     typed_conditions,
 )
-from nearsight.index.catalog.store import Catalog, create_catalog
+from nearsight.index.catalog.store import Catalog
 
 BIG_CATALOG_ITEMS = 300_000
 

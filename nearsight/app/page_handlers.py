@@ -3,7 +3,6 @@ its Gradio outputs show; nearsight's one-line errors become gr.Error messages.""
 
 from __future__ import annotations
 
-import html
 import json
 import random
 import threading
@@ -15,6 +14,14 @@ import gradio as gr
 
 from nearsight.app.live import DEFAULT_INTERVAL_S, GalleryWatcher
 from nearsight.app.page_html import QueryCard, message_html, result_html
+from nearsight.app.page_inputs import (
+    UNKNOWN_CLASS,
+    PageError,
+    filter_note,
+    item_id_value,
+    label_value,
+    page_errors,
+)
 from nearsight.app.page_tables import (
     FAILURE_ROWS,
     changes_frame,
@@ -37,14 +44,9 @@ from nearsight.search.verdicts import thumbnail_uri
 
 DEFAULT_K = 8
 MAX_K = 64
-UNKNOWN_CLASS = "-1"
 ANY_CLASS = "-1"
 # the page's re-rank toggle where neither serve --rerank nor the gallery chose one
 PAGE_RERANK = "dba+aqe:k=5,alpha=3"  # chosen on validation classes in bench/rerank.py
-
-
-class PageError(NearsightError):
-    """Bad input from a page user (shown on the page as a one-line message)."""
 
 
 class Page:
@@ -137,7 +139,7 @@ class Page:
         Text, not a JSON component: gradio_client (2.x, protocol sse_v3) takes every dict with
         a "path" string in an output for a file to download, and would try to fetch the gallery
         images (which this server refuses to serve)."""
-        with _page_errors():
+        with page_errors():
             view = self.view(gallery)
             k = self.check_k(DEFAULT_K if k is None else k)
             query = self.read_upload(image, view.embedder.resize)
@@ -170,11 +172,11 @@ class Page:
     ) -> tuple[str, str, dict]:
         """The grid of an uploaded query; its class from the dropdown, or from an identical
         gallery file when the dropdown says unknown."""
-        with _page_errors():
+        with page_errors():
             view = self.view(gallery)
             k = self.check_k(k)
             query = self.read_upload(image_path, view.embedder.resize)
-            label = _label_value(query_class)
+            label = label_value(query_class)
             note = ""
             allowed = view.allowed_ids(filters, self.max_filter_conditions)
             vector, twin = self.query_vector(view, query)
@@ -193,16 +195,16 @@ class Page:
                 kind="upload",
                 note=note,
             )
-            return self._render(view, card, neighbours), _filter_note(filters), {"kind": "upload"}
+            return self._render(view, card, neighbours), filter_note(filters), {"kind": "upload"}
 
     def item_grid(
         self, gallery: str, item_id: Any, k: Any, filters: str = "", rerank: bool | None = None
     ) -> tuple[str, str, dict]:
         """The leave-one-out grid of a gallery item."""
-        with _page_errors():
+        with page_errors():
             view = self.view(gallery)
             k = self.check_k(k)
-            item = _item_id(item_id)
+            item = item_id_value(item_id)
             allowed = view.allowed_ids(filters, self.max_filter_conditions)
             # leave-one-out: the item is the query, its neighbours are the others
             neighbours = view.search_one(view.item_vector(item), k, allowed=allowed,
@@ -217,7 +219,7 @@ class Page:
                 item_id=item,
             )
             state = {"kind": "item", "id": item}
-            return self._render(view, card, neighbours), _filter_note(filters), state
+            return self._render(view, card, neighbours), filter_note(filters), state
 
     def _render(self, view: GalleryView, card: QueryCard, neighbours: list[Neighbour]) -> str:
         return result_html(
@@ -237,9 +239,9 @@ class Page:
         filters: str = "",
         rerank: bool | None = None,
     ):
-        with _page_errors():
+        with page_errors():
             view = self.view(gallery)
-            label = _label_value(class_value)
+            label = label_value(class_value)
             if label is None:
                 pool = view.labelled_ids if len(view.labelled_ids) else view.ids
             else:
@@ -290,7 +292,7 @@ class Page:
 
     def rerank_changes(self, gallery: str):
         """The Failures tab's table of the queries re-ranking fixes and breaks."""
-        with _page_errors():
+        with page_errors():
             view = self.view(gallery)
             spec = self.rerank_spec(view, True)
             labelled = len(view.labelled_ids)
@@ -370,42 +372,3 @@ class Page:
         view = self.view(gallery)
         failures = view.analysis().failures
         return failure_frame(view, failures[:FAILURE_ROWS]), failure_note(view, len(failures))
-
-
-def _filter_note(filters: str | None) -> str:
-    """The status line under the grid while a filter is on."""
-    text = " ".join((filters or "").split())
-    return f"Filtered: only items with `{html.escape(text)}`" if text else ""
-
-
-def _label_value(value: Any) -> int | None:
-    if value is None or str(value) in ("", UNKNOWN_CLASS):
-        return None
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise PageError(f"not a class: {value!r}") from None
-
-
-def _item_id(value: Any) -> int:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise PageError(f"an item id is a whole number, got {value!r}") from None
-    if not number.is_integer():
-        raise PageError(f"an item id is a whole number, got {value!r}")
-    return int(number)
-
-
-class _page_errors:
-    """Turn nearsight's one-line errors into gr.Error (a message on the page, an AppError with
-    that message in gradio_client)."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind, error, traceback) -> bool:
-        if isinstance(error, NearsightError):
-            # the toast renders HTML: names from uploads must not become markup
-            raise gr.Error(html.escape(str(error), quote=False), print_exception=False) from None
-        return False

@@ -8,13 +8,14 @@
 - ``item_meta`` (absent in catalogs made before metadata existed): ``item_id``, ``key``,
   ``value``, one row per item and extra column (a CSV column beyond ``path,label,split``,
   ``index add --meta KEY=VALUE``). ``value`` has no declared type, so SQLite keeps each value
-  an integer, a real or text as given (typed by :func:`nearsight.index.catalog.filters.typed_value`) and
+  an integer, a real or text as given (typed by their column: nearsight/data/meta.py) and
   :meth:`Catalog.filter_ids` compares numbers as numbers.
 - ``meta``: ``key`` -> ``value`` where the value is JSON text (so ``dim`` comes back as an int):
   ``model_sha256``, ``dim``, ``metric``, ``index_type``, ``created`` and any extras; ``next_id``
   is kept by :meth:`Catalog.add_items` so that a removed id is never given to a new image.
 
-The gallery folder around it (written whole, its catalog opened): nearsight/index/gallery/files.py.
+Creating one: nearsight/index/catalog/create.py. The gallery folder around it (written whole,
+its catalog opened): nearsight/index/gallery/files.py.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import os
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -55,42 +55,6 @@ CATALOG_FILE = "catalog.db"
 _SQLITE_HEADER = b"SQLite format 3\x00"
 _CHUNK = 500  # ids per "IN (...)" query, well under SQLite's variable limit
 FILTER_TIME_LIMIT_S = 2.0  # one filter query; past it the search is refused
-
-
-def create_catalog(
-    db_path: str | os.PathLike[str], items: Iterable[dict[str, Any]], meta: dict[str, object]
-) -> None:
-    """Create a new catalog at ``db_path`` holding ``items`` and ``meta``.
-
-    An item is a dict with ``path`` and optionally ``id`` (default: its position, 0, 1, ...),
-    ``label``, ``class_name``, ``split``, ``sha256``, ``width``, ``height`` and ``meta`` (a
-    dict of its extra columns). ``created`` is added to ``meta`` when missing.
-    """
-    path = Path(db_path)
-    if path.exists():
-        raise GalleryError(f"cannot create catalog {path}: the file already exists")
-    items = list(items)
-    rows = [item_row(item, position) for position, item in enumerate(items)]
-    extras = [item_meta(item) for item in items]
-    meta = dict(meta)
-    meta.setdefault("created", datetime.now(UTC).isoformat(timespec="seconds"))
-    meta.setdefault("next_id", max((row["id"] for row in rows), default=-1) + 1)
-    db = Database(path)
-    try:
-        with db.conn:
-            db["items"].create(ITEM_COLUMNS, pk="id", not_null={"path"})
-            db["items"].create_index(["label"])
-            db["meta"].create(META_COLUMNS, pk="key", not_null={"value"})
-            db.conn.executemany(INSERT_ITEM, [row_values(row) for row in rows])
-            db.conn.execute(ITEM_META_TABLE)
-            db.conn.execute(ITEM_META_INDEX)
-            db.conn.executemany(INSERT_ITEM_META, item_meta_values(rows, extras))
-            db.conn.executemany(UPSERT_META, meta_values(meta))
-    except sqlite3.IntegrityError as error:
-        db.close()
-        path.unlink(missing_ok=True)
-        raise ValueError(f"cannot create catalog {path}: {error} (duplicate ids?)") from None
-    db.close()
 
 
 class Catalog:

@@ -27,7 +27,8 @@ import numpy as np
 
 from nearsight.core.atomic import atomic_dir, recover_dir
 from nearsight.index.ann.faiss_index import METRIC, index_ids
-from nearsight.index.catalog.store import CATALOG_FILE, Catalog, GalleryError, create_catalog
+from nearsight.index.catalog.create import create_catalog
+from nearsight.index.catalog.store import CATALOG_FILE, Catalog, GalleryError
 
 INDEX_FILE = "index.faiss"
 EMBEDDINGS_FILE = "embeddings.npy"

@@ -37,7 +37,8 @@ from nearsight.index.ann.faiss_index import (
 )
 from nearsight.index.ann.index_choice import parse_memory, resolve_index_type
 from nearsight.index.ann.tuning import TARGET_RECALL, tune, tuning_sample
-from nearsight.index.catalog.store import CATALOG_FILE, Catalog, GalleryError, create_catalog
+from nearsight.index.catalog.create import create_catalog
+from nearsight.index.catalog.store import CATALOG_FILE, Catalog, GalleryError
 from nearsight.index.gallery.files import (
     EMBEDDINGS_FILE,
     GALLERY_FILES,
