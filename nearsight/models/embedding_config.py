@@ -102,6 +102,14 @@ def check_pretrained(pretrained: str, arch: str) -> None:
         )
 
 
+def resolve_pooling(pooling: str, arch: str) -> str:
+    """``auto``: the pooling of the trunk's own pretrained head (a ResNet's average, a ViT's
+    class token...); anything else as given."""
+    if pooling != "auto":
+        return pooling
+    return timm_info(arch).default_pooling if is_timm(arch) else ModelSpec.pooling
+
+
 def trunk_width(arch: str) -> int:
     """The width of the trunk's pooled output features (what a linear head reads)."""
     return timm_info(arch).width if is_timm(arch) else ARCHS[arch]
@@ -112,7 +120,9 @@ class EmbeddingConfig:
     """Everything needed to rebuild the network; stored in every checkpoint."""
 
     dim: int = ModelSpec.dim
-    pooling: str = ModelSpec.pooling  # avg | max | avgmax (avg + max, summed)
+    # avg | max | avgmax (avg + max, summed) | gem | token (a transformer's class token) | auto:
+    # the trunk's own (a ResNet's avg; a timm model's pretrained head's); stored resolved
+    pooling: str = "auto"
     # ResNets: "imagenet" (= IMAGENET1K_V1, the papers'), "imagenet-v1", "imagenet-v2";
     # timm trunks: "hub" (nearsight/models/timm_weights.py); both: "none", or a weights file
     pretrained: str = "none"
@@ -137,9 +147,9 @@ class EmbeddingConfig:
     def __post_init__(self) -> None:
         if isinstance(self.dim, bool) or not isinstance(self.dim, int) or self.dim <= 0:
             raise NearsightError(f"embedding dim must be a positive integer, got {self.dim!r}")
-        if self.pooling not in POOLINGS:
+        if self.pooling not in (*POOLINGS, "auto"):
             raise NearsightError(
-                f"pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}"
+                f"pooling must be one of {', '.join(POOLINGS)} or auto, got {self.pooling!r}"
             )
         if not isinstance(self.pretrained, str) or not self.pretrained:
             raise NearsightError(f"pretrained must be a name or a path, got {self.pretrained!r}")
@@ -152,6 +162,7 @@ class EmbeddingConfig:
         ):
             raise NearsightError(f"image size must be an integer >= 32, got {self.image_size!r}")
         check_arch(self.arch)
+        self.pooling = resolve_pooling(self.pooling, self.arch)
         check_pretrained(self.pretrained, self.arch)
         if self.head not in HEAD_KINDS:
             raise NearsightError(f"head must be one of {', '.join(HEAD_KINDS)}, got {self.head!r}")

@@ -45,6 +45,13 @@ def hub_cache_dir() -> Path:
     return (base / "huggingface" / "hub").expanduser()
 
 
+def hub_endpoint() -> str:
+    """The hub's address (``HF_ENDPOINT``, read now; huggingface_hub's default otherwise)."""
+    from huggingface_hub import constants
+
+    return os.environ.get("HF_ENDPOINT", "").rstrip("/") or constants.ENDPOINT
+
+
 def hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
 
@@ -108,16 +115,21 @@ def hub_weights_file(arch: str) -> Path:
     )
     if hub_offline():
         raise NearsightError(f"{way_out} (HF_HUB_OFFLINE is set); {fetch}")
-    from huggingface_hub import constants
-
-    reason = connection_problem(constants.ENDPOINT)
+    endpoint = hub_endpoint()
+    reason = connection_problem(endpoint)
     if reason is not None:
         raise NearsightError(f"{way_out} ({reason}); {fetch}")
-    return _download(info, repo, revision, cache, way_out, fetch)
+    return _download(info, repo, revision, cache, endpoint, way_out, fetch)
 
 
 def _download(
-    info: TimmInfo, repo: str, revision: str | None, cache: Path, way_out: str, fetch: str
+    info: TimmInfo,
+    repo: str,
+    revision: str | None,
+    cache: Path,
+    endpoint: str,
+    way_out: str,
+    fetch: str,
 ) -> Path:
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError
@@ -127,7 +139,12 @@ def _download(
     for name in _file_names(info):
         try:
             path = hf_hub_download(
-                repo, name, revision=revision, cache_dir=str(cache), etag_timeout=HUB_TIMEOUT_S
+                repo,
+                name,
+                revision=revision,
+                cache_dir=str(cache),
+                endpoint=endpoint,
+                etag_timeout=HUB_TIMEOUT_S,
             )
             return Path(path)
         except EntryNotFoundError:

@@ -74,8 +74,9 @@ class ModelConfig:
     arch: str = ModelSpec.arch
     dim: int = ModelSpec.dim
     # avg | max | avgmax | gem; token (a transformer's class token); a transformer's other
-    # pools run over its patch tokens
-    pooling: str = ModelSpec.pooling
+    # pools run over its patch tokens; auto: the trunk's own (a ResNet's avg, a timm model's
+    # pretrained head's: a ViT's class token)
+    pooling: str = "auto"
     # auto (default: the trunk's pretrained weights when they are cached - torchvision's cache
     # for a ResNet, the Hugging Face cache for timm:NAME - else none, with a note line) |
     # imagenet | imagenet-v1 | imagenet-v2 (ResNets) | hub (timm) | none | FILE

@@ -12,10 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 from nearsight.core.errors import NearsightError
 from nearsight.models.embedding_config import (
+    ARCHS,
     FEATURE_NORMS,
     check_arch,
     check_heads,
     resolve_feature_norm,
+    resolve_pooling,
 )
 from nearsight.models.timm_trunk import is_timm, timm_info
 
@@ -69,10 +71,12 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError(
             f"unknown loss {config.loss.name!r}; valid losses: {', '.join(sorted(LOSSES))}"
         )
-    try:
-        check_arch(config.model.arch)
-    except NearsightError as error:
-        raise ConfigError(f"model.{error}") from None
+    if not is_timm(config.model.arch) and config.model.arch not in ARCHS:
+        raise ConfigError(
+            f"unknown model.arch {config.model.arch!r}; valid: {', '.join(ARCHS)}, or "
+            "timm:NAME (any model of timm's catalogue)"
+        )
+    check_arch(config.model.arch)  # a timm name timm does not have: a one-line error
     if config.sampler.name != "auto" and config.sampler.name not in SAMPLERS:
         raise ConfigError(
             f"unknown sampler {config.sampler.name!r}; valid samplers: auto, "
@@ -172,6 +176,9 @@ def resolve_defaults(config: TrainConfig) -> None:
             cached = imagenet_cache_path(model.arch, "imagenet").exists()
             model.pretrained = "imagenet" if cached else "none"
         chosen.append("model.pretrained")
+    if model.pooling == "auto":
+        model.pooling = resolve_pooling(model.pooling, model.arch)
+        chosen.append("model.pooling")
     if timm and config.data.resize is None:  # the pretrained config's crop share
         config.data.resize = timm_info(model.arch).test_resize(config.data.image_size)
         chosen.append("data.resize")
