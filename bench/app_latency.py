@@ -143,7 +143,7 @@ def make_model(workdir: Path, args: argparse.Namespace) -> tuple[Path, dict]:
 
 
 def make_images(workdir: Path) -> list[Path]:
-    from nearsight.index.datasets.synthetic import write_synthetic
+    from nearsight.data.datasets.synthetic import write_synthetic
 
     data = workdir / "images"
     write_synthetic(data, classes=4, per_class=4, size=320)
@@ -151,8 +151,8 @@ def make_images(workdir: Path) -> list[Path]:
 
 
 def make_gallery(workdir: Path, model: Path, images: list[Path], args) -> tuple[Path, float]:
+    from nearsight.data.images import describe_image_file
     from nearsight.index.gallery.write import write_gallery
-    from nearsight.index.images import describe_image_file
     from nearsight.models.embedder import load_embedder
 
     rng = np.random.default_rng(0)
@@ -184,7 +184,7 @@ def make_gallery(workdir: Path, model: Path, images: list[Path], args) -> tuple[
 def direct_latency(gallery: Path, images: list[Path], args) -> dict:
     """Embedding + search without Gradio, in this process (the server is not running yet)."""
     from nearsight.app.page_view import open_views
-    from nearsight.index.images import load_image
+    from nearsight.data.images import load_image
 
     (view,) = open_views([gallery], device="cpu")
     pictures = [load_image(path) for path in images]

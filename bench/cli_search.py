@@ -70,9 +70,9 @@ def make_model(workdir: Path, dim: int, image_size: int) -> Path:
 
 
 def make_gallery(workdir: Path, model: Path, items: int) -> tuple[Path, Path]:
-    from nearsight.index.datasets.synthetic import write_synthetic
+    from nearsight.data.datasets.synthetic import write_synthetic
+    from nearsight.data.images import describe_image_file
     from nearsight.index.gallery.write import write_gallery
-    from nearsight.index.images import describe_image_file
     from nearsight.models.embedder import load_embedder
 
     images_dir = workdir / "images"

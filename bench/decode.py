@@ -29,8 +29,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from nearsight.index.images import load_image, load_image_pixels
-from nearsight.index.jpeg import decode_rgb
+from nearsight.data.images import load_image, load_image_pixels
+from nearsight.data.jpeg import decode_rgb
 from nearsight.models.preprocess import test_transform
 from nearsight.models.spec import default_resize
 from nearsight.training.augment import RandomCropDecode

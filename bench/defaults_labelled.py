@@ -42,8 +42,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from nearsight.index.datasets import load_dataset
-from nearsight.index.metrics.retrieval import recall_at_k
+from nearsight.data.datasets import load_dataset
+from nearsight.data.metrics.retrieval import recall_at_k
 from nearsight.models.preprocess import test_transform
 from nearsight.training.config import load_config
 from nearsight.training.run import train

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from nearsight.app.commands.demo import demo_config
-from nearsight.index.datasets.synthetic import write_synthetic
+from nearsight.data.datasets.synthetic import write_synthetic
 from nearsight.training.config import apply_override, validate
 from nearsight.training.run import train
 

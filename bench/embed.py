@@ -6,9 +6,9 @@
    and onnxruntime on the same random batch, alternating the two in every round (other work
    on the machine then slows both alike); images/s from the median batch time. Goal: onnxruntime
    >= 1.3x torch.
-2. Writes a small synthetic dataset (``index.datasets.synthetic.write_synthetic``), exports a
+2. Writes a small synthetic dataset (``data.datasets.synthetic.write_synthetic``), exports a
    static-int8 model calibrated on its train split, times int8 vs fp32 onnxruntime the same
-   way, and embeds the test split with both to compare Recall@1 (``index.metrics.recall_at_k``).
+   way, and embeds the test split with both to compare Recall@1 (``data.metrics.recall_at_k``).
 
 Without --checkpoint the model is a randomly initialised ResNet-50 (no ImageNet weights here):
 its timings are real, its Recall@1 is that of an untrained network (the int8-vs-fp32 change is
@@ -29,11 +29,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nearsight.index.datasets import load_dataset
-from nearsight.index.datasets.synthetic import write_synthetic
+from nearsight.data.datasets import load_dataset
+from nearsight.data.datasets.synthetic import write_synthetic
+from nearsight.data.images import load_image
+from nearsight.data.metrics.retrieval import recall_at_k
 from nearsight.index.embed import embed_paths
-from nearsight.index.images import load_image
-from nearsight.index.metrics.retrieval import recall_at_k
 from nearsight.models.checkpoint import load_embedding_net, save_checkpoint
 from nearsight.models.embedder import OnnxEmbedder, physical_cores
 from nearsight.models.embedding import EmbeddingConfig, EmbeddingNet

@@ -213,7 +213,7 @@ def synthetic_jpegs(ctx: Context) -> Path:
         return ctx.cache["jpegs"]
     from PIL import Image
 
-    from nearsight.index.datasets.synthetic import write_synthetic
+    from nearsight.data.datasets.synthetic import write_synthetic
 
     sizes = ctx.sizes
     distinct = 4

@@ -31,9 +31,9 @@ def clustered_vectors(
 def make_gallery_index(vectors: np.ndarray, kind: str):
     """The gallery's own index builder (index.gallery.make_index, or where it moved)."""
     try:
-        from nearsight.index.search.faiss_index import make_index
+        from nearsight.index.ann.faiss_index import make_index
     except ImportError:
-        from nearsight.index.search.faiss_index import make_index
+        from nearsight.index.ann.faiss_index import make_index
     return make_index(vectors, np.arange(len(vectors), dtype=np.int64), kind)
 
 
@@ -122,7 +122,7 @@ def run_search(ctx: Context, part: Part) -> None:
 
 @contextlib.contextmanager
 def metrics_on_cpu(metrics: Any):
-    """The evaluation's kNN on the CPU even where FAISS sees a GPU (index.metrics picks
+    """The evaluation's kNN on the CPU even where FAISS sees a GPU (data.metrics picks
     faiss.knn_gpu by itself when it can)."""
     if not hasattr(metrics, "_gpu_resources"):
         yield
@@ -136,7 +136,7 @@ def metrics_on_cpu(metrics: Any):
 
 
 def run_eval(ctx: Context, part: Part) -> None:
-    from nearsight.index.metrics import retrieval as metrics
+    from nearsight.data.metrics import retrieval as metrics
 
     sizes = ctx.sizes
     vectors, labels = clustered_vectors(sizes.eval_items, 128, sizes.eval_classes, seed=2)
@@ -165,7 +165,7 @@ def run_eval(ctx: Context, part: Part) -> None:
 def evaluate_on_device(
     ctx: Context, metrics: Any, vectors: np.ndarray, labels: np.ndarray, ks: tuple[int, ...]
 ) -> tuple[float, dict[str, float], str]:
-    """The evaluation with its kNN on the GPU, whichever way index.metrics offers it: by
+    """The evaluation with its kNN on the GPU, whichever way data.metrics offers it: by
     itself (faiss.knn_gpu when FAISS sees a GPU), ``evaluate(..., device=)``, or its chunked
     torch kNN (``_retrieval_scores(device=)``) plus NMI on the CPU."""
     start = time.perf_counter()
@@ -181,7 +181,7 @@ def evaluate_on_device(
         return time.perf_counter() - start, result, "evaluate(device=...)"
     scores = getattr(metrics, "_retrieval_scores", None)
     if scores is None or "device" not in inspect.signature(scores).parameters:
-        raise Skip("index.metrics has no evaluation on a device")
+        raise Skip("data.metrics has no evaluation on a device")
     _, codes = np.unique(labels, return_inverse=True)
     recalls, mean_ap = scores(vectors, codes, ks, with_map=True, chunk=4096, device=ctx.device)
     result = {f"recall@{k}": v for k, v in recalls.items()}

@@ -144,7 +144,7 @@ def run_train(ctx: Context, part: Part) -> None:
 def _loader(ctx: Context, root: Path, batch: int, per_class: int):
     from torch.utils.data import DataLoader
 
-    from nearsight.index.datasets import load_dataset
+    from nearsight.data.datasets import load_dataset
     from nearsight.training.data import SeededBatches, SeededTrainDataset, collate
     from nearsight.training.samplers import build_sampler
 

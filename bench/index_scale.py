@@ -7,10 +7,10 @@ Realistic vectors (:func:`embedding_like`): a mixture of --clusters overlapping 
 classes in a --latent-dim space (real embeddings have an intrinsic dimension far below 128),
 mapped into --dim dimensions with a little isotropic noise and L2-normalised. Neighbours then
 straddle the IVF lists as they do in real galleries: recall@10 at nprobe 1 is well below 0.95
-(about 0.7 at 1M), so the build-time tuning (index.tuning) has work to do. (Tight clusters
+(about 0.7 at 1M), so the build-time tuning (index.ann.tuning) has work to do. (Tight clusters
 around random centres, the first version of this bench, gave 0.99 at nprobe 1.) They are
 written as real galleries with index.gallery.build_gallery for each index type, so build_s
-includes training (on a capped sample: 64 points per list, index.faiss_index), adding, the
+includes training (on a capped sample: 64 points per list, index.ann.faiss_index), adding, the
 build-time nprobe/efSearch tuning to 0.95 recall@10 and writing the folder (catalog included).
 For each:
 
@@ -46,10 +46,10 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from nearsight.index.ann.tuning import recall_at_k
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.gallery.files import INDEX_FILE
 from nearsight.index.gallery.write import write_gallery
-from nearsight.index.search.tuning import recall_at_k
 
 TYPES = ("flat", "ivf", "ivfpq", "opq", "hnsw")
 BATCH = 64

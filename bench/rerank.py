@@ -5,7 +5,7 @@
     python bench/rerank.py rest [--items 10000] [--queries 60] [--rerank SPEC...] [--json FILE]
 
 quality: each method family's parameters are chosen on validation classes (the best MAP@R of
-nearsight.index.rerank.tune's grid that keeps Recall@1), then Recall@1, Recall@8 and MAP@R are
+nearsight.search.rerank.tune's grid that keeps Recall@1), then Recall@1, Recall@8 and MAP@R are
 measured on disjoint test classes, leave-one-out, against plain search. Galleries:
 - ``digits``: scikit-learn's bundled handwritten digits (1,797 8x8 images, nothing downloaded),
   raw pixels L2-normalised; validation digits 0-4, test digits 5-9;
@@ -37,9 +37,9 @@ from pathlib import Path
 
 import numpy as np
 
-from nearsight.index.rerank.evaluate import evaluate_reranked
-from nearsight.index.rerank.spec import parse_rerank
-from nearsight.index.rerank.tune import GRID, TuningRow, choose
+from nearsight.search.rerank.evaluate import evaluate_reranked
+from nearsight.search.rerank.spec import parse_rerank
+from nearsight.search.rerank.tune import GRID, TuningRow, choose
 
 FAMILIES = ("aqe", "dba", "dba+aqe", "kreciprocal")
 KS = (1, 8)
@@ -63,7 +63,7 @@ def digits() -> tuple[tuple, tuple]:
 
 
 def embed_folder(model: Path, folder: Path) -> tuple[np.ndarray, np.ndarray]:
-    from nearsight.index.images import load_image
+    from nearsight.data.images import load_image
     from nearsight.models.embedder import load_embedder
 
     embedder = load_embedder(model, device="cpu")
@@ -77,7 +77,7 @@ def embed_folder(model: Path, folder: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def demo_sets(model: Path, workdir: Path) -> dict[str, tuple[tuple, tuple]]:
-    from nearsight.index.datasets.synthetic import write_synthetic
+    from nearsight.data.datasets.synthetic import write_synthetic
 
     data = workdir / "synthetic-200"
     if not data.exists():

@@ -10,7 +10,7 @@
    time (p50/p95 per query over ``--queries`` queries) and in batches of 64 (p50/p95 per batch
    and per query). Default sizes: 60k (SOP's test split) and 1M (where ``auto`` switches to IVF).
 2. Evaluation time on ``--eval-items`` clustered vectors with ``--eval-classes`` balanced
-   classes (class centres on the sphere plus noise): index.metrics' Recall@1 + NMI (the
+   classes (class centres on the sphere plus noise): data.metrics' Recall@1 + NMI (the
    k-means++ seeding ``nearsight eval`` uses: exact up to 1000 classes, AFK-MC2 past that)
    against pytorch-metric-learning's AccuracyCalculator(include=("precision_at_1", "NMI"),
    k=1) on the same vectors, timed in alternation (ours, PML, ours, PML, ...) so that load from
@@ -36,10 +36,10 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from nearsight.data.metrics.retrieval import SOP_KS, evaluate, nmi, recall_at_k
 from nearsight.index.gallery.core import Gallery
-from nearsight.index.gallery.eval import EXACT_KMEANSPP_MAX_CLASSES
 from nearsight.index.gallery.write import write_gallery
-from nearsight.index.metrics.retrieval import SOP_KS, evaluate, nmi, recall_at_k
+from nearsight.search.evaluate import EXACT_KMEANSPP_MAX_CLASSES
 
 DIM = 128
 K = 10
@@ -161,7 +161,7 @@ def bench_eval(count: int, classes: int, repeats: int, full: bool) -> dict:
 
 def torch_recall_at_1(vectors: np.ndarray, labels: np.ndarray, chunk: int = 4096) -> float:
     """Floor for the kNN step only: Recall@1 from torch matmul + argmax in query chunks (the
-    query itself masked out), to compare index.metrics' matmul + top-k (k + 1) with."""
+    query itself masked out), to compare data.metrics' matmul + top-k (k + 1) with."""
     import torch
 
     base = torch.from_numpy(vectors)

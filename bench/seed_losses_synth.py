@@ -63,7 +63,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from nearsight.index.datasets.synthetic import write_synthetic
+from nearsight.data.datasets.synthetic import write_synthetic
 from nearsight.training.config import load_config, parse_set_option
 from nearsight.training.run import train
 

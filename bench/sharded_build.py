@@ -49,7 +49,7 @@ def main() -> None:
 
     import torch
 
-    from nearsight.index.datasets.synthetic import write_synthetic
+    from nearsight.data.datasets.synthetic import write_synthetic
     from nearsight.index.gallery.core import Gallery
     from nearsight.models.checkpoint import save_checkpoint
     from nearsight.models.embedding import EmbeddingConfig, EmbeddingNet

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from nearsight.index.datasets.synthetic import write_synthetic
+from nearsight.data.datasets.synthetic import write_synthetic
 from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
 from nearsight.training.config import load_config
 from nearsight.training.run import train

@@ -28,10 +28,10 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it
 _API = {
-    "open_gallery": "nearsight.index.searchable",
-    "SearchableGallery": "nearsight.index.searchable",
-    "SearchResults": "nearsight.index.results",
-    "ResultsList": "nearsight.index.results",
+    "open_gallery": "nearsight.search.searchable",
+    "SearchableGallery": "nearsight.search.searchable",
+    "SearchResults": "nearsight.search.results",
+    "ResultsList": "nearsight.search.results",
     "build_gallery": "nearsight.app.api",
     "BuildReport": "nearsight.index.gallery.build",
     "add_images": "nearsight.app.api",
@@ -61,10 +61,10 @@ if TYPE_CHECKING:
     from nearsight.app.api import add_images, build_gallery, remove_items
     from nearsight.core.errors import NearsightError
     from nearsight.index.gallery.build import BuildReport
-    from nearsight.index.results import ResultsList, SearchResults
-    from nearsight.index.searchable import SearchableGallery, open_gallery
     from nearsight.models.embedder import load_embedder
     from nearsight.models.export import export
+    from nearsight.search.results import ResultsList, SearchResults
+    from nearsight.search.searchable import SearchableGallery, open_gallery
     from nearsight.training.run import train
 
 

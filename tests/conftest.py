@@ -33,7 +33,7 @@ def make_onnx_gallery(root: Path, seed: int = 0) -> OnnxGallery:
     import torch
 
     from nearsight.app.cli import main
-    from nearsight.index.datasets.synthetic import write_synthetic
+    from nearsight.data.datasets.synthetic import write_synthetic
     from nearsight.models.checkpoint import save_checkpoint
     from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
     from nearsight.models.export import export_onnx
@@ -85,10 +85,14 @@ def build_wheel(out: Path) -> Path:
     """`pip wheel` of a copy of the checkout (the build writes build/ and egg-info into the
     source folder, so not into the checkout); returns the wheel's path."""
     source = out / "source"
-    skip = shutil.ignore_patterns(
-        ".venv", ".git", "__pycache__", "*.egg-info", "build", "dist", ".pytest_cache",
-        ".ruff_cache", "runs", "data", "*.onnx", "test-artifacts", ".whl",
-    )  # fmt: skip
+    anywhere = shutil.ignore_patterns("__pycache__", "*.egg-info", "*.onnx")
+    top_only = {".venv", ".git", "build", "dist", ".pytest_cache", ".ruff_cache", "runs", "data",
+                "test-artifacts", ".whl"}  # fmt: skip
+
+    def skip(folder: str, names: list[str]) -> set[str]:
+        # runs/ and data/ at the top are a user's; nearsight/data/ is a package
+        return anywhere(folder, names) | (top_only & set(names) if Path(folder) == ROOT else set())
+
     shutil.copytree(ROOT, source, ignore=skip)
     wheels = out / "wheels"
     done = subprocess.run(
@@ -244,7 +248,7 @@ def make_tiny_gallery(root: Path, arch: str = "resnet50", seed: int = 2) -> Tiny
     import torch
 
     from nearsight.app.cli import main
-    from nearsight.index.datasets.synthetic import write_synthetic
+    from nearsight.data.datasets.synthetic import write_synthetic
     from nearsight.index.gallery.core import Gallery
     from nearsight.models.checkpoint import save_checkpoint
     from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
@@ -286,7 +290,7 @@ def product(tmp_path_factory) -> dict:
     import csv
 
     from nearsight.app.cli import main
-    from nearsight.index.datasets.synthetic import write_synthetic
+    from nearsight.data.datasets.synthetic import write_synthetic
 
     root = tmp_path_factory.mktemp("product")
     write_synthetic(root / "data", classes=6, per_class=6, size=32)

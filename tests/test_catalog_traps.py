@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import FAST, assert_one_line_error, free_port, run, tiny_model
 
-from nearsight.index.datasets.synthetic import write_synthetic
+from nearsight.data.datasets.synthetic import write_synthetic
 from nearsight.index.gallery.core import Gallery
 
 
@@ -260,7 +260,7 @@ def test_repeated_keys_are_refused_and_duplicate_images_reported(shop, tmp_path,
 
 
 def test_split_auto_follows_the_datasets_own_split(tmp_path):
-    from nearsight.index.datasets import load_dataset, resolve_split
+    from nearsight.data.datasets import load_dataset, resolve_split
 
     for name in ("cub", "cars", "sop"):
         assert resolve_split(name, tmp_path) == "test"
@@ -314,8 +314,8 @@ def test_add_maps_a_class_name_to_the_gallerys_label(shop, catalog, tmp_path, ca
 
 
 def test_column_types_and_label_codes():
-    from nearsight.index.search.filters import FilterError
-    from nearsight.index.search.meta_types import (
+    from nearsight.data.meta import (
+        FilterError,
         infer_types,
         label_codes,
         parse_meta_types,

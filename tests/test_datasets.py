@@ -10,8 +10,8 @@ from PIL import Image
 from scipy.io import savemat
 
 from nearsight.core.errors import NearsightError
-from nearsight.index.datasets import DATASETS, DatasetLayoutError, load_dataset
-from nearsight.index.images import ImageLoadError, load_image
+from nearsight.data.datasets import DATASETS, DatasetLayoutError, load_dataset
+from nearsight.data.images import ImageLoadError, load_image
 
 
 def _image(path: Path, shade: int = 0) -> None:

@@ -12,7 +12,7 @@ import torch
 
 from nearsight.app.cli import main
 from nearsight.core.errors import NearsightError
-from nearsight.index.datasets.synthetic import write_synthetic
+from nearsight.data.datasets.synthetic import write_synthetic
 from nearsight.models import onnx_session
 from nearsight.models.checkpoint import save_checkpoint
 from nearsight.models.embedder import OnnxEmbedder

@@ -13,7 +13,7 @@ import pytest
 from conftest import ONNX_CLASSES, run, running_page
 from PIL import Image
 
-from nearsight.index.images import draft_request, load_image, load_image_bytes
+from nearsight.data.images import draft_request, load_image, load_image_bytes
 from nearsight.models.spec import default_resize
 from nearsight.training.data import train_min_side
 

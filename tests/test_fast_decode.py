@@ -12,7 +12,7 @@ import torch
 from PIL import Image, ImageOps
 from torchvision.transforms import v2
 
-from nearsight.index.images import load_image, load_image_bytes, load_image_pixels
+from nearsight.data.images import load_image, load_image_bytes, load_image_pixels
 from nearsight.training.augment import RandomCropDecode
 
 
@@ -66,7 +66,7 @@ def test_progressive_cmyk_and_rotated_jpegs_load_as_pillow_loads_them(tmp_path):
 
 
 def test_a_truncated_jpeg_is_still_a_one_line_error(tmp_path):
-    from nearsight.index.images import ImageLoadError
+    from nearsight.data.images import ImageLoadError
 
     path = tmp_path / "cut.jpg"
     path.write_bytes(_jpeg_bytes(_photo((300, 200)))[:2000])

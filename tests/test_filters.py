@@ -8,15 +8,11 @@ import sqlite3
 import numpy as np
 import pytest
 
+from nearsight.data.meta import FilterError, parse_meta_entries, typed_value
+from nearsight.index.catalog.filters import parse_filter
 from nearsight.index.catalog.store import CATALOG_FILE
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.gallery.write import write_gallery
-from nearsight.index.search.filters import (
-    FilterError,
-    parse_filter,
-    parse_meta_entries,
-    typed_value,
-)
 
 SHOPS = ("north", "south", "east")
 

@@ -84,7 +84,7 @@ FLAGS = ["--input-size", SIZE, "--mean", *MEAN, "--std", *STD, "--output", "feat
 @pytest.fixture(scope="module")
 def foreign(tmp_path_factory):
     from nearsight.app.cli import main
-    from nearsight.index.datasets.synthetic import write_synthetic
+    from nearsight.data.datasets.synthetic import write_synthetic
 
     root = tmp_path_factory.mktemp("foreign")
     data = root / "data"

@@ -1,4 +1,4 @@
-"""Fuzzing the one image loader (index.images) with mutated image files: whatever the bytes,
+"""Fuzzing the one image loader (data.images) with mutated image files: whatever the bytes,
 load_image_bytes and load_image either return a fully decoded RGB image that the shared test
 transform turns into a [3, 224, 224] tensor in [0, 1], or raise ImageLoadError with one line
 naming the file. Nothing else may escape, and no example may hang.
@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from nearsight.index.images import ImageLoadError, load_image, load_image_bytes
+from nearsight.data.images import ImageLoadError, load_image, load_image_bytes
 from nearsight.models.preprocess import test_transform as make_test_transform
 
 EXAMPLES = 250  # ~3 ms each here; the whole file runs in a few seconds

@@ -16,19 +16,20 @@ import faiss
 import numpy as np
 import pytest
 
-from nearsight.index.catalog.store import CATALOG_FILE, Catalog, GalleryError
-from nearsight.index.gallery.core import Gallery
-from nearsight.index.gallery.files import EMBEDDINGS_FILE, INDEX_FILE
-from nearsight.index.gallery.lock import lock_path
-from nearsight.index.gallery.write import write_gallery
-from nearsight.index.metrics.retrieval import evaluate
-from nearsight.index.search.faiss_index import (
+from nearsight.data.metrics.retrieval import evaluate
+from nearsight.index.ann.faiss_index import (
     HNSW_M,
     ivf_parameters,
     resolve_index_type,
     unit_distance,
 )
-from nearsight.index.search.tuning import recall_at_k
+from nearsight.index.ann.tuning import recall_at_k
+from nearsight.index.catalog.store import CATALOG_FILE, Catalog, GalleryError
+from nearsight.index.gallery.core import Gallery
+from nearsight.index.gallery.files import EMBEDDINGS_FILE, INDEX_FILE
+from nearsight.index.gallery.lock import lock_path
+from nearsight.index.gallery.write import write_gallery
+from nearsight.search.evaluate import default_ks, evaluate_gallery
 
 SHA = "ab" * 32
 OTHER_SHA = "cd" * 32
@@ -194,7 +195,7 @@ def test_distance_is_euclidean_between_unit_vectors(tmp_path):
 
 def test_index_parameters():
     gib = 1 << 30
-    # autofaiss's rules (nearsight/index/search/index_choice.py), 128-d: flat up to 1M items while it fits
+    # autofaiss's rules (nearsight/index/ann/index_choice.py), 128-d: flat up to 1M items while it fits
     assert resolve_index_type("auto", 1_000_000, 128, 4 * gib) == "flat"
     assert resolve_index_type("auto", 1_000_000, 128, 256 << 20) == "opq"  # 520 MB > budget
     assert resolve_index_type("auto", 900_000, 128, 500 << 20) == "flat"  # 468 MB fits
@@ -241,10 +242,10 @@ def test_evaluate_uses_the_stored_embeddings_of_labelled_items(tmp_path, vectors
     labelled = np.array([item["label"] is not None for item in items])
     labels = np.array([item["label"] for item in items if item["label"] is not None])
     with Gallery.open(out) as gallery:
-        result = gallery.evaluate()
+        result = evaluate_gallery(gallery)
         assert result == evaluate(vectors[labelled], labels, (1, 2, 4, 8))
         assert result["queries"] == labelled.sum()
-        assert list(gallery.evaluate([1, 5])) == ["recall@1", "recall@5", "nmi", "map@r", "queries"]
+        assert list(evaluate_gallery(gallery, [1, 5])) == ["recall@1", "recall@5", "nmi", "map@r", "queries"]
 
 
 def test_default_ks_follow_the_dataset(tmp_path, vectors):
@@ -252,7 +253,7 @@ def test_default_ks_follow_the_dataset(tmp_path, vectors):
         meta = {"dataset": dataset} if dataset else {}
         out = write_gallery(tmp_path / "g", vectors, items_for(300), model_sha256=SHA, meta=meta)
         with Gallery.open(out) as gallery:
-            assert gallery.default_ks() == ks
+            assert default_ks(gallery) == ks
 
 
 # -- opening checks ---------------------------------------------------------------------------

@@ -17,8 +17,9 @@ from nearsight.index.catalog.store import CATALOG_FILE
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.gallery.files import EMBEDDINGS_FILE, INDEX_FILE
 from nearsight.index.gallery.write import write_gallery
-from nearsight.index.search.query import item_vector
 from nearsight.index.vector_store import ApproximateVectorsWarning, keep_embeddings
+from nearsight.search.evaluate import evaluate_gallery
+from nearsight.search.route import item_vector
 
 TINY_BUDGET = "1K"  # every gallery here is past it: evaluation gathers into a mapped file
 
@@ -72,7 +73,7 @@ def test_a_gallery_without_embeddings_evaluates_and_searches_like_one_with(tmp_p
         np.testing.assert_allclose(without.embeddings, vectors, atol=1e-6)
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # exact vectors: no warning
-            expected, got = with_file.evaluate((1, 2, 4)), without.evaluate((1, 2, 4))
+            expected, got = evaluate_gallery(with_file, (1, 2, 4)), evaluate_gallery(without, (1, 2, 4))
         assert expected.keys() == got.keys()
         for key in expected:
             assert got[key] == pytest.approx(expected[key], abs=1e-6), key
@@ -101,7 +102,7 @@ def test_a_pq_gallery_without_embeddings_searches_and_warns_that_eval_is_approxi
         decoded = item_vector(gallery, 3)[0]
         assert float(decoded @ vectors[3]) > 0.5  # the decoded code (3-bit PQ here), near it
         with pytest.warns(ApproximateVectorsWarning, match="approximate"):
-            metrics = gallery.evaluate((1, 2))
+            metrics = evaluate_gallery(gallery, (1, 2))
         assert 0 <= metrics["recall@1"] <= 1
     assert main(["eval", "--gallery", str(folder), "--k", "1", "2"]) == 0
     err = capsys.readouterr().err
@@ -126,7 +127,7 @@ def test_an_imported_pq_gallery_reads_exact_vectors_from_its_files(tmp_path, cap
         assert g.meta["vector_source"]["files"] == [["a.npy", 250], ["b.npy", 350]]
         assert g.vectors_exact
         np.testing.assert_allclose(g.vectors_of([5, 400]), vectors[[5, 400]], atol=1e-6)
-        expected, got = with_file.evaluate((1, 2)), g.evaluate((1, 2))
+        expected, got = evaluate_gallery(with_file, (1, 2)), evaluate_gallery(g, (1, 2))
         for key in expected:
             assert got[key] == pytest.approx(expected[key], abs=1e-6), key
         np.testing.assert_array_equal(

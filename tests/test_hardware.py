@@ -42,7 +42,7 @@ def test_a_training_step_under_cpu_bf16_keeps_the_loss_in_float32(tmp_path, monk
     its steps under CPU autocast, and the loss it logs is a finite float32 value."""
     import json
 
-    from nearsight.index.datasets.synthetic import write_synthetic
+    from nearsight.data.datasets.synthetic import write_synthetic
     from nearsight.models import hardware
     from nearsight.training.config import load_config
     from nearsight.training.run import train

@@ -12,8 +12,8 @@ import pytest
 from PIL import Image
 
 from nearsight.core.errors import NearsightError
-from nearsight.index import images
-from nearsight.index.images import ImageLoadError, file_sha256, load_image, load_image_bytes
+from nearsight.data import images
+from nearsight.data.images import ImageLoadError, file_sha256, load_image, load_image_bytes
 
 
 def _png_bytes(image: Image.Image, **params) -> bytes:

@@ -23,11 +23,11 @@ import torch
 from conftest import FAST, assert_one_line_error, run, tiny_model
 
 from nearsight.app.cli import main
-from nearsight.index.datasets import load_dataset
-from nearsight.index.datasets.synthetic import write_synthetic
+from nearsight.data.datasets import load_dataset
+from nearsight.data.datasets.synthetic import write_synthetic
+from nearsight.data.images import load_image
+from nearsight.data.metrics.retrieval import evaluate, recall_at_k
 from nearsight.index.gallery.core import Gallery
-from nearsight.index.images import load_image
-from nearsight.index.metrics.retrieval import evaluate, recall_at_k
 from nearsight.models.checkpoint import load_embedding_net
 from nearsight.models.preprocess import test_transform as make_test_transform
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from nearsight.app.cli import main
-from nearsight.index.datasets.synthetic import write_synthetic
+from nearsight.data.datasets.synthetic import write_synthetic
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.gallery.write import write_gallery
 from nearsight.models.checkpoint import save_checkpoint

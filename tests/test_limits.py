@@ -16,15 +16,15 @@ from conftest import running_page
 
 from nearsight.app.batcher import BatcherFull, EmbedBatcher
 from nearsight.app.rest import ApiError, DecodeGate
-from nearsight.index.catalog.store import Catalog, create_catalog
-from nearsight.index.search.filters import (
+from nearsight.data.meta import FilterError
+from nearsight.index.catalog.filters import (
     MAX_FILTER_CONDITIONS,
     Condition,
-    FilterError,
     filter_sql,
     merge_conditions,
     parse_filters,
 )
+from nearsight.index.catalog.store import Catalog, create_catalog
 
 BIG_CATALOG_ITEMS = 300_000
 

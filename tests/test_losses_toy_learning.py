@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nearsight.index.metrics.retrieval import recall_at_k
+from nearsight.data.metrics.retrieval import recall_at_k
 from nearsight.training.losses import build_loss
 
 CLASSES, PER_CLASS, DIM = 16, 8, 32

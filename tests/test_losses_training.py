@@ -12,7 +12,7 @@ import torch
 from conftest import crash_training, train_one_and_two_processes
 
 from nearsight.app.cli import main
-from nearsight.index.datasets.synthetic import write_synthetic
+from nearsight.data.datasets.synthetic import write_synthetic
 from nearsight.models.checkpoint import load_checkpoint, load_embedding_net
 from nearsight.models.spec import spec_from_onnx_metadata
 from nearsight.training.config import load_config

@@ -1,4 +1,4 @@
-"""Retrieval metrics (nearsight/index/metrics/retrieval.py): hand-computed toy geometry, self-exclusion with
+"""Retrieval metrics (nearsight/data/metrics/retrieval.py): hand-computed toy geometry, self-exclusion with
 duplicate vectors, chunking, a brute-force reference, and pytorch-metric-learning's numbers."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import torch
 from sklearn.metrics import normalized_mutual_info_score
 
 from nearsight.core.errors import NearsightError
-from nearsight.index.metrics import nmi as nmi_module
-from nearsight.index.metrics import retrieval as metrics
-from nearsight.index.metrics.retrieval import (
+from nearsight.data.metrics import nmi as nmi_module
+from nearsight.data.metrics import retrieval as metrics
+from nearsight.data.metrics.retrieval import (
     CUB_KS,
     SOP_KS,
     default_ks,
@@ -337,7 +337,7 @@ def test_metrics_import_neither_torch_nor_sklearn():
 
     code = (
         "import sys, numpy as np\n"
-        "from nearsight.index.metrics.retrieval import evaluate\n"
+        "from nearsight.data.metrics.retrieval import evaluate\n"
         "v = np.random.default_rng(0).normal(size=(50, 8)).astype('float32')\n"
         "v /= np.linalg.norm(v, axis=1, keepdims=True)\n"
         "evaluate(v, np.arange(50) % 5)\n"

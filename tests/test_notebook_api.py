@@ -14,7 +14,7 @@ from PIL import Image
 
 import nearsight
 from nearsight.core.errors import NearsightError
-from nearsight.index.verdicts import FRAME_COLOURS
+from nearsight.search.verdicts import FRAME_COLOURS
 
 
 def _images(onnx_gallery) -> list[Path]:

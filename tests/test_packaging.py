@@ -1,5 +1,6 @@
 """Packaging: one import package, ``nearsight``, a real folder. Its layers import one way
-(app -> training -> index -> models -> core), no layer is importable by its bare name (not even
+(app -> training | search -> index -> data -> models -> core; training and search are siblings
+that never import each other), no import circle crosses a folder, no layer is importable by its bare name (not even
 from the repository root), no module is loaded twice under two names, the shipped configs are
 reachable through importlib.resources, and a wheel holds nothing but ``nearsight``."""
 
@@ -17,8 +18,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "nearsight"
-# lowest first: a module may import its own layer and the ones before it
-LAYERS = ("core", "models", "index", "training", "app")
+# lowest first: a module may import its own layer and lower ones; equal ranks are siblings,
+# which never import each other
+RANKS = {"core": 0, "models": 1, "data": 2, "index": 3, "search": 4, "training": 4, "app": 5}
+LAYERS = tuple(RANKS)
 
 
 def run_python(code: str, cwd: Path, *args: str) -> subprocess.CompletedProcess:
@@ -67,13 +70,92 @@ def test_no_module_imports_a_layer_above_its_own():
         parts = path.relative_to(PACKAGE).parts
         if len(parts) < 2:
             continue  # nearsight/__init__.py: the public façade, loads lazily from every layer
-        layer = LAYERS.index(parts[0])
+        layer = parts[0]
         for line, module in _imports(path):
             names = module.split(".")
-            above = names[0] == "nearsight" and len(names) > 1 and names[1] in LAYERS
-            if above and LAYERS.index(names[1]) > layer:
+            other = names[1] if names[0] == "nearsight" and len(names) > 1 else None
+            if other in RANKS and other != layer and RANKS[other] >= RANKS[layer]:
                 wrong.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
     assert wrong == []
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """module -> the nearsight modules it imports (anywhere in the file, lazily too; imports
+    under ``if TYPE_CHECKING:`` are for the type checker only and not counted)."""
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text())
+        typing_only = {
+            id(child)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for child in ast.walk(node)
+        }
+        targets = set()
+        for line, module in _imports(path):
+            del line
+            target = module
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                targets.add(target)
+        lines_typing = {
+            getattr(n, "lineno", None) for n in ast.walk(tree) if id(n) in typing_only
+        }
+        graph[name] = {
+            t
+            for t in targets
+            if not all(line in lines_typing for line, m in _imports(path) if m.startswith(t))
+        }
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circle_crosses_a_folder_and_few_remain_inside():
+    """Modules that import each other, directly or round a circle, lie in one folder, and at
+    most 3 such circles remain (each is a place where one module should have been one file)."""
+    cycles = _cycles(_module_graph())
+    crossing = [c for c in cycles if len({m.rsplit(".", 1)[0] for m in c}) > 1]
+    assert crossing == []
+    assert len(cycles) <= 3, cycles
 
 
 def test_every_nearsight_import_resolves_to_a_file():

@@ -24,12 +24,13 @@ from PIL import Image
 from nearsight.app.cli import main
 from nearsight.app.page import build_app
 from nearsight.app.page_view import GalleryView
-from nearsight.index.analysis import Failure, confused_pairs, pair_distance_histogram
 from nearsight.index.gallery.core import Gallery
-from nearsight.index.search.served import gallery_names
 from nearsight.models.checkpoint import save_checkpoint
 from nearsight.models.embedder import load_embedder
 from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
+from nearsight.search.analysis import Failure, confused_pairs, pair_distance_histogram
+from nearsight.search.evaluate import evaluate_gallery
+from nearsight.search.served import gallery_names
 
 MAX_UPLOAD_MB = 0.25  # small, so that the oversized upload in the test is small too
 
@@ -60,7 +61,7 @@ def reference_neighbours(tiny: TinyGallery, image_path: str | Path, k: int):
     """(ids, distances) straight from the gallery and the embedder, no server."""
     embedder = load_embedder(tiny.model, device="cpu")
     with Gallery.open(tiny.gallery) as gallery:
-        from nearsight.index.images import load_image
+        from nearsight.data.images import load_image
 
         distances, ids = gallery.search(embedder.embed_images([load_image(image_path)]), k)
     return ids[0].tolist(), distances[0].tolist()
@@ -276,7 +277,7 @@ def test_failures_match_a_brute_force_leave_one_out(tiny, server):
         assert failure.margin > 0
     margins = [f.margin for f in analysis.failures]
     assert margins == sorted(margins, reverse=True)  # worst first
-    assert analysis.metrics == view.gallery.evaluate()
+    assert analysis.metrics == evaluate_gallery(view.gallery)
     assert analysis.metrics["recall@1"] == pytest.approx(1 - len(wrong) / len(labels))
     pairs = {(a, b): n for a, b, n in analysis.confused_pairs}
     assert sum(pairs.values()) == len(wrong)

@@ -162,7 +162,7 @@ def test_the_summary_and_nothing_fetched_from_outside(page, tiny):
 
 
 def test_the_rerank_toggle_redraws_the_grid_and_the_failures_tab_lists_its_changes(page, tiny_page):
-    from nearsight.index.rerank.changes import rerank_changes
+    from nearsight.search.rerank.changes import rerank_changes
 
     handlers = tiny_page[1].nearsight
     view = handlers.view("gallery")

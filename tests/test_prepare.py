@@ -16,9 +16,9 @@ from conftest import assert_one_line_error, run
 from PIL import Image
 
 from nearsight.core.errors import NearsightError
-from nearsight.index.datasets import load_dataset
-from nearsight.index.datasets.archives import ArchiveError, check_disk_space, download
-from nearsight.index.datasets.prepare import BENCHMARKS
+from nearsight.data.datasets import load_dataset
+from nearsight.data.datasets.archives import ArchiveError, check_disk_space, download
+from nearsight.data.datasets.prepare import BENCHMARKS
 
 
 def jpeg(seed: int) -> bytes:

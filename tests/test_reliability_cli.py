@@ -23,8 +23,8 @@ from onnx import TensorProto, helper
 from PIL import Image
 
 from nearsight.app.cli import main
-from nearsight.index.datasets import load_dataset
-from nearsight.index.datasets.synthetic import write_synthetic
+from nearsight.data.datasets import load_dataset
+from nearsight.data.datasets.synthetic import write_synthetic
 from nearsight.index.gallery.core import Gallery
 from nearsight.models.checkpoint import save_checkpoint
 from nearsight.models.embedding import EmbeddingConfig, build_embedding_net

@@ -31,8 +31,8 @@ import pytest
 import torch
 
 from nearsight.app.cli import main
-from nearsight.index.datasets import load_dataset
-from nearsight.index.datasets.synthetic import write_synthetic
+from nearsight.data.datasets import load_dataset
+from nearsight.data.datasets.synthetic import write_synthetic
 from nearsight.index.gallery.core import Gallery
 from nearsight.models.checkpoint import load_checkpoint, save_checkpoint
 from nearsight.models.embedding import EmbeddingConfig, build_embedding_net

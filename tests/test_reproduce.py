@@ -17,7 +17,7 @@ from conftest import assert_one_line_error, run
 
 from nearsight.app.reproduction import Reproduction
 from nearsight.core.errors import NearsightError
-from nearsight.index.datasets.synthetic import write_synthetic
+from nearsight.data.datasets.synthetic import write_synthetic
 
 # a tiny size from the command line: 32 px, 16-d, 8 steps of 3 classes x 2 images, from scratch
 TINY = {

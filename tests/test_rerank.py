@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from nearsight.index.rerank import alpha_qe, k_reciprocal_distance, parse_rerank
-from nearsight.index.rerank.dba import dba
+from nearsight.search.rerank import alpha_qe, k_reciprocal_distance, parse_rerank
+from nearsight.search.rerank.dba import dba
 
 
 def _unit(x):
@@ -113,7 +113,7 @@ def test_parse_rerank():
 
 
 def test_rerank_aqe_fixes_a_hard_case():
-    from nearsight.index.rerank import MatrixSource, rerank
+    from nearsight.search.rerank import MatrixSource, rerank
 
     q = _unit(np.array([[1.0, 0.3, 0.0]]))
     # cos: row0 .97, row1 .94, row2 .85; after alpha-QE toward row0, row2 (.91) passes row1 (.90).

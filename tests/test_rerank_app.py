@@ -14,7 +14,10 @@ from nearsight.app.page import build_app
 from nearsight.app.rest import close_rest_app
 from nearsight.app.server import launch_app
 from nearsight.index.gallery.core import Gallery
-from nearsight.index.rerank import parse_rerank
+from nearsight.search.evaluate import evaluate_gallery
+from nearsight.search.rerank import parse_rerank
+from nearsight.search.rerank.search import reranked_search
+from nearsight.search.route import stored_rerank
 
 SPEC = "dba+aqe:k=2,alpha=3,depth=20"
 
@@ -27,7 +30,7 @@ def test_eval_reranks_leave_one_out_and_says_so(product, capsys):  # noqa: F811
     got = json.loads(out)
     assert got["rerank"] == str(parse_rerank(SPEC))
     with Gallery.open(product["gallery"]) as gallery:
-        want = gallery.evaluate(rerank=SPEC)
+        want = evaluate_gallery(gallery, rerank=SPEC)
     assert got["map@r"] == pytest.approx(want["map@r"], abs=1e-12)
     code, out, _ = run(capsys, "eval", "--gallery", product["gallery"], "--json")
     assert json.loads(out)["rerank"] == "none"  # off unless asked or stored
@@ -55,9 +58,9 @@ def test_tuning_on_validation_stores_the_choice_and_search_uses_it(product, tmp_
     with Gallery.open(test) as gallery:
         stored = gallery.meta["rerank"]
         assert gallery.meta["rerank_tuned_on"] == str(val)
-        spec = gallery.default_rerank
+        spec = stored_rerank(gallery)
         vector = gallery.vectors_of([3])
-        _, want = gallery.search(vector, 5, rerank=spec)
+        _, want = reranked_search(gallery, vector, 5, spec)
     assert json.loads(out)["rerank"] == stored
     code, out, err = run(capsys, "search", "--gallery", test, "--id", "3", "--k", "5", "--json")
     assert code == 0, err
@@ -84,7 +87,7 @@ def test_rest_search_takes_a_rerank_and_refuses_a_bad_one(served, product):  # n
     body = answer.json()
     assert body["rerank"] == str(parse_rerank(SPEC))
     with Gallery.open(product["gallery"]) as gallery:
-        _, want = gallery.search(gallery.vectors_of([4]), 6, rerank=SPEC)
+        _, want = reranked_search(gallery, gallery.vectors_of([4]), 6, parse_rerank(SPEC))
     assert [n["id"] for n in body["neighbours"]] == want[0].tolist()
     plain = httpx.post(f"{url}/api/search", data={"id": "4", "k": "6"}, timeout=60).json()
     assert plain["rerank"] == "none"
@@ -100,7 +103,7 @@ def test_page_toggle_and_the_fixed_and_broken_list(served, product):  # noqa: F8
     assert spec.active and page.rerank_spec(view, False).method == "none"
     on = view.search_item(item, 5, None, spec)
     with Gallery.open(product["gallery"]) as gallery:
-        _, want = gallery.search(gallery.vectors_of([item]), 5, rerank=spec, exclude=[item])
+        _, want = reranked_search(gallery, gallery.vectors_of([item]), 5, spec, exclude=[item])
     assert [n.id for n in on] == want[0].tolist()
     grid_on, _, _ = page.item_grid(view.name, item, 5, "", True)
     grid_off, _, _ = page.item_grid(view.name, item, 5, "", False)

@@ -5,7 +5,10 @@ import pytest
 
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.gallery.write import write_gallery
-from nearsight.index.rerank import k_reciprocal_distance, parse_rerank
+from nearsight.search.evaluate import evaluate_gallery
+from nearsight.search.rerank import k_reciprocal_distance, parse_rerank
+from nearsight.search.rerank.search import reranked_search
+from nearsight.search.route import stored_rerank
 
 SHA = "ab" * 32
 
@@ -84,8 +87,8 @@ def test_evaluate_with_rerank_matches_leave_one_out_loop(tmp_path, text):
     vectors, labels = _clustered()
     spec = parse_rerank(text)
     with Gallery.open(_gallery(tmp_path, vectors, labels)) as gallery:
-        got = gallery.evaluate(ks=(1,), rerank=spec)
-        plain = gallery.evaluate(ks=(1,))
+        got = evaluate_gallery(gallery, ks=(1,), rerank=spec)
+        plain = evaluate_gallery(gallery, ks=(1,))
     recall, mean_ap = _loop_metrics(vectors, labels, spec)
     assert got["recall@1"] == pytest.approx(recall, abs=1e-9)
     assert got["map@r"] == pytest.approx(mean_ap, abs=1e-9)
@@ -98,7 +101,7 @@ def test_dba_evaluation_never_reaches_the_query_through_its_neighbours(tmp_path)
     vectors, labels = _clustered(seed=3)
     spec = parse_rerank("dba:k=3,alpha=1")
     with Gallery.open(_gallery(tmp_path, vectors, labels)) as gallery:
-        got = gallery.evaluate(ks=(1,), rerank=spec)
+        got = evaluate_gallery(gallery, ks=(1,), rerank=spec)
     honest = _loop_metrics(vectors, labels, spec)
     leaky = _loop_metrics(vectors, labels, spec, exclude_query=False)
     assert abs(leaky[1] - honest[1]) > 1e-3
@@ -112,9 +115,9 @@ def test_gallery_search_reranks_on_every_index_type(tmp_path, index_type, text):
     spec = parse_rerank(text + ",depth=20")
     queries = vectors[:12]
     with Gallery.open(_gallery(tmp_path, vectors, labels, index_type)) as gallery:
-        distances, ids = gallery.search(queries, 5, rerank=spec, exclude=np.arange(12))
+        distances, ids = reranked_search(gallery, queries, 5, spec, exclude=np.arange(12))
     with Gallery.open(_gallery(tmp_path, vectors, labels, "flat", "ref")) as flat:
-        want_d, want = flat.search(queries, 5, rerank=spec, exclude=np.arange(12))
+        want_d, want = reranked_search(flat, queries, 5, spec, exclude=np.arange(12))
     assert ids.shape == distances.shape == (12, 5)
     assert not (ids == np.arange(12)[:, None]).any()  # the excluded query never comes back
     assert (np.diff(distances, axis=1) >= 0).all()
@@ -128,7 +131,7 @@ def test_search_rerank_matches_the_loop_reference(tmp_path):
     vectors, labels = _clustered()
     spec = parse_rerank("dba+aqe:k=2,alpha=3,depth=40")
     with Gallery.open(_gallery(tmp_path, vectors, labels)) as gallery:
-        _, ids = gallery.search(vectors, len(vectors) - 1, rerank=spec, exclude=np.arange(36))
+        _, ids = reranked_search(gallery, vectors, len(vectors) - 1, spec, exclude=np.arange(36))
     for q in range(len(vectors)):
         assert ids[q].tolist() == _loop_ranking(vectors, q, spec)
 
@@ -141,23 +144,23 @@ def test_the_stored_choice_survives_add_remove_and_compact(tmp_path):
     spec = parse_rerank("dba:k=2,alpha=3,depth=20")
     with Gallery.open(folder) as gallery:
         set_meta(gallery, rerank=str(spec))
-        assert gallery.default_rerank == spec
+        assert stored_rerank(gallery) == spec
         new = gallery.add(vectors[40:], [{"path": f"/n/{i}.png", "label": int(label),
                                           "class_name": None} for i, label in enumerate(labels[40:])])  # fmt: skip
         gallery.remove([0, 1])
         # the added items are found and re-ranked, the removed never come back
-        _, ids = gallery.search(vectors[40:44], 5, rerank=spec)
+        _, ids = reranked_search(gallery, vectors[40:44], 5, spec)
         assert set(new[:4]) <= set(ids[:, 0].tolist()) and not np.isin(ids, [0, 1]).any()
         gallery.compact()
-        assert gallery.default_rerank == spec
+        assert stored_rerank(gallery) == spec
     with Gallery.open(folder) as reopened:
-        assert reopened.default_rerank == spec
-        _, after = reopened.search(vectors[40:44], 5, rerank=spec)
+        assert stored_rerank(reopened) == spec
+        _, after = reranked_search(reopened, vectors[40:44], 5, spec)
     np.testing.assert_array_equal(after, ids)
 
 
 def _neighbour_lists(gallery, keys, depth):
-    from nearsight.index.rerank.sources import GallerySource
+    from nearsight.search.rerank.sources import GallerySource
 
     return GallerySource(gallery).neighbours(np.asarray(keys), depth)
 
@@ -184,7 +187,7 @@ def test_the_neighbour_graph_answers_as_the_index_does_through_add_remove_compac
                 np.testing.assert_array_equal(got[1], want[1])
                 np.testing.assert_allclose(got[0], want[0], atol=1e-5)
             np.testing.assert_array_equal(
-                g.search(vectors, 6, rerank=spec)[1], p.search(vectors, 6, rerank=spec)[1]
+                reranked_search(g, vectors, 6, spec)[1], reranked_search(p, vectors, 6, spec)[1]
             )
 
         same_answers(g.ids)

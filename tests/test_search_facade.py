@@ -1,4 +1,4 @@
-"""One search route (nearsight.index.search.query.search_rows), one row shape and one k check
+"""One search route (nearsight.search.route.search_rows), one row shape and one k check
 for the CLI, REST, the page and the Python API; REST does not import the page."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from conftest import run
 
 import nearsight
 from nearsight.core.errors import NearsightError
-from nearsight.index.images import load_image
-from nearsight.index.search.checks import check_k
+from nearsight.data.images import load_image
+from nearsight.search.checks import check_k
 
 ROW_KEYS = {"id", "path", "label", "class_name", "distance", "meta"}
 

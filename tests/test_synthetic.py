@@ -12,8 +12,8 @@ from PIL import Image
 
 from nearsight.app.cli import main
 from nearsight.core.errors import NearsightError
-from nearsight.index.datasets import load_dataset
-from nearsight.index.datasets.synthetic import MAX_CLASSES, SynthClass, render, write_synthetic
+from nearsight.data.datasets import load_dataset
+from nearsight.data.datasets.synthetic import MAX_CLASSES, SynthClass, render, write_synthetic
 
 SMALL = {"classes": 6, "per_class": 4, "size": 32}
 

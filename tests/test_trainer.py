@@ -11,7 +11,7 @@ import yaml
 from conftest import crash_training, train_one_and_two_processes
 
 from nearsight.app.cli import main
-from nearsight.index.datasets.synthetic import write_synthetic
+from nearsight.data.datasets.synthetic import write_synthetic
 from nearsight.models.checkpoint import load_checkpoint, load_embedding_net
 from nearsight.training.config import load_config
 from nearsight.training.run import train

@@ -10,8 +10,8 @@ import pytest
 import yaml
 from conftest import write_digits
 
-from nearsight.index.datasets import load_dataset
-from nearsight.index.datasets.synthetic import write_synthetic
+from nearsight.data.datasets import load_dataset
+from nearsight.data.datasets.synthetic import write_synthetic
 from nearsight.models.checkpoint import load_checkpoint
 from nearsight.training import trainer as trainer_module
 from nearsight.training.config import ConfigError, load_config

@@ -14,7 +14,7 @@ from typing import Any
 
 from nearsight.core.errors import NearsightError
 from nearsight.index.gallery.defaults import DEFAULT_BATCH_SIZE, DEFAULT_CHUNK_SIZE
-from nearsight.index.searchable import SearchableGallery, open_gallery
+from nearsight.search.searchable import SearchableGallery, open_gallery
 
 PathLike = str | os.PathLike[str]
 

@@ -45,8 +45,8 @@ from nearsight.app.page_tables import (
     gallery_header,
 )
 from nearsight.app.page_view import GalleryView, open_views
-from nearsight.index.analysis import ANALYSIS_MAX_ITEMS
-from nearsight.index.rerank.spec import RerankSpec
+from nearsight.search.analysis import ANALYSIS_MAX_ITEMS
+from nearsight.search.rerank.spec import RerankSpec
 
 DEFAULT_CONCURRENCY = 2  # embedding calls at once (each one uses every core already)
 DEFAULT_MAX_QUEUE = 64  # waiting events beyond this are refused ("queue full")

@@ -28,12 +28,12 @@ from nearsight.app.page_tables import (
 )
 from nearsight.app.page_view import GalleryView
 from nearsight.core.errors import NearsightError
-from nearsight.index.images import load_image_bytes
-from nearsight.index.rerank.changes import MAX_COMPARED_ITEMS, rerank_changes
-from nearsight.index.rerank.spec import NONE, RerankSpec, parse_rerank
-from nearsight.index.search.checks import check_k
-from nearsight.index.search.served import Neighbour
-from nearsight.index.verdicts import thumbnail_uri
+from nearsight.data.images import load_image_bytes
+from nearsight.search.checks import check_k
+from nearsight.search.rerank.changes import MAX_COMPARED_ITEMS, rerank_changes
+from nearsight.search.rerank.spec import NONE, RerankSpec, parse_rerank
+from nearsight.search.served import Neighbour
+from nearsight.search.verdicts import thumbnail_uri
 
 DEFAULT_K = 8
 MAX_K = 64

@@ -14,8 +14,8 @@ import html
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from nearsight.index.search.served import Neighbour
-from nearsight.index.verdicts import FRAME_COLOURS, QUERY_COLOUR, correctness
+from nearsight.search.served import Neighbour
+from nearsight.search.verdicts import FRAME_COLOURS, QUERY_COLOUR, correctness
 
 CELL_SIDE = 152  # pixels of the image area of a cell
 META_SHOWN = 4  # metadata entries under a cell's caption

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nearsight.app.page_view import GalleryView
-from nearsight.index.analysis import Analysis, Failure
-from nearsight.index.rerank.changes import Change
 from nearsight.models.spec import ModelSpec
+from nearsight.search.analysis import Analysis, Failure
+from nearsight.search.rerank.changes import Change
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -1,7 +1,7 @@
 """One gallery as the page sees it, without Gradio: the served gallery
-(:class:`nearsight.index.search.served.ServedGallery`: searches by image or by item, public
+(:class:`nearsight.search.served.ServedGallery`: searches by image or by item, public
 paths) plus thumbnails and the gallery's cached leave-one-out analysis
-(:mod:`nearsight.index.analysis`).
+(:mod:`nearsight.search.analysis`).
 
 The analysis is computed once (the first caller computes it, the others wait) and cached; the
 page starts it in a background thread so that the server answers at once.
@@ -19,12 +19,12 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from nearsight.core.errors import NearsightError
-from nearsight.index.analysis import ANALYSIS_MAX_ITEMS, Analysis, analyse
+from nearsight.data.images import load_image
 from nearsight.index.gallery.core import Gallery
-from nearsight.index.images import load_image
-from nearsight.index.search.served import ServedGallery, open_served
-from nearsight.index.verdicts import thumbnail_uri
 from nearsight.models.embedder import Embedder
+from nearsight.search.analysis import ANALYSIS_MAX_ITEMS, Analysis, analyse
+from nearsight.search.served import ServedGallery, open_served
+from nearsight.search.verdicts import thumbnail_uri
 
 THUMBNAIL_CACHE_ITEMS = 4096  # per gallery; ~6 KB each as base64 JPEG
 
@@ -86,5 +86,5 @@ def open_views(
     model: str | os.PathLike[str] | None = None,
     device: str = "auto",
 ) -> list[GalleryView]:
-    """:func:`~nearsight.index.search.served.open_served`, as the page's views."""
+    """:func:`~nearsight.search.served.open_served`, as the page's views."""
     return open_served(gallery_dirs, model, device, kind=GalleryView)

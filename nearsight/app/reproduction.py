@@ -91,7 +91,7 @@ class Reproduction:
         paper = read_paper(self.config)
         config = load_config(self.config, self.training_overrides())  # bad settings fail here
         self.device_kind = "cuda" if config.device != "cpu" and _cuda() else "cpu"
-        from nearsight.index.datasets import load_dataset
+        from nearsight.data.datasets import load_dataset
 
         load_dataset(config.data.dataset, self.root, "test")  # a wrong --root: before any file
         state = self._start()
@@ -204,7 +204,7 @@ class Reproduction:
 
     def _evaluate(self, dataset: str, paper: PaperRow) -> None:
         from nearsight.index.gallery.core import Gallery
-        from nearsight.index.gallery.eval import evaluate_gallery
+        from nearsight.search.evaluate import evaluate_gallery
 
         protocol = {int(m[7:]) for m in protocol_metrics(dataset) if m.startswith("recall@")}
         ks = sorted(protocol | set(paper.ks()))  # the protocol's k and any the paper adds

@@ -38,11 +38,11 @@ from starlette.exceptions import HTTPException
 
 from nearsight.app.batcher import DEFAULT_MAX_WAITING, BatcherFull, EmbedBatcher
 from nearsight.core.errors import NearsightError
+from nearsight.data.images import ImageLoadError, load_image_bytes
 from nearsight.index.gallery.keys import ids_of_keys
-from nearsight.index.images import ImageLoadError, load_image_bytes
-from nearsight.index.rerank.spec import parse_rerank
-from nearsight.index.search.query import check_vector, item_row
-from nearsight.index.search.served import ServedGallery
+from nearsight.search.rerank.spec import parse_rerank
+from nearsight.search.route import check_vector, item_row
+from nearsight.search.served import ServedGallery
 
 API_PREFIX = "/api"
 API_KEY_ENV = "NEARSIGHT_API_KEY"

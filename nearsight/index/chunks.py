@@ -6,7 +6,7 @@ A chunk folder holds pairs ``NAME.npy`` + ``NAME.csv``, taken in the sort order 
 - ``NAME.csv``: n rows with a header; optional ``label`` (an integer or a class name, empty or
   absent when unlabelled), ``path``, ``class_name``, ``split``, ``sha256``, ``width``,
   ``height``; any other column is the item's metadata (each column typed as a whole,
-  nearsight/index/search/meta_types.py; ``id`` is ignored).
+  nearsight/data/meta.py; ``id`` is ignored).
 
 A pair counts as finished once both files exist under their names and agree on n: writers
 write each file under a temporary name and rename it, the ``.csv`` last. ``nearsight index
@@ -26,8 +26,7 @@ from typing import Any
 import numpy as np
 
 from nearsight.core.errors import NearsightError
-from nearsight.index.search.filters import BUILTIN_KEYS, FilterError
-from nearsight.index.search.meta_types import infer_types, label_codes, typed_row
+from nearsight.data.meta import BUILTIN_KEYS, FilterError, infer_types, label_codes, typed_row
 
 META_FIELDS = ("path", "label", "class_name", "split", "sha256", "width", "height")
 _INTEGER_FIELDS = ("label", "width", "height")
@@ -94,7 +93,7 @@ def read_vectors(path: Path) -> np.ndarray:
 def read_meta(path: Path, meta_types: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """Catalog rows from a ``.csv`` or ``.parquet`` file or a chunk folder's ``.csv`` files.
     Metadata columns are typed as a whole (``meta_types``: declared types,
-    nearsight/index/search/meta_types.py); labels are integers or class names, coded as the
+    nearsight/data/meta.py); labels are integers or class names, coded as the
     CSV dataset reader codes them (sorted names: 0, 1, ...)."""
     if path.is_dir():
         files = sorted(path.glob("*.csv"))

@@ -1,7 +1,7 @@
 """Embed many image files in batches: threads decode, the model embeds, bad files are skipped.
 
 Used by the trainer's evaluation and by ``nearsight index build``; both go through the same
-decoding (:func:`nearsight.index.images.load_image`) and the same test transform
+decoding (:func:`nearsight.data.images.load_image`) and the same test transform
 (:func:`nearsight.models.preprocess.test_transform`). An unreadable image never aborts the job: it is
 skipped, and its path and reason are returned. No torch: indexing with an ONNX model must not
 need it (decoding and resizing in Pillow release the GIL, so threads overlap them).
@@ -20,7 +20,7 @@ import numpy as np
 
 from nearsight.core.errors import NearsightError
 from nearsight.core.progress import progress
-from nearsight.index.images import ImageLoadError, load_image
+from nearsight.data.images import ImageLoadError, load_image
 from nearsight.models.preprocess import test_transform
 from nearsight.models.spec import default_resize
 

@@ -22,14 +22,14 @@ import torch
 from torch.nn import functional as F
 from torchvision.transforms import RandomResizedCrop
 
-from nearsight.index.images import MinSide
+from nearsight.data.images import MinSide
 
 RATIO = (3 / 4, 4 / 3)  # torchvision's default aspect ratios
 
 
 class RandomCropDecode:
     """``transform(load)``: ``load(min_side)`` decodes the image as ``[H, W, 3]`` uint8
-    (:func:`nearsight.index.images.load_image_pixels` with the path bound); returns the
+    (:func:`nearsight.data.images.load_image_pixels` with the path bound); returns the
     augmented ``[3, S, S]`` uint8 tensor."""
 
     def __init__(

@@ -20,8 +20,8 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from nearsight.core.errors import NearsightError
-from nearsight.index.datasets import DatasetSplit, Sample
-from nearsight.index.images import ImageLoadError, MinSide, load_image_pixels
+from nearsight.data.datasets import DatasetSplit, Sample
+from nearsight.data.images import ImageLoadError, MinSide, load_image_pixels
 from nearsight.training.augment import RandomCropDecode
 
 log = logging.getLogger(__name__)

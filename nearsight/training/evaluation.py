@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from nearsight.index.datasets import DatasetSplit
+from nearsight.data.datasets import DatasetSplit
+from nearsight.data.images import ImageLoadError, load_image
+from nearsight.data.metrics.retrieval import evaluate
 from nearsight.index.embed import embed_paths
-from nearsight.index.images import ImageLoadError, load_image
-from nearsight.index.metrics.retrieval import evaluate
 from nearsight.models.preprocess import test_transform
 from nearsight.models.spec import default_resize
 from nearsight.training.config import TrainConfig

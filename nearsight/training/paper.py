@@ -25,8 +25,8 @@ from typing import Any
 import yaml
 
 from nearsight.core.errors import NearsightError
-from nearsight.index.metrics.nmi import NMI_AVERAGES
-from nearsight.index.metrics.retrieval import CUB_KS, SOP_KS
+from nearsight.data.metrics.nmi import NMI_AVERAGES
+from nearsight.data.metrics.retrieval import CUB_KS, SOP_KS
 from nearsight.training.config import PAPER_KEY, _config_text, parse_yaml
 
 TEXT_FIELDS = ("cite", "table", "row", "nmi_source")

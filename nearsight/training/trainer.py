@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from nearsight.core.errors import NearsightError
-from nearsight.index.datasets import DatasetSplit, load_dataset
+from nearsight.data.datasets import DatasetSplit, load_dataset
 from nearsight.models.hardware import resolve_fast_math
 from nearsight.models.timm_trunk import is_timm
 from nearsight.training.builders import (

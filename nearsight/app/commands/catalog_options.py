@@ -27,7 +27,7 @@ def add_catalog_options(parser: argparse.ArgumentParser, *, key_column: bool = T
 
 def declared_types(args: argparse.Namespace) -> dict[str, str]:
     """``--meta-types``, with the key column declared text (keys are names, not numbers)."""
+    from nearsight.data.meta import parse_meta_types
     from nearsight.index.gallery.keys import declared_meta_types
-    from nearsight.index.search.meta_types import parse_meta_types
 
     return declared_meta_types(parse_meta_types(args.meta_types), getattr(args, "key_column", None))

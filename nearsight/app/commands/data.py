@@ -63,7 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_synth(args: argparse.Namespace) -> int:
-    from nearsight.index.datasets.synthetic import write_synthetic
+    from nearsight.data.datasets.synthetic import write_synthetic
 
     start = time.perf_counter()
     summary = write_synthetic(
@@ -78,7 +78,7 @@ def run_synth(args: argparse.Namespace) -> int:
 
 
 def run_prepare(args: argparse.Namespace) -> int:
-    from nearsight.index.datasets.prepare import fetch, prepare
+    from nearsight.data.datasets.prepare import fetch, prepare
 
     start = time.perf_counter()
     if args.download:

@@ -132,7 +132,7 @@ def run_demo(args: argparse.Namespace) -> int:
     if (data / "synthetic.json").exists():
         print(f"[1/{total}] synthetic dataset: reusing {data}")
     else:
-        from nearsight.index.datasets.synthetic import write_synthetic
+        from nearsight.data.datasets.synthetic import write_synthetic
 
         _step(
             1,
@@ -261,10 +261,11 @@ def _gallery_matches(gallery: Path, model: Path) -> bool:
 
 def _gallery_metrics(gallery: Path) -> dict[str, Any]:
     from nearsight.index.gallery.core import Gallery
+    from nearsight.search.evaluate import evaluate_gallery
 
     opened = Gallery.open(gallery)
     try:
-        return opened.evaluate()
+        return evaluate_gallery(opened)
     finally:
         opened.close()
 

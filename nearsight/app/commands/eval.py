@@ -13,7 +13,7 @@ from nearsight.app.commands.rerank_option import add_rerank_option
 
 if TYPE_CHECKING:
     from nearsight.index.gallery.core import Gallery
-    from nearsight.index.rerank.spec import RerankSpec
+    from nearsight.search.rerank.spec import RerankSpec
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -64,9 +64,9 @@ def run_eval(args: argparse.Namespace) -> int:
 
     from nearsight.core.errors import NearsightError
     from nearsight.index.gallery.write import set_meta
-    from nearsight.index.search.query import resolve_rerank
-    from nearsight.index.searchable import open_gallery
     from nearsight.index.vector_store import ApproximateVectorsWarning
+    from nearsight.search.route import resolve_rerank
+    from nearsight.search.searchable import open_gallery
 
     if args.save and args.tune_on is None:
         raise NearsightError("--save stores what --tune-on chose: give --tune-on VAL_GALLERY")
@@ -102,8 +102,8 @@ def _tune(val_path: Path, test: Gallery) -> RerankSpec:
     """The re-ranking chosen on the validation gallery (its table printed to stderr)."""
     from nearsight.core.errors import NearsightError
     from nearsight.index.gallery.core import Gallery
-    from nearsight.index.gallery.eval import evaluate_gallery
-    from nearsight.index.rerank.tune import tune
+    from nearsight.search.evaluate import evaluate_gallery
+    from nearsight.search.rerank.tune import tune
 
     with Gallery.open(val_path) as val:
         if val.model_sha256 != test.model_sha256:

@@ -88,8 +88,8 @@ def run_export(args: argparse.Namespace) -> int:
             )
         if not checkpoint.is_file():
             raise NearsightError(f"checkpoint not found: {checkpoint}")
-        from nearsight.index.datasets import load_dataset
-        from nearsight.index.images import load_image
+        from nearsight.data.datasets import load_dataset
+        from nearsight.data.images import load_image
 
         split = load_dataset(
             args.calibration_dataset, args.calibration_root, args.calibration_split

@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # typing only: the CLI loads these when a command runs
     from nearsight.index.gallery.core import Gallery
     from nearsight.models.embedder import Embedder
 
-# index.faiss_index.INDEX_TYPES, written out: importing it would load faiss for every command
+# index.ann.faiss_index.INDEX_TYPES, written out: importing it would load faiss for every command
 INDEX_TYPES = ["auto", "flat", "ivf", "ivfpq", "opq", "hnsw"]
 
 

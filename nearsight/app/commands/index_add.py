@@ -13,13 +13,13 @@ def run_add(args: argparse.Namespace) -> int:
 
     from nearsight.app.commands.index import load_gallery_model
     from nearsight.core.errors import NearsightError
+    from nearsight.data.meta import parse_meta_entries
     from nearsight.index.embed import check_batching, embed_files
     from nearsight.index.gallery.build import describe_files, report_unreadable
     from nearsight.index.gallery.core import Gallery
     from nearsight.index.gallery.keys import duplicate_note, ids_of_keys
     from nearsight.index.gallery.sources import absolute_path
     from nearsight.index.gallery.write import set_meta
-    from nearsight.index.search.filters import parse_meta_entries
 
     start = time.perf_counter()
     check_batching(args.batch_size, args.workers)
@@ -79,10 +79,9 @@ def _added_meta(gallery: Any, raw: dict[str, str], args: argparse.Namespace):
     --meta entry. A declared type that differs from a stored column's is refused: the items
     already there keep theirs, so only a rebuild can change it."""
     from nearsight.core.errors import NearsightError
+    from nearsight.data.meta import FilterError, parse_meta_types, typed_row
     from nearsight.index.chunks import meta_types_of
     from nearsight.index.gallery.keys import key_column
-    from nearsight.index.search.filters import FilterError
-    from nearsight.index.search.meta_types import parse_meta_types, typed_row
 
     column = key_column(gallery)
     if args.key is not None:
@@ -123,7 +122,7 @@ def _added_label(gallery: Any, label: str | None, class_name: str | None):
         return int(text), class_name
     import numpy as np
 
-    from nearsight.index.search.filters import Condition
+    from nearsight.index.catalog.filters import Condition
 
     named = gallery.filter_ids([Condition("class_name", "=", text)])  # not every row in memory
     labels = gallery.labels[np.searchsorted(gallery.ids, named)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from nearsight.index.rerank.spec import DEFAULTS, RerankSpec, parse_rerank
+from nearsight.search.rerank.spec import DEFAULTS, RerankSpec, parse_rerank
 
 RERANK_HELP = (
     "re-rank the index's top candidates: none | aqe | dba | dba+aqe | kreciprocal, with "

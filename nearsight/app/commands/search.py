@@ -85,9 +85,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_search(args: argparse.Namespace) -> int:
     from nearsight.core.errors import NearsightError
+    from nearsight.index.catalog.filters import merge_conditions, parse_filters
     from nearsight.index.embed import check_batching
-    from nearsight.index.search.checks import check_k
-    from nearsight.index.search.filters import merge_conditions, parse_filters
+    from nearsight.search.checks import check_k
 
     check_k(args.k)
     if (args.queries is None) != (args.out is None):
@@ -106,7 +106,7 @@ def run_search(args: argparse.Namespace) -> int:
 
 
 def _search_one(args: argparse.Namespace, conditions: list) -> list[dict[str, Any]]:
-    from nearsight.index.searchable import open_gallery
+    from nearsight.search.searchable import open_gallery
 
     # one query per process: the lighter onnxruntime session (docs/decisions.md)
     with open_gallery(
@@ -154,7 +154,7 @@ def _print_table(results: list[dict[str, Any]]) -> None:
 def query_paths(source: Path) -> list[Path]:
     """The images of a folder (recursively, by extension, sorted) or of a list file."""
     from nearsight.core.errors import NearsightError
-    from nearsight.index.datasets.base import IMAGE_EXTENSIONS
+    from nearsight.data.datasets.base import IMAGE_EXTENSIONS
     from nearsight.index.gallery.sources import absolute_path, list_source
 
     if source.is_dir():
@@ -178,7 +178,7 @@ def _run_batch(args: argparse.Namespace, conditions: list) -> int:
     from nearsight.core.atomic import atomic_file
     from nearsight.index.embed import embed_files
     from nearsight.index.gallery.core import Gallery
-    from nearsight.index.search.query import allowed_ids, search_rows
+    from nearsight.search.route import allowed_ids, search_rows
 
     paths = query_paths(args.queries)
     with Gallery.open(args.gallery) as gallery:

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from nearsight.index.search.filters import typed_meta
+from nearsight.data.meta import typed_meta
 
 ITEM_COLUMNS: dict[str, type] = {
     "id": int,

@@ -8,7 +8,7 @@
 - ``item_meta`` (absent in catalogs made before metadata existed): ``item_id``, ``key``,
   ``value``, one row per item and extra column (a CSV column beyond ``path,label,split``,
   ``index add --meta KEY=VALUE``). ``value`` has no declared type, so SQLite keeps each value
-  an integer, a real or text as given (typed by :func:`nearsight.index.search.filters.typed_value`) and
+  an integer, a real or text as given (typed by :func:`nearsight.index.catalog.filters.typed_value`) and
   :meth:`Catalog.filter_ids` compares numbers as numbers.
 - ``meta``: ``key`` -> ``value`` where the value is JSON text (so ``dim`` comes back as an int):
   ``model_sha256``, ``dim``, ``metric``, ``index_type``, ``created`` and any extras; ``next_id``
@@ -32,7 +32,8 @@ from urllib.parse import quote
 import numpy as np
 
 from nearsight.core.errors import NearsightError
-from nearsight.index.catalog.filter import run_filter
+from nearsight.data.meta import MetaValue
+from nearsight.index.catalog.filters import Condition, run_filter
 from nearsight.index.catalog.rows import (
     INSERT_ITEM,
     INSERT_ITEM_META,
@@ -49,10 +50,6 @@ from nearsight.index.catalog.rows import (
     row_values,
 )
 from nearsight.index.catalog.sqlite_db import Database
-from nearsight.index.search.filters import (
-    Condition,
-    MetaValue,
-)
 
 CATALOG_FILE = "catalog.db"
 _SQLITE_HEADER = b"SQLite format 3\x00"
@@ -231,7 +228,7 @@ class Catalog:
     def filter_ids(
         self, conditions: Sequence[Condition], *, time_limit_s: float = FILTER_TIME_LIMIT_S
     ) -> np.ndarray:
-        """Sorted int64 ids of the items meeting every condition (nearsight.index.search.filters).
+        """Sorted int64 ids of the items meeting every condition (nearsight.index.catalog.filters).
 
         The query runs on a connection of its own, read-only and outside the catalog's lock, so
         a slow filter never makes other searches of the gallery wait; past ``time_limit_s`` it

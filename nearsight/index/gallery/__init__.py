@@ -1,2 +1,2 @@
 """The gallery folder: its reader (``core``), writers (``write``, ``segments``), files, lock,
-the model it was built with, and its evaluation."""
+the one builder (``build``), keys and the model it was built with."""

@@ -32,6 +32,8 @@ from typing import Any
 import numpy as np
 
 from nearsight.core.errors import NearsightError
+from nearsight.data.images import describe_image_file
+from nearsight.index.ann.faiss_index import INDEX_TYPES
 from nearsight.index.chunks import finished_chunks, meta_types_of, read_meta, write_chunk
 from nearsight.index.embed import check_batching, embed_files
 from nearsight.index.gallery.core import Gallery
@@ -43,8 +45,6 @@ from nearsight.index.gallery.defaults import (
 from nearsight.index.gallery.keys import DEFAULT_KEY_COLUMN, check_unique_keys, duplicate_note
 from nearsight.index.gallery.sources import GallerySource, absolute_path, check_out_folder
 from nearsight.index.gallery.write import write_gallery
-from nearsight.index.images import describe_image_file
-from nearsight.index.search.faiss_index import INDEX_TYPES
 from nearsight.models.embedder import Embedder
 from nearsight.models.spec import SPEC_KEY
 

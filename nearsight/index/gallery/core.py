@@ -8,7 +8,7 @@ Writing (building, ``add``, ``remove``, ``compact``; copy-on-write, crash-safe, 
 lock): nearsight/index/gallery/write.py. Readers take the lock shared while they load, so they never see
 the instant between the two renames of a replace.
 
-Index types, their parameters and the distance reported: nearsight/index/search/faiss_index.py. Locking and
+Index types, their parameters and the distance reported: nearsight/index/ann/faiss_index.py. Locking and
 recovery after a killed writer: nearsight/index/gallery/lock.py.
 
 The parameters are stored in the catalog meta (``nlist``, ``nprobe``, ``hnsw_m``,
@@ -28,26 +28,22 @@ import faiss
 import numpy as np
 
 from nearsight.core.errors import NearsightError
-from nearsight.index.catalog.store import Catalog, GalleryError
-from nearsight.index.gallery import eval as gallery_eval
-from nearsight.index.gallery import model as gallery_model
-from nearsight.index.gallery import write as gallery_write
-from nearsight.index.gallery.load import read_folder
-from nearsight.index.rerank.search import reranked_search
-from nearsight.index.rerank.spec import RerankSpec, parse_rerank
-from nearsight.index.search import filtered
-from nearsight.index.search.checks import check_k
-from nearsight.index.search.exclude import without_keys
-from nearsight.index.search.faiss_index import (
+from nearsight.data.metrics.exclude import without_keys
+from nearsight.index.ann import filtered
+from nearsight.index.ann.faiss_index import (
     HNSW_EF_SEARCH,
     PQ_TYPES,
     apply_search_parameters,
     to_gpu,
     unit_distance,
 )
-from nearsight.index.search.filters import Condition, parse_filter
-from nearsight.index.search.index_choice import parse_memory
-from nearsight.index.search.tuning import REFINE_FACTOR, refine
+from nearsight.index.ann.index_choice import parse_memory
+from nearsight.index.ann.tuning import REFINE_FACTOR, refine
+from nearsight.index.catalog.filters import Condition, parse_filter
+from nearsight.index.catalog.store import Catalog, GalleryError
+from nearsight.index.gallery import model as gallery_model
+from nearsight.index.gallery import write as gallery_write
+from nearsight.index.gallery.load import read_folder
 from nearsight.index.vector_store import VectorStore
 
 if TYPE_CHECKING:  # typing only: the embedders' modules load onnxruntime
@@ -212,7 +208,6 @@ class Gallery:
         k: int,
         *,
         ids: np.ndarray | Sequence[int] | None = None,
-        rerank: RerankSpec | str | None = None,
         exclude: np.ndarray | Sequence[int] | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` nearest items of each query vector [Q, D]: (distances [Q, k'] float32,
@@ -221,24 +216,14 @@ class Gallery:
         than k' neighbours: the missing ones have id -1 and distance inf.
 
         ``ids``: search only these items (a filter, see :meth:`filter_ids`); FAISS skips the
-        others while it searches (index.filtered), so k' = min(k, allowed items) items come
+        others while it searches (index.ann.filtered), so k' = min(k, allowed items) items come
         back whenever that many are allowed.
 
-        ``rerank`` (a spec, nearsight.index.rerank; default none): re-rank the top
-        ``max(k, depth)`` candidates; its distances are then the re-ranker's. ``exclude``: per
-        query, an item id left out of its answer (and of its re-ranking's expansions)."""
-        spec = parse_rerank(rerank)
-        if spec.active:
-            queries = np.asarray(vectors, dtype=np.float32)
-            return reranked_search(
-                self,
-                queries[None, :] if queries.ndim == 1 else queries,
-                k,
-                spec,
-                ids=ids,
-                exclude=exclude,
-            )
-        k = check_k(k)
+        ``exclude``: per query, an item id left out of its answer. Re-ranking, and the check
+        of a caller's ``k``, are the search route's (nearsight.search.route)."""
+        if isinstance(k, bool) or int(k) != k or k < 1:
+            raise NearsightError(f"k must be a whole number of at least 1, got {k!r}")
+        k = int(k)
         if exclude is not None:  # one deeper, then each row without its excluded id
             distances, found = self.search(vectors, k + 1, ids=ids)
             found, distances = without_keys(np.asarray(exclude, np.int64), found, distances)
@@ -267,7 +252,7 @@ class Gallery:
 
     def filter_ids(self, filters: Sequence[Condition] | Sequence[str] | str) -> np.ndarray:
         """Sorted ids of the items meeting every filter (``KEY=VALUE``, ``KEY>=N``, ...;
-        index.filters), for :meth:`search`'s ``ids``."""
+        index.catalog.filters), for :meth:`search`'s ``ids``."""
         conditions = [
             f if isinstance(f, Condition) else parse_filter(f)
             for f in ([filters] if isinstance(filters, str) else filters)
@@ -329,30 +314,6 @@ class Gallery:
     def all_items(self) -> list[dict[str, Any]]:
         assert self._catalog is not None
         return self._catalog.items()
-
-    def default_ks(self) -> tuple[int, ...]:
-        """The papers' k values: SOP's for a gallery of the sop dataset, CUB/CARS's for other
-        datasets, by size for a gallery of loose images."""
-        return gallery_eval.default_ks(self)
-
-    def evaluate(
-        self,
-        ks: Sequence[int] | None = None,
-        queries: int | None = None,
-        rerank: RerankSpec | str | None = None,
-    ) -> dict[str, float | int]:
-        """The papers' protocol on the stored vectors (nearsight.index.gallery.eval.evaluate_gallery):
-        every labelled item queries all the other labelled items; ``queries``: a seeded
-        sample of that many. Without embeddings.npy the vectors are read back (exact, or an
-        ApproximateVectorsWarning for PQ codes). ``rerank``: re-rank each query's neighbours
-        (leave-one-out: no query reaches itself through an expansion)."""
-        return gallery_eval.evaluate_gallery(self, ks, queries, rerank)
-
-    @property
-    def default_rerank(self) -> RerankSpec:
-        """The re-ranking stored in the gallery (``nearsight eval --tune-rerank ... --save``),
-        else none."""
-        return parse_rerank(self.meta.get("rerank"))
 
     # -- writing (nearsight/index/gallery/write.py) ---------------------------------------------------
 

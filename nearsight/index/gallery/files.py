@@ -26,8 +26,8 @@ import faiss
 import numpy as np
 
 from nearsight.core.atomic import atomic_dir, recover_dir
+from nearsight.index.ann.faiss_index import METRIC, index_ids
 from nearsight.index.catalog.store import CATALOG_FILE, Catalog, GalleryError, create_catalog
-from nearsight.index.search.faiss_index import METRIC, index_ids
 
 INDEX_FILE = "index.faiss"
 EMBEDDINGS_FILE = "embeddings.npy"

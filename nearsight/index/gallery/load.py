@@ -11,6 +11,7 @@ from typing import Any
 import faiss
 import numpy as np
 
+from nearsight.index.ann.faiss_index import read_index
 from nearsight.index.catalog.store import CATALOG_FILE, Catalog, GalleryError
 from nearsight.index.gallery.files import (
     EMBEDDINGS_FILE,
@@ -21,7 +22,6 @@ from nearsight.index.gallery.files import (
 from nearsight.index.gallery.graph import read_graph
 from nearsight.index.gallery.lock import gallery_lock, previous_path, recover
 from nearsight.index.gallery.segments import read_segment
-from nearsight.index.search.faiss_index import read_index
 
 MMAP_MIN_BYTES = 1 << 30  # an index file this large is memory-mapped where FAISS can
 

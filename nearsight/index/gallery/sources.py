@@ -42,7 +42,7 @@ def dataset_source(
 ) -> GallerySource:
     """A dataset's split (``auto``: its test split where it has one, else every item; a note on
     stderr says which). Each item keeps the split its dataset gives it."""
-    from nearsight.index.datasets import load_dataset, resolve_split
+    from nearsight.data.datasets import load_dataset, resolve_split
 
     chosen = resolve_split(dataset, root) if split == "auto" else split
     loaded = load_dataset(dataset, root, chosen, dict(meta_types or {}))

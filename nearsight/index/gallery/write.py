@@ -28,6 +28,16 @@ import numpy as np
 
 from nearsight.core.atomic import recover_dir
 from nearsight.core.errors import NearsightError
+from nearsight.index.ann.faiss_index import (
+    METRIC,
+    PQ_TYPES,
+    add_vectors,
+    apply_search_parameters,
+    make_index,
+    resolve_index_type,
+)
+from nearsight.index.ann.index_choice import parse_memory
+from nearsight.index.ann.tuning import TARGET_RECALL, tune, tuning_sample
 from nearsight.index.catalog.store import CATALOG_FILE, Catalog, GalleryError, create_catalog
 from nearsight.index.gallery.files import (
     EMBEDDINGS_FILE,
@@ -39,16 +49,6 @@ from nearsight.index.gallery.files import (
 from nearsight.index.gallery.graph import GRAPH_FILES, GRAPH_VERSION, compute_graph, write_graph
 from nearsight.index.gallery.lock import gallery_lock, sweep_temporaries
 from nearsight.index.gallery.segments import sweep_unlisted, write_segment
-from nearsight.index.search.faiss_index import (
-    METRIC,
-    PQ_TYPES,
-    add_vectors,
-    apply_search_parameters,
-    make_index,
-    resolve_index_type,
-)
-from nearsight.index.search.index_choice import parse_memory
-from nearsight.index.search.tuning import TARGET_RECALL, tune, tuning_sample
 from nearsight.index.vector_store import describe_source, keep_embeddings
 
 if TYPE_CHECKING:  # index.gallery imports this module
@@ -99,7 +99,7 @@ def write_gallery(
     L2-normalised ``vectors`` [N, D]; ids are 0..N-1. ``meta`` adds to the catalog meta (model
     path, image size, dataset...). ``auto`` chooses the index type by count and
     ``max_index_memory`` (index.index_choice); an approximate index's nprobe/efSearch is tuned
-    to ``target_recall`` recall@10 (index.tuning). ``embeddings``: keep, drop or (auto) drop
+    to ``target_recall`` recall@10 (index.ann.tuning). ``embeddings``: keep, drop or (auto) drop
     embeddings.npy past the budget when exact vectors remain without it (index.vector_store);
     ``vector_source``: the .npy file or chunk folder ``vectors`` were read from (row i = id i),
     recorded for a PQ gallery without embeddings.npy as its exact vectors.
@@ -153,7 +153,7 @@ def _index_in_build_order(
     target_recall: float | None = None,
     rerank: bool = True,
 ) -> tuple[faiss.Index, dict[str, Any]]:
-    """The index in the one insertion order every build uses: all vectors but index.tuning's
+    """The index in the one insertion order every build uses: all vectors but index.ann.tuning's
     held-out sample, then the sample, after nprobe/efSearch were tuned on it to
     ``target_recall`` (None: not tuned). Returns the index and its meta parameters."""
     held_out = tuning_sample(len(ids), index_type)

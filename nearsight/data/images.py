@@ -1,0 +1,300 @@
+"""The one image loader: any file Pillow reads becomes a decoded 8-bit RGB image (a large JPEG
+at 1/2, 1/4 or 1/8 scale when the caller needs no more pixels; JPEGs through TurboJPEG,
+:mod:`nearsight.data.jpeg`, with Pillow's pixels).
+
+Every part of nearsight (training, indexing, search, the page) loads images through
+:func:`load_image` or :func:`load_image_bytes`, so they all see the same pixels:
+
+- the EXIF orientation is applied (a phone photo taken in portrait stays upright);
+- grayscale, palette, CMYK and 16-bit/32-bit/float images become RGB; 16-bit values are scaled
+  to 8 bits (Pillow's own ``convert("RGB")`` clips them, turning most of the image white);
+- transparent pixels are composited on white (dropping the alpha channel would show whatever
+  colour the invisible pixels happen to hold, usually black);
+- an image larger than :data:`MAX_PIXELS` is refused before it is decoded (decompression bomb);
+- anything that goes wrong (missing, empty, truncated, corrupt, not an image) raises
+  :class:`ImageLoadError` with a one-line message naming the file: never another exception.
+
+:func:`describe_image_file` gives an image file's catalog fields (sha256, loaded width/height).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import io
+import math
+import os
+import struct
+import threading
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from nearsight.core.errors import NearsightError
+from nearsight.data.jpeg import FAST_MODES, decode_rgb
+
+# Images with more pixels than this are refused before decoding (64 megapixels, 192 MB as RGB).
+MAX_PIXELS = 64_000_000
+_EXIF_ORIENTATION = 0x0112
+
+# What Pillow raises for files it cannot read: besides OSError (truncated data, unknown format)
+# its plugins raise SyntaxError (broken PNG chunks), ValueError, struct.error, EOFError,
+# IndexError, KeyError and TypeError on malformed headers.
+_PIL_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    SyntaxError,
+    ValueError,
+    TypeError,
+    EOFError,
+    IndexError,
+    KeyError,
+    struct.error,
+    MemoryError,
+    Image.DecompressionBombError,
+    Image.DecompressionBombWarning,
+)
+
+# ``warnings.catch_warnings`` swaps process-wide state; the lock keeps our own concurrent loads
+# from interleaving their enter/exit (which would leave the "error" filter installed). Only the
+# header parse runs under it, not the decoding.
+_WARNINGS_LOCK = threading.Lock()
+
+_WHITE = (255, 255, 255)
+_ALPHA_MODES = {"RGBA", "LA", "PA", "RGBa", "La"}
+_HIGH_BIT_MODES = {"I;16", "I;16B", "I;16L", "I;16N", "I", "F"}
+
+
+class ImageLoadError(NearsightError):
+    """An image that cannot be read: "cannot read image PATH: reason" (one line)."""
+
+    def __init__(self, message: str, *, path: str | None = None, reason: str | None = None):
+        super().__init__(message)
+        self.path = path
+        self.reason = reason
+
+    @classmethod
+    def for_file(cls, name: str, reason: str) -> ImageLoadError:
+        reason = " ".join(reason.split())  # one line, whatever the library said
+        return cls(f"cannot read image {name}: {reason}", path=name, reason=reason)
+
+
+MinSide = int | Callable[[int, int], int] | None
+
+
+def load_image(path: str | os.PathLike[str], min_side: MinSide = None) -> Image.Image:
+    """Read the image file at ``path`` as a decoded RGB image (see the module docstring).
+    ``min_side``: the short side the caller needs (an int, or a function of the image's width
+    and height, upright as it will be returned); a JPEG that large is decoded at 1/2, 1/4 or 1/8 scale when that still leaves
+    it (:func:`draft_scale`). Every caller that embeds for one gallery passes the same value,
+    so a query equal to a gallery file decodes to the same pixels."""
+    return _load_file(path, min_side, as_array=False)
+
+
+def load_image_pixels(path: str | os.PathLike[str], min_side: MinSide = None) -> np.ndarray:
+    """:func:`load_image`'s pixels as an ``[H, W, 3]`` uint8 array; most JPEGs reach it
+    without a Pillow image in between (what the training path wants: it resizes with torch)."""
+    return _load_file(path, min_side, as_array=True)
+
+
+def _load_file(path: str | os.PathLike[str], min_side: MinSide, as_array: bool):
+    name = os.fspath(path)
+    try:
+        if os.path.isdir(name):
+            raise ImageLoadError.for_file(name, "it is a folder, not an image file")
+        if os.path.isfile(name) and os.path.getsize(name) == 0:
+            raise ImageLoadError.for_file(name, "the file is empty")
+        with open(name, "rb") as handle:
+            return _decode(handle, name, min_side, as_array)
+    except FileNotFoundError:
+        raise ImageLoadError.for_file(name, "no such file") from None
+    except PermissionError:
+        raise ImageLoadError.for_file(name, "permission denied") from None
+    except OSError as error:  # opening the file itself failed
+        raise ImageLoadError.for_file(name, error.strerror or str(error)) from None
+
+
+def load_image_bytes(
+    data: bytes, name: str = "<upload>", min_side: MinSide = None
+) -> Image.Image:
+    """Decode an image held in memory (an upload); ``name`` is what error messages call it,
+    ``min_side`` as for :func:`load_image`."""
+    if not data:
+        raise ImageLoadError.for_file(name, "the file is empty")
+    return _decode(io.BytesIO(data), name, min_side)
+
+
+def draft_request(width: int, height: int, min_side: MinSide) -> tuple[int, int] | None:
+    """The size to ask a JPEG decoder for (Pillow's ``draft``, libjpeg's DCT scaling picks the
+    smallest of 1, 1/2, 1/4, 1/8 that is at least this large), or None to decode every pixel.
+    A callable ``min_side`` is given ``width`` and ``height``."""
+    if min_side is None:
+        return None
+    need = min_side(width, height) if callable(min_side) else int(min_side)
+    short = min(width, height)
+    if need <= 0 or short < 2 * need:  # not even half the pixels may go
+        return None
+    scale = need / short
+    return math.ceil(width * scale), math.ceil(height * scale)
+
+
+def draft_scale(width: int, height: int, request: tuple[int, int] | None) -> int:
+    """The DCT scale (1, 2, 4 or 8) Pillow's ``draft`` picks for ``request``: the largest that
+    leaves the image at least that large."""
+    if request is None:
+        return 1
+    fits = min(width // request[0], height // request[1])
+    return next(scale for scale in (8, 4, 2) if fits >= scale) if fits >= 2 else 1
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """Hex SHA-256 of a file's bytes, read in chunks (galleries can hold large files)."""
+    try:
+        with open(path, "rb") as handle:
+            return hashlib.file_digest(handle, "sha256").hexdigest()
+    except OSError as error:
+        raise NearsightError(
+            f"cannot read file {os.fspath(path)}: {error.strerror or error}"
+        ) from None
+
+
+def describe_image_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Catalog fields of an image file: sha256 of its bytes, and width/height as loaded (EXIF
+    orientation applied). Fields that cannot be read are None (the image was already decoded
+    once by the embedder, so this does not judge it)."""
+    info: dict[str, Any] = {"sha256": None, "width": None, "height": None}
+    with contextlib.suppress(NearsightError):
+        info["sha256"] = file_sha256(path)
+    with contextlib.suppress(Exception), Image.open(path) as image:  # reads the header only
+        width, height = image.size
+        # EXIF orientations 5-8 turn the image a quarter: load_image gives height x width
+        if image.getexif().get(_EXIF_ORIENTATION, 1) in _QUARTER_TURNS:
+            width, height = height, width
+        info["width"], info["height"] = int(width), int(height)
+    return info
+
+
+def _decode(stream, name: str, min_side: MinSide = None, as_array: bool = False):
+    try:
+        with _open_checked(stream, name) as image:
+            if image.format != "JPEG":
+                image.load()
+                image = _to_rgb(ImageOps.exif_transpose(image))
+                return np.array(image) if as_array else image
+            orientation = image.getexif().get(_EXIF_ORIENTATION, 1)
+            if callable(min_side) and orientation in _QUARTER_TURNS:
+                # the caller sees the image upright: ask with its width and height swapped
+                min_side = functools.partial(_swapped, min_side)
+            request = draft_request(*image.size, min_side)
+            if image.mode in FAST_MODES:
+                stream.seek(0)
+                pixels = decode_rgb(stream.read(), *image.size, draft_scale(*image.size, request))
+                if pixels is not None:
+                    if as_array and orientation not in _UPRIGHT:
+                        return pixels
+                    upright = _orient(Image.fromarray(pixels), orientation)
+                    return np.array(upright) if as_array else upright
+            if request is not None:
+                image.draft("RGB", request)
+            image.load()
+            image = _to_rgb(ImageOps.exif_transpose(image))
+        return np.array(image) if as_array else image
+    except ImageLoadError:
+        raise
+    except _PIL_ERRORS as error:
+        raise ImageLoadError.for_file(name, _reason(error)) from None
+
+
+# EXIF orientation -> the transpose that makes the image upright (as ImageOps.exif_transpose)
+_UPRIGHT = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+_QUARTER_TURNS = (5, 6, 7, 8)
+
+
+def _orient(image: Image.Image, orientation: int) -> Image.Image:
+    method = _UPRIGHT.get(orientation)
+    return image if method is None else image.transpose(method)
+
+
+def _swapped(min_side: Callable[[int, int], int], width: int, height: int) -> int:
+    return min_side(height, width)
+
+
+def _open_checked(stream, name: str) -> Image.Image:
+    """Parse the header, refusing decompression bombs (our limit, and Pillow's warning too)."""
+    with _WARNINGS_LOCK, warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        image = Image.open(stream)
+    width, height = image.size
+    if width * height > MAX_PIXELS:
+        image.close()
+        raise ImageLoadError.for_file(
+            name,
+            f"{width}x{height} pixels is more than the limit of {MAX_PIXELS} "
+            "(a possible decompression bomb)",
+        )
+    return image
+
+
+def _reason(error: BaseException) -> str:
+    if isinstance(error, UnidentifiedImageError):
+        return "not an image file (or a format Pillow cannot read)"
+    if isinstance(error, Image.DecompressionBombWarning | Image.DecompressionBombError):
+        return f"too many pixels (a possible decompression bomb): {error}"
+    if isinstance(error, MemoryError):
+        return "not enough memory to decode it"
+    text = str(error).strip()
+    if "truncated" in text:
+        return f"the file is truncated or corrupt ({text})"
+    return text or type(error).__name__
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    mode = image.mode
+    if mode in _HIGH_BIT_MODES:
+        return _high_bit_to_rgb(image)
+    if "transparency" in image.info and mode in {"P", "L", "RGB", "1"}:
+        image = image.convert("RGBA")  # applies the tRNS colour / palette transparency
+        mode = "RGBA"
+    if mode in _ALPHA_MODES:
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (*_WHITE, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    if mode == "RGB":
+        return image
+    return image.convert("RGB")  # L, 1, P, CMYK, YCbCr, HSV
+
+
+def _high_bit_to_rgb(image: Image.Image) -> Image.Image:
+    """16-bit, 32-bit integer and float grayscale to 8 bits.
+
+    16-bit modes use their full range (v / 257: 0 -> 0, 65535 -> 255). Mode ``I`` (32-bit) holds
+    8-bit data, 16-bit data (older Pillow opens 16-bit PNGs that way) or anything else: values in
+    0..255 are kept, values in 0..65535 are scaled as 16-bit, others are stretched min..max.
+    Float images in 0..1 are scaled by 255; other float ranges are stretched min..max.
+    """
+    values = np.asarray(image).astype(np.float64)
+    values = np.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)
+    low, high = (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
+    if image.mode.startswith("I;16"):
+        scaled = values / 257.0
+    elif image.mode == "F" and low >= 0.0 and high <= 1.0:
+        scaled = values * 255.0
+    elif low >= 0.0 and high <= 255.0:
+        scaled = values
+    elif image.mode == "I" and low >= 0.0 and high <= 65535.0:
+        scaled = values / 257.0
+    else:
+        scaled = (values - low) * (255.0 / (high - low)) if high > low else values * 0.0
+    gray = Image.fromarray(np.clip(np.rint(scaled), 0, 255).astype(np.uint8))
+    return gray.convert("RGB")

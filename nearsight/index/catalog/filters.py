@@ -1,0 +1,189 @@
+"""Search filters on the catalog: ``KEY=VALUE``, ``KEY!=VALUE``, ``KEY>=V``, ``KEY>V``,
+``KEY<=V``, ``KEY<V``; several filters must all hold.
+
+A filter's value is typed as metadata values are (nearsight/data/meta.py), so ``price<10``
+compares numbers and ``shop=north`` compares text. Range operators hold only for numbers.
+
+Filters are turned into one SQL query over the catalog (:func:`filter_sql`): the built-in
+item columns (``label``, ``class_name``, ``split``, ``width``, ``height``, ``id``) are read
+from ``items``, other keys from ``item_meta`` (one row per item and key, the value stored with
+SQLite's own int/real/text type). :func:`run_filter` runs it on its own read-only connection,
+with a time budget, after refusing keys the gallery does not have (a typo is not "no match").
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+import numpy as np
+
+from nearsight.data.meta import FilterError, MetaValue, _short, check_key, typed_value
+
+FILTERABLE_BUILTINS = ("id", "label", "class_name", "split", "width", "height")
+OPERATORS = (">=", "<=", "!=", ">", "<", "=")  # longest first: ">=" before ">" and "="
+RANGE_OPERATORS = (">=", "<=", ">", "<")
+MAX_FILTER_CONDITIONS = 32  # distinct conditions in one search; serve/search raise it by a flag
+_FILTER = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_.\-]*)\s*(>=|<=|!=|>|<|=)(.*)", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One filter: ``key`` ``op`` ``value``."""
+
+    key: str
+    op: str
+    value: MetaValue
+
+    def __str__(self) -> str:
+        return f"{self.key}{self.op}{self.value}"
+
+
+def parse_filter(text: str) -> Condition:
+    """One filter string, e.g. ``shop=north``, ``price>=10``, ``price<25.5``."""
+    match = _FILTER.fullmatch(text)
+    if not match:
+        raise FilterError(
+            f"bad filter {_short(text)!r}: use KEY=VALUE, KEY!=VALUE, KEY>=N, KEY>N, KEY<=N or KEY<N"
+        )
+    key, op, raw = match.group(1), match.group(2), match.group(3)
+    check_key(key, builtin_ok=True)
+    if key == "path" or key == "sha256":
+        raise FilterError(f"cannot filter on {key!r}")
+    value = typed_value(raw)
+    if value is None:
+        raise FilterError(f"bad filter {_short(text)!r}: no value after {op!r}")
+    if op in RANGE_OPERATORS and isinstance(value, str):
+        raise FilterError(
+            f"bad filter {_short(text)!r}: {op} needs a number, got {_short(str(value))!r}"
+        )
+    return Condition(key, op, value)
+
+
+def parse_filters(texts: Iterable[str] | str | None) -> list[Condition]:
+    """Several filters (all must hold). A single string may hold several, separated by ';' or
+    newlines (the page's and the REST API's one text field)."""
+    if texts is None:
+        return []
+    if isinstance(texts, str):
+        texts = [texts]
+    parts: list[str] = []
+    for text in texts:
+        parts.extend(part for part in re.split(r"[;\n]", text) if part.strip())
+    return [parse_filter(part) for part in parts]
+
+
+def merge_conditions(
+    conditions: Sequence[Condition], max_conditions: int | None = None
+) -> list[Condition]:
+    """``conditions`` with repeats removed (first occurrence kept); a FilterError when more
+    than ``max_conditions`` (default :data:`MAX_FILTER_CONDITIONS`) distinct ones remain."""
+    limit = MAX_FILTER_CONDITIONS if max_conditions is None else max_conditions
+    merged = list(dict.fromkeys(conditions))
+    if len(merged) > limit:
+        raise FilterError(
+            f"{len(merged)} distinct filter conditions: the limit is {limit} "
+            "(serve and search raise it with --max-filter-conditions)"
+        )
+    return merged
+
+
+def filter_sql(conditions: Sequence[Condition], *, has_meta_table: bool) -> tuple[str, list]:
+    """``SELECT id FROM items WHERE ...`` holding ``conditions`` (all of them), with its
+    parameters. Conditions on one metadata key share one look-up of ``item_meta`` (an item
+    has one value per key, so they all test that value). Without an ``item_meta`` table (a
+    catalog older than metadata) a condition on a metadata key matches nothing."""
+    clauses: list[str] = []
+    params: list[MetaValue] = []
+    by_key: dict[str, list[Condition]] = {}
+    for condition in merge_conditions(conditions, max_conditions=len(conditions)):
+        numeric = condition.op in RANGE_OPERATORS
+        if condition.key in FILTERABLE_BUILTINS:
+            column = condition.key
+            if numeric:
+                clauses.append(
+                    f"(typeof({column}) IN ('integer', 'real') AND {column} {condition.op} ?)"
+                )
+            elif condition.op == "!=":
+                clauses.append(f"({column} IS NULL OR {column} != ?)")
+            else:
+                clauses.append(f"{column} = ?")
+            params.append(_builtin_value(condition))
+            continue
+        if not has_meta_table:
+            clauses.append("1 = 0" if condition.op != "!=" else "1 = 1")
+            continue
+        by_key.setdefault(condition.key, []).append(condition)
+    for key, on_key in by_key.items():
+        holds = [c for c in on_key if c.op != "!="]
+        differs = [c for c in on_key if c.op == "!="]
+        if holds:
+            tests = []
+            for condition in holds:
+                test = f"value {condition.op} ?"
+                if condition.op in RANGE_OPERATORS:
+                    test = f"typeof(value) IN ('integer', 'real') AND {test}"
+                tests.append(f"({test})")
+            clauses.append(
+                f"id IN (SELECT item_id FROM item_meta WHERE key = ? AND {' AND '.join(tests)})"
+            )
+            params.extend([key, *(c.value for c in holds)])
+        if differs:  # an item without the key differs from the value too
+            marks = ", ".join("?" * len(differs))
+            clauses.append(
+                f"id NOT IN (SELECT item_id FROM item_meta WHERE key = ? AND value IN ({marks}))"
+            )
+            params.extend([key, *(c.value for c in differs)])
+    where = " AND ".join(clauses) if clauses else "1 = 1"
+    return f"SELECT id FROM items WHERE {where} ORDER BY id", params
+
+
+def _builtin_value(condition: Condition) -> MetaValue:
+    if condition.key in ("class_name", "split"):
+        return str(condition.value)
+    return condition.value
+
+
+def run_filter(
+    path: Path,
+    conditions: Sequence[Condition],
+    known: set[str],
+    has_meta_table: bool,
+    time_limit_s: float,
+) -> np.ndarray:
+    """Sorted int64 ids of the items of the catalog at ``path`` meeting every condition;
+    ``known``: the gallery's metadata columns."""
+    from nearsight.index.catalog.store import GalleryError
+
+    unknown = [c.key for c in conditions if c.key not in known | set(FILTERABLE_BUILTINS)]
+    if unknown:
+        keys = ", ".join([*sorted(known), *FILTERABLE_BUILTINS])
+        raise FilterError(
+            f"unknown filter key {unknown[0]!r}: this gallery's keys are {keys}"
+        )
+    sql, params = filter_sql(conditions, has_meta_table=has_meta_table)
+    uri = f"file:{quote(str(path.absolute()))}?mode=ro"
+    try:
+        conn = sqlite3.connect(uri, uri=True)
+    except sqlite3.Error as error:
+        raise GalleryError(f"cannot open gallery catalog {path.name}: {error}") from None
+    deadline = time.monotonic() + time_limit_s
+    conn.set_progress_handler(lambda: time.monotonic() > deadline, 10_000)
+    try:
+        rows = conn.execute(sql, params).fetchall()
+    except sqlite3.OperationalError as error:
+        if time.monotonic() > deadline:
+            raise FilterError(
+                f"the filter took longer than {time_limit_s:g} s: narrow it"
+            ) from None
+        raise FilterError(f"the filter is too complex for the catalog ({error})") from None
+    except sqlite3.DatabaseError as error:
+        raise GalleryError(f"gallery catalog {path.name} is damaged: {error}") from None
+    finally:
+        conn.close()
+    return np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows))

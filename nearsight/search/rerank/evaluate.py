@@ -1,0 +1,34 @@
+"""The papers' leave-one-out metrics with each query's neighbours re-ranked."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from nearsight.data.metrics.retrieval import evaluate
+from nearsight.search.rerank.pipeline import rerank
+from nearsight.search.rerank.sources import MatrixSource
+from nearsight.search.rerank.spec import RerankSpec
+
+
+def evaluate_reranked(
+    vectors: np.ndarray,
+    labels: np.ndarray,
+    ks: Sequence[int],
+    spec: RerankSpec,
+    **options: Any,
+) -> dict[str, float | int]:
+    """:func:`nearsight.data.metrics.retrieval.evaluate` of ``vectors`` with ``spec`` applied to every
+    query's nearest other rows; the query's own row is excluded from its candidates (by the
+    evaluation) and from every candidate's DBA neighbours (here). ``options``: evaluate's."""
+    if not spec.active:
+        return evaluate(vectors, labels, ks, **options)
+    source = MatrixSource(vectors)
+
+    def reorder(query_rows: np.ndarray, neighbours: np.ndarray) -> np.ndarray:
+        found, _ = rerank(spec, source, source.vectors_of(query_rows), neighbours, query_rows)
+        return found
+
+    return evaluate(vectors, labels, ks, reorder=reorder, reorder_depth=spec.depth, **options)

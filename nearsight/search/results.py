@@ -1,0 +1,217 @@
+"""Search results for notebooks and scripts: what ``SearchableGallery.search`` and
+``search_many`` return.
+
+:class:`SearchResults` is the list of neighbour dicts of one query (rank, id, path, label,
+class_name, distance, meta), so code that loops over it or compares it with a list keeps
+working; it adds :meth:`~SearchResults.to_pandas` (one row per neighbour, ``meta`` flattened
+into columns) and an HTML grid that Jupyter shows by itself, framed as the page frames it:
+green when a neighbour's class is the query's, red when not, grey when the query's class is not
+known. :class:`ResultsList` holds one :class:`SearchResults` per query of ``search_many``; a
+query that could not be read is an empty entry with its ``error``.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from nearsight.core.errors import NearsightError
+from nearsight.data.images import load_image
+from nearsight.search.verdicts import FRAME_COLOURS, QUERY_COLOUR, correctness, thumbnail_uri
+
+NOTEBOOK_THUMBNAIL = 96  # pixels, the longer side of a notebook grid's thumbnails
+HTML_MAX_QUERIES = 20  # queries drawn by ResultsList's grid; the rest are counted
+COLUMNS = ("rank", "id", "path", "label", "class_name", "distance")
+
+_CELL = (
+    "display:inline-block;vertical-align:top;margin:2px;padding:2px;border:3px solid {colour};"
+    "border-radius:6px;width:{side}px;font-size:11px;line-height:1.3;overflow-wrap:anywhere"
+)
+_IMAGE = "display:block;width:{side}px;height:{side}px;object-fit:contain"
+
+
+def _pandas() -> Any:
+    try:
+        import pandas
+    except ImportError:
+        raise NearsightError("to_pandas() needs pandas: pip install pandas") from None
+    return pandas
+
+
+class SearchResults(list):
+    """The neighbours of one query, nearest first (a list of dicts).
+
+    ``query``: the query as given (a path, an image, an array; a gallery item's id for
+    ``search_item``); ``query_label``: its class when known (``search(..., label=L)``, or the
+    item's own for ``search_item``), for the colouring and the ``correct`` column; ``error``:
+    why the query gave no neighbours (``search_many`` only)."""
+
+    def __init__(
+        self,
+        rows: Iterable[dict[str, Any]] = (),
+        *,
+        query: Any = None,
+        query_label: int | None = None,
+        error: str | None = None,
+    ) -> None:
+        super().__init__(rows)
+        self.query = query
+        self.query_label = query_label
+        self.error = error
+
+    def records(self) -> list[dict[str, Any]]:
+        """One flat dict per neighbour: the fixed columns, then ``meta``'s keys (a key that
+        clashes with a fixed column gets a ``meta.`` prefix), then ``correct`` when the query's
+        class is known (True, False, or None for an unlabelled neighbour)."""
+        rows = []
+        for hit in self:
+            row = {key: hit.get(key) for key in COLUMNS}
+            for key, value in (hit.get("meta") or {}).items():
+                row[f"meta.{key}" if key in row or key == "correct" else key] = value
+            if self.query_label is not None:
+                verdict = correctness(self.query_label, hit.get("label"))
+                row["correct"] = None if verdict == "unknown" else verdict == "true"
+            rows.append(row)
+        return rows
+
+    def to_pandas(self) -> Any:
+        """A pandas DataFrame, one row per neighbour (columns: :meth:`records`)."""
+        pandas = _pandas()
+        columns = list(COLUMNS)
+        records = self.records()
+        for row in records:
+            columns += [key for key in row if key not in columns]
+        return pandas.DataFrame.from_records(records, columns=columns)
+
+    def _repr_html_(self) -> str:
+        return _query_html(self)
+
+    def __repr__(self) -> str:
+        if self.error is not None:
+            return f"SearchResults(error={self.error!r})"
+        return f"SearchResults({list.__repr__(self)})"
+
+
+class ResultsList(list):
+    """One :class:`SearchResults` per query of ``search_many``, in the order given."""
+
+    @property
+    def errors(self) -> dict[int, str]:
+        """Query position -> why it gave no neighbours (an unreadable file...)."""
+        return {n: r.error for n, r in enumerate(self) if r.error is not None}
+
+    def to_pandas(self) -> Any:
+        """One DataFrame for all queries: a ``query`` column (the query's position) and, when
+        queries were files, ``query_path``; then :meth:`SearchResults.records`' columns; an
+        ``error`` column when a query failed."""
+        pandas = _pandas()
+        paths = any(isinstance(r.query, str | os.PathLike) for r in self)
+        columns = ["query", *(["query_path"] if paths else []), *COLUMNS]
+        records: list[dict[str, Any]] = []
+        for number, results in enumerate(self):
+            query: dict[str, Any] = {"query": number}
+            if paths:
+                is_path = isinstance(results.query, str | os.PathLike)
+                query["query_path"] = os.fspath(results.query) if is_path else None
+            if results.error is not None:
+                records.append({**query, "error": results.error})
+            records += [{**query, **row} for row in results.records()]
+        for row in records:
+            columns += [key for key in row if key not in columns]
+        return pandas.DataFrame.from_records(records, columns=columns)
+
+    def _repr_html_(self) -> str:
+        shown = [_query_html(results, number) for number, results in enumerate(self)]
+        more = len(shown) - HTML_MAX_QUERIES
+        parts = shown[:HTML_MAX_QUERIES]
+        if more > 0:
+            parts.append(f"<div>… and {more} more queries (index this list to see one)</div>")
+        return "".join(parts) or "<div>no queries</div>"
+
+
+def _thumbnail(image: Any) -> str | None:
+    """A data URI of a query or a gallery file, or None when it cannot be shown."""
+    try:
+        if isinstance(image, Image.Image):
+            picture = image
+        elif isinstance(image, np.ndarray):
+            from nearsight.search.searchable import as_image
+
+            picture = as_image(image)
+        elif isinstance(image, str | os.PathLike):
+            picture = load_image(Path(image), NOTEBOOK_THUMBNAIL)
+        else:
+            return None
+        return thumbnail_uri(picture, NOTEBOOK_THUMBNAIL)
+    except (NearsightError, OSError, ValueError):
+        return None
+
+
+def _cell(uri: str | None, colour: str, caption: str, title: str, verdict: str = "") -> str:
+    side = NOTEBOOK_THUMBNAIL
+    if uri is None:
+        picture = f'<div style="{_IMAGE.format(side=side)};opacity:0.6">no image</div>'
+    else:
+        picture = f'<img src="{html.escape(uri, quote=True)}" style="{_IMAGE.format(side=side)}">'
+    data = f' data-correct="{verdict}"' if verdict else ""
+    return (
+        f'<div class="ns-cell"{data} title="{html.escape(title, quote=True)}" '
+        f'style="{_CELL.format(colour=colour, side=side)}">{picture}{caption}</div>'
+    )
+
+
+def _query_html(results: SearchResults, number: int | None = None) -> str:
+    e = html.escape
+    heading = "query" if number is None else f"query {number}"
+    query = results.query
+    if isinstance(query, int | np.integer) and not isinstance(query, bool):
+        title, picture = f"gallery item {query}", None
+        first = next((hit for hit in results if hit.get("id") == int(query)), None)
+        if first is not None:
+            picture = _thumbnail(first.get("path"))
+    else:
+        title = str(query) if isinstance(query, str | os.PathLike) else type(query).__name__
+        picture = _thumbnail(query)
+    label = "" if results.query_label is None else f"<br>class {e(str(results.query_label))}"
+    cells = [_cell(picture, QUERY_COLOUR, f"<b>{e(heading)}</b>{label}", title)]
+    if results.error is not None:
+        cells.append(f'<div class="ns-error" style="color:#dc2626">{e(results.error)}</div>')
+    for hit in results:
+        verdict = correctness(results.query_label, hit.get("label"))
+        name = hit.get("class_name") or ("" if hit.get("label") is None else hit.get("label"))
+        caption = (
+            f"<b>#{hit.get('rank')}</b> {e(str(name))}<br>"
+            f"d {float(hit.get('distance', float('nan'))):.3f} · id {hit.get('id')}"
+        )
+        cells.append(
+            _cell(
+                _thumbnail(hit.get("path")),
+                FRAME_COLOURS[verdict],
+                caption,
+                f"id {hit.get('id')}: {hit.get('path')}",
+                verdict,
+            )
+        )
+    return f'<div class="ns-results" style="margin-bottom:8px">{"".join(cells)}</div>'
+
+
+def as_results(
+    answers: Sequence[Sequence[dict[str, Any]]],
+    queries: Sequence[Any],
+    labels: Sequence[int | None],
+) -> list[SearchResults]:
+    """Ranked rows (``search_rows``) as :class:`SearchResults`, rank first in each dict."""
+    return [
+        SearchResults(
+            ({"rank": rank, **row} for rank, row in enumerate(rows, start=1)),
+            query=query,
+            query_label=label,
+        )
+        for rows, query, label in zip(answers, queries, labels, strict=True)
+    ]
