@@ -13,7 +13,7 @@ import torch
 from conftest import TIMM_CONVNEXT, TIMM_RESNET, TIMM_VIT
 from PIL import Image
 
-from nearsight.index.datasets.synthetic import write_synthetic
+from nearsight.data.datasets.synthetic import write_synthetic
 from nearsight.models import preprocess
 from nearsight.models.checkpoint import load_embedding_net, save_checkpoint
 from nearsight.models.embedder import OnnxEmbedder, load_embedder

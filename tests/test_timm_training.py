@@ -12,7 +12,7 @@ import torch
 import yaml
 from conftest import TIMM_CONVNEXT, TIMM_VIT, run
 
-from nearsight.index.datasets.synthetic import write_synthetic
+from nearsight.data.datasets.synthetic import write_synthetic
 from nearsight.models.checkpoint import load_checkpoint, load_embedding_net
 
 TINY = ["--dataset", "folder", "--image-size", "32", "--classes-per-batch", "3",

@@ -12,7 +12,7 @@ import torch
 from conftest import TIMM_CONVNEXT, TIMM_VIT, assert_one_line_error, run, write_hub_weights
 
 from nearsight.core.errors import NearsightError
-from nearsight.index.datasets.synthetic import write_synthetic
+from nearsight.data.datasets.synthetic import write_synthetic
 from nearsight.models.checkpoint import load_checkpoint
 from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
 from nearsight.models.timm_trunk import _create, timm_info
