@@ -29,6 +29,7 @@ from typing import Any
 from nearsight.core.errors import NearsightError
 
 SPEC_KEY = "model_spec"  # the key in checkpoints, ONNX metadata and gallery meta
+TIMM_PREFIX = "timm:"  # arch "timm:NAME": a model of timm's catalogue (nearsight.models.timm_trunk)
 # avg, max, avgmax (their sum) and gem (generalised mean, p = 3) over a feature map or over a
 # transformer's patch tokens; token: a transformer's class token
 POOLINGS = ("avg", "max", "avgmax", "gem", "token")
@@ -38,6 +39,16 @@ HEAD_KINDS = ("linear", "none")  # none: the pooled trunk features are the embed
 INTERPOLATIONS = ("bilinear", "bicubic")  # the test-time (and training) resize
 # written only when set (foreign models; timm trunks), so older specs read as they were
 OPTIONAL_FIELDS = ("input_name", "output_name", "mean", "std")
+
+
+def is_timm(arch: object) -> bool:
+    """Whether ``arch`` (or a ``--model`` value) names a timm model: ``timm:NAME``."""
+    return isinstance(arch, str) and arch.startswith(TIMM_PREFIX)
+
+
+def timm_name(arch: str) -> str:
+    """``timm:NAME`` -> ``NAME``."""
+    return arch[len(TIMM_PREFIX) :]
 
 
 def default_resize(image_size: int) -> int:

@@ -28,6 +28,14 @@ from nearsight.models.spec import ModelSpec
 from nearsight.models.timm_trunk import TimmInfo, is_timm, timm_info
 
 ZERO_SHOT_PRETRAINED = ("auto", "hub", "none")  # or a weights file
+# the folder beside a gallery where its zero-shot models are kept (galleries in one folder
+# share them; the gallery records the model's path, so it must stay)
+ZERO_SHOT_FOLDER = "nearsight-models"
+
+
+def zero_shot_folder(gallery: str | os.PathLike[str]) -> Path:
+    """Where the zero-shot model of the gallery ``gallery`` is exported: beside it."""
+    return Path(os.path.abspath(gallery)).parent / ZERO_SHOT_FOLDER
 
 
 @dataclass(frozen=True)

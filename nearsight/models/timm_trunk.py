@@ -40,22 +40,17 @@ from torch import nn
 
 from nearsight.core.errors import NearsightError
 from nearsight.models.pooling import pool_map, pool_tokens
-from nearsight.models.spec import INTERPOLATIONS
+from nearsight.models.spec import (  # noqa: F401  (is_timm, timm_name re-exported)
+    INTERPOLATIONS,
+    TIMM_PREFIX,
+    is_timm,
+    timm_name,
+)
 
-TIMM_PREFIX = "timm:"
 MAP_POOLINGS = ("avg", "max", "avgmax", "gem")
 TOKEN_POOLINGS = ("token", "avg", "max", "avgmax", "gem")
 # timm's global_pool names -> the pooling that reproduces the pretrained model's own
 DEFAULT_POOLING = {"token": "token", "avg": "avg", "max": "max", "avgmax": "avgmax", "": "avg"}
-
-
-def is_timm(arch: object) -> bool:
-    return isinstance(arch, str) and arch.startswith(TIMM_PREFIX)
-
-
-def timm_name(arch: str) -> str:
-    """``timm:NAME`` -> ``NAME``."""
-    return arch[len(TIMM_PREFIX) :]
 
 
 @dataclass(frozen=True)
