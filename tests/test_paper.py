@@ -20,7 +20,9 @@ def test_every_config_has_a_cited_paper_row(name):
     dataset = load_config(name).data.dataset
     assert set(protocol_metrics(dataset)) <= set(paper.metrics)
     numbers = {key: value for key, value in paper.metrics.items() if value is not None}
-    assert numbers, "a paper row without a single number"
+    # a row without a single number only where nothing is published (a recipe on a backbone
+    # its paper did not train: the CLIP ViT recipes), every cell saying so
+    assert numbers or name.startswith("clip_vitb16_"), "a paper row without a single number"
     for key in numbers:
         assert paper.citation(key)
     for key, value in paper.metrics.items():

@@ -132,7 +132,7 @@ def _download(
     fetch: str,
 ) -> Path:
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError
+    from huggingface_hub.utils import EntryNotFoundError
 
     os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", str(int(HUB_TIMEOUT_S)))
     last = "no weights file on the hub"
