@@ -109,9 +109,9 @@ def hub_weights_file(arch: str) -> Path:
         f"cache {cache} and cannot be downloaded here"
     )
     fetch = (
-        f"on a connected machine run `hf download {repo} {first}` and copy its "
-        f"{cache.name}/models--{repo.replace('/', '--')} folder into {cache} (or point "
-        "HF_HUB_CACHE at a copy); or use --pretrained none | FILE"
+        f"on a connected machine run `hf download {repo} {first}`, then copy the "
+        f"models--{repo.replace('/', '--')} folder of its cache (~/.cache/huggingface/hub by "
+        f"default) into {cache} (or point HF_HUB_CACHE at a copy); or use --pretrained none | FILE"
     )
     if hub_offline():
         raise NearsightError(f"{way_out} (HF_HUB_OFFLINE is set); {fetch}")
