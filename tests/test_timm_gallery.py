@@ -19,7 +19,7 @@ import nearsight
 from nearsight.data.datasets.synthetic import write_synthetic
 from nearsight.index.gallery.core import Gallery
 from nearsight.models import preprocess
-from nearsight.models.timm_trunk import _create
+from nearsight.models.timm_trunk import timm_model
 from nearsight.models.timm_weights import read_weights_file
 
 VIT_REPO = "timm/test_vit.r160_in1k"
@@ -30,7 +30,7 @@ BUILD = ["--dataset", "folder", "--split", "all", "--workers", "0"]
 def hub(hf_cache) -> Path:
     """The cache holding test_vit's 'pretrained' weights (random, seeded); their file."""
     torch.manual_seed(11)
-    model, _ = _create("test_vit", 160, pretrained=False)
+    model, _ = timm_model("test_vit", 160, pretrained=False)
     model.reset_classifier(1000)
     return write_hub_weights(hf_cache, VIT_REPO, model.state_dict())
 
@@ -46,7 +46,7 @@ def pretrained_features(weights: Path, image: Path) -> np.ndarray:
     """What timm's own test_vit (160 px, these weights) gives one image: its class token
     after the final norm, L2-normalised; preprocessed by its pretrained config (resize
     floor(160 / 0.95) = 168 bicubic, centre crop 160, mean and std 0.5)."""
-    model, _ = _create("test_vit", 160, pretrained=False)
+    model, _ = timm_model("test_vit", 160, pretrained=False)
     state = read_weights_file(weights)
     model.load_state_dict({k: v for k, v in state.items() if not k.startswith("head.")})
     with Image.open(image) as opened:

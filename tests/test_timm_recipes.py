@@ -56,7 +56,8 @@ def test_recipe_settings(recipe):
     (classes, per_class), steps, resize = RECIPE[dataset]
     assert (config.model.arch, config.model.dim, config.model.pooling) == (arch, dim, "token")
     assert config.model.pretrained == "hub" and config.model.head == "linear"
-    assert (config.data.dataset, config.data.image_size, config.data.resize) == (dataset, 224, resize)
+    data = config.data
+    assert (data.dataset, data.image_size, data.resize) == (dataset, 224, resize)
     assert config.data.crop_scale == [0.2, 1.0]
     assert (config.sampler.classes_per_batch, config.sampler.per_class) == (classes, per_class)
     assert config.steps == steps and config.eval_every <= steps

@@ -15,7 +15,7 @@ from nearsight.core.errors import NearsightError
 from nearsight.data.datasets.synthetic import write_synthetic
 from nearsight.models.checkpoint import load_checkpoint
 from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
-from nearsight.models.timm_trunk import _create, timm_info
+from nearsight.models.timm_trunk import timm_info, timm_model
 from nearsight.models.timm_weights import hub_cached_file, hub_weights_file
 from nearsight.training.config import load_config
 
@@ -25,7 +25,7 @@ VIT_REPO = "timm/test_vit.r160_in1k"  # timm's hf_hub_id for test_vit
 def pretrained_vit(seed: int = 7) -> dict[str, torch.Tensor]:
     """A test_vit state_dict as the hub holds it: 160 px, with its 1000-class classifier."""
     torch.manual_seed(seed)
-    model, _ = _create("test_vit", 160, pretrained=False)
+    model, _ = timm_model("test_vit", 160, pretrained=False)
     model.reset_classifier(1000)
     return {key: value.detach().clone() for key, value in model.state_dict().items()}
 

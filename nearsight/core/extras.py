@@ -13,6 +13,8 @@ EXTRA_MODULES = {
     "sklearn": "train",
     "scipy": "train",
     "tensorboard": "train",
+    "timm": "train",
+    "safetensors": "train",
     "umap": "map",
 }
 

@@ -124,7 +124,7 @@ def timm_info(arch: str) -> TimmInfo:
     cfg = cfg.to_dict() if cfg is not None else {}
     image_size = int((cfg.get("input_size") or (3, 224, 224))[-1])
     with torch.device("meta"):
-        model, takes_img_size = _create(name, image_size)
+        model, takes_img_size = timm_model(name, image_size)
         probe = torch.empty(1, 3, image_size, image_size)
         final = model.forward_features(probe)
         kind = "tokens" if final.dim() == 3 else "map"
@@ -165,16 +165,17 @@ def timm_info(arch: str) -> TimmInfo:
     )
 
 
-def _create(name: str, image_size: int, **kwargs: Any) -> tuple[nn.Module, bool]:
-    """timm's model without its classifier, for ``image_size`` where it is built for a size;
-    (model, whether it took img_size)."""
+def timm_model(name: str, image_size: int, **kwargs: Any) -> tuple[nn.Module, bool]:
+    """timm's model ``name`` without its classifier (``num_classes=0`` unless ``kwargs`` say
+    otherwise), for ``image_size`` where it is built for a size: (model, whether it took
+    img_size)."""
     timm = _import_timm()
     try:
-        return timm.create_model(name, num_classes=0, img_size=image_size, **kwargs), True
+        return timm.create_model(name, img_size=image_size, **{"num_classes": 0, **kwargs}), True
     except TypeError as error:  # CNNs take any size and no img_size argument
         if "img_size" not in str(error):
             raise
-    return timm.create_model(name, num_classes=0, **kwargs), False
+    return timm.create_model(name, **{"num_classes": 0, **kwargs}), False
 
 
 def create_trunk(
@@ -191,7 +192,7 @@ def create_trunk(
     match (one-line error naming ``source`` otherwise)."""
     info = timm_info(arch)
     if state_dict is None:
-        return _create(info.name, image_size, pretrained=False)[0]
+        return timm_model(info.name, image_size, pretrained=False)[0]
     state = dict(state_dict)
     for classifier in info.classifiers:
         for suffix in (".weight", ".bias"):
@@ -199,7 +200,7 @@ def create_trunk(
     # num_classes 0 on both sides: timm then loads strictly (nothing popped, nothing skipped)
     overlay = {"state_dict": state, "num_classes": 0}
     try:
-        return _create(info.name, image_size, pretrained=True, pretrained_cfg_overlay=overlay)[0]
+        return timm_model(info.name, image_size, pretrained=True, pretrained_cfg_overlay=overlay)[0]
     except (RuntimeError, KeyError, ValueError) as error:
         reason = " ".join(str(error).split())
         reason = reason if len(reason) <= 240 else reason[:237] + "..."
@@ -223,7 +224,11 @@ def check_timm_heads(info: TimmInfo, heads: list[str]) -> list[str]:
     """``heads`` checked against the trunk's stages; the default ``[layer4]`` (the ResNets')
     means its last stage."""
     names = info.stage_names
-    if heads == ["layer4"] and "layer4" not in names and names:
+    if not names:  # a model without feature_info: its output alone
+        if len(heads) > 1:
+            raise NearsightError(f"heads: timm:{info.name} lists no stages: one head")
+        return heads
+    if heads == ["layer4"] and "layer4" not in names:
         return [names[-1]]
     unknown = [stage for stage in heads if stage not in names]
     if unknown:
