@@ -1,15 +1,19 @@
 """nearsight: image retrieval built on deep metric learning.
 
-The repository's folders are this package's sub-packages: ``nearsight.models`` (the embedding
-network, export, embedders), ``nearsight.index`` (images, datasets, galleries, metrics),
-``nearsight.training`` (losses, samplers, trainer) and ``nearsight.app`` (CLI and page).
+The repository's folders are this package's sub-packages, lowest first: ``nearsight.core``
+(errors, atomic writes), ``nearsight.models`` (the embedding network, export, embedders),
+``nearsight.data`` (images, datasets, item metadata, metrics), ``nearsight.index`` (the gallery
+store: catalog, FAISS index, builder), ``nearsight.search`` (the one search route, re-ranking,
+results, evaluation) beside ``nearsight.training`` (losses, samplers, trainer), and
+``nearsight.app`` (CLI, page, REST) on top.
 
 The entry points for notebooks and scripts, loaded on first use (``import nearsight`` itself
 imports neither torch nor onnxruntime):
 
-- :func:`open_gallery` (path, model=None) -> a gallery with ``.search(image, k=8)``,
-  ``.search_many(images)``, ``.vector(id)``, ``.evaluate()`` and ``len()``; results have
-  ``.to_pandas()`` and show as a grid in Jupyter;
+- :func:`open_gallery` (path, model=None) -> a :class:`Searcher` with ``.search(image, k=8)``,
+  ``.search_many(images)``, ``.search_item(id)``, ``.search_vector(v)``, ``.vector(id)``,
+  ``.evaluate()`` and ``len()``; results are lists of :class:`Neighbour`, with
+  ``.to_pandas()``, and show as a grid in Jupyter;
 - :func:`build_gallery` (model, out, dataset=... | images=...) -> the new gallery, opened,
   with its :class:`BuildReport` (the index layer's builder, which ``nearsight index build``
   runs too); ``model="timm:NAME"`` builds a zero-shot gallery of a pretrained timm model
@@ -29,8 +33,9 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it
 _API = {
-    "open_gallery": "nearsight.search.searchable",
-    "SearchableGallery": "nearsight.search.searchable",
+    "open_gallery": "nearsight.search.searcher",
+    "Searcher": "nearsight.search.searcher",
+    "Neighbour": "nearsight.search.neighbour",
     "SearchResults": "nearsight.search.results",
     "ResultsList": "nearsight.search.results",
     "build_gallery": "nearsight.app.api",
@@ -47,8 +52,9 @@ __all__ = [
     "BuildReport",
     "NearsightError",
     "ResultsList",
+    "Neighbour",
     "SearchResults",
-    "SearchableGallery",
+    "Searcher",
     "add_images",
     "build_gallery",
     "export",
@@ -64,8 +70,9 @@ if TYPE_CHECKING:
     from nearsight.index.gallery.build import BuildReport
     from nearsight.models.embedder import load_embedder
     from nearsight.models.export import export
+    from nearsight.search.neighbour import Neighbour
     from nearsight.search.results import ResultsList, SearchResults
-    from nearsight.search.searchable import SearchableGallery, open_gallery
+    from nearsight.search.searcher import Searcher, open_gallery
     from nearsight.training.run import train
 
 

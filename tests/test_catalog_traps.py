@@ -6,25 +6,27 @@ from __future__ import annotations
 import csv
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-from conftest import FAST, assert_one_line_error, free_port, run, tiny_model
+from helpers import FAST, assert_one_line_error, free_port, run, tiny_model
 
 from nearsight.data.datasets.synthetic import write_synthetic
 from nearsight.index.gallery.core import Gallery
 
 
 @pytest.fixture(scope="module")
-def shop(tmp_path_factory) -> dict:
+def shop(tmp_path_factory) -> Iterator[dict]:
     """72 product photos (12 classes x 6) and a random 16-d model."""
     root = tmp_path_factory.mktemp("shop")
     write_synthetic(root / "data", classes=12, per_class=6, size=32)
     images = sorted((root / "data").rglob("*.png"))
     assert len(images) == 72
-    return {"root": root, "images": images, "model": tiny_model(root / "model.pt", seed=0)}
+    yield {"root": root, "images": images, "model": tiny_model(root / "model.pt", seed=0)}
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def _csv(path: Path, header: list[str], rows: list[list]) -> Path:
@@ -69,13 +71,14 @@ def test_a_split_column_is_kept_per_item_and_auto_takes_its_test_rows(shop, tmp_
 
 
 @pytest.fixture(scope="module")
-def catalog(shop, tmp_path_factory) -> dict:
+def catalog(shop, tmp_path_factory) -> Iterator[dict]:
     """A gallery with shop, price, sku (one '091': a text column) and a unique key column."""
     root = tmp_path_factory.mktemp("catalog")
     skus = ["091", "050", "430", *(f"{n + 500}" for n in range(69))]
     rows = _rows(shop, lambda n: [("north", "south")[n % 2], f"{n * 1.5:.1f}", skus[n], f"K{n}"])
     manifest = _csv(root / "shop.csv", ["path", "label", "shop", "price", "sku", "key"], rows)
-    return {"manifest": manifest, "gallery": root / "g", "skus": skus, "root": root}
+    yield {"manifest": manifest, "gallery": root / "g", "skus": skus, "root": root}
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def test_unknown_filter_keys_are_refused_with_the_gallerys_keys(shop, catalog, capsys):
@@ -109,7 +112,8 @@ def test_a_column_is_numeric_only_when_all_of_it_is_or_when_declared(
         assert gallery.meta["meta_types"]["sku"] == "str"  # '091' keeps the column text
         values = {row["meta"]["key"]: row["meta"]["sku"] for row in gallery.all_items()}
     assert values["K0"] == "091" and values["K2"] == "430"  # text, not the number 430
-    assert skus(catalog["gallery"], "sku<100") == []
+    refused = run(capsys, "search", "--gallery", catalog["gallery"], "--id", "0", "--filter", "sku<100")
+    assert_one_line_error(refused[0], refused[2], "sku is a text column; < compares numbers")
     assert skus(catalog["gallery"], "sku=091") == ["091"]
     declared = tmp_path / "declared"
     code, _, err = _build(capsys, shop, catalog["manifest"], declared, "--meta-types", "sku=int")
@@ -153,7 +157,8 @@ def test_import_takes_meta_types_and_a_key_column(tmp_path, capsys):
         return sorted(row["meta"]["code"] for row in json.loads(found[1]))
 
     assert build("text")[0] == 0
-    assert codes("text", "code<100") == []  # leading zeros: a text column
+    refused = run(capsys, "search", "--gallery", tmp_path / "text", "--id", "0", "--filter", "code<100")
+    assert_one_line_error(refused[0], refused[2], "code is a text column")  # leading zeros
     code, _, err = build("typed", "--meta-types", "code=int", "--key-column", "sku")
     assert code == 0, err
     assert codes("typed", "code<100") == [1, 2, 3, 4, 5, 91]
@@ -218,8 +223,7 @@ def test_keys_upsert_remove_and_serve(shop, catalog, tmp_path, capsys):
     code, _, err = run(capsys, "index", "remove", "--gallery", folder, "--keys", "nope")
     assert_one_line_error(code, err, "no item with key 'nope'")
     from nearsight.app.page import build_app
-    from nearsight.app.rest import close_rest_app
-    from nearsight.app.server import launch_app
+    from nearsight.app.server import launch_app, stop_app
 
     demo = build_app([folder], device="cpu", analyse=False)
     url = launch_app(demo, port=free_port(), prevent_thread_lock=True, quiet=True).rstrip("/")
@@ -235,9 +239,7 @@ def test_keys_upsert_remove_and_serve(shop, catalog, tmp_path, capsys):
         with pytest.raises(gr.Error, match="unknown filter key 'colour'.*shop"):
             page.item_grid(page.view(None).name, new["id"], 5, "colour=red")
     finally:
-        demo.close(verbose=False)
-        close_rest_app(demo.nearsight_api)
-        demo.nearsight.close()
+        stop_app(demo)
 
 
 def test_repeated_keys_are_refused_and_duplicate_images_reported(shop, tmp_path, capsys):

@@ -4,7 +4,9 @@ provider that onnxruntime cannot start falls back to the CPU with a one-line not
 
 from __future__ import annotations
 
+import shutil
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -82,13 +84,14 @@ def test_train_device_cuda_without_cuda_is_one_line_exit_2(no_cuda, tmp_path, ca
 
 
 @pytest.fixture(scope="module")
-def onnx_model(tmp_path_factory) -> Path:
+def onnx_model(tmp_path_factory) -> Iterator[Path]:
     root = tmp_path_factory.mktemp("device")
     torch.manual_seed(0)
     net = EmbeddingNet(EmbeddingConfig(dim=8, image_size=32, arch="resnet18")).eval()
     path = root / "model.onnx"
     export_onnx(save_checkpoint(root / "best.pt", net), path)
-    return path
+    yield path
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def test_onnxruntime_gpu_fallback_is_one_note_line(onnx_model, monkeypatch, capfd):

@@ -10,7 +10,7 @@ import json
 import httpx
 import numpy as np
 import pytest
-from conftest import ONNX_CLASSES, run, running_page
+from helpers import ONNX_CLASSES, run, running_page
 from PIL import Image
 
 from nearsight.data.images import draft_request, load_image, load_image_bytes

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -37,14 +39,15 @@ CPU = ["CPUExecutionProvider"]
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory) -> dict[str, Path]:
+def models(tmp_path_factory) -> Iterator[dict[str, Path]]:
     root = tmp_path_factory.mktemp("embedder")
     torch.manual_seed(1)
     net = EmbeddingNet(EmbeddingConfig(dim=DIM, image_size=SIZE, arch="resnet18")).eval()
     checkpoint = save_checkpoint(root / "best.pt", net)
     onnx_path = root / "model.onnx"
     export_onnx(checkpoint, onnx_path)
-    return {"checkpoint": checkpoint, "onnx": onnx_path, "root": root}
+    yield {"checkpoint": checkpoint, "onnx": onnx_path, "root": root}
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

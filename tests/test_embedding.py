@@ -5,7 +5,6 @@ ResNet-50 on a 2-core CPU is slow: nets are built once per module and fed 32-64 
 
 from __future__ import annotations
 
-import socket
 import time
 
 import pytest
@@ -263,15 +262,6 @@ def test_without_freeze_bn_train_mode_updates_running_stats(net):
 # ---------------------------------------------------------------- pretrained weights
 
 
-
-
-@pytest.fixture()
-def no_network(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise OSError("network blocked by the test")
-
-    monkeypatch.setattr(socket, "getaddrinfo", refuse)
-    monkeypatch.setattr(socket, "create_connection", refuse)
 
 
 @pytest.mark.parametrize("name", ["imagenet", "imagenet-v2"])

@@ -11,7 +11,7 @@ import tomllib
 from importlib.metadata import packages_distributions
 
 import pytest
-from conftest import ROOT, run
+from helpers import ROOT, run
 
 from nearsight.core.extras import EXTRA_MODULES
 from nearsight.training.config import ConfigError, load_config
@@ -35,11 +35,12 @@ sys.meta_path.insert(0, Blocker())
 sys.argv = ["nearsight", *{argv!r}]
 runpy.run_module("nearsight.app.cli", run_name="__main__")
 """
-TRAIN_ONLY = sorted(module for module, extra in EXTRA_MODULES.items() if extra == "train")
+# what the [train] and [data] extras bring: not in the serving set
+NOT_SERVING = sorted(m for m, extra in EXTRA_MODULES.items() if extra in ("train", "data"))
 
 
 def without_train_extra(*argv) -> subprocess.CompletedProcess:
-    code = BLOCKER.format(blocked=TRAIN_ONLY, argv=[str(arg) for arg in argv])
+    code = BLOCKER.format(blocked=NOT_SERVING, argv=[str(arg) for arg in argv])
     return subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
@@ -49,12 +50,14 @@ def without_train_extra(*argv) -> subprocess.CompletedProcess:
     )
 
 
-def assert_names_the_extra(done: subprocess.CompletedProcess, command: str) -> None:
+def assert_names_the_extra(
+    done: subprocess.CompletedProcess, command: str, extra: str = "train"
+) -> None:
     assert done.returncode == 2, done.stderr[-2000:]
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert lines[0].startswith(f"nearsight: error: nearsight {command}: ")
-    assert "pip install 'nearsight[train]'" in lines[0]
+    assert f"pip install 'nearsight[{extra}]'" in lines[0]
 
 
 def test_train_and_export_without_the_extra(tmp_path):
@@ -76,7 +79,7 @@ def test_python_export_without_the_extra():
         "except nearsight.NearsightError as error:\n"
         "    print(error)\n"
     )
-    code = code.format(blocked=TRAIN_ONLY)
+    code = code.format(blocked=NOT_SERVING)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
@@ -94,8 +97,20 @@ def test_index_build_of_a_checkpoint_or_cars_without_the_extra(onnx_gallery, tmp
     (cars / "cars_annos.mat").write_bytes(b"")
     done = without_train_extra("index", "build", "--model", onnx_gallery.model, "--dataset",
                                "cars", "--root", cars, "--out", tmp_path / "g")  # fmt: skip
-    assert_names_the_extra(done, "index")
+    assert_names_the_extra(done, "index", "data")
     assert "scipy is not installed" in done.stderr
+    assert not (tmp_path / "g").exists()
+
+
+def test_parquet_metadata_without_the_extra(tmp_path):
+    import numpy as np
+
+    np.save(tmp_path / "vectors.npy", np.eye(4, dtype=np.float32))
+    (tmp_path / "meta.parquet").write_bytes(b"PAR1")
+    done = without_train_extra("index", "import", "--vectors", tmp_path / "vectors.npy",
+                               "--meta", tmp_path / "meta.parquet", "--out", tmp_path / "g")  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stderr.count("\n") == 1 and "pip install 'nearsight[data]'" in done.stderr
     assert not (tmp_path / "g").exists()
 
 
@@ -107,9 +122,17 @@ def test_every_train_requirement_has_its_module_listed():
         for req in project["optional-dependencies"]["train"]
     }
     provided = {
-        dist.lower() for module in TRAIN_ONLY for dist in packages_distributions().get(module, [])
+        dist.lower() for module in NOT_SERVING for dist in packages_distributions().get(module, [])
     }
     assert wanted <= provided, wanted - provided
+
+
+def test_every_data_requirement_names_the_data_extra():
+    """The [data] extra's requirements are the modules EXTRA_MODULES sends to [data] (their
+    import names are their distribution names)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = {re.split(r"[<>=!~ ;\[]", req)[0] for req in project["optional-dependencies"]["data"]}
+    assert wanted == {module for module, extra in EXTRA_MODULES.items() if extra == "data"}
 
 
 @pytest.mark.filterwarnings("ignore:group sampler. leaving out")
@@ -181,7 +204,7 @@ def test_pretrained_auto_is_the_default_and_in_the_help(empty_hub, capsys):
 
 
 def test_training_from_scratch_by_auto_says_so(empty_hub, tmp_path, capsys):
-    from conftest import write_digits
+    from helpers import write_digits
 
     from nearsight.training.run import train
 

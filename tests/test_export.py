@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import io
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -89,7 +90,8 @@ def exported(tmp_path_factory):
     calibration = _write_images(root / "calibration", 16, seed=1)
     out = root / "model" / "model.onnx"
     report = export_onnx(checkpoint, out, int8_calibration=calibration)
-    return {"net": net, "checkpoint": checkpoint, "out": out, "report": report, "root": root}
+    yield {"net": net, "checkpoint": checkpoint, "out": out, "report": report, "root": root}
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def _torch_embed(net: EmbeddingNet, images: np.ndarray) -> np.ndarray:

@@ -6,13 +6,14 @@ no further flags."""
 from __future__ import annotations
 
 import json
+import shutil
 import warnings
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-from conftest import FAST, assert_one_line_error, run, running_page
+from helpers import FAST, assert_one_line_error, run, running_page
 from PIL import Image
 
 import nearsight
@@ -94,7 +95,8 @@ def foreign(tmp_path_factory):
     argv = ["index", "build", "--model", model, "--dataset", "folder", "--root", data]
     argv += ["--split", "all", "--out", gallery, *FAST, *FLAGS]
     assert main([str(arg) for arg in argv]) == 0
-    return {"root": root, "data": data, "model": model, "gallery": gallery}
+    yield {"root": root, "data": data, "model": model, "gallery": gallery}
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def test_build_stores_the_spec_and_unit_vectors_of_the_model(foreign):
@@ -291,3 +293,61 @@ def test_the_input_size_comes_from_the_graph_when_it_fixes_one(foreign, tmp_path
     code, _, err = run(capsys, "index", "build", "--model", any_size, "--images", image,
                        "--out", tmp_path / "g2", "--input-size", SIZE, *FAST)  # fmt: skip
     assert code == 0, err
+
+
+def onnx_graph(path: Path, nodes: list, output_shape: list, *, batch: int | str = "n",
+               initializers: tuple = ()) -> Path:  # fmt: skip
+    """A small ONNX graph from ``x`` [batch, 3, SIZE, SIZE] to ``y`` (declared ``output_shape``)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        nodes,
+        "probe",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, SIZE, SIZE])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, output_shape)],
+        initializer=list(initializers),
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def _shape(name: str, values: list[int]):
+    from onnx import numpy_helper
+
+    return numpy_helper.from_array(np.asarray(values, np.int64), name)
+
+
+def test_foreign_models_out_of_bounds_are_refused_before_any_file(foreign, tmp_path, capsys):
+    """Issue 33: a model whose embedding is wider than 65,536 values (a 60M-value one took
+    11.6 GB and left 10.8 GB on disk), one whose output loses the batch dimension (a
+    traceback), one fixed to a batch of 100,000 and one that answers one row for any batch are
+    one line and exit 2, with nothing written."""
+    from onnx import helper
+
+    mean = helper.make_node("ReduceMean", ["x"], ["m"], keepdims=1)  # [N, 1, 1, 1]
+    flat = helper.make_node("Reshape", ["m", "flat"], ["f"])  # [N, 1]
+    wide = onnx_graph(tmp_path / "wide.onnx",
+                      [mean, flat, helper.make_node("Expand", ["f", "wide"], ["y"])],
+                      ["n", 100_000], initializers=(_shape("flat", [-1, 1]),
+                                                    _shape("wide", [1, 100_000])))  # fmt: skip
+    squeezed = onnx_graph(tmp_path / "squeezed.onnx",
+                          [helper.make_node("Reshape", ["x", "all"], ["y"])], ["k"],
+                          initializers=(_shape("all", [-1]),))  # fmt: skip
+    fixed = onnx_graph(tmp_path / "fixed.onnx", [mean, helper.make_node("Reshape", ["m", "flat"], ["y"])],
+                       [100_000, 1], batch=100_000, initializers=(_shape("flat", [-1, 1]),))  # fmt: skip
+    one_row = onnx_graph(tmp_path / "one_row.onnx",
+                         [helper.make_node("Reshape", ["x", "row"], ["y"])], [1, "k"],
+                         initializers=(_shape("row", [1, -1]),))  # fmt: skip
+    image = sorted(foreign["data"].rglob("*.png"))[0]
+    cases = {wide: ("100,000 values per image", "65,536"),
+             squeezed: ("no batch dimension",), fixed: ("100,000 images", "256"),
+             one_row: ("is [1, 6144] for a batch of 2", "loses the batch dimension")}  # fmt: skip
+    for model, fragments in cases.items():
+        out = tmp_path / f"gallery-{model.stem}"
+        code, _, err = run(capsys, "index", "build", "--model", model, "--images", image,
+                           "--out", out, "--input-size", SIZE, *FAST)  # fmt: skip
+        assert_one_line_error(code, err, *fragments)
+        assert not out.exists() and not out.with_name(f".{out.name}.chunks").exists()

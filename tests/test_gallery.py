@@ -438,6 +438,38 @@ def test_sigkill_mid_compact_leaves_the_previous_gallery(flat, tmp_path):
     assert len(before[0]) == 302
 
 
+def test_a_killed_compaction_is_cleaned_when_the_gallery_is_next_opened(flat, tmp_path):
+    """Issue 33: the temporary folder of a compaction killed with SIGKILL (as large as the
+    gallery) is removed by the next open, a reader's included, when nobody holds the lock;
+    before, it stayed until the next writer ran. A live writer's (the lock held) is kept."""
+    import fcntl
+
+    before = len(gallery_state(flat)[0])
+    script = tmp_path / "kill.py"
+    script.write_text(textwrap.dedent(KILL_MID_WRITE))
+    done = subprocess.run(
+        [sys.executable, str(script), str(flat), "_write_arrays"], capture_output=True
+    )
+    assert done.returncode == -9, done.stderr.decode()
+    assert len([p for p in flat.parent.iterdir() if p.name.endswith(".tmp")]) == 1
+    with Gallery.open(flat) as gallery:  # a reader: search, serve, the live reload
+        assert len(gallery) == before + 3  # the add committed, the compaction did not
+    assert [p.name for p in flat.parent.iterdir() if p.name.endswith(".tmp")] == []
+    from nearsight.index.gallery.lock import sweep_if_unlocked
+
+    live = flat.parent / f".{flat.name}.abcd1234.tmp"
+    live.mkdir()
+    fd = os.open(lock_path(flat), os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a writer at work
+        sweep_if_unlocked(flat)
+        assert live.is_dir()
+    finally:
+        os.close(fd)
+    sweep_if_unlocked(flat)
+    assert not live.exists()
+
+
 @pytest.mark.parametrize("index_type", ["flat", "ivf", "hnsw"])
 def test_add_writes_a_segment_and_compact_folds_it_in(tmp_path, vectors, index_type):
     folder = write_gallery(

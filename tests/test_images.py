@@ -9,10 +9,10 @@ import warnings
 
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, ImageFile
 
 from nearsight.core.errors import NearsightError
-from nearsight.data import images
+from nearsight.data import images, rgb
 from nearsight.data.images import ImageLoadError, file_sha256, load_image, load_image_bytes
 
 
@@ -80,12 +80,12 @@ def test_16_bit_gradient_uses_the_full_8_bit_range():
 def test_32_bit_integer_and_float_images_are_scaled():
     sixteen_bit = Image.fromarray(np.array([[0, 32896, 65535]], dtype=np.int32))
     assert sixteen_bit.mode == "I"
-    assert list(np.asarray(images._to_rgb(sixteen_bit))[0, :, 0]) == [0, 128, 255]
+    assert list(np.asarray(rgb.to_rgb(sixteen_bit))[0, :, 0]) == [0, 128, 255]
     unit_float = Image.fromarray(np.array([[0.0, 0.5, 1.0]], dtype=np.float32))
     assert unit_float.mode == "F"
-    assert list(np.asarray(images._to_rgb(unit_float))[0, :, 0]) == [0, 128, 255]
+    assert list(np.asarray(rgb.to_rgb(unit_float))[0, :, 0]) == [0, 128, 255]
     wide_float = Image.fromarray(np.array([[-10.0, 0.0, 10.0]], dtype=np.float32))
-    assert list(np.asarray(images._to_rgb(wide_float))[0, :, 0]) == [0, 128, 255]
+    assert list(np.asarray(rgb.to_rgb(wide_float))[0, :, 0]) == [0, 128, 255]
 
 
 def test_cmyk_becomes_rgb():
@@ -177,6 +177,44 @@ def test_decompression_bomb_limit(tmp_path, monkeypatch):
     assert "decompression bomb" in _assert_one_line_error(error, str(path))
     monkeypatch.setattr(images, "MAX_PIXELS", 10_000)
     assert load_image(path).size == (100, 100)
+
+
+def test_the_decode_budget_counts_bytes_and_is_checked_before_decoding(monkeypatch):
+    """The estimate (issue 33): 8 bytes a pixel for any mode (the decoded buffer and its RGB,
+    converted band by band), at the drafted size, plus a progressive JPEG's full-size DCT
+    coefficients; over MAX_DECODE_BYTES an image is refused before a pixel is decoded."""
+    assert rgb.decoded_bytes("I;16", 1000, 1000) == 8_000_000
+    assert rgb.decoded_bytes("F", 1000, 1000) == rgb.decoded_bytes("RGB", 1000, 1000)
+    assert rgb.decoded_bytes("RGB", 8000, 8000, scale=8) == 1000 * 1000 * 8
+    assert rgb.decoded_bytes("RGB", 8000, 8000, scale=8, coefficients=3) == 8_000_000 + 384_000_000
+    sixteen = _png_bytes(Image.fromarray(np.zeros((400, 400), np.uint16)))  # 1.28 MB to decode
+    progressive = _jpeg_bytes(Image.new("RGB", (400, 400)), progressive=True)  # 2.24 MB
+    monkeypatch.setattr(images, "MAX_DECODE_BYTES", 2 << 20)
+    assert load_image_bytes(sixteen).size == (400, 400)
+    decoded = []
+    monkeypatch.setattr(ImageFile.ImageFile, "load", lambda self: decoded.append(self))
+    monkeypatch.setattr(images, "decode_rgb", lambda *args: decoded.append(args))
+    with pytest.raises(ImageLoadError) as error:
+        load_image_bytes(progressive, "p.jpg")
+    message = _assert_one_line_error(error, "p.jpg")
+    assert "about 2 MB, more than the limit of 2 MB" in message and decoded == []
+    monkeypatch.setattr(images, "MAX_DECODE_BYTES", 1 << 20)
+    with pytest.raises(ImageLoadError, match="400x400 I;16 pixels would take about 1 MB"):
+        load_image_bytes(sixteen)
+    assert decoded == []
+
+
+def test_16_bit_and_float_images_convert_band_by_band_as_on_the_whole_image():
+    """The banded conversion gives the pixels a whole-image one gives (several bands here)."""
+    values = np.random.default_rng(3).integers(0, 65535, (1200, 2000)).astype(np.uint16)
+    whole = np.clip(np.rint(values / 257.0), 0, 255).astype(np.uint8)
+    banded = np.asarray(rgb.to_rgb(Image.fromarray(values)))
+    np.testing.assert_array_equal(banded[..., 0], whole)
+    floats = (values.astype(np.float32) - 30000) / 7.0  # stretched min..max
+    low, high = float(floats.min()), float(floats.max())
+    stretched = (floats.astype(np.float64) - low) * (255.0 / (high - low))
+    banded = np.asarray(rgb.to_rgb(Image.fromarray(floats)))
+    np.testing.assert_array_equal(banded[..., 1], np.clip(np.rint(stretched), 0, 255).astype(np.uint8))
 
 
 @pytest.mark.parametrize("pil_limit", [6_000, 4_000], ids=["pil-warning", "pil-error"])

@@ -15,12 +15,13 @@ import subprocess
 import sys
 import termios
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import FAST, assert_one_line_error, run, tiny_model
+from helpers import FAST, assert_one_line_error, run, tiny_model
 
 from nearsight.app.cli import main
 from nearsight.data.datasets import load_dataset
@@ -39,14 +40,15 @@ def search_json(capsys, gallery: Path, image: Path, k: int = 5) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory) -> dict:
+def setup(tmp_path_factory) -> Iterator[dict]:
     root = tmp_path_factory.mktemp("cli")
     write_synthetic(root / "data", classes=6, per_class=4, size=32)
     model = tiny_model(root / "model.pt", seed=0)
     gallery = root / "gallery"
     assert main(["index", "build", "--model", str(model), "--dataset", "folder", "--root",
                  str(root / "data"), "--out", str(gallery), *FAST]) == 0  # fmt: skip
-    return {"root": root, "data": root / "data", "model": model, "gallery": gallery}
+    yield {"root": root, "data": root / "data", "model": model, "gallery": gallery}
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

@@ -11,11 +11,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from helpers import FAST, cli_argv, run
 
 from nearsight.app.cli import main
 from nearsight.data.datasets.synthetic import write_synthetic
@@ -24,18 +26,7 @@ from nearsight.index.gallery.write import write_gallery
 from nearsight.models.checkpoint import save_checkpoint
 from nearsight.models.embedding import EmbeddingConfig, EmbeddingNet
 
-FAST = ["--workers", "0"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
-
-
-def cli(*argv) -> list[str]:
-    return [sys.executable, "-m", "nearsight.app.cli", *[str(arg) for arg in argv]]
-
-
-def run(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(arg) for arg in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def contents(folder: Path) -> tuple[list[dict], np.ndarray, np.ndarray]:
@@ -52,7 +43,7 @@ def assert_same_gallery(a: Path, b: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory) -> dict:
+def setup(tmp_path_factory) -> Iterator[dict]:
     root = tmp_path_factory.mktemp("scale")
     write_synthetic(root / "data", classes=6, per_class=4, size=32)
     torch.manual_seed(0)
@@ -62,7 +53,8 @@ def setup(tmp_path_factory) -> dict:
              "--split", "all", "--chunk-size", "5", *FAST]  # fmt: skip
     single = root / "single"
     assert main([str(arg) for arg in [*build, "--out", single]]) == 0
-    return {"root": root, "model": model, "build": build, "single": single}
+    yield {"root": root, "model": model, "build": build, "single": single}
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.mark.slow  # two CLI processes (torch imports)
@@ -73,7 +65,7 @@ def test_two_process_build_equals_the_one_process_build(setup, tmp_path):
     port = str(29500 + os.getpid() % 1000)
     processes = [
         subprocess.Popen(
-            cli(*setup["build"], "--out", out),
+            cli_argv(*setup["build"], "--out", out),
             env={
                 **ENV,
                 "RANK": str(rank),
@@ -101,7 +93,7 @@ def test_a_build_killed_part_way_resumes_from_its_finished_chunks(setup, tmp_pat
     out = tmp_path / "g"
     chunks = tmp_path / ".g.chunks"
     process = subprocess.Popen(
-        cli(*setup["build"], "--out", out, "--chunk-size", "2", "--batch-size", "1"),
+        cli_argv(*setup["build"], "--out", out, "--chunk-size", "2", "--batch-size", "1"),
         env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
@@ -152,13 +144,17 @@ def test_a_changed_build_does_not_reuse_chunks(setup, tmp_path, capsys):
 def test_a_pq_build_past_the_budget_keeps_its_chunks_instead_of_embeddings(setup, tmp_path, capsys):
     """--embeddings auto past --max-index-memory: a PQ index holds codes only, so the build
     keeps its chunk folder as the gallery's exact vectors and writes no embeddings.npy."""
+    write_synthetic(tmp_path / "data", classes=8, per_class=32, size=32)  # 256: a PQ's floor
     out = tmp_path / "g"
+    build = ["index", "build", "--model", setup["model"], "--dataset", "folder", "--root",
+             tmp_path / "data", "--split", "all", "--chunk-size", "100", *FAST]  # fmt: skip
     options = ["--index-type", "ivfpq", "--max-index-memory", "1K"]
-    code, stdout, err = run(capsys, *setup["build"], "--out", out, *options)
+    code, stdout, err = run(capsys, *build, "--out", out, *options)
     assert code == 0, err
-    assert "chunks kept in" in stdout
-    assert not (out / "embeddings.npy").exists() and (tmp_path / ".g.chunks").is_dir()
-    _, _, expected = contents(setup["single"])
+    assert "256 items" in stdout and "chunks kept in" in stdout
+    chunks = tmp_path / ".g.chunks"
+    assert not (out / "embeddings.npy").exists() and chunks.is_dir()
+    expected = np.concatenate([np.load(part) for part in sorted(chunks.glob("part-*.npy"))])
     with Gallery.open(out) as gallery:
         assert gallery.meta["embeddings_kept"] is False and gallery.vectors_exact
         np.testing.assert_allclose(gallery.embeddings, expected, atol=1e-6)

@@ -14,8 +14,7 @@ import pytest
 
 from nearsight.app.live import GalleryWatcher, fingerprint
 from nearsight.app.page import build_app
-from nearsight.app.rest import close_rest_app
-from nearsight.app.server import launch_app
+from nearsight.app.server import launch_app, stop_app
 
 WATCH_S = 0.2
 VISIBLE_WITHIN_S = 5.0
@@ -41,7 +40,7 @@ def wait_for(predicate, timeout: float = VISIBLE_WITHIN_S) -> float:
 def served(onnx_gallery, tmp_path):
     gallery = tmp_path / "gallery"
     shutil.copytree(onnx_gallery.gallery, gallery)
-    from conftest import free_port
+    from helpers import free_port
 
     demo = build_app([gallery], device="cpu", analyse=False)
     url = launch_app(demo, port=free_port(), prevent_thread_lock=True, quiet=True,
@@ -49,9 +48,7 @@ def served(onnx_gallery, tmp_path):
     try:
         yield url.rstrip("/") + "/api", gallery
     finally:
-        demo.close(verbose=False)
-        close_rest_app(demo.nearsight_api)
-        demo.nearsight.close()
+        stop_app(demo)
 
 
 def health(api: str) -> dict:
@@ -103,7 +100,7 @@ def test_a_search_during_a_reload_sees_one_whole_state(onnx_gallery, tmp_path):
     assert watcher.check() == [view.name]
     fresh = views[view.name]
     assert (len(view), len(fresh), fresh.generation) == (12, 13, 1)
-    assert len(view.search_item(0, 13)) == 11  # the old snapshot stays whole (less the query)
-    assert len(fresh.search_item(0, 13)) == 12
+    assert len(view.search_item(0, 13)) == 12  # the old snapshot stays whole
+    assert len(fresh.search_item(0, 13)) == 13
     fresh.close()
     view.close()

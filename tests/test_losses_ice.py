@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from conftest import assert_no_python_loop_over_anchors, autograd, random_batch
+from helpers import assert_no_python_loop_over_anchors, autograd, random_batch
 
 from nearsight.training.losses.ice import InstanceCrossEntropyLoss
 

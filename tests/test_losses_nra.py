@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from conftest import (
+from helpers import (
     assert_float32_agrees_with_float64,
     assert_no_python_loop_over_anchors,
     autograd,

@@ -9,7 +9,7 @@ from pathlib import Path
 import onnx
 import pytest
 import torch
-from conftest import crash_training, train_one_and_two_processes
+from helpers import crash_training, read_jsonl, train_one_and_two_processes
 
 from nearsight.app.cli import main
 from nearsight.data.datasets.synthetic import write_synthetic
@@ -31,10 +31,6 @@ def synth(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("synth") / "data"
     write_synthetic(root, classes=8, per_class=4, size=32, seed=0)
     return root
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def train_cli(root: Path, out: Path, loss: str, steps: int, *extra: str) -> None:

@@ -16,9 +16,9 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from conftest import TinyGallery, free_port, running_page
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
+from helpers import TinyGallery, free_port, running_page
 from PIL import Image
 
 from nearsight.app.cli import main
@@ -30,6 +30,7 @@ from nearsight.models.embedder import load_embedder
 from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
 from nearsight.search.analysis import Failure, confused_pairs, pair_distance_histogram
 from nearsight.search.evaluate import evaluate_gallery
+from nearsight.search.neighbour import FIELDS
 from nearsight.search.served import gallery_names
 
 MAX_UPLOAD_MB = 0.25  # small, so that the oversized upload in the test is small too
@@ -83,11 +84,11 @@ def test_search_api_returns_the_k_nearest_as_json(tiny, client):
     rows = json.loads(client.predict(handle_file(item["path"]), api_name="/search"))
     assert len(rows) == 8  # the default k
     for row in rows:
-        assert set(row) == {"id", "path", "label", "class_name", "distance", "meta"}
+        assert set(row) == set(FIELDS)
     distances = [row["distance"] for row in rows]
     assert distances == sorted(distances)
-    # an uploaded gallery file is not a gallery item: nothing is left out, it finds itself
-    assert rows[0]["id"] == item["id"] and rows[0]["distance"] == pytest.approx(0.0, abs=1e-3)
+    # an uploaded gallery file is searched as that item: first, at distance exactly 0
+    assert rows[0]["id"] == item["id"] and rows[0]["distance"] == 0.0
     assert item["path"].endswith("/" + rows[0]["path"]) and rows[0]["label"] == item["label"]
     ids, reference = reference_neighbours(tiny, item["path"], 8)
     assert [row["id"] for row in rows] == ids
@@ -109,7 +110,7 @@ def test_each_gallery_is_searched_by_its_name(tiny, client, server):
     assert page.names == ["gallery", "gallery-test"]
     path = tiny.items[0]["path"]  # a train image: not in the test-split gallery
     rows = json.loads(client.predict(handle_file(path), 12, "gallery-test", api_name="/search"))
-    test_rows = page.views["gallery-test"].rows
+    test_rows = page.views["gallery-test"].rows()
     assert len(rows) == 12 and all("/data/test/" in test_rows[row["id"]]["path"] for row in rows)
     assert not any(row["path"].startswith("/") for row in rows)  # no server paths
     rows = json.loads(client.predict(handle_file(path), 1, api_name="/search"))
@@ -213,7 +214,7 @@ def test_a_gallery_query_leaves_itself_out(tiny, server):
     ids = [int(c["id"]) for c in found]
     assert item["id"] not in ids
     # the same order as searching the stored embedding one deeper and dropping the query
-    vector = np.asarray(view.gallery.embeddings)[view.position[item["id"]]]
+    vector = view.item_vector(item["id"])
     _, deeper = view.gallery.search(vector[None, :], 6)
     assert ids == [i for i in deeper[0].tolist() if i != item["id"]][:5]
     for cell in found:
@@ -268,7 +269,7 @@ def test_failures_match_a_brute_force_leave_one_out(tiny, server):
     assert 0 < len(wrong) < len(labels)  # a random net: some right, some wrong
     assert sorted(f.id for f in analysis.failures) == sorted(view.ids[wrong].tolist())
     for failure in analysis.failures:
-        row = view.position[failure.id]
+        row = int(np.searchsorted(view.ids, failure.id))
         same = labels == labels[row]
         same[row] = False
         assert failure.top1_id == view.ids[nearest[row]]

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, upload
+from helpers import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, upload
 from PIL import Image
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"

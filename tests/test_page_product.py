@@ -8,7 +8,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, upload
+from helpers import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, upload
 
 from nearsight.app.page_map import CLICK_RADIUS, PCA, build_map, project, recall_chart_html
 from nearsight.app.page_tables import summary_markdown

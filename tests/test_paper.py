@@ -46,6 +46,37 @@ def test_the_rows_are_the_papers_own_numbers():
     assert read_paper("rll_cub").metrics["nmi"] == 63.6
 
 
+def test_each_row_says_which_network_its_paper_reports():
+    """Only Proxy Anchor's code keeps its best test evaluation; RLL, ICE and the balanced
+    contrastive paper train for a fixed length; RankMI and the NRA slides do not say."""
+    expected = {"proxyanchor": "best", "rll": "final", "ice": "final", "bcontrastive": "final",
+                "rankmi": "unstated", "nra": "unstated"}  # fmt: skip
+    for name in shipped_configs():
+        paper = read_paper(name)
+        assert paper.selection == expected[name.split("_")[0]], name
+    assert "2,000 iterations" in read_paper("bcontrastive_cub").selection_source
+    assert "converges at 10k iterations" in read_paper("rll_cars").selection_source
+    assert "after every epoch" in read_paper("proxyanchor_sop").selection_source
+
+
+@pytest.mark.parametrize("name", shipped_configs())
+def test_the_differences_a_researcher_found_are_listed(name):
+    """Each choice the paper does not make (or makes otherwise) is in paper.differs, so the
+    reproduction table shows it, not only a YAML comment."""
+    paper, config = read_paper(name), load_config(name)
+    differs = " ".join(paper.differs)
+    loss = name.split("_")[0]
+    if config.model.freeze_bn and loss != "proxyanchor":  # Proxy Anchor's own --bn-freeze 1
+        assert "frozen BatchNorm statistics" in differs
+    if config.optim.weight_decay == 0:
+        assert "weight decay 0" in differs
+    if loss == "rankmi":
+        assert "beta0 until the critic has a root" in differs
+        assert paper.nmi_source.startswith("sec. 4, Evaluation metrics")  # not sec. 5
+    if loss == "proxyanchor":
+        assert "evaluates after every epoch" in differs
+
+
 @pytest.mark.parametrize(
     ("change", "expected"),
     [
@@ -55,6 +86,8 @@ def test_the_rows_are_the_papers_own_numbers():
         ({"missing": {}}, "map@r is empty and missing gives no reason"),
         ({"sources": {"map@r": "somewhere"}}, "sources cites map@r"),
         ({"metrics": {"recall@1": 160.0}}, "must be a percentage"),
+        ({"selection": "sometimes"}, "selection must be one of"),
+        ({"selection_source": " "}, "no selection_source"),
     ],
 )
 def test_a_broken_block_is_refused(change, expected, tmp_path):
@@ -73,3 +106,14 @@ def test_a_config_without_a_paper_block_is_named(tmp_path):
     with pytest.raises(NearsightError, match="has no paper: block"):
         read_paper(config)
     assert load_config(CONFIG_DIR / "rll_cub.yaml").loss.name == "rll"  # training ignores it
+
+
+def test_the_docs_list_every_configs_differences():
+    """docs/reproducing.md's per-config lists are the configs' paper.differs, word for word."""
+    docs = (CONFIG_DIR.parents[2] / "docs" / "reproducing.md").read_text()
+    for name in shipped_configs():
+        section = docs.split(f"### `{name}`\n", 1)[1].split("\n### ", 1)[0]
+        paper = read_paper(name)
+        assert paper.selection_source in section, name
+        for item in paper.differs:
+            assert f"\n- {item}\n" in section, (name, item)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import assert_one_line_error, run
+from helpers import assert_one_line_error, run
 from PIL import Image
 
 from nearsight.core.errors import NearsightError
@@ -167,6 +167,94 @@ def test_a_link_out_of_the_folder_refuses_the_archive(target, tmp_path, capsys):
                        "--out", tmp_path / "data")  # fmt: skip
     assert_one_line_error(code, err, "leak.jpg", "a link ")
     assert not (tmp_path / "data").exists()
+
+
+def realpath_overflow_tar(path: Path, files: dict[str, bytes], out: Path) -> Path:
+    """CUB's files plus the CVE-2025-4517 chain (as in CPython's test_realpath_limit_attack):
+    16 links to folders with names long enough that the resolved path passes PATH_MAX, so
+    ``os.path.realpath`` stops resolving and tarfile's ``data`` filter (Python < 3.11.13) and
+    a lexical check both take ``escape`` for a folder inside, while it is ``out``'s parent.
+    ``escape/newfile`` is then written there, and ``flaglink``, a hard link to
+    ``escape/flag``, overwrites that file."""
+    import os
+
+    staging = len(str(out.parent)) + 1 + len(f".{out.name}.prepare-") + 8  # prepare's mkdtemp
+    steps = "abcdefghijklmnop"
+    component = "d" * ((os.pathconf(out.parent, "PC_PATH_MAX") - staging - 1) // 17)
+    with tarfile.open(path, "w:gz") as handle:
+
+        def add(name: str, kind: bytes = tarfile.REGTYPE, link: str = "", data: bytes = b""):
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname, info.size, info.mode = kind, link, len(data), 0o777
+            handle.addfile(info, io.BytesIO(data) if kind == tarfile.REGTYPE else None)
+
+        for name, data in files.items():
+            add(name, data=data)
+        folder = ""
+        for step in steps:
+            add(os.path.join(folder, component), tarfile.DIRTYPE)
+            add(os.path.join(folder, step), tarfile.SYMTYPE, component)
+            folder = os.path.join(folder, component)
+        last = os.path.join(*steps, "l" * 254)
+        add(last, tarfile.SYMTYPE, os.path.join(*[".."] * len(steps)))
+        add("escape", tarfile.SYMTYPE, os.path.join(last, ".."))
+        add("flaglink", tarfile.LNKTYPE, "escape/flag")
+        add("flaglink", data=b"overwritten")
+        add("escape/newfile", data=b"written outside")
+    return path
+
+
+def test_a_link_chain_longer_than_path_max_writes_nothing_outside_out(tmp_path, capsys):
+    """The CVE-2025-4517 class: on this Python (3.11.7) tarfile's own filter lets it through;
+    nearsight creates no link at all, so both writes stay inside --out."""
+    work = tmp_path / "a" / "b" / "c"
+    work.mkdir(parents=True)
+    out = work / "data"
+    (work / "flag").write_text("mine")
+    archive = realpath_overflow_tar(tmp_path / "CUB_200_2011.tgz", cub_files(), out)
+    code, _, err = run(capsys, "data", "prepare", "cub", "--archive", archive, "--out", out)
+    assert code == 0, err
+    assert (work / "flag").read_text() == "mine"
+    assert sorted(p.name for p in work.iterdir()) == ["data", "flag"]
+    assert [p.name for p in tmp_path.rglob("newfile")] == ["newfile"]
+    assert (out / "escape" / "newfile").read_bytes() == b"written outside"  # a plain folder
+    assert (out / "flaglink").read_bytes() == b"overwritten"
+    assert not any(path.is_symlink() for path in out.rglob("*"))
+    assert "skipped 19 link or special member(s)" in err
+
+
+def test_links_inside_the_folder_are_skipped_and_counted(tmp_path, capsys):
+    links = {"CUB_200_2011/images/alias.jpg": "001.Albatross/001.Albatross_0.jpg",
+             "CUB_200_2011/same.txt": "hard:CUB_200_2011/classes.txt"}  # fmt: skip
+    archive = write_tar(tmp_path / "cub.tgz", cub_files(), links)
+    out = tmp_path / "data"
+    code, _, err = run(capsys, "data", "prepare", "cub", "--archive", archive, "--out", out)
+    assert code == 0, err
+    assert "skipped 2 link or special member(s)" in err and "alias.jpg" in err
+    assert not (out / "CUB_200_2011" / "images" / "alias.jpg").exists()
+    assert not (out / "CUB_200_2011" / "same.txt").exists()
+    zipped = tmp_path / "sop.zip"
+    with zipfile.ZipFile(zipped, "w") as handle:
+        for name, data in sop_files().items():
+            handle.writestr(name, data)
+        link = zipfile.ZipInfo("Stanford_Online_Products/link")
+        link.external_attr = 0o120777 << 16  # a symbolic link, as Info-ZIP stores one
+        handle.writestr(link, "/etc/passwd")
+    code, _, err = run(capsys, "data", "prepare", "sop", "--archive", zipped,
+                       "--out", tmp_path / "sop")  # fmt: skip
+    assert code == 0, err
+    assert "skipped 1 link" in err
+    assert not (tmp_path / "sop" / "Stanford_Online_Products" / "link").exists()
+
+
+def test_a_newline_in_a_member_name_cannot_forge_a_line(tmp_path, capsys):
+    forged = "CUB_200_2011/images/001.Albatross/x\nnearsight: archive verified.jpg"
+    archive = write_tar(tmp_path / "cub.tgz", {**cub_files(), forged: jpeg(7)})
+    code, _, err = run(capsys, "data", "prepare", "cub", "--archive", archive,
+                       "--out", tmp_path / "data")  # fmt: skip
+    assert code == 0, err
+    assert not any(line.startswith("nearsight: archive verified") for line in err.splitlines())
+    assert "x\\nnearsight: archive verified.jpg" in err  # shown escaped, on the warning's line
 
 
 def test_a_missing_image_is_named_in_one_line(tmp_path, capsys):

@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from helpers import FAST, assert_one_line_error, run
 from onnx import TensorProto, helper
 from PIL import Image
 
@@ -29,7 +30,6 @@ from nearsight.index.gallery.core import Gallery
 from nearsight.models.checkpoint import save_checkpoint
 from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
 
-FAST = ["--workers", "0"]
 DATASETS = ["cub", "cars", "sop", "folder", "csv"]
 
 
@@ -40,22 +40,6 @@ def tiny_checkpoint(path: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     net = build_embedding_net(EmbeddingConfig(dim=16, image_size=32, arch="resnet18"))
     return save_checkpoint(path, net)
-
-
-def run(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(arg) for arg in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def assert_one_line_error(code: int, err: str, *fragments: str) -> str:
-    assert code == 2, err
-    assert "Traceback" not in err, err
-    errors = [line for line in err.splitlines() if line.startswith("nearsight: error:")]
-    assert len(errors) == 1, err
-    for fragment in fragments:
-        assert fragment in errors[0], errors[0]
-    return errors[0]
 
 
 def tree_state(folder: Path) -> dict[str, bytes]:

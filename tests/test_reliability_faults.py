@@ -15,7 +15,6 @@ Already covered elsewhere (not repeated here):
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import resource
 import shutil
@@ -29,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import FAST, cli_argv, read_jsonl
 
 from nearsight.app.cli import main
 from nearsight.data.datasets import load_dataset
@@ -37,20 +37,11 @@ from nearsight.index.gallery.core import Gallery
 from nearsight.models.checkpoint import load_checkpoint, save_checkpoint
 from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
 
-FAST = ["--workers", "0"]
 # one thread per process: the two concurrent training processes share 2 cores, and a CPU
 # run is bit-for-bit repeatable only with the same thread count
 CHILD_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
              "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}  # fmt: skip
 TRAIN_STEPS = 4
-
-
-def cli(*argv) -> list[str]:
-    return [sys.executable, "-m", "nearsight.app.cli", *[str(arg) for arg in argv]]
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def wait_for(
@@ -79,7 +70,7 @@ def data(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def gallery(data, tmp_path_factory) -> dict:
+def gallery(data, tmp_path_factory) -> Iterator[dict]:
     root = tmp_path_factory.mktemp("faults-gallery")
     torch.manual_seed(0)
     model = save_checkpoint(
@@ -89,7 +80,8 @@ def gallery(data, tmp_path_factory) -> dict:
     out = root / "gallery"
     argv = ["index", "build", "--model", str(model), "--dataset", "folder", "--root", str(data)]
     assert main([*argv, "--out", str(out), *FAST]) == 0
-    return {"model": model, "gallery": out}
+    yield {"model": model, "gallery": out}
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def gallery_state(folder: Path) -> dict[str, bytes]:
@@ -118,8 +110,8 @@ def test_sigkill_during_train_then_resume_matches_an_uninterrupted_run(data, tmp
               "--set", "data.eval_batch_size=16"]  # fmt: skip
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "env": CHILD_ENV}
-    reference = subprocess.Popen(cli(*common, "--out", straight), **quiet)
-    victim = subprocess.Popen(cli(*common, "--out", killed), **quiet)
+    reference = subprocess.Popen(cli_argv(*common, "--out", straight), **quiet)
+    victim = subprocess.Popen(cli_argv(*common, "--out", killed), **quiet)
     try:
         # step 3 trained: last.pt holds step 2 (save_every=1). Then kill the moment a checkpoint
         # write begins (step 3's evaluation writes best.pt and last.pt): the hardest point, a
@@ -147,7 +139,7 @@ def test_sigkill_during_train_then_resume_matches_an_uninterrupted_run(data, tmp
           f"{left}; last.pt at step {saved_step}")  # fmt: skip
 
     resumed = subprocess.run(
-        cli("train", "--out", killed, "--resume"), capture_output=True, env=CHILD_ENV, timeout=300
+        cli_argv("train", "--out", killed, "--resume"), capture_output=True, env=CHILD_ENV, timeout=300
     )
     assert resumed.returncode == 0, resumed.stderr.decode()[-3000:]
     assert f"resumed from {killed / 'last.pt'} at step {saved_step}" in resumed.stderr.decode()
@@ -233,7 +225,7 @@ def test_sigkill_while_index_add_writes_leaves_a_whole_gallery(data, big_gallery
         shutil.copytree(big_gallery, target)
         before = gallery_state(target)
         process = subprocess.Popen(
-            cli("index", "add", "--gallery", target, *extra, *FAST),
+            cli_argv("index", "add", "--gallery", target, *extra, *FAST),
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=CHILD_ENV,
         )  # fmt: skip
         try:

@@ -67,7 +67,7 @@ def rss_mb(pid: int) -> float:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Server:
-    from conftest import make_tiny_gallery  # the page tests' gallery, secret and symlink
+    from helpers import make_tiny_gallery  # the page tests' gallery, secret and symlink
 
     # ResNet-18: 400 queries in a test; the page code is the same for any network
     tiny = make_tiny_gallery(tmp_path_factory.mktemp("reliability-page"), "resnet18", seed=0)
@@ -291,5 +291,4 @@ def test_sessions_kept_by_the_server_are_capped(server, monkeypatch):
                 assert kind == "complete" and rows[0]["id"] == item["id"]
         assert len(demo.state_holder.session_data) == 10
     finally:
-        demo.close(verbose=False)
-        demo.nearsight.close()
+        server_module.stop_app(demo)

@@ -1,5 +1,6 @@
-"""``nearsight reproduce`` on a tiny CUB-layout dataset: both rows, both files, and a run killed
-during training that resumes to the same table."""
+"""``nearsight reproduce`` on a tiny CUB-layout dataset: the paper's row, ours and the final
+step's, both files, the config's differences from the paper, and a run killed during training
+that resumes to the same table."""
 
 from __future__ import annotations
 
@@ -10,24 +11,29 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import assert_one_line_error, run
+from helpers import assert_one_line_error, run
 
 from nearsight.app.reproduction import Reproduction
+from nearsight.app.reproduction_table import render
 from nearsight.core.errors import NearsightError
 from nearsight.data.datasets.synthetic import write_synthetic
 
 # a tiny size from the command line: 32 px, 16-d, 8 steps of 3 classes x 2 images, from scratch
+# (--pretrained none: the config's ImageNet weights are not at hand)
 TINY = {
-    "model.pretrained": "none", "data.image_size": 32, "data.resize": 32, "model.dim": 16,
+    "data.image_size": 32, "data.resize": 32, "model.dim": 16,
     "steps": 8, "eval_every": 4, "save_every": 1, "log_every": 1,
     "sampler.classes_per_batch": 3, "sampler.per_class": 2, "data.workers": 0,
     "data.eval_batch_size": 16, "amp": "false", "channels_last": "false",
 }  # fmt: skip
 SETS = [arg for key, value in TINY.items() for arg in ("--set", f"{key}={value}")]
-TABLE_KEYS = ("columns", "paper", "ours", "difference", "citation", "selection", "queries")
+SETS += ["--pretrained", "none"]
+TABLE_KEYS = ("columns", "paper", "ours", "difference", "ours_final_step", "citation",
+              "selection", "queries")  # fmt: skip
 
 
 def write_tiny_cub(root: Path) -> Path:
@@ -54,8 +60,10 @@ def write_tiny_cub(root: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def cub(tmp_path_factory) -> Path:
-    return write_tiny_cub(tmp_path_factory.mktemp("cub"))
+def cub(tmp_path_factory) -> Iterator[Path]:
+    root = tmp_path_factory.mktemp("cub")
+    yield write_tiny_cub(root)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def reproduce(cub: Path, out: Path, *extra: str) -> list[str]:
@@ -81,6 +89,23 @@ def test_reproduce_writes_both_rows_and_a_killed_run_resumes_to_the_same_table(c
     assert "| ours |" in markdown and "| ours - paper |" in markdown
     assert 'Table 1 (CUB-200-2011), row "RankMI (Ours) 128R"' in markdown
     assert "`--set steps=8` (the config: 3000)" in markdown
+    assert "`--set model.pretrained=none` (the config: imagenet)" in markdown  # --pretrained
+    # the network after the last step, from the training's final evaluation, beside best.pt
+    final = json.loads((straight / "train" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert final["step"] == 8
+    row = [100 * final[name] for name in ("recall@1", "recall@2", "recall@4", "recall@8", "nmi",
+                                          "map@r")]  # fmt: skip
+    assert "| ours, final step | " + " | ".join(f"{v:.1f}" for v in row) + " |" in markdown
+    assert "step 8), from the training's final evaluation" in markdown
+    # RankMI says nothing of which network its tables report
+    assert "Which network the paper reports is not known: sec. 4.1" in markdown
+    assert "as the paper" not in markdown.split("Model selection")[1]
+    # the config's differences from the paper, each in the table
+    for difference in ("beta0 until the critic has a root", "frozen BatchNorm statistics",
+                       "our sampler draws exactly m"):  # fmt: skip
+        assert difference in markdown, difference
+    assert "NMI = 2 I / (H(Omega) + H(C))" in markdown and "sec. 4, Evaluation metrics" in markdown
+    assert "Training batches:" in markdown and "resumed" not in markdown
     report = json.loads((straight / "reproduction.json").read_text())
     assert report["columns"] == ["recall@1", "recall@2", "recall@4", "recall@8", "nmi", "map@r"]
     assert report["queries"] == 16  # the 4 test classes x 4 images
@@ -92,6 +117,11 @@ def test_reproduce_writes_both_rows_and_a_killed_run_resumes_to_the_same_table(c
     assert report["selection"]["selected_by"] == "test/recall@1"
     assert report["nmi"]["average"] == "arithmetic"
     assert report["wall_seconds"]["total"] > 0 and report["device"]
+    # "as the paper" only of the row that follows the paper's own choice of network
+    for reports, follows in (("final", "the row 'ours, final step' follows that protocol"),
+                             ("best", "the row 'ours' follows that protocol")):  # fmt: skip
+        report["selection"].update(paper=reports, paper_source="where it says so")
+        assert f"(where it says so): {follows}." in render(report)
 
     # killed (SIGKILL) once training has written its first checkpoint, then run again
     killed = tmp_path / "killed"
@@ -110,6 +140,9 @@ def test_reproduce_writes_both_rows_and_a_killed_run_resumes_to_the_same_table(c
     assert again.returncode == 0, again.stderr[-3000:]
     assert "train: resuming" in again.stderr and "resumed from" in again.stderr
     assert table(killed) == table(straight)
+    resumed = (killed / "reproduction.md").read_text()
+    assert "the training was resumed: the invocations before the last are not counted" in resumed
+    assert "over the whole training, every invocation included" in resumed
 
     # a third run finds every stage complete and prints the same table
     third = subprocess.run(reproduce(cub, killed), env=ENV, capture_output=True, text=True)
@@ -145,11 +178,29 @@ def test_model_selection_protocols(tmp_path):
         repro = Reproduction("rankmi_cub", tmp_path, tmp_path / "run", dict(extra), selection)
         return repro.training_overrides()
 
-    assert overrides("test")["data.val_classes"] == 0  # the papers: best on test
+    assert overrides("test")["data.val_classes"] == 0  # best on test
     assert overrides("val")["data.val_classes"] == 0.1  # held-out training classes
     assert overrides("val", **{"data.val_classes": 5})["data.val_classes"] == 5
     with pytest.raises(NearsightError, match="--selection val"):
         overrides("test", **{"data.val_classes": 0.2})
+    # the training's evaluations report NMI as the paper defines it
+    assert overrides("test")["nmi_average"] == "arithmetic"
+    geometric = Reproduction("bcontrastive_cub", tmp_path, tmp_path / "run")
+    assert geometric.training_overrides()["nmi_average"] == "geometric"
+
+
+def test_missing_imagenet_weights_name_the_way_out_before_any_file(cub, tmp_path, empty_hub,
+                                                                    no_network, capsys):  # fmt: skip
+    sets = SETS[: SETS.index("--pretrained")]  # the config's own: ImageNet weights
+    out = tmp_path / "run"
+    code, _, err = run(capsys, "reproduce", "rankmi_cub", "--root", cub, "--out", out, *sets)
+    assert_one_line_error(code, err, "ImageNet weights for resnet50", "--pretrained none",
+                          "--pretrained FILE.pth")  # fmt: skip
+    assert not out.exists()
+    # the way out the error names is an option of reproduce
+    with pytest.raises(SystemExit):
+        run(capsys, "reproduce", "--help")
+    assert "--pretrained WEIGHTS" in capsys.readouterr().out
 
 
 def test_reproduce_under_torchrun_with_the_honest_selection(cub, tmp_path):
@@ -174,4 +225,7 @@ def test_reproduce_under_torchrun_with_the_honest_selection(cub, tmp_path):
     evaluations = [json.loads(line) for line in (out / "train" / "metrics.jsonl").open()]
     best_test = max(e["recall@1"] for e in evaluations)
     assert report["ours_best_test"]["recall@1"] == pytest.approx(100 * best_test)
-    assert "| ours, best test evaluation |" in (out / "reproduction.md").read_text()
+    markdown = (out / "reproduction.md").read_text()
+    assert "| ours, best test evaluation |" in markdown and "| ours, final step |" in markdown
+    # training on the classes it does not hold out is a difference from the paper
+    assert "- `--selection val`: 1 training class held out (data.val_classes = 1)" in markdown

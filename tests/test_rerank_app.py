@@ -8,11 +8,10 @@ import shutil
 import httpx
 import numpy as np
 import pytest
-from conftest import free_port, run
+from helpers import free_port, run
 
 from nearsight.app.page import build_app
-from nearsight.app.rest import close_rest_app
-from nearsight.app.server import launch_app
+from nearsight.app.server import launch_app, stop_app
 from nearsight.index.gallery.core import Gallery
 from nearsight.search.evaluate import evaluate_gallery
 from nearsight.search.rerank import parse_rerank
@@ -75,9 +74,7 @@ def served(product):  # noqa: F811
     demo = build_app([product["gallery"]], device="cpu", analyse=False)
     url = launch_app(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
     yield url.rstrip("/"), demo
-    demo.close(verbose=False)
-    close_rest_app(demo.nearsight_api)
-    demo.nearsight.close()
+    stop_app(demo)
 
 
 def test_rest_search_takes_a_rerank_and_refuses_a_bad_one(served, product):  # noqa: F811
@@ -101,7 +98,7 @@ def test_page_toggle_and_the_fixed_and_broken_list(served, product):  # noqa: F8
     item = int(view.labelled_ids[5])
     spec = page.rerank_spec(view, True)
     assert spec.active and page.rerank_spec(view, False).method == "none"
-    on = view.search_item(item, 5, None, spec)
+    on = view.search_one(view.item_vector(item), 5, rerank=spec, exclude_id=item)
     with Gallery.open(product["gallery"]) as gallery:
         _, want = reranked_search(gallery, gallery.vectors_of([item]), 5, spec, exclude=[item])
     assert [n.id for n in on] == want[0].tolist()

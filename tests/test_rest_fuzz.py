@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import schemathesis
-from conftest import running_page
+from helpers import running_page
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
 

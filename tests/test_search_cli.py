@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import FAST, assert_one_line_error, run
+from helpers import FAST, assert_one_line_error, run
 
 from nearsight.app.cli import main
 
@@ -25,7 +25,7 @@ def test_csv_columns_become_typed_meta_in_the_results(capsys, product):
     results = _search(capsys, "--gallery", product["gallery"], product["images"][3], "--k", 4)
     assert len(results) == 4 and results[0]["distance"] == pytest.approx(0, abs=1e-3)
     assert results[0]["meta"] == {"shop": "south", "price": 4.5, "sku": "0003"}
-    assert all(set(row) == {"id", "path", "label", "class_name", "distance", "meta"}
+    assert all(set(row) == {"rank", "id", "key", "path", "label", "class_name", "distance", "meta"}
                for row in results)  # fmt: skip
 
 

@@ -1,5 +1,5 @@
-"""One search route (nearsight.search.route.search_rows), one row shape and one k check
-for the CLI, REST, the page and the Python API; REST does not import the page."""
+"""One search route (nearsight.search.route.search), one result type (Neighbour) and one k
+check for the CLI, REST, the page and the Python API; REST does not import the page."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import sys
 
 import httpx
 import pytest
-from conftest import run
+from helpers import run
 
 import nearsight
 from nearsight.core.errors import NearsightError
-from nearsight.data.images import load_image
 from nearsight.search.checks import check_k
+from nearsight.search.neighbour import FIELDS
 
-ROW_KEYS = {"id", "path", "label", "class_name", "distance", "meta"}
+ROW_KEYS = set(FIELDS)
 
 
 def test_rest_does_not_import_the_page():
@@ -40,8 +40,7 @@ def test_every_route_answers_the_same_neighbours_in_one_shape(tiny, tiny_page, c
     rest = answer.json()["neighbours"]
     with nearsight.open_gallery(tiny.gallery, device="cpu") as gallery:
         python = [dict(row) for row in gallery.search(image, k=5)]
-    view = tiny_page[1].nearsight.view("gallery")
-    page = [n.as_json() for n in view.search_image(load_image(image, view.embedder.resize), 5)]
+    page = json.loads(tiny_page[1].nearsight.api_search(str(image), 5, "gallery"))
     ids = [row["id"] for row in cli]
     assert len(ids) == 5
     for answer_rows in (rest, python, page):
@@ -49,8 +48,9 @@ def test_every_route_answers_the_same_neighbours_in_one_shape(tiny, tiny_page, c
         assert [row["distance"] for row in answer_rows] == pytest.approx(
             [row["distance"] for row in cli], abs=1e-5
         )
-    for answer_rows in (cli, rest, page):
+    for answer_rows in (cli, rest, page, python):
         assert all(set(row) == ROW_KEYS for row in answer_rows)
+    assert cli[0]["id"] == 5 and cli[0]["distance"] == 0.0  # the gallery's own file: first, at 0
 
 
 @pytest.mark.parametrize("k", [0, -1, 2.5, "x", True, None, 65])

@@ -9,15 +9,15 @@ import shutil
 import subprocess
 import sys
 import time
+from multiprocessing.pool import ThreadPool
 
 import httpx
 import pytest
-from conftest import free_port
 from gradio_client import Client, handle_file
+from helpers import free_port, serve_process
 
 from nearsight.app.page import build_app
-from nearsight.app.rest import close_rest_app
-from nearsight.app.server import launch_app
+from nearsight.app.server import launch_app, stop_app
 
 KEY = "s3cret-key-for-tests"
 MAX_UPLOAD_MB = 1.0
@@ -31,9 +31,7 @@ def serving(galleries, show_paths: bool = False, **options):
     try:
         yield url.rstrip("/")
     finally:
-        demo.close(verbose=False)
-        close_rest_app(demo.nearsight_api)
-        demo.nearsight.close()
+        stop_app(demo)
 
 
 @pytest.fixture(scope="module")
@@ -178,12 +176,150 @@ def test_slow_headers_and_stalled_bodies_are_cut_off(onnx_gallery):
     with serving([onnx_gallery.gallery], header_timeout_s=1.0, body_timeout_s=1.0) as url:
         address = urlsplit(url)
         with socket.create_connection((address.hostname, address.port), timeout=15) as slow:
-            slow.sendall(b"GET /api/health HTTP/1.1\r\nHost: x\r\n")  # and never the rest
+            slow.sendall(b"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # and never the rest
             started = time.monotonic()
             assert slow.recv(1024) == b""  # closed by the server
             assert time.monotonic() - started < 10
         with socket.create_connection((address.hostname, address.port), timeout=15) as stall:
-            stall.sendall(b"POST /api/search HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n"
+            stall.sendall(b"POST /api/search HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n"
                           b"Content-Type: multipart/form-data; boundary=x\r\n\r\n--x\r\n")  # fmt: skip
             answer = stall.recv(4096)
         assert answer.startswith(b"HTTP/1.1 408")
+
+
+# -- issue 33: hosts, sign-in, wrong keys, the access log --------------------------------------
+
+
+def _from(address: str) -> httpx.Client:
+    """A client whose requests come from ``address`` (another loopback address)."""
+    return httpx.Client(transport=httpx.HTTPTransport(local_address=address), timeout=30)
+
+
+def test_other_hosts_and_origins_are_refused_before_any_route(onnx_gallery):
+    """DNS rebinding: a no-key server on loopback answered any Host, and Gradio's CORS handling
+    reflected any Origin with credentials for a non-local Host."""
+    with serving([onnx_gallery.gallery]) as url:
+        port = url.rsplit(":", 1)[1]
+        rebound = httpx.get(f"{url}/api/health", headers={"Host": f"evil.example:{port}"})
+        assert rebound.status_code == 400 and "evil.example" in rebound.json()["error"]
+        config = httpx.get(f"{url}/config", headers={"Host": "evil.example"})
+        assert config.status_code == 400 and "access-control-allow-origin" not in config.headers
+        for origin in ("http://evil.example", "null"):
+            cross = httpx.get(f"{url}/config", headers={"Origin": origin})
+            assert cross.status_code == 403, origin
+            assert "access-control-allow-origin" not in cross.headers
+            preflight = httpx.options(f"{url}/gradio_api/queue/join", headers={
+                "Origin": origin, "Access-Control-Request-Method": "POST"})  # fmt: skip
+            assert preflight.status_code == 403
+            assert "access-control-allow-origin" not in preflight.headers
+        for host in ("localhost", f"127.0.0.1:{port}", "[::1]"):
+            assert httpx.get(f"{url}/api/health", headers={"Host": host}).status_code == 200
+        same = httpx.get(f"{url}/config", headers={"Origin": f"http://localhost:{port}"})
+        assert same.status_code == 200
+    with serving([onnx_gallery.gallery], allowed_hosts=["search.example"]) as url:
+        named = httpx.get(f"{url}/api/health", headers={"Host": "search.example"})
+        assert named.status_code == 200
+
+
+def test_openapi_declares_the_key(keyed):
+    schema = httpx.get(f"{keyed}/api/openapi.json", headers={"X-API-Key": KEY}).json()
+    schemes = schema["components"]["securitySchemes"]
+    assert schemes["APIKey"] == {"type": "apiKey", "in": "header", "name": "X-API-Key"}
+    assert schemes["Bearer"]["scheme"].lower() == "bearer"
+    search = schema["paths"]["/search"]["post"]
+    assert {"APIKey": []} in search["security"] and {"Bearer": []} in search["security"]
+
+
+def test_wrong_keys_are_slowed_then_refused_per_client(keyed):
+    """Five wrong keys are answered at once, the next ones later and later, and from the 20th
+    within a minute the address gets 429 whatever key it sends; another address is not
+    affected (before: ~250 guesses/s, nothing slowed)."""
+    with _from("127.0.0.5") as attacker:
+        quick = []
+        for number in range(5):
+            started = time.monotonic()
+            reply = attacker.get(f"{keyed}/api/items/0", headers={"X-API-Key": f"guess-{number}"})
+            quick.append(time.monotonic() - started)
+            assert reply.status_code == 401
+        started = time.monotonic()
+        sixth = attacker.get(f"{keyed}/api/items/0", headers={"X-API-Key": "guess-5"})
+        assert sixth.status_code == 401
+        slowed = time.monotonic() - started
+        with ThreadPool(14) as pool:  # the 7th to 20th guesses, held back at once
+            codes = pool.map(lambda n: _guess(keyed, n), range(6, 20))
+        assert codes == [401] * 14
+        locked = attacker.get(f"{keyed}/api/items/0", headers={"X-API-Key": KEY})
+        form = attacker.post(f"{keyed}/login", data={"key": KEY})
+    assert max(quick) < slowed and slowed >= 0.1
+    assert locked.status_code == 429 and int(locked.headers["retry-after"]) >= 1
+    assert form.status_code == 429
+    with _from("127.0.0.6") as other:
+        assert other.get(f"{keyed}/api/items/0", headers={"X-API-Key": KEY}).status_code == 200
+
+
+def _guess(url: str, number: int) -> int:
+    with _from("127.0.0.5") as attacker:
+        reply = attacker.get(f"{url}/api/items/0", headers={"X-API-Key": f"guess-{number}"})
+    return reply.status_code
+
+
+def test_the_session_cookie_expires_and_dies_with_the_key(onnx_gallery):
+    with (
+        serving([onnx_gallery.gallery], api_key=KEY, session_s=2) as url,
+        httpx.Client(base_url=url, timeout=30) as browser,
+    ):
+        signed = browser.post("/login", data={"key": KEY})
+        cookie = signed.headers["set-cookie"]
+        assert "Max-Age=2" in cookie and "HttpOnly" in cookie and "Secure" not in cookie
+        assert browser.get("/gradio_api/info").status_code == 200
+        token = browser.cookies["nearsight_session"]
+        time.sleep(2.5)
+        assert browser.get("/gradio_api/info").status_code == 401  # expired
+    with serving([onnx_gallery.gallery], api_key=KEY + "-changed", secure_cookie=True) as url:
+        old = httpx.get(f"{url}/gradio_api/info", cookies={"nearsight_session": token})
+        assert old.status_code == 401  # a cookie of the previous key
+        signed = httpx.post(f"{url}/login", data={"key": KEY + "-changed"})
+        assert "; Secure" in signed.headers["set-cookie"]
+
+
+def test_a_stalled_sign_in_form_is_a_408_not_a_traceback(onnx_gallery, capfd):
+    import socket
+    from urllib.parse import urlsplit
+
+    with serving([onnx_gallery.gallery], api_key=KEY, body_timeout_s=1.0) as url:
+        address = urlsplit(url)
+        with socket.create_connection((address.hostname, address.port), timeout=15) as stall:
+            stall.sendall(b"POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 40\r\n"
+                          b"Content-Type: application/x-www-form-urlencoded\r\n\r\nkey=")  # fmt: skip
+            answer = stall.recv(4096)
+        huge = httpx.post(f"{url}/login", content=b"key=" + b"x" * 10_000,
+                          headers={"Content-Type": "application/x-www-form-urlencoded"})  # fmt: skip
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:100]
+    assert huge.status_code == 413
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_short_key_is_refused_beyond_loopback(onnx_gallery, tmp_path):
+    key_file = tmp_path / "key"
+    key_file.write_text("a\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "nearsight.app.cli", "serve", "--gallery",
+         str(onnx_gallery.gallery), "--host", "0.0.0.0", "--port", str(free_port()),
+         "--api-key-file", str(key_file)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.splitlines() if line.startswith("nearsight: error:")]
+    assert len(lines) == 1 and "at least 16" in lines[0], done.stderr
+
+
+def test_the_access_log_is_on_by_default(onnx_gallery):
+    with serve_process(["--gallery", onnx_gallery.gallery], stderr=subprocess.PIPE) as served:
+        url, server = served
+        httpx.get(f"{url}/api/health?secret=x", timeout=10)
+        httpx.get(f"{url}/api/items/999", timeout=10)
+    err = server.stderr.read()
+    lines = [line for line in err.splitlines() if line.startswith("nearsight: 127.0.0.1 GET")]
+    assert any(line.startswith("nearsight: 127.0.0.1 GET /api/health 200 ") for line in lines)
+    assert any(line.startswith("nearsight: 127.0.0.1 GET /api/items/999 404 ") for line in lines)
+    assert "secret" not in err

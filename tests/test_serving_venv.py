@@ -15,9 +15,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
@@ -76,7 +78,7 @@ def link_distribution(dist: metadata.Distribution, site: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def serving_venv(tmp_path_factory, nearsight_wheel) -> Path:
+def serving_venv(tmp_path_factory, nearsight_wheel) -> Iterator[Path]:
     root = tmp_path_factory.mktemp("serving-venv")
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
@@ -99,10 +101,11 @@ def serving_venv(tmp_path_factory, nearsight_wheel) -> Path:
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    return python
+    yield python
+    shutil.rmtree(root, ignore_errors=True)
 
 
-def run(python: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+def run_in_venv(python: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     return subprocess.run(
         [str(python), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
@@ -112,9 +115,9 @@ def run(python: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_the_serving_venv_has_no_training_stack(serving_venv, tmp_path):
     for module in TRAINING_ONLY:
-        done = run(serving_venv, "-c", f"import {module}", cwd=tmp_path)
+        done = run_in_venv(serving_venv, "-c", f"import {module}", cwd=tmp_path)
         assert done.returncode != 0 and "ModuleNotFoundError" in done.stderr, module
-    done = run(serving_venv, "-c", "import nearsight; print(nearsight.__file__)", cwd=tmp_path)
+    done = run_in_venv(serving_venv, "-c", "import nearsight; print(nearsight.__file__)", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert str(Path(sysconfig.get_paths()["purelib"]).parent) not in done.stdout
     assert "site-packages/nearsight/__init__.py" in done.stdout
@@ -124,12 +127,12 @@ def test_the_serving_venv_has_no_training_stack(serving_venv, tmp_path):
 def test_search_eval_and_the_page_work_in_the_serving_venv(serving_venv, onnx_gallery, tmp_path):
     cli = ["-m", "nearsight.app.cli"]
     gallery, query = str(onnx_gallery.gallery), str(onnx_gallery.query)
-    done = run(serving_venv, *cli, "search", "--gallery", gallery, query, "--json", cwd=tmp_path)
+    done = run_in_venv(serving_venv, *cli, "search", "--gallery", gallery, query, "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     hits = json.loads(done.stdout)
     assert len(hits) == 8 and hits[0]["path"] == query and hits[0]["distance"] < 1e-3
 
-    done = run(serving_venv, *cli, "eval", "--gallery", gallery, "--json", cwd=tmp_path)
+    done = run_in_venv(serving_venv, *cli, "eval", "--gallery", gallery, "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout)["queries"] == 12
 
@@ -141,7 +144,7 @@ def test_search_eval_and_the_page_work_in_the_serving_venv(serving_venv, onnx_ga
         "assert view.analysis().error is None\n"
         "print(demo.nearsight.api_search(sys.argv[2], 3, None))\n"
     )
-    done = run(serving_venv, "-c", page, gallery, query, cwd=tmp_path)
+    done = run_in_venv(serving_venv, "-c", page, gallery, query, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     top = json.loads(done.stdout.strip().splitlines()[-1])[0]["path"]  # below the items' folder
     assert not top.startswith("/") and query.endswith("/" + top)

@@ -97,7 +97,8 @@ def test_onnx_gallery_and_page_read_one_spec(onnx_gallery):
     from nearsight.app.page_tables import spec_line
 
     assert spec_line(expected) == (
-        "resnet18, dim 8, image size 32 (resized to 37 first), avg pooling"
+        "resnet18, dim 8 (the layer4 head), input: short side resized to 37 px, centre crop "
+        "32 x 32, avg pooling"
     )
 
 

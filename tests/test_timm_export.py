@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import TIMM_CONVNEXT, TIMM_RESNET, TIMM_VIT
+from helpers import TIMM_CONVNEXT, TIMM_RESNET, TIMM_VIT
 from PIL import Image
 
 from nearsight.data.datasets.synthetic import write_synthetic

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import TIMM_VIT, assert_one_line_error, run, write_hub_weights
+from helpers import TIMM_VIT, assert_one_line_error, run, write_hub_weights
 from PIL import Image
 
 import nearsight

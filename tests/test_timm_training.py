@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import TIMM_CONVNEXT, TIMM_VIT, run
+from helpers import TIMM_CONVNEXT, TIMM_VIT, run
 
 from nearsight.data.datasets.synthetic import write_synthetic
 from nearsight.models.checkpoint import load_checkpoint, load_embedding_net

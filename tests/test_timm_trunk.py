@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import TIMM_CONVNEXT, TIMM_RESNET, TIMM_VIT
+from helpers import TIMM_CONVNEXT, TIMM_RESNET, TIMM_VIT
 
 from nearsight.core.errors import NearsightError
 from nearsight.models.checkpoint import load_checkpoint, load_embedding_net, save_checkpoint

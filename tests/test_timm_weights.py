@@ -9,7 +9,7 @@ import time
 
 import pytest
 import torch
-from conftest import TIMM_CONVNEXT, TIMM_VIT, assert_one_line_error, run, write_hub_weights
+from helpers import TIMM_CONVNEXT, TIMM_VIT, assert_one_line_error, run, write_hub_weights
 
 from nearsight.core.errors import NearsightError
 from nearsight.data.datasets.synthetic import write_synthetic

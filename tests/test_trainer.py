@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from conftest import crash_training, train_one_and_two_processes
+from helpers import crash_training, read_jsonl, train_one_and_two_processes
 
 from nearsight.app.cli import main
 from nearsight.data.datasets.synthetic import write_synthetic
@@ -44,10 +43,6 @@ def tiny_config(root: Path, loss: str = "ice", steps: int = 6, **extra):
     overrides.update({"data.root": str(root), "loss.name": loss, "steps": steps})
     overrides.update(extra)
     return load_config(None, overrides)
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def test_run_dir_holds_every_artifact(synth, tmp_path):

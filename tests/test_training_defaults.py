@@ -3,12 +3,11 @@ and model selection on held-out training classes (tiny images and networks)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import write_digits
+from helpers import read_jsonl, write_digits
 
 from nearsight.data.datasets import load_dataset
 from nearsight.data.datasets.synthetic import write_synthetic
@@ -43,10 +42,6 @@ def synth(tmp_path_factory) -> Path:
 
 def config_for(root: Path, **extra):
     return load_config(None, {**TINY, "data.root": str(root), **extra})
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def test_from_scratch_resolves_its_own_settings_and_explicit_ones_win():

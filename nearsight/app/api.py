@@ -14,7 +14,7 @@ from typing import Any
 
 from nearsight.core.errors import NearsightError
 from nearsight.index.gallery.defaults import DEFAULT_BATCH_SIZE, DEFAULT_CHUNK_SIZE
-from nearsight.search.searchable import SearchableGallery, open_gallery
+from nearsight.search.searcher import Searcher, open_gallery
 
 PathLike = str | os.PathLike[str]
 
@@ -81,7 +81,7 @@ def build_gallery(
     max_index_memory: str | int | None = None,
     embeddings: str = "auto",
     neighbour_graph: bool = False,
-) -> SearchableGallery:
+) -> Searcher:
     """Embed a dataset (``dataset`` cub | cars | sop | folder | csv with its ``root`` and
     ``split``) or a list of ``images`` with ``model`` and write the gallery folder ``out``
     through :func:`nearsight.index.gallery.build.build_gallery` (what ``nearsight index build``
@@ -142,7 +142,7 @@ def build_gallery(
 
 
 def add_images(
-    gallery: PathLike | SearchableGallery,
+    gallery: PathLike | Searcher,
     images: Iterable[PathLike],
     *,
     label: int | None = None,
@@ -171,7 +171,7 @@ def add_images(
 
 
 def remove_items(
-    gallery: PathLike | SearchableGallery,
+    gallery: PathLike | Searcher,
     ids: Iterable[int] | None = None,
     *,
     keys: Iterable[str] | None = None,
@@ -188,10 +188,10 @@ def remove_items(
     _reload(gallery)
 
 
-def _folder(gallery: PathLike | SearchableGallery) -> Any:
-    return gallery.path if isinstance(gallery, SearchableGallery) else gallery
+def _folder(gallery: PathLike | Searcher) -> Any:
+    return gallery.path if isinstance(gallery, Searcher) else gallery
 
 
-def _reload(gallery: PathLike | SearchableGallery) -> None:
-    if isinstance(gallery, SearchableGallery):
+def _reload(gallery: PathLike | Searcher) -> None:
+    if isinstance(gallery, Searcher):
         gallery.gallery.reload()

@@ -1,33 +1,47 @@
-"""The server's front door: one ASGI middleware in front of every route (the page, Gradio's API,
-queue and uploads, file routes, the REST API and its docs).
+"""The server's front door: one ASGI middleware, outermost, in front of every route (the page,
+Gradio's API, queue, uploads and CORS handling, file routes, the REST API and its docs).
 
+In order, for every request:
+
+- **Hosts.** A ``Host`` outside the allowed hosts gets 400 and an ``Origin`` outside them 403
+  (nearsight/app/hosts.py: DNS rebinding and cross-site pages).
 - **One key, every route.** With an API key set, a request needs it, except ``GET
-  /api/health``: API clients send ``X-API-Key: KEY`` or ``Authorization: Bearer KEY``
-  (``gradio_client.Client(url, headers={"X-API-Key": KEY})``); a browser signs in once on a
-  small form and then carries a session cookie (an HMAC of the key, HttpOnly, SameSite=Strict).
-  The key is checked from the headers, before a byte of the body is read.
+  /api/health``: API clients send ``X-API-Key: KEY`` or ``Authorization: Bearer KEY``; a
+  browser signs in once on a small form and then carries a session cookie that expires
+  (nearsight/app/auth.py). The key is checked from the headers, before a byte of the body is
+  read. Wrong keys are slowed, then refused with 429, per client address.
 - **Bounded bodies.** A body longer than ``max_body_bytes`` gets 413: at once from its
   ``Content-Length``, or as soon as a chunked body passes the limit while it streams (the rest
-  is never read). A body that stalls for ``body_timeout_s`` between chunks gets 408.
+  is never read). A body that stalls for ``body_timeout_s`` between chunks gets 408. The
+  sign-in form is read the same way, within 4 KB.
 - **Operations.** ``/metrics`` (Prometheus, behind the key like the rest) and one access-log
-  line per request: method, path without its query, status, milliseconds; never a header, a
-  key or a byte of the body.
+  line per request on stderr: client address, method, path without its query, status,
+  milliseconds; never a header, a key or a byte of the body.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import html
 import json
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
 
+from nearsight.app.auth import (
+    API_KEY_HEADER,
+    SESSION_COOKIE,
+    FailedAttempts,
+    Sessions,
+    key_matches,
+    presented_key,
+)
+from nearsight.app.hosts import AllowedHosts
 from nearsight.app.metrics import ServerMetrics
+from nearsight.core.errors import printable
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -35,8 +49,6 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-API_KEY_HEADER = "x-api-key"
-SESSION_COOKIE = "nearsight_session"
 OPEN_PATHS = frozenset({"/api/health"})
 # Gradio's launch() calls this on its own server once; it runs the startup events (idempotent)
 LOOPBACK_ONLY_PATHS = frozenset({"/gradio_api/startup-events"})
@@ -47,95 +59,195 @@ LOGIN_MAX_BYTES = 4096
 DEFAULT_BODY_TIMEOUT_S = 30.0
 
 
-class BodyTooLarge(Exception):
-    pass
+@dataclass
+class GuardSettings:
+    """What the guard enforces, and its state across requests (shared by every instance of the
+    middleware: Starlette builds a new one whenever the app's middleware stack is rebuilt)."""
+
+    max_body_bytes: int
+    hosts: AllowedHosts
+    api_key: str | None = None
+    sessions: Sessions | None = None
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    metrics: ServerMetrics | None = None
+    access_log: bool = True
+    attempts: FailedAttempts = field(default_factory=FailedAttempts)
+
+    def __post_init__(self) -> None:
+        if self.api_key and self.sessions is None:
+            self.sessions = Sessions(self.api_key)
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
 
 
 class Guard:
     """Wraps ``app``; see the module docstring."""
 
-    def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        api_key: str | None,
-        max_body_bytes: int,
-        body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
-        metrics: ServerMetrics | None = None,
-        access_log: bool = True,
-    ):
+    def __init__(self, app: ASGIApp, *, settings: GuardSettings):
         self.app = app
-        self.api_key = api_key
-        self.max_body_bytes = max_body_bytes
-        self.body_timeout_s = body_timeout_s
-        self.metrics = metrics
-        self.access_log = access_log
-        self._session = session_token(api_key) if api_key else None
+        self.settings = settings
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "websocket" and not self._allowed(scope):
-            await send({"type": "websocket.close", "code": 1008})
+        if scope["type"] == "websocket":
+            locked = self.settings.attempts.locked_for(_client(scope)) > 0
+            if not locked and self._refusal(scope) is None and self._key_state(scope) == "ok":
+                await self.app(scope, receive, send)
+            else:
+                await send({"type": "websocket.close", "code": 1008})
             return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        status = {"code": 500}
+        status = {"code": 500, "logged": False}
+
+        def log() -> None:
+            # once, before the last byte of the answer leaves: a client that has its answer
+            # finds the line written
+            if status["logged"]:
+                return
+            status["logged"] = True
+            seconds = time.perf_counter() - started
+            path = scope.get("path", "")
+            if self.settings.metrics is not None:
+                self.settings.metrics.observe(path, status["code"], seconds)
+            if self.settings.access_log:
+                print(f"nearsight: {_client(scope) or '-'} {scope.get('method', '?')} "
+                      f"{printable(path)} {status['code']} {seconds * 1000:.1f} ms",
+                      file=sys.stderr, flush=True)  # fmt: skip
 
         async def counted_send(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status["code"] = message["status"]
+            elif message["type"] == "http.response.body" and not message.get("more_body"):
+                log()
             await send(message)
 
         try:
             await self._handle(scope, receive, counted_send)
         finally:
-            seconds = time.perf_counter() - started
-            path = scope.get("path", "")
-            if self.metrics is not None:
-                self.metrics.observe(path, status["code"], seconds)
-            if self.access_log:
-                print(f"nearsight: {scope.get('method', '?')} {path[:200]} {status['code']} "
-                      f"{seconds * 1000:.1f} ms", file=sys.stderr, flush=True)  # fmt: skip
+            log()
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        refusal = self._refusal(scope)
+        if refusal is not None:
+            await _send_json(send, *refusal)
+            return
+        settings = self.settings
         path = scope.get("path", "")
-        if self.api_key and path == LOGIN_PATH:
-            await self._login(scope, receive, send)
-            return
-        if not self._allowed(scope):
-            if scope.get("method") == "GET" and "text/html" in _header(scope, b"accept"):
-                await _send_html(send, 401, login_page())
-            else:
-                await _send_json(send, 401, "missing or wrong API key (send it in the X-API-Key "
-                                 "header or as Authorization: Bearer)")  # fmt: skip
-            return
-        if path == METRICS_PATH and self.metrics is not None:
-            body, content_type = self.metrics.render()
+        if settings.api_key and path not in OPEN_PATHS:
+            wait = settings.attempts.locked_for(_client(scope))
+            if wait > 0:
+                await _send_json(send, 429, "too many wrong API keys from this address: retry "
+                                 f"in {wait:.0f} s", retry_after=int(wait) + 1)  # fmt: skip
+                return
+            if path == LOGIN_PATH:
+                await self._login(scope, receive, send)
+                return
+            state = self._key_state(scope)
+            if state != "ok":
+                await self._unauthorized(scope, send, wrong=state == "wrong")
+                return
+        if path == METRICS_PATH and settings.metrics is not None:
+            body, content_type = settings.metrics.render()
             await _send(send, 200, body, content_type)
             return
         length = _header(scope, b"content-length")
-        if length.isdigit() and int(length) > self.max_body_bytes:
+        if length.isdigit() and int(length) > settings.max_body_bytes:
             await _send_json(send, 413, self._too_large())
             return
         await self._limited(scope, receive, send)
 
+    def _refusal(self, scope: Scope) -> tuple[int, str] | None:
+        """400 for a Host, 403 for an Origin the server does not answer to."""
+        hosts = self.settings.hosts
+        host = _header(scope, b"host")
+        if not hosts.allows(host):
+            return 400, (f"this server does not answer to the host {printable(host, 100)!r} "
+                         "(its --allowed-hosts)")  # fmt: skip
+        origin = _header(scope, b"origin")
+        if origin and not hosts.allows_origin(origin):
+            return 403, f"requests from pages of {printable(origin, 100)!r} are not allowed"
+        return None
+
+    def _key_state(self, scope: Scope) -> str:
+        """"ok" (no key needed, or the right one), "missing" or "wrong"."""
+        settings = self.settings
+        if not settings.api_key or scope.get("path") in OPEN_PATHS:
+            return "ok"
+        if scope.get("path") in LOOPBACK_ONLY_PATHS and _client(scope) in LOOPBACK:
+            return "ok"
+        given = presented_key(scope.get("headers", ()))
+        if given:
+            return "ok" if key_matches(given, settings.api_key) else "wrong"
+        cookie = _cookie(scope, SESSION_COOKIE)
+        if cookie and settings.sessions is not None and settings.sessions.valid(cookie):
+            return "ok"
+        return "missing"
+
+    async def _unauthorized(self, scope: Scope, send: Send, *, wrong: bool) -> None:
+        if wrong:
+            await self._failed(scope)
+        if scope.get("method") == "GET" and "text/html" in _header(scope, b"accept"):
+            await _send_html(send, 401, login_page())
+        else:
+            await _send_json(send, 401, f"missing or wrong API key (send it in the "
+                             f"{API_KEY_HEADER} header or as Authorization: Bearer)")  # fmt: skip
+
+    async def _failed(self, scope: Scope) -> None:
+        """Count a wrong key and hold the answer back as long as the count says."""
+        attempts, client = self.settings.attempts, _client(scope)
+        delay = attempts.failed(client)
+        if attempts.count(client) == attempts.lock_after:
+            print(f"nearsight: {attempts.lock_after} wrong API keys from {client or '-'} "
+                  f"within {attempts.window_s:g} s: refusing it for a while",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    async def _login(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("method") != "POST":
+            await _send_html(send, 200, login_page())
+            return
+        try:
+            body = await _read_small_body(scope, receive, LOGIN_MAX_BYTES,
+                                          self.settings.body_timeout_s)  # fmt: skip
+        except _Refused as refused:
+            await _send_json(send, refused.status, refused.message)
+            return
+        given = parse_qs(body.decode("utf-8", "replace")).get("key", [""])[0]
+        sessions = self.settings.sessions
+        if sessions is None or not key_matches(given, self.settings.api_key or ""):
+            await self._failed(scope)
+            await _send_html(send, 401, login_page("wrong key"))
+            return
+        cookie = sessions.set_cookie(sessions.issue(), https=scope.get("scheme") == "https")
+        await send({"type": "http.response.start", "status": 303,
+                    "headers": [(b"location", b"/"), (b"set-cookie", cookie.encode()),
+                                (b"content-length", b"0")]})  # fmt: skip
+        await send({"type": "http.response.body", "body": b""})
+
     async def _limited(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Run the app with the body counted as it streams; past the limit the app is told the
         client left, its own reply is dropped, and the client gets 413."""
+        settings = self.settings
         state = {"received": 0, "refused": 0, "started": False}
 
         async def limited_receive() -> Message:
             if state["refused"]:
                 return {"type": "http.disconnect"}
             try:
-                message = await asyncio.wait_for(receive(), self.body_timeout_s)
+                message = await asyncio.wait_for(receive(), settings.body_timeout_s)
             except TimeoutError:
                 state["refused"] = 408
                 return {"type": "http.disconnect"}
             if message["type"] == "http.request":
                 state["received"] += len(message.get("body", b""))
-                if state["received"] > self.max_body_bytes:
+                if state["received"] > settings.max_body_bytes:
                     state["refused"] = 413
                     return {"type": "http.disconnect"}
             return message
@@ -156,54 +268,36 @@ class Guard:
             if state["refused"] == 413:
                 await _send_json(send, 413, self._too_large())
             else:
-                await _send_json(send, 408, f"the request body stalled for {self.body_timeout_s:g} s")
+                await _send_json(send, 408, _stalled(settings.body_timeout_s))
 
     def _too_large(self) -> str:
-        return f"the request body is larger than the server's limit ({self.max_body_bytes} bytes)"
-
-    def _allowed(self, scope: Scope) -> bool:
-        if not self.api_key or scope.get("path") in OPEN_PATHS:
-            return True
-        client = (scope.get("client") or ("", 0))[0]
-        if scope.get("path") in LOOPBACK_ONLY_PATHS and client in LOOPBACK:
-            return True
-        given = _header(scope, b"x-api-key")
-        if not given:
-            bearer = _header(scope, b"authorization")
-            if bearer.lower().startswith("bearer "):
-                given = bearer[7:].strip()
-        if given:
-            return hmac.compare_digest(given.encode(), self.api_key.encode())
-        cookie = _cookie(scope, SESSION_COOKIE)
-        return bool(cookie) and hmac.compare_digest(cookie.encode(), self._session.encode())
-
-    async def _login(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope.get("method") != "POST":
-            await _send_html(send, 200, login_page())
-            return
-        body = b""
-        while True:
-            message = await asyncio.wait_for(receive(), self.body_timeout_s)
-            body += message.get("body", b"")
-            if len(body) > LOGIN_MAX_BYTES:
-                await _send_json(send, 413, "the sign-in form is too large")
-                return
-            if not message.get("more_body"):
-                break
-        given = parse_qs(body.decode("utf-8", "replace")).get("key", [""])[0]
-        if not hmac.compare_digest(given.encode(), (self.api_key or "").encode()):
-            await _send_html(send, 401, login_page("wrong key"))
-            return
-        cookie = (f"{SESSION_COOKIE}={self._session}; Path=/; HttpOnly; SameSite=Strict")
-        await send({"type": "http.response.start", "status": 303,
-                    "headers": [(b"location", b"/"), (b"set-cookie", cookie.encode()),
-                                (b"content-length", b"0")]})  # fmt: skip
-        await send({"type": "http.response.body", "body": b""})
+        return (f"the request body is larger than the server's limit "
+                f"({self.settings.max_body_bytes} bytes)")  # fmt: skip
 
 
-def session_token(api_key: str) -> str:
-    """The browser's session cookie: derived from the key, so it changes with it."""
-    return hmac.new(api_key.encode(), b"nearsight-session", hashlib.sha256).hexdigest()
+async def _read_small_body(scope: Scope, receive: Receive, limit: int, timeout_s: float) -> bytes:
+    """The whole body of a small request: 413 past ``limit`` bytes (from the Content-Length
+    before reading, else while reading), 408 when it stalls for ``timeout_s``."""
+    length = _header(scope, b"content-length")
+    if length.isdigit() and int(length) > limit:
+        raise _Refused(413, "the sign-in form is too large")
+    body = b""
+    while True:
+        try:
+            message = await asyncio.wait_for(receive(), timeout_s)
+        except TimeoutError:
+            raise _Refused(408, _stalled(timeout_s)) from None
+        if message["type"] != "http.request":
+            raise _Refused(400, "the client left before sending the form")
+        body += message.get("body", b"")
+        if len(body) > limit:
+            raise _Refused(413, "the sign-in form is too large")
+        if not message.get("more_body"):
+            return body
+
+
+def _stalled(seconds: float) -> str:
+    return f"the request body stalled for {seconds:g} s"
 
 
 def login_page(message: str = "") -> str:
@@ -216,6 +310,10 @@ def login_page(message: str = "") -> str:
         "autofocus style='width:100%'><p><button type='submit'>Sign in</button></p></form>"
         "</body></html>"
     )  # fmt: skip
+
+
+def _client(scope: Scope) -> str:
+    return (scope.get("client") or ("", 0))[0]
 
 
 def _header(scope: Scope, name: bytes) -> str:
@@ -233,16 +331,21 @@ def _cookie(scope: Scope, name: str) -> str:
     return ""
 
 
-async def _send(send: Send, status: int, body: bytes, content_type: str) -> None:
+async def _send(
+    send: Send, status: int, body: bytes, content_type: str, retry_after: int | None = None
+) -> None:
     headers = [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode())]
+    if retry_after is not None:
+        headers.append((b"retry-after", str(retry_after).encode()))
     if status >= 400:  # the body may be unread: close rather than drain it for keep-alive
         headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
-async def _send_json(send: Send, status: int, message: str) -> None:
-    await _send(send, status, json.dumps({"error": message}).encode(), "application/json")
+async def _send_json(send: Send, status: int, message: str, retry_after: int | None = None) -> None:
+    await _send(send, status, json.dumps({"error": message}).encode(), "application/json",
+                retry_after)  # fmt: skip
 
 
 async def _send_html(send: Send, status: int, page: str) -> None:

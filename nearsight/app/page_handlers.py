@@ -28,7 +28,7 @@ from nearsight.app.page_tables import (
 )
 from nearsight.app.page_view import GalleryView
 from nearsight.core.errors import NearsightError
-from nearsight.data.images import load_image_bytes
+from nearsight.data.image_input import QueryImage, query_from_bytes
 from nearsight.search.checks import check_k
 from nearsight.search.rerank.changes import MAX_COMPARED_ITEMS, rerank_changes
 from nearsight.search.rerank.spec import NONE, RerankSpec, parse_rerank
@@ -86,7 +86,7 @@ class Page:
             raise PageError(str(error)) from None
 
     @staticmethod
-    def read_upload(path: str | None, min_side: int | None = None) -> tuple[bytes, Any]:
+    def read_upload(path: str | None, min_side: int | None = None) -> QueryImage:
         if not path:
             raise PageError("no query image: upload, paste or drop one")
         file = Path(path)
@@ -94,7 +94,16 @@ class Page:
             data = file.read_bytes()
         except OSError as error:
             raise PageError(f"cannot read the upload: {error.strerror or error}") from None
-        return data, load_image_bytes(data, name=file.name, min_side=min_side)
+        return query_from_bytes(data, file.name, min_side)
+
+    @staticmethod
+    def query_vector(view: GalleryView, query: QueryImage) -> tuple[Any, int | None]:
+        """The upload's vector, and the gallery item it is when its bytes are an item's file
+        (searched as that item: first, at distance 0)."""
+        twin = view.identical_item(query.sha256) if query.sha256 else None
+        if twin is not None:
+            return view.item_vector(twin), twin
+        return view.embedder.embed_images([query.image])[0], None
 
     def start_analysis(self) -> None:
         """Compute every gallery's leave-one-out analysis in a background thread."""
@@ -131,8 +140,10 @@ class Page:
         with _page_errors():
             view = self.view(gallery)
             k = self.check_k(DEFAULT_K if k is None else k)
-            _, decoded = self.read_upload(image, view.embedder.resize)
-            return json.dumps([n.as_json() for n in view.search_image(decoded, k)])
+            query = self.read_upload(image, view.embedder.resize)
+            vector, twin = self.query_vector(view, query)
+            found = view.search_one(vector, k, self_id=twin)
+            return json.dumps([n.as_json() for n in found])
 
     def image_changed(
         self,
@@ -162,20 +173,21 @@ class Page:
         with _page_errors():
             view = self.view(gallery)
             k = self.check_k(k)
-            data, image = self.read_upload(image_path, view.embedder.resize)
+            query = self.read_upload(image_path, view.embedder.resize)
             label = _label_value(query_class)
             note = ""
-            twin = view.identical_item(data)
+            allowed = view.allowed_ids(filters, self.max_filter_conditions)
+            vector, twin = self.query_vector(view, query)
             if twin is not None:
                 twin_label = view.label_of(twin)
                 note = f"identical to gallery item #{twin} ({view.class_name(twin_label)})"
                 if label is None:
                     label = twin_label
-            allowed = view.allowed_ids(filters, self.max_filter_conditions)
-            neighbours = view.search_image(image, k, allowed, self.rerank_spec(view, rerank))
+            neighbours = view.search_one(vector, k, allowed=allowed, self_id=twin,
+                                         rerank=self.rerank_spec(view, rerank))  # fmt: skip
             card = QueryCard(
                 title="uploaded image",
-                thumbnail=thumbnail_uri(image),
+                thumbnail=thumbnail_uri(query.image),
                 label=label,
                 class_name=view.class_name(label),
                 kind="upload",
@@ -192,7 +204,9 @@ class Page:
             k = self.check_k(k)
             item = _item_id(item_id)
             allowed = view.allowed_ids(filters, self.max_filter_conditions)
-            neighbours = view.search_item(item, k, allowed, self.rerank_spec(view, rerank))
+            # leave-one-out: the item is the query, its neighbours are the others
+            neighbours = view.search_one(view.item_vector(item), k, allowed=allowed,
+                                         exclude_id=item, rerank=self.rerank_spec(view, rerank))  # fmt: skip
             label = view.label_of(item)
             card = QueryCard(
                 title=f"gallery item #{item}",

@@ -69,16 +69,31 @@ def summary_markdown(view: GalleryView, show_paths: bool = False) -> str:
 
 
 def spec_line(spec: ModelSpec) -> str:
-    """A model spec in one line of markdown."""
+    """A model spec in one line of markdown: the width of the vectors the gallery holds (and
+    which heads make it), and the test-time preprocessing the embedder really applies."""
     arch = f"{spec.arch}, " if spec.arch else ""
-    size = f"image size {spec.image_size} (resized to {spec.test_resize} first)"
+    size = (
+        f"input: short side resized to {spec.test_resize} px, centre crop "
+        f"{spec.image_size} x {spec.image_size}"
+    )
     if spec.foreign:  # exported elsewhere: no pooling of ours, its own input statistics
         mean, std = (" ".join(f"{v:g}" for v in values) for values in (spec.mean, spec.std))
         return (
             f"ONNX model exported elsewhere, dim {spec.dim}, {size}, input {spec.input_name} "
             f"(mean {mean}, std {std}), output {spec.output_name}"
         )
-    return f"{arch}dim {spec.dim}, {size}, {spec.pooling} pooling"
+    return f"{arch}dim {spec.output_dim} {_embedding(spec)}, {size}, {spec.pooling} pooling"
+
+
+def _embedding(spec: ModelSpec) -> str:
+    """Which head(s) the served vector comes from: "(the layer4 head)", or for the concat
+    embedding "(3 heads x 128: layer2, layer3, layer4, concatenated)"."""
+    if spec.embedding == "concat" and len(spec.heads) > 1:
+        heads = ", ".join(spec.heads)
+        return f"({len(spec.heads)} heads x {spec.dim}: {heads}, concatenated)"
+    if len(spec.heads) > 1:
+        return f"(the {spec.heads[-1]} head of {len(spec.heads)}: the last embedding)"
+    return f"(the {spec.heads[-1]} head)"
 
 
 def metrics_frame(metrics: dict | None) -> pd.DataFrame:

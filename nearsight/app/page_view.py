@@ -6,9 +6,10 @@ paths) plus thumbnails and the gallery's cached leave-one-out analysis
 The analysis is computed once (the first caller computes it, the others wait) and cached; the
 page starts it in a background thread so that the server answers at once.
 
-A gallery item used as a query is left out of its own results (by id, so an exact duplicate of
-it still counts as a neighbour). An uploaded image is not a gallery item and nothing is removed
-from its results: an upload of a gallery file finds that item at distance 0.
+A gallery item picked as the query is left out of its own results (leave-one-out, as the
+evaluation does: by id, so an exact duplicate of it still counts as a neighbour). An uploaded
+image is not left out of anything: an upload of a gallery file is searched as that item, which
+comes first at distance 0.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class GalleryView(ServedGallery):
                 self._thumbs.move_to_end(item_id)
                 return self._thumbs[item_id]
         try:
-            uri: str | None = thumbnail_uri(load_image(self.rows[item_id]["path"]))
+            uri: str | None = thumbnail_uri(load_image(self.row(item_id)["path"]))
         except NearsightError:
             uri = None  # moved or unreadable since the gallery was built: a placeholder
         with self._thumbs_lock:

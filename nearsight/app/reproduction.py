@@ -61,6 +61,9 @@ class Reproduction:
     def training_overrides(self) -> dict[str, Any]:
         overrides = dict(self.overrides)
         overrides["data.root"] = str(self.root)
+        # the training's evaluations (the final-step and best-test rows) report NMI as the
+        # paper defines it
+        overrides["nmi_average"] = read_paper(self.config).nmi
         if self.selection == "val":
             overrides.setdefault("data.val_classes", DEFAULT_VAL_CLASSES)
         elif overrides.get("data.val_classes", 0):
@@ -94,6 +97,8 @@ class Reproduction:
         from nearsight.data.datasets import load_dataset
 
         load_dataset(config.data.dataset, self.root, "test")  # a wrong --root: before any file
+        if not (self.out / "train" / "result.json").is_file():
+            _check_pretrained(config)  # missing ImageNet weights: before any file too
         state = self._start()
         self._train(config, state)
         self._barrier()
@@ -177,6 +182,7 @@ class Reproduction:
                 "train_seconds": round(result.train_seconds, 2),
                 "device": _device(config.device),
                 "processes": self.world,
+                "resumed": resume,  # seconds counts this invocation only
             }
             self._save_state(state)
 
@@ -229,6 +235,20 @@ class Reproduction:
             dist.barrier(device_ids=[info.local_rank])
         else:
             dist.barrier()
+
+
+def _check_pretrained(config) -> None:
+    """The weights the training starts from are at hand: cached ImageNet weights, or else
+    downloaded now, or a one-line error naming --pretrained none and --pretrained FILE.pth;
+    a weights file that can be read."""
+    from nearsight.models.weights import imagenet_cache_path, is_imagenet, resolve_pretrained
+
+    pretrained, arch = config.model.pretrained, config.model.arch
+    if pretrained in ("none", "auto"):
+        return
+    if is_imagenet(pretrained) and imagenet_cache_path(arch, pretrained).is_file():
+        return
+    resolve_pretrained(pretrained, arch)
 
 
 def _finite(metrics: dict[str, Any]) -> dict[str, Any]:

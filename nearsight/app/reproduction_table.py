@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
+
 from nearsight.core.atomic import atomic_file
 from nearsight.training.paper import PaperRow, protocol_metrics
 
@@ -19,11 +21,21 @@ if TYPE_CHECKING:
     from nearsight.training.config import TrainConfig
 
 LABELS = {"nmi": "NMI", "map@r": "MAP@R"}
+# how best.pt was chosen (--selection)
 SELECTION_NOTES = {
-    "test": "chosen on the test classes, as the papers report (optimistic: the test split "
-    "picks the checkpoint); `--selection val` chooses on held-out training classes instead",
+    "test": "chosen on the test classes (optimistic: the test split picks the checkpoint); "
+    "`--selection val` chooses on held-out training classes instead",
     "val": "chosen on classes held out of the training split (the honest protocol); the row "
-    "'ours, best test evaluation' is the papers' choice on the same run",
+    "'ours, best test evaluation' is the best test evaluation of the same run",
+}
+# which of our rows follows the paper's own choice of network (paper.selection)
+PAPER_SELECTION_NOTES = {
+    "best": "The paper reports its best test evaluation during training ({source}): the row "
+    "'{row}' follows that protocol.",
+    "final": "The paper reports the network at the end of a fixed training length ({source}): "
+    "the row 'ours, final step' follows that protocol.",
+    "unstated": "Which network the paper reports is not known: {source}. Compare with both "
+    "'ours' and 'ours, final step'.",
 }
 
 
@@ -51,7 +63,14 @@ def build_report(
     }
     stages = state["stages"]
     seconds = {name: stages[name]["seconds"] for name in stages}
-    best_test = _best_test_evaluation(out, names, paper) if repro.selection == "val" else None
+    evaluations = _evaluations(out)
+    nmi_shown = _training_nmi(out) == paper.nmi  # the trainer's NMI is the paper's
+    best_test = None
+    if repro.selection == "val" and evaluations:
+        best = max(evaluations, key=lambda record: record.get("recall@1", -1.0))
+        best_test = _evaluation_row(best, names, nmi_shown)
+    # the trainer evaluates at the end of every run: its last record is the final network's
+    final = _evaluation_row(evaluations[-1], names, nmi_shown) if evaluations else None
     return {
         "config": repro.config,
         "dataset": dataset,
@@ -59,7 +78,9 @@ def build_report(
         "paper": {n: paper.metrics.get(n) for n in names},
         "ours": ours,
         "difference": difference,
-        # under --selection val, also the papers' protocol: the best test evaluation of the run
+        # the network at the end of training (the trainer's final evaluation of the test split)
+        "ours_final_step": final,
+        # under --selection val, also the best test evaluation of the run
         "ours_best_test": best_test,
         "citation": {
             "cite": paper.cite,
@@ -78,10 +99,17 @@ def build_report(
             "selected_by": trained["selected_by"],
             "best_step": trained["best_step"],
             "steps": trained["steps"],
+            "paper": paper.selection,
+            "paper_source": paper.selection_source,
         },
-        "settings_differ": {"config": paper.differs, "overrides": _overrides(repro)},
+        "settings_differ": {
+            "config": paper.differs,
+            "protocol": _protocol_differences(repro, config),
+            "overrides": _overrides(repro),
+        },
         "wall_seconds": {**seconds, "total": round(sum(seconds.values()), 2)},
         "train_seconds": stages.get("train", {}).get("train_seconds"),
+        "train_resumed": bool(stages.get("train", {}).get("resumed", False)),
         "device": stages.get("train", {}).get("device"),
         "processes": stages.get("train", {}).get("processes", 1),
         "queries": measured.get("queries"),
@@ -116,17 +144,31 @@ def render(report: dict[str, Any]) -> str:
         _row("ours", [report["ours"][n] for n in names], digits),
         _row("ours - paper", [report["difference"][n] for n in names], digits, sign=True),
     ]
-    best_test = report.get("ours_best_test")
+    final, best_test = report.get("ours_final_step"), report.get("ours_best_test")
+    if final is not None:
+        lines.append(_row("ours, final step", [final[n] for n in names], digits))
     if best_test is not None:
         lines.append(_row("ours, best test evaluation", [best_test[n] for n in names], digits))
+    selection = report["selection"]
     lines += [
         "",
         f"Percent; ours on {report['queries']} test images, each querying all the others.",
+        f"- ours: best.pt (step {selection['best_step']}), exported, indexed and evaluated",
     ]
+    if final is not None:
+        lines.append(
+            f"- ours, final step: the network after the last training step (step "
+            f"{final['step']}), from the training's final evaluation of the test split"
+        )
     if best_test is not None:
         lines.append(
-            f"- ours, best test evaluation: the papers' protocol on the same run, the training "
-            f"evaluation (step {best_test['step']}) with the best test Recall@1; an upper bound"
+            f"- ours, best test evaluation: the training evaluation (step {best_test['step']}) "
+            f"with the best test Recall@1 on the same run; an upper bound"
+        )
+    if any(row is not None and row.get("nmi_hidden") for row in (final, best_test)):
+        lines.append(
+            f"- NMI of the training's evaluations not shown: they used another average than "
+            f"the paper's ({report['nmi']['average']})"
         )
     for name, source in cite["sources"].items():
         lines.append(f"- paper {name}: {source}")
@@ -136,45 +178,85 @@ def render(report: dict[str, Any]) -> str:
     lines.append(
         f"- NMI: {nmi['average']} mean of the two entropies, as the paper ({nmi['source']})"
     )
-    selection = report["selection"]
+    paper_row = "ours" if selection["protocol"] == "test" else "ours, best test evaluation"
+    paper_note = PAPER_SELECTION_NOTES[selection["paper"]].format(
+        source=selection["paper_source"], row=paper_row
+    )
     lines += [
         "",
         f"Model selection: best.pt is step {selection['best_step']} of {selection['steps']}, by "
-        f"{selection['selected_by']}: {SELECTION_NOTES[selection['protocol']]}.",
+        f"{selection['selected_by']}: {SELECTION_NOTES[selection['protocol']]}. {paper_note}",
         "",
         "Settings that differ from the paper:",
     ]
-    lines += [f"- {item}" for item in report["settings_differ"]["config"]]
+    differ = report["settings_differ"]
+    lines += [f"- {item}" for item in [*differ["config"], *differ.get("protocol", [])]]
     for key, change in report["settings_differ"]["overrides"].items():
         lines.append(
             f"- `--set {key}={_shown(change['value'])}` (the config: {_shown(change['config'])})"
         )
-    wall = report["wall_seconds"]
-    parts = ", ".join(f"{name} {wall[name]:.0f}s" for name in wall if name != "total")
-    train = report["train_seconds"]
-    in_batches = f"; {train:.0f}s of it in training batches" if train is not None else ""
-    lines += [
-        "",
-        f"Wall time: {wall['total']:.0f}s ({parts}{in_batches}; each stage as timed by the "
-        f"run that completed it). Device: {report['device']}"
-        + (f", {report['processes']} processes (torchrun)." if report["processes"] > 1 else "."),
-    ]
+    lines += ["", _wall_time(report)]
     return "\n".join(lines) + "\n"
 
 
-def _best_test_evaluation(out: Path, names: list[str], paper: PaperRow) -> dict[str, Any] | None:
-    """The run's evaluation with the best test Recall@1 (metrics.jsonl), in percent: what the
-    papers would report for it. Its NMI is the arithmetic one the trainer logs, so it is shown
-    only where the paper uses that."""
+def _wall_time(report: dict[str, Any]) -> str:
+    """The stages' wall time and the training batches' time, each saying what it counts: a
+    stage is timed by the invocation that completed it (a resumed training's earlier
+    invocations are not in it), the training batches over every invocation."""
+    wall = report["wall_seconds"]
+    parts = ", ".join(f"{name} {wall[name]:.0f}s" for name in wall if name != "total")
+    text = f"Wall time: {wall['total']:.0f}s ({parts}), each stage as timed by the invocation "
+    text += "that completed it"
+    if report.get("train_resumed"):
+        text += " (the training was resumed: the invocations before the last are not counted)"
+    train = report["train_seconds"]
+    if train is not None:
+        text += f". Training batches: {train:.0f}s over the whole training"
+        if report.get("train_resumed"):
+            text += ", every invocation included"
+        text += " (evaluations and checkpoints excluded)"
+    device = f". Device: {report['device']}"
+    if report["processes"] > 1:
+        device += f", {report['processes']} processes (torchrun)"
+    return text + device + "."
+
+
+def _evaluations(out: Path) -> list[dict[str, Any]]:
+    """The training's evaluations of the test split (metrics.jsonl), in step order."""
     path = out / "train" / "metrics.jsonl"
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    if not records:
-        return None
-    best = max(records, key=lambda record: record.get("recall@1", -1.0))
-    shown = {n: _percent(best.get(n)) for n in names}
-    if paper.nmi != "arithmetic":
-        shown["nmi"] = None
-    return {**shown, "step": best["step"]}
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _training_nmi(out: Path) -> str:
+    """How the training's evaluations normalised NMI (runs from before the setting: arithmetic)."""
+    saved = yaml.safe_load((out / "train" / "config.yaml").read_text()) or {}
+    return str(saved.get("nmi_average") or "arithmetic")
+
+
+def _evaluation_row(record: dict[str, Any], names: list[str], nmi_shown: bool) -> dict[str, Any]:
+    """One training evaluation as a table row, in percent; its NMI only where it is the
+    paper's."""
+    shown: dict[str, Any] = {n: _percent(record.get(n)) for n in names}
+    if "nmi" in shown and not nmi_shown:
+        shown["nmi"], shown["nmi_hidden"] = None, True
+    return {**shown, "step": record["step"]}
+
+
+def _protocol_differences(repro: Reproduction, config: TrainConfig) -> list[str]:
+    """What the chosen protocol changes from the paper's training: --selection val trains on
+    the training classes it does not hold out."""
+    held = config.data.val_classes
+    if repro.selection != "val" or not held:
+        return []
+    if held < 1:
+        share = f"{held:.0%} of the training classes"
+    else:
+        share = f"{held:g} training class{'es' if held != 1 else ''}"
+    return [
+        f"`--selection val`: {share} held out (data.val_classes = {held:g}) to choose best.pt, "
+        f"so every network of the run trained on the other classes only; the paper trains on "
+        f"all of them"
+    ]
 
 
 def _row(label: str, values: list[float | None], digits: int, sign: bool = False) -> str:

@@ -24,20 +24,22 @@ Uploads are decoded and resized in worker threads, then embedded by the gallery 
 from __future__ import annotations
 
 import asyncio
-import hmac
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
 import numpy as np
-from fastapi import Depends, FastAPI, File, Form, Path, Request, UploadFile
+from fastapi import Depends, FastAPI, File, Form, Path, Request, Security, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.security import APIKeyHeader, HTTPBearer
 from starlette.exceptions import HTTPException
 
+from nearsight.app.auth import API_KEY_HEADER, key_matches, presented_key
 from nearsight.app.batcher import DEFAULT_MAX_WAITING, BatcherFull, EmbedBatcher
-from nearsight.core.errors import NearsightError
+from nearsight.core.errors import Busy, NearsightError
 from nearsight.data.images import ImageLoadError, load_image_bytes
 from nearsight.index.gallery.keys import ids_of_keys
 from nearsight.search.rerank.spec import parse_rerank
@@ -45,13 +47,13 @@ from nearsight.search.route import check_vector, item_row
 from nearsight.search.served import ServedGallery
 
 API_PREFIX = "/api"
-API_KEY_ENV = "NEARSIGHT_API_KEY"
-API_KEY_HEADER = "X-API-Key"
 DEFAULT_K = 8
 MAX_K = 1000
 FORM_SLACK_BYTES = 64 * 1024  # the multipart envelope and the small fields around the file
 MAX_ECHO_CHARS = 200  # an error message quoting a request's input is cut to this
 RETRY_AFTER_S = 1
+# filtered or re-ranked searches at once: one core stays free for plain searches and health
+HEAVY_CONCURRENCY = 1
 
 
 class ApiError(Exception):
@@ -85,7 +87,8 @@ def make_rest_app(
             batchers[id(view.embedder)] = EmbedBatcher(
                 view.embedder.embed, max_batch=max_batch, max_waiting=max_waiting
             )
-    decoding = DecodeGate(concurrency, max_waiting)
+    decoding = WorkGate(concurrency, max_waiting, "uploads")
+    heavy_work = WorkGate(HEAVY_CONCURRENCY, max_waiting, "filtered or re-ranked searches")
 
     app = FastAPI(
         title="nearsight",
@@ -96,17 +99,7 @@ def make_rest_app(
     )
     app.state.batchers = batchers
 
-    def require_key(request: Request) -> None:
-        if not api_key:
-            return
-        given = request.headers.get(API_KEY_HEADER, "")
-        bearer = request.headers.get("authorization", "")
-        if not given and bearer.lower().startswith("bearer "):
-            given = bearer[7:].strip()
-        if not given or not hmac.compare_digest(given.encode(), api_key.encode()):
-            raise ApiError(
-                401, f"missing or wrong API key (send it in the {API_KEY_HEADER} header)"
-            )
+    require_key = _key_dependency(api_key)
 
     def view_of(name: str | None) -> ServedGallery:
         if not name:
@@ -124,6 +117,9 @@ def make_rest_app(
 
     @app.exception_handler(NearsightError)
     async def _bad_input(_: Request, error: NearsightError) -> JSONResponse:
+        if isinstance(error, Busy):  # the server's state, not the request: never a 4xx
+            headers = {"Retry-After": str(RETRY_AFTER_S)}
+            return JSONResponse({"error": _one_line(str(error))}, status_code=503, headers=headers)
         return JSONResponse({"error": _one_line(str(error))}, status_code=400)
 
     @app.exception_handler(RequestValidationError)
@@ -187,7 +183,7 @@ def make_rest_app(
             found = ids_of_keys(view.gallery, [key])
         except NearsightError as error:  # the gallery has no key column
             raise ApiError(404, str(error)) from None
-        if key not in found or found[key] not in view.rows:
+        if key not in found or found[key] not in view.rows():
             raise ApiError(404, f"gallery {view.name} has no item with that key")
         return item_row(view.public_row(found[key]))
 
@@ -220,18 +216,28 @@ def make_rest_app(
             spec = None if rerank is None else parse_rerank(rerank)
         except ValueError as error:
             raise ApiError(422, str(error)) from None
-        allowed = await run_in_threadpool(view.allowed_ids, filter, max_filter_conditions)
+        self_id = None  # a query that is a gallery item comes first, at distance 0
         if image is not None:
             batcher = batchers[id(view.embedder)]
-            query = await _embed_upload(image, view, batcher, max_upload_bytes, decoding)
+            query, self_id = await _embed_upload(image, view, batcher, max_upload_bytes, decoding)
         elif item_id is not None:
-            if item_id not in view.rows:
+            if item_id not in view.rows():
                 raise ApiError(404, f"gallery {view.name} has no item with id {item_id}")
-            query = view.item_vector(item_id)
+            query, self_id = view.item_vector(item_id), item_id
         else:
-            query = check_vector(view.gallery, _parse_vector(vector))
-        found = await run_in_threadpool(view.search_vector, query, k, None, allowed, spec)
+            try:
+                query = check_vector(view.gallery, _parse_vector(vector))
+            except NearsightError as error:  # the wrong length, zeros: a bad field
+                raise ApiError(422, f"vector: {error}") from None
         used = view.rerank if spec is None else spec
+
+        def work():
+            allowed = view.allowed_ids(filter, max_filter_conditions)
+            return view.search_one(query, k, allowed=allowed, rerank=used, self_id=self_id)
+
+        # filters and re-ranking share one small pool; a plain search never waits behind them
+        heavy = bool(filter and filter.strip()) or used.active
+        found = await (heavy_work.run(work) if heavy else run_in_threadpool(work))
         return {
             "gallery": view.name,
             "k": k,
@@ -242,13 +248,15 @@ def make_rest_app(
     return app
 
 
-class DecodeGate:
-    """At most ``concurrency`` decodes at once (a decoded 64 MP image is ~200 MB), and at most
-    ``max_waiting`` requests waiting for one."""
+class WorkGate:
+    """At most ``concurrency`` pieces of one kind of work at once (a decoded 64 MP image is
+    ~200 MB; a re-ranking or a filter keeps a core busy), and at most ``max_waiting`` requests
+    waiting for one; past that, 503 with Retry-After. Waiting holds no thread."""
 
-    def __init__(self, concurrency: int, max_waiting: int):
+    def __init__(self, concurrency: int, max_waiting: int, what: str = "requests"):
         self.concurrency = max(1, concurrency)
         self.max_waiting = max_waiting
+        self.what = what
         self._semaphore: asyncio.Semaphore | None = None  # made in the server's event loop
         self.waiting = 0
 
@@ -256,7 +264,7 @@ class DecodeGate:
         if self._semaphore is None:
             self._semaphore = asyncio.Semaphore(self.concurrency)
         if self.waiting >= self.max_waiting:
-            raise ApiError(503, f"the server is busy ({self.waiting} uploads waiting): retry")
+            raise ApiError(503, f"the server is busy ({self.waiting} {self.what} waiting): retry")
         self.waiting += 1
         try:
             async with self._semaphore:
@@ -267,13 +275,16 @@ class DecodeGate:
 
 async def _embed_upload(
     upload: UploadFile, view: ServedGallery, batcher: EmbedBatcher, max_bytes: int,
-    decoding: DecodeGate,
-) -> Any:  # fmt: skip
+    decoding: WorkGate,
+) -> tuple[Any, int | None]:  # fmt: skip
     data = await upload.read(max_bytes + 1)
     if len(data) > max_bytes:
         limit = max_bytes / 1024 / 1024
         raise ApiError(413, f"the upload is larger than the server's limit ({limit:g} MB)")
     name = _echo(upload.filename or "<upload>")
+    twin = view.identical_item(hashlib.sha256(data).hexdigest())
+    if twin is not None:  # a gallery item's own file: searched as that item
+        return view.item_vector(twin), twin
 
     def prepare():
         try:
@@ -288,7 +299,7 @@ async def _embed_upload(
         future = batcher.submit(model_input)
     except BatcherFull as error:
         raise ApiError(503, f"the server is busy ({error}): retry") from None
-    return await asyncio.wrap_future(future)
+    return await asyncio.wrap_future(future), None
 
 
 def _parse_vector(text: str | None) -> Any:
@@ -315,6 +326,30 @@ def _echo(text: str) -> str:
 
 def _one_line(text: str) -> str:
     return _echo(" ".join(text.split()))
+
+
+# only for the OpenAPI schema: require_key reads the key as the guard does
+_KEY_HEADER = APIKeyHeader(name=API_KEY_HEADER, auto_error=False, scheme_name="APIKey")
+_BEARER = HTTPBearer(auto_error=False, scheme_name="Bearer")
+
+
+def _key_dependency(api_key: str | None):
+    """The routes' dependency: the key checked as the guard checks it (nearsight/app/auth.py),
+    and declared in the OpenAPI schema (X-API-Key, or a bearer token) when there is one."""
+    if not api_key:
+        return lambda: None
+
+    def require_key(
+        request: Request,
+        _header: Annotated[str | None, Security(_KEY_HEADER)] = None,
+        _bearer: Annotated[Any, Security(_BEARER)] = None,
+    ) -> None:
+        if not key_matches(presented_key(request.scope["headers"]), api_key):
+            raise ApiError(
+                401, f"missing or wrong API key (send it in the {API_KEY_HEADER} header)"
+            )
+
+    return require_key
 
 
 def close_rest_app(app: FastAPI) -> None:

@@ -1,26 +1,52 @@
 """Starting the page's server: Gradio's launch with the safety settings, the REST API mounted
-at ``/api``, and the guard (nearsight/app/guard.py) in front of every route."""
+at ``/api``, the guard (nearsight/app/guard.py) in front of every route and the connection
+policy (nearsight/app/slow_clients.py) under every connection.
+
+What a running server holds is a :class:`ServedApp` on the FastAPI app's state
+(``demo.app.state.nearsight``, :func:`served`); :func:`stop_app` stops it all."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import gradio as gr
+from fastapi import FastAPI
 from starlette.middleware import Middleware
 
-from nearsight.app.guard import DEFAULT_BODY_TIMEOUT_S, Guard
+from nearsight.app.auth import SESSION_S, Sessions
+from nearsight.app.guard import DEFAULT_BODY_TIMEOUT_S, Guard, GuardSettings
+from nearsight.app.hosts import AllowedHosts
 from nearsight.app.metrics import ServerMetrics
 from nearsight.app.page_handlers import Page
-from nearsight.app.rest import API_PREFIX, FORM_SLACK_BYTES, make_rest_app
-from nearsight.app.slow_clients import DEFAULT_HEADER_TIMEOUT_S, install_header_timeout
+from nearsight.app.rest import API_PREFIX, FORM_SLACK_BYTES, close_rest_app, make_rest_app
+from nearsight.app.slow_clients import (
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_MAX_PER_CLIENT,
+    KEEP_ALIVE_S,
+    ConnectionPolicy,
+    install,
+)
 
 DEFAULT_MAX_UPLOAD_MB = 10.0
 DEFAULT_MAX_CONNECTIONS = 256  # open connections beyond this get 503 (uvicorn's limit_concurrency)
-KEEP_ALIVE_S = 5  # an idle keep-alive connection is closed after this
 # Sessions whose state Gradio keeps (least recently used dropped first). Every call of the API
 # over plain HTTP is a new session holding a copy of every component's config (docs/decisions.md):
 # Gradio's default of 10000 let a busy API client grow the server by far too much.
 STATE_SESSIONS = 1000
 SYSTEM_FONTS = ("system-ui", "Segoe UI", "Roboto", "Helvetica Neue", "Arial", "sans-serif")
 MONO_FONTS = ("ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace")
+
+
+@dataclass
+class ServedApp:
+    """What :func:`launch_app` started besides Gradio's own server."""
+
+    url: str
+    page: Page
+    rest: FastAPI
+    guard: GuardSettings
+    connections: ConnectionPolicy
 
 
 def system_theme() -> gr.themes.Base:
@@ -31,6 +57,17 @@ def system_theme() -> gr.themes.Base:
     )
 
 
+def served(demo: gr.Blocks) -> ServedApp:
+    """The :class:`ServedApp` of a Blocks started by :func:`launch_app`."""
+    return demo.app.state.nearsight
+
+
+def stop_app(demo: gr.Blocks) -> None:
+    """Stop the server of ``demo``, its REST API's batchers and the page's background work."""
+    demo.close(verbose=False)
+    app = served(demo)
+    close_rest_app(app.rest)
+    app.page.close()
 
 
 def launch_app(
@@ -45,13 +82,21 @@ def launch_app(
     max_filter_conditions: int | None = None,
     watch_interval: float = 0.0,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    max_client_connections: int = DEFAULT_MAX_PER_CLIENT,
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
+    keep_alive_s: float = KEEP_ALIVE_S,
+    allowed_hosts: Sequence[str] = (),
+    access_log: bool = False,
+    secure_cookie: bool = False,
+    session_s: float = SESSION_S,
 ) -> str:
     """Start the server with the safety settings and the REST API (nearsight/app/rest.py) mounted at
     ``/api``; returns the local URL. ``watch_interval``: seconds between looks for other
-    processes' changes to the galleries (nearsight/app/live.py; 0: never). With ``prevent_thread_lock`` it returns at once (call
-    ``demo.close()`` to stop, then ``close_rest_app(demo.nearsight_api)``)."""
+    processes' changes to the galleries (nearsight/app/live.py; 0: never). ``allowed_hosts``:
+    names the server answers to besides the defaults for ``host`` (nearsight/app/hosts.py).
+    ``access_log``: one line per request on stderr. With ``prevent_thread_lock`` it returns at
+    once (call :func:`stop_app` to stop)."""
     page: Page = demo.nearsight  # type: ignore[attr-defined]
     blocked = sorted({str(view.gallery.path) for view in page.views.values()})
     max_bytes = int(max_upload_mb * 1024 * 1024)
@@ -69,17 +114,19 @@ def launch_app(
         lambda: [(v.name, len(v), v.generation) for v in list(page.views.values())],
         lambda: sum(batcher.waiting for batcher in batchers),
     )
-    guard = Middleware(
-        Guard,
-        api_key=api_key,
+    settings = GuardSettings(
         max_body_bytes=max_bytes + FORM_SLACK_BYTES,
+        hosts=AllowedHosts.for_server(host, allowed_hosts),
+        api_key=api_key,
+        sessions=Sessions(api_key, session_s, secure=secure_cookie) if api_key else None,
         body_timeout_s=body_timeout_s,
         metrics=metrics,
-        access_log=not quiet,
+        access_log=access_log,
     )
-    install_header_timeout(header_timeout_s)
+    connections = ConnectionPolicy(header_timeout_s, keep_alive_s, max_client_connections)
+    install(connections)  # before the server starts: its first connections are covered too
     _, url, _ = demo.launch(
-        app_kwargs={"middleware": [guard]},  # in front of every route, the page's included
+        app_kwargs={"middleware": [Middleware(Guard, settings=settings)]},
         server_name=host,
         server_port=port,
         prevent_thread_lock=True,  # the API is mounted on the running app, then we block
@@ -99,15 +146,28 @@ def launch_app(
         footer_links=["api"],
         theme=system_theme(),
     )
+    app = demo.app
+    _guard_outermost(app)
     # Gradio builds its FastAPI app inside launch(); none of its routes is under /api
     # (its own live under /gradio_api), so the mount shadows nothing
-    demo.app.mount(API_PREFIX, rest)
-    # read by uvicorn for each new connection: the open-connection cap and idle keep-alive
-    demo.server.config.limit_concurrency = max_connections
-    demo.server.config.timeout_keep_alive = KEEP_ALIVE_S
-    demo.nearsight_api = rest  # type: ignore[attr-defined]
+    app.mount(API_PREFIX, rest)
+    config = demo.server.config
+    connections.attach(config)
+    config.limit_concurrency = max_connections  # read by uvicorn for each new connection
+    config.timeout_keep_alive = keep_alive_s
+    app.state.nearsight = ServedApp(url, page, rest, settings, connections)
     if watch_interval > 0:
         page.watch(watch_interval)
     if not prevent_thread_lock:
         demo.block_thread()
     return url
+
+
+def _guard_outermost(app: FastAPI) -> None:
+    """Put the guard in front of the middleware Gradio adds in launch() (its CORS handling
+    answers preflight requests itself, and it reflected any Origin with credentials for a
+    non-local Host) and rebuild the stack; the one built before keeps serving until the swap,
+    and it has the guard too."""
+    first = [m for m in app.user_middleware if m.cls is Guard]
+    app.user_middleware = first + [m for m in app.user_middleware if m.cls is not Guard]
+    app.middleware_stack = app.build_middleware_stack()

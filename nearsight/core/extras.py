@@ -3,15 +3,16 @@ needs one that is not installed (``pip install .`` is the serving set only)."""
 
 from __future__ import annotations
 
-# import name -> the extra in pyproject.toml that installs it (tests/test_extras.py checks
-# that every requirement of the [train] extra is here)
+# import name -> the smallest extra in pyproject.toml that installs it
+# (tests/test_error_guidance.py checks that every requirement of [train] and [data] is here)
 EXTRA_MODULES = {
     "torch": "train",
     "torchvision": "train",
     "onnx": "train",
     "pytorch_metric_learning": "train",
     "sklearn": "train",
-    "scipy": "train",
+    "scipy": "data",  # CARS196's cars_annos.mat; [train] brings it too
+    "pyarrow": "data",  # Parquet metadata for index import
     "tensorboard": "train",
     "timm": "train",
     "safetensors": "train",

@@ -6,11 +6,12 @@ Every part of nearsight (training, indexing, search, the page) loads images thro
 :func:`load_image` or :func:`load_image_bytes`, so they all see the same pixels:
 
 - the EXIF orientation is applied (a phone photo taken in portrait stays upright);
-- grayscale, palette, CMYK and 16-bit/32-bit/float images become RGB; 16-bit values are scaled
-  to 8 bits (Pillow's own ``convert("RGB")`` clips them, turning most of the image white);
-- transparent pixels are composited on white (dropping the alpha channel would show whatever
-  colour the invisible pixels happen to hold, usually black);
-- an image larger than :data:`MAX_PIXELS` is refused before it is decoded (decompression bomb);
+- grayscale, palette, CMYK and 16-bit/32-bit/float images become RGB and transparent pixels
+  are composited on white (:mod:`nearsight.data.rgb`);
+- an image with more than :data:`MAX_PIXELS` pixels, or whose decoding would hold more than
+  :data:`MAX_DECODE_BYTES` (estimated from its header: size after JPEG draft, mode and bit
+  depth, :func:`nearsight.data.rgb.decoded_bytes`), is refused before it is decoded
+  (decompression bomb); only the first frame of an animation or a multi-page file is decoded;
 - anything that goes wrong (missing, empty, truncated, corrupt, not an image) raises
   :class:`ImageLoadError` with a one-line message naming the file: never another exception.
 
@@ -32,13 +33,18 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 
 from nearsight.core.errors import NearsightError
 from nearsight.data.jpeg import FAST_MODES, decode_rgb
+from nearsight.data.rgb import decoded_bytes, to_rgb
 
 # Images with more pixels than this are refused before decoding (64 megapixels, 192 MB as RGB).
 MAX_PIXELS = 64_000_000
+# ... and so is one whose decoding is estimated to hold more than this: 8 bytes a pixel (a 64 MP
+# image of any mode fits), plus 2 a pixel and channel for a progressive JPEG's coefficients.
+# Each --concurrency slot of the server decodes one image at a time.
+MAX_DECODE_BYTES = 512 * 2**20
 _EXIF_ORIENTATION = 0x0112
 
 # What Pillow raises for files it cannot read: besides OSError (truncated data, unknown format)
@@ -63,9 +69,6 @@ _PIL_ERRORS: tuple[type[BaseException], ...] = (
 # header parse runs under it, not the decoding.
 _WARNINGS_LOCK = threading.Lock()
 
-_WHITE = (255, 255, 255)
-_ALPHA_MODES = {"RGBA", "LA", "PA", "RGBa", "La"}
-_HIGH_BIT_MODES = {"I;16", "I;16B", "I;16L", "I;16N", "I", "F"}
 
 
 class ImageLoadError(NearsightError):
@@ -181,31 +184,55 @@ def _decode(stream, name: str, min_side: MinSide = None, as_array: bool = False)
     try:
         with _open_checked(stream, name) as image:
             if image.format != "JPEG":
+                _check_budget(image, name)
                 image.load()
-                image = _to_rgb(ImageOps.exif_transpose(image))
-                return np.array(image) if as_array else image
+                orientation = image.getexif().get(_EXIF_ORIENTATION, 1)
+                upright = _turned(to_rgb(image, release=True), orientation)
+                return np.array(upright) if as_array else upright
             orientation = image.getexif().get(_EXIF_ORIENTATION, 1)
             if callable(min_side) and orientation in _QUARTER_TURNS:
                 # the caller sees the image upright: ask with its width and height swapped
                 min_side = functools.partial(_swapped, min_side)
             request = draft_request(*image.size, min_side)
+            scale = draft_scale(*image.size, request)
+            _check_budget(image, name, scale)
             if image.mode in FAST_MODES:
                 stream.seek(0)
-                pixels = decode_rgb(stream.read(), *image.size, draft_scale(*image.size, request))
+                pixels = decode_rgb(stream.read(), *image.size, scale)
                 if pixels is not None:
                     if as_array and orientation not in _UPRIGHT:
                         return pixels
-                    upright = _orient(Image.fromarray(pixels), orientation)
+                    picture = Image.fromarray(pixels)
+                    del pixels  # the array is copied: only the picture and its turn are held
+                    upright = _turned(picture, orientation)
                     return np.array(upright) if as_array else upright
             if request is not None:
                 image.draft("RGB", request)
             image.load()
-            image = _to_rgb(ImageOps.exif_transpose(image))
-        return np.array(image) if as_array else image
+            upright = _turned(to_rgb(image, release=True), orientation)
+        return np.array(upright) if as_array else upright
     except ImageLoadError:
         raise
     except _PIL_ERRORS as error:
         raise ImageLoadError.for_file(name, _reason(error)) from None
+
+
+def _check_budget(image: Image.Image, name: str, scale: int = 1) -> None:
+    """Refuse, before decoding, an image whose decoding would hold more than
+    :data:`MAX_DECODE_BYTES` (:func:`nearsight.data.rgb.decoded_bytes`; only the first frame
+    of an animation or a multi-page file is ever decoded; the array form, for training, adds
+    its copy)."""
+    width, height = image.size
+    progressive = image.format == "JPEG" and bool(image.info.get("progressive"))
+    channels = len(image.getbands()) if progressive else 0
+    needed = decoded_bytes(image.mode, width, height, scale=scale, coefficients=channels)
+    if needed > MAX_DECODE_BYTES:
+        raise ImageLoadError.for_file(
+            name,
+            f"decoding its {width}x{height} {image.mode} pixels would take about "
+            f"{needed / 2**20:.0f} MB, more than the limit of {MAX_DECODE_BYTES / 2**20:.0f} MB "
+            "(a possible decompression bomb)",
+        )
 
 
 # EXIF orientation -> the transpose that makes the image upright (as ImageOps.exif_transpose)
@@ -224,6 +251,15 @@ _QUARTER_TURNS = (5, 6, 7, 8)
 def _orient(image: Image.Image, orientation: int) -> Image.Image:
     method = _UPRIGHT.get(orientation)
     return image if method is None else image.transpose(method)
+
+
+def _turned(image: Image.Image, orientation: int) -> Image.Image:
+    """:func:`_orient`, closing ``image`` once a turned copy of it is made (ImageOps'
+    exif_transpose copies even an upright image; here only the turn and the result are held)."""
+    upright = _orient(image, orientation)
+    if upright is not image:
+        image.close()
+    return upright
 
 
 def _swapped(min_side: Callable[[int, int], int], width: int, height: int) -> int:
@@ -257,44 +293,3 @@ def _reason(error: BaseException) -> str:
     if "truncated" in text:
         return f"the file is truncated or corrupt ({text})"
     return text or type(error).__name__
-
-
-def _to_rgb(image: Image.Image) -> Image.Image:
-    mode = image.mode
-    if mode in _HIGH_BIT_MODES:
-        return _high_bit_to_rgb(image)
-    if "transparency" in image.info and mode in {"P", "L", "RGB", "1"}:
-        image = image.convert("RGBA")  # applies the tRNS colour / palette transparency
-        mode = "RGBA"
-    if mode in _ALPHA_MODES:
-        rgba = image.convert("RGBA")
-        background = Image.new("RGBA", rgba.size, (*_WHITE, 255))
-        return Image.alpha_composite(background, rgba).convert("RGB")
-    if mode == "RGB":
-        return image
-    return image.convert("RGB")  # L, 1, P, CMYK, YCbCr, HSV
-
-
-def _high_bit_to_rgb(image: Image.Image) -> Image.Image:
-    """16-bit, 32-bit integer and float grayscale to 8 bits.
-
-    16-bit modes use their full range (v / 257: 0 -> 0, 65535 -> 255). Mode ``I`` (32-bit) holds
-    8-bit data, 16-bit data (older Pillow opens 16-bit PNGs that way) or anything else: values in
-    0..255 are kept, values in 0..65535 are scaled as 16-bit, others are stretched min..max.
-    Float images in 0..1 are scaled by 255; other float ranges are stretched min..max.
-    """
-    values = np.asarray(image).astype(np.float64)
-    values = np.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)
-    low, high = (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
-    if image.mode.startswith("I;16"):
-        scaled = values / 257.0
-    elif image.mode == "F" and low >= 0.0 and high <= 1.0:
-        scaled = values * 255.0
-    elif low >= 0.0 and high <= 255.0:
-        scaled = values
-    elif image.mode == "I" and low >= 0.0 and high <= 65535.0:
-        scaled = values / 257.0
-    else:
-        scaled = (values - low) * (255.0 / (high - low)) if high > low else values * 0.0
-    gray = Image.fromarray(np.clip(np.rint(scaled), 0, 255).astype(np.uint8))
-    return gray.convert("RGB")

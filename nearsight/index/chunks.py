@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from nearsight.core.errors import NearsightError
+from nearsight.core.extras import EXTRA_MODULES
 from nearsight.data.meta import BUILTIN_KEYS, FilterError, infer_types, label_codes, typed_row
 
 META_FIELDS = ("path", "label", "class_name", "split", "sha256", "width", "height")
@@ -165,8 +166,10 @@ def _read_parquet(file: Path) -> list[dict[str, Any]]:
     try:
         import pyarrow.parquet as parquet
     except ImportError:
+        extra = EXTRA_MODULES["pyarrow"]
         raise NearsightError(
-            f"reading {file} needs pyarrow (pip install pyarrow), or give the meta as .csv"
+            f"reading {file} needs pyarrow, which comes with nearsight's [{extra}] extra: "
+            f"pip install 'nearsight[{extra}]' (or give the meta as .csv)"
         ) from None
     try:
         table = parquet.read_table(file)

@@ -195,19 +195,15 @@ class _EmbedderBase:
     def preprocess(self, image: Image.Image) -> np.ndarray:
         """One decoded image as the model's input [3, S, S] in [0, 1] (what embed_images does
         to each image; the server's micro-batcher calls it per request, then embeds a batch)."""
-        return self._transform(image.convert("RGB"))
+        # convert() copies even an RGB image: for a 64 MP upload that is 256 MB more
+        return self._transform(image if image.mode == "RGB" else image.convert("RGB"))
 
     def embed_images(self, images: Sequence[Image.Image], batch_size: int = 32) -> np.ndarray:
         if batch_size <= 0:
             raise NearsightError(f"batch size must be positive, got {batch_size}")
         chunks = [np.zeros((0, self.dim), np.float32)]
         for start in range(0, len(images), batch_size):
-            batch = np.stack(
-                [
-                    self._transform(image.convert("RGB"))
-                    for image in images[start : start + batch_size]
-                ]
-            )
+            batch = np.stack([self.preprocess(image) for image in images[start : start + batch_size]])
             chunks.append(self.embed(batch))
         return np.concatenate(chunks)
 

@@ -8,6 +8,12 @@ them in). Galleries record that spec as they do a nearsight model's, so searchin
 evaluating a gallery need nothing more than its folder. Images get nearsight's test transform
 (resize the short side, centre crop, [0, 1]), then ``(x - mean) / std`` here; the output is
 flattened per image and L2-normalised here (FAISS compares unit vectors). No torch.
+
+Before anything is embedded, :func:`foreign_spec` checks the graph's declared output and then
+runs it on one blank image (and on two, when its batch is not fixed): the output must keep the
+batch dimension, one embedding of at most :data:`MAX_EMBEDDING_DIM` values per image, and a
+fixed batch may be at most :data:`MAX_FIXED_BATCH`. Anything else is a one-line error before
+a file is written (a 60M-value output took 11.6 GB and left 10.8 GB of chunks on disk).
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from nearsight.models.onnx_session import open_session
 from nearsight.models.preprocess import IMAGENET_MEAN, IMAGENET_STD, test_transform
 from nearsight.models.spec import ModelSpec
 
+MAX_EMBEDDING_DIM = 65_536  # values per image (CLIP and DINOv2 towers give 512 to 1,536)
+MAX_FIXED_BATCH = 256  # a graph exported for a fixed batch is padded to it on every call
 
 def _image_input(session: Any, path: Path) -> Any:
     inputs = session.get_inputs()
@@ -45,10 +53,71 @@ def _output(session: Any, path: Path, output: str | None) -> str:
     return output
 
 
-def fixed_batch(session: Any) -> int | None:
-    """The batch size a graph exported without a dynamic batch axis insists on, else None."""
-    first = _image_input(session, Path("model")).shape[0]
-    return first if isinstance(first, int) and first > 0 else None
+def fixed_batch(session: Any, path: Path = Path("model")) -> int | None:
+    """The batch size a graph exported without a dynamic batch axis insists on, else None;
+    NearsightError past :data:`MAX_FIXED_BATCH`."""
+    first = _image_input(session, path).shape[0]
+    fixed = first if isinstance(first, int) and first > 0 else None
+    if fixed is not None and fixed > MAX_FIXED_BATCH:
+        raise NearsightError(
+            f"{path} takes batches of exactly {fixed:,} images, more than the {MAX_FIXED_BATCH} "
+            "nearsight runs (export it with a dynamic batch axis)"
+        )
+    return fixed
+
+
+def _check_declared_output(session: Any, path: Path, name: str) -> None:
+    """The graph's own description of ``name``: a batch axis, and (where it fixes them) at
+    most :data:`MAX_EMBEDDING_DIM` values per image; checked before anything runs."""
+    shape = list(next(o for o in session.get_outputs() if o.name == name).shape or [])
+    if not shape:
+        return  # no shape recorded: the probe run tells
+    if len(shape) < 2:
+        raise NearsightError(
+            f"{path}: its output {name} {shape} has no batch dimension (expected [N, D]: one "
+            "embedding per image)"
+        )
+    sizes = shape[1:]
+    if all(isinstance(size, int) and size > 0 for size in sizes):
+        _check_width(path, name, int(np.prod(sizes)))
+
+
+def _check_width(path: Path, name: str, width: int) -> None:
+    if not 1 <= width <= MAX_EMBEDDING_DIM:
+        raise NearsightError(
+            f"{path}: its output {name} has {width:,} values per image; an embedding has 1 to "
+            f"{MAX_EMBEDDING_DIM:,} (--output names another output)"
+        )
+
+
+def _probe(session: Any, path: Path, input_name: str, output_name: str, size: int) -> int:
+    """Run the graph on one blank image (and on two when its batch is free): the embedding
+    width, checked; NearsightError for an output without its batch dimension."""
+    fixed = fixed_batch(session, path)
+    width = None
+    for batch in (fixed,) if fixed else (1, 2):
+        blank = np.zeros((batch, 3, size, size), np.float32)
+        try:
+            (result,) = session.run([output_name], {input_name: blank})
+        except Exception as error:
+            reason = " ".join(str(error).split())[:200]
+            raise NearsightError(
+                f"{path} does not run on [N, 3, {size}, {size}] images ({reason}): "
+                "check --input-size"
+            ) from None
+        shape = list(np.shape(result))
+        if len(shape) < 2 or shape[0] != batch:
+            raise NearsightError(
+                f"{path}: its output {output_name} is {shape} for a batch of {batch} image(s): "
+                "it loses the batch dimension (expected [N, D]: one embedding per image)"
+            )
+        _check_width(path, output_name, int(np.prod(shape[1:])))
+        if width is not None and int(np.prod(shape[1:])) != width:
+            raise NearsightError(
+                f"{path}: its output {output_name} changes width with the batch size"
+            )
+        width = int(np.prod(shape[1:]))
+    return int(width)
 
 
 def foreign_spec(
@@ -100,16 +169,8 @@ def foreign_spec(
                 f"{list(image_input.shape)}): give its --input-size"
             )
         image_size = height
-    blank = np.zeros((fixed_batch(session) or 1, 3, image_size, image_size), np.float32)
-    try:
-        (result,) = session.run([output_name], {image_input.name: blank})
-    except Exception as error:
-        reason = " ".join(str(error).split())[:200]
-        raise NearsightError(
-            f"{file} does not run on [N, 3, {image_size}, {image_size}] images ({reason}): "
-            "check --input-size"
-        ) from None
-    dim = int(np.prod(np.asarray(result).shape[1:]))
+    _check_declared_output(session, file, output_name)
+    dim = _probe(session, file, image_input.name, output_name, image_size)
     return ModelSpec(
         arch="onnx",
         dim=dim,
@@ -140,10 +201,11 @@ class ForeignOnnxEmbedder(OnnxEmbedder):
                 f"{spec.input_name!r}: is it the same model?"
             )
         _output(session, self.path, spec.output_name)
+        _check_declared_output(session, self.path, spec.output_name)
         self.metadata = dict(session.get_modelmeta().custom_metadata_map)
         self.spec = spec
         self._transform = test_transform(self.image_size, self.resize, spec.interpolation)
-        self._batch = fixed_batch(session)
+        self._batch = fixed_batch(session, self.path)
         self._mean = np.asarray(spec.mean, np.float32).reshape(1, 3, 1, 1)
         self._std = np.asarray(spec.std, np.float32).reshape(1, 3, 1, 1)
 
@@ -157,7 +219,13 @@ class ForeignOnnxEmbedder(OnnxEmbedder):
             if missing:
                 piece = np.concatenate([piece, np.zeros((missing, *piece.shape[1:]), np.float32)])
             (out,) = self.session.run([self.spec.output_name], {self.spec.input_name: piece})
-            out = np.asarray(out, dtype=np.float32).reshape(len(piece), -1)
+            out = np.asarray(out, dtype=np.float32)
+            if out.ndim < 2 or out.shape[0] != len(piece):
+                raise NearsightError(
+                    f"{self.path}: its output {self.spec.output_name} is {list(out.shape)} for "
+                    f"a batch of {len(piece)} images (expected [N, D]): is it the same model?"
+                )
+            out = out.reshape(len(piece), -1)
             parts.append(out[: len(piece) - missing])
         vectors = np.concatenate(parts)
         norms = np.linalg.norm(vectors, axis=1, keepdims=True)

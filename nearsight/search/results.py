@@ -1,9 +1,9 @@
-"""Search results for notebooks and scripts: what ``SearchableGallery.search`` and
-``search_many`` return.
+"""Search results for notebooks and scripts: what ``Searcher.search`` and ``search_many``
+return.
 
-:class:`SearchResults` is the list of neighbour dicts of one query (rank, id, path, label,
-class_name, distance, meta), so code that loops over it or compares it with a list keeps
-working; it adds :meth:`~SearchResults.to_pandas` (one row per neighbour, ``meta`` flattened
+:class:`SearchResults` is the list of :class:`~nearsight.search.neighbour.Neighbour` s of one
+query (rank, id, key, path, label, class_name, distance, meta; each readable as ``n.id`` or
+``n["id"]``), so code that loops over it keeps working; it adds :meth:`~SearchResults.to_pandas` (one row per neighbour, ``meta`` flattened
 into columns) and an HTML grid that Jupyter shows by itself, framed as the page frames it:
 green when a neighbour's class is the query's, red when not, grey when the query's class is not
 known. :class:`ResultsList` holds one :class:`SearchResults` per query of ``search_many``; a
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import html
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +22,14 @@ import numpy as np
 from PIL import Image
 
 from nearsight.core.errors import NearsightError
+from nearsight.data.image_input import as_image
 from nearsight.data.images import load_image
+from nearsight.search.neighbour import FIELDS, Neighbour
 from nearsight.search.verdicts import FRAME_COLOURS, QUERY_COLOUR, correctness, thumbnail_uri
 
 NOTEBOOK_THUMBNAIL = 96  # pixels, the longer side of a notebook grid's thumbnails
 HTML_MAX_QUERIES = 20  # queries drawn by ResultsList's grid; the rest are counted
-COLUMNS = ("rank", "id", "path", "label", "class_name", "distance")
+COLUMNS = tuple(name for name in FIELDS if name != "meta")
 
 _CELL = (
     "display:inline-block;vertical-align:top;margin:2px;padding:2px;border:3px solid {colour};"
@@ -45,7 +47,7 @@ def _pandas() -> Any:
 
 
 class SearchResults(list):
-    """The neighbours of one query, nearest first (a list of dicts).
+    """The neighbours of one query, nearest first (a list of Neighbour).
 
     ``query``: the query as given (a path, an image, an array; a gallery item's id for
     ``search_item``); ``query_label``: its class when known (``search(..., label=L)``, or the
@@ -54,7 +56,7 @@ class SearchResults(list):
 
     def __init__(
         self,
-        rows: Iterable[dict[str, Any]] = (),
+        rows: Iterable[Neighbour] = (),
         *,
         query: Any = None,
         query_label: int | None = None,
@@ -141,8 +143,6 @@ def _thumbnail(image: Any) -> str | None:
         if isinstance(image, Image.Image):
             picture = image
         elif isinstance(image, np.ndarray):
-            from nearsight.search.searchable import as_image
-
             picture = as_image(image)
         elif isinstance(image, str | os.PathLike):
             picture = load_image(Path(image), NOTEBOOK_THUMBNAIL)
@@ -166,6 +166,10 @@ def _cell(uri: str | None, colour: str, caption: str, title: str, verdict: str =
     )
 
 
+def _distance(value: float | None) -> str:
+    return "-" if value is None else f"{float(value):.3f}"
+
+
 def _query_html(results: SearchResults, number: int | None = None) -> str:
     e = html.escape
     heading = "query" if number is None else f"query {number}"
@@ -187,7 +191,7 @@ def _query_html(results: SearchResults, number: int | None = None) -> str:
         name = hit.get("class_name") or ("" if hit.get("label") is None else hit.get("label"))
         caption = (
             f"<b>#{hit.get('rank')}</b> {e(str(name))}<br>"
-            f"d {float(hit.get('distance', float('nan'))):.3f} · id {hit.get('id')}"
+            f"d {_distance(hit.get('distance'))} · id {hit.get('id')}"
         )
         cells.append(
             _cell(
@@ -200,18 +204,3 @@ def _query_html(results: SearchResults, number: int | None = None) -> str:
         )
     return f'<div class="ns-results" style="margin-bottom:8px">{"".join(cells)}</div>'
 
-
-def as_results(
-    answers: Sequence[Sequence[dict[str, Any]]],
-    queries: Sequence[Any],
-    labels: Sequence[int | None],
-) -> list[SearchResults]:
-    """Ranked rows (``search_rows``) as :class:`SearchResults`, rank first in each dict."""
-    return [
-        SearchResults(
-            ({"rank": rank, **row} for rank, row in enumerate(rows, start=1)),
-            query=query,
-            query_label=label,
-        )
-        for rows, query, label in zip(answers, queries, labels, strict=True)
-    ]

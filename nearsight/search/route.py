@@ -1,16 +1,23 @@
-"""Neighbours as JSON-ready rows: the one answer shape of the CLI (``search --json``, the
-``--queries`` lines), the REST API and the Python API.
+"""The one search route, which every surface goes through (the CLI, REST, the page and the
+Python API, all by way of :class:`nearsight.search.searcher.Searcher`):
 
-A neighbour is ``{"id", "path", "label", "class_name", "distance", "meta"}``, nearest first;
-``meta`` holds the item's extra columns (empty when it has none). Queries are vectors: an
-uploaded image embedded by the gallery's model, a gallery item's stored embedding
-(:func:`item_vector`), or a vector a caller brings.
+query vectors -> candidates from the index (only the items the filters allow, inside FAISS)
+-> re-ranking (when asked) -> exact distances -> typed :class:`Neighbour` rows.
+
+- Distances are exact: each returned item's stored vector is compared with the query in float64
+  (``||q - v||`` between unit vectors, 0 to 2), whichever index found it or re-ranking ordered
+  it. Without re-ranking, the answer is ordered by these distances.
+- A query that is a gallery item (``self_ids``) gets the item itself first, at distance exactly
+  0, before any byte-identical duplicate, when the filters allow it. ``exclude`` leaves an item
+  out instead (the page's and the evaluation's leave-one-out).
+- Checks of a caller's input (``k``, the re-rank spec, the filters, a vector's shape) are made
+  once, by whoever receives the request, with :func:`check_k`, :func:`resolve_rerank`,
+  :func:`allowed_ids` and :func:`check_vector`; :func:`search` trusts what it is given.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,16 +25,22 @@ import numpy as np
 from nearsight.core.errors import NearsightError
 from nearsight.index.catalog.filters import Condition, merge_conditions, parse_filters
 from nearsight.index.gallery.core import Gallery
+from nearsight.index.gallery.keys import key_column
 from nearsight.search.checks import check_k
+from nearsight.search.neighbour import Neighbour, neighbour
 from nearsight.search.rerank.search import reranked_search
 from nearsight.search.rerank.spec import RerankSpec, parse_rerank
+
+__all__ = ["allowed_ids", "check_k", "check_vector", "item_vector", "resolve_rerank", "search"]
+
+Filters = str | Sequence[str | Condition] | None
 
 
 def item_vector(gallery: Gallery, item_id: int) -> np.ndarray:
     """The stored embedding [1, D] of gallery item ``item_id`` (a one-line error if absent)."""
     row = int(np.searchsorted(gallery.ids, item_id))
     if row >= len(gallery.ids) or int(gallery.ids[row]) != int(item_id):
-        raise NearsightError(f"gallery {gallery.path} has no item with id {item_id}")
+        raise NearsightError(f"the gallery has no item with id {item_id}")
     return gallery.vectors_of([item_id])
 
 
@@ -53,13 +66,11 @@ def check_vector(gallery: Gallery, vector: Any) -> np.ndarray:
 
 
 def allowed_ids(
-    gallery: Gallery,
-    filters: Sequence[str | Condition] | str | None,
-    max_conditions: int | None = None,
+    gallery: Gallery, filters: Filters, max_conditions: int | None = None
 ) -> np.ndarray | None:
-    """Ids meeting every filter, or None when there is no filter (search everything).
-    Repeated conditions count once; more than ``max_conditions`` distinct ones (default
-    :data:`~nearsight.index.catalog.filters.MAX_FILTER_CONDITIONS`) is a FilterError."""
+    """Ids meeting every filter (typed by their columns: nearsight.index.catalog.filters), or
+    None when there is no filter (search everything). Repeated conditions count once; more
+    than ``max_conditions`` distinct ones is a FilterError."""
     if filters is None:
         return None
     if isinstance(filters, str):
@@ -74,43 +85,14 @@ def allowed_ids(
     return gallery.filter_ids(conditions)
 
 
-def search_rows(
-    gallery: Gallery,
-    vectors: np.ndarray,
-    k: Any,
-    *,
-    filters: Sequence[str | Condition] | str | None = None,
-    allowed: np.ndarray | None = None,
-    rerank: RerankSpec | str | None = None,
-    exclude: Sequence[int] | np.ndarray | None = None,
-    rows: Mapping[int, dict[str, Any]] | None = None,
-) -> list[list[dict[str, Any]]]:
-    """The search every caller goes through (the CLI, REST, the page, the Python API): the
-    ``k`` nearest items of each query vector, as JSON-ready rows (module docstring).
-    ``filters`` (or ``allowed``, already resolved ids): search only the matching items.
-    ``rerank``: a re-ranking spec (nearsight.search.rerank); None: the gallery's stored one.
-    ``exclude``: per query, an item left out (a gallery item querying the others). ``rows``:
-    the catalog rows by id where the caller holds them in memory (else they are read)."""
-    k = check_k(k)
-    if allowed is None:
-        allowed = allowed_ids(gallery, filters)
-    spec = resolve_rerank(gallery, rerank)
-    if spec.active:
-        distances, ids = reranked_search(gallery, vectors, k, spec, ids=allowed, exclude=exclude)
-    else:
-        distances, ids = gallery.search(vectors, k, ids=allowed, exclude=exclude)
-    per_query = [
-        [(int(i), float(d)) for i, d in zip(ids[q], distances[q], strict=True) if i >= 0]
-        for q in range(len(ids))
-    ]
-    if rows is None:
-        wanted = sorted({i for found in per_query for i, _ in found})
-        rows = {row["id"]: row for row in gallery.items(wanted)} if wanted else {}
-    return [[neighbour_row(rows[i], d) for i, d in found] for found in per_query]
+def stored_rerank(gallery: Gallery) -> RerankSpec:
+    """The re-ranking stored in the gallery (``nearsight eval --tune-on ... --save``), else
+    none."""
+    return parse_rerank(gallery.meta.get("rerank"))
 
 
 def resolve_rerank(gallery: Gallery, rerank: RerankSpec | str | None) -> RerankSpec:
-    """``rerank`` parsed (one-line NearsightError when bad); None: the gallery's default."""
+    """``rerank`` parsed (one-line NearsightError when bad); None: the gallery's stored one."""
     if rerank is None:
         return stored_rerank(gallery)
     try:
@@ -119,28 +101,95 @@ def resolve_rerank(gallery: Gallery, rerank: RerankSpec | str | None) -> RerankS
         raise NearsightError(str(error)) from None
 
 
-def stored_rerank(gallery: Gallery) -> RerankSpec:
-    """The re-ranking stored in the gallery (``nearsight eval --tune-on ... --save``), else
-    none."""
-    return parse_rerank(gallery.meta.get("rerank"))
+def search(
+    gallery: Gallery,
+    vectors: np.ndarray,
+    k: int,
+    *,
+    allowed: np.ndarray | None = None,
+    rerank: RerankSpec,
+    self_ids: Sequence[int | None] | None = None,
+    exclude: Sequence[int] | np.ndarray | None = None,
+    rows: Mapping[int, dict[str, Any]] | None = None,
+    shown_path: Callable[[Mapping[str, Any]], str] | None = None,
+) -> list[list[Neighbour]]:
+    """The ``k`` nearest items of each query vector (unit, [Q, D]) as :class:`Neighbour` lists,
+    nearest first (module docstring). ``allowed``: the ids the filters allow (None: every
+    item). ``self_ids``: per query, the gallery item it is, if any (first, at 0). ``exclude``:
+    per query, an item left out. ``rows``: the catalog rows by id where the caller holds them
+    in memory (else they are read). ``shown_path``: an item's path as the caller may see it
+    (default: the stored path)."""
+    queries = np.ascontiguousarray(vectors, dtype=np.float32)
+    if queries.ndim == 1:
+        queries = queries[None, :]
+    if rerank.active:
+        _, found = reranked_search(gallery, queries, k, rerank, ids=allowed, exclude=exclude)
+    else:
+        _, found = gallery.search(queries, k, ids=allowed, exclude=exclude)
+    selves = _selves(self_ids, len(queries), allowed)
+    per_query = []
+    for q, row_ids in enumerate(found):
+        ids = [int(i) for i in row_ids if i >= 0]
+        if selves[q] is not None:
+            ids = [selves[q], *(i for i in ids if i != selves[q])][:k]
+        distances = exact_distances(gallery, queries[q], ids)
+        order = np.arange(len(ids))
+        if not rerank.active:  # the index's order, made exact (approximate types differ)
+            order = np.lexsort((ids, distances))
+        if selves[q] is not None:  # before a duplicate at the same distance 0
+            order = np.array([0, *(o for o in order if o != 0)], dtype=np.int64)
+        ids, distances = [ids[o] for o in order], distances[order]
+        per_query.append((ids, distances))
+    if rows is None:
+        wanted = sorted({i for ids, _ in per_query for i in ids})
+        rows = {row["id"]: row for row in gallery.items(wanted)} if wanted else {}
+    column = key_column(gallery)
+    show = shown_path or (lambda row: str(row["path"]))
+    return [
+        [
+            neighbour(rank, rows[i], float(d), show(rows[i]), column)
+            for rank, (i, d) in enumerate(zip(ids, distances, strict=True), start=1)
+        ]
+        for ids, distances in per_query
+    ]
 
 
-def neighbour_row(item: dict[str, Any], distance: float) -> dict[str, Any]:
-    """The one neighbour shape (module docstring); a distance an approximate index could not
-    give (inf) is None."""
-    return {
-        "id": int(item["id"]),
-        "path": item["path"],
-        "label": item["label"],
-        "class_name": item["class_name"],
-        "distance": distance if math.isfinite(distance) else None,
-        "meta": dict(item.get("meta") or {}),
-    }
+def exact_distances(gallery: Gallery, query: np.ndarray, ids: Sequence[int]) -> np.ndarray:
+    """float64 Euclidean distances from ``query`` to the stored vectors of ``ids``: exactly 0
+    for the item's own vector (as ``sqrt(2 - 2 q.v)`` in float32 is not)."""
+    if not len(ids):
+        return np.zeros(0, dtype=np.float64)
+    stored = np.asarray(gallery.vectors_of(np.asarray(ids, dtype=np.int64)), dtype=np.float64)
+    return np.linalg.norm(stored - np.asarray(query, dtype=np.float64)[None, :], axis=1)
 
 
-def item_row(item: dict[str, Any]) -> dict[str, Any]:
-    """A catalog row as JSON (``GET /api/items/{id}``)."""
-    return {
+def _selves(
+    self_ids: Sequence[int | None] | None, count: int, allowed: np.ndarray | None
+) -> list[int | None]:
+    """Per query, the item to put first: its own id, where the filters allow it."""
+    if self_ids is None:
+        return [None] * count
+    if len(self_ids) != count:
+        raise ValueError(f"{len(self_ids)} self ids for {count} queries")
+    return [
+        None
+        if item is None or (allowed is not None and not _contains(allowed, int(item)))
+        else int(item)
+        for item in self_ids
+    ]
+
+
+def _contains(sorted_ids: np.ndarray, item: int) -> bool:
+    position = int(np.searchsorted(sorted_ids, item))
+    return position < len(sorted_ids) and int(sorted_ids[position]) == item
+
+
+def item_row(item: dict[str, Any], path: str | None = None) -> dict[str, Any]:
+    """A catalog row as JSON (``GET /api/items/{id}``), its path as ``path`` when given."""
+    row = {
         key: item.get(key)
         for key in ("id", "path", "label", "class_name", "split", "sha256", "width", "height")
-    } | {"meta": dict(item.get("meta") or {})}
+    }
+    if path is not None:
+        row["path"] = path
+    return row | {"meta": dict(item.get("meta") or {})}

@@ -1,85 +1,56 @@
-"""A gallery opened for serving (the page and the REST API): its model, its catalog rows in
-memory, the paths clients may see, and searches through :func:`nearsight.search.route.
-search_rows` (the one search route) answered as :class:`Neighbour` (the one row shape, typed).
-The page's view (nearsight/app/page_view.py) adds thumbnails and the failure analysis."""
+"""A gallery opened for serving (the page and the REST API): a :class:`Searcher` with its
+model loaded, its catalog rows in memory, and item paths that never show the server's folders.
+
+How a served item is named (``path`` in every answer and error): its path relative to the
+gallery's root (the folder fixed when the gallery was made: the dataset's root, or the folder
+holding every item), or, for an item from elsewhere (an ``index add`` from another folder), its
+file name. No name depends on the other items. ``serve --show-paths`` shows full paths.
+The page's view (nearsight/app/page_view.py) adds thumbnails and the failure analysis.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import faiss
 import numpy as np
-from PIL import Image
 
 from nearsight.core.errors import NearsightError
 from nearsight.index.gallery.core import Gallery
 from nearsight.models.embedder import Embedder
+from nearsight.search.neighbour import Neighbour
 from nearsight.search.rerank.spec import RerankSpec
-from nearsight.search.route import allowed_ids, search_rows, stored_rerank
+from nearsight.search.searcher import Searcher
 
 
-@dataclass(frozen=True)
-class Neighbour:
-    """One row of :func:`~nearsight.search.route.search_rows` (the one shape) and its
-    rank, with the row's fields as attributes."""
-
-    rank: int
-    row: dict[str, Any]
-
-    id = property(lambda self: int(self.row["id"]))
-    path = property(lambda self: str(self.row["path"]))
-    label = property(lambda self: None if self.row["label"] is None else int(self.row["label"]))
-    class_name = property(lambda self: self.row["class_name"])
-    # None where an approximate index found fewer than k
-    distance = property(lambda self: self.row["distance"])
-    meta = property(lambda self: self.row["meta"])  # the item's extra columns
-
-    def as_json(self) -> dict[str, Any]:
-        """The row: the shape `nearsight search --json` prints."""
-        return {**self.row, "meta": dict(self.row["meta"])}
-
-
-class ServedGallery:
-    """One gallery as a server holds it: catalog rows in memory, the embedder. Safe to use
-    from several threads."""
+class ServedGallery(Searcher):
+    """One gallery as a server holds it: catalog rows in memory, the embedder loaded. Safe to
+    use from several threads."""
 
     def __init__(self, name: str, gallery: Gallery, embedder: Embedder):
+        super().__init__(gallery, embedder)
         self.name = name
         self.generation = 0  # counts the reloads of a live gallery (nearsight/app/live.py)
-        self.show_paths = False  # clients see paths below the items' common folder only
-        self.rerank_override: RerankSpec | None = None  # serve --rerank
-        self.gallery = gallery
-        self.embedder = embedder
-        self.rows: dict[int, dict[str, Any]] = {int(r["id"]): r for r in gallery.all_items()}
+        self.show_paths = False  # serve --show-paths
+        self._rows: dict[int, dict[str, Any]] = {int(r["id"]): r for r in gallery.all_items()}
         self.ids = np.asarray(gallery.ids, dtype=np.int64)
         self.labels = np.asarray(gallery.labels, dtype=np.int64)
-        self.position = {int(item_id): row for row, item_id in enumerate(self.ids)}
-        self.class_names = class_names(self.rows.values())
+        self.class_names = class_names(self._rows.values())
         self.by_sha256: dict[str, int] = {}
-        for item_id, row in self.rows.items():
+        for item_id, row in sorted(self._rows.items()):
             if row.get("sha256"):
                 self.by_sha256.setdefault(str(row["sha256"]), item_id)
-        folders = {os.path.dirname(str(row["path"])) for row in self.rows.values()}
-        self._root = os.path.commonpath(sorted(folders)) if folders else ""
+        root = gallery.meta.get("root")
+        self._root = str(root) if root else None
 
     # -- facts -------------------------------------------------------------------------------
 
-    @property
-    def rerank(self) -> RerankSpec:
-        """The re-ranking searches use unless told otherwise: serve --rerank, else the
-        gallery's stored choice (nearsight eval --tune-on ... --save), else none."""
-        if self.rerank_override is not None:
-            return self.rerank_override
-        return stored_rerank(self.gallery)
-
-    def __len__(self) -> int:
-        return len(self.ids)
+    def rows(self) -> Mapping[int, dict[str, Any]]:
+        return self._rows
 
     @property
     def labelled_ids(self) -> np.ndarray:
@@ -96,89 +67,62 @@ class ServedGallery:
 
     def row(self, item_id: int) -> dict[str, Any]:
         try:
-            return self.rows[int(item_id)]
-        except KeyError:
+            return self._rows[int(item_id)]
+        except (KeyError, ValueError, TypeError):
             raise NearsightError(f"gallery {self.name} has no item with id {item_id}") from None
 
-    def public_path(self, path: str | os.PathLike[str]) -> str:
-        """An item's path as clients see it: below the gallery items' common folder, so the
-        server's own folders stay private (absolute with ``serve --show-paths``)."""
-        text = str(path)
-        if self.show_paths or not self._root:
+    def shown_path(self, row: Mapping[str, Any]) -> str:
+        """An item's path as clients see it (module docstring)."""
+        text = str(row["path"])
+        if self.show_paths:
             return text
-        return os.path.relpath(text, self._root)
+        if self._root and os.path.isabs(text):
+            relative = os.path.relpath(text, self._root)
+            if not relative.startswith(os.pardir):
+                return relative
+        return os.path.basename(text) or f"item {row['id']}"
 
     def public_row(self, item_id: int) -> dict[str, Any]:
-        """The item's catalog row with :meth:`public_path`."""
-        return {**self.row(item_id), "path": self.public_path(self.row(item_id)["path"])}
+        """The item's catalog row with :meth:`shown_path`."""
+        row = self.row(item_id)
+        return {**row, "path": self.shown_path(row)}
 
-    def identical_item(self, data: bytes) -> int | None:
-        """The id of a gallery item whose file has exactly these bytes, if any."""
-        return self.by_sha256.get(hashlib.sha256(data).hexdigest())
+    def identical_item(self, sha256: str) -> int | None:
+        """The id of a gallery item whose file has these bytes (by sha256), if any."""
+        return self.by_sha256.get(sha256)
 
-    # -- searching ---------------------------------------------------------------------------
+    # -- searching (one query on one OpenMP thread: a server's requests run side by side) ----
 
-    def embed(self, image: Image.Image) -> np.ndarray:
-        return np.asarray(self.embedder.embed_images([image]), dtype=np.float32)
+    def search_vectors(self, vectors: np.ndarray, k: int, **route: Any) -> list[list[Neighbour]]:
+        with one_openmp_thread():
+            return super().search_vectors(vectors, k, **route)
 
-    def allowed_ids(
-        self, filters: str | Sequence[str] | None, max_conditions: int | None = None
-    ) -> np.ndarray | None:
-        """Ids meeting every filter (nearsight/index/catalog/filters.py; several in one text
-        separated by ';' or new lines), or None for no filter."""
-        return allowed_ids(self.gallery, filters, max_conditions)
-
-    def search_vector(
+    def search_one(
         self,
         vector: np.ndarray,
         k: int,
+        *,
+        allowed: np.ndarray | None = None,
+        rerank: RerankSpec | None = None,
+        self_id: int | None = None,
         exclude_id: int | None = None,
-        allowed: np.ndarray | None = None,
-        rerank: RerankSpec | None = None,
     ) -> list[Neighbour]:
-        """The k nearest items of one query vector, nearest first; ``exclude_id``: leave that
-        item out (a gallery item querying the others, and of its re-ranking's expansions);
-        ``allowed``: search only these ids (inside FAISS: the true top-k of them);
-        ``rerank``: a re-ranking (default :attr:`rerank`; ``NONE`` for off)."""
-        query = np.asarray(vector, np.float32).reshape(1, -1)
-        exclude = None if exclude_id is None else [exclude_id]
-        with one_openmp_thread():
-            (found,) = search_rows(self.gallery, query, k, allowed=allowed, exclude=exclude,
-                                   rerank=self.rerank if rerank is None else rerank,
-                                   rows=self.rows)  # fmt: skip
-        return [
-            Neighbour(rank, {**row, "path": self.public_path(row["path"])})
-            for rank, row in enumerate(found, start=1)
-        ]
-
-    def search_image(
-        self,
-        image: Image.Image,
-        k: int,
-        allowed: np.ndarray | None = None,
-        rerank: RerankSpec | None = None,
-    ) -> list[Neighbour]:
-        return self.search_vector(self.embed(image), k, allowed=allowed, rerank=rerank)
+        """The k nearest items of one unit query vector, for a request checked already:
+        ``self_id`` first at 0 (a query that is a gallery item), ``exclude_id`` left out (the
+        page's leave-one-out); ``rerank`` default :attr:`rerank`."""
+        (found,) = self.search_vectors(
+            np.asarray(vector, np.float32).reshape(1, -1),
+            k,
+            allowed=allowed,
+            rerank=self.rerank if rerank is None else rerank,
+            self_ids=None if self_id is None else [self_id],
+            exclude=None if exclude_id is None else [exclude_id],
+        )
+        return found
 
     def item_vector(self, item_id: int) -> np.ndarray:
         self.row(item_id)  # one-line error for an unknown id
         return self.gallery.vectors_of([int(item_id)])[0]
-
-    def search_item(
-        self,
-        item_id: int,
-        k: int,
-        allowed: np.ndarray | None = None,
-        rerank: RerankSpec | None = None,
-    ) -> list[Neighbour]:
-        """Leave-one-out neighbours of a gallery item, from its stored embedding."""
-        vector = self.item_vector(item_id)
-        return self.search_vector(
-            vector, k, exclude_id=int(item_id), allowed=allowed, rerank=rerank
-        )
-
-    def close(self) -> None:
-        self.gallery.close()
 
 
 @contextlib.contextmanager

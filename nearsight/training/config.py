@@ -60,7 +60,7 @@ class DataConfig:
     eval_batch_size: int = 64
     # classes held out of the training split to choose best.pt by (val/recall@1): a number of
     # classes, or a share of them when below 1; 0 = none (best.pt is then chosen on the test
-    # split, as the papers report). Class-disjoint and drawn with `seed`.
+    # split, as Proxy Anchor's code does). Class-disjoint and drawn with `seed`.
     val_classes: float = 0
     # decode and resize every training image once and keep it in memory (small datasets: the
     # per-step PNG decoding then disappears); the augmentation still runs per draw
@@ -163,6 +163,9 @@ class TrainConfig:
     eval_at_start: bool = False  # also evaluate the untrained network (step 0)
     save_every: int = 100  # steps between last.pt saves (and at every evaluation)
     ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    # how evaluations normalise NMI's mutual information: arithmetic | geometric mean of the
+    # two entropies (nearsight reproduce sets the paper's)
+    nmi_average: str = "arithmetic"
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda
     # auto: on where the hardware runs bf16 natively (CUDA, AVX512-BF16/AMX CPUs); the losses

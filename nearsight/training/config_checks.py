@@ -11,6 +11,7 @@ import typing
 from typing import TYPE_CHECKING, Any
 
 from nearsight.core.errors import NearsightError
+from nearsight.data.metrics.nmi import NMI_AVERAGES
 from nearsight.models.embedding_config import (
     ARCHS,
     FEATURE_NORMS,
@@ -141,6 +142,10 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError(f"data.workers must be 0 or more, got {config.data.workers}")
     if not config.ks or any(k < 1 for k in config.ks):
         raise ConfigError(f"ks must be positive integers, got {config.ks}")
+    if config.nmi_average not in NMI_AVERAGES:
+        raise ConfigError(
+            f"nmi_average must be one of {', '.join(NMI_AVERAGES)}, got {config.nmi_average!r}"
+        )
 
 
 # the settings that follow the starting point: (from pretrained weights, from scratch). From

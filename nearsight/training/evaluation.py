@@ -90,4 +90,6 @@ class EvalSplit:
 
         embeddings, ok = self.embed(embed_batch)
         labels = np.asarray(self.split.labels)[ok]
-        return evaluate(embeddings, labels, ks=tuple(self.config.ks))
+        return evaluate(
+            embeddings, labels, ks=tuple(self.config.ks), nmi_average=self.config.nmi_average
+        )

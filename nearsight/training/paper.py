@@ -6,13 +6,18 @@
       row: RankMI (Ours) 128R                # which row
       nmi: arithmetic                        # how the paper normalises NMI (or geometric)
       nmi_source: where the paper defines it
+      selection: final                       # which network the paper reports (SELECTIONS)
+      selection_source: where it says so (or why it is unstated)
       metrics: {recall@1: 66.7, ..., nmi: 71.3, map@r: null}   # percent; null = not known
       sources: {recall@1: "sec. 4.2 ..."}    # a cell taken from elsewhere than table/row
       missing: {map@r: "why it is empty"}    # every null cell, with its reason
       differs: ["what this config does differently, and why", ...]
 
 Every number is cited (by ``table`` and ``row``, or by its own ``sources`` entry) and every
-empty cell says why; :func:`problems` lists what breaks that rule.
+empty cell says why; :func:`problems` lists what breaks that rule. ``selection`` says which
+network the paper's numbers are of: ``final`` (a fixed training length, its last network),
+``best`` (the best of evaluations on the test split during training) or ``unstated``; the
+reproduction table says "as the paper" only of the matching row.
 """
 
 from __future__ import annotations
@@ -29,7 +34,10 @@ from nearsight.data.metrics.nmi import NMI_AVERAGES
 from nearsight.data.metrics.retrieval import CUB_KS, SOP_KS
 from nearsight.training.config import PAPER_KEY, _config_text, parse_yaml
 
-TEXT_FIELDS = ("cite", "table", "row", "nmi_source")
+TEXT_FIELDS = ("cite", "table", "row", "nmi_source", "selection_source")
+# which network a paper reports: its last (a fixed training length), its best test evaluation
+# during training, or it does not say
+SELECTIONS = ("final", "best", "unstated")
 
 
 def protocol_metrics(dataset: str) -> list[str]:
@@ -48,6 +56,8 @@ class PaperRow:
     row: str
     nmi: str
     nmi_source: str
+    selection: str
+    selection_source: str
     metrics: dict[str, float | None]
     sources: dict[str, str] = field(default_factory=dict)
     missing: dict[str, str] = field(default_factory=dict)
@@ -67,6 +77,8 @@ class PaperRow:
             "row": self.row,
             "nmi": self.nmi,
             "nmi_source": self.nmi_source,
+            "selection": self.selection,
+            "selection_source": self.selection_source,
             "metrics": dict(self.metrics),
             "sources": dict(self.sources),
             "missing": dict(self.missing),
@@ -97,6 +109,8 @@ def read_paper(config: str | Path) -> PaperRow:
         row=block["row"],
         nmi=block["nmi"],
         nmi_source=block["nmi_source"],
+        selection=block["selection"],
+        selection_source=block["selection_source"],
         metrics={key: (None if v is None else float(v)) for key, v in block["metrics"].items()},
         sources=dict(block.get("sources") or {}),
         missing=dict(block.get("missing") or {}),
@@ -106,10 +120,13 @@ def read_paper(config: str | Path) -> PaperRow:
 
 def problems(block: dict[str, Any], dataset: str) -> list[str]:
     """What makes ``block`` unusable: a missing citation, a number without one, an empty cell
-    without a reason, a protocol metric without a cell, an unknown NMI normalisation."""
+    without a reason, a protocol metric without a cell, an unknown NMI normalisation or model
+    selection."""
     found = [f"no {name}" for name in TEXT_FIELDS if not _text(block.get(name))]
     if block.get("nmi") not in NMI_AVERAGES:
         found.append(f"nmi must be one of {', '.join(NMI_AVERAGES)}")
+    if block.get("selection") not in SELECTIONS:
+        found.append(f"selection must be one of {', '.join(SELECTIONS)}")
     metrics = block.get("metrics")
     if not isinstance(metrics, dict) or not metrics:
         return [*found, "no metrics"]

@@ -353,7 +353,8 @@ class Trainer:
     @property
     def selection_metric(self) -> str:
         """What best.pt is chosen by: validation Recall@1 when classes are held out, else test
-        Recall@1 (the papers' protocol); best.pt's ``selected_by`` says which."""
+        Recall@1 (optimistic; Proxy Anchor's code chooses so); best.pt's ``selected_by`` says
+        which."""
         return "val/recall@1" if self.val is not None else "test/recall@1"
 
     def _evaluate_and_save(self, state: TrainState) -> None:

@@ -30,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "prepare",
         help="extract and check a benchmark's official archive (cub, cars, sop)",
         description="Verify the official archive's published MD5, extract it safely (no member "
-        "outside --out, disk space checked first), check every listed image is there and, for "
+        "outside --out, no link created, disk space checked first), check every listed image is there and, for "
         "the official archive, the known image and class counts; then --out is ready for "
         "--dataset NAME --root OUT. A failed check leaves nothing behind.",
     )

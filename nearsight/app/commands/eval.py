@@ -66,7 +66,7 @@ def run_eval(args: argparse.Namespace) -> int:
     from nearsight.index.gallery.write import set_meta
     from nearsight.index.vector_store import ApproximateVectorsWarning
     from nearsight.search.route import resolve_rerank
-    from nearsight.search.searchable import open_gallery
+    from nearsight.search.searcher import open_gallery
 
     if args.save and args.tune_on is None:
         raise NearsightError("--save stores what --tune-on chose: give --tune-on VAL_GALLERY")

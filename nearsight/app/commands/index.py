@@ -80,7 +80,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="auto",
         choices=INDEX_TYPES,
         help="auto (default): by item count and --max-index-memory, autofaiss's rules: exact "
-        "(flat) up to 1M items while it fits, then HNSW while it fits, then OPQ + IVF-PQ",
+        "(flat) up to 1M items while it fits, then HNSW while it fits, then OPQ + IVF-PQ. "
+        "ivfpq and opq need at least 256 items (opq: and one per dimension)",
     )
     build.add_argument(
         "--max-index-memory",

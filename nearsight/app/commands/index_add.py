@@ -120,14 +120,9 @@ def _added_label(gallery: Any, label: str | None, class_name: str | None):
     text = label.strip()
     if text.lstrip("+-").isdigit():
         return int(text), class_name
-    import numpy as np
-
-    from nearsight.index.catalog.filters import Condition
-
-    named = gallery.filter_ids([Condition("class_name", "=", text)])  # not every row in memory
-    labels = gallery.labels[np.searchsorted(gallery.ids, named)]
-    if len(labels) and labels[0] >= 0:
-        return int(labels[0]), class_name or text
+    named = [number for number, name in gallery.class_names().items() if name == text]
+    if named:
+        return named[0], class_name or text
     largest = int(gallery.labels.max()) if len(gallery.labels) else -1
     return max(largest, -1) + 1, class_name or text
 

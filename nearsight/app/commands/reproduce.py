@@ -26,8 +26,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--selection",
         choices=["test", "val"],
         default="test",
-        help="how best.pt is chosen: test = best test Recall@1, as the papers (default); "
-        "val = on a tenth of the training classes held out (data.val_classes)",
+        help="how best.pt is chosen: test = best test Recall@1 (default); val = on a tenth "
+        "of the training classes held out (data.val_classes). The table also shows the "
+        "final step's network",
+    )
+    parser.add_argument(
+        "--pretrained",
+        metavar="WEIGHTS",
+        help="the trunk's starting weights, instead of the config's (imagenet): imagenet | "
+        "imagenet-v1 | imagenet-v2 | none (from scratch) | FILE.pth; the same as --set "
+        "model.pretrained=WEIGHTS, and listed in the table as a difference",
     )
     parser.add_argument(
         "--set",
@@ -45,6 +53,8 @@ def run_reproduce(args: argparse.Namespace) -> int:
     from nearsight.training.config import parse_set_option
 
     overrides = dict(parse_set_option(text) for text in args.set)
+    if args.pretrained is not None:
+        overrides["model.pretrained"] = args.pretrained
     Reproduction(
         config=args.config,
         root=args.root.expanduser().absolute(),

@@ -10,7 +10,7 @@ RERANK_HELP = (
     "re-rank the index's top candidates: none | aqe | dba | dba+aqe | kreciprocal, with "
     "parameters after a colon (aqe:k=2,alpha=3; kreciprocal:k1=20,k2=6,lambda=0.3; each takes "
     "depth=N candidates, default 100). Default: what the gallery stores (nearsight eval "
-    "--tune-rerank ... --save), else none. Defaults: "
+    "--tune-on VAL --save), else none. Defaults: "
     + "; ".join(
         f"{m}:{','.join(f'{k}={v:g}' for k, v in p.items())}" for m, p in DEFAULTS.items() if p
     )

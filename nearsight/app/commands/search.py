@@ -106,7 +106,7 @@ def run_search(args: argparse.Namespace) -> int:
 
 
 def _search_one(args: argparse.Namespace, conditions: list) -> list[dict[str, Any]]:
-    from nearsight.search.searchable import open_gallery
+    from nearsight.search.searcher import open_gallery
 
     # one query per process: the lighter onnxruntime session (docs/decisions.md)
     with open_gallery(
@@ -119,7 +119,7 @@ def _search_one(args: argparse.Namespace, conditions: list) -> list[dict[str, An
             found = gallery.search_vector(vector, args.k, filters=conditions, rerank=args.rerank)
         else:
             found = gallery.search(args.image, args.k, filters=conditions, rerank=args.rerank)
-    return [{key: value for key, value in row.items() if key != "rank"} for row in found]
+    return [neighbour.as_json() for neighbour in found]
 
 
 def _vector_file(path: Path):
@@ -137,13 +137,13 @@ def _vector_file(path: Path):
 def _print_table(results: list[dict[str, Any]]) -> None:
     meta_keys = sorted({key for row in results for key in row["meta"]})
     print(f"{'rank':>4}  {'id':>8}  {'distance':>8}  {'label':>6}  class / path")
-    for rank, row in enumerate(results, start=1):
+    for row in results:
         label = "-" if row["label"] is None else str(row["label"])
         name = f"{row['class_name']}  " if row["class_name"] else ""
         distance = "-" if row["distance"] is None else f"{row['distance']:.4f}"
         meta = "  ".join(f"{key}={row['meta'][key]}" for key in meta_keys if key in row["meta"])
         print(
-            f"{rank:>4}  {row['id']:>8}  {distance:>8}  {label:>6}  {name}{row['path']}"
+            f"{row['rank']:>4}  {row['id']:>8}  {distance:>8}  {label:>6}  {name}{row['path']}"
             + (f"  [{meta}]" if meta else "")
         )
 
@@ -176,26 +176,37 @@ def _run_batch(args: argparse.Namespace, conditions: list) -> int:
 
     from nearsight.app.commands.index import load_gallery_model
     from nearsight.core.atomic import atomic_file
+    from nearsight.data.images import file_sha256
     from nearsight.index.embed import embed_files
     from nearsight.index.gallery.core import Gallery
-    from nearsight.search.route import allowed_ids, search_rows
+    from nearsight.search.searcher import Searcher
 
     paths = query_paths(args.queries)
     with Gallery.open(args.gallery) as gallery:
-        embedder = load_gallery_model(gallery, args.model, args.device)
-        allowed = allowed_ids(gallery, conditions)
+        searcher = Searcher(gallery, load_gallery_model(gallery, args.model, args.device))
+        allowed = searcher.allowed_ids(conditions)
+        spec = searcher.resolve_rerank(args.rerank)
         result = embed_files(
-            embedder, paths, batch_size=args.batch_size, workers=args.workers, desc="searching"
-        )
-        answers = search_rows(
-            gallery, result.embeddings, args.k, allowed=allowed, rerank=args.rerank
-        )
+            searcher.embedder, paths, batch_size=args.batch_size, workers=args.workers,
+            desc="searching",
+        )  # fmt: skip
+        ok = np.asarray(result.ok)
+        # a query file with a gallery item's bytes is searched as that item, as `search IMAGE`
+        read = [path for path, readable in zip(paths, ok, strict=True) if readable]
+        twins = [searcher.identical_item(file_sha256(path)) for path in read]
+        vectors = np.array(result.embeddings, dtype=np.float32)
+        for row, twin in enumerate(twins):
+            if twin is not None:
+                vectors[row] = searcher.item_vector(twin)
+        found = searcher.search_vectors(vectors, args.k, allowed=allowed, rerank=spec,
+                                        self_ids=twins) if read else []  # fmt: skip
+        answers = [[neighbour.as_json() for neighbour in row] for row in found]
     good = iter(answers)
     errors = iter(result.errors)  # in the order of the unreadable paths
     lines = []
-    for path, ok in zip(paths, np.asarray(result.ok), strict=True):
+    for path, readable in zip(paths, ok, strict=True):
         entry: dict[str, Any] = {"query": str(path)}
-        if ok:
+        if readable:
             entry["neighbours"] = next(good)
         else:
             entry["error"] = next(errors)

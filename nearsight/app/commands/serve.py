@@ -70,8 +70,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--api-key",
         help="key every route but /api/health requires: X-API-Key or Authorization: Bearer "
         "for API clients, a sign-in form for browsers (default: --api-key-file, else the "
-        "NEARSIGHT_API_KEY environment variable; required when --host is not a loopback "
-        "address). Prefer the file or the variable: a flag shows in `ps`",
+        "NEARSIGHT_API_KEY environment variable; required, of 16 characters or more, when "
+        "--host is not a loopback address). Prefer the file or the variable: a flag shows "
+        "in `ps`",
     )
     parser.add_argument("--api-key-file", type=Path, help="read the API key from this file")
     parser.add_argument(
@@ -81,10 +82,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="open connections beyond this get 503 (default 256)",
     )
     parser.add_argument(
+        "--max-client-connections",
+        type=int,
+        default=32,
+        help="open connections one client address may hold; more get 429 (default 32)",
+    )
+    parser.add_argument(
         "--header-timeout",
         type=float,
         default=10.0,
-        help="seconds a new connection may take to send its request headers (default 10)",
+        help="seconds a request's headers may take to arrive, on every request of a "
+        "connection (default 10)",
+    )
+    parser.add_argument(
+        "--allowed-hosts",
+        default="",
+        metavar="NAMES",
+        help="comma-separated host names the server answers to, besides the defaults "
+        "(loopback names on a loopback --host; the address itself; this machine's names on "
+        "0.0.0.0); other Host headers get 400 and other Origins 403 (DNS rebinding). "
+        "'*': any",
+    )
+    parser.add_argument(
+        "--secure-cookie",
+        action="store_true",
+        help="mark the browser's session cookie Secure (serving behind an HTTPS proxy "
+        "that does not send X-Forwarded-Proto; over HTTPS it is always Secure)",
+    )
+    parser.add_argument(
+        "--no-access-log",
+        action="store_true",
+        help="no line per request on stderr (default: client, method, path, status, ms)",
     )
     parser.add_argument(
         "--body-timeout",
@@ -132,6 +160,10 @@ def run_serve(args: argparse.Namespace) -> int:
         )
     if args.max_connections < 1:
         raise NearsightError(f"--max-connections must be at least 1, got {args.max_connections}")
+    if args.max_client_connections < 1:
+        raise NearsightError(
+            f"--max-client-connections must be at least 1, got {args.max_client_connections}"
+        )
     if not args.header_timeout > 0:
         raise NearsightError(f"--header-timeout must be positive, got {args.header_timeout}")
     if not args.body_timeout > 0:
@@ -147,8 +179,7 @@ def run_serve(args: argparse.Namespace) -> int:
     api_key = _api_key(args)
 
     from nearsight.app.page import build_app
-    from nearsight.app.rest import close_rest_app
-    from nearsight.app.server import launch_app
+    from nearsight.app.server import launch_app, stop_app
 
     demo = build_app(
         args.gallery,
@@ -172,8 +203,12 @@ def run_serve(args: argparse.Namespace) -> int:
             max_filter_conditions=args.max_filter_conditions,
             watch_interval=args.watch_interval,
             max_connections=args.max_connections,
+            max_client_connections=args.max_client_connections,
             body_timeout_s=args.body_timeout,
             header_timeout_s=args.header_timeout,
+            allowed_hosts=[name.strip() for name in args.allowed_hosts.split(",")],
+            access_log=not args.no_access_log,
+            secure_cookie=args.secure_cookie,
         )
     except OSError as error:  # the port is taken, or the address is not ours
         demo.nearsight.close()
@@ -188,18 +223,17 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         demo.block_thread()  # until Ctrl-C
     finally:
-        demo.close(verbose=False)
-        close_rest_app(demo.nearsight_api)
-        demo.nearsight.close()
+        stop_app(demo)
     print("nearsight: stopped", file=sys.stderr)
     return 0
 
 
 def _api_key(args: argparse.Namespace) -> str | None:
-    """--api-key, else NEARSIGHT_API_KEY; refuse to serve beyond localhost without one."""
+    """--api-key, else --api-key-file, else NEARSIGHT_API_KEY; beyond localhost one is
+    required, and long enough (nearsight.app.auth.check_key)."""
     import os
 
-    from nearsight.app.rest import API_KEY_ENV
+    from nearsight.app.auth import API_KEY_ENV, check_key
     from nearsight.core.errors import NearsightError
 
     key = args.api_key
@@ -214,23 +248,8 @@ def _api_key(args: argparse.Namespace) -> str | None:
     if key is None:
         key = os.environ.get(API_KEY_ENV)
     key = (key or "").strip() or None
-    if key is None and not _is_loopback(args.host):
-        raise NearsightError(
-            f"serving on {args.host} (beyond this machine) needs an API key for the REST API: "
-            f"pass --api-key KEY or set {API_KEY_ENV}"
-        )
+    check_key(key, args.host)
     return key
-
-
-def _is_loopback(host: str) -> bool:
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _check_address(host: str, port: int) -> None:

@@ -1,10 +1,10 @@
-"""Archives of the benchmark datasets: checksums, safe extraction, resumable downloads.
+"""Archives of the benchmark datasets: listing, checks, checksums, resumable downloads.
 
-Extraction refuses, before writing anything, an archive with a member that would land outside
-the target folder (an absolute name, a ``..`` part, a link pointing out of it) and one larger
-than the free disk space; tarfile's ``data`` filter then checks every member again as it is
-written. Nothing is downloaded here unless :func:`download` is called (``nearsight data
-prepare --download``), never by the tests.
+Before anything is written, an archive is refused when a member would land outside the target
+folder (an absolute name, a ``..`` part, a link pointing out of it) or when it is larger than
+the free disk space. The members are then written by nearsight/data/datasets/extract.py,
+which never creates or follows a link. Nothing is downloaded here unless :func:`download` is
+called (``nearsight data prepare --download``), never by the tests.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import hashlib
 import os
 import posixpath
 import shutil
+import stat
 import sys
 import tarfile
 import urllib.error
@@ -20,11 +21,11 @@ import urllib.request
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from tqdm import tqdm
 
-from nearsight.core.errors import NearsightError
-from nearsight.core.progress import progress
+from nearsight.core.errors import NearsightError, printable
 
 CHUNK = 1 << 20
 # headroom beyond the archive's unpacked size: file system blocks, the reader's own files
@@ -35,13 +36,24 @@ class ArchiveError(NearsightError):
     """An archive that cannot or must not be used (unsafe member, corrupt, too large)."""
 
 
+Kind = Literal["file", "dir", "symlink", "hardlink", "other"]  # other: a device, a fifo
+
+
 @dataclass(frozen=True)
 class Member:
     name: str
     size: int
-    is_dir: bool
+    kind: Kind
     link: str | None = None  # a symbolic or hard link's target
-    hard: bool = False  # a hard link: its target is named from the archive's root
+
+    @property
+    def is_dir(self) -> bool:
+        return self.kind == "dir"
+
+    @property
+    def hard(self) -> bool:
+        """A hard link: its target is named from the archive's root."""
+        return self.kind == "hardlink"
 
 
 def md5sum(path: Path, *, desc: str = "md5") -> str:
@@ -67,16 +79,10 @@ def list_members(archive: Path) -> list[Member]:
     try:
         if zipfile.is_zipfile(archive):
             with zipfile.ZipFile(archive) as handle:
-                return [Member(i.filename, i.file_size, i.is_dir()) for i in handle.infolist()]
+                return [Member(i.filename, i.file_size, zip_kind(i)) for i in handle.infolist()]
         with tarfile.open(archive) as handle:
             return [
-                Member(
-                    m.name,
-                    m.size,
-                    m.isdir(),
-                    m.linkname if (m.issym() or m.islnk()) else None,
-                    m.islnk(),
-                )
+                Member(m.name, m.size, tar_kind(m), m.linkname if m.issym() or m.islnk() else None)
                 for m in handle.getmembers()
             ]
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as error:
@@ -84,6 +90,26 @@ def list_members(archive: Path) -> list[Member]:
         raise ArchiveError(
             f"cannot read {archive} as a .tar.gz or .zip archive: {reason}"
         ) from None
+
+
+def tar_kind(member: tarfile.TarInfo) -> Kind:
+    if member.isreg():
+        return "file"
+    if member.isdir():
+        return "dir"
+    if member.issym():
+        return "symlink"
+    return "hardlink" if member.islnk() else "other"
+
+
+def zip_kind(info: zipfile.ZipInfo) -> Kind:
+    """A zip entry's kind; Unix zips mark a symbolic link in the high bits of its attributes."""
+    if info.is_dir():
+        return "dir"
+    kind = stat.S_IFMT(info.external_attr >> 16)  # 0: no type recorded (DOS zips, writestr)
+    if kind == stat.S_IFLNK:
+        return "symlink"
+    return "file" if kind in (0, stat.S_IFREG) else "other"
 
 
 def unsafe_reason(member: Member) -> str | None:
@@ -96,11 +122,11 @@ def unsafe_reason(member: Member) -> str | None:
     if member.link is not None:
         target = member.link.replace("\\", "/")
         if target.startswith("/"):
-            return f"a link to the absolute path {member.link}"
+            return f"a link to the absolute path {printable(member.link)}"
         base = "" if member.hard else posixpath.dirname(name)
         resolved = posixpath.normpath(posixpath.join(base, target))
         if resolved == ".." or resolved.startswith("../"):
-            return f"a link out of the folder ({member.link})"
+            return f"a link out of the folder ({printable(member.link)})"
     return None
 
 
@@ -126,26 +152,6 @@ def check_disk_space(folder: Path, needed: int) -> None:
             f"not enough disk space in {probe}: the archive unpacks to {_gb(needed)}, "
             f"{_gb(free)} free"
         )
-
-
-def extract(archive: Path, members: list[Member], target: Path) -> None:
-    """Extract every member into the existing folder ``target`` (already checked as safe)."""
-    total, desc = len(members), f"extract {archive.name}"
-    try:
-        if zipfile.is_zipfile(archive):
-            with zipfile.ZipFile(archive) as handle:
-                infos = progress(handle.infolist(), total=total, desc=desc, unit="files")
-                handle.extractall(target, members=infos)
-            return
-        with tarfile.open(archive) as handle:
-            # in archive order: a .tar.gz is read forward once
-            entries = progress(handle.getmembers(), total=total, desc=desc, unit="files")
-            handle.extractall(target, members=entries, filter="data")
-    except tarfile.FilterError as error:  # what check_members missed, tarfile still refuses
-        raise ArchiveError(f"refusing {archive}: {error}") from None
-    except (tarfile.TarError, zipfile.BadZipFile, EOFError) as error:
-        reason = " ".join(str(error).split()) or type(error).__name__
-        raise ArchiveError(f"{archive} is damaged: {reason}") from None
 
 
 def download(url: str, destination: Path, *, expected_md5: str) -> Path:

@@ -1,8 +1,8 @@
 """``nearsight data prepare``: a benchmark's official archive to the layout its reader reads.
 
 For CUB-200-2011, CARS196 and Stanford Online Products: verify the archive's published MD5,
-extract it safely (nearsight/data/datasets/archives.py) into a temporary folder beside
-``--out``, check the result with the dataset's own reader (every listed image present; images
+extract it safely (nearsight/data/datasets/extract.py: regular files and folders only,
+never a link) into a temporary folder beside ``--out``, check the result with the dataset's own reader (every listed image present; images
 that no list names reported as extra) and against the known shape, then rename the folder into
 place. A failed check leaves nothing behind.
 
@@ -20,17 +20,17 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nearsight.core.errors import NearsightError
+from nearsight.core.errors import NearsightError, printable
 from nearsight.data.datasets.archives import (
     ArchiveError,
     check_disk_space,
     check_members,
     download,
-    extract,
     list_members,
     md5sum,
 )
 from nearsight.data.datasets.base import DatasetSplit, is_image_file
+from nearsight.data.datasets.extract import extract
 
 EXPECT_SHAPE = ("auto", "on", "off")
 
@@ -161,7 +161,9 @@ def prepare(
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.prepare-", dir=out.parent))
     try:
-        extract(archive, members, staging)
+        extracted = extract(archive, staging, total=len(members))
+        if (note := extracted.skipped_note()) is not None:
+            _warn(warnings, note)
         if annotations is not None and spec.annotations is not None:
             shutil.copyfile(annotations, staging / spec.annotations.name)
         shape, extra = _check_layout(name, staging, spec)
@@ -171,7 +173,7 @@ def prepare(
             _warn(
                 warnings,
                 f"{len(extra)} image(s) in the archive are in no list of {spec.title} and are "
-                f"not used (first: {extra[0]})",
+                f"not used (first: {printable(extra[0])})",
             )
         if out.exists():
             out.rmdir()  # empty (checked above)
@@ -223,10 +225,10 @@ def _check_layout(
     listed = {sample.path for sample in every.samples}
     missing = sorted(path for path in listed if not path.is_file())
     if missing:
-        first = missing[0].relative_to(every.root)
+        first = str(missing[0].relative_to(every.root))
         raise NearsightError(
             f"{spec.title} archive is incomplete: {len(missing)} listed image(s) missing, "
-            f"first {first}"
+            f"first {printable(first)}"
         )
     extra = []
     for parent, _, files in os.walk(every.root):

@@ -9,7 +9,11 @@ Index types (the choice FAISS's own guidelines make by size):
   sqrt(nlist)) capped at ``nlist`` until tuned (index.ann.tuning);
 - ``hnsw``: ``IndexIDMap2(IndexHNSWFlat(M=16, inner product))``, efConstruction 40, efSearch 64
   (tuned; raised to k for a search deeper than that);
-- ``auto``: flat up to 1M items, ivf past that.
+- ``ivfpq`` / ``opq``: IVF-PQ, OPQ-rotated for ``opq``, codes of dim / 4 bytes; their searches
+  re-rank the candidates by the exact vectors (index.ann.tuning). Their codes are trained on the
+  gallery: they need at least PQ_MIN_ITEMS items, and ``opq`` one per dimension too
+  (:func:`min_items`); fewer is refused in one line before any embedding;
+- ``auto``: index.ann.index_choice (flat up to 1M items while it fits).
 
 Distances. The embeddings are unit vectors, so FAISS ranks by inner product ``ip``; a search
 reports the Euclidean distance between the unit vectors, ``sqrt(max(0, 2 - 2 ip))``: 0 for the
@@ -46,6 +50,10 @@ ADD_BATCH = 1 << 18
 # FAISS's 25 on 256: the codes only pick candidates, which the exact re-rank orders
 PQ_KMEANS_ITERATIONS = 10
 PQ_POINTS_PER_CENTROID = 64
+# the one floor of both PQ types: 2^8, the codebook of the 8-bit codes OPQ's rotation is always
+# trained with in FAISS (fewer points than centroids is its error). IVF-PQ's codes have fewer
+# bits below ~10k items (_make_pq_index) and could train on less: there is nothing to compress
+PQ_MIN_ITEMS = 256
 
 
 def unit_distance(inner_products: np.ndarray) -> np.ndarray:
@@ -69,7 +77,30 @@ def resolve_index_type(
         if dim is None:
             raise ValueError("resolving index type 'auto' needs the vectors' dim")
         return choose_index_type(count, dim, max_memory)
+    check_trainable(index_type, count, dim)
     return index_type
+
+
+def min_items(index_type: str, dim: int) -> int:
+    """The fewest items an index of ``index_type`` over ``dim``-dim vectors can be trained on.
+    OPQ also needs one per dimension: FAISS's OPQMatrix::train writes a dim x dim product into
+    a buffer of dim x items floats, corrupting memory (an abort, not an error) below that."""
+    if index_type == "opq":
+        return max(PQ_MIN_ITEMS, dim)
+    return PQ_MIN_ITEMS if index_type in PQ_TYPES else 0  # the others train on any number
+
+
+def check_trainable(index_type: str, count: int, dim: int) -> None:
+    """One-line NearsightError when ``count`` items are too few to train ``index_type``."""
+    needed = min_items(index_type, dim)
+    if count < needed:
+        why = "its codes"
+        if needed > PQ_MIN_ITEMS:
+            why += f" and its rotation of the {dim}-dim vectors"
+        raise NearsightError(
+            f"index type {index_type} needs at least {needed} items to train {why}, and there "
+            f"are {count}: use flat (exact; small at this size), ivf or hnsw"
+        )
 
 
 def ivf_parameters(count: int) -> tuple[int, int]:
@@ -148,6 +179,7 @@ def pq_bytes(dim: int) -> int:
 def _make_pq_index(vectors: np.ndarray, index_type: str) -> tuple[faiss.Index, dict[str, Any]]:
     """IVF-PQ (or OPQ-rotated IVF-PQ) over inner product, trained on a sample."""
     count, dim = vectors.shape
+    check_trainable(index_type, count, dim)  # below it FAISS fails, or corrupts memory (OPQ)
     nlist, nprobe = ivf_parameters(count)
     m = pq_bytes(dim)
     # PQ's own k-means has 2^nbits centroids per sub-quantizer: fewer for tiny galleries

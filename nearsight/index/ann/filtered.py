@@ -1,52 +1,143 @@
-"""Search restricted to a set of ids, inside FAISS: an ``IDSelectorBatch`` in the search
-parameters, so every index type skips the other items while it searches (not a post-filter
-that would leave fewer than k).
+"""Search restricted to a set of ids (a filter's matches), on every index type.
 
-- flat: the selector makes the exact scan skip the other vectors: the true top-k of the
-  allowed items, always k of them when k are allowed.
-- ivf: ``SearchParametersIVF(sel, nprobe)``: the probed lists are scanned for allowed ids
-  only. A narrow filter can leave fewer than k allowed items in the probed lists.
-- hnsw: ``SearchParametersHNSW(sel, efSearch)``: the graph walk visits every node but keeps
-  only allowed ones, so with a narrow filter the candidate list may run dry before k.
+Two ways, chosen per search by how many items the filter allows:
 
-For ivf and hnsw a query that found fewer than min(k, allowed) items is searched again
-exactly over the allowed items' stored vectors (what clip-retrieval and autofaiss do for a
-filter that an approximate index cannot honour), so a filtered search returns k items
-whenever k match.
+- **few** (at most :func:`exact_limit`): an exact search over the allowed items' vectors
+  alone (``faiss.knn`` over just those rows): the true top-k, and cheaper than walking an
+  index in which the allowed items are scattered, or than a flat scan that checks every id
+  against the filter (Weaviate's ``flatSearchCutoff`` and Qdrant's ``full_scan_threshold`` make
+  the same switch).
+- **more**: the index itself, with an ``IDSelectorBitmap`` in its search parameters, so that it
+  skips the other items while it searches (not a post-filter that would leave fewer than k):
+
+  - flat: the exact scan skips them: the true top-k of the allowed items;
+  - ivf, ivfpq, opq: ``SearchParametersIVF(sel, nprobe)`` (opq: inside a
+    ``SearchParametersPreTransform``, whose ``index_params`` reach the IVF index behind the
+    rotation); nprobe is widened by N / allowed (up to nlist), so that about as many allowed
+    items are scored as an unfiltered search scores items;
+  - hnsw: ``SearchParametersHNSW(sel, efSearch)``, efSearch widened the same way: the walk
+    walks through every node it meets but keeps only the allowed ones.
+
+  PQ types take REFINE_FACTOR x k candidates in the codes' order and re-rank them by the exact
+  vectors, as their unfiltered searches do (index.ann.tuning.refine). A query that still came
+  back with fewer than min(k, allowed) items is searched again exactly over the allowed items
+  (what clip-retrieval and autofaiss do for a filter an approximate index cannot honour).
+
+Distances are the exact inner products of the items returned, except in a PQ gallery without
+exact vectors (codes only: no embeddings.npy and no vector source): it is searched through the
+index in the codes' order, short rows completed over the decoded codes, and its inner products
+are those of the decoded codes (approximate, as its unfiltered searches are).
+
+Removed items never come back: ``allowed`` holds live ids only (Gallery.search intersects it
+with the catalog's ids), so no removed-items selector is needed beside this one.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 import faiss
 import numpy as np
 
+from nearsight.index.ann.faiss_index import IVF_TYPES, PQ_TYPES
+from nearsight.index.ann.tuning import REFINE_FACTOR, refine
+
+# filters allowing at most this many items are searched exactly over them: about where that
+# costs what a filtered index search does (bench/filtered_search.py)
+EXACT_MAX_ITEMS = 2048
 HNSW_FILTER_EF_FACTOR = 4  # a filtered HNSW walk keeps more candidates: many are rejected
 HNSW_FILTER_MIN_EF = 128  # and at least this many (a tuned efSearch may be as low as 16)
+HNSW_FILTER_MAX_EF = 4096  # the widening's cap: a walk this wide visits most small graphs
+
+VectorsOf = Callable[[np.ndarray], np.ndarray]
+
+
+def exact_limit(depth: int) -> int:
+    """The most allowed items searched exactly for ``depth`` neighbours: EXACT_MAX_ITEMS, or as
+    many as a PQ search would re-rank anyway."""
+    return max(EXACT_MAX_ITEMS, depth * REFINE_FACTOR)
+
+
+def search_allowed(
+    index: faiss.Index,
+    index_type: str,
+    meta: dict[str, Any],
+    queries: np.ndarray,
+    depth: int,
+    allowed: np.ndarray,
+    total: int,
+    vectors_of: VectorsOf,
+    *,
+    exact_vectors: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(inner products, ids) [Q, depth] of the ``depth`` <= len(allowed) nearest allowed items
+    (sorted int64 ids, all live, fewer than the ``total`` items), best first. ``vectors_of``:
+    the items' vectors (Gallery.vectors_of); ``exact_vectors``: whether those are the vectors
+    added (False: decoded PQ codes, see the module docstring)."""
+    if exact_vectors and len(allowed) <= exact_limit(depth):
+        return exact_search(queries, vectors_of, allowed, depth)
+    rerank = index_type in PQ_TYPES and exact_vectors
+    wanted = min(len(allowed), depth * REFINE_FACTOR) if rerank else depth
+    params = search_parameters(index, index_type, allowed, meta, wanted, total)
+    # faiss.contrib.torch_utils may wrap Index.search without `params`; it keeps search_numpy
+    search = getattr(index, "search_numpy", index.search)
+    inner, found = search(queries, wanted, params=params)
+    if rerank:
+        inner, found = refine(queries, found, vectors_of, depth)
+    if index_type == "flat":
+        return inner, found
+    return complete_rows(inner, found, queries, vectors_of, allowed)
 
 
 def search_parameters(
-    index_type: str, allowed: np.ndarray, meta: dict[str, Any], depth: int
+    index: faiss.Index,
+    index_type: str,
+    allowed: np.ndarray,
+    meta: dict[str, Any],
+    depth: int,
+    total: int,
 ) -> faiss.SearchParameters:
-    """Search parameters whose selector admits only ``allowed`` (sorted int64 ids)."""
-    selector = faiss.IDSelectorBatch(allowed)
-    if index_type == "ivf":
-        params = faiss.SearchParametersIVF(sel=selector, nprobe=int(meta.get("nprobe", 8)))
+    """Search parameters whose selector admits only ``allowed`` (sorted int64 ids, of the
+    ``total`` items), the probe or walk widened by total / allowed (module docstring)."""
+    selector, bitmap = id_bitmap(allowed)
+    widen = total / max(1, len(allowed))
+    kept: list[Any] = [selector, bitmap]  # the C++ side holds bare pointers: keep them alive
+    if index_type in IVF_TYPES:
+        nlist = int(faiss.extract_index_ivf(index).nlist)
+        nprobe = min(nlist, math.ceil(int(meta.get("nprobe", 8)) * widen))
+        params = faiss.SearchParametersIVF(sel=selector, nprobe=nprobe)
+        if index_type == "opq":  # the IVF index sits behind the rotation
+            kept.append(params)
+            params = faiss.SearchParametersPreTransform(index_params=params)
     elif index_type == "hnsw":
-        ef = int(meta.get("ef_search", 64)) * HNSW_FILTER_EF_FACTOR
-        ef = max(ef, HNSW_FILTER_MIN_EF, depth)
-        params = faiss.SearchParametersHNSW(sel=selector, efSearch=ef)
+        ef = int(meta.get("ef_search", 64))
+        ef = max(ef * HNSW_FILTER_EF_FACTOR, min(HNSW_FILTER_MAX_EF, math.ceil(ef * widen)))
+        params = faiss.SearchParametersHNSW(
+            sel=selector, efSearch=max(ef, HNSW_FILTER_MIN_EF, depth)
+        )
     else:
         params = faiss.SearchParameters(sel=selector)
-    params.referenced_objects = [selector]  # the C++ side holds a bare pointer
+    params.referenced_objects = kept
     return params
+
+
+def id_bitmap(allowed: np.ndarray) -> tuple[faiss.IDSelector, np.ndarray]:
+    """An ``IDSelectorBitmap`` admitting the ids ``allowed`` (sorted, >= 0), and its bits
+    (to keep alive with it): one bit per id up to the largest, built in microseconds where an
+    ``IDSelectorBatch`` hashes every id (milliseconds for tens of thousands)."""
+    size = int(allowed[-1]) + 1 if len(allowed) else 1
+    bits = np.zeros(size, dtype=bool)
+    bits[allowed] = True
+    packed = np.packbits(bits, bitorder="little")  # FAISS reads bit i of byte i >> 3
+    # its n is the bitmap's size in bytes: ids past them are out, never read past the end
+    return faiss.IDSelectorBitmap(len(packed), faiss.swig_ptr(packed)), packed
 
 
 def exact_search(
     queries: np.ndarray,
-    vectors_of: Callable[[np.ndarray], np.ndarray],
+    vectors_of: VectorsOf,
     allowed: np.ndarray,
     depth: int,
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -62,7 +153,7 @@ def complete_rows(
     found_inner: np.ndarray,
     found_ids: np.ndarray,
     queries: np.ndarray,
-    vectors_of: Callable[[np.ndarray], np.ndarray],
+    vectors_of: VectorsOf,
     allowed: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Re-search exactly the queries whose approximate filtered search came back short."""

@@ -14,7 +14,8 @@ budget B bytes:
 3. below 1M items (or with a GPU) an IVF-Flat that fits B (autofaiss's ivf_flat_threshold);
 4. otherwise product quantization: autofaiss's "OPQ{m}_{y},IVF{n},PQ{m}x8" with the largest
    code that fits B; here ``opq`` with dim / 4 bytes per vector (nearsight.index.ann.faiss_index.pq_bytes),
-   plus an 8-byte id, searched with an exact re-rank of the candidates from embeddings.npy.
+   plus an 8-byte id, searched with an exact re-rank of the candidates from embeddings.npy
+   (``ivfpq`` for fewer items than dimensions, too few to train OPQ's rotation).
 
 nlist is the power of two nearest sqrt(N) (nearsight.index.ann.faiss_index.ivf_parameters; autofaiss takes
 4 sqrt(N) below 1M items and 16k-256k lists past that: too slow to train and fill on a small
@@ -75,6 +76,8 @@ def index_bytes(index_type: str, count: int, dim: int) -> int:
 
 
 def choose_index_type(count: int, dim: int, max_memory: int | None = None) -> str:
+    from nearsight.index.ann.faiss_index import min_items
+
     budget = parse_memory(max_memory)
     if count < AUTOFAISS_FLAT_ITEMS:
         return "flat"
@@ -85,4 +88,5 @@ def choose_index_type(count: int, dim: int, max_memory: int | None = None) -> st
         return "hnsw"
     if count < IVF_FLAT_MAX_ITEMS and index_bytes("ivf", count, dim) <= budget:
         return "ivf"
-    return "opq"
+    # OPQ's rotation needs an item per dimension (faiss_index.min_items); IVF-PQ does not
+    return "opq" if count >= min_items("opq", dim) else "ivfpq"

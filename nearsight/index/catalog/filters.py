@@ -1,29 +1,42 @@
 """Search filters on the catalog: ``KEY=VALUE``, ``KEY!=VALUE``, ``KEY>=V``, ``KEY>V``,
 ``KEY<=V``, ``KEY<V``; several filters must all hold.
 
-A filter's value is typed as metadata values are (nearsight/data/meta.py), so ``price<10``
-compares numbers and ``shop=north`` compares text. Range operators hold only for numbers.
+A filter's value is read with the stored type of its column (:func:`typed_conditions`): a text
+column compares text, so ``sku=1003`` matches the text ``"1003"``; a number column compares
+numbers, so ``price<10`` is numeric. A range operator on a text column is an error naming the
+column's type. ``label=NAME`` and ``class_name=NAME`` resolve a class name; a name the gallery
+lacks is an error that lists the closest names.
 
 Filters are turned into one SQL query over the catalog (:func:`filter_sql`): the built-in
 item columns (``label``, ``class_name``, ``split``, ``width``, ``height``, ``id``) are read
 from ``items``, other keys from ``item_meta`` (one row per item and key, the value stored with
 SQLite's own int/real/text type). :func:`run_filter` runs it on its own read-only connection,
 with a time budget, after refusing keys the gallery does not have (a typo is not "no match").
+
+The budget is the filter's own work, the CPU time of the thread running it: past it the filter
+is the client's to narrow (a FilterError). A filter that stays within it but waits for the CPU
+(a busy server) is stopped at :data:`BUSY_FACTOR` times the budget in wall time with
+:class:`~nearsight.core.errors.Busy` (503: retry), never blamed on the client.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import sqlite3
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
 import numpy as np
 
-from nearsight.data.meta import FilterError, MetaValue, _short, check_key, typed_value
+from nearsight.core.errors import Busy, closest_names
+from nearsight.data.meta import FilterError, MetaValue, _short, check_key
+from nearsight.index.errors import GalleryError
+
+BUSY_FACTOR = 2.0
 
 FILTERABLE_BUILTINS = ("id", "label", "class_name", "split", "width", "height")
 OPERATORS = (">=", "<=", "!=", ">", "<", "=")  # longest first: ">=" before ">" and "="
@@ -55,13 +68,11 @@ def parse_filter(text: str) -> Condition:
     check_key(key, builtin_ok=True)
     if key == "path" or key == "sha256":
         raise FilterError(f"cannot filter on {key!r}")
-    value = typed_value(raw)
-    if value is None:
+    value = raw.strip()  # text: typed by its column when the gallery runs it
+    if not value:
         raise FilterError(f"bad filter {_short(text)!r}: no value after {op!r}")
-    if op in RANGE_OPERATORS and isinstance(value, str):
-        raise FilterError(
-            f"bad filter {_short(text)!r}: {op} needs a number, got {_short(str(value))!r}"
-        )
+    if op in RANGE_OPERATORS and _number(value) is None:
+        raise FilterError(f"bad filter {_short(text)!r}: {op} needs a number, got {_short(value)!r}")
     return Condition(key, op, value)
 
 
@@ -91,6 +102,78 @@ def merge_conditions(
             "(serve and search raise it with --max-filter-conditions)"
         )
     return merged
+
+
+BUILTIN_TYPES = {"id": "int", "label": "int", "width": "int", "height": "int",
+                 "class_name": "str", "split": "str"}  # fmt: skip
+NUMBER_TYPES = ("int", "float")
+
+
+def typed_conditions(
+    conditions: Sequence[Condition],
+    column_types: Mapping[str, str],
+    class_names: Mapping[int, str],
+) -> list[Condition]:
+    """``conditions`` with each value read as its column's type (``column_types``: the
+    gallery's metadata columns, ``int``/``float``/``str``; the built-in columns have theirs);
+    ``label=NAME`` becomes the label number of class NAME (``class_names``: label -> name).
+    A key the gallery does not have is an error listing the keys it has."""
+    known = {**column_types, **BUILTIN_TYPES}
+    names = {name: label for label, name in sorted(class_names.items(), reverse=True)}
+    typed = []
+    for condition in conditions:
+        kind = known.get(condition.key)
+        if kind is None:
+            keys = ", ".join([*sorted(column_types), *FILTERABLE_BUILTINS])
+            raise FilterError(
+                f"unknown filter key {_short(condition.key)!r}: this gallery's keys are {keys}"
+            )
+        value = condition.value
+        text = str(value).strip()
+        if condition.key == "label" and _number(text) is None:  # a class name
+            _check_name(condition, text, names)
+            value = names[text]
+        elif condition.key == "class_name":
+            _check_name(condition, text, names)
+            value = text
+        elif kind in NUMBER_TYPES:
+            value = value if isinstance(value, int | float) else _number(text)
+            if value is None:
+                raise FilterError(
+                    f"bad filter {_short(str(condition))!r}: {condition.key} holds numbers, "
+                    f"and {_short(text)!r} is not one"
+                )
+        else:
+            value = text
+        if condition.op in RANGE_OPERATORS and not isinstance(value, int | float):
+            raise FilterError(
+                f"bad filter {_short(str(condition))!r}: {condition.key} is a text column; "
+                f"{condition.op} compares numbers (use = or != for text)"
+            )
+        typed.append(Condition(condition.key, condition.op, value))
+    return typed
+
+
+def _number(text: str) -> int | float | None:
+    """``text`` as a number, or None (in a number column "0042" is 42)."""
+    if re.fullmatch(r"[+-]?\d{1,18}", text):
+        return int(text)
+    if re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", text):
+        number = float(text)
+        return number if math.isfinite(number) else None
+    return None
+
+
+def _check_name(condition: Condition, name: str, names: Mapping[str, int]) -> None:
+    if condition.op in RANGE_OPERATORS:
+        raise FilterError(
+            f"bad filter {_short(str(condition))!r}: a class name takes = or !=, not {condition.op}"
+        )
+    if name not in names:
+        raise FilterError(
+            f"bad filter {_short(str(condition))!r}: the gallery has no class named "
+            f"{_short(name)!r}; {closest_names(name, names)}"
+        )
 
 
 def filter_sql(conditions: Sequence[Condition], *, has_meta_table: bool) -> tuple[str, list]:
@@ -152,34 +235,35 @@ def _builtin_value(condition: Condition) -> MetaValue:
 def run_filter(
     path: Path,
     conditions: Sequence[Condition],
-    known: set[str],
     has_meta_table: bool,
     time_limit_s: float,
 ) -> np.ndarray:
-    """Sorted int64 ids of the items of the catalog at ``path`` meeting every condition;
-    ``known``: the gallery's metadata columns."""
-    from nearsight.index.catalog.store import GalleryError
-
-    unknown = [c.key for c in conditions if c.key not in known | set(FILTERABLE_BUILTINS)]
-    if unknown:
-        keys = ", ".join([*sorted(known), *FILTERABLE_BUILTINS])
-        raise FilterError(
-            f"unknown filter key {unknown[0]!r}: this gallery's keys are {keys}"
-        )
+    """Sorted int64 ids of the items of the catalog at ``path`` meeting every condition
+    (typed already: :func:`typed_conditions`)."""
     sql, params = filter_sql(conditions, has_meta_table=has_meta_table)
     uri = f"file:{quote(str(path.absolute()))}?mode=ro"
     try:
         conn = sqlite3.connect(uri, uri=True)
     except sqlite3.Error as error:
         raise GalleryError(f"cannot open gallery catalog {path.name}: {error}") from None
-    deadline = time.monotonic() + time_limit_s
-    conn.set_progress_handler(lambda: time.monotonic() > deadline, 10_000)
+    work_deadline = time.thread_time() + time_limit_s
+    deadline = time.monotonic() + time_limit_s * BUSY_FACTOR
+
+    def stop() -> bool:
+        return time.thread_time() > work_deadline or time.monotonic() > deadline
+
+    conn.set_progress_handler(stop, 10_000)
     try:
         rows = conn.execute(sql, params).fetchall()
     except sqlite3.OperationalError as error:
-        if time.monotonic() > deadline:
+        if time.thread_time() > work_deadline:
             raise FilterError(
-                f"the filter took longer than {time_limit_s:g} s: narrow it"
+                f"the filter took longer than {time_limit_s:g} s of work: narrow it"
+            ) from None
+        if time.monotonic() > deadline:
+            raise Busy(
+                f"the server is busy: the filter did not finish within "
+                f"{time_limit_s * BUSY_FACTOR:g} s (retry)"
             ) from None
         raise FilterError(f"the filter is too complex for the catalog ({error})") from None
     except sqlite3.DatabaseError as error:

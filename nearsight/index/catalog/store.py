@@ -31,9 +31,8 @@ from urllib.parse import quote
 
 import numpy as np
 
-from nearsight.core.errors import NearsightError
 from nearsight.data.meta import MetaValue
-from nearsight.index.catalog.filters import Condition, run_filter
+from nearsight.index.catalog.filters import Condition, run_filter, typed_conditions
 from nearsight.index.catalog.rows import (
     INSERT_ITEM,
     INSERT_ITEM_META,
@@ -50,15 +49,12 @@ from nearsight.index.catalog.rows import (
     row_values,
 )
 from nearsight.index.catalog.sqlite_db import Database
+from nearsight.index.errors import GalleryError
 
 CATALOG_FILE = "catalog.db"
 _SQLITE_HEADER = b"SQLite format 3\x00"
 _CHUNK = 500  # ids per "IN (...)" query, well under SQLite's variable limit
 FILTER_TIME_LIMIT_S = 2.0  # one filter query; past it the search is refused
-
-
-class GalleryError(NearsightError):
-    """A gallery folder or catalog that is missing, damaged or inconsistent."""
 
 
 def create_catalog(
@@ -107,7 +103,7 @@ class Catalog:
         self._lock = threading.RLock()
         # read once per open catalog; this object's own writes reset them
         self._meta_keys: list[str] | None = None
-        self._filter_keys: set[str] | None = None
+        self._column_types: dict[str, str] | None = None
 
     @classmethod
     def open(cls, db_path: str | os.PathLike[str], *, readonly: bool = False) -> Catalog:
@@ -228,17 +224,35 @@ class Catalog:
     def filter_ids(
         self, conditions: Sequence[Condition], *, time_limit_s: float = FILTER_TIME_LIMIT_S
     ) -> np.ndarray:
-        """Sorted int64 ids of the items meeting every condition (nearsight.index.catalog.filters).
+        """Sorted int64 ids of the items meeting every condition, each value read as its
+        column's type (nearsight.index.catalog.filters.typed_conditions).
 
         The query runs on a connection of its own, read-only and outside the catalog's lock, so
         a slow filter never makes other searches of the gallery wait; past ``time_limit_s`` it
         is stopped with a FilterError."""
-        if self._filter_keys is None:  # the items' columns and the ones the gallery declares
-            declared = self.meta().get("meta_types") or {}
-            self._filter_keys = set(self.meta_keys()) | set(declared)
-        return run_filter(
-            self.path, conditions, self._filter_keys, self.has_item_meta(), time_limit_s
-        )
+        typed = typed_conditions(conditions, self.column_types(), self.class_names())
+        return run_filter(self.path, typed, self.has_item_meta(), time_limit_s)
+
+    def column_types(self) -> dict[str, str]:
+        """The metadata columns' types (``int``, ``float``, ``str``): as the gallery stores them
+        (catalog meta ``meta_types``), else as their stored values are (an older catalog);
+        read once per open catalog."""
+        if self._column_types is None:
+            declared = dict(self.meta().get("meta_types") or {})
+            untyped = [key for key in self.meta_keys() if key not in declared]
+            found: dict[str, str] = {}
+            if untyped:
+                marks = ",".join("?" * len(untyped))
+                with self._guard():
+                    rows = self._db.execute(
+                        "SELECT key, group_concat(DISTINCT typeof(value)) FROM item_meta "
+                        f"WHERE key IN ({marks}) GROUP BY key", untyped,
+                    ).fetchall()  # fmt: skip
+                for key, kinds in rows:
+                    text, real = "text" in kinds, "real" in kinds
+                    found[key] = "str" if text else "float" if real else "int"
+            self._column_types = {**declared, **found}
+        return dict(self._column_types)
 
     def ids_by_meta(self, key: str, values: Sequence[MetaValue]) -> dict[MetaValue, list[int]]:
         """value -> ids of the items whose metadata ``key`` has that value (the item_meta
@@ -273,6 +287,15 @@ class Catalog:
                 found.update((sha, int(item_id)) for sha, item_id in rows)
         return found
 
+    def class_names(self) -> dict[int, str]:
+        """label -> class name, for the labels that have one (the first name of a label)."""
+        with self._guard():
+            rows = self._db.execute(
+                "SELECT label, min(class_name) FROM items WHERE label IS NOT NULL "
+                "AND class_name IS NOT NULL GROUP BY label ORDER BY label"
+            ).fetchall()
+        return {int(label): str(name) for label, name in rows}
+
     def get(self, item_id: int) -> dict[str, Any] | None:
         found = self.items([item_id])
         return found[0] if found else None
@@ -290,7 +313,7 @@ class Catalog:
     # -- writing (each call is one transaction) ----------------------------------------------
 
     def set_meta(self, **values: object) -> None:
-        self._filter_keys = None  # meta_types may change
+        self._column_types = None  # meta_types may change
         with self._guard(writing=True), self._db.conn:
             self._db.conn.executemany(UPSERT_META, meta_values(values))
 
@@ -311,7 +334,7 @@ class Catalog:
         """Insert ``items`` (without ids) and return the ids given to them: after every id the
         catalog has ever held, so ids of removed items are not reused. ``meta`` is updated in
         the same transaction."""
-        self._meta_keys = self._filter_keys = None
+        self._meta_keys = self._column_types = None
         new = list(items)
         for item in new:
             if "id" in item:
@@ -333,7 +356,7 @@ class Catalog:
     def remove(self, ids: Iterable[int], *, meta: dict[str, object] | None = None) -> None:
         """Delete the items with ``ids``; all of them must exist (else nothing is deleted).
         ``meta`` is updated in the same transaction."""
-        self._meta_keys = self._filter_keys = None
+        self._meta_keys = self._column_types = None
         wanted = sorted({int(i) for i in ids})
         with self._guard(writing=True), self._db.conn:
             present = {item["id"] for item in self.items(wanted)}

@@ -33,7 +33,7 @@ import numpy as np
 
 from nearsight.core.errors import NearsightError
 from nearsight.data.images import describe_image_file
-from nearsight.index.ann.faiss_index import INDEX_TYPES
+from nearsight.index.ann.faiss_index import INDEX_TYPES, check_trainable
 from nearsight.index.chunks import finished_chunks, meta_types_of, read_meta, write_chunk
 from nearsight.index.embed import check_batching, embed_files
 from nearsight.index.gallery.core import Gallery
@@ -132,6 +132,8 @@ def build_gallery(
         )
     if chunk_size < 1:
         raise NearsightError(f"--chunk-size must be at least 1, got {chunk_size}")
+    # at most this many items (unreadable images drop out): too few for a PQ type is refused now
+    check_trainable(index_type, len(source.paths), embedder.dim)
     check_batching(batch_size, workers)
     rank, world = process_group()
     out = absolute_path(out)

@@ -93,6 +93,7 @@ class Gallery:
         segments, removed, graph = read.segments, read.removed, read.graph
         self.close()
         self._catalog = catalog
+        self._class_names: dict[int, str] | None = None
         self.meta: dict[str, Any] = meta
         self.ids: np.ndarray = ids  # catalog ids in order; row i of embeddings is ids[i]
         self.labels: np.ndarray = labels  # -1 where unlabelled
@@ -215,9 +216,11 @@ class Gallery:
         between unit vectors (see the module docstring). An approximate index may find fewer
         than k' neighbours: the missing ones have id -1 and distance inf.
 
-        ``ids``: search only these items (a filter, see :meth:`filter_ids`); FAISS skips the
-        others while it searches (index.ann.filtered), so k' = min(k, allowed items) items come
-        back whenever that many are allowed.
+        ``ids``: search only these items (a filter, see :meth:`filter_ids`), on every index
+        type: k' = min(k, allowed items), all of them allowed; the true top-k of the allowed
+        items for flat and for a filter allowing few items (searched exactly over them), as
+        good as an unfiltered search for the other index types; exact distances except in a
+        PQ gallery of codes only (index.ann.filtered).
 
         ``exclude``: per query, an item id left out of its answer. Re-ranking, and the check
         of a caller's ``k``, are the search route's (nearsight.search.route)."""
@@ -236,8 +239,12 @@ class Gallery:
                 f"query vectors must have shape [Q, {self.dim}], got {tuple(queries.shape)}"
             )
         allowed = None
-        if ids is not None:
-            allowed = np.intersect1d(np.asarray(ids, dtype=np.int64), self.ids)
+        if ids is not None:  # the live ones (self.ids is sorted): O(len(ids) log N)
+            allowed = np.asarray(ids, dtype=np.int64).reshape(-1)
+            if len(allowed) and not (np.diff(allowed) > 0).all():  # filter_ids' are sorted
+                allowed = np.unique(allowed)
+            position = np.minimum(np.searchsorted(self.ids, allowed), max(0, self.count - 1))
+            allowed = allowed[self.ids[position] == allowed] if self.count else allowed[:0]
         depth = min(k, self.count if allowed is None else len(allowed))
         if depth == 0 or len(queries) == 0:
             shape = (len(queries), depth)
@@ -259,6 +266,19 @@ class Gallery:
         ]
         assert self._catalog is not None
         return self._catalog.filter_ids(conditions)
+
+    def class_names(self) -> dict[int, str]:
+        """label -> class name for the labels that have one (read once per open gallery)."""
+        if self._class_names is None:
+            assert self._catalog is not None
+            self._class_names = self._catalog.class_names()
+        return dict(self._class_names)
+
+    def item_with_bytes(self, sha256: str) -> int | None:
+        """The id of an item whose file has these bytes (by sha256; the lowest such id), if
+        any."""
+        assert self._catalog is not None
+        return self._catalog.ids_by_sha256([sha256]).get(sha256)
 
     def meta_keys(self) -> list[str]:
         """The names of the items' extra columns (metadata), sorted."""
@@ -293,13 +313,19 @@ class Gallery:
     def _search_allowed(
         self, queries: np.ndarray, depth: int, allowed: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        params = filtered.search_parameters(self.index_type, allowed, self.meta, depth)
-        # faiss.contrib.torch_utils may wrap Index.search without `params` (see _search_index)
-        search = getattr(self._index, "search_numpy", self._index.search)
-        inner, found = search(queries, depth, params=params)
-        if self.index_type == "flat":
-            return inner, found
-        return filtered.complete_rows(inner, found, queries, self._store.vectors_of, allowed)
+        # PQ codes only (no exact vectors): the codes' order, as unfiltered (index.ann.filtered)
+        exact = self.index_type not in PQ_TYPES or self._store.can_rerank
+        return filtered.search_allowed(
+            self._index,
+            self.index_type,
+            self.meta,
+            queries,
+            depth,
+            allowed,
+            self.count,
+            self._store.vectors_of,
+            exact_vectors=exact,
+        )
 
     def items(self, ids: Iterable[int]) -> list[dict[str, Any]]:
         """Catalog rows of ``ids``, in the order given; GalleryError for an unknown id."""

@@ -3,8 +3,10 @@
 Writers are serialised by an ``fcntl.flock`` on ``.GALLERY.lock`` beside the folder (never
 deleted, so every writer locks the same file); readers take it shared while they load, so they
 never see the instant between the two renames of a replace (nearsight.core.atomic.replace_dir). A writer
-killed mid-write leaves a hidden temporary folder, swept by the next writer, or the old folder
-parked at ``.GALLERY.previous``, put back by :func:`recover`.
+killed mid-write leaves a hidden temporary folder (a killed ``compact`` of a large gallery: as
+large as the gallery), or the old folder parked at ``.GALLERY.previous``. :func:`recover`, run
+whenever the gallery is opened, puts the old folder back and removes the temporary folders at
+once when no one holds the lock (else the writer holding it sweeps them).
 """
 
 from __future__ import annotations
@@ -50,20 +52,54 @@ def gallery_lock(gallery_dir: str | os.PathLike[str], *, exclusive: bool) -> Ite
         os.close(fd)  # closing the descriptor releases the lock
 
 
-def sweep_temporaries(final: Path) -> None:
-    """Remove temporary folders left by writers that were killed (call under the write lock)."""
+def temporaries(final: Path) -> list[Path]:
+    """The temporary folders of writers of the gallery ``final`` (live or killed)."""
     # exactly the names tempfile.mkdtemp gives (an 8-character random part), so that the
     # temporaries of a gallery called "g.x" are not taken for those of "g"
     pattern = re.compile(rf"\.{re.escape(final.name)}\.[a-z0-9_]{{8}}\.tmp")
-    for leftover in final.parent.iterdir():
-        if pattern.fullmatch(leftover.name) and leftover.is_dir() and not leftover.is_symlink():
-            shutil.rmtree(leftover, ignore_errors=True)
+    try:
+        entries = list(final.parent.iterdir())
+    except OSError:
+        return []
+    return [
+        entry
+        for entry in entries
+        if pattern.fullmatch(entry.name) and entry.is_dir() and not entry.is_symlink()
+    ]
+
+
+def sweep_temporaries(final: Path) -> None:
+    """Remove temporary folders left by writers that were killed (call under the write lock)."""
+    for leftover in temporaries(final):
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def sweep_if_unlocked(final: Path) -> None:
+    """:func:`sweep_temporaries` now if nobody holds the gallery's lock (a writer making its
+    temporary folder holds it exclusively): a non-blocking try, never a wait."""
+    if not temporaries(final):
+        return
+    try:
+        fd = os.open(lock_path(final), os.O_RDWR)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # held: by a live writer, or a reader that will sweep in its turn
+        os.close(fd)
+        return
+    try:
+        sweep_temporaries(final)
+    finally:
+        os.close(fd)
 
 
 def recover(folder: Path) -> None:
     """Undo a writer killed between the two renames of a replace, or in the middle of a
     catalog transaction (SQLite rolls its hot journal back when the catalog is next opened
-    for writing; a read-only open cannot), under the write lock."""
+    for writing; a read-only open cannot), under the write lock; remove the temporary
+    folders of killed writers when nobody holds the lock."""
+    sweep_if_unlocked(folder)
     if previous_path(folder).exists() and not folder.exists():
         with gallery_lock(folder, exclusive=True):
             recover_dir(folder)

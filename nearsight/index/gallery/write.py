@@ -124,7 +124,9 @@ def write_gallery(
             index, params = _index_in_build_order(
                 array, ids, resolved, target_recall=target_recall, rerank=rerank
             )
+            root = common_folder(items)  # fixed now: how a server names the items later
             full_meta = {
+                **({"root": root} if root else {}),
                 **(meta or {}),
                 "model_sha256": model_sha256,
                 "dim": dim,
@@ -143,6 +145,16 @@ def write_gallery(
             if neighbour_graph:
                 _write_graph(tmp, index, full_meta, array, ids)
     return final
+
+
+def common_folder(items: Sequence[dict[str, Any]]) -> str | None:
+    """The deepest folder holding every item's file, when all paths are absolute and share
+    one below the file system's root (else None)."""
+    paths = [str(item.get("path") or "") for item in items]
+    if not paths or not all(os.path.isabs(path) for path in paths):
+        return None
+    folder = os.path.commonpath([os.path.dirname(path) for path in paths])
+    return folder if folder != os.path.dirname(folder) else None
 
 
 def _index_in_build_order(
@@ -364,7 +376,7 @@ def _copy_catalog(source: Path, target: Path) -> None:
 
 def set_meta(gallery: Gallery, **values: Any) -> None:
     """Store ``values`` in the gallery's catalog meta (one transaction under the write lock),
-    e.g. the re-ranking chosen by ``nearsight eval --tune-rerank ... --save``."""
+    e.g. the re-ranking chosen by ``nearsight eval --tune-on VAL --save``."""
     with _writing(gallery) as (_, catalog):
         catalog.set_meta(**values)
     gallery._load()

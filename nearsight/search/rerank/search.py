@@ -10,7 +10,7 @@ import numpy as np
 from nearsight.data.metrics.exclude import without_keys
 from nearsight.search.rerank.pipeline import rerank
 from nearsight.search.rerank.sources import GallerySource
-from nearsight.search.rerank.spec import RerankSpec
+from nearsight.search.rerank.spec import MAX_DEPTH, RerankSpec
 
 if TYPE_CHECKING:  # the gallery imports the re-ranking layer
     from nearsight.index.gallery.core import Gallery
@@ -26,16 +26,20 @@ def reranked_search(
     exclude: np.ndarray | Sequence[int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(distances, ids) [Q, k'] as :meth:`Gallery.search` gives them, after re-ranking the top
-    ``max(k, spec.depth)`` candidates. ``exclude``: per query, an item id left out of its
-    answer and of every expansion (leave-one-out for a gallery item used as a query)."""
-    depth = max(k, spec.depth) + (0 if exclude is None else 1)
-    _, found = gallery.search(queries, depth, ids=ids)
+    ``spec.depth`` candidates (at least ``k`` of them, and at most :data:`MAX_DEPTH` whatever
+    ``k`` is: past it the base order continues). ``exclude``: per query, an item id left out
+    of its answer and of every expansion (leave-one-out for a gallery item used as a query)."""
+    depth = min(max(k, spec.depth), MAX_DEPTH)
+    extra = 0 if exclude is None else 1
+    _, found = gallery.search(queries, max(k, depth) + extra, ids=ids)
     if exclude is not None:
         exclude = np.asarray(exclude, dtype=np.int64)
         (found,) = without_keys(exclude, found)
     if found.shape[1] == 0:
         return np.zeros(found.shape, np.float32), found
-    keys, distances = rerank(spec, GallerySource(gallery), queries, found, exclude)
-    keys, distances = keys[:, :k], distances[:, :k]
-    return distances, keys
-
+    head, tail = found[:, :depth], found[:, depth:k]
+    keys, distances = rerank(spec, GallerySource(gallery), queries, head, exclude)
+    if tail.shape[1]:  # beyond the re-ranked depth: the index's order, after it
+        keys = np.concatenate([keys, tail], axis=1)
+        distances = np.concatenate([distances, np.full(tail.shape, np.inf, np.float32)], axis=1)
+    return distances[:, :k], keys[:, :k]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-# depth: how many base-search candidates are re-ranked (the answer's k, if larger, wins)
+# depth: how many base-search candidates are re-ranked (at least the answer's k, at most
+# MAX_DEPTH)
 DEFAULTS: dict[str, dict[str, float]] = {
     "none": {},
     "aqe": {"k": 2, "alpha": 3.0, "depth": 100},
@@ -15,7 +16,8 @@ DEFAULTS: dict[str, dict[str, float]] = {
 }
 _INTS = {"k", "k1", "k2", "depth"}
 # bounds a request can ask for: k-reciprocal costs O(depth^3) per query
-_MAX = {"depth": 400, "k": 64, "k1": 200, "k2": 200, "alpha": 100.0}
+MAX_DEPTH = 400  # candidates re-ranked per query, whatever the answer's k
+_MAX = {"depth": MAX_DEPTH, "k": 64, "k1": 200, "k2": 200, "alpha": 100.0}
 
 
 @dataclass(frozen=True)

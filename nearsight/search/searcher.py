@@ -1,0 +1,339 @@
+"""The :class:`Searcher`: a gallery and the embedder of its queries, the one object that the CLI,
+REST, the page and the Python API (``nearsight.open_gallery``) search through.
+
+Its public methods take a caller's input, check it once (``k``, the filters, the re-rank spec,
+the query) and call the one route, :func:`nearsight.search.route.search`; their answers are
+:class:`~nearsight.search.neighbour.Neighbour` lists (``SearchResults``).
+
+``search_item`` means one thing everywhere: the item itself comes first, at distance 0 (unless
+a filter leaves it out). ``leave_out=True`` asks for the other items only (the page's
+leave-one-out, as the evaluation does). A query image whose file has the same bytes as a gallery
+item is searched as that item: it comes first, at distance 0.
+
+The model is loaded on the first image search (evaluation and searches by vector or id need
+none) and checked to be the one the gallery was built with.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from nearsight.core.errors import NearsightError
+from nearsight.data.image_input import ImageLike, QueryImage, read_query
+from nearsight.index.gallery.core import Gallery
+from nearsight.search import route
+from nearsight.search.evaluate import evaluate_gallery
+from nearsight.search.labels import query_label
+from nearsight.search.neighbour import Neighbour
+from nearsight.search.rerank.spec import RerankSpec
+from nearsight.search.results import ResultsList, SearchResults
+
+if TYPE_CHECKING:  # typing only: the embedders' modules load onnxruntime
+    from nearsight.index.gallery.build import BuildReport
+    from nearsight.models.embedder import Embedder
+
+Filters = route.Filters
+Rerank = RerankSpec | str | None
+SEARCH_BATCH = 64  # search_many: images decoded, embedded and searched at a time
+
+
+class Searcher:
+    """An open gallery and (given, or loaded on first use) its embedder.
+
+    ``len(s)`` is the number of items; :meth:`search` gives the nearest items of an image;
+    :meth:`evaluate` the papers' leave-one-out metrics. Close it (or use ``with``). Safe to
+    search from several threads."""
+
+    # what built it, when nearsight.build_gallery did
+    build_report: BuildReport | None = None
+
+    def __init__(
+        self,
+        gallery: Gallery,
+        embedder: Embedder | None = None,
+        *,
+        model: str | os.PathLike[str] | None = None,
+        device: str = "auto",
+        optimization: str = "all",
+    ) -> None:
+        self.gallery = gallery
+        self.path = gallery.path
+        self.rerank_override: RerankSpec | None = None  # serve --rerank
+        self._embedder = embedder
+        self._model_override = model
+        self._device = device
+        self._optimization = optimization
+
+    # -- facts -------------------------------------------------------------------------------
+
+    @property
+    def embedder(self) -> Embedder:
+        """The embedder of the gallery's queries (its recorded model, or ``model``), loaded and
+        checked against the gallery on first use."""
+        if self._embedder is None:
+            self._embedder = self.gallery.load_model(
+                self._model_override, device=self._device, optimization=self._optimization
+            )
+        return self._embedder
+
+    @property
+    def rerank(self) -> RerankSpec:
+        """The re-ranking searches use unless told otherwise: serve --rerank, else the
+        gallery's stored choice (nearsight eval --tune-on ... --save), else none."""
+        if self.rerank_override is not None:
+            return self.rerank_override
+        return route.stored_rerank(self.gallery)
+
+    def __len__(self) -> int:
+        return len(self.gallery)
+
+    def shown_path(self, row: Mapping[str, Any]) -> str:
+        """An item's path as this searcher's callers see it (here: as stored)."""
+        return str(row["path"])
+
+    def identical_item(self, sha256: str) -> int | None:
+        """The id of a gallery item whose file has these bytes (by sha256), if any."""
+        return self.gallery.item_with_bytes(sha256)
+
+    def rows(self) -> Mapping[int, dict[str, Any]] | None:
+        """The catalog rows by id where they are held in memory (None: read per search)."""
+        return None
+
+    # -- checking a request once -------------------------------------------------------------
+
+    def allowed_ids(
+        self, filters: Filters, max_conditions: int | None = None
+    ) -> np.ndarray | None:
+        """Ids meeting every filter (several in one text separated by ';' or new lines), or
+        None for no filter."""
+        return route.allowed_ids(self.gallery, filters, max_conditions)
+
+    def resolve_rerank(self, rerank: Rerank) -> RerankSpec:
+        """``rerank`` parsed (a one-line error when bad); None: :attr:`rerank`."""
+        if rerank is None:
+            return self.rerank
+        return route.resolve_rerank(self.gallery, rerank)
+
+    # -- searching ---------------------------------------------------------------------------
+
+    def search(
+        self,
+        image: ImageLike,
+        k: int = 8,
+        *,
+        filters: Filters = None,
+        label: int | str | None = None,
+        rerank: Rerank = None,
+    ) -> SearchResults:
+        """The ``k`` nearest gallery items of ``image`` (a file path, a PIL image, or an array
+        H x W x 3 / H x W of uint8, or of floats in [0, 1]), nearest first. ``filters``: search
+        only items matching all of them (``"shop=north"``, ``["price>=10", "price<20"]``;
+        inside FAISS, so k items come back whenever k match). ``label``: the query's class, if
+        known, as a number or a class name (colours the HTML grid, adds a ``correct`` column
+        to ``to_pandas()``). ``rerank``: re-rank the candidates (``"aqe:k=2,alpha=3"``,
+        nearsight.search.rerank; ``"none"`` for off); default: the gallery's stored choice.
+        An unreadable image raises NearsightError; several images go to :meth:`search_many`."""
+        if isinstance(image, list | tuple) or (isinstance(image, np.ndarray) and image.ndim == 4):
+            raise NearsightError(
+                "search takes one image; for several, use search_many(images) (one result "
+                "per image, an unreadable one reported in its entry instead of stopping)"
+            )
+        k, allowed, spec = self._request(k, filters, rerank)
+        wanted = query_label(self.gallery, label)
+        decoded = read_query(image, self.embedder.resize)
+        (found,) = self._search_images([decoded], k, allowed, spec)
+        return SearchResults(found, query=image, query_label=wanted)
+
+    def search_many(
+        self,
+        images: Iterable[ImageLike] | np.ndarray,
+        k: int = 8,
+        *,
+        filters: Filters = None,
+        labels: Sequence[int | str | None] | None = None,
+        batch_size: int = SEARCH_BATCH,
+        rerank: Rerank = None,
+    ) -> ResultsList:
+        """:meth:`search` of many images (an iterable, or an array N x H x W x 3), embedded
+        ``batch_size`` at a time (memory stays bounded however many there are). One entry per
+        image, in order; an image that cannot be read gives an empty entry whose ``.error``
+        says why, and the others go on (``.errors`` lists them). ``labels``: each query's
+        class, if known. ``to_pandas()`` gives one table of all of them."""
+        if isinstance(images, str | os.PathLike) or not isinstance(images, Iterable):
+            raise NearsightError("search_many takes a list of images; for one, use search")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise NearsightError(
+                f"batch_size must be a whole number of at least 1, got {batch_size!r}"
+            )
+        k, allowed, spec = self._request(k, filters, rerank)  # bad input fails before any image
+        queries = list(images)
+        given = [None] * len(queries) if labels is None else list(labels)
+        if len(given) != len(queries):
+            raise NearsightError(f"{len(given)} labels for {len(queries)} images")
+        wanted = [query_label(self.gallery, label) for label in given]
+        results = ResultsList()
+        for start in range(0, len(queries), batch_size):
+            chunk = queries[start : start + batch_size]
+            entries: list[SearchResults | None] = [None] * len(chunk)
+            decoded, positions = [], []
+            for position, image in enumerate(chunk):
+                try:
+                    decoded.append(read_query(image, self.embedder.resize))
+                    positions.append(position)
+                except NearsightError as error:  # this image only: the others go on
+                    entries[position] = SearchResults(query=image, error=str(error))
+            found = self._search_images(decoded, k, allowed, spec) if decoded else []
+            for position, neighbours in zip(positions, found, strict=True):
+                entries[position] = SearchResults(
+                    neighbours, query=chunk[position], query_label=wanted[start + position]
+                )
+            results.extend(entries)
+        return results
+
+    def search_vector(
+        self,
+        vector: Any,
+        k: int = 8,
+        *,
+        filters: Filters = None,
+        label: int | str | None = None,
+        rerank: Rerank = None,
+    ) -> SearchResults:
+        """:meth:`search` by an embedding of the gallery's dim (made unit length here), e.g.
+        one from :meth:`vector`, from :func:`load_embedder` or from another system that uses
+        the same model."""
+        k, allowed, spec = self._request(k, filters, rerank)
+        wanted = query_label(self.gallery, label)
+        vectors = route.check_vector(self.gallery, vector)[:1]
+        (found,) = self.search_vectors(vectors, k, allowed=allowed, rerank=spec)
+        return SearchResults(found, query=vector, query_label=wanted)
+
+    def search_item(
+        self,
+        item_id: int,
+        k: int = 8,
+        *,
+        filters: Filters = None,
+        rerank: Rerank = None,
+        leave_out: bool = False,
+    ) -> SearchResults:
+        """:meth:`search` by a gallery item's stored embedding: the item itself comes first,
+        at distance 0 (unless a filter leaves it out); ``leave_out``: the other items only.
+        The item's class is the query's."""
+        k, allowed, spec = self._request(k, filters, rerank)
+        item = int(item_id)
+        vector = self.item_vector(item)
+        found = self.search_vectors(vector[None, :], k, allowed=allowed, rerank=spec,
+                                    **_as_item(item, leave_out))  # fmt: skip
+        label = self.gallery.items([item])[0]["label"]
+        return SearchResults(found[0], query=item, query_label=label)
+
+    def search_vectors(
+        self,
+        vectors: np.ndarray,
+        k: int,
+        *,
+        allowed: np.ndarray | None = None,
+        rerank: RerankSpec,
+        self_ids: Sequence[int | None] | None = None,
+        exclude: Sequence[int] | np.ndarray | None = None,
+    ) -> list[list[Neighbour]]:
+        """The route itself, for callers that checked their request already (REST, the page,
+        the CLI's batch): unit query vectors [Q, D], a checked ``k``, the allowed ids, a
+        parsed spec; ``self_ids`` / ``exclude`` as in :func:`nearsight.search.route.search`."""
+        return route.search(
+            self.gallery,
+            vectors,
+            k,
+            allowed=allowed,
+            rerank=rerank,
+            self_ids=self_ids,
+            exclude=exclude,
+            rows=self.rows(),
+            shown_path=self.shown_path,
+        )
+
+    def item_vector(self, item_id: int) -> np.ndarray:
+        """The stored embedding of gallery item ``item_id``: float32 [dim], unit length (a
+        one-line error when the gallery has no such item)."""
+        return route.item_vector(self.gallery, int(item_id))[0]
+
+    def vector(self, item_id: int) -> np.ndarray:
+        """:meth:`item_vector`, as a copy the caller may change."""
+        return np.array(self.item_vector(item_id), dtype=np.float32)
+
+    def _request(
+        self, k: Any, filters: Filters, rerank: Rerank
+    ) -> tuple[int, np.ndarray | None, RerankSpec]:
+        """A Python caller's request, checked once: k, the allowed ids, the re-rank spec."""
+        return route.check_k(k), self.allowed_ids(filters), self.resolve_rerank(rerank)
+
+    def _search_images(
+        self,
+        decoded: Sequence[QueryImage],
+        k: int,
+        allowed: np.ndarray | None,
+        spec: RerankSpec,
+    ) -> list[list[Neighbour]]:
+        """Decoded query images, embedded together; one whose bytes are a gallery item's is
+        searched as that item."""
+        twins = [None if q.sha256 is None else self.identical_item(q.sha256) for q in decoded]
+        vectors = np.zeros((len(decoded), self.gallery.dim), dtype=np.float32)
+        fresh = [n for n, twin in enumerate(twins) if twin is None]
+        if fresh:
+            embedded = self.embedder.embed_images([decoded[n].image for n in fresh])
+            vectors[fresh] = np.asarray(embedded, dtype=np.float32)
+        for n, twin in enumerate(twins):
+            if twin is not None:
+                vectors[n] = self.item_vector(twin)
+        return self.search_vectors(vectors, k, allowed=allowed, rerank=spec, self_ids=twins)
+
+    # -- evaluating --------------------------------------------------------------------------
+
+    def evaluate(
+        self, ks: Sequence[int] | None = None, queries: int | None = None, rerank: Rerank = None
+    ) -> dict[str, float | int]:
+        """Recall@k, NMI and MAP@R of the stored embeddings (every labelled item queries the
+        other labelled items); ``ks``: default the papers' values for the gallery's dataset.
+        ``queries``: only a seeded sample of that many labelled items query (each still
+        searching all the others exactly), see nearsight.data.metrics.retrieval.evaluate.
+        ``rerank``: as in :meth:`search` (leave-one-out: no query reaches itself through an
+        expansion)."""
+        return evaluate_gallery(self.gallery, ks, queries, self.resolve_rerank(rerank))
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self.gallery.close()
+
+    def __enter__(self) -> Searcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.path)!r}, items={len(self)})"
+
+
+def _as_item(item: int, leave_out: bool) -> dict[str, list[int]]:
+    """The route's arguments for a query that is gallery item ``item``."""
+    return {"exclude": [item]} if leave_out else {"self_ids": [item]}
+
+
+def open_gallery(
+    path: str | os.PathLike[str],
+    model: str | os.PathLike[str] | None = None,
+    *,
+    device: str = "auto",
+    optimization: str = "all",
+) -> Searcher:
+    """Open the gallery folder ``path`` for searching. ``model``: the model that embeds queries
+    (default: the one the gallery records; it must be the model that built it). ``device``:
+    auto | cpu | cuda. ``optimization``: onnxruntime's graph optimisation, ``all`` (fastest per
+    query) or ``extended`` (half the load time and memory, for a few queries)."""
+    return Searcher(Gallery.open(path), model=model, device=device, optimization=optimization)

@@ -1,0 +1,458 @@
+"""Plain helpers shared by the test files: builders of small data, models and galleries, the
+in-process CLI runner, assertions. No fixtures here (they live in conftest.py, and call these);
+test files import what they need: ``from helpers import run, FAST``."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+ONNX_CLASSES, ONNX_PER_CLASS, ONNX_SIZE, ONNX_DIM = 4, 3, 32, 8
+
+
+@dataclass
+class OnnxGallery:
+    data: Path  # the image folder (class folders)
+    checkpoint: Path
+    model: Path  # model.onnx exported from ``checkpoint``
+    gallery: Path  # built from ``data`` with ``model``
+    query: Path  # one of the gallery's images
+
+
+def make_onnx_gallery(root: Path, seed: int = 0) -> OnnxGallery:
+    """A random resnet18 (8-d, 32 px) exported to ONNX and a gallery of 4 x 3 synthetic images
+    built with it by the CLI."""
+    import torch
+
+    from nearsight.app.cli import main
+    from nearsight.data.datasets.synthetic import write_synthetic
+    from nearsight.models.checkpoint import save_checkpoint
+    from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
+    from nearsight.models.export import export_onnx
+
+    data = root / "data"
+    write_synthetic(data, classes=ONNX_CLASSES, per_class=ONNX_PER_CLASS, size=ONNX_SIZE)
+    torch.manual_seed(seed)
+    checkpoint = root / "model.pt"
+    config = EmbeddingConfig(dim=ONNX_DIM, image_size=ONNX_SIZE, arch="resnet18")
+    save_checkpoint(checkpoint, build_embedding_net(config))
+    model = root / "model.onnx"
+    export_onnx(checkpoint, model)
+    gallery = root / "gallery"
+    argv = ["index", "build", "--model", str(model), "--dataset", "folder", "--root", str(data)]
+    assert main([*argv, "--split", "all", "--out", str(gallery), "--workers", "0"]) == 0
+    query = next(path for path in sorted(data.rglob("*.png")))
+    return OnnxGallery(data, checkpoint, model, gallery, query)
+
+
+def write_digits(root: Path, *, size: int = 32, test_per_class: int | None = None) -> Path:
+    """scikit-learn's bundled handwritten digits (8x8, 10 classes; nothing downloaded) as RGB
+    PNGs upscaled to ``size`` px in an image folder (``ROOT/digit_K/NNNN.png``): the folder
+    loader splits it class-disjointly, digits 0-4 train and 5-9 test, the test classes cut to
+    their first ``test_per_class`` images when given. Returns ``root``."""
+    import numpy as np
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    kept = {digit: 0 for digit in range(10)}
+    for number, (pixels, digit) in enumerate(zip(digits.images, digits.target, strict=True)):
+        kept[digit] += 1
+        if digit >= 5 and test_per_class is not None and kept[digit] > test_per_class:
+            continue
+        folder = root / f"digit_{digit}"
+        folder.mkdir(parents=True, exist_ok=True)
+        grey = Image.fromarray(np.uint8(np.round(pixels * 255 / 16)), mode="L")
+        grey = grey.resize((size, size), Image.Resampling.BILINEAR)
+        grey.convert("RGB").save(folder / f"{number:04d}.png")
+    return root
+
+
+def build_wheel(out: Path) -> Path:
+    """`pip wheel` of a copy of the checkout (the build writes build/ and egg-info into the
+    source folder, so not into the checkout); returns the wheel's path."""
+    source = out / "source"
+    anywhere = shutil.ignore_patterns("__pycache__", "*.egg-info", "*.onnx")
+    top_only = {".venv", ".git", "build", "dist", ".pytest_cache", ".ruff_cache", "runs", "data",
+                "test-artifacts", ".whl"}  # fmt: skip
+
+    def skip(folder: str, names: list[str]) -> set[str]:
+        # runs/ and data/ at the top are a user's; nearsight/data/ is a package
+        return anywhere(folder, names) | (top_only & set(names) if Path(folder) == ROOT else set())
+
+    shutil.copytree(ROOT, source, ignore=skip)
+    wheels = out / "wheels"
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+         "--quiet", "-w", str(wheels), str(source)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    (wheel,) = wheels.glob("nearsight-*.whl")
+    return wheel
+
+
+class TrainingCrash(Exception):
+    """Raised inside a training step to stand in for a crash (a kill mid-run)."""
+
+
+def train_one_and_two_processes(args: list[str], out: Path) -> tuple[Path, Path]:
+    """``nearsight train *args`` once in one process and once under torchrun with 2 CPU
+    processes (gloo), one thread each; returns the two run folders (OUT/single, OUT/ddp)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # fp32: the comparison is of DDP's arithmetic, where the two runs agree to float rounding
+    # (bf16 autocast, the default on CPUs with native bf16, rounds the two batch splits apart)
+    args = [*args, "--set", "amp=false", "--set", "channels_last=false"]
+    single, ddp = out / "single", out / "ddp"
+    subprocess.run(
+        [sys.executable, "-m", "nearsight.app.cli", "train", *args, "--out", str(single)],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
+    result = subprocess.run(
+        [torchrun, "--standalone", "--nproc_per_node", "2", "-m", "nearsight.app.cli", "train",
+         *args, "--out", str(ddp)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return single, ddp
+
+
+def crash_training(config, out_dir: Path, monkeypatch, *, in_step: int) -> None:
+    """Run ``train(config, out_dir)`` and crash it inside the ``in_step``-th training step,
+    after the earlier steps were done and saved; the trainer is whole again afterwards."""
+    from nearsight.training.run import train
+    from nearsight.training.trainer import Trainer
+
+    original = Trainer._train_step
+    calls = {"n": 0}
+
+    def dying_step(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == in_step:
+            raise TrainingCrash
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "_train_step", dying_step)
+    with pytest.raises(TrainingCrash):
+        train(config, out_dir)
+    monkeypatch.setattr(Trainer, "_train_step", original)
+
+
+@contextlib.contextmanager
+def running_page(galleries: list[Path], *, analyse: bool = True, **options):
+    """The page and its REST API served on a free port for a test: yields (url, app), then
+    stops the server, the API's batcher and the page's analysis threads. ``analyse``: wait for
+    the galleries' analysis first (False: start none); ``options`` go to ``launch_app``."""
+    from nearsight.app.page import build_app
+    from nearsight.app.server import launch_app, stop_app
+
+    demo = build_app(galleries, device="cpu", analyse=analyse)
+    url = launch_app(demo, port=free_port(), prevent_thread_lock=True, quiet=True, **options)
+    try:
+        if analyse:
+            assert demo.nearsight.wait_analysis(timeout=120)
+        yield url, demo
+    finally:
+        stop_app(demo)
+
+
+@contextlib.contextmanager
+def serve_process(args: list, *, env: dict | None = None, stderr: Any = subprocess.DEVNULL):
+    """``nearsight serve ARGS`` in a process of its own on a free port of 127.0.0.1, once its
+    ``/api/health`` answers (at most 120 s): yields (url, process), then terminates it."""
+    import httpx
+
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "nearsight.app.cli", "serve", "--port", str(port),
+         "--analysis-max-items", "0", *[str(arg) for arg in args]],
+        env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL, stderr=stderr, text=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{url}/api/health", timeout=1).status_code == 200:
+                    break
+            assert process.poll() is None, "the server exited"
+            time.sleep(0.2)
+        yield url, process
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(30)
+
+
+def process_mb(pid: int, field: str = "VmRSS") -> float:
+    """A process's resident memory now (VmRSS) or at its peak (VmHWM), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
+# -- tiny galleries built by the CLI ----------------------------------------------------------
+
+FAST = ["--workers", "0"]
+CLASSES = 6
+PER_CLASS = 4
+SHOPS = ("north", "south")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def tiny_model(path: Path, seed: int, dim: int = 16) -> Path:
+    """A random resnet18 checkpoint, ``dim``-d at 32 px."""
+    import torch
+
+    from nearsight.models.checkpoint import save_checkpoint
+    from nearsight.models.embedding import EmbeddingConfig, EmbeddingNet
+
+    torch.manual_seed(seed)
+    config = EmbeddingConfig(dim=dim, image_size=32, arch="resnet18", pretrained="none")
+    return save_checkpoint(path, EmbeddingNet(config))
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    """``nearsight *argv`` in this process: (exit code, stdout, stderr)."""
+    from nearsight.app.cli import main
+
+    code = main([str(arg) for arg in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def cli_argv(*argv) -> list[str]:
+    """``nearsight *argv`` as a command line for another process (subprocess.run, Popen)."""
+    return [sys.executable, "-m", "nearsight.app.cli", *[str(arg) for arg in argv]]
+
+
+def assert_one_line_error(code: int, err: str, *fragments: str) -> str:
+    """Exit 2, no traceback, ONE ``nearsight: error:`` line holding every fragment; returns
+    that line."""
+    assert code == 2, err
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.startswith("nearsight: error:")]
+    assert len(lines) == 1, err
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The records of a JSON-lines file (metrics.jsonl, train.jsonl), blank lines skipped."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@dataclass
+class TinyGallery:
+    root: Path
+    data: Path
+    model: Path
+    gallery: Path
+    secret: Path  # a file outside every gallery folder
+    link: Path  # a symlink inside a gallery image folder pointing at ``secret``
+    items: list[dict]
+
+
+def make_tiny_gallery(root: Path, arch: str = "resnet50", seed: int = 2) -> TinyGallery:
+    """6 classes x 4 images of 32 px, a random 16-d network and its gallery (built by the CLI).
+
+    Seed 2: the random ResNet-50 gets 4 of the 24 rank-1 neighbours right, so the page shows
+    both kinds (seed 0 got none right)."""
+    import torch
+
+    from nearsight.app.cli import main
+    from nearsight.data.datasets.synthetic import write_synthetic
+    from nearsight.index.gallery.core import Gallery
+    from nearsight.models.checkpoint import save_checkpoint
+    from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
+
+    data = root / "data"
+    write_synthetic(data, classes=CLASSES, per_class=PER_CLASS, size=32)
+    torch.manual_seed(seed)
+    model = root / "model.pt"
+    config = EmbeddingConfig(dim=16, image_size=32, arch=arch)
+    save_checkpoint(model, build_embedding_net(config))
+    gallery = root / "gallery"
+    argv = ["index", "build", "--model", str(model), "--dataset", "folder", "--root", str(data)]
+    assert main([*argv, "--split", "all", "--out", str(gallery), "--workers", "0"]) == 0
+    with Gallery.open(gallery) as opened:
+        items = opened.all_items()
+    secret = root / "secret.txt"
+    secret.write_text("top secret: not an image of any gallery\n")
+    link = Path(items[0]["path"]).parent / "link-to-secret.png"
+    link.symlink_to(secret)
+    return TinyGallery(root, data, model, gallery, secret, link, items)
+
+
+def make_product(root: Path) -> dict:
+    """A CSV manifest with shop, price and sku columns over a synthetic folder dataset (6 x 6
+    images of 32 px, all in the test split) and its gallery, built by the CLI with a random
+    16-d resnet18: {"root", "images", "gallery", "model"}."""
+    import csv
+
+    from nearsight.app.cli import main
+    from nearsight.data.datasets.synthetic import write_synthetic
+
+    write_synthetic(root / "data", classes=6, per_class=6, size=32)
+    images = sorted(p for p in (root / "data").rglob("*.png"))
+    manifest = root / "data" / "products.csv"
+    with open(manifest, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["path", "label", "split", "shop", "price", "sku"])
+        for number, image in enumerate(images):
+            writer.writerow(
+                [
+                    image.relative_to(manifest.parent),
+                    image.parent.name,
+                    "test",
+                    SHOPS[number % 2],
+                    f"{number * 1.5:.1f}",
+                    f"{number:04d}",
+                ]
+            )
+    model = tiny_model(root / "model.pt", seed=0)
+    gallery = root / "gallery"
+    code = main(["index", "build", "--model", str(model), "--dataset", "csv", "--root",
+                 str(manifest), "--out", str(gallery), *FAST])  # fmt: skip
+    assert code == 0
+    return {"root": root, "images": images, "gallery": gallery, "model": model}
+
+
+# -- the page in Debian's chromium ----------------------------------------------------------
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+TIMEOUT_MS = 60_000  # the 2-core test machine is shared: be patient, not flaky
+
+
+def upload(page, path: Path | str) -> None:
+    page.set_input_files("#ns-query-image input[type=file]", str(path))
+
+
+# -- loss tests: random batches, autograd, and the checks every seed loss passes ----------------
+
+
+def random_batch(n: int, dim: int, classes: int, seed: int) -> tuple[Any, Any]:
+    """``n`` unit float64 embeddings of ``dim`` and shuffled labels of ``classes`` classes."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    emb = torch.randn(n, dim, generator=generator, dtype=torch.float64)
+    emb = torch.nn.functional.normalize(emb, dim=1)
+    labels = torch.arange(n) % classes
+    labels = labels[torch.randperm(n, generator=generator)]
+    return emb, labels
+
+
+def autograd(loss_fn, emb, labels):
+    """(loss value, its gradient with respect to ``emb``)."""
+    import torch
+
+    emb = emb.clone().requires_grad_(True)
+    value = loss_fn(emb, labels)
+    (grad,) = torch.autograd.grad(value, emb)
+    return value, grad
+
+
+def count_python_calls(fn) -> int:
+    """Python function calls made while ``fn()`` runs."""
+    calls = 0
+
+    def profiler(frame, event, arg):
+        nonlocal calls
+        if event == "call":
+            calls += 1
+
+    sys.setprofile(profiler)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def assert_no_python_loop_over_anchors(loss) -> None:
+    """Whole-batch tensor code: a batch 10x larger makes no more Python calls."""
+    counts = []
+    for n in (16, 160):
+        emb, labels = random_batch(n, 8, n // 4, seed=0)
+        emb.requires_grad_(True)
+        loss(emb, labels)  # warm-up: lazy imports happen once
+        counts.append(count_python_calls(lambda emb=emb, labels=labels: loss(emb, labels)))
+    assert counts[0] == counts[1], counts
+
+
+def assert_float32_agrees_with_float64(loss) -> None:
+    """Training runs in float32: the same batch gives the same loss and gradient."""
+    import torch
+
+    emb, labels = random_batch(24, 16, 6, seed=21)
+    value64, grad64 = autograd(loss, emb, labels)
+    value32, grad32 = autograd(loss, emb.float(), labels)
+    assert value32.dtype == torch.float32 and grad32.dtype == torch.float32
+    assert value32.item() == pytest.approx(value64.item(), rel=1e-4)
+    torch.testing.assert_close(grad32.double(), grad64, rtol=1e-3, atol=1e-5)
+
+
+# -- timm trunks: tiny random models and a Hugging Face hub cache made on disk -------------------
+
+TIMM_VIT, TIMM_CONVNEXT, TIMM_RESNET = "timm:test_vit", "timm:test_convnext", "timm:test_resnet"
+
+
+def write_hub_weights(cache: Path, repo_id: str, state_dict: dict, revision: str = "0" * 40) -> Path:
+    """``state_dict`` saved as the hub's ``model.safetensors`` of ``repo_id`` in ``cache``, in
+    the layout huggingface_hub writes: the file in ``blobs/``, linked from
+    ``snapshots/REVISION/``, and ``refs/main`` naming the revision. Returns the snapshot path."""
+    import hashlib
+
+    from safetensors.torch import save_file
+
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    staged = repo / "blobs" / "staged"
+    save_file({key: value.contiguous() for key, value in state_dict.items()}, str(staged))
+    blob = repo / "blobs" / hashlib.sha256(staged.read_bytes()).hexdigest()
+    staged.rename(blob)
+    snapshot = repo / "snapshots" / revision / "model.safetensors"
+    snapshot.parent.mkdir(parents=True, exist_ok=True)
+    snapshot.symlink_to(os.path.relpath(blob, snapshot.parent))
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(revision)
+    return snapshot

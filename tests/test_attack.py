@@ -1,0 +1,206 @@
+"""Holding under attack (issue 33), against a real server on 127.0.0.1: a kept-alive
+connection that trickles its next request, one address opening every connection, and uploads
+whose decoded size the pixel count alone does not tell (16-bit PNG, float TIFF). Every loop is
+bounded; a second client address is another loopback address (127.0.0.2)."""
+
+from __future__ import annotations
+
+import io
+import select
+import socket
+import threading
+import time
+from urllib.parse import urlsplit
+
+import httpx
+import numpy as np
+import pytest
+from helpers import process_mb, running_page, serve_process
+
+
+def _address(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname, parts.port
+
+
+def _read_response(sock: socket.socket) -> bytes:
+    """One whole response with a Content-Length body."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.lower().split(b"\r\n")
+    length = next(int(line.split(b":")[1]) for line in lines if line.startswith(b"content-length"))
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> bool:
+    """Whether the server closes ``sock`` within ``seconds`` (nothing more is sent)."""
+    ready, _, _ = select.select([sock], [], [], seconds)
+    if not ready:
+        return False
+    try:
+        return sock.recv(1024) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_a_kept_alive_connection_trickling_its_next_headers_is_closed(onnx_gallery):
+    """After one answered request, the next request's headers sent a byte every 0.1 s: the
+    header timeout (1 s here) covers that request too, so the server closes the connection
+    (before, any byte cancelled the idle timer and nothing else applied: it stayed open)."""
+    with (
+        running_page([onnx_gallery.gallery], analyse=False, header_timeout_s=1.0) as (url, _),
+        socket.create_connection(_address(url), timeout=10) as sock,
+    ):
+        sock.sendall(b"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert _read_response(sock).startswith(b"HTTP/1.1 200")
+        trickle = b"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: " + b"a" * 150
+        started, closed = time.monotonic(), False
+        for byte in trickle:  # at most 15 s
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:
+                closed = True
+                break
+            if _closed_within(sock, 0.1):
+                closed = True
+                break
+        held = time.monotonic() - started
+    assert closed, f"still open after trickling for {held:.1f} s"
+    assert held < 5.0
+
+
+def test_an_idle_kept_alive_connection_is_closed(onnx_gallery):
+    with (
+        running_page([onnx_gallery.gallery], analyse=False, keep_alive_s=1.0) as (url, _),
+        socket.create_connection(_address(url), timeout=10) as sock,
+    ):
+        sock.sendall(b"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert _read_response(sock).startswith(b"HTTP/1.1 200")
+        started = time.monotonic()
+        assert _closed_within(sock, 10.0)
+        assert time.monotonic() - started < 5.0
+
+
+def test_one_address_cannot_take_every_connection(onnx_gallery):
+    """64 connections from 127.0.0.1 that never finish their headers, on a server that allows
+    64 in all: past 32 (the per-client default) they are answered 429 at once, and a client
+    at another address is still served (before: it got 503 while they stayed open)."""
+    with running_page([onnx_gallery.gallery], analyse=False, max_connections=64) as (url, _):
+        host, port = _address(url)
+        slow = []
+        try:
+            for _ in range(64):
+                sock = socket.create_connection((host, port), timeout=10)
+                sock.sendall(b"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+                slow.append(sock)
+            refused = 0
+            for sock in slow:
+                ready, _, _ = select.select([sock], [], [], 0.05)
+                if ready and sock.recv(4096).startswith(b"HTTP/1.1 429"):
+                    refused += 1
+            transport = httpx.HTTPTransport(local_address="127.0.0.2")
+            with httpx.Client(transport=transport, timeout=10) as other:
+                answer = other.get(f"{url.rstrip('/')}/api/health")
+        finally:
+            for sock in slow:
+                sock.close()
+    assert refused == 32
+    assert answer.status_code == 200, answer.text
+
+
+def _post_at_once(url: str, name: str, data: bytes, times: int) -> list[int]:
+    statuses: list[int] = []
+
+    def post() -> None:
+        files = {"image": (name, data, "application/octet-stream")}
+        statuses.append(httpx.post(f"{url}/api/search", files=files, timeout=600).status_code)
+
+    threads = [threading.Thread(target=post) for _ in range(times)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return statuses
+
+
+@pytest.mark.slow
+def test_four_16_bit_pngs_at_once_stay_within_the_decode_budget(onnx_gallery):
+    """Four 16-bit PNGs of 7990 x 7990 (142 KB each; 64 MP, 2 bytes a pixel) posted at once to
+    a server with --concurrency 2, then four float TIFFs of that size (4 bytes a pixel): decoded
+    two at a time, each within its estimate of 8 bytes a pixel (~490 MB), the server's peak
+    resident memory grows by under 1.5 GB (before: each decode took ~2.2 GB through float64
+    copies of the whole image, and eight at once reached 6.35 GB)."""
+    from PIL import Image
+
+    plane = np.zeros((7990, 7990), np.uint16)
+    plane[::7, ::5] = 40000
+    png, tiff = io.BytesIO(), io.BytesIO()
+    Image.fromarray(plane).save(png, format="PNG")
+    plane = np.full((7990, 7990), 0.5, np.float32)
+    Image.fromarray(plane).save(tiff, format="TIFF", compression="tiff_adobe_deflate")
+    del plane
+    args = ["--gallery", onnx_gallery.gallery, "--concurrency", "2", "--max-upload-mb", "4"]
+    with serve_process(args) as (url, server):
+        idle = process_mb(server.pid)
+        statuses = _post_at_once(url, "big.png", png.getvalue(), 4)
+        statuses += _post_at_once(url, "big.tif", tiff.getvalue(), 4)
+        peak = process_mb(server.pid, "VmHWM")
+    print(f"idle {idle:.0f} MB, peak {peak:.0f} MB")
+    assert statuses == [200] * 8
+    assert peak - idle < 1536
+
+
+@pytest.mark.slow
+def test_a_rerank_flood_leaves_plain_searches_and_health_fast(onnx_gallery, tmp_path):
+    """48 clients (16 from each of three addresses) re-ranking k=1000 with k-reciprocal at its largest allowed parameters, all
+    valid requests, as fast as the server answers them (the attack that took every thread of the
+    server's pool, and a plain search to a median of 15 s): a plain search's median stays
+    within 1.5 s, health answers, and the flood gets answers or 503 (busy), never a 4xx."""
+    from nearsight.app.cli import main
+
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(3000, 8)).astype(np.float32)
+    np.save(tmp_path / "v.npy", vectors / np.linalg.norm(vectors, axis=1, keepdims=True))
+    (tmp_path / "m.csv").write_text("path\n" + "".join(f"/x/{i}.jpg\n" for i in range(3000)))
+    assert main(["index", "import", "--vectors", str(tmp_path / "v.npy"), "--meta",
+                 str(tmp_path / "m.csv"), "--model", str(onnx_gallery.model), "--out",
+                 str(tmp_path / "g"), "--index-type", "flat"]) == 0  # fmt: skip
+    heavy = {"k": "1000", "rerank": "kreciprocal:k1=200,k2=200,depth=400"}
+    statuses: list[int] = []
+    stop = threading.Event()
+
+    def flood(seed: int) -> None:  # 16 clients from each of three loopback addresses
+        transport = httpx.HTTPTransport(local_address=f"127.0.0.{2 + seed % 3}")
+        with httpx.Client(timeout=300, transport=transport) as client:
+            for n in range(100):  # bounded; stopped much sooner
+                if stop.is_set():
+                    return
+                data = {**heavy, "id": str((seed * 100 + n) % 3000)}
+                statuses.append(client.post(f"{url}/api/search", data=data).status_code)
+
+    with running_page([tmp_path / "g"], analyse=False) as (url, _):
+        url = url.rstrip("/")
+        threads = [threading.Thread(target=flood, args=(seed,)) for seed in range(48)]
+        for thread in threads:
+            thread.start()
+        time.sleep(2)  # the flood fills the queue
+        plain, health = [], []
+        with httpx.Client(timeout=60) as client:
+            for n in range(15):
+                start = time.perf_counter()
+                answer = client.post(f"{url}/api/search", data={"id": str(n), "k": "8"})
+                plain.append(time.perf_counter() - start)
+                assert answer.status_code == 200 and answer.json()["neighbours"][0]["id"] == n
+                start = time.perf_counter()
+                assert client.get(f"{url}/api/health").status_code == 200
+                health.append(time.perf_counter() - start)
+        stop.set()
+        for thread in threads:
+            thread.join(300)
+    assert np.median(plain) <= 1.5, plain
+    assert np.median(health) <= 1.5, health
+    assert set(statuses) <= {200, 503} and 200 in statuses, sorted(set(statuses))
