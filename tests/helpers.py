@@ -436,7 +436,9 @@ def assert_float32_agrees_with_float64(loss) -> None:
 TIMM_VIT, TIMM_CONVNEXT, TIMM_RESNET = "timm:test_vit", "timm:test_convnext", "timm:test_resnet"
 
 
-def write_hub_weights(cache: Path, repo_id: str, state_dict: dict, revision: str = "0" * 40) -> Path:
+def write_hub_weights(
+    cache: Path, repo_id: str, state_dict: dict, revision: str = "0" * 40
+) -> Path:
     """``state_dict`` saved as the hub's ``model.safetensors`` of ``repo_id`` in ``cache``, in
     the layout huggingface_hub writes: the file in ``blobs/``, linked from
     ``snapshots/REVISION/``, and ``refs/main`` naming the revision. Returns the snapshot path."""
