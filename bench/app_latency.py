@@ -1,4 +1,4 @@
-"""Query latency of `nearsight serve` through its APIs: the REST API (nearsight/app/rest.py) and Gradio's
+"""Query latency of `nearsight serve` through its APIs: the REST API (nearsight/app/rest/) and Gradio's
 ``/search`` through gradio_client, beside the model alone, in one run.
 
     python bench/app_latency.py [--items 60000] [--dim 128] [--classes 100] [--image-size 224]

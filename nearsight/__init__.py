@@ -16,9 +16,10 @@ imports neither torch nor onnxruntime):
   ``.to_pandas()``, and show as a grid in Jupyter;
 - :func:`build_gallery` (model, out, dataset=... | images=...) -> the new gallery, opened,
   with its :class:`BuildReport` (the index layer's builder, which ``nearsight index build``
-  runs too); ``model="timm:NAME"`` builds a zero-shot gallery of a pretrained timm model
-  (needs ``[train]``); :func:`add_images` (gallery, images, ...) -> the new ids; :func:`remove_items`
-  (gallery, ids): what ``nearsight index add | remove`` run;
+  runs too; ``model="timm:NAME"`` builds a zero-shot gallery of a pretrained timm model,
+  needing ``[train]``); :func:`add_images` (gallery, images, ...) -> the new ids;
+  :func:`remove_items` (gallery, ids | keys=...); :func:`get_item` (gallery, id | key=...) ->
+  one item: the typed jobs ``nearsight index add | remove | show`` run;
 - :func:`load_embedder` (model_path) -> an embedder with ``.embed_images(images)``;
 - :func:`export` (checkpoint, out, ...) -> the ONNX model, parity-checked (needs ``[train]``);
 - :func:`train` (config, out_dir, *, resume=False) -> a training run (needs ``[train]``).
@@ -42,6 +43,7 @@ _API = {
     "BuildReport": "nearsight.index.gallery.build",
     "add_images": "nearsight.app.api",
     "remove_items": "nearsight.app.api",
+    "get_item": "nearsight.app.api",
     "load_embedder": "nearsight.models.embedder",
     "export": "nearsight.models.export",
     "train": "nearsight.training.run",
@@ -58,6 +60,7 @@ __all__ = [
     "add_images",
     "build_gallery",
     "export",
+    "get_item",
     "load_embedder",
     "open_gallery",
     "remove_items",
@@ -65,7 +68,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from nearsight.app.api import add_images, build_gallery, remove_items
+    from nearsight.app.api import add_images, build_gallery, get_item, remove_items
     from nearsight.core.errors import NearsightError
     from nearsight.index.gallery.build import BuildReport
     from nearsight.models.embedder import load_embedder

@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+
+import httpx
+from helpers import free_port
 
 from nearsight.app.cli import main
 
@@ -57,3 +64,26 @@ def test_demo_runs_the_pipeline_then_reuses_it(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count("reusing") == 5  # data, run, models, two galleries
     assert "generating" not in out and "training ResNet-50" not in out
+
+    # third run, launching: the page serves both galleries until interrupted
+    port = free_port()
+    launch = [a for a in TINY if a != "--no-launch"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "nearsight.app.cli", "demo", "--workdir", str(work), *launch,
+         "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    try:
+        lines = []
+        while not any("serving 2 gallery(ies)" in line for line in lines):
+            line = process.stdout.readline()
+            assert line, "".join(lines) + process.stderr.read()
+            lines.append(line)
+        assert f"http://127.0.0.1:{port}/" in lines[-1]
+        health = httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=30).json()
+        assert [g["name"] for g in health["galleries"]] == ["gallery-ice", "gallery-untrained"]
+    finally:
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    assert process.returncode == 0 and "nearsight: stopped" in err, err

@@ -20,9 +20,9 @@ from nearsight.data.metrics.retrieval import evaluate
 from nearsight.index.ann.faiss_index import (
     HNSW_M,
     ivf_parameters,
-    resolve_index_type,
     unit_distance,
 )
+from nearsight.index.ann.index_choice import resolve_index_type
 from nearsight.index.ann.tuning import recall_at_k
 from nearsight.index.catalog.store import CATALOG_FILE, Catalog, GalleryError
 from nearsight.index.gallery.core import Gallery

@@ -171,8 +171,8 @@ def test_the_rerank_toggle_redraws_the_grid_and_the_failures_tab_lists_its_chang
     item = next(
         int(i)
         for i in view.labelled_ids
-        if [n.id for n in view.search_item(int(i), 8)]
-        != [n.id for n in view.search_item(int(i), 8, None, spec)]
+        if [n.id for n in view.search_item(int(i), 8, leave_out=True)]
+        != [n.id for n in view.search_item(int(i), 8, rerank=spec, leave_out=True)]
     )
     page.locator("#ns-item-id input").fill(str(item))
     page.click("#ns-open")
@@ -183,9 +183,9 @@ def test_the_rerank_toggle_redraws_the_grid_and_the_failures_tab_lists_its_chang
         return [int(cells.nth(i).get_attribute("data-id")) for i in range(cells.count())]
 
     plain = shown()
-    assert plain == [n.id for n in view.search_item(item, 8)]
+    assert plain == [n.id for n in view.search_item(item, 8, leave_out=True)]
     page.locator("#ns-rerank input").check()
-    expected = [n.id for n in view.search_item(item, 8, None, spec)]
+    expected = [n.id for n in view.search_item(item, 8, rerank=spec, leave_out=True)]
     page.wait_for_function(
         "ids => [...document.querySelectorAll('#ns-results .ns-cell')]"
         ".map(c => Number(c.dataset.id)).join() === ids.join()",

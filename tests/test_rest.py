@@ -1,4 +1,4 @@
-"""The REST API (nearsight/app/rest.py) on the real server that serves the page: search by file, by item
+"""The REST API (nearsight/app/rest/) on the real server that serves the page: search by file, by item
 and by vector, filters inside FAISS, JSON errors with 4xx statuses, the upload limit, the API
 key, OpenAPI, and the micro-batcher (nearsight/app/batcher.py)."""
 
@@ -152,7 +152,7 @@ def test_items_route_and_openapi(api):
 
 def test_concurrent_requests_all_answered_correctly(api, product, tmp_path):  # noqa: F811
     url, demo = api
-    batcher = next(iter(served_app(demo).rest.state.batchers.values()))
+    batcher = next(iter(served_app(demo).rest.state.rest.batchers.values()))
     calls, embedded = batcher.calls, batcher.embedded
     images = product["images"][:8]
     with ThreadPoolExecutor(8) as pool:  # new bytes, same pixels: embedded, not recognised

@@ -1,59 +1,24 @@
-"""The gallery-writing functions of ``import nearsight``. ``build_gallery`` calls the index
-layer's builder (what ``nearsight index build`` calls); ``add_images`` and ``remove_items`` run
-the CLI's own ``index add`` and ``index remove`` (the same parser, defaults and code). Errors are
-NearsightError, one line."""
+"""The gallery functions of ``import nearsight``: typed wrappers over the index layer's jobs,
+which the CLI's commands run too. ``build_gallery`` calls its builder (``nearsight index
+build``), ``add_images`` and ``remove_items`` its typed add and remove
+(nearsight.index.gallery.update: ``index add``, ``index remove``), ``get_item`` reads one item
+by id or key (``index show``). Errors are NearsightError, one line."""
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import io
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from nearsight.core.errors import NearsightError
-from nearsight.index.gallery.defaults import DEFAULT_BATCH_SIZE, DEFAULT_CHUNK_SIZE
+from nearsight.index.gallery.defaults import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_WORKERS,
+)
 from nearsight.search.searcher import Searcher, open_gallery
 
 PathLike = str | os.PathLike[str]
-
-
-def _run(argv: Sequence[Any]) -> argparse.Namespace:
-    """Parse ``argv`` as the CLI does and run it; argparse's complaint becomes one error."""
-    from nearsight.app.cli import build_parser
-
-    complaint = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(complaint):
-            args = build_parser().parse_args([os.fspath(a) if isinstance(a, os.PathLike)
-                                              else str(a) for a in argv])  # fmt: skip
-    except SystemExit:
-        lines = [line for line in complaint.getvalue().splitlines() if line.strip()]
-        raise NearsightError(
-            lines[-1].split(": error: ", 1)[-1] if lines else "bad arguments"
-        ) from None
-    args.func(args)
-    return args
-
-
-def _option(name: str, value: Any) -> list[Any]:
-    if value is None or value is False:
-        return []
-    if value is True:  # a switch
-        return [name]
-    if isinstance(value, list | tuple):
-        return [name, *value]
-    return [name, value]
-
-
-def _flags(options: Mapping[str, Any]) -> list[Any]:
-    """Keyword arguments as the command's flags: ``chunk_size=512`` -> ``--chunk-size 512``."""
-    return [
-        part
-        for key, value in options.items()
-        for part in _option(f"--{key.replace('_', '-')}", value)
-    ]
 
 
 def build_gallery(
@@ -145,29 +110,39 @@ def add_images(
     gallery: PathLike | Searcher,
     images: Iterable[PathLike],
     *,
-    label: int | None = None,
+    label: int | str | None = None,
     class_name: str | None = None,
     meta: Mapping[str, Any] | None = None,
+    key: str | None = None,
+    meta_types: Mapping[str, str] | None = None,
     model: PathLike | None = None,
     device: str = "auto",
-    **options: Any,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    workers: int = DEFAULT_WORKERS,
 ) -> list[int]:
-    """Embed ``images`` (files) with the gallery's model and add them, as ``nearsight index
-    add`` does; ``meta``: their extra columns ({"shop": "north", "price": 12.5}). Returns the
-    new items' ids. Any other flag of the command is a keyword (``batch_size=16``). An open
-    gallery passed here sees the change at once."""
-    paths = list(images)
-    if not paths:
-        raise NearsightError("add_images: images is empty")
-    argv: list[Any] = ["index", "add", "--gallery", _folder(gallery), *paths, "--device", device]
-    argv += _option("--label", label) + _option("--class-name", class_name)
-    argv += _option("--model", model)
-    for key, value in (meta or {}).items():
-        argv += ["--meta", f"{key}={value}"]
-    argv += _flags(options)
-    args = _run(argv)
+    """Embed ``images`` (files) with the gallery's model and add them through
+    :func:`nearsight.index.gallery.update.add_images` (what ``nearsight index add`` runs).
+    ``label``: an integer label or a class name; ``meta``: their extra columns ({"shop":
+    "north", "price": 12.5}); ``key``: the one image's key (an item with that key is
+    replaced). Returns the new items' ids. An open gallery passed here sees the change at
+    once."""
+    from nearsight.index.gallery.update import add_images as add
+
+    report = add(
+        _folder(gallery),
+        list(images),
+        label=label,
+        class_name=class_name,
+        meta=meta,
+        key=key,
+        meta_types=meta_types,
+        model=model,
+        device=device,
+        batch_size=batch_size,
+        workers=workers,
+    )
     _reload(gallery)
-    return list(args.added_ids)
+    return list(report.ids)
 
 
 def remove_items(
@@ -177,15 +152,38 @@ def remove_items(
     keys: Iterable[str] | None = None,
 ) -> None:
     """Remove the items ``ids`` (or those with the ``keys`` of the gallery's key column) from
-    the gallery, as ``nearsight index remove`` does."""
-    if (ids is None) == (keys is None):
-        raise NearsightError("remove_items takes ids or keys, not both")
-    wanted = [int(i) for i in ids] if ids is not None else [str(k) for k in keys or []]
-    if not wanted:
-        raise NearsightError(f"remove_items: {'ids' if ids is not None else 'keys'} is empty")
-    which = "--ids" if ids is not None else "--keys"
-    _run(["index", "remove", "--gallery", _folder(gallery), which, *wanted])
+    the gallery through :func:`nearsight.index.gallery.update.remove_items` (what ``nearsight
+    index remove`` runs): all of them, or none when one is unknown."""
+    from nearsight.index.gallery.update import remove_items as remove
+
+    remove(
+        _folder(gallery),
+        ids=None if ids is None else list(ids),
+        keys=None if keys is None else [str(key) for key in keys],
+    )
     _reload(gallery)
+
+
+def get_item(
+    gallery: PathLike | Searcher, item_id: int | None = None, *, key: str | None = None
+) -> dict[str, Any]:
+    """The catalog row (id, path, label, class_name, split, sha256, width, height, meta) of
+    the item ``item_id``, or of the item whose key (any text) is ``key``: what ``nearsight index
+    show`` prints."""
+    from nearsight.index.gallery.core import Gallery
+    from nearsight.index.gallery.keys import item_of_key
+
+    if (item_id is None) == (key is None):
+        raise NearsightError("get_item takes an id or a key, not both")
+    if isinstance(gallery, Searcher):
+        opened, owned = gallery.gallery, False
+    else:
+        opened, owned = Gallery.open(gallery), True
+    try:
+        return item_of_key(opened, key) if key is not None else opened.items([item_id])[0]
+    finally:
+        if owned:
+            opened.close()
 
 
 def _folder(gallery: PathLike | Searcher) -> Any:

@@ -2,7 +2,7 @@
 must be, the browser's session cookie derived from it, and how wrong guesses are slowed.
 
 The guard (nearsight/app/guard.py) checks every request with :func:`presented_key` and
-:func:`key_matches`; the REST API's dependency (nearsight/app/rest.py) uses the same two.
+:func:`key_matches`; the REST API's dependency (nearsight/app/rest/) uses the same two.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ theme so that the page fetches nothing from the internet, a queue with a concurr
 
 Endpoint for gradio_client: ``/search`` (image file, k, gallery name) -> JSON text of the list
 of the k nearest items, ``{"id", "path", "label", "class_name", "distance", "meta"}``, nearest
-first (the JSON routes under ``/api`` are nearsight/app/rest.py, mounted by ``launch_app``)::
+first (the JSON routes under ``/api`` are nearsight/app/rest/, mounted by ``launch_app``)::
 
     neighbours = json.loads(Client(url).predict(handle_file("q.jpg"), api_name="/search"))
 
@@ -78,6 +78,15 @@ def query_image_input(**options: Any) -> gr.Image:
 # -- the Blocks --------------------------------------------------------------------------------
 
 
+class PageBlocks(gr.Blocks):
+    """The page's Blocks, with the page's own state declared (what :func:`launch_app` serves):
+    ``nearsight`` the :class:`Page` (its handlers over the galleries), ``nearsight_maps`` the
+    Map tab. Once launched, the server's state lives on ``demo.app.state.nearsight``."""
+
+    nearsight: Page
+    nearsight_maps: MapTab
+
+
 def build_app(
     galleries: Sequence[str | os.PathLike[str]] | Sequence[GalleryView],
     model: str | os.PathLike[str] | None = None,
@@ -89,7 +98,7 @@ def build_app(
     analysis_max_items: int = ANALYSIS_MAX_ITEMS,
     show_paths: bool = False,
     rerank: RerankSpec | None = None,
-) -> gr.Blocks:
+) -> PageBlocks:
     """The page over ``galleries`` (folders, or views already open). ``model``: the model that
     embeds uploads (default: each gallery's recorded model; it must match). ``analyse``: start
     the leave-one-out analysis in the background now (otherwise on first use); galleries with
@@ -111,7 +120,7 @@ def build_app(
     first = page.names[0]
 
     # uploads are removed from Gradio's cache a minute after they arrive (and all at exit)
-    with gr.Blocks(
+    with PageBlocks(
         title="nearsight", analytics_enabled=False, delete_cache=UPLOAD_CACHE_S
     ) as demo:
         gr.Markdown(
@@ -355,8 +364,8 @@ def build_app(
         )
 
     demo.queue(default_concurrency_limit=concurrency, max_size=max_queue)
-    demo.nearsight = page  # type: ignore[attr-defined]
-    demo.nearsight_maps = maps  # type: ignore[attr-defined]
+    demo.nearsight = page
+    demo.nearsight_maps = maps
     if analyse:
         page.start_analysis()
     return demo

@@ -197,16 +197,20 @@ class Reproduction:
         return {"max_abs_diff": report.max_abs_diff}
 
     def _index(self, dataset: str) -> None:
-        """``nearsight index build`` of the test split, called in this process so that its
-        errors reach the command line as they are."""
-        from nearsight.app.cli import build_parser
+        """The test split embedded by the exported model: the builder ``nearsight index build``
+        runs (resumable chunks; one shard per process under torchrun), with its defaults."""
+        from nearsight.index.gallery.build import build_gallery
+        from nearsight.index.gallery.defaults import DEFAULT_WORKERS
+        from nearsight.index.gallery.keys import declared_meta_types
+        from nearsight.index.gallery.sources import dataset_source
+        from nearsight.models.embedder import load_embedder
 
-        argv = ["index", "build", "--model", str(self.out / "model.onnx"), "--dataset", dataset]
-        argv += ["--root", str(self.root), "--split", "test", "--out", str(self.out / "gallery")]
-        if self.workers is not None:
-            argv += ["--workers", str(self.workers)]
-        args = build_parser().parse_args(argv)
-        args.func(args)
+        model = self.out / "model.onnx"
+        source = dataset_source(dataset, self.root, "test", declared_meta_types(None))
+        workers = DEFAULT_WORKERS if self.workers is None else self.workers
+        report = build_gallery(load_embedder(model), source, self.out / "gallery",
+                               model_path=model, workers=workers)  # fmt: skip
+        _say(f"index: {report.summary()}")
 
     def _evaluate(self, dataset: str, paper: PaperRow) -> None:
         from nearsight.index.gallery.core import Gallery

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import gradio as gr
 from fastapi import FastAPI
@@ -27,6 +28,9 @@ from nearsight.app.slow_clients import (
     ConnectionPolicy,
     install,
 )
+
+if TYPE_CHECKING:  # the page module imports this one's settings
+    from nearsight.app.page import PageBlocks
 
 DEFAULT_MAX_UPLOAD_MB = 10.0
 DEFAULT_MAX_CONNECTIONS = 256  # open connections beyond this get 503 (uvicorn's limit_concurrency)
@@ -71,7 +75,7 @@ def stop_app(demo: gr.Blocks) -> None:
 
 
 def launch_app(
-    demo: gr.Blocks,
+    demo: PageBlocks,
     *,
     host: str = "127.0.0.1",
     port: int = 7860,
@@ -91,13 +95,13 @@ def launch_app(
     secure_cookie: bool = False,
     session_s: float = SESSION_S,
 ) -> str:
-    """Start the server with the safety settings and the REST API (nearsight/app/rest.py) mounted at
+    """Start the server with the safety settings and the REST API (nearsight/app/rest/) mounted at
     ``/api``; returns the local URL. ``watch_interval``: seconds between looks for other
     processes' changes to the galleries (nearsight/app/live.py; 0: never). ``allowed_hosts``:
     names the server answers to besides the defaults for ``host`` (nearsight/app/hosts.py).
     ``access_log``: one line per request on stderr. With ``prevent_thread_lock`` it returns at
     once (call :func:`stop_app` to stop)."""
-    page: Page = demo.nearsight  # type: ignore[attr-defined]
+    page: Page = demo.nearsight
     blocked = sorted({str(view.gallery.path) for view in page.views.values()})
     max_bytes = int(max_upload_mb * 1024 * 1024)
     page.max_filter_conditions = max_filter_conditions
@@ -109,7 +113,7 @@ def launch_app(
         max_waiting=page.max_queue,
         max_filter_conditions=max_filter_conditions,
     )
-    batchers = rest.state.batchers.values()
+    batchers = rest.state.rest.batchers.values()
     metrics = ServerMetrics(
         lambda: [(v.name, len(v), v.generation) for v in list(page.views.values())],
         lambda: sum(batcher.waiting for batcher in batchers),

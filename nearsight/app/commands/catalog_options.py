@@ -1,4 +1,5 @@
-"""The catalog options of ``index build``, ``import`` and ``add``: column types and keys."""
+"""The options of ``index build``, ``import`` and ``add`` that shape the gallery's catalog and
+files: column types, keys, the embeddings copy and the neighbour graph."""
 
 from __future__ import annotations
 
@@ -31,3 +32,24 @@ def declared_types(args: argparse.Namespace) -> dict[str, str]:
     from nearsight.index.gallery.keys import declared_meta_types
 
     return declared_meta_types(parse_meta_types(args.meta_types), getattr(args, "key_column", None))
+
+
+def add_embeddings_option(parser: argparse.ArgumentParser) -> None:
+    """``--embeddings auto|keep|drop``, the catalog options and ``--neighbour-graph`` of
+    ``index build`` and ``index import``."""
+    parser.add_argument(
+        "--embeddings",
+        default="auto",
+        choices=["auto", "keep", "drop"],
+        help="write embeddings.npy, a second copy of the vectors (keep), or not (drop); auto "
+        "(default) drops it when the vectors exceed --max-index-memory and exact vectors remain "
+        "without it (a flat, ivf or hnsw index; the imported files or kept build chunks for "
+        "ivfpq/opq). Without it, eval and search by id read the vectors back from those",
+    )
+    add_catalog_options(parser)
+    parser.add_argument(
+        "--neighbour-graph",
+        action="store_true",
+        help="also store each item's 16 nearest items, so that database-side augmentation "
+        "(--rerank dba, dba+aqe) looks them up instead of searching the index per candidate",
+    )

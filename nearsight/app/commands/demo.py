@@ -3,8 +3,10 @@
 data synth -> train (briefly, a seed loss) -> export ONNX -> index build (the unseen test
 classes, once with the trained network and once with the same network before training) ->
 eval -> serve both galleries. Each step says what it does and how long it took; a finished step
-is reused, so a second run opens the page in seconds. Every step calls the library functions
-its own subcommand calls (nearsight.training.run.train, nearsight.models.export.export_onnx, nearsight.index.gallery).
+is reused, so a second run opens the page in seconds. Every step calls the typed function its
+own subcommand calls (nearsight.training.run.train, nearsight.models.export.export_onnx,
+nearsight.index.gallery.build.build_gallery, nearsight.search.evaluate.evaluate_gallery,
+nearsight.app.serving.serve), never the command line.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from nearsight.app.serving import DEFAULT_HOST, DEFAULT_PORT, serve
 from nearsight.core.errors import NearsightError
 
 DONE_MARKER = "demo-done.json"
@@ -57,8 +60,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--workdir are reused.",
     )
     parser.add_argument("--workdir", type=Path, default=Path("runs/demo"))
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=7860)
+    parser.add_argument("--host", default=DEFAULT_HOST)
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument(
         "--no-launch", action="store_true", help="stop after the gallery and print its Recall@k"
     )
@@ -212,12 +215,8 @@ def run_demo(args: argparse.Namespace) -> int:
 
     # 6. the page: both galleries, so a query's neighbours can be compared before and after
     print(f"[6/{total}] serving the page (Ctrl-C to stop)")
-    from nearsight.app.cli import main
-
-    argv = ["serve", "--host", args.host, "--port", str(args.port)]
-    for gallery in (galleries["trained"], galleries["untrained"]):
-        argv += ["--gallery", str(gallery)]
-    return main(argv)
+    serve([galleries["trained"], galleries["untrained"]], host=args.host, port=args.port)
+    return 0
 
 
 def _train(config, run: Path, untrained_checkpoint: Path) -> None:

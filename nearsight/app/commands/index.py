@@ -1,19 +1,22 @@
 """``nearsight index``: build a gallery from a dataset or a list of images, add to it, remove
-from it (the gallery folder is described in nearsight/index/gallery/core.py)."""
+from it, show one item (the gallery folder is described in nearsight/index/gallery/core.py)."""
 
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from nearsight.app.commands import index_import
-from nearsight.app.commands.catalog_options import add_catalog_options
-from nearsight.app.commands.index_add import run_add, run_remove
+from nearsight.app.commands.catalog_options import add_catalog_options, add_embeddings_option
 from nearsight.app.commands.index_build import run_build
+from nearsight.app.commands.index_import import register as register_import
+from nearsight.app.commands.index_items import run_add, run_remove, run_show
 from nearsight.app.commands.model_options import add_foreign_model_options, add_timm_model_options
-from nearsight.index.gallery.defaults import DEFAULT_BATCH_SIZE, DEFAULT_CHUNK_SIZE
+from nearsight.index.gallery.defaults import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_WORKERS,
+)
 
 if TYPE_CHECKING:  # typing only: the CLI loads these when a command runs
     from nearsight.index.gallery.core import Gallery
@@ -117,7 +120,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add.add_argument(
         "--key",
-        help="the item's unique key (one image): an item with this key is replaced",
+        help="the item's unique key (one image), any text: an item with this key is replaced",
     )
     add_catalog_options(add, key_column=False)
     add.add_argument("--class-name", help="class name of the images")
@@ -135,8 +138,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     remove = actions.add_parser(
         "remove",
-        help="remove items from a gallery by id",
-        description="Remove the items with ids ID... (from `nearsight search`) from the gallery.",
+        help="remove items from a gallery by id or by key",
+        description="Remove the items with ids ID... (from `nearsight search`), or with keys "
+        "KEY... (the gallery's key column), from the gallery: all of them, or none when one is "
+        "unknown.",
     )
     remove.add_argument("--gallery", type=Path, required=True, help="gallery folder")
     which = remove.add_mutually_exclusive_group(required=True)
@@ -144,7 +149,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     which.add_argument("--keys", nargs="+", metavar="KEY", help="items by their key")
     remove.set_defaults(func=run_remove)
 
-    index_import.register(actions, INDEX_TYPES)
+    show = actions.add_parser(
+        "show",
+        help="print one item of a gallery, by id or by key, as JSON",
+        description="Print the catalog row of one item (id, path, label, class_name, split, "
+        "sha256, width, height, meta) as one JSON object. A key is any text: quote it for the "
+        "shell, and write one that starts with '-' as --key=-K.",
+    )
+    show.add_argument("--gallery", type=Path, required=True, help="gallery folder")
+    one = show.add_mutually_exclusive_group(required=True)
+    one.add_argument("--id", type=int, help="the item's id")
+    one.add_argument("--key", help="the item's key (the gallery's key column)")
+    show.set_defaults(func=run_show)
+
+    register_import(actions, INDEX_TYPES)
 
 
 def _add_embedding_options(parser: argparse.ArgumentParser) -> None:
@@ -157,8 +175,8 @@ def _add_embedding_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workers",
         type=int,
-        default=min(4, os.cpu_count() or 1),
-        help="image-decoding worker processes (default min(4, cores))",
+        default=DEFAULT_WORKERS,
+        help="image-decoding threads (default min(4, cores))",
     )
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
 
@@ -170,23 +188,3 @@ def load_gallery_model(gallery: Gallery, override: Path | None, device: str = "a
     """The embedder for ``gallery``: ``override`` or the model path its meta records; checked
     to be the model the gallery was built with."""
     return gallery.load_model(override, device=device)
-
-
-def add_embeddings_option(parser: argparse.ArgumentParser) -> None:
-    """``--embeddings auto|keep|drop`` of ``index build`` and ``index import``."""
-    parser.add_argument(
-        "--embeddings",
-        default="auto",
-        choices=["auto", "keep", "drop"],
-        help="write embeddings.npy, a second copy of the vectors (keep), or not (drop); auto "
-        "(default) drops it when the vectors exceed --max-index-memory and exact vectors remain "
-        "without it (a flat, ivf or hnsw index; the imported files or kept build chunks for "
-        "ivfpq/opq). Without it, eval and search by id read the vectors back from those",
-    )
-    add_catalog_options(parser)
-    parser.add_argument(
-        "--neighbour-graph",
-        action="store_true",
-        help="also store each item's 16 nearest items, so that database-side augmentation "
-        "(--rerank dba, dba+aqe) looks them up instead of searching the index per candidate",
-    )

@@ -9,7 +9,7 @@ from pathlib import Path
 
 
 def register(actions: argparse._SubParsersAction, index_types: list[str]) -> None:
-    from nearsight.app.commands.index import add_embeddings_option
+    from nearsight.app.commands.catalog_options import add_embeddings_option
     from nearsight.app.commands.model_options import add_foreign_model_options
 
     imported = actions.add_parser(

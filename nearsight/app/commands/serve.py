@@ -1,13 +1,12 @@
-"""``nearsight serve``: the Gradio page over one or more galleries (nearsight/app/page.py)."""
+"""``nearsight serve``: the Gradio page over one or more galleries (nearsight/app/page.py); the
+command line of :func:`nearsight.app.serving.serve`."""
 
 from __future__ import annotations
 
 import argparse
-import errno
-import socket
-import sys
 from pathlib import Path
 
+import nearsight.app.serving as serving
 from nearsight.app.commands.rerank_option import add_rerank_option
 
 
@@ -36,35 +35,41 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--host",
-        default="127.0.0.1",
-        help="address to listen on (default 127.0.0.1; 0.0.0.0 serves the local network)",
+        default=serving.DEFAULT_HOST,
+        help=f"address to listen on (default {serving.DEFAULT_HOST}; 0.0.0.0 serves the local "
+        "network)",
     )
-    parser.add_argument("--port", type=int, default=7860, help="default 7860")
+    parser.add_argument(
+        "--port", type=int, default=serving.DEFAULT_PORT, help=f"default {serving.DEFAULT_PORT}"
+    )
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument(
         "--max-upload-mb",
         type=float,
-        default=10.0,
-        help="largest image a user may upload, in MB (default 10)",
+        default=serving.DEFAULT_MAX_UPLOAD_MB,
+        help=f"largest image a user may upload, in MB (default {serving.DEFAULT_MAX_UPLOAD_MB:g})",
     )
     parser.add_argument(
         "--concurrency",
         type=int,
-        default=2,
-        help="searches embedded at once; more wait in the queue (default 2)",
+        default=serving.DEFAULT_CONCURRENCY,
+        help="searches embedded at once; more wait in the queue (default "
+        f"{serving.DEFAULT_CONCURRENCY})",
     )
     parser.add_argument(
         "--max-queue",
         type=int,
-        default=64,
-        help="events allowed to wait in the queue; more are refused (default 64)",
+        default=serving.DEFAULT_MAX_QUEUE,
+        help="events allowed to wait in the queue; more are refused (default "
+        f"{serving.DEFAULT_MAX_QUEUE})",
     )
     parser.add_argument(
         "--analysis-max-items",
         type=int,
-        default=100_000,
+        default=serving.DEFAULT_ANALYSIS_MAX_ITEMS,
         help="largest gallery (labelled items) whose leave-one-out failure list and Recall@k "
-        "the page computes at start: two exact O(N^2) passes (default 100000)",
+        f"the page computes at start: two exact O(N^2) passes (default "
+        f"{serving.DEFAULT_ANALYSIS_MAX_ITEMS})",
     )
     parser.add_argument(
         "--api-key",
@@ -78,21 +83,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--max-connections",
         type=int,
-        default=256,
-        help="open connections beyond this get 503 (default 256)",
+        default=serving.DEFAULT_MAX_CONNECTIONS,
+        help=f"open connections beyond this get 503 (default {serving.DEFAULT_MAX_CONNECTIONS})",
     )
     parser.add_argument(
         "--max-client-connections",
         type=int,
-        default=32,
-        help="open connections one client address may hold; more get 429 (default 32)",
+        default=serving.DEFAULT_MAX_CLIENT_CONNECTIONS,
+        help="open connections one client address may hold; more get 429 (default "
+        f"{serving.DEFAULT_MAX_CLIENT_CONNECTIONS})",
     )
     parser.add_argument(
         "--header-timeout",
         type=float,
-        default=10.0,
+        default=serving.DEFAULT_HEADER_TIMEOUT_S,
         help="seconds a request's headers may take to arrive, on every request of a "
-        "connection (default 10)",
+        f"connection (default {serving.DEFAULT_HEADER_TIMEOUT_S:g})",
     )
     parser.add_argument(
         "--allowed-hosts",
@@ -117,8 +123,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--body-timeout",
         type=float,
-        default=30.0,
-        help="seconds a request body may stall between chunks before a 408 (default 30)",
+        default=serving.DEFAULT_BODY_TIMEOUT_S,
+        help="seconds a request body may stall between chunks before a 408 (default "
+        f"{serving.DEFAULT_BODY_TIMEOUT_S:g})",
     )
     parser.add_argument(
         "--max-filter-conditions",
@@ -129,9 +136,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--watch-interval",
         type=float,
-        default=1.0,
+        default=serving.DEFAULT_WATCH_INTERVAL_S,
         help="seconds between looks at the galleries' files: changes made by `index add`, "
-        "`remove` or `compact` while serving are picked up (0: never; default 1)",
+        f"`remove` or `compact` while serving are picked up (0: never; default "
+        f"{serving.DEFAULT_WATCH_INTERVAL_S:g})",
     )
     parser.add_argument(
         "--show-paths",
@@ -144,132 +152,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from nearsight.core.errors import NearsightError
-
-    if not 0 <= args.port <= 65535:
-        raise NearsightError(f"--port must be from 0 to 65535, got {args.port}")
-    if not args.max_upload_mb > 0:
-        raise NearsightError(f"--max-upload-mb must be positive, got {args.max_upload_mb}")
-    if args.concurrency < 1:
-        raise NearsightError(f"--concurrency must be at least 1, got {args.concurrency}")
-    if args.max_queue < 1:
-        raise NearsightError(f"--max-queue must be at least 1, got {args.max_queue}")
-    if args.max_filter_conditions is not None and args.max_filter_conditions < 1:
-        raise NearsightError(
-            f"--max-filter-conditions must be at least 1, got {args.max_filter_conditions}"
-        )
-    if args.max_connections < 1:
-        raise NearsightError(f"--max-connections must be at least 1, got {args.max_connections}")
-    if args.max_client_connections < 1:
-        raise NearsightError(
-            f"--max-client-connections must be at least 1, got {args.max_client_connections}"
-        )
-    if not args.header_timeout > 0:
-        raise NearsightError(f"--header-timeout must be positive, got {args.header_timeout}")
-    if not args.body_timeout > 0:
-        raise NearsightError(f"--body-timeout must be positive, got {args.body_timeout}")
-    if args.watch_interval < 0:
-        raise NearsightError(f"--watch-interval must be 0 or more, got {args.watch_interval}")
-    if args.analysis_max_items < 0:
-        raise NearsightError(
-            f"--analysis-max-items must be 0 or more, got {args.analysis_max_items}"
-        )
-
-    _check_address(args.host, args.port)  # before minutes of loading galleries
-    api_key = _api_key(args)
-
-    from nearsight.app.page import build_app
-    from nearsight.app.server import launch_app, stop_app
-
-    demo = build_app(
+    serving.serve(
         args.gallery,
-        args.model,
+        model=args.model,
+        host=args.host,
+        port=args.port,
         device=args.device,
+        api_key=args.api_key,
+        api_key_file=args.api_key_file,
+        max_upload_mb=args.max_upload_mb,
         concurrency=args.concurrency,
         max_queue=args.max_queue,
         analysis_max_items=args.analysis_max_items,
+        max_connections=args.max_connections,
+        max_client_connections=args.max_client_connections,
+        header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout,
+        max_filter_conditions=args.max_filter_conditions,
+        watch_interval=args.watch_interval,
+        allowed_hosts=args.allowed_hosts.split(","),
+        access_log=not args.no_access_log,
+        secure_cookie=args.secure_cookie,
         show_paths=args.show_paths,
         rerank=args.rerank,
     )
-    try:
-        url = launch_app(
-            demo,
-            host=args.host,
-            port=args.port,
-            max_upload_mb=args.max_upload_mb,
-            prevent_thread_lock=True,
-            quiet=True,
-            api_key=api_key,
-            max_filter_conditions=args.max_filter_conditions,
-            watch_interval=args.watch_interval,
-            max_connections=args.max_connections,
-            max_client_connections=args.max_client_connections,
-            body_timeout_s=args.body_timeout,
-            header_timeout_s=args.header_timeout,
-            allowed_hosts=[name.strip() for name in args.allowed_hosts.split(",")],
-            access_log=not args.no_access_log,
-            secure_cookie=args.secure_cookie,
-        )
-    except OSError as error:  # the port is taken, or the address is not ours
-        demo.nearsight.close()
-        reason = (
-            "the port is in use (choose another with --port)"
-            if "empty port" in str(error)
-            else str(error)
-        )
-        raise NearsightError(f"cannot serve on {args.host}:{args.port}: {reason}") from None
-    print(f"nearsight: serving {len(demo.nearsight.names)} gallery(ies) at {url}", flush=True)
-    print(f"nearsight: REST API at {url.rstrip('/')}/api (docs: /api/docs)", flush=True)
-    try:
-        demo.block_thread()  # until Ctrl-C
-    finally:
-        stop_app(demo)
-    print("nearsight: stopped", file=sys.stderr)
     return 0
 
 
 def _api_key(args: argparse.Namespace) -> str | None:
     """--api-key, else --api-key-file, else NEARSIGHT_API_KEY; beyond localhost one is
     required, and long enough (nearsight.app.auth.check_key)."""
-    import os
-
-    from nearsight.app.auth import API_KEY_ENV, check_key
-    from nearsight.core.errors import NearsightError
-
-    key = args.api_key
-    if key is None and args.api_key_file is not None:
-        try:
-            key = args.api_key_file.read_text().strip()
-        except (OSError, UnicodeDecodeError) as error:
-            reason = getattr(error, "strerror", None) or "not text"
-            raise NearsightError(f"cannot read --api-key-file {args.api_key_file}: {reason}") from None
-        if not key:
-            raise NearsightError(f"--api-key-file {args.api_key_file} is empty")
-    if key is None:
-        key = os.environ.get(API_KEY_ENV)
-    key = (key or "").strip() or None
-    check_key(key, args.host)
-    return key
-
-
-def _check_address(host: str, port: int) -> None:
-    """NearsightError unless ``host``:``port`` can be listened on. Gradio reports every failure
-    to listen (an unknown host, an address that is not this machine's) as "no empty port"."""
-    from nearsight.core.errors import NearsightError
-
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    except (socket.gaierror, UnicodeError) as error:
-        reason = getattr(error, "strerror", None) or str(error)
-        raise NearsightError(f"cannot serve on {host}:{port}: unknown host ({reason})") from None
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-        try:
-            probe.bind(address)
-        except OSError as error:
-            reason = (
-                "the port is in use (choose another with --port)"
-                if error.errno == errno.EADDRINUSE
-                else error.strerror or str(error)
-            )
-            raise NearsightError(f"cannot serve on {host}:{port}: {reason}") from None
+    return serving.resolve_api_key(args.api_key, args.api_key_file, args.host)

@@ -13,7 +13,8 @@ Index types (the choice FAISS's own guidelines make by size):
   re-rank the candidates by the exact vectors (index.ann.tuning). Their codes are trained on the
   gallery: they need at least PQ_MIN_ITEMS items, and ``opq`` one per dimension too
   (:func:`min_items`); fewer is refused in one line before any embedding;
-- ``auto``: index.ann.index_choice (flat up to 1M items while it fits).
+- ``auto``: :func:`nearsight.index.ann.index_choice.resolve_index_type` (flat up to 1M items
+  while it fits).
 
 Distances. The embeddings are unit vectors, so FAISS ranks by inner product ``ip``; a search
 reports the Euclidean distance between the unit vectors, ``sqrt(max(0, 2 - 2 ip))``: 0 for the
@@ -58,27 +59,9 @@ PQ_MIN_ITEMS = 256
 
 def unit_distance(inner_products: np.ndarray) -> np.ndarray:
     """Euclidean distance between unit vectors from their inner products."""
-    ip = np.asarray(inner_products, dtype=np.float32)
-    return np.sqrt(np.maximum(0.0, 2.0 - 2.0 * ip)).astype(np.float32)
-
-
-def resolve_index_type(
-    index_type: str, count: int, dim: int | None = None, max_memory: int | None = None
-) -> str:
-    """The concrete index type: ``index_type`` itself, or for ``auto`` the choice of
-    index.index_choice by item count and memory budget (bytes; default a share of RAM)."""
-    if index_type not in INDEX_TYPES:
-        raise NearsightError(
-            f"unknown index type '{index_type}' (choose one of: {', '.join(INDEX_TYPES)})"
-        )
-    if index_type == "auto":
-        from nearsight.index.ann.index_choice import choose_index_type
-
-        if dim is None:
-            raise ValueError("resolving index type 'auto' needs the vectors' dim")
-        return choose_index_type(count, dim, max_memory)
-    check_trainable(index_type, count, dim)
-    return index_type
+    # clipped: FAISS marks a missing neighbour with -FLT_MAX, whose doubling overflows
+    ip = np.clip(np.asarray(inner_products, dtype=np.float32), -1.0, 1.0)
+    return np.sqrt(2.0 - 2.0 * ip).astype(np.float32)
 
 
 def min_items(index_type: str, dim: int) -> int:

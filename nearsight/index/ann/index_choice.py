@@ -30,6 +30,13 @@ import os
 import re
 
 from nearsight.core.errors import NearsightError
+from nearsight.index.ann.faiss_index import (
+    HNSW_M,
+    INDEX_TYPES,
+    check_trainable,
+    min_items,
+    pq_bytes,
+)
 
 FLAT_MAX_ITEMS = 1_000_000  # exact search up to here while it fits the budget
 AUTOFAISS_FLAT_ITEMS = 1_000
@@ -63,7 +70,6 @@ def default_index_memory() -> int:
 def index_bytes(index_type: str, count: int, dim: int) -> int:
     """Estimated memory of an index of ``count`` vectors (codes, links and ids; centroids and
     other fixed costs left out)."""
-    from nearsight.index.ann.faiss_index import HNSW_M, pq_bytes
 
     per_item = {
         "flat": 4 * dim + ID_BYTES,
@@ -76,7 +82,6 @@ def index_bytes(index_type: str, count: int, dim: int) -> int:
 
 
 def choose_index_type(count: int, dim: int, max_memory: int | None = None) -> str:
-    from nearsight.index.ann.faiss_index import min_items
 
     budget = parse_memory(max_memory)
     if count < AUTOFAISS_FLAT_ITEMS:
@@ -90,3 +95,20 @@ def choose_index_type(count: int, dim: int, max_memory: int | None = None) -> st
         return "ivf"
     # OPQ's rotation needs an item per dimension (faiss_index.min_items); IVF-PQ does not
     return "opq" if count >= min_items("opq", dim) else "ivfpq"
+
+
+def resolve_index_type(
+    index_type: str, count: int, dim: int | None = None, max_memory: int | None = None
+) -> str:
+    """The concrete index type: ``index_type`` itself, or for ``auto`` the choice of
+    this module by item count and memory budget (bytes; default a share of RAM)."""
+    if index_type not in INDEX_TYPES:
+        raise NearsightError(
+            f"unknown index type '{index_type}' (choose one of: {', '.join(INDEX_TYPES)})"
+        )
+    if index_type == "auto":
+        if dim is None:
+            raise ValueError("resolving index type 'auto' needs the vectors' dim")
+        return choose_index_type(count, dim, max_memory)
+    check_trainable(index_type, count, dim)
+    return index_type

@@ -1,10 +1,12 @@
 """Stable item keys (a shop's SKU) and duplicate images, for building and updating galleries.
 
 A gallery may name one metadata column its key (catalog meta ``key_column``; ``key`` by
-default when the source has such a column, or ``--key-column NAME``). Keys are text and unique
-in the gallery: ``index add`` with a key the gallery holds replaces that item, ``index remove
---keys`` deletes by key, and REST reads ``/api/items/by-key/{key}``. Duplicate images (the same
-file bytes, by sha256) are reported, not refused: a shop may list one photo under two SKUs.
+default when the source has such a column, or ``--key-column NAME``). Keys are unique in the
+gallery and may be any text (``/``, ``%``, spaces, unicode; stripped, as every text value):
+``index add`` with a key the gallery holds replaces that item, ``index remove --keys`` deletes
+by key, ``index show --key`` and REST's ``/api/items/by-key?key=K`` (or the percent-encoded
+``/api/items/by-key/K``) read one. Duplicate images (the same file bytes, by sha256) are
+reported, not refused: a shop may list one photo under two SKUs.
 """
 
 from __future__ import annotations
@@ -51,16 +53,26 @@ def check_unique_keys(rows: Sequence[dict[str, Any]], column: str) -> None:
 
 
 def ids_of_keys(gallery: Gallery, keys: Sequence[str]) -> dict[str, int]:
-    """key -> item id for the ``keys`` the gallery holds."""
+    """key -> item id for the ``keys`` the gallery holds. A key is any text, compared as it is
+    stored (stripped, as every text value): the answer maps each key as given."""
     column = key_column(gallery)
     if column is None:
         raise NearsightError(
             f"gallery {gallery.path} has no key column (build it with a 'key' column or "
             "--key-column NAME)"
         )
+    stored = {str(key): str(key).strip() for key in keys}
     assert gallery._catalog is not None
-    found = gallery._catalog.ids_by_meta(column, [str(key) for key in keys])
-    return {str(key): ids[0] for key, ids in found.items()}
+    found = gallery._catalog.ids_by_meta(column, sorted(set(stored.values())))
+    return {key: found[value][0] for key, value in stored.items() if value in found}
+
+
+def item_of_key(gallery: Gallery, key: str) -> dict[str, Any]:
+    """The catalog row of the item with this key (one-line NearsightError when none has it)."""
+    found = ids_of_keys(gallery, [key])
+    if key not in found:
+        raise NearsightError(f"gallery {gallery.path} has no item with key {str(key)!r}")
+    return gallery.items([found[key]])[0]
 
 
 def duplicate_note(hashes: Sequence[str | None], paths: Sequence[str], known: dict[str, int]) -> str:

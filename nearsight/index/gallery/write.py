@@ -34,9 +34,8 @@ from nearsight.index.ann.faiss_index import (
     add_vectors,
     apply_search_parameters,
     make_index,
-    resolve_index_type,
 )
-from nearsight.index.ann.index_choice import parse_memory
+from nearsight.index.ann.index_choice import parse_memory, resolve_index_type
 from nearsight.index.ann.tuning import TARGET_RECALL, tune, tuning_sample
 from nearsight.index.catalog.store import CATALOG_FILE, Catalog, GalleryError, create_catalog
 from nearsight.index.gallery.files import (

@@ -1,0 +1,57 @@
+"""``nearsight index add``, ``index remove`` and ``index show``: the command lines of
+:mod:`nearsight.index.gallery.update`'s typed jobs (grow and shrink a gallery, by id or by key)
+and of reading one item by its id or key."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def run_add(args: argparse.Namespace) -> int:
+    from nearsight.data.meta import parse_meta_entries, parse_meta_types
+    from nearsight.index.gallery.update import add_images
+
+    report = add_images(
+        args.gallery,
+        args.images,
+        label=label_of(args.label),
+        class_name=args.class_name,
+        # text, typed by the gallery's columns; a typo is reported before the gallery opens
+        meta=parse_meta_entries(args.meta, typed=False),
+        key=args.key,
+        meta_types=parse_meta_types(args.meta_types),
+        model=args.model,
+        device=args.device,
+        batch_size=args.batch_size,
+        workers=args.workers,
+    )
+    print(report.summary())
+    return 0
+
+
+def label_of(text: str | None) -> int | str | None:
+    """``--label``: an integer label, or a class name."""
+    if text is None:
+        return None
+    stripped = text.strip()
+    return int(stripped) if stripped.lstrip("+-").isdigit() else stripped
+
+
+def run_remove(args: argparse.Namespace) -> int:
+    from nearsight.index.gallery.update import remove_items
+
+    print(remove_items(args.gallery, ids=args.ids, keys=args.keys).summary())
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    from nearsight.index.gallery.core import Gallery
+    from nearsight.index.gallery.keys import item_of_key
+
+    with Gallery.open(args.gallery) as gallery:
+        row = (
+            item_of_key(gallery, args.key) if args.key is not None else gallery.items([args.id])[0]
+        )
+    print(json.dumps(row))
+    return 0

@@ -1,0 +1,149 @@
+"""The REST API of `nearsight serve`: JSON routes on the same server as the page, under
+``/api`` (a FastAPI sub-application, so it has its own OpenAPI schema at
+``/api/openapi.json`` and docs at ``/api/docs``). One router per resource (``routes/``):
+
+- ``POST /api/search``: the k nearest items of an image, an item or a vector (routes/search.py);
+  answers ``{"gallery", "k", "rerank", "neighbours"}``, each neighbour a
+  :class:`~nearsight.search.neighbour.Neighbour` as JSON;
+- ``GET /api/items/{id}``, ``GET /api/items/by-key?key=K`` (or ``/api/items/by-key/K``,
+  percent-encoded): an item's catalog row and ``meta`` (routes/items.py);
+- ``GET /api/health``: ``{"status": "ok", "galleries": [{"name", "items", "dim", ...}]}``.
+
+Safety, as the page: an upload larger than the limit is refused (413) before it is parsed; a
+file that is not an image gets 415; every error is ``{"error": "one line"}`` with a 4xx status
+(503 with ``Retry-After`` when the server is busy), never a traceback; no route opens or serves
+a file named by a request. With an API key (``serve --api-key-file`` or ``NEARSIGHT_API_KEY``;
+required when serving beyond localhost) the search and item routes need it in the
+``X-API-Key`` header (or ``Authorization: Bearer``); ``/api/health`` and the docs stay open.
+The state every route reads lives on ``app.state.rest`` (deps.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from nearsight.app.batcher import DEFAULT_MAX_WAITING, EmbedBatcher
+from nearsight.app.rest.deps import (
+    RETRY_AFTER_S,
+    ApiError,
+    RestState,
+    one_line,
+    require_key,
+)
+from nearsight.app.rest.gates import GateFull, WorkGate
+from nearsight.app.rest.routes import health, items, search
+from nearsight.core.errors import Busy, NearsightError
+from nearsight.search.served import ServedGallery
+
+__all__ = ["API_PREFIX", "FORM_SLACK_BYTES", "ApiError", "WorkGate", "close_rest_app",
+           "make_rest_app"]  # fmt: skip
+
+API_PREFIX = "/api"
+FORM_SLACK_BYTES = 64 * 1024  # the multipart envelope and the small fields around the file
+# filtered or re-ranked searches at once: one core stays free for plain searches and health
+HEAVY_CONCURRENCY = 1
+
+
+def make_rest_app(
+    views: Mapping[str, ServedGallery] | Sequence[ServedGallery],
+    *,
+    max_upload_bytes: int,
+    api_key: str | None = None,
+    max_batch: int = 16,
+    concurrency: int = 2,
+    max_waiting: int = DEFAULT_MAX_WAITING,
+    max_filter_conditions: int | None = None,
+) -> FastAPI:
+    """The ``/api`` application over the open galleries (mount it at :data:`API_PREFIX`).
+
+    ``views``: a name -> view mapping that may change while serving (live galleries,
+    nearsight/app/live.py), or a list. At most ``concurrency`` uploads are decoded at once,
+    :data:`HEAVY_CONCURRENCY` filtered or re-ranked searches run at once, and at most
+    ``max_waiting`` wait for either or for the model; past that a request gets 503 with
+    ``Retry-After``."""
+    by_name = views if isinstance(views, Mapping) else {view.name: view for view in views}
+    batchers: dict[int, EmbedBatcher] = {}
+    for view in by_name.values():
+        if id(view.embedder) not in batchers:
+            batchers[id(view.embedder)] = EmbedBatcher(
+                view.embedder.embed, max_batch=max_batch, max_waiting=max_waiting
+            )
+    app = FastAPI(
+        title="nearsight",
+        summary="Query-by-image search over nearsight galleries",
+        docs_url="/docs",
+        redoc_url=None,
+        openapi_url="/openapi.json",
+    )
+    app.state.rest = RestState(
+        views=by_name,
+        batchers=batchers,
+        decoding=WorkGate(concurrency, max_waiting, "uploads"),
+        heavy=WorkGate(HEAVY_CONCURRENCY, max_waiting, "filtered or re-ranked searches"),
+        api_key=api_key,
+        max_upload_bytes=max_upload_bytes,
+        max_filter_conditions=max_filter_conditions,
+    )
+    keyed = [Depends(require_key)] if api_key else []
+    app.include_router(health.router)
+    app.include_router(items.router, dependencies=keyed)
+    app.include_router(search.router, dependencies=keyed)
+    _add_error_handlers(app)
+
+    @app.middleware("http")
+    async def _limit_upload(request: Request, call_next):
+        length = request.headers.get("content-length")
+        too_big = length is not None and length.isdigit()
+        if too_big and int(length) > max_upload_bytes + FORM_SLACK_BYTES:
+            limit = max_upload_bytes / 1024 / 1024
+            return JSONResponse(
+                {"error": f"the upload is larger than the server's limit ({limit:g} MB)"},
+                status_code=413,
+            )
+        return await call_next(request)
+
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error as ``{"error": "one line"}``: 4xx for the request, 503 for a busy server."""
+
+    def busy(message: str) -> JSONResponse:
+        headers = {"Retry-After": str(RETRY_AFTER_S)}
+        return JSONResponse({"error": one_line(message)}, status_code=503, headers=headers)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, error: ApiError) -> JSONResponse:
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if error.status in (429, 503) else None
+        return JSONResponse({"error": error.message}, status_code=error.status, headers=headers)
+
+    @app.exception_handler(GateFull)
+    async def _full(_: Request, error: GateFull) -> JSONResponse:
+        return busy(str(error))
+
+    @app.exception_handler(NearsightError)
+    async def _bad_input(_: Request, error: NearsightError) -> JSONResponse:
+        if isinstance(error, Busy):  # the server's state, not the request: never a 4xx
+            return busy(str(error))
+        return JSONResponse({"error": one_line(str(error))}, status_code=400)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, error: RequestValidationError) -> JSONResponse:
+        first = error.errors()[0] if error.errors() else {}
+        where = ".".join(str(part) for part in first.get("loc", ())[1:]) or "request"
+        message = f"{where}: {first.get('msg', 'invalid request')}"
+        return JSONResponse({"error": one_line(message)}, status_code=422)
+
+    @app.exception_handler(HTTPException)
+    async def _http(_: Request, error: HTTPException) -> JSONResponse:
+        return JSONResponse({"error": one_line(str(error.detail))}, status_code=error.status_code)
+
+
+def close_rest_app(app: FastAPI) -> None:
+    for batcher in app.state.rest.batchers.values():
+        batcher.close()

@@ -1,0 +1,84 @@
+"""What every REST route shares (FastAPI's ``deps`` pattern): the server's state on
+``app.state.rest``, the one error type, the gallery a request names, and the key check."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import Request, Security
+from fastapi.security import APIKeyHeader, HTTPBearer
+
+from nearsight.app.auth import API_KEY_HEADER, key_matches, presented_key
+from nearsight.app.batcher import EmbedBatcher
+from nearsight.app.rest.gates import WorkGate
+from nearsight.search.served import ServedGallery
+
+MAX_ECHO_CHARS = 200  # an error message quoting a request's input is cut to this
+RETRY_AFTER_S = 1
+
+
+class ApiError(Exception):
+    """A request refused with ``status`` and a one-line ``message`` (``{"error": ...}``)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass
+class RestState:
+    """The REST API's state: the galleries (a name -> view mapping that a live reload may
+    change: each request looks its gallery up once), one batcher per model, the work gates and
+    the limits."""
+
+    views: Mapping[str, ServedGallery]
+    batchers: dict[int, EmbedBatcher]
+    decoding: WorkGate  # uploads decoded at once
+    heavy: WorkGate  # filtered or re-ranked searches at once
+    api_key: str | None
+    max_upload_bytes: int
+    max_filter_conditions: int | None
+
+    def view(self, name: str | None) -> ServedGallery:
+        """The gallery ``name`` (default: the first), or a 404 naming the ones there are."""
+        names = list(self.views)
+        if not name:
+            return self.views[names[0]]
+        if name not in self.views:
+            raise ApiError(
+                404, f"no gallery named {echo(name)!r} (this server has: {', '.join(names)})"
+            )
+        return self.views[name]
+
+
+def rest_state(request: Request) -> RestState:
+    return request.app.state.rest
+
+
+# only for the OpenAPI schema: require_key reads the key as the guard does
+_KEY_HEADER = APIKeyHeader(name=API_KEY_HEADER, auto_error=False, scheme_name="APIKey")
+_BEARER = HTTPBearer(auto_error=False, scheme_name="Bearer")
+
+
+def require_key(
+    request: Request,
+    _header: Annotated[str | None, Security(_KEY_HEADER)] = None,
+    _bearer: Annotated[Any, Security(_BEARER)] = None,
+) -> None:
+    """The key checked as the guard checks it (nearsight/app/auth.py), and declared in the
+    OpenAPI schema (X-API-Key, or a bearer token); routers take it only when there is a key."""
+    api_key = rest_state(request).api_key
+    if api_key and not key_matches(presented_key(request.scope["headers"]), api_key):
+        raise ApiError(401, f"missing or wrong API key (send it in the {API_KEY_HEADER} header)")
+
+
+def echo(text: str) -> str:
+    """Request input quoted in a message: at most :data:`MAX_ECHO_CHARS` characters."""
+    return text if len(text) <= MAX_ECHO_CHARS else text[:MAX_ECHO_CHARS] + "..."
+
+
+def one_line(text: str) -> str:
+    return echo(" ".join(text.split()))

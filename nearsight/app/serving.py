@@ -1,0 +1,187 @@
+"""Serving galleries until interrupted: the typed job ``nearsight serve`` and ``nearsight demo``
+run. The settings are checked here, before minutes of loading galleries (one-line errors that
+name ``serve``'s flags); the page is nearsight/app/page.py, the server nearsight/app/server.py."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from nearsight.core.errors import NearsightError
+
+# nearsight serve's defaults (its flags show them; server.py's launch_app has the same)
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 7860
+DEFAULT_MAX_UPLOAD_MB = 10.0
+DEFAULT_CONCURRENCY = 2  # searches embedded at once
+DEFAULT_MAX_QUEUE = 64  # events waiting in the page's queue
+DEFAULT_ANALYSIS_MAX_ITEMS = 100_000  # the largest gallery analysed at start (O(N^2))
+DEFAULT_MAX_CONNECTIONS = 256
+DEFAULT_MAX_CLIENT_CONNECTIONS = 32
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_BODY_TIMEOUT_S = 30.0
+DEFAULT_WATCH_INTERVAL_S = 1.0
+
+
+def serve(
+    galleries: Sequence[str | os.PathLike[str]],
+    *,
+    model: str | os.PathLike[str] | None = None,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    device: str = "auto",
+    api_key: str | None = None,
+    api_key_file: str | os.PathLike[str] | None = None,
+    max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB,
+    concurrency: int = DEFAULT_CONCURRENCY,
+    max_queue: int = DEFAULT_MAX_QUEUE,
+    analysis_max_items: int = DEFAULT_ANALYSIS_MAX_ITEMS,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    max_client_connections: int = DEFAULT_MAX_CLIENT_CONNECTIONS,
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT_S,
+    body_timeout: float = DEFAULT_BODY_TIMEOUT_S,
+    max_filter_conditions: int | None = None,
+    watch_interval: float = DEFAULT_WATCH_INTERVAL_S,
+    allowed_hosts: Sequence[str] = (),
+    access_log: bool = True,
+    secure_cookie: bool = False,
+    show_paths: bool = False,
+    rerank: str | None = None,
+) -> None:
+    """Serve the page and the REST API over ``galleries`` at ``host``:``port`` until Ctrl-C.
+    ``api_key`` (else ``api_key_file``'s, else NEARSIGHT_API_KEY): the key every route but
+    /api/health requires, needed beyond loopback (:func:`resolve_api_key`); the other settings
+    are ``nearsight serve``'s flags of the same names."""
+    _check_settings(port=port, max_upload_mb=max_upload_mb, concurrency=concurrency,
+                    max_queue=max_queue, max_filter_conditions=max_filter_conditions,
+                    max_connections=max_connections,
+                    max_client_connections=max_client_connections,
+                    header_timeout=header_timeout, body_timeout=body_timeout,
+                    watch_interval=watch_interval,
+                    analysis_max_items=analysis_max_items)  # fmt: skip
+    check_address(host, port)  # before minutes of loading galleries
+    key = resolve_api_key(api_key, api_key_file, host)
+
+    from nearsight.app.page import build_app
+    from nearsight.app.server import launch_app, stop_app
+
+    demo = build_app([Path(g) for g in galleries], None if model is None else Path(model),
+                     device=device, concurrency=concurrency, max_queue=max_queue,
+                     analysis_max_items=analysis_max_items, show_paths=show_paths,
+                     rerank=rerank)  # fmt: skip
+    try:
+        url = launch_app(demo, host=host, port=port, max_upload_mb=max_upload_mb,
+                         prevent_thread_lock=True, quiet=True, api_key=key,
+                         max_filter_conditions=max_filter_conditions,
+                         watch_interval=watch_interval, max_connections=max_connections,
+                         max_client_connections=max_client_connections,
+                         body_timeout_s=body_timeout, header_timeout_s=header_timeout,
+                         allowed_hosts=[name.strip() for name in allowed_hosts],
+                         access_log=access_log, secure_cookie=secure_cookie)  # fmt: skip
+    except OSError as error:  # the port is taken, or the address is not ours
+        demo.nearsight.close()
+        reason = (
+            "the port is in use (choose another with --port)"
+            if "empty port" in str(error)
+            else str(error)
+        )
+        raise NearsightError(f"cannot serve on {host}:{port}: {reason}") from None
+    print(f"nearsight: serving {len(demo.nearsight.names)} gallery(ies) at {url}", flush=True)
+    print(f"nearsight: REST API at {url.rstrip('/')}/api (docs: /api/docs)", flush=True)
+    try:
+        demo.block_thread()  # until Ctrl-C
+    finally:
+        stop_app(demo)
+    print("nearsight: stopped", file=sys.stderr)
+
+
+def resolve_api_key(
+    given: str | None, key_file: str | os.PathLike[str] | None, host: str
+) -> str | None:
+    """The API key: ``given``, else the contents of ``key_file``, else the NEARSIGHT_API_KEY
+    environment variable; None when there is none. Beyond localhost one is required, and long
+    enough (nearsight.app.auth.check_key)."""
+    from nearsight.app.auth import API_KEY_ENV, check_key
+
+    key = given
+    if key is None and key_file is not None:
+        try:
+            key = Path(key_file).read_text().strip()
+        except (OSError, UnicodeDecodeError) as error:
+            reason = getattr(error, "strerror", None) or "not text"
+            raise NearsightError(f"cannot read --api-key-file {key_file}: {reason}") from None
+        if not key:
+            raise NearsightError(f"--api-key-file {key_file} is empty")
+    if key is None:
+        key = os.environ.get(API_KEY_ENV)
+    key = (key or "").strip() or None
+    check_key(key, host)
+    return key
+
+
+def check_address(host: str, port: int) -> None:
+    """NearsightError unless ``host``:``port`` can be listened on. Gradio reports every failure
+    to listen (an unknown host, an address that is not this machine's) as "no empty port"."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise NearsightError(f"cannot serve on {host}:{port}: unknown host ({reason})") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind(address)
+        except OSError as error:
+            reason = (
+                "the port is in use (choose another with --port)"
+                if error.errno == errno.EADDRINUSE
+                else error.strerror or str(error)
+            )
+            raise NearsightError(f"cannot serve on {host}:{port}: {reason}") from None
+
+
+def _check_settings(
+    *,
+    port: int,
+    max_upload_mb: float,
+    concurrency: int,
+    max_queue: int,
+    max_filter_conditions: int | None,
+    max_connections: int,
+    max_client_connections: int,
+    header_timeout: float,
+    body_timeout: float,
+    watch_interval: float,
+    analysis_max_items: int,
+) -> None:
+    """One-line errors naming ``nearsight serve``'s flags."""
+    if not 0 <= port <= 65535:
+        raise NearsightError(f"--port must be from 0 to 65535, got {port}")
+    if not max_upload_mb > 0:
+        raise NearsightError(f"--max-upload-mb must be positive, got {max_upload_mb}")
+    if concurrency < 1:
+        raise NearsightError(f"--concurrency must be at least 1, got {concurrency}")
+    if max_queue < 1:
+        raise NearsightError(f"--max-queue must be at least 1, got {max_queue}")
+    if max_filter_conditions is not None and max_filter_conditions < 1:
+        raise NearsightError(
+            f"--max-filter-conditions must be at least 1, got {max_filter_conditions}"
+        )
+    if max_connections < 1:
+        raise NearsightError(f"--max-connections must be at least 1, got {max_connections}")
+    if max_client_connections < 1:
+        raise NearsightError(
+            f"--max-client-connections must be at least 1, got {max_client_connections}"
+        )
+    if not header_timeout > 0:
+        raise NearsightError(f"--header-timeout must be positive, got {header_timeout}")
+    if not body_timeout > 0:
+        raise NearsightError(f"--body-timeout must be positive, got {body_timeout}")
+    if watch_interval < 0:
+        raise NearsightError(f"--watch-interval must be 0 or more, got {watch_interval}")
+    if analysis_max_items < 0:
+        raise NearsightError(f"--analysis-max-items must be 0 or more, got {analysis_max_items}")
