@@ -29,6 +29,10 @@ Parts (``--parts``, comma-separated; default all):
   resume  A short run on the GPU stopped half-way and resumed from last.pt, against the same
           run uninterrupted: every step's loss and the final weights must be identical
           (deterministic algorithms on, so that the comparison is bit for bit).
+  timm    The timm backbones (bench/timm_backbones.py): for a CNN (ResNet-50), ConvNeXt-T and
+          ViT-S/16, the training step of nearsight's network against the bare timm model on
+          the GPU (bf16, batch 64; goal: >= 0.9 of it), and each one's ONNX export with its
+          parity, int8 cosine and onnxruntime CPU images/s (fp32 and int8).
 
 Without a CUDA device the GPU rows are skipped with the reason, and the CPU halves of data,
 search and eval still run at full size. ``--cpu-smoke`` runs every part at a tiny size on the
@@ -54,12 +58,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling bench mo
 
 from gpu_check_common import Context, Part, Sizes, Skip  # noqa: E402
 
-PART_NAMES = ("train", "data", "export", "search", "eval", "resume")
+PART_NAMES = ("train", "data", "export", "search", "eval", "resume", "timm")
 
 
 def part_functions() -> dict[str, Callable[[Context, Part], None]]:
     from gpu_check_search import run_eval, run_search
     from gpu_check_serving import run_export
+    from gpu_check_timm import run_timm
     from gpu_check_train import run_data, run_resume, run_train
 
     return {
@@ -69,6 +74,7 @@ def part_functions() -> dict[str, Callable[[Context, Part], None]]:
         "search": run_search,
         "eval": run_eval,
         "resume": run_resume,
+        "timm": run_timm,
     }
 
 

@@ -16,9 +16,10 @@ imports neither torch nor onnxruntime):
   ``.to_pandas()``, and show as a grid in Jupyter;
 - :func:`build_gallery` (model, out, dataset=... | images=...) -> the new gallery, opened,
   with its :class:`BuildReport` (the index layer's builder, which ``nearsight index build``
-  runs too); :func:`add_images` (gallery, images, ...) -> the new ids; :func:`remove_items`
-  (gallery, ids | keys=...); :func:`get_item` (gallery, id | key=...) -> one item: the typed
-  jobs ``nearsight index add | remove | show`` run;
+  runs too; ``model="timm:NAME"`` builds a zero-shot gallery of a pretrained timm model,
+  needing ``[train]``); :func:`add_images` (gallery, images, ...) -> the new ids;
+  :func:`remove_items` (gallery, ids | keys=...); :func:`get_item` (gallery, id | key=...) ->
+  one item: the typed jobs ``nearsight index add | remove | show`` run;
 - :func:`load_embedder` (model_path) -> an embedder with ``.embed_images(images)``;
 - :func:`export` (checkpoint, out, ...) -> the ONNX model, parity-checked (needs ``[train]``);
 - :func:`train` (config, out_dir, *, resume=False) -> a training run (needs ``[train]``).

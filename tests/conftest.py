@@ -84,3 +84,14 @@ def no_network(monkeypatch) -> None:
 
     monkeypatch.setattr(socket, "getaddrinfo", refuse)
     monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+@pytest.fixture()
+def hf_cache(tmp_path, monkeypatch) -> Path:
+    """An empty Hugging Face hub cache, offline: nothing can be downloaded (timm weights;
+    :func:`helpers.write_hub_weights` fills it)."""
+    cache = tmp_path / "hf-hub"
+    cache.mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return cache

@@ -51,6 +51,10 @@ def test_config_round_trips_through_dict():
         "feature_norm": "none",  # "auto" is stored resolved
         "heads": ["layer4"],
         "embedding": "last",
+        "head": "linear",
+        "interpolation": "bilinear",  # resolved: a ResNet's
+        "mean": [],  # ImageNet's, inside the network
+        "std": [],
     }
     assert EmbeddingConfig.from_dict(values) == config
     # a checkpoint from before multi-level heads has neither key: one layer4 head
@@ -69,7 +73,8 @@ def test_config_from_dict_rejects_unknown_keys():
         {"dim": 0},
         {"dim": -3},
         {"dim": 1.5},
-        {"pooling": "gem"},
+        {"pooling": "median"},
+        {"pooling": "token"},  # a transformer's class token: a ResNet has none
         {"image_size": 8},
         {"arch": "vgg16"},
         {"feature_norm": "layernorm"},

@@ -267,8 +267,12 @@ def test_foreign_specs_round_trip_and_own_specs_keep_their_fields():
     for bad in ({"mean": (0.5, 0.5)}, {"std": (1, 0, 1)}, {"output_name": ""}, {"mean": "abc"}):
         with pytest.raises(NearsightError, match="model spec"):
             ModelSpec.from_dict({**spec.to_dict(), **bad})
-    with pytest.raises(NearsightError, match="need input_name"):
+    with pytest.raises(NearsightError, match="needs input_name"):
+        ModelSpec(output_name="y")
+    # nearsight's own models may carry their in-graph statistics (timm trunks), both or neither
+    with pytest.raises(NearsightError, match="std must be 3 numbers"):
         ModelSpec(mean=(0.5, 0.5, 0.5))
+    assert not ModelSpec(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)).foreign
 
 
 def test_the_input_size_comes_from_the_graph_when_it_fixes_one(foreign, tmp_path, capsys):

@@ -14,7 +14,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "gpu_check.py"
-PARTS = ("train", "data", "export", "search", "eval", "resume")
+PARTS = ("train", "data", "export", "search", "eval", "resume", "timm")
 SEED_LOSSES = ("ice", "rll", "nra", "rankmi", "bcontrastive")
 
 

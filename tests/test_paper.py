@@ -20,7 +20,9 @@ def test_every_config_has_a_cited_paper_row(name):
     dataset = load_config(name).data.dataset
     assert set(protocol_metrics(dataset)) <= set(paper.metrics)
     numbers = {key: value for key, value in paper.metrics.items() if value is not None}
-    assert numbers, "a paper row without a single number"
+    # a row without a single number only where nothing is published (a recipe on a backbone
+    # its paper did not train: the CLIP ViT recipes), every cell saying so
+    assert numbers or name.startswith("clip_vitb16_"), "a paper row without a single number"
     for key in numbers:
         assert paper.citation(key)
     for key, value in paper.metrics.items():
@@ -49,9 +51,11 @@ def test_each_row_says_which_network_its_paper_reports():
     contrastive paper train for a fixed length; RankMI and the NRA slides do not say."""
     expected = {"proxyanchor": "best", "rll": "final", "ice": "final", "bcontrastive": "final",
                 "rankmi": "unstated", "nra": "unstated"}  # fmt: skip
+    vit_recipes = ("dino_vits16_", "clip_vitb16_")  # the recipe evaluates once, at its end
     for name in shipped_configs():
         paper = read_paper(name)
-        assert paper.selection == expected[name.split("_")[0]], name
+        wanted = "final" if name.startswith(vit_recipes) else expected[name.split("_")[0]]
+        assert paper.selection == wanted, name
     assert "2,000 iterations" in read_paper("bcontrastive_cub").selection_source
     assert "converges at 10k iterations" in read_paper("rll_cars").selection_source
     assert "after every epoch" in read_paper("proxyanchor_sop").selection_source

@@ -36,7 +36,7 @@ def test_round_trip_and_defaults():
     [
         {"dim": 0},
         {"dim": "8"},
-        {"pooling": "gem"},
+        {"pooling": "median"},
         {"feature_norm": "auto"},  # stored resolved
         {"heads": "layer4"},
         {"colour": "red"},  # a field this nearsight does not know

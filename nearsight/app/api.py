@@ -36,6 +36,8 @@ def build_gallery(
     std: Sequence[float] | None = None,
     resize: int | None = None,
     output: str | None = None,
+    pretrained: str = "auto",
+    pooling: str | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     batch_size: int = DEFAULT_BATCH_SIZE,
     workers: int = 0,
@@ -50,11 +52,15 @@ def build_gallery(
     through :func:`nearsight.index.gallery.build.build_gallery` (what ``nearsight index build``
     runs); returns it opened for searching, its :class:`BuildReport` as ``.build_report``. A
     model exported elsewhere takes ``input_size``, ``mean``, ``std``, ``resize`` and
-    ``output`` (``index build``'s flags of the same names)."""
+    ``output`` (``index build``'s flags of the same names). ``model="timm:NAME"``: a zero-shot
+    gallery of a pretrained timm model, exported once into ``nearsight-models/`` beside ``out``
+    (``pretrained``: auto | hub | none | FILE; ``input_size`` and ``pooling`` default to the
+    model's own; needs the ``[train]`` extra)."""
     from nearsight.index.gallery.build import build_gallery as build
     from nearsight.index.gallery.keys import declared_meta_types
     from nearsight.index.gallery.sources import dataset_source, images_source
     from nearsight.models.embedder import load_embedder
+    from nearsight.models.spec import is_timm
 
     if (dataset is None) == (images is None):
         raise NearsightError("build_gallery takes a dataset (with its root) or images, not both")
@@ -66,7 +72,17 @@ def build_gallery(
     else:
         source = images_source(images or [])
     spec = None
-    if any(v is not None for v in (input_size, mean, std, resize, output)):
+    if is_timm(os.fspath(model)):
+        if any(v is not None for v in (mean, std, resize, output)):
+            raise NearsightError("mean, std, resize and output describe a model exported "
+                                 "elsewhere, not timm:NAME")  # fmt: skip
+        from nearsight.models.timm_export import export_timm_model, zero_shot_folder
+
+        model = export_timm_model(os.fspath(model), zero_shot_folder(out), pretrained=pretrained,
+                                  image_size=input_size, pooling=pooling).path  # fmt: skip
+    elif pretrained != "auto" or pooling is not None:
+        raise NearsightError("pretrained and pooling go with model='timm:NAME'")
+    elif any(v is not None for v in (input_size, mean, std, resize, output)):
         from nearsight.models.foreign import foreign_spec
 
         spec = foreign_spec(model, image_size=input_size, mean=mean, std=std, resize=resize,

@@ -250,6 +250,11 @@ def _check_pretrained(config) -> None:
     pretrained, arch = config.model.pretrained, config.model.arch
     if pretrained in ("none", "auto"):
         return
+    if pretrained == "hub":  # a timm trunk's weights: the Hugging Face cache, or a download
+        from nearsight.models.timm_weights import hub_weights_file
+
+        hub_weights_file(arch)
+        return
     if is_imagenet(pretrained) and imagenet_cache_path(arch, pretrained).is_file():
         return
     resolve_pretrained(pretrained, arch)

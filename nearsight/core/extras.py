@@ -14,6 +14,8 @@ EXTRA_MODULES = {
     "scipy": "data",  # CARS196's cars_annos.mat; [train] brings it too
     "pyarrow": "data",  # Parquet metadata for index import
     "tensorboard": "train",
+    "timm": "train",
+    "safetensors": "train",
     "umap": "map",
 }
 

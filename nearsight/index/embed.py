@@ -31,9 +31,15 @@ if TYPE_CHECKING:  # typing only: the embedders' modules load onnxruntime
 class ImagePaths:
     """Test-transformed images by path; an unreadable one gives ``None`` and its error text."""
 
-    def __init__(self, paths: Sequence[str | Path], image_size: int, resize: int | None = None):
+    def __init__(
+        self,
+        paths: Sequence[str | Path],
+        image_size: int,
+        resize: int | None = None,
+        interpolation: str = "bilinear",
+    ):
         self.paths = [Path(p) for p in paths]
-        self.transform = test_transform(image_size, resize)
+        self.transform = test_transform(image_size, resize, interpolation)
         self.image_size = image_size
         self.min_side = resize or default_resize(image_size)  # JPEG draft decoding
 
@@ -86,13 +92,14 @@ def embed_paths(
     *,
     image_size: int,
     resize: int | None = None,
+    interpolation: str = "bilinear",
     batch_size: int = 64,
     workers: int = 0,
     desc: str = "embedding",
 ) -> EmbeddingResult:
     """Run ``embed_batch`` (images float32 [B,3,H,W] in [0,1] -> [B,D] array or tensor) over
     ``paths``. ``workers``: decoding threads (0: decode in this thread)."""
-    images = ImagePaths(paths, image_size, resize)
+    images = ImagePaths(paths, image_size, resize, interpolation)
     ok = np.zeros(len(images), dtype=bool)
     errors: list[str] = []
     chunks: list[np.ndarray] = []
@@ -137,6 +144,7 @@ def embed_files(
         paths,
         image_size=embedder.image_size,
         resize=embedder.resize,
+        interpolation=embedder.spec.interpolation,
         batch_size=batch_size,
         workers=workers,
         desc=desc,

@@ -31,7 +31,7 @@ from torch import nn
 from nearsight.core.atomic import atomic_write_path
 from nearsight.core.errors import NearsightError
 from nearsight.models.embedding import EmbeddingConfig, EmbeddingNet
-from nearsight.models.spec import SPEC_KEY, ModelSpec, spec_from_checkpoint
+from nearsight.models.spec import SPEC_KEY, ModelSpec
 
 CHECKPOINT_FORMAT = "nearsight-checkpoint"
 CHECKPOINT_VERSION = 2
@@ -59,8 +59,10 @@ def save_checkpoint(
     clashes = [key for key in RESERVED_KEYS if key in extra]
     if clashes:
         raise ValueError(f"extra checkpoint keys clash with reserved ones: {clashes}")
-    if spec is None:
-        spec = spec_from_checkpoint({"model_config": model.config.to_dict(), **extra})
+    if spec is None:  # the training config's test resize, else the network's default
+        training = extra.get("training") if isinstance(extra.get("training"), dict) else {}
+        data = ((training.get("config") or {}).get("data") or {}) if training else {}
+        spec = model.config.spec(data.get("resize") or None)
     if EmbeddingConfig.from_spec(spec, **_training_fields(model.config)) != model.config:
         raise ValueError("the spec given to save_checkpoint does not describe the network")
     payload = {

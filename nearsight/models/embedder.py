@@ -138,7 +138,7 @@ class _EmbedderBase:
             raise NearsightError(
                 f"{self.path} is not a nearsight model: bad metadata ({error})"
             ) from None
-        self._transform = test_transform(self.image_size, self.resize)
+        self._transform = test_transform(self.image_size, self.resize, self.spec.interpolation)
 
     @property
     def dim(self) -> int:
@@ -153,6 +153,11 @@ class _EmbedderBase:
     def resize(self) -> int:
         """The short side the test transform resizes to before cropping."""
         return self.spec.test_resize
+
+    @property
+    def interpolation(self) -> str:
+        """How the test transform resizes: bilinear | bicubic."""
+        return self.spec.interpolation
 
     @functools.cached_property
     def model_sha256(self) -> str:

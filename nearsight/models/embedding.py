@@ -1,4 +1,5 @@
-"""The embedding network: torchvision ResNet trunk, global pooling, linear head, L2 norm.
+"""The embedding network: a trunk (torchvision ResNet or any timm model), global pooling, a
+linear head, L2 norm.
 
 This is the network of the deep-metric-learning papers nearsight reproduces: an ImageNet
 ResNet-50 without its classifier, global pooling over the last feature map, one linear layer to
@@ -35,191 +36,87 @@ Design decisions
   ``[layer2, layer3, layer4]``. ``embedding`` says what the network serves (evaluation,
   export, galleries): ``last``, the layer4 head alone, or ``concat``, the L2-normalised
   concatenation of every head's unit embedding (dim = dim x number of heads).
-- State-dict keys are ``trunk.<torchvision name>``, ``feature_norm.*`` (running statistics,
+- timm trunks (``arch: timm:NAME``, :mod:`nearsight.models.timm_trunk`): the same heads, norm
+  and normalisation around timm's model without its classifier; pooling suits the family
+  (feature maps: avg, max, avgmax, gem; transformers: the class token or a pool over the
+  patch tokens), the input normalisation is the pretrained config's ``mean``/``std`` and
+  ``head: none`` serves the pooled features themselves (a zero-shot gallery of the pretrained
+  model). Lower heads sit on timm's ``feature_info`` stages.
+- State-dict keys are ``trunk.<torchvision or timm name>``, ``feature_norm.*`` (running statistics,
   with ``batchnorm``) and ``embedding.{weight,bias}`` for the layer4 head (the same keys as a
   single-head network), and ``side_norms.<stage>.*`` and ``side_embeddings.<stage>.*`` for
-  the lower heads.
+  the lower heads (a timm stage's dots as underscores: ``stages_2``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nearsight.core.errors import NearsightError
+from nearsight.models.embedding_config import (  # noqa: F401  (re-exported: the network's settings)
+    ARCHS,
+    FEATURE_NORMS,
+    HEAD_STAGES,
+    TRUNK_LAYERS,
+    EmbeddingConfig,
+    check_arch,
+    check_heads,
+    output_dim,
+    resolve_feature_norm,
+    stage_width,
+    trunk_width,
+)
+from nearsight.models.pooling import pool_map
 from nearsight.models.preprocess import IMAGENET_MEAN, IMAGENET_STD
-from nearsight.models.spec import EMBEDDINGS, POOLINGS, ModelSpec, spec_from_model_config
+from nearsight.models.timm_trunk import create_trunk, is_timm, timm_info, trunk_features
 from nearsight.models.weights import load_trunk_weights, resolve_pretrained
-
-FEATURE_NORMS = ("auto", "none", "batchnorm")
-# torchvision ResNets whose children up to layer4 form the trunk -> width of layer4's output
-ARCHS: dict[str, int] = {"resnet18": 512, "resnet34": 512, "resnet50": 2048, "resnet101": 2048}
-TRUNK_LAYERS = ("conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3", "layer4")
-# trunk stages that can carry an embedding head, from low to high
-HEAD_STAGES = ("layer1", "layer2", "layer3", "layer4")
-
-
-def stage_width(arch: str, stage: str) -> int:
-    """Channels of a ResNet stage's output: each stage halves the next one's width."""
-    return ARCHS[arch] >> (len(HEAD_STAGES) - 1 - HEAD_STAGES.index(stage))
-
-
-def check_heads(heads: object, embedding: object) -> list[str]:
-    """``heads`` as a list of stage names, low to high, ending at layer4; a clear error for
-    anything else."""
-    if isinstance(heads, str):
-        heads = [heads]
-    if not isinstance(heads, (list, tuple)) or not heads:
-        raise NearsightError(f"heads must be a non-empty list of trunk stages, got {heads!r}")
-    heads = [str(stage) for stage in heads]
-    unknown = [stage for stage in heads if stage not in HEAD_STAGES]
-    if unknown:
-        raise NearsightError(
-            f"heads: unknown stage(s) {', '.join(unknown)} (stages: {', '.join(HEAD_STAGES)})"
-        )
-    order = [HEAD_STAGES.index(stage) for stage in heads]
-    if order != sorted(set(order)) or heads[-1] != "layer4":
-        raise NearsightError(
-            f"heads must list distinct stages from low to high, ending at layer4, got {heads}"
-        )
-    if embedding not in EMBEDDINGS:
-        raise NearsightError(f"embedding must be one of {', '.join(EMBEDDINGS)}, got {embedding!r}")
-    return heads
-
-
-def output_dim(model_config: Mapping[str, Any]) -> int:
-    """The dimension of what a network with this (stored) config serves: ``dim``, or
-    ``dim`` x the number of heads for the ``concat`` embedding (the spec's rule)."""
-    return spec_from_model_config(model_config).output_dim
-
-
-def resolve_feature_norm(feature_norm: str, pretrained: str) -> str:
-    """``none`` or ``batchnorm``: ``auto`` means batchnorm exactly when training from scratch
-    (``pretrained`` is "none"); see the module docstring for why."""
-    if feature_norm not in FEATURE_NORMS:
-        raise NearsightError(
-            f"feature_norm must be one of {', '.join(FEATURE_NORMS)}, got {feature_norm!r}"
-        )
-    if feature_norm == "auto":
-        return "batchnorm" if pretrained == "none" else "none"
-    return feature_norm
-
-
-@dataclass
-class EmbeddingConfig:
-    """Everything needed to rebuild the network; stored in every checkpoint."""
-
-    dim: int = ModelSpec.dim
-    pooling: str = ModelSpec.pooling  # avg | max | avgmax (avg + max, summed)
-    # "imagenet" (= IMAGENET1K_V1, the papers'), "imagenet-v1", "imagenet-v2", "none", or a
-    # path to a .pth file (see nearsight/models/weights.py)
-    pretrained: str = "none"
-    freeze_bn: bool = False
-    image_size: int = ModelSpec.image_size  # training and export size; forward takes any >= 32
-    arch: str = ModelSpec.arch
-    # none | batchnorm | auto (batchnorm when pretrained is "none"); stored resolved
-    feature_norm: str = "auto"
-    # trunk stages with an embedding head, low to high, ending at layer4 (the papers'
-    # multi-level setting: [layer2, layer3, layer4]); each head has `dim` dimensions
-    heads: list[str] = dataclasses.field(default_factory=lambda: list(ModelSpec.heads))
-    # what the network serves: last (the layer4 head) | concat (all heads, dim x len(heads))
-    embedding: str = ModelSpec.embedding
-
-    def __post_init__(self) -> None:
-        if isinstance(self.dim, bool) or not isinstance(self.dim, int) or self.dim <= 0:
-            raise NearsightError(f"embedding dim must be a positive integer, got {self.dim!r}")
-        if self.pooling not in POOLINGS:
-            raise NearsightError(
-                f"pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}"
-            )
-        if not isinstance(self.pretrained, str) or not self.pretrained:
-            raise NearsightError(f"pretrained must be a name or a path, got {self.pretrained!r}")
-        if not isinstance(self.freeze_bn, bool):
-            raise NearsightError(f"freeze_bn must be true or false, got {self.freeze_bn!r}")
-        if (
-            isinstance(self.image_size, bool)
-            or not isinstance(self.image_size, int)
-            or self.image_size < 32
-        ):
-            raise NearsightError(f"image size must be an integer >= 32, got {self.image_size!r}")
-        if self.arch not in ARCHS:
-            raise NearsightError(f"arch must be one of {', '.join(ARCHS)}, got {self.arch!r}")
-        self.feature_norm = resolve_feature_norm(self.feature_norm, self.pretrained)
-        self.heads = check_heads(self.heads, self.embedding)
-
-    @property
-    def output_dim(self) -> int:
-        """The dimension of the served embedding (``dim`` x heads for ``concat``)."""
-        return output_dim(self.to_dict())
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def spec(self, test_resize: int | None = None) -> ModelSpec:
-        """The :class:`ModelSpec` of the network this config builds (``test_resize``: the
-        test-time short side; None: the default ratio)."""
-        return spec_from_model_config(self.to_dict(), test_resize)
-
-    @classmethod
-    def from_spec(cls, spec: ModelSpec, **training: Any) -> EmbeddingConfig:
-        """The config of a network with ``spec``; ``training``: pretrained, freeze_bn."""
-        return cls(
-            dim=spec.dim,
-            pooling=spec.pooling,
-            image_size=spec.image_size,
-            arch=spec.arch,
-            feature_norm=spec.feature_norm,
-            heads=list(spec.heads),
-            embedding=spec.embedding,
-            **training,
-        )
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> EmbeddingConfig:
-        known = {field.name for field in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise NearsightError(
-                f"unknown embedding setting(s): {', '.join(map(str, unknown))} "
-                f"(known: {', '.join(sorted(known))})"
-            )
-        return cls(**dict(values))
 
 
 class EmbeddingNet(nn.Module):
     """images float [N, 3, H, W] in [0, 1] RGB -> embeddings [N, dim], unit L2 norm."""
 
-    def __init__(self, config: EmbeddingConfig | None = None) -> None:
+    def __init__(
+        self, config: EmbeddingConfig | None = None, trunk: nn.Module | None = None
+    ) -> None:
+        """``trunk``: a timm trunk already built (with its pretrained weights) for ``config``;
+        by default the trunk is built randomly initialised."""
         super().__init__()
         self.config = config if config is not None else EmbeddingConfig()
-        from torchvision import models as tv_models
+        arch = self.config.arch
+        self.timm = timm_info(arch) if is_timm(arch) else None
+        if self.timm is not None:
+            self.trunk = trunk if trunk is not None else create_trunk(arch, self.config.image_size)
+            side_widths = [self.timm.stage_width(stage) for stage in self.config.heads[:-1]]
+        else:
+            from torchvision import models as tv_models
 
-        resnet = getattr(tv_models, self.config.arch)(weights=None, zero_init_residual=True)
-        self.trunk = nn.Sequential(
-            OrderedDict((name, getattr(resnet, name)) for name in TRUNK_LAYERS)
-        )
+            resnet = getattr(tv_models, arch)(weights=None, zero_init_residual=True)
+            self.trunk = nn.Sequential(
+                OrderedDict((name, getattr(resnet, name)) for name in TRUNK_LAYERS)
+            )
+            side_widths = [stage_width(arch, stage) for stage in self.config.heads[:-1]]
         self.pooling = self.config.pooling
-        self.feature_norm, self.embedding = self._head(ARCHS[self.config.arch])
+        self.feature_norm, self.embedding = self._head(trunk_width(arch))
         # the lower heads of a multi-level network (none by default)
         self.side_norms = nn.ModuleDict()
         self.side_embeddings = nn.ModuleDict()
-        for stage in self.config.heads[:-1]:
-            norm, linear = self._head(stage_width(self.config.arch, stage))
-            self.side_norms[stage], self.side_embeddings[stage] = norm, linear
-        mean = torch.tensor(IMAGENET_MEAN, dtype=torch.float32).view(1, 3, 1, 1)
-        std = torch.tensor(IMAGENET_STD, dtype=torch.float32).view(1, 3, 1, 1)
-        self.register_buffer("mean", mean, persistent=False)
-        self.register_buffer("std", std, persistent=False)
+        for stage, width in zip(self.config.heads[:-1], side_widths, strict=True):
+            key = _key(stage)
+            self.side_norms[key], self.side_embeddings[key] = self._head(width)
+        mean = torch.tensor(self.config.mean or IMAGENET_MEAN, dtype=torch.float32)
+        std = torch.tensor(self.config.std or IMAGENET_STD, dtype=torch.float32)
+        self.register_buffer("mean", mean.view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", std.view(1, 3, 1, 1), persistent=False)
 
-    def _head(self, width: int) -> tuple[nn.Module, nn.Linear]:
-        """One head's ``feature_norm`` and linear layer on ``width`` pooled features."""
+    def _head(self, width: int) -> tuple[nn.Module, nn.Module]:
+        """One head's ``feature_norm`` and linear layer on ``width`` pooled features (for
+        ``head: none``, nothing: the features themselves)."""
+        if self.config.head == "none":
+            return nn.Identity(), nn.Identity()
         norm: nn.Module = (
             nn.BatchNorm1d(width, affine=False)
             if self.config.feature_norm == "batchnorm"
@@ -235,27 +132,29 @@ class EmbeddingNet(nn.Module):
         """The dimension of the served embedding (``forward``'s output)."""
         return self.config.output_dim
 
-    def _pool(self, features: torch.Tensor) -> torch.Tensor:
-        if self.pooling == "avg":
-            pooled = F.adaptive_avg_pool2d(features, 1)
-        elif self.pooling == "max":
-            pooled = F.adaptive_max_pool2d(features, 1)
-        else:
-            pooled = F.adaptive_avg_pool2d(features, 1) + F.adaptive_max_pool2d(features, 1)
-        # flatten (not view): the pooled map may be channels_last-strided
-        return torch.flatten(pooled, 1)
-
-    def head_embeddings(self, images: torch.Tensor) -> list[torch.Tensor]:
-        """Every head's unit embedding [N, dim], low to high (the last is layer4's)."""
+    def pooled_features(self, images: torch.Tensor) -> list[torch.Tensor]:
+        """Every head's pooled trunk features [N, width], low to high."""
         x = (images - self.mean) / self.std
-        outputs = []
+        if self.timm is not None:
+            return trunk_features(self.trunk, self.timm, x, self.config.heads[:-1], self.pooling)
+        pooled = []
         for name, layer in self.trunk.named_children():
             x = layer(x)
             if name in self.side_embeddings:
-                features = self.side_norms[name](self._pool(x))
-                outputs.append(F.normalize(self.side_embeddings[name](features), p=2, dim=1))
-        features = self.feature_norm(self._pool(x))
-        outputs.append(F.normalize(self.embedding(features), p=2, dim=1))
+                pooled.append(_flat_pool(x, self.pooling))
+        pooled.append(_flat_pool(x, self.pooling))
+        return pooled
+
+    def head_embeddings(self, images: torch.Tensor) -> list[torch.Tensor]:
+        """Every head's unit embedding [N, dim], low to high (the last is layer4's)."""
+        features = self.pooled_features(images)
+        outputs = []
+        for stage, pooled in zip(self.config.heads[:-1], features, strict=False):
+            key = _key(stage)
+            embedded = self.side_embeddings[key](self.side_norms[key](pooled))
+            outputs.append(F.normalize(embedded, p=2, dim=1))
+        embedded = self.embedding(self.feature_norm(features[-1]))
+        outputs.append(F.normalize(embedded, p=2, dim=1))
         return outputs
 
     def forward(
@@ -281,7 +180,7 @@ class EmbeddingNet(nn.Module):
             self.side_norms[stage] = _fold(self.side_norms[stage], self.side_embeddings[stage])
 
     def trunk_parameters(self) -> Iterator[nn.Parameter]:
-        """The pretrained ResNet layers (the trainer gives them the smaller learning rate)."""
+        """The pretrained trunk's layers (the trainer gives them the smaller learning rate)."""
         return self.trunk.parameters()
 
     def head_parameters(self) -> Iterator[nn.Parameter]:
@@ -298,10 +197,20 @@ class EmbeddingNet(nn.Module):
         return self
 
 
+def _key(stage: str) -> str:
+    """A stage's key among the side heads (a module name cannot hold a dot)."""
+    return stage.replace(".", "_")
+
+
+def _flat_pool(features: torch.Tensor, pooling: str) -> torch.Tensor:
+    # flatten (not view): the pooled map may be channels_last-strided
+    return torch.flatten(pool_map(features, pooling), 1)
+
+
 @torch.no_grad()
-def _fold(norm: nn.Module, linear: nn.Linear) -> nn.Module:
+def _fold(norm: nn.Module, linear: nn.Module) -> nn.Module:
     """Fold a BatchNorm1d ``norm`` into ``linear`` in place; returns what replaces ``norm``."""
-    if not isinstance(norm, nn.BatchNorm1d):
+    if not isinstance(norm, nn.BatchNorm1d) or not isinstance(linear, nn.Linear):
         return norm
     scale = torch.rsqrt(norm.running_var + norm.eps)
     weight = linear.weight * scale[None, :]
@@ -313,6 +222,12 @@ def _fold(norm: nn.Module, linear: nn.Linear) -> nn.Module:
 def build_embedding_net(config: EmbeddingConfig | None = None) -> EmbeddingNet:
     """A new EmbeddingNet with its trunk initialised per ``config.pretrained``."""
     config = config if config is not None else EmbeddingConfig()
+    if is_timm(config.arch):
+        from nearsight.models.timm_weights import timm_pretrained_state
+
+        state, source = timm_pretrained_state(config.arch, config.pretrained)
+        trunk = create_trunk(config.arch, config.image_size, state, source=source)
+        return EmbeddingNet(config, trunk=trunk)
     net = EmbeddingNet(config)
     state = resolve_pretrained(config.pretrained, config.arch)
     if state is not None:

@@ -204,7 +204,7 @@ def export_onnx(
     image_size, resize = spec.image_size, spec.test_resize
     # images first: an unreadable calibration set fails before minutes of export
     calibration = (
-        calibration_batch(int8_calibration, image_size, resize, image_loader)
+        calibration_batch(int8_calibration, image_size, resize, image_loader, spec.interpolation)
         if int8_calibration is not None
         else None
     )
@@ -263,6 +263,9 @@ def _torch_export(net: EmbeddingNet, path: Path, opset: int) -> None:
         # purpose (see the module docstring)
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", FutureWarning)
+        # timm's shape checks read tensor sizes as Python values while tracing; the parity
+        # check on two batch sizes below proves the graph right for any N
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
         torch.onnx.export(
             _ServedEmbedding(net).eval(),
             (example,),

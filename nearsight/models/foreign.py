@@ -204,7 +204,7 @@ class ForeignOnnxEmbedder(OnnxEmbedder):
         _check_declared_output(session, self.path, spec.output_name)
         self.metadata = dict(session.get_modelmeta().custom_metadata_map)
         self.spec = spec
-        self._transform = test_transform(self.image_size, self.resize)
+        self._transform = test_transform(self.image_size, self.resize, spec.interpolation)
         self._batch = fixed_batch(session, self.path)
         self._mean = np.asarray(spec.mean, np.float32).reshape(1, 3, 1, 1)
         self._std = np.asarray(spec.std, np.float32).reshape(1, 3, 1, 1)

@@ -4,7 +4,8 @@ Written on Pillow and numpy, so that serving an ONNX model needs no torch. It fo
 torchvision's ``Resize(resize, BILINEAR, antialias=True)`` + ``CenterCrop(image_size)`` +
 ``PILToTensor() / 255`` on PIL images step by step (the same Pillow resize, the same crop
 offsets, zero padding when the crop is larger than the image); tests/test_preprocess.py checks
-it against torchvision. Training's evaluation, the torch and the onnxruntime embedders and the
+it against torchvision. The resize is bilinear (the ResNets') or bicubic (most timm trunks' pretrained
+configs), as the model's spec says. Training's evaluation, the torch and the onnxruntime embedders and the
 export's calibration all call :func:`test_transform`, so they see the same pixels. ImageNet
 mean/std normalisation is not here: it lives inside the model (and so inside the ONNX graph),
 which takes RGB in [0, 1]. A foreign model (models.foreign) gets it from its embedder instead.
@@ -42,8 +43,14 @@ def center_crop(image: Image.Image, height: int, width: int) -> Image.Image:
     return image.crop((left, top, left + width, top + height))  # outside the image: zeros
 
 
-def resize_short_side(image: Image.Image, short: int) -> Image.Image:
-    """Bilinear resize (Pillow's, antialiased) so that the short side is ``short`` pixels."""
+RESAMPLING = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
+
+
+def resize_short_side(
+    image: Image.Image, short: int, interpolation: str = "bilinear"
+) -> Image.Image:
+    """Resize (Pillow's, antialiased; bilinear or bicubic) so that the short side is ``short``
+    pixels."""
     width, height = image.size
     if width <= height:
         size = (short, int(short * height / width))
@@ -51,7 +58,7 @@ def resize_short_side(image: Image.Image, short: int) -> Image.Image:
         size = (int(short * width / height), short)
     if size == image.size:
         return image
-    return image.resize(size, Image.Resampling.BILINEAR)
+    return image.resize(size, RESAMPLING[interpolation])
 
 
 def to_array(image: Image.Image) -> np.ndarray:
@@ -63,11 +70,14 @@ def to_array(image: Image.Image) -> np.ndarray:
 
 
 def test_transform(
-    image_size: int, resize: int | None = None
+    image_size: int, resize: int | None = None, interpolation: str = "bilinear"
 ) -> Callable[[Image.Image], np.ndarray]:
     """PIL RGB image -> float32 array [3, image_size, image_size] in [0, 1]
-    (``torch.from_numpy`` makes it a tensor without a copy)."""
+    (``torch.from_numpy`` makes it a tensor without a copy); ``interpolation``: bilinear |
+    bicubic (the model spec's)."""
     resize = resize or default_resize(image_size)
+    if interpolation not in RESAMPLING:
+        raise ValueError(f"interpolation must be one of {', '.join(RESAMPLING)}")
 
     def transform(image: Image.Image) -> np.ndarray:
         width, height = image.size
@@ -77,7 +87,7 @@ def test_transform(
             # Only the centre can reach the crop: cut the long side to 16 short sides first.
             keep = MAX_ASPECT_RATIO * min(width, height)
             image = center_crop(image, *((height, keep) if width > height else (keep, width)))
-        image = resize_short_side(image, resize)
+        image = resize_short_side(image, resize, interpolation)
         image = center_crop(image, image_size, image_size)
         return to_array(image)
 

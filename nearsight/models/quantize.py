@@ -49,10 +49,11 @@ def calibration_batch(
     image_size: int,
     resize: int,
     image_loader: Callable[[Path], Image.Image] | None,
+    interpolation: str = "bilinear",
 ) -> np.ndarray:
     """The calibration images, test-transformed, [N, 3, S, S]; unreadable files are skipped."""
     loader = image_loader or _default_loader
-    transform = test_transform(image_size, resize)
+    transform = test_transform(image_size, resize, interpolation)
     tensors, skipped = [], 0
     for path in paths:
         try:
@@ -112,7 +113,9 @@ def quantize_int8(
         raise NearsightError(f"the int8 model needs its own file, not {model}")
     if not calibration:
         raise NearsightError("int8 quantisation needs calibration images, got none")
-    images = calibration_batch(calibration, fp32.image_size, fp32.resize, image_loader)
+    images = calibration_batch(
+        calibration, fp32.image_size, fp32.resize, image_loader, fp32.interpolation
+    )
     with atomic_write_path(out) as tmp:
         return write_int8(model, tmp, out, images, fp32.metadata, fp32.model_sha256, model)
 

@@ -7,8 +7,11 @@ No torch here: serving reads specs too.
 
 A model exported elsewhere (any ONNX image-embedding graph, :mod:`nearsight.models.foreign`) has a spec
 too: its ``input_name`` and ``output_name`` are set, and ``mean``/``std`` say how it wants its
-input normalised (nearsight's own models do that inside the graph). These four fields are
-written only when set, so the specs of nearsight's own models read as before.
+input normalised, which its embedder does. nearsight's own models normalise inside the graph:
+with the ImageNet statistics when ``mean``/``std`` are empty (the torchvision ResNets), or with
+the ``mean``/``std`` a timm trunk was pretrained with (CLIP's differ). These fields, ``head``
+and a non-bilinear ``interpolation`` are written only when set, so the specs of the ResNets
+read as before.
 
 Files written before the spec existed carry its fields under other names;
 :func:`spec_from_onnx_metadata`, :func:`spec_from_checkpoint` and :func:`spec_from_gallery_meta`
@@ -26,10 +29,26 @@ from typing import Any
 from nearsight.core.errors import NearsightError
 
 SPEC_KEY = "model_spec"  # the key in checkpoints, ONNX metadata and gallery meta
-POOLINGS = ("avg", "max", "avgmax")
+TIMM_PREFIX = "timm:"  # arch "timm:NAME": a model of timm's catalogue (nearsight.models.timm_trunk)
+# avg, max, avgmax (their sum) and gem (generalised mean, p = 3) over a feature map or over a
+# transformer's patch tokens; token: a transformer's class token
+POOLINGS = ("avg", "max", "avgmax", "gem", "token")
 RESOLVED_FEATURE_NORMS = ("none", "batchnorm")
 EMBEDDINGS = ("last", "concat")  # the served embedding: the layer4 head's, or all heads'
-FOREIGN_FIELDS = ("input_name", "output_name", "mean", "std")  # only a foreign model's spec
+HEAD_KINDS = ("linear", "none")  # none: the pooled trunk features are the embedding
+INTERPOLATIONS = ("bilinear", "bicubic")  # the test-time (and training) resize
+# written only when set (foreign models; timm trunks), so older specs read as they were
+OPTIONAL_FIELDS = ("input_name", "output_name", "mean", "std")
+
+
+def is_timm(arch: object) -> bool:
+    """Whether ``arch`` (or a ``--model`` value) names a timm model: ``timm:NAME``."""
+    return isinstance(arch, str) and arch.startswith(TIMM_PREFIX)
+
+
+def timm_name(arch: str) -> str:
+    """``timm:NAME`` -> ``NAME``."""
+    return arch[len(TIMM_PREFIX) :]
 
 
 def default_resize(image_size: int) -> int:
@@ -49,10 +68,14 @@ class ModelSpec:
     feature_norm: str = "none"  # none | batchnorm (resolved, never "auto")
     heads: tuple[str, ...] = ("layer4",)  # trunk stages the embedding is read from
     embedding: str = "last"  # what is served: last (layer4's head) | concat (all heads)
-    # a foreign ONNX model (nearsight.models.foreign); "" / () for nearsight's own
+    head: str = "linear"  # linear (a layer to `dim`) | none (the pooled features, dim = width)
+    interpolation: str = "bilinear"  # how images are resized: bilinear | bicubic
+    # a foreign ONNX model (nearsight.models.foreign); "" for nearsight's own
     input_name: str = ""  # its NCHW float image input
     output_name: str = ""  # the embedding output (flattened per image, then L2-normalised)
-    mean: tuple[float, ...] = ()  # per RGB channel: the input is (pixels in [0, 1] - mean) / std
+    # per RGB channel: the input is (pixels in [0, 1] - mean) / std; () = ImageNet's. A foreign
+    # model's embedder applies them; nearsight's own models do inside the graph.
+    mean: tuple[float, ...] = ()
     std: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
@@ -73,12 +96,16 @@ class ModelSpec:
         object.__setattr__(self, "heads", tuple(str(head) for head in self.heads))
         if self.embedding not in EMBEDDINGS:
             raise NearsightError(f"model spec: unknown embedding {self.embedding!r}")
+        if self.head not in HEAD_KINDS:
+            raise NearsightError(f"model spec: unknown head {self.head!r}")
+        if self.interpolation not in INTERPOLATIONS:
+            raise NearsightError(f"model spec: unknown interpolation {self.interpolation!r}")
+        self._check_normalisation()
         self._check_foreign()
 
-    def _check_foreign(self) -> None:
-        if not self.input_name:
-            if self.output_name or self.mean or self.std:
-                raise NearsightError("model spec: output_name, mean and std need input_name")
+    def _check_normalisation(self) -> None:
+        """``mean`` and ``std``: both empty (ImageNet's) or both 3 numbers, std positive."""
+        if not self.mean and not self.std and not self.input_name:
             return
         for name in ("mean", "std"):
             value = getattr(self, name)
@@ -93,6 +120,12 @@ class ModelSpec:
             object.__setattr__(self, name, numbers)
         if min(self.std) <= 0:
             raise NearsightError(f"model spec: std must be positive, got {list(self.std)}")
+
+    def _check_foreign(self) -> None:
+        if not self.input_name:
+            if self.output_name:
+                raise NearsightError("model spec: output_name needs input_name")
+            return
         if not self.output_name:
             raise NearsightError("model spec: a foreign model needs its output_name")
 
@@ -109,11 +142,13 @@ class ModelSpec:
     def to_dict(self) -> dict[str, Any]:
         values = dataclasses.asdict(self)
         values["heads"] = list(self.heads)
-        if not self.foreign:  # nearsight's own models: the fields they always had
-            for name in FOREIGN_FIELDS:
+        values["mean"], values["std"] = list(self.mean), list(self.std)
+        for name in OPTIONAL_FIELDS:  # the fields a ResNet's spec always had, and what is set
+            if not values[name]:
                 del values[name]
-        else:
-            values["mean"], values["std"] = list(self.mean), list(self.std)
+        for name, default in (("head", "linear"), ("interpolation", "bilinear")):
+            if values[name] == default:
+                del values[name]
         return values
 
     def to_json(self) -> str:
@@ -191,6 +226,10 @@ def spec_from_model_config(model_config: Mapping[str, Any], resize: int | None =
         feature_norm=str(feature_norm),
         heads=tuple(model_config.get("heads", ModelSpec.heads)),
         embedding=str(model_config.get("embedding", ModelSpec.embedding)),
+        head=str(model_config.get("head") or ModelSpec.head),
+        interpolation=str(model_config.get("interpolation") or ModelSpec.interpolation),
+        mean=tuple(model_config.get("mean") or ()),
+        std=tuple(model_config.get("std") or ()),
     )
 
 

@@ -85,17 +85,17 @@ def _imagenet_state_dict(arch: str, pretrained: str) -> dict[str, torch.Tensor]:
         f"downloaded: use --pretrained none, or --pretrained FILE.pth with a local copy"
     )
     if not cached.is_file():
-        reason = _connection_problem(weights.url)
+        reason = connection_problem(weights.url)
         if reason is not None:
             raise NearsightError(f"{way_out} ({reason})")
         try:
             _download(weights.url, cached)
         except (OSError, RuntimeError) as error:
-            raise NearsightError(f"{way_out} ({_one_line(error)})") from None
+            raise NearsightError(f"{way_out} ({one_line(error)})") from None
     return _torch_load(cached, what=f"cached ImageNet weights for {arch} ({member})")
 
 
-def _connection_problem(url: str) -> str | None:
+def connection_problem(url: str) -> str | None:
     """None when a TCP connection to the host that serves ``url`` (or to the HTTPS proxy, if
     one is configured) opens within CONNECT_TIMEOUT_S; otherwise a short reason."""
     proxy = urllib.request.getproxies().get(urllib.parse.urlparse(url).scheme)
@@ -120,12 +120,12 @@ def _connection_problem(url: str) -> str | None:
     if thread.is_alive():
         return f"no answer resolving {host} within {CONNECT_TIMEOUT_S:g} s"
     if "error" in outcome:
-        return f"cannot resolve {host}: {_one_line(outcome['error'])}"
+        return f"cannot resolve {host}: {one_line(outcome['error'])}"
     try:
         with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S):
             pass
     except OSError as error:
-        return f"cannot connect to {host}:{port}: {_one_line(error)}"
+        return f"cannot connect to {host}:{port}: {one_line(error)}"
     return None
 
 
@@ -175,7 +175,7 @@ def _torch_load(path: Path, *, what: str):
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # truncated zip, pickle garbage, disallowed globals...
-        raise NearsightError(f"{path}: cannot read {what} ({_one_line(error)})") from None
+        raise NearsightError(f"{path}: cannot read {what} ({one_line(error)})") from None
 
 
 def load_trunk_weights(
@@ -213,6 +213,6 @@ def _strip_prefix(key: str, prefix: str) -> str:
     return key
 
 
-def _one_line(error: object) -> str:
+def one_line(error: object) -> str:
     text = " ".join(str(error).split())
     return text if len(text) <= 200 else text[:197] + "..."

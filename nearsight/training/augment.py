@@ -5,7 +5,8 @@ as torchvision's ``RandomResizedCrop`` samples it: area ``crop_scale``, aspect r
 and a horizontal flip. The crop is drawn from the image's size before its pixels are decoded,
 so a JPEG whose crop still has ``image_size`` pixels across at 1/2, 1/4 or 1/8 scale is decoded
 at that scale (libjpeg's DCT scaling). The crop is resized by torch's antialiased bilinear
-kernel on uint8 pixels, as torchvision's transforms do on a uint8 tensor; the random draws are
+(or bicubic: the model spec's ``interpolation``, most timm trunks') kernel on uint8 pixels, as
+torchvision's transforms do on a uint8 tensor; the random draws are
 ``RandomResizedCrop``'s and ``RandomHorizontalFlip``'s, in their order. Output: uint8
 ``[3, S, S]``; the training step scales it to [0, 1] on its device (a quarter of the bytes
 through the DataLoader's queues).
@@ -31,10 +32,19 @@ class RandomCropDecode:
     (:func:`nearsight.data.images.load_image_pixels` with the path bound); returns the
     augmented ``[3, S, S]`` uint8 tensor."""
 
-    def __init__(self, image_size: int, crop_scale: Sequence[float], flip: bool):
+    def __init__(
+        self,
+        image_size: int,
+        crop_scale: Sequence[float],
+        flip: bool,
+        interpolation: str = "bilinear",
+    ):
         self.image_size = int(image_size)
         self.crop_scale = [float(crop_scale[0]), float(crop_scale[1])]
         self.flip = flip
+        if interpolation not in ("bilinear", "bicubic"):
+            raise ValueError(f"interpolation must be bilinear or bicubic, got {interpolation!r}")
+        self.interpolation = interpolation
 
     def crop(self, width: int, height: int) -> tuple[int, int, int, int]:
         """(top, left, height, width) of a crop of a ``width`` x ``height`` image, drawn with
@@ -63,7 +73,7 @@ class RandomCropDecode:
         # [1, 3, h, w] with channels last in memory: torch's fast uint8 resize takes it as is
         region = torch.from_numpy(pixels).permute(2, 0, 1)[None, :, y0:y1, x0:x1]
         side = self.image_size
-        out = F.interpolate(region, size=(side, side), mode="bilinear", antialias=True)[0]
+        out = F.interpolate(region, size=(side, side), mode=self.interpolation, antialias=True)[0]
         if self.flip and torch.rand(1) < 0.5:
             out = out.flip(-1)
         return out.contiguous()

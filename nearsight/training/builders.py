@@ -15,23 +15,29 @@ from nearsight.training.losses.multihead import PerHeadLoss
 from nearsight.training.samplers import build_sampler
 
 
+def embedding_config(config: TrainConfig) -> EmbeddingConfig:
+    """The network's settings in a run's configuration (the trunk's pretrained statistics
+    and interpolation filled in: the training transforms read them from here)."""
+    model_cfg = config.model
+    return EmbeddingConfig(
+        arch=model_cfg.arch,
+        dim=model_cfg.dim,
+        pooling=model_cfg.pooling,
+        pretrained=model_cfg.pretrained,
+        freeze_bn=bool(model_cfg.freeze_bn),
+        feature_norm=model_cfg.feature_norm,
+        image_size=config.data.image_size,
+        heads=list(model_cfg.heads),
+        embedding=model_cfg.embedding,
+        head=model_cfg.head,
+    )
+
+
 def build_model(config: TrainConfig, device: torch.device) -> EmbeddingNet:
     """The embedding network, initialised from ``seed`` (and the pretrained weights)."""
-    model_cfg = config.model
+    settings = embedding_config(config)
     torch.manual_seed(config.seed)
-    model = build_embedding_net(
-        EmbeddingConfig(
-            arch=model_cfg.arch,
-            dim=model_cfg.dim,
-            pooling=model_cfg.pooling,
-            pretrained=model_cfg.pretrained,
-            freeze_bn=bool(model_cfg.freeze_bn),
-            feature_norm=model_cfg.feature_norm,
-            image_size=config.data.image_size,
-            heads=list(model_cfg.heads),
-            embedding=model_cfg.embedding,
-        )
-    )
+    model = build_embedding_net(settings)
     model.to(device)
     if device.type == "cuda" and config.channels_last:
         model.to(memory_format=torch.channels_last)

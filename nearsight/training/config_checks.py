@@ -12,7 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 from nearsight.core.errors import NearsightError
 from nearsight.data.metrics.nmi import NMI_AVERAGES
-from nearsight.models.embedding import ARCHS, FEATURE_NORMS, check_heads, resolve_feature_norm
+from nearsight.models.embedding_config import (
+    ARCHS,
+    FEATURE_NORMS,
+    check_arch,
+    check_heads,
+    resolve_feature_norm,
+    resolve_pooling,
+)
+from nearsight.models.timm_trunk import is_timm, timm_info
 
 if TYPE_CHECKING:
     from nearsight.training.config import TrainConfig
@@ -64,8 +72,12 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError(
             f"unknown loss {config.loss.name!r}; valid losses: {', '.join(sorted(LOSSES))}"
         )
-    if config.model.arch not in ARCHS:
-        raise ConfigError(f"unknown model.arch {config.model.arch!r}; valid: {', '.join(ARCHS)}")
+    if not is_timm(config.model.arch) and config.model.arch not in ARCHS:
+        raise ConfigError(
+            f"unknown model.arch {config.model.arch!r}; valid: {', '.join(ARCHS)}, or "
+            "timm:NAME (any model of timm's catalogue)"
+        )
+    check_arch(config.model.arch)  # a timm name timm does not have: a one-line error
     if config.sampler.name != "auto" and config.sampler.name not in SAMPLERS:
         raise ConfigError(
             f"unknown sampler {config.sampler.name!r}; valid samplers: auto, "
@@ -114,7 +126,9 @@ def validate(config: TrainConfig) -> None:
         )
     resolve_defaults(config)  # here, so config.yaml says what ran
     try:
-        config.model.heads = check_heads(config.model.heads, config.model.embedding)
+        config.model.heads = check_heads(
+            config.model.heads, config.model.embedding, config.model.arch
+        )
     except NearsightError as error:
         raise ConfigError(f"model.{error}") from None
     if config.optim.freeze_trunk_steps < 0:
@@ -155,12 +169,24 @@ def resolve_defaults(config: TrainConfig) -> None:
     nothing left to resolve, so resolving it again changes nothing."""
     chosen: list[str] = []
     model, optim = config.model, config.optim
+    timm = is_timm(model.arch)
     if model.pretrained == "auto":
-        from nearsight.models.weights import imagenet_cache_path
+        if timm:
+            from nearsight.models.timm_weights import hub_cached_file
 
-        cached = imagenet_cache_path(model.arch, "imagenet").exists()
-        model.pretrained = "imagenet" if cached else "none"
+            model.pretrained = "hub" if hub_cached_file(model.arch) is not None else "none"
+        else:
+            from nearsight.models.weights import imagenet_cache_path
+
+            cached = imagenet_cache_path(model.arch, "imagenet").exists()
+            model.pretrained = "imagenet" if cached else "none"
         chosen.append("model.pretrained")
+    if model.pooling == "auto":
+        model.pooling = resolve_pooling(model.pooling, model.arch)
+        chosen.append("model.pooling")
+    if timm and config.data.resize is None:  # the pretrained config's crop share
+        config.data.resize = timm_info(model.arch).test_resize(config.data.image_size)
+        chosen.append("data.resize")
     scratch = model.pretrained == "none"
     for dotted, (pretrained_value, scratch_value) in STARTING_POINT_DEFAULTS.items():
         section, name = dotted.split(".")

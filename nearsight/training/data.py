@@ -84,9 +84,10 @@ class SeededTrainDataset(Dataset):
         flip: bool,
         *,
         cache: bool = False,
+        interpolation: str = "bilinear",
     ):
         self.samples = list(samples)
-        self.transform = RandomCropDecode(image_size, crop_scale, flip)
+        self.transform = RandomCropDecode(image_size, crop_scale, flip, interpolation)
         self.min_side = train_min_side(image_size, crop_scale)
         by_class: dict[int, list[int]] = {}
         for i, sample in enumerate(self.samples):

@@ -28,9 +28,10 @@ log = logging.getLogger(__name__)
 class EvalSplit:
     """One split to evaluate on (the test classes, or the validation hold-out)."""
 
-    def __init__(self, split: DatasetSplit, config: TrainConfig):
+    def __init__(self, split: DatasetSplit, config: TrainConfig, interpolation: str = "bilinear"):
         self.split = split
         self.config = config
+        self.interpolation = interpolation  # the model spec's test-time resize
         self._tensors: torch.Tensor | None = None
         self._ok: np.ndarray | None = None
         if config.data.cache_images:
@@ -38,7 +39,7 @@ class EvalSplit:
 
     def _load_tensors(self) -> None:
         size, resize = self.config.data.image_size, self.config.data.resize
-        transform = test_transform(size, resize)
+        transform = test_transform(size, resize, self.interpolation)
         min_side = resize or default_resize(size)  # JPEG draft decoding, as galleries do
         tensors, ok = [], np.zeros(len(self.split), dtype=bool)
         for i, sample in enumerate(self.split.samples):
@@ -66,6 +67,7 @@ class EvalSplit:
             [s.path for s in self.split.samples],
             image_size=data.image_size,
             resize=data.resize,
+            interpolation=self.interpolation,
             batch_size=data.eval_batch_size,
             workers=data.workers,
             desc=f"evaluate {self.split.split}",

@@ -33,12 +33,14 @@ from tqdm import tqdm
 from nearsight.core.errors import NearsightError
 from nearsight.data.datasets import DatasetSplit, load_dataset
 from nearsight.models.hardware import resolve_fast_math
+from nearsight.models.timm_trunk import is_timm
 from nearsight.training.builders import (
     build_critic_optimizer,
     build_model,
     build_optimizer,
     build_train_sampler,
     build_training_loss,
+    embedding_config,
 )
 from nearsight.training.config import TrainConfig
 from nearsight.training.data import (
@@ -72,6 +74,10 @@ clock = time.perf_counter  # the training-time clock (tests replace it with a fa
 SCRATCH_NOTE = (
     "nearsight: note: --pretrained auto: no ImageNet weights in torchvision's cache "
     "(torch.hub's checkpoints folder), training from scratch; --pretrained FILE.pth takes others"
+)
+TIMM_SCRATCH_NOTE = (
+    "nearsight: note: --pretrained auto: no weights for {arch} in the Hugging Face cache "
+    "({cache}), training from scratch; --pretrained hub downloads them where there is a network"
 )
 
 
@@ -110,9 +116,11 @@ class Trainer:
             print(CPU_FALLBACK_NOTE, file=sys.stderr)
         scratch_by_auto = "model.pretrained" in config.auto and config.model.pretrained == "none"
         if scratch_by_auto and self.dist.main:
-            print(SCRATCH_NOTE, file=sys.stderr)
-        self.test = EvalSplit(test, config)
-        self.val = EvalSplit(val, config) if val is not None else None
+            print(self._scratch_note(), file=sys.stderr)
+        # the trunk's pretrained resize (bicubic for most timm trunks): training and evaluation
+        interpolation = embedding_config(config).interpolation
+        self.test = EvalSplit(test, config, interpolation)
+        self.val = EvalSplit(val, config, interpolation) if val is not None else None
         self.model = build_model(config, self.device)
         self.amp, self.channels_last, chosen = resolve_fast_math(
             config.amp, config.channels_last, cuda=self.cuda
@@ -134,6 +142,7 @@ class Trainer:
             config.data.crop_scale,
             config.data.flip,
             cache=config.data.cache_images,
+            interpolation=interpolation,
         )
         self.loss_fn = build_training_loss(config, self.sampler).to(self.device)
         self.critic_optimizer = build_critic_optimizer(self.loss_fn, config)
@@ -146,6 +155,14 @@ class Trainer:
                 self.model, device_ids=[self.device.index] if self.cuda else None
             )
         self.files.start(config.dump(), self.resume)
+
+    def _scratch_note(self) -> str:
+        arch = self.config.model.arch
+        if not is_timm(arch):
+            return SCRATCH_NOTE
+        from nearsight.models.timm_weights import hub_cache_dir
+
+        return TIMM_SCRATCH_NOTE.format(arch=arch, cache=hub_cache_dir())
 
     def _is_critic_batch(self, batch: int) -> bool:
         return self.critic_optimizer is not None and self.loss_fn.is_critic_step(batch)

@@ -11,7 +11,7 @@ from nearsight.app.commands.catalog_options import add_catalog_options, add_embe
 from nearsight.app.commands.index_build import run_build
 from nearsight.app.commands.index_import import register as register_import
 from nearsight.app.commands.index_items import run_add, run_remove, run_show
-from nearsight.app.commands.model_options import add_foreign_model_options
+from nearsight.app.commands.model_options import add_foreign_model_options, add_timm_model_options
 from nearsight.index.gallery.defaults import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_CHUNK_SIZE,
@@ -50,8 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--model",
         type=Path,
         required=True,
-        help="model.onnx or a .pt checkpoint; or an ONNX model exported elsewhere, with "
-        "--input-size (below)",
+        help="model.onnx or a .pt checkpoint; an ONNX model exported elsewhere, with "
+        "--input-size (below); or timm:NAME, a pretrained timm model (zero-shot, below)",
     )
     source = build.add_mutually_exclusive_group(required=True)
     source.add_argument(
@@ -102,6 +102,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     _add_embedding_options(build)
     add_foreign_model_options(build)
+    add_timm_model_options(build)
     build.set_defaults(func=run_build)
 
     add = actions.add_parser(

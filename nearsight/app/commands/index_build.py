@@ -23,11 +23,12 @@ def run_build(args: argparse.Namespace) -> int:
         source = images_source(args.images)
     else:
         source = list_source(args.list)
+    embedder = load_index_model(args)  # a timm:NAME model: its exported ONNX file
     report = build_gallery(
-        load_index_model(args),
+        embedder,
         source,
         args.out,
-        model_path=args.model,
+        model_path=embedder.path,
         index_type=args.index_type,
         chunk_size=args.chunk_size,
         batch_size=args.batch_size,

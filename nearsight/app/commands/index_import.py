@@ -83,7 +83,7 @@ def run_import(args: argparse.Namespace) -> int:
         args.out,
         vectors_path=args.vectors,
         embedder=embedder,
-        model_path=args.model,
+        model_path=embedder.path if embedder is not None else None,  # timm:NAME: its export
         index_type=args.index_type,
         key_column=args.key_column,
         max_index_memory=args.max_index_memory,

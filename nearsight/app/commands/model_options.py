@@ -1,6 +1,7 @@
 """The options of ``index build`` and ``index import`` that describe a model exported elsewhere
 (an ONNX graph without nearsight's metadata: nearsight.models.foreign), on the command line or in a small
-JSON/YAML file (``--model-spec``); and loading the model they name."""
+JSON/YAML file (``--model-spec``); those of a timm model's zero-shot gallery (``--model
+timm:NAME``: nearsight.models.timm_export); and loading the model they name."""
 
 from __future__ import annotations
 
@@ -57,6 +58,29 @@ def add_foreign_model_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_timm_model_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "a timm model (--model timm:NAME)",
+        "A zero-shot gallery: the pretrained features of any model of timm's catalogue "
+        "(timm:vit_small_patch14_dinov2.lvd142m, timm:vit_base_patch16_clip_224.openai, "
+        "timm:convnext_tiny.fb_in22k), exported once to ONNX into nearsight-models/ beside "
+        "OUT and reused by later builds. --input-size sets its crop (default: its pretrained "
+        "config's). Needs the [train] extra.",
+    )
+    group.add_argument(
+        "--pretrained",
+        default="auto",
+        metavar="auto|hub|none|FILE",
+        help="auto or hub (default): timm's weights from the Hugging Face cache, downloaded "
+        "when not cached and there is a network; none: random weights; FILE: a weights file",
+    )
+    group.add_argument(
+        "--pooling",
+        choices=["avg", "max", "avgmax", "gem", "token"],
+        help="default: the model's own (a ViT's class token, a CNN's average)",
+    )
+
+
 def read_spec_file(path: Path) -> dict[str, Any]:
     """The ``--model-spec`` file's values; an unknown key is an error with a suggestion."""
     import yaml
@@ -106,8 +130,34 @@ def requested_spec(args: argparse.Namespace) -> Any:
 
 
 def load_index_model(args: argparse.Namespace) -> Any:
-    """The embedder of ``--model``: a nearsight model, or one exported elsewhere run as the
-    options above describe."""
+    """The embedder of ``--model``: a nearsight model, one exported elsewhere run as the
+    options above describe, or a timm model's zero-shot export (its ``.path``: the ONNX file
+    the gallery records)."""
+    from nearsight.core.errors import NearsightError
     from nearsight.models.embedder import load_embedder
+    from nearsight.models.spec import is_timm
 
-    return load_embedder(args.model, device=args.device, spec=requested_spec(args))
+    timm_options = getattr(args, "pretrained", "auto") != "auto" or getattr(args, "pooling", None)
+    if not is_timm(str(args.model)):
+        if timm_options:
+            raise NearsightError("--pretrained and --pooling go with --model timm:NAME")
+        return load_embedder(args.model, device=args.device, spec=requested_spec(args))
+    foreign = [f"--{key.replace('_', '-')}" for key in FILE_KEYS if key != "input_size"]
+    given = [
+        flag for flag in (*foreign, "--model-spec") if getattr(args, flag[2:].replace("-", "_"))
+    ]
+    if given:
+        raise NearsightError(f"{', '.join(given)}: for a model exported elsewhere, not timm:NAME")
+    import sys
+
+    from nearsight.models.timm_export import export_timm_model, zero_shot_folder
+
+    exported = export_timm_model(
+        str(args.model),
+        zero_shot_folder(args.out),
+        pretrained=args.pretrained,
+        image_size=args.input_size,
+        pooling=args.pooling,
+        log=lambda line: print(line, file=sys.stderr),
+    )
+    return load_embedder(exported.path, device=args.device)

@@ -26,8 +26,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--image-size", type=int, help="training and test crop (default 224)")
     parser.add_argument(
         "--pretrained",
-        help="auto | imagenet | imagenet-v1 | imagenet-v2 | none | FILE.pth (default auto: "
-        "ImageNet weights when torchvision's cache has them, else from scratch, with a note)",
+        help="auto | imagenet | imagenet-v1 | imagenet-v2 | hub | none | FILE (default auto: "
+        "the trunk's weights when cached - torchvision's ImageNet weights for a ResNet, timm's "
+        "from the Hugging Face cache for model.arch timm:NAME (hub) - else from scratch, with "
+        "a note)",
     )
     length = parser.add_mutually_exclusive_group()
     length.add_argument("--steps", type=int, help="updates of the embedding network (default 1000)")
