@@ -28,7 +28,7 @@ jobs, a step took minutes (below 1 image/s); one thread kept
 bench/defaults_labelled.py --json /tmp/d2/dl.json`` was stopped (the machine was busy with
 other benchmarks, the run was below 1 image/s). What it measured: raw pixels Recall@1 0.989,
 untrained network 0.430 (896 test queries; issue 13 reported 0.43 and 0.99 for this set). The
-same comparison at the test's size (tests/test_training_defaults.py: 30 steps, 200 test
+same comparison at the test's size (tests/training/test_training_defaults.py: 30 steps, 200 test
 queries, 16-d embedding): untrained 0.470, old 0.495, defaults 0.605, tuned 0.675.
 """
 

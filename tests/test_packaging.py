@@ -162,7 +162,7 @@ def test_every_nearsight_import_resolves_to_a_file():
     """What pyright or an IDE does without installing: nearsight.a.b is nearsight/a/b.py or
     nearsight/a/b/__init__.py (or a name defined in such a module)."""
     unresolved = []
-    for path in sorted([*PACKAGE.rglob("*.py"), *(ROOT / "tests").glob("*.py"), *(ROOT / "bench").glob("*.py")]):
+    for path in sorted([*PACKAGE.rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *(ROOT / "bench").glob("*.py")]):
         for line, module in _imports(path):
             names = module.split(".")
             if names[0] != "nearsight":

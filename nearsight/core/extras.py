@@ -4,7 +4,7 @@ needs one that is not installed (``pip install .`` is the serving set only)."""
 from __future__ import annotations
 
 # import name -> the smallest extra in pyproject.toml that installs it
-# (tests/test_error_guidance.py checks that every requirement of [train] and [data] is here)
+# (tests/app/test_error_guidance.py checks that every requirement of [train] and [data] is here)
 EXTRA_MODULES = {
     "torch": "train",
     "torchvision": "train",

@@ -2,7 +2,7 @@
 
 Pillow runs the same libjpeg-turbo with the same settings (accurate integer DCT, fancy
 upsampling), so the pixels are identical to ``Image.open(...).convert("RGB")``, at every DCT
-scale (``tests/test_draft_decode.py`` checks it); what it saves is Pillow's buffered read loop
+scale (``tests/data/test_draft_decode.py`` checks it); what it saves is Pillow's buffered read loop
 and its unpacking into 4-byte pixels. Only YCbCr/RGB and grayscale JPEGs come here: CMYK and
 anything else TurboJPEG refuses go back to Pillow, which also words the errors.
 """

@@ -3,7 +3,7 @@
 Written on Pillow and numpy, so that serving an ONNX model needs no torch. It follows
 torchvision's ``Resize(resize, BILINEAR, antialias=True)`` + ``CenterCrop(image_size)`` +
 ``PILToTensor() / 255`` on PIL images step by step (the same Pillow resize, the same crop
-offsets, zero padding when the crop is larger than the image); tests/test_preprocess.py checks
+offsets, zero padding when the crop is larger than the image); tests/models/test_preprocess.py checks
 it against torchvision. The resize is bilinear (the ResNets') or bicubic (most timm trunks' pretrained
 configs), as the model's spec says. Training's evaluation, the torch and the onnxruntime embedders and the
 export's calibration all call :func:`test_transform`, so they see the same pixels. ImageNet

@@ -17,7 +17,7 @@ others.
   MATLAB and scikit-learn k-means of the original evaluation code; fixed seed), then the
   normalised mutual information between the cluster assignment and the labels, arithmetic
   normalisation (scikit-learn's normalized_mutual_info_score, computed here in numpy from the
-  contingency table: tests/test_metrics.py checks it against scikit-learn to 1e-10). Papers
+  contingency table: tests/data/test_metrics.py checks it against scikit-learn to 1e-10). Papers
   differ here: most (RankMI, RLL) divide by the arithmetic mean of the two entropies, the
   balanced contrastive paper by their geometric mean; ``nmi_average="geometric"`` gives that.
 

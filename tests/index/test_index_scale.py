@@ -194,7 +194,7 @@ def test_import_of_200k_vectors_evaluates_and_searches_without_a_model(tmp_path,
     assert "200000 items" in stdout and "no model" in stdout
 
     # 2,000 sampled queries, each against all 200k items: Recall@1 and MAP@R of the whole
-    # gallery's geometry, NMI of all 200k (tests/test_metrics.py checks the sample's numbers)
+    # gallery's geometry, NMI of all 200k (tests/data/test_metrics.py checks the sample's numbers)
     code, stdout, err = run(
         capsys, "eval", "--gallery", out, "--k", "1", "--queries", "2000", "--json"
     )

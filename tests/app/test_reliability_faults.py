@@ -2,13 +2,13 @@
 fills up mid-write. Real processes (`python -m app.cli ...`) where the fault is a kill.
 
 Already covered elsewhere (not repeated here):
-- tests/test_index_cli.py::test_killing_a_build_part_way_leaves_the_previous_gallery (SIGKILL
+- tests/app/test_index_cli.py::test_killing_a_build_part_way_leaves_the_previous_gallery (SIGKILL
   during `index build`) and ::test_two_concurrent_adds_both_land (two `index add` processes on
   one gallery: both land, ids 0..16, catalog and index agree, serialised by the gallery lock);
-- tests/test_gallery.py::test_sigkill_mid_write_leaves_the_previous_gallery (a writer killed
+- tests/index/test_gallery.py::test_sigkill_mid_write_leaves_the_previous_gallery (a writer killed
   between writing the new folder and renaming it) and ::test_concurrent_writers_lose_nothing
   (3 threads x 3 adds);
-- tests/test_trainer.py::test_interrupt_and_resume_reproduces_the_uninterrupted_run (an
+- tests/training/test_trainer.py::test_interrupt_and_resume_reproduces_the_uninterrupted_run (an
   in-process interruption; here the process is SIGKILLed).
 """
 

@@ -3,7 +3,7 @@ foreign and broken models, a model that is not the gallery's, damaged gallery fi
 settings. Every case must end with ONE line `nearsight: error: ...` on stderr, exit status 2,
 no traceback (an exception escaping `main` fails the test), and nothing half-written.
 
-tests/test_index_cli.py, tests/test_export.py, tests/test_trainer.py and tests/test_datasets.py
+tests/app/test_index_cli.py, tests/models/test_export.py, tests/training/test_trainer.py and tests/data/test_datasets.py
 already check the first bad inputs of each command (missing gallery, garbage JPEG, missing
 model, a different model, one wrong train layout, unknown loss); these tests add the rest."""
 

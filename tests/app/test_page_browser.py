@@ -12,7 +12,7 @@ import pytest
 from helpers import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, upload
 from PIL import Image
 
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 GREEN, RED, GREY = "rgb(22, 163, 74)", "rgb(220, 38, 38)", "rgb(156, 163, 175)"
 
 pytestmark = pytest.mark.skipif(

@@ -74,7 +74,7 @@ PAPER_BATCH = {
 }  # fmt: skip
 
 
-# the ViT recipes (timm trunks) beside the ResNet reproductions: tests/test_timm_recipes.py
+# the ViT recipes (timm trunks) beside the ResNet reproductions: tests/training/test_timm_recipes.py
 VIT_RECIPES = ("dino_vits16_", "clip_vitb16_")
 
 

@@ -9,7 +9,7 @@ driven over HTTP the way gradio_client does it (upload, call, read the event str
   gallery image, a symlink in a gallery folder, a path climbing out of the upload cache are
   refused), and the file route serves nothing outside the upload cache.
 
-Already in tests/test_page.py (not repeated): an oversized upload is refused (HTTP 413), a
+Already in tests/app/test_page.py (not repeated): an oversized upload is refused (HTTP 413), a
 non-image and an empty upload get a clear message, and /gradio_api/file= refuses /etc/passwd,
 a secret file, a symlink in a gallery folder, gallery images and the catalog, with plain and
 %2e-encoded ../ traversals.

@@ -11,7 +11,7 @@ from nearsight.core.errors import NearsightError
 from nearsight.training.config import load_config, shipped_configs
 from nearsight.training.paper import problems, protocol_metrics, read_paper
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "nearsight" / "training" / "configs"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "nearsight" / "training" / "configs"
 
 
 @pytest.mark.parametrize("name", shipped_configs())
