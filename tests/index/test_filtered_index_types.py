@@ -11,8 +11,8 @@ from helpers import ONNX_CLASSES, ONNX_PER_CLASS, assert_one_line_error, run
 
 from nearsight.core.errors import NearsightError
 from nearsight.index.ann import filtered
-from nearsight.index.ann.faiss_index import PQ_MIN_ITEMS, min_items, resolve_index_type
-from nearsight.index.ann.index_choice import choose_index_type
+from nearsight.index.ann.faiss_index import PQ_MIN_ITEMS, min_items
+from nearsight.index.ann.index_choice import choose_index_type, resolve_index_type
 from nearsight.index.catalog.store import CATALOG_FILE, Catalog
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.gallery.write import write_gallery
