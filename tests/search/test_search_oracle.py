@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from functools import partial
@@ -40,6 +41,8 @@ SHOPS = ("north", "süd", "東京", "o'hara", "west end")
 NAMES = ("red-shoe", "blue-bag", "green hat", "ünïcode", "42x", "bag")
 RERANK = "dba+aqe:k=2,alpha=3,depth=30"
 RANGES = (">=", ">", "<=", "<")
+# catalogs per run: a few in make test; bench/search_oracle.py sweeps more
+EXAMPLES = int(os.environ.get("NEARSIGHT_ORACLE_EXAMPLES", "4"))
 
 
 @dataclass
@@ -249,7 +252,7 @@ def _write(catalog: Catalog, folder: Path, model: Path, capsys) -> dict[str, Pat
     return galleries
 
 
-@settings(max_examples=4, deadline=None, derandomize=True, database=None,
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
           phases=[Phase.explicit, Phase.generate],  # a failure prints its catalog and queries
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.data_too_large])  # fmt: skip
