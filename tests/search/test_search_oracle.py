@@ -149,6 +149,8 @@ def matches(catalog: Catalog, conditions: list[str]) -> np.ndarray:
             kind = catalog.types.get(key, "str")
             if op in RANGES and kind == "str":
                 raise Refused(text)  # a range on a text column
+            if kind != "str" and not number:
+                raise Refused(text)  # a number column and a value that is not one
         holds = np.array([_holds(cell, op, value, key, catalog) for cell in cells])
         keep &= holds
     return np.flatnonzero(keep)

@@ -18,7 +18,7 @@ Two ways, chosen per search by how many items the filter allows:
   - hnsw: ``SearchParametersHNSW(sel, efSearch)``, efSearch widened the same way: the walk
     walks through every node it meets but keeps only the allowed ones.
 
-  PQ types take REFINE_FACTOR x k candidates in the codes' order and re-rank them by the exact
+  PQ types take REFINE_FACTOR x k candidates (at least REFINE_MIN) in the codes' order and re-rank them by the exact
   vectors, as their unfiltered searches do (index.ann.tuning.refine). A query that still came
   back with fewer than min(k, allowed) items is searched again exactly over the allowed items
   (what clip-retrieval and autofaiss do for a filter an approximate index cannot honour).
@@ -42,7 +42,7 @@ import faiss
 import numpy as np
 
 from nearsight.index.ann.faiss_index import IVF_TYPES, PQ_TYPES
-from nearsight.index.ann.tuning import REFINE_FACTOR, refine
+from nearsight.index.ann.tuning import refine, refine_candidates
 
 # filters allowing at most this many items are searched exactly over them: about where that
 # costs what a filtered index search does (bench/filtered_search.py)
@@ -57,7 +57,7 @@ VectorsOf = Callable[[np.ndarray], np.ndarray]
 def exact_limit(depth: int) -> int:
     """The most allowed items searched exactly for ``depth`` neighbours: EXACT_MAX_ITEMS, or as
     many as a PQ search would re-rank anyway."""
-    return max(EXACT_MAX_ITEMS, depth * REFINE_FACTOR)
+    return max(EXACT_MAX_ITEMS, refine_candidates(depth))
 
 
 def search_allowed(
@@ -79,7 +79,7 @@ def search_allowed(
     if exact_vectors and len(allowed) <= exact_limit(depth):
         return exact_search(queries, vectors_of, allowed, depth)
     rerank = index_type in PQ_TYPES and exact_vectors
-    wanted = min(len(allowed), depth * REFINE_FACTOR) if rerank else depth
+    wanted = min(len(allowed), refine_candidates(depth)) if rerank else depth
     params = search_parameters(index, index_type, allowed, meta, wanted, total)
     # faiss.contrib.torch_utils may wrap Index.search without `params`; it keeps search_numpy
     search = getattr(index, "search_numpy", index.search)

@@ -12,7 +12,7 @@ exact 10 found -- reaches the target (TARGET_RECALL unless given); the value and
 gave are stored in the gallery meta (``nprobe``/``ef_search``, ``tuned_recall_at_10``).
 
 Compressed (PQ) indexes rank by approximate inner products; the gallery asks them for
-REFINE_FACTOR x k candidates and re-ranks those by exact inner products with the stored
+REFINE_FACTOR x k candidates (at least REFINE_MIN) and re-ranks those by exact inner products with the stored
 vectors (what faiss.IndexRefineFlat does, with the vectors read from the memory-mapped
 embeddings.npy instead of a second in-memory copy).
 """
@@ -31,6 +31,13 @@ TARGET_RECALL = 0.95
 TUNING_QUERIES = 1000
 TUNING_K = 10
 REFINE_FACTOR = 10
+# at least the candidates a tuned k=10 search re-ranks: a k=1 search takes as many, not 10
+REFINE_MIN = REFINE_FACTOR * TUNING_K
+
+
+def refine_candidates(k: int) -> int:
+    """How many candidates a PQ search of the ``k`` nearest asks the codes for."""
+    return max(k * REFINE_FACTOR, REFINE_MIN)
 HNSW_EF_VALUES = (16, 32, 64, 128, 256, 512, 1024)
 
 
@@ -113,7 +120,7 @@ def tune(
 
     def measure() -> float:
         if index_type in PQ_TYPES and rerank:
-            _, candidates = index.search(queries, depth * REFINE_FACTOR)
+            _, candidates = index.search(queries, refine_candidates(depth))
             _, found = refine(queries, candidates, vectors_of, depth)
         else:
             _, found = index.search(queries, depth)

@@ -38,7 +38,7 @@ from nearsight.index.ann.faiss_index import (
     unit_distance,
 )
 from nearsight.index.ann.index_choice import parse_memory
-from nearsight.index.ann.tuning import REFINE_FACTOR, refine
+from nearsight.index.ann.tuning import refine, refine_candidates
 from nearsight.index.catalog.filters import Condition, parse_filter
 from nearsight.index.catalog.store import Catalog, GalleryError
 from nearsight.index.gallery import model as gallery_model
@@ -291,7 +291,7 @@ class Gallery:
         if not self._store.can_rerank:  # no exact vectors to re-rank by: the codes' order
             return self._search_raw(queries, depth)
         # compressed codes rank roughly: re-rank more candidates by the exact vectors
-        _, candidates = self._search_raw(queries, min(self.count, depth * REFINE_FACTOR))
+        _, candidates = self._search_raw(queries, min(self.count, refine_candidates(depth)))
         return refine(queries, candidates, self._store.vectors_of, depth)
 
     def _search_raw(self, queries: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
