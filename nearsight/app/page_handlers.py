@@ -98,15 +98,6 @@ class Page:
             raise PageError(f"cannot read the upload: {error.strerror or error}") from None
         return query_from_bytes(data, file.name, min_side)
 
-    @staticmethod
-    def query_vector(view: GalleryView, query: QueryImage) -> tuple[Any, int | None]:
-        """The upload's vector, and the gallery item it is when its bytes are an item's file
-        (searched as that item: first, at distance 0)."""
-        twin = view.identical_item(query.sha256) if query.sha256 else None
-        if twin is not None:
-            return view.item_vector(twin), twin
-        return view.embedder.embed_images([query.image])[0], None
-
     def start_analysis(self) -> None:
         """Compute every gallery's leave-one-out analysis in a background thread."""
 
@@ -143,7 +134,7 @@ class Page:
             view = self.view(gallery)
             k = self.check_k(DEFAULT_K if k is None else k)
             query = self.read_upload(image, view.embedder.resize)
-            vector, twin = self.query_vector(view, query)
+            vector, twin = view.query_vector(query)
             found = view.search_one(vector, k, self_id=twin)
             return json.dumps([n.as_json() for n in found])
 
@@ -179,7 +170,7 @@ class Page:
             label = label_value(query_class)
             note = ""
             allowed = view.allowed_ids(filters, self.max_filter_conditions)
-            vector, twin = self.query_vector(view, query)
+            vector, twin = view.query_vector(query)
             if twin is not None:
                 twin_label = view.label_of(twin)
                 note = f"identical to gallery item #{twin} ({view.class_name(twin_label)})"

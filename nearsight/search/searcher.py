@@ -272,6 +272,14 @@ class Searcher:
         """A Python caller's request, checked once: k, the allowed ids, the re-rank spec."""
         return route.check_k(k), self.allowed_ids(filters), self.resolve_rerank(rerank)
 
+    def query_vector(self, query: QueryImage) -> tuple[np.ndarray, int | None]:
+        """One query image's vector, and the gallery item it is when its bytes are an item's
+        file (then that item's stored vector: it is searched as that item)."""
+        twin = self.identical_item(query.sha256) if query.sha256 else None
+        if twin is not None:
+            return self.item_vector(twin), twin
+        return np.asarray(self.embedder.embed_images([query.image])[0], np.float32), None
+
     def _search_images(
         self,
         decoded: Sequence[QueryImage],
@@ -280,8 +288,8 @@ class Searcher:
         spec: RerankSpec,
     ) -> list[list[Neighbour]]:
         """Decoded query images, embedded together; one whose bytes are a gallery item's is
-        searched as that item."""
-        twins = [None if q.sha256 is None else self.identical_item(q.sha256) for q in decoded]
+        searched as that item (as :meth:`query_vector`)."""
+        twins = [self.identical_item(q.sha256) if q.sha256 else None for q in decoded]
         vectors = np.zeros((len(decoded), self.gallery.dim), dtype=np.float32)
         fresh = [n for n, twin in enumerate(twins) if twin is None]
         if fresh:

@@ -68,6 +68,7 @@ class Catalog:
         # read once per open catalog; this object's own writes reset them
         self._meta_keys: list[str] | None = None
         self._column_types: dict[str, str] | None = None
+        self._class_names: dict[int, str] | None = None
 
     @classmethod
     def open(cls, db_path: str | os.PathLike[str], *, readonly: bool = False) -> Catalog:
@@ -252,13 +253,16 @@ class Catalog:
         return found
 
     def class_names(self) -> dict[int, str]:
-        """label -> class name, for the labels that have one (the first name of a label)."""
-        with self._guard():
-            rows = self._db.execute(
-                "SELECT label, min(class_name) FROM items WHERE label IS NOT NULL "
-                "AND class_name IS NOT NULL GROUP BY label ORDER BY label"
-            ).fetchall()
-        return {int(label): str(name) for label, name in rows}
+        """label -> class name, for the labels that have one (the first name of a label);
+        read once per open catalog, as every filtered search asks."""
+        if self._class_names is None:
+            with self._guard():
+                rows = self._db.execute(
+                    "SELECT label, min(class_name) FROM items WHERE label IS NOT NULL "
+                    "AND class_name IS NOT NULL GROUP BY label ORDER BY label"
+                ).fetchall()
+            self._class_names = {int(label): str(name) for label, name in rows}
+        return dict(self._class_names)
 
     def get(self, item_id: int) -> dict[str, Any] | None:
         found = self.items([item_id])
@@ -298,7 +302,7 @@ class Catalog:
         """Insert ``items`` (without ids) and return the ids given to them: after every id the
         catalog has ever held, so ids of removed items are not reused. ``meta`` is updated in
         the same transaction."""
-        self._meta_keys = self._column_types = None
+        self._meta_keys = self._column_types = self._class_names = None
         new = list(items)
         for item in new:
             if "id" in item:
@@ -320,7 +324,7 @@ class Catalog:
     def remove(self, ids: Iterable[int], *, meta: dict[str, object] | None = None) -> None:
         """Delete the items with ``ids``; all of them must exist (else nothing is deleted).
         ``meta`` is updated in the same transaction."""
-        self._meta_keys = self._column_types = None
+        self._meta_keys = self._column_types = self._class_names = None
         wanted = sorted({int(i) for i in ids})
         with self._guard(writing=True), self._db.conn:
             present = {item["id"] for item in self.items(wanted)}

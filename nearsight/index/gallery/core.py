@@ -93,7 +93,6 @@ class Gallery:
         segments, removed, graph = read.segments, read.removed, read.graph
         self.close()
         self._catalog = catalog
-        self._class_names: dict[int, str] | None = None
         self.meta: dict[str, Any] = meta
         self.ids: np.ndarray = ids  # catalog ids in order; row i of embeddings is ids[i]
         self.labels: np.ndarray = labels  # -1 where unlabelled
@@ -269,10 +268,8 @@ class Gallery:
 
     def class_names(self) -> dict[int, str]:
         """label -> class name for the labels that have one (read once per open gallery)."""
-        if self._class_names is None:
-            assert self._catalog is not None
-            self._class_names = self._catalog.class_names()
-        return dict(self._class_names)
+        assert self._catalog is not None
+        return self._catalog.class_names()
 
     def item_with_bytes(self, sha256: str) -> int | None:
         """The id of an item whose file has these bytes (by sha256; the lowest such id), if
