@@ -153,7 +153,7 @@ def make_images(workdir: Path) -> list[Path]:
 def make_gallery(workdir: Path, model: Path, images: list[Path], args) -> tuple[Path, float]:
     from nearsight.data.images import describe_image_file
     from nearsight.index.gallery.write import write_gallery
-    from nearsight.models.embedder import load_embedder
+    from nearsight.models.loading import load_embedder
 
     rng = np.random.default_rng(0)
     vectors = rng.standard_normal((args.items, args.dim), dtype=np.float32)

@@ -73,7 +73,7 @@ def make_gallery(workdir: Path, model: Path, items: int) -> tuple[Path, Path]:
     from nearsight.data.datasets.synthetic import write_synthetic
     from nearsight.data.images import describe_image_file
     from nearsight.index.gallery.write import write_gallery
-    from nearsight.models.embedder import load_embedder
+    from nearsight.models.loading import load_embedder
 
     images_dir = workdir / "images"
     if not images_dir.exists():

@@ -64,7 +64,7 @@ def digits() -> tuple[tuple, tuple]:
 
 def embed_folder(model: Path, folder: Path) -> tuple[np.ndarray, np.ndarray]:
     from nearsight.data.images import load_image
-    from nearsight.models.embedder import load_embedder
+    from nearsight.models.loading import load_embedder
 
     embedder = load_embedder(model, device="cpu")
     paths = sorted(folder.rglob("*.png"))

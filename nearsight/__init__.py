@@ -44,7 +44,7 @@ _API = {
     "add_images": "nearsight.app.api",
     "remove_items": "nearsight.app.api",
     "get_item": "nearsight.app.api",
-    "load_embedder": "nearsight.models.embedder",
+    "load_embedder": "nearsight.models.loading",
     "export": "nearsight.models.export",
     "train": "nearsight.training.run",
     "NearsightError": "nearsight.core.errors",
@@ -71,8 +71,8 @@ if TYPE_CHECKING:
     from nearsight.app.api import add_images, build_gallery, get_item, remove_items
     from nearsight.core.errors import NearsightError
     from nearsight.index.gallery.build import BuildReport
-    from nearsight.models.embedder import load_embedder
     from nearsight.models.export import export
+    from nearsight.models.loading import load_embedder
     from nearsight.search.neighbour import Neighbour
     from nearsight.search.results import ResultsList, SearchResults
     from nearsight.search.searcher import Searcher, open_gallery

@@ -59,8 +59,7 @@ def build_gallery(
     from nearsight.index.gallery.build import build_gallery as build
     from nearsight.index.gallery.keys import declared_meta_types
     from nearsight.index.gallery.sources import dataset_source, images_source
-    from nearsight.models.embedder import load_embedder
-    from nearsight.models.spec import is_timm
+    from nearsight.models.loading import ModelRequest, resolve_embedder
 
     if (dataset is None) == (images is None):
         raise NearsightError("build_gallery takes a dataset (with its root) or images, not both")
@@ -71,27 +70,17 @@ def build_gallery(
         source = dataset_source(dataset, root, split, declared)
     else:
         source = images_source(images or [])
-    spec = None
-    if is_timm(os.fspath(model)):
-        if any(v is not None for v in (mean, std, resize, output)):
-            raise NearsightError("mean, std, resize and output describe a model exported "
-                                 "elsewhere, not timm:NAME")  # fmt: skip
-        from nearsight.models.timm_export import export_timm_model, zero_shot_folder
-
-        model = export_timm_model(os.fspath(model), zero_shot_folder(out), pretrained=pretrained,
-                                  image_size=input_size, pooling=pooling).path  # fmt: skip
-    elif pretrained != "auto" or pooling is not None:
-        raise NearsightError("pretrained and pooling go with model='timm:NAME'")
-    elif any(v is not None for v in (input_size, mean, std, resize, output)):
-        from nearsight.models.foreign import foreign_spec
-
-        spec = foreign_spec(model, image_size=input_size, mean=mean, std=std, resize=resize,
-                            output=output)  # fmt: skip
+    embedder = resolve_embedder(
+        ModelRequest(model, pretrained=pretrained, pooling=pooling, input_size=input_size,
+                     mean=mean, std=std, resize=resize, output=output),
+        gallery=out,
+        device=device,
+    )  # fmt: skip
     report = build(
-        load_embedder(model, device=device, spec=spec),
+        embedder,
         source,
         out,
-        model_path=model,
+        model_path=embedder.path,
         index_type=index_type,
         chunk_size=chunk_size,
         batch_size=batch_size,

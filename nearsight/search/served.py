@@ -169,7 +169,7 @@ def open_served(
     ``kind``: the class to open them as (the page's view adds to this one). Raises
     NearsightError (one line) for a missing/damaged gallery or a model that does not match."""
     from nearsight.index.gallery.model import foreign_spec
-    from nearsight.models.embedder import load_embedder
+    from nearsight.models.loading import load_embedder
 
     embedders: dict[tuple[Path, str], Embedder] = {}
     served: list[Served] = []

@@ -13,14 +13,13 @@ from typing import TYPE_CHECKING, Any
 from nearsight.core.errors import NearsightError
 from nearsight.data.metrics.nmi import NMI_AVERAGES
 from nearsight.models.embedding_config import (
-    ARCHS,
     FEATURE_NORMS,
     check_arch,
     check_heads,
     resolve_feature_norm,
     resolve_pooling,
 )
-from nearsight.models.timm_trunk import is_timm, timm_info
+from nearsight.models.trunks import trunk_family
 
 if TYPE_CHECKING:
     from nearsight.training.config import TrainConfig
@@ -72,12 +71,10 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError(
             f"unknown loss {config.loss.name!r}; valid losses: {', '.join(sorted(LOSSES))}"
         )
-    if not is_timm(config.model.arch) and config.model.arch not in ARCHS:
-        raise ConfigError(
-            f"unknown model.arch {config.model.arch!r}; valid: {', '.join(ARCHS)}, or "
-            "timm:NAME (any model of timm's catalogue)"
-        )
-    check_arch(config.model.arch)  # a timm name timm does not have: a one-line error
+    try:
+        check_arch(config.model.arch)  # a timm name timm does not have: a one-line error
+    except NearsightError as error:
+        raise ConfigError(f"unknown model.arch {config.model.arch!r}: {error}") from None
     if config.sampler.name != "auto" and config.sampler.name not in SAMPLERS:
         raise ConfigError(
             f"unknown sampler {config.sampler.name!r}; valid samplers: auto, "
@@ -169,24 +166,18 @@ def resolve_defaults(config: TrainConfig) -> None:
     nothing left to resolve, so resolving it again changes nothing."""
     chosen: list[str] = []
     model, optim = config.model, config.optim
-    timm = is_timm(model.arch)
+    family = trunk_family(model.arch)
     if model.pretrained == "auto":
-        if timm:
-            from nearsight.models.timm_weights import hub_cached_file
-
-            model.pretrained = "hub" if hub_cached_file(model.arch) is not None else "none"
-        else:
-            from nearsight.models.weights import imagenet_cache_path
-
-            cached = imagenet_cache_path(model.arch, "imagenet").exists()
-            model.pretrained = "imagenet" if cached else "none"
+        model.pretrained = family.cached_pretrained(model.arch)
         chosen.append("model.pretrained")
     if model.pooling == "auto":
         model.pooling = resolve_pooling(model.pooling, model.arch)
         chosen.append("model.pooling")
-    if timm and config.data.resize is None:  # the pretrained config's crop share
-        config.data.resize = timm_info(model.arch).test_resize(config.data.image_size)
-        chosen.append("data.resize")
+    if config.data.resize is None:  # a timm trunk's: its pretrained config's crop share
+        resize = family.test_resize(model.arch, config.data.image_size)
+        if resize is not None:
+            config.data.resize = resize
+            chosen.append("data.resize")
     scratch = model.pretrained == "none"
     for dotted, (pretrained_value, scratch_value) in STARTING_POINT_DEFAULTS.items():
         section, name = dotted.split(".")

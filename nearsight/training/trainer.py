@@ -33,7 +33,7 @@ from tqdm import tqdm
 from nearsight.core.errors import NearsightError
 from nearsight.data.datasets import DatasetSplit, load_dataset
 from nearsight.models.hardware import resolve_fast_math
-from nearsight.models.timm_trunk import is_timm
+from nearsight.models.trunks import trunk_family
 from nearsight.training.builders import (
     build_critic_optimizer,
     build_model,
@@ -71,15 +71,6 @@ log = logging.getLogger(__name__)
 clock = time.perf_counter  # the training-time clock (tests replace it with a fake one)
 
 # --pretrained auto without ImageNet weights at hand (nothing is downloaded at run time)
-SCRATCH_NOTE = (
-    "nearsight: note: --pretrained auto: no ImageNet weights in torchvision's cache "
-    "(torch.hub's checkpoints folder), training from scratch; --pretrained FILE.pth takes others"
-)
-TIMM_SCRATCH_NOTE = (
-    "nearsight: note: --pretrained auto: no weights for {arch} in the Hugging Face cache "
-    "({cache}), training from scratch; --pretrained hub downloads them where there is a network"
-)
-
 
 class Trainer:
     """Train, evaluate and checkpoint one run in ``out_dir``."""
@@ -158,11 +149,7 @@ class Trainer:
 
     def _scratch_note(self) -> str:
         arch = self.config.model.arch
-        if not is_timm(arch):
-            return SCRATCH_NOTE
-        from nearsight.models.timm_weights import hub_cache_dir
-
-        return TIMM_SCRATCH_NOTE.format(arch=arch, cache=hub_cache_dir())
+        return trunk_family(arch).scratch_note(arch)
 
     def _is_critic_batch(self, batch: int) -> bool:
         return self.critic_optimizer is not None and self.loss_fn.is_critic_step(batch)

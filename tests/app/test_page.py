@@ -26,8 +26,8 @@ from nearsight.app.page.layout import build_app
 from nearsight.app.page.view import GalleryView
 from nearsight.index.gallery.core import Gallery
 from nearsight.models.checkpoint import save_checkpoint
-from nearsight.models.embedder import load_embedder
 from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
+from nearsight.models.loading import load_embedder
 from nearsight.search.analysis import Failure, confused_pairs, pair_distance_histogram
 from nearsight.search.evaluate import evaluate_gallery
 from nearsight.search.neighbour import FIELDS

@@ -177,7 +177,7 @@ def big_gallery(gallery, tmp_path_factory) -> Path:
     """A gallery of BIG random unit vectors under the tiny model (items are never read back
     from their files by `index add`, so their paths need not exist)."""
     from nearsight.index.gallery.write import write_gallery
-    from nearsight.models.embedder import load_embedder
+    from nearsight.models.loading import load_embedder
 
     embedder = load_embedder(gallery["model"], device="cpu")
     vectors = np.random.default_rng(0).standard_normal((BIG, embedder.dim)).astype(np.float32)

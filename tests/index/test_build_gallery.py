@@ -20,7 +20,7 @@ from nearsight.core.errors import NearsightError
 from nearsight.index.gallery.build import BuildReport, build_gallery, import_gallery
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.gallery.sources import dataset_source, images_source
-from nearsight.models.embedder import load_embedder
+from nearsight.models.loading import load_embedder
 from nearsight.models.spec import SPEC_KEY
 
 # a script that builds the gallery of the test's data in chunks of 2 (one rank's part under
@@ -31,7 +31,7 @@ BUILD_SCRIPT = textwrap.dedent(
     from nearsight.index import chunks
     from nearsight.index.gallery import build
     from nearsight.index.gallery.sources import dataset_source
-    from nearsight.models.embedder import load_embedder
+    from nearsight.models.loading import load_embedder
 
     model, data, out = sys.argv[1:4]
     kill_after = int(os.environ.get("KILL_AFTER", "0"))

@@ -16,9 +16,10 @@ from PIL import Image
 from nearsight.data.datasets.synthetic import write_synthetic
 from nearsight.models import preprocess
 from nearsight.models.checkpoint import load_embedding_net, save_checkpoint
-from nearsight.models.embedder import OnnxEmbedder, load_embedder
+from nearsight.models.embedder import OnnxEmbedder
 from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
 from nearsight.models.export import PARITY_TOLERANCE, export_onnx
+from nearsight.models.loading import load_embedder
 from nearsight.models.quantize import CPU_ONLY
 from nearsight.models.spec import spec_from_checkpoint
 

@@ -237,7 +237,7 @@ def _build_gallery(model: Path, data: Path, out: Path, workers: int) -> None:
     """A gallery of the test split, embedded by ``model`` (as ``nearsight index build``)."""
     from nearsight.index.gallery.build import build_gallery
     from nearsight.index.gallery.sources import dataset_source
-    from nearsight.models.embedder import load_embedder
+    from nearsight.models.loading import load_embedder
 
     source = dataset_source("folder", data, "test")
     build_gallery(
@@ -249,7 +249,7 @@ def _gallery_matches(gallery: Path, model: Path) -> bool:
     if not (gallery / "catalog.db").exists() or not model.exists():
         return False
     from nearsight.index.gallery.core import Gallery
-    from nearsight.models.embedder import load_embedder
+    from nearsight.models.loading import load_embedder
 
     try:
         Gallery.open(gallery, model=load_embedder(model, device="cpu")).close()

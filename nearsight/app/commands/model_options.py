@@ -107,57 +107,33 @@ def read_spec_file(path: Path) -> dict[str, Any]:
     return values
 
 
-def requested_spec(args: argparse.Namespace) -> Any:
-    """The foreign model spec the options describe (nearsight.models.foreign.foreign_spec), or None when
-    none of them is given (a nearsight model, which describes itself)."""
-
-    values: dict[str, Any] = read_spec_file(args.model_spec) if args.model_spec else {}
-    for key in FILE_KEYS:
-        if getattr(args, key) is not None:
-            values[key] = getattr(args, key)
-    if not values:
-        return None
-    from nearsight.models.foreign import foreign_spec
-
-    return foreign_spec(
-        args.model,
-        image_size=values.get("input_size"),
-        mean=values.get("mean"),
-        std=values.get("std"),
-        resize=values.get("resize"),
-        output=values.get("output"),
-    )
+def flag_name(name: str) -> str:
+    """An option as the command line spells it: ``input_size`` -> ``--input-size``."""
+    return "--" + name.replace("_", "-")
 
 
 def load_index_model(args: argparse.Namespace) -> Any:
-    """The embedder of ``--model``: a nearsight model, one exported elsewhere run as the
-    options above describe, or a timm model's zero-shot export (its ``.path``: the ONNX file
-    the gallery records)."""
-    from nearsight.core.errors import NearsightError
-    from nearsight.models.embedder import load_embedder
-    from nearsight.models.spec import is_timm
-
-    timm_options = getattr(args, "pretrained", "auto") != "auto" or getattr(args, "pooling", None)
-    if not is_timm(str(args.model)):
-        if timm_options:
-            raise NearsightError("--pretrained and --pooling go with --model timm:NAME")
-        return load_embedder(args.model, device=args.device, spec=requested_spec(args))
-    foreign = [f"--{key.replace('_', '-')}" for key in FILE_KEYS if key != "input_size"]
-    given = [
-        flag for flag in (*foreign, "--model-spec") if getattr(args, flag[2:].replace("-", "_"))
-    ]
-    if given:
-        raise NearsightError(f"{', '.join(given)}: for a model exported elsewhere, not timm:NAME")
+    """The embedder of ``--model`` (nearsight.models.loading.resolve_embedder): a nearsight
+    model, one exported elsewhere run as the options above describe (or ``--model-spec``'s
+    file), or a timm model's zero-shot export (its ``.path``: the ONNX file the gallery
+    records)."""
     import sys
 
-    from nearsight.models.timm_export import export_timm_model, zero_shot_folder
+    from nearsight.models.loading import ModelRequest, resolve_embedder
 
-    exported = export_timm_model(
-        str(args.model),
-        zero_shot_folder(args.out),
-        pretrained=args.pretrained,
-        image_size=args.input_size,
-        pooling=args.pooling,
-        log=lambda line: print(line, file=sys.stderr),
+    values: dict[str, Any] = read_spec_file(args.model_spec) if args.model_spec else {}
+    values.update({key: getattr(args, key) for key in FILE_KEYS if getattr(args, key) is not None})
+    request = ModelRequest(
+        args.model,
+        pretrained=getattr(args, "pretrained", "auto"),
+        pooling=getattr(args, "pooling", None),
+        model_spec=args.model_spec,
+        **values,
     )
-    return load_embedder(exported.path, device=args.device)
+    return resolve_embedder(
+        request,
+        gallery=args.out,
+        device=args.device,
+        log=lambda line: print(line, file=sys.stderr),
+        name=flag_name,
+    )

@@ -203,7 +203,7 @@ class Reproduction:
         from nearsight.index.gallery.defaults import DEFAULT_WORKERS
         from nearsight.index.gallery.keys import declared_meta_types
         from nearsight.index.gallery.sources import dataset_source
-        from nearsight.models.embedder import load_embedder
+        from nearsight.models.loading import load_embedder
 
         model = self.out / "model.onnx"
         source = dataset_source(dataset, self.root, "test", declared_meta_types(None))

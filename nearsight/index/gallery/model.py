@@ -68,7 +68,7 @@ def load_model(
     """The embedder of ``gallery``'s queries: ``override`` or its recorded model, run as its
     recorded spec says when that is a model exported elsewhere (models.foreign), and checked
     to be the model the gallery was built with."""
-    from nearsight.models.embedder import load_embedder
+    from nearsight.models.loading import load_embedder
 
     path = model_path(gallery, override)
     spec = foreign_spec(gallery)
