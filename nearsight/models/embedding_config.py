@@ -14,6 +14,7 @@ from nearsight.models.spec import (
     EMBEDDINGS,
     HEAD_KINDS,
     INTERPOLATIONS,
+    NETWORK_FIELDS,
     POOLINGS,
     ModelSpec,
     spec_from_model_config,
@@ -207,20 +208,10 @@ class EmbeddingConfig:
     @classmethod
     def from_spec(cls, spec: ModelSpec, **training: Any) -> EmbeddingConfig:
         """The config of a network with ``spec``; ``training``: pretrained, freeze_bn."""
-        return cls(
-            dim=spec.dim,
-            pooling=spec.pooling,
-            image_size=spec.image_size,
-            arch=spec.arch,
-            feature_norm=spec.feature_norm,
-            heads=list(spec.heads),
-            embedding=spec.embedding,
-            head=spec.head,
-            interpolation=spec.interpolation,
-            mean=list(spec.mean),
-            std=list(spec.std),
-            **training,
-        )
+        values = {name: getattr(spec, name) for name in NETWORK_FIELDS}
+        for name in ("heads", "mean", "std"):
+            values[name] = list(values[name])
+        return cls(**values, **training)
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> EmbeddingConfig:

@@ -211,26 +211,35 @@ def spec_from_checkpoint(payload: Mapping[str, Any]) -> ModelSpec:
     return spec_from_model_config(model_config, data_config.get("resize"))
 
 
+def network_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The :data:`NETWORK_FIELDS` that ``values`` (a config, or its dict) sets; empty and
+    missing ones are left to the spec's defaults."""
+    get = values.get if isinstance(values, Mapping) else lambda name: getattr(values, name, None)
+    found = {name: get(name) for name in NETWORK_FIELDS}
+    return {name: value for name, value in found.items() if value not in (None, "", [], ())}
+
+
 def spec_from_model_config(model_config: Mapping[str, Any], resize: int | None = None) -> ModelSpec:
     """A spec from an :class:`~nearsight.models.embedding.EmbeddingConfig` dict (its
     ``feature_norm`` resolved) and the test-time resize (None: the default ratio)."""
-    feature_norm = model_config.get("feature_norm", "none")
-    if feature_norm == "auto":  # never stored so; resolve as EmbeddingConfig does
-        feature_norm = "batchnorm" if model_config.get("pretrained", "none") == "none" else "none"
-    return ModelSpec(
-        arch=str(model_config.get("arch", ModelSpec.arch)),
-        dim=int(model_config.get("dim", ModelSpec.dim)),
-        image_size=int(model_config.get("image_size", ModelSpec.image_size)),
-        test_resize=int(resize or 0),
-        pooling=str(model_config.get("pooling", ModelSpec.pooling)),
-        feature_norm=str(feature_norm),
-        heads=tuple(model_config.get("heads", ModelSpec.heads)),
-        embedding=str(model_config.get("embedding", ModelSpec.embedding)),
-        head=str(model_config.get("head") or ModelSpec.head),
-        interpolation=str(model_config.get("interpolation") or ModelSpec.interpolation),
-        mean=tuple(model_config.get("mean") or ()),
-        std=tuple(model_config.get("std") or ()),
-    )
+    values = network_values(model_config)
+    if values.get("feature_norm") == "auto":  # never stored so; resolve as EmbeddingConfig does
+        scratch = model_config.get("pretrained", "none") == "none"
+        values["feature_norm"] = "batchnorm" if scratch else "none"
+    values.setdefault("feature_norm", "none")
+    for name in ("heads", "mean", "std"):
+        if name in values:
+            values[name] = tuple(values[name])
+    return ModelSpec(test_resize=int(resize or 0), **values)
+
+
+# The fields that describe the network itself; the rest say how a file is run (the test-time
+# resize, a foreign model's input and output names). The training config's model section and
+# the checkpoint's EmbeddingConfig read and write these by name from here.
+SERVING_FIELDS = ("test_resize", "input_name", "output_name")
+NETWORK_FIELDS = tuple(
+    field.name for field in dataclasses.fields(ModelSpec) if field.name not in SERVING_FIELDS
+)
 
 
 def spec_from_gallery_meta(meta: Mapping[str, Any]) -> ModelSpec | None:

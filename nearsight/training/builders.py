@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from nearsight.models.embedding import EmbeddingConfig, EmbeddingNet, build_embedding_net
+from nearsight.models.spec import network_values
 from nearsight.training.config import TrainConfig
 from nearsight.training.loss_roles import parameter_role
 from nearsight.training.losses import build_loss, loss_parameters
@@ -19,17 +20,10 @@ def embedding_config(config: TrainConfig) -> EmbeddingConfig:
     """The network's settings in a run's configuration (the trunk's pretrained statistics
     and interpolation filled in: the training transforms read them from here)."""
     model_cfg = config.model
+    network = network_values(model_cfg)  # the spec's fields that the model section sets
+    network["image_size"] = config.data.image_size  # one size for the data and the network
     return EmbeddingConfig(
-        arch=model_cfg.arch,
-        dim=model_cfg.dim,
-        pooling=model_cfg.pooling,
-        pretrained=model_cfg.pretrained,
-        freeze_bn=bool(model_cfg.freeze_bn),
-        feature_norm=model_cfg.feature_norm,
-        image_size=config.data.image_size,
-        heads=list(model_cfg.heads),
-        embedding=model_cfg.embedding,
-        head=model_cfg.head,
+        **network, pretrained=model_cfg.pretrained, freeze_bn=bool(model_cfg.freeze_bn)
     )
 
 

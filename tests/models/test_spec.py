@@ -12,8 +12,9 @@ import torch
 from nearsight.core.errors import NearsightError
 from nearsight.index.gallery.core import Gallery
 from nearsight.models.checkpoint import load_checkpoint, save_checkpoint
-from nearsight.models.embedder import OnnxEmbedder, load_embedder
+from nearsight.models.embedder import OnnxEmbedder
 from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
+from nearsight.models.loading import load_embedder
 from nearsight.models.spec import (
     ModelSpec,
     default_resize,
@@ -146,3 +147,31 @@ def test_a_concat_model_serves_dim_times_heads(tmp_path):
     embedder = OnnxEmbedder(tmp_path / "model.onnx")
     assert embedder.spec == spec and embedder.dim == 16
     assert EmbeddingConfig.from_spec(spec).spec() == spec
+
+
+def test_the_network_fields_are_spelled_out_once_in_the_spec():
+    """ModelSpec names the network's fields; the checkpoint's EmbeddingConfig holds exactly
+    those plus how training starts, and the training config's model section a subset (the
+    size lives in data.image_size; interpolation and statistics come from the trunk)."""
+    import dataclasses
+
+    from nearsight.models.embedding_config import EmbeddingConfig
+    from nearsight.models.spec import NETWORK_FIELDS
+    from nearsight.training.config import ModelConfig
+
+    training = {"pretrained", "freeze_bn"}
+    names = {field.name for field in dataclasses.fields(EmbeddingConfig)}
+    assert names == set(NETWORK_FIELDS) | training
+    section = {field.name for field in dataclasses.fields(ModelConfig)}
+    assert section - training <= set(NETWORK_FIELDS)
+    assert set(NETWORK_FIELDS) - section == {"image_size", "interpolation", "mean", "std"}
+
+
+def test_a_spec_round_trips_through_the_checkpoint_config():
+    from nearsight.models.embedding_config import EmbeddingConfig
+    from nearsight.models.spec import spec_from_model_config
+
+    spec = ModelSpec(arch="resnet18", dim=32, image_size=64, pooling="gem",
+                     feature_norm="batchnorm", heads=("layer3", "layer4"), embedding="concat")  # fmt: skip
+    config = EmbeddingConfig.from_spec(spec, pretrained="none")
+    assert spec_from_model_config(config.to_dict(), spec.test_resize) == spec
