@@ -89,8 +89,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from nearsight.app.page import build_app
-    from nearsight.app.server import launch_app
+    from nearsight.app.page.layout import build_app
+    from nearsight.app.serve.server import launch_app
 
     start = time.perf_counter()
     demo = build_app(
@@ -183,7 +183,7 @@ def make_gallery(workdir: Path, model: Path, images: list[Path], args) -> tuple[
 
 def direct_latency(gallery: Path, images: list[Path], args) -> dict:
     """Embedding + search without Gradio, in this process (the server is not running yet)."""
-    from nearsight.app.page_view import open_views
+    from nearsight.app.page.view import open_views
     from nearsight.data.images import load_image
 
     (view,) = open_views([gallery], device="cpu")

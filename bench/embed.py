@@ -31,9 +31,9 @@ import torch
 
 from nearsight.data.datasets import load_dataset
 from nearsight.data.datasets.synthetic import write_synthetic
+from nearsight.data.embed import embed_paths
 from nearsight.data.images import load_image
 from nearsight.data.metrics.retrieval import recall_at_k
-from nearsight.index.embed import embed_paths
 from nearsight.models.checkpoint import load_embedding_net, save_checkpoint
 from nearsight.models.embedder import OnnxEmbedder, physical_cores
 from nearsight.models.embedding import EmbeddingConfig, EmbeddingNet

@@ -160,8 +160,8 @@ def running_page(galleries: list[Path], *, analyse: bool = True, **options):
     """The page and its REST API served on a free port for a test: yields (url, app), then
     stops the server, the API's batcher and the page's analysis threads. ``analyse``: wait for
     the galleries' analysis first (False: start none); ``options`` go to ``launch_app``."""
-    from nearsight.app.page import build_app
-    from nearsight.app.server import launch_app, stop_app
+    from nearsight.app.page.layout import build_app
+    from nearsight.app.serve.server import launch_app, stop_app
 
     demo = build_app(galleries, device="cpu", analyse=analyse)
     url = launch_app(demo, port=free_port(), prevent_thread_lock=True, quiet=True, **options)

@@ -138,7 +138,7 @@ def test_search_eval_and_the_page_work_in_the_serving_venv(serving_venv, onnx_ga
 
     page = (
         "import json, sys\n"
-        "from nearsight.app.page import build_app\n"
+        "from nearsight.app.page.layout import build_app\n"
         "demo = build_app([sys.argv[1]], device='cpu', analyse=False)\n"
         "view = demo.nearsight.views[demo.nearsight.names[0]]\n"
         "assert view.analysis().error is None\n"

@@ -5,7 +5,7 @@ How a served item is named (``path`` in every answer and error): its path relati
 gallery's root (the folder fixed when the gallery was made: the dataset's root, or the folder
 holding every item), or, for an item from elsewhere (an ``index add`` from another folder), its
 file name. No name depends on the other items. ``serve --show-paths`` shows full paths.
-The page's view (nearsight/app/page_view.py) adds thumbnails and the failure analysis.
+The page's view (nearsight/app/page/view.py) adds thumbnails and the failure analysis.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class ServedGallery(Searcher):
     def __init__(self, name: str, gallery: Gallery, embedder: Embedder):
         super().__init__(gallery, embedder)
         self.name = name
-        self.generation = 0  # counts the reloads of a live gallery (nearsight/app/live.py)
+        self.generation = 0  # counts the reloads of a live gallery (nearsight/app/serve/live.py)
         self.show_paths = False  # serve --show-paths
         self._rows: dict[int, dict[str, Any]] = {int(r["id"]): r for r in gallery.all_items()}
         self.ids = np.asarray(gallery.ids, dtype=np.int64)

@@ -15,9 +15,9 @@ import numpy as np
 import torch
 
 from nearsight.data.datasets import DatasetSplit
+from nearsight.data.embed import embed_paths
 from nearsight.data.images import ImageLoadError, load_image
 from nearsight.data.metrics.retrieval import evaluate
-from nearsight.index.embed import embed_paths
 from nearsight.models.preprocess import test_transform
 from nearsight.models.spec import default_resize
 from nearsight.training.config import TrainConfig

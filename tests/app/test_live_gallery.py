@@ -12,9 +12,9 @@ import time
 import httpx
 import pytest
 
-from nearsight.app.live import GalleryWatcher, fingerprint
-from nearsight.app.page import build_app
-from nearsight.app.server import launch_app, stop_app
+from nearsight.app.page.layout import build_app
+from nearsight.app.serve.live import GalleryWatcher, fingerprint
+from nearsight.app.serve.server import launch_app, stop_app
 
 WATCH_S = 0.2
 VISIBLE_WITHIN_S = 5.0
@@ -86,7 +86,7 @@ def test_add_remove_and_compact_by_another_process_are_served_without_a_restart(
 def test_a_search_during_a_reload_sees_one_whole_state(onnx_gallery, tmp_path):
     """The watcher swaps a whole new view in one assignment: a reference taken before the
     swap keeps answering from the old state, the next lookup gets the new one."""
-    from nearsight.app.page_view import open_views
+    from nearsight.app.page.view import open_views
 
     gallery = tmp_path / "gallery"
     shutil.copytree(onnx_gallery.gallery, gallery)

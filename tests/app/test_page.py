@@ -1,4 +1,4 @@
-"""The Gradio page of `nearsight serve` (nearsight/app/page.py): the real server on 127.0.0.1, queried
+"""The Gradio page of `nearsight serve` (nearsight/app/page/layout.py): the real server on 127.0.0.1, queried
 through gradio_client and plain HTTP, over a tiny gallery (synthetic images, a random tiny
 network: its top-1 is often wrong, which the failure list needs)."""
 
@@ -22,8 +22,8 @@ from helpers import TinyGallery, free_port, running_page
 from PIL import Image
 
 from nearsight.app.cli import main
-from nearsight.app.page import build_app
-from nearsight.app.page_view import GalleryView
+from nearsight.app.page.layout import build_app
+from nearsight.app.page.view import GalleryView
 from nearsight.index.gallery.core import Gallery
 from nearsight.models.checkpoint import save_checkpoint
 from nearsight.models.embedder import load_embedder

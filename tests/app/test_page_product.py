@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from helpers import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, upload
 
-from nearsight.app.page_map import CLICK_RADIUS, PCA, build_map, project, recall_chart_html
-from nearsight.app.page_tables import summary_markdown
+from nearsight.app.page.map_tab import CLICK_RADIUS, PCA, build_map, project, recall_chart_html
+from nearsight.app.page.tables import summary_markdown
 
 
 def test_pca_projection_keeps_the_two_widest_directions():

@@ -16,7 +16,7 @@ from helpers import FAST
 from PIL import Image
 
 from nearsight.app.cli import main
-from nearsight.app.page import build_app
+from nearsight.app.page.layout import build_app
 from nearsight.data.datasets.synthetic import write_synthetic
 from nearsight.index.gallery.core import Gallery
 from nearsight.models.checkpoint import save_checkpoint

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from helpers import assert_one_line_error, run
 
-from nearsight.app.reproduction import Reproduction
-from nearsight.app.reproduction_table import render
+from nearsight.app.reproduce.run import Reproduction
+from nearsight.app.reproduce.table import render
 from nearsight.core.errors import NearsightError
 from nearsight.data.datasets.synthetic import write_synthetic
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from helpers import free_port, run
 
-from nearsight.app.page import build_app
-from nearsight.app.server import launch_app, stop_app
+from nearsight.app.page.layout import build_app
+from nearsight.app.serve.server import launch_app, stop_app
 from nearsight.index.gallery.core import Gallery
 from nearsight.search.evaluate import evaluate_gallery
 from nearsight.search.rerank import parse_rerank

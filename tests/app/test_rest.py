@@ -1,6 +1,6 @@
 """The REST API (nearsight/app/rest/) on the real server that serves the page: search by file, by item
 and by vector, filters inside FAISS, JSON errors with 4xx statuses, the upload limit, the API
-key, OpenAPI, and the micro-batcher (nearsight/app/batcher.py)."""
+key, OpenAPI, and the micro-batcher (nearsight/app/serve/batcher.py)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from helpers import assert_one_line_error, run, running_page
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
-from nearsight.app.batcher import EmbedBatcher
-from nearsight.app.server import served as served_app
+from nearsight.app.serve.batcher import EmbedBatcher
+from nearsight.app.serve.server import served as served_app
 from nearsight.index.gallery.core import Gallery
 
 MAX_UPLOAD_MB = 0.25

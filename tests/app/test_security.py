@@ -17,8 +17,8 @@ import pytest
 from gradio_client import Client, handle_file
 from helpers import free_port, serve_process
 
-from nearsight.app.page import build_app
-from nearsight.app.server import launch_app, stop_app
+from nearsight.app.page.layout import build_app
+from nearsight.app.serve.server import launch_app, stop_app
 
 KEY = "s3cret-key-for-tests"
 MAX_UPLOAD_MB = 1.0

@@ -34,7 +34,7 @@ print(json.dumps({"code": code, "modules": sorted(m for m in sys.modules if "." 
 
 RUN_PAGE = """
 import json, sys
-from nearsight.app.page import build_app
+from nearsight.app.page.layout import build_app
 demo = build_app([sys.argv[1]], device="cpu", analyse=False)
 page = demo.nearsight
 view = page.views[page.names[0]]

@@ -1,5 +1,5 @@
 """What the docs point at in code spans: a file of the repository (``nearsight/models/spec.py``,
-``tests/app/test_page.py::test_name``, ``nearsight/app/page.py: STATE_SESSIONS = 1000``) exists and
+``tests/app/test_page.py::test_name``, ``nearsight/app/page/layout.py: STATE_SESSIONS = 1000``) exists and
 holds the name given after it; a Python name (``nearsight.index.search.query.search_rows``)
 imports."""
 

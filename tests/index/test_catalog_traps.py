@@ -222,8 +222,8 @@ def test_keys_upsert_remove_and_serve(shop, catalog, tmp_path, capsys):
     assert code == 0, err
     code, _, err = run(capsys, "index", "remove", "--gallery", folder, "--keys", "nope")
     assert_one_line_error(code, err, "no item with key 'nope'")
-    from nearsight.app.page import build_app
-    from nearsight.app.server import launch_app, stop_app
+    from nearsight.app.page.layout import build_app
+    from nearsight.app.serve.server import launch_app, stop_app
 
     demo = build_app([folder], device="cpu", analyse=False)
     url = launch_app(demo, port=free_port(), prevent_thread_lock=True, quiet=True).rstrip("/")

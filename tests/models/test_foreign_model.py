@@ -219,7 +219,7 @@ def test_import_without_the_model_refuses_its_description(tmp_path, capsys):
 
 
 def test_the_page_summary_describes_the_model(foreign):
-    from nearsight.app.page_tables import spec_line
+    from nearsight.app.page.tables import spec_line
     from nearsight.models.spec import spec_from_gallery_meta
 
     with Gallery.open(foreign["gallery"]) as gallery:

@@ -94,7 +94,7 @@ def test_onnx_gallery_and_page_read_one_spec(onnx_gallery):
     with Gallery.open(onnx_gallery.gallery) as gallery:
         assert spec_from_gallery_meta(gallery.meta) == expected
 
-    from nearsight.app.page_tables import spec_line
+    from nearsight.app.page.tables import spec_line
 
     assert spec_line(expected) == (
         "resnet18, dim 8 (the layer4 head), input: short side resized to 37 px, centre crop "

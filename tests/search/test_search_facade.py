@@ -20,7 +20,7 @@ ROW_KEYS = set(FIELDS)
 
 
 def test_rest_does_not_import_the_page():
-    code = "import sys, nearsight.app.rest; print('nearsight.app.page_view' in sys.modules)"
+    code = "import sys, nearsight.app.rest; print('nearsight.app.page.view' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"

@@ -6,7 +6,7 @@ eval -> serve both galleries. Each step says what it does and how long it took; 
 is reused, so a second run opens the page in seconds. Every step calls the typed function its
 own subcommand calls (nearsight.training.run.train, nearsight.models.export.export_onnx,
 nearsight.index.gallery.build.build_gallery, nearsight.search.evaluate.evaluate_gallery,
-nearsight.app.serving.serve), never the command line.
+nearsight.app.serve.run.serve), never the command line.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nearsight.app.serving import DEFAULT_HOST, DEFAULT_PORT, serve
+from nearsight.app.serve.run import DEFAULT_HOST, DEFAULT_PORT, serve
 from nearsight.core.errors import NearsightError
 
 DONE_MARKER = "demo-done.json"

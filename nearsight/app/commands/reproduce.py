@@ -49,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_reproduce(args: argparse.Namespace) -> int:
-    from nearsight.app.reproduction import Reproduction
+    from nearsight.app.reproduce.run import Reproduction
     from nearsight.training.config import parse_set_option
 
     overrides = dict(parse_set_option(text) for text in args.set)

@@ -85,8 +85,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_search(args: argparse.Namespace) -> int:
     from nearsight.core.errors import NearsightError
+    from nearsight.data.embed import check_batching
     from nearsight.index.catalog.filters import merge_conditions, parse_filters
-    from nearsight.index.embed import check_batching
     from nearsight.search.checks import check_k
 
     check_k(args.k)
@@ -176,8 +176,8 @@ def _run_batch(args: argparse.Namespace, conditions: list) -> int:
 
     from nearsight.app.commands.index import load_gallery_model
     from nearsight.core.atomic import atomic_file
+    from nearsight.data.embed import embed_files
     from nearsight.data.images import file_sha256
-    from nearsight.index.embed import embed_files
     from nearsight.index.gallery.core import Gallery
     from nearsight.search.searcher import Searcher
 

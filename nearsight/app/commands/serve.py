@@ -1,12 +1,12 @@
-"""``nearsight serve``: the Gradio page over one or more galleries (nearsight/app/page.py); the
-command line of :func:`nearsight.app.serving.serve`."""
+"""``nearsight serve``: the Gradio page over one or more galleries (nearsight/app/page/layout.py); the
+command line of :func:`nearsight.app.serve.run.serve`."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-import nearsight.app.serving as serving
+import nearsight.app.serve.run as serving
 from nearsight.app.commands.rerank_option import add_rerank_option
 
 
@@ -181,5 +181,5 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def _api_key(args: argparse.Namespace) -> str | None:
     """--api-key, else --api-key-file, else NEARSIGHT_API_KEY; beyond localhost one is
-    required, and long enough (nearsight.app.auth.check_key)."""
+    required, and long enough (nearsight.app.serve.auth.check_key)."""
     return serving.resolve_api_key(args.api_key, args.api_key_file, args.host)

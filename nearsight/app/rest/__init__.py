@@ -27,7 +27,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from nearsight.app.batcher import DEFAULT_MAX_WAITING, EmbedBatcher
 from nearsight.app.rest.deps import (
     RETRY_AFTER_S,
     ApiError,
@@ -37,6 +36,7 @@ from nearsight.app.rest.deps import (
 )
 from nearsight.app.rest.gates import GateFull, WorkGate
 from nearsight.app.rest.routes import health, items, search
+from nearsight.app.serve.batcher import DEFAULT_MAX_WAITING, EmbedBatcher
 from nearsight.core.errors import Busy, NearsightError
 from nearsight.search.served import ServedGallery
 
@@ -62,7 +62,7 @@ def make_rest_app(
     """The ``/api`` application over the open galleries (mount it at :data:`API_PREFIX`).
 
     ``views``: a name -> view mapping that may change while serving (live galleries,
-    nearsight/app/live.py), or a list. At most ``concurrency`` uploads are decoded at once,
+    nearsight/app/serve/live.py), or a list. At most ``concurrency`` uploads are decoded at once,
     :data:`HEAVY_CONCURRENCY` filtered or re-ranked searches run at once, and at most
     ``max_waiting`` wait for either or for the model; past that a request gets 503 with
     ``Retry-After``."""

@@ -10,9 +10,9 @@ from typing import Annotated, Any
 from fastapi import Request, Security
 from fastapi.security import APIKeyHeader, HTTPBearer
 
-from nearsight.app.auth import API_KEY_HEADER, key_matches, presented_key
-from nearsight.app.batcher import EmbedBatcher
 from nearsight.app.rest.gates import WorkGate
+from nearsight.app.serve.auth import API_KEY_HEADER, key_matches, presented_key
+from nearsight.app.serve.batcher import EmbedBatcher
 from nearsight.search.served import ServedGallery
 
 MAX_ECHO_CHARS = 200  # an error message quoting a request's input is cut to this
@@ -68,7 +68,7 @@ def require_key(
     _header: Annotated[str | None, Security(_KEY_HEADER)] = None,
     _bearer: Annotated[Any, Security(_BEARER)] = None,
 ) -> None:
-    """The key checked as the guard checks it (nearsight/app/auth.py), and declared in the
+    """The key checked as the guard checks it (nearsight/app/serve/auth.py), and declared in the
     OpenAPI schema (X-API-Key, or a bearer token); routers take it only when there is a key."""
     api_key = rest_state(request).api_key
     if api_key and not key_matches(presented_key(request.scope["headers"]), api_key):

@@ -32,10 +32,10 @@ from typing import Any
 import numpy as np
 
 from nearsight.core.errors import NearsightError
+from nearsight.data.embed import check_batching, embed_files
 from nearsight.data.images import describe_image_file
 from nearsight.index.ann.faiss_index import INDEX_TYPES, check_trainable
 from nearsight.index.chunks import finished_chunks, meta_types_of, read_meta, write_chunk
-from nearsight.index.embed import check_batching, embed_files
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.gallery.defaults import (
     DEFAULT_BATCH_SIZE,

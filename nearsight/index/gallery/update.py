@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from nearsight.core.errors import NearsightError
+from nearsight.data.embed import check_batching, embed_files
 from nearsight.data.meta import FilterError, typed_row
 from nearsight.index.chunks import meta_types_of
-from nearsight.index.embed import check_batching, embed_files
 from nearsight.index.gallery.build import describe_files, report_unreadable
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.gallery.defaults import DEFAULT_BATCH_SIZE

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import importlib
-import inspect
 from typing import Any
 
 from torch import nn
 
 from nearsight.core.errors import NearsightError
+from nearsight.training.registry_checks import check_parameters, init_parameters
 
 # name -> "module:Class"; modules are imported on first use so that building one loss does not
 # import the others (pytorch-metric-learning is only needed by the baselines).
@@ -52,26 +52,12 @@ def loss_class(name: str) -> type[nn.Module]:
 def loss_parameters(name: str) -> dict[str, Any]:
     """The public parameters of loss ``name`` with their defaults (``inspect.Parameter.empty``
     for required ones)."""
-    signature = inspect.signature(loss_class(name).__init__)
-    return {
-        key: param.default
-        for key, param in signature.parameters.items()
-        if key != "self" and param.kind in (param.KEYWORD_ONLY, param.POSITIONAL_OR_KEYWORD)
-    }
+    return init_parameters(loss_class(name))
 
 
 def build_loss(name: str, **params: Any) -> nn.Module:
     """Build loss ``name`` with keyword ``params``; unknown names or parameters raise
     :class:`LossConfigError` listing the valid ones."""
     cls = loss_class(name)
-    valid = loss_parameters(name)
-    unknown = sorted(set(params) - set(valid))
-    if unknown:
-        raise LossConfigError(
-            f"loss {name!r} has no parameter {', '.join(map(repr, unknown))}; "
-            f"valid parameters: {', '.join(valid) or '(none)'}"
-        )
-    missing = [k for k, v in valid.items() if v is inspect.Parameter.empty and k not in params]
-    if missing:
-        raise LossConfigError(f"loss {name!r} needs parameter(s) {', '.join(missing)}")
+    check_parameters("loss", name, loss_parameters(name), params, LossConfigError)
     return cls(**params)

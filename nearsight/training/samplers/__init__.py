@@ -17,10 +17,10 @@ depend only on (seed, epoch).
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from typing import Any
 
+from nearsight.training.registry_checks import check_parameters, init_parameters
 from nearsight.training.samplers._base import SamplerConfigError, SeededBatchSampler
 from nearsight.training.samplers.group import GroupBatchSampler
 from nearsight.training.samplers.m_per_class import MPerClassSampler
@@ -40,27 +40,13 @@ def sampler_parameters(name: str) -> dict[str, Any]:
         raise SamplerConfigError(
             f"unknown sampler {name!r}; valid samplers: {', '.join(sorted(SAMPLERS))}"
         )
-    signature = inspect.signature(SAMPLERS[name].__init__)
-    return {
-        key: param.default
-        for key, param in signature.parameters.items()
-        if key not in ("self", "labels")
-    }
+    return init_parameters(SAMPLERS[name], skip=("labels",))
 
 
 def build_sampler(name: str, labels: Sequence[int], **params: Any) -> SeededBatchSampler:
     """Build sampler ``name`` over ``labels`` (one per dataset item) with keyword ``params``;
     unknown names, unknown or missing parameters raise :class:`SamplerConfigError`."""
-    valid = sampler_parameters(name)
-    unknown = sorted(set(params) - set(valid))
-    if unknown:
-        raise SamplerConfigError(
-            f"sampler {name!r} has no parameter {', '.join(map(repr, unknown))}; "
-            f"valid parameters: {', '.join(valid)}"
-        )
-    missing = [k for k, v in valid.items() if v is inspect.Parameter.empty and k not in params]
-    if missing:
-        raise SamplerConfigError(f"sampler {name!r} needs parameter(s) {', '.join(missing)}")
+    check_parameters("sampler", name, sampler_parameters(name), params, SamplerConfigError)
     return SAMPLERS[name](labels, **params)
 
 

@@ -4,7 +4,7 @@ Multipart form: the query is ``image`` (a file), ``id`` (a gallery item: itself 
 distance 0) or ``vector`` (a JSON list of D numbers); ``k``, ``filter`` (``KEY=VALUE;KEY>=N``),
 ``gallery``, ``rerank``. The request is checked once here, then searched through the gallery's
 Searcher. Uploads are decoded in a bounded pool and embedded by the gallery model's
-:class:`~nearsight.app.batcher.EmbedBatcher` (concurrent requests share one model call); an
+:class:`~nearsight.app.serve.batcher.EmbedBatcher` (concurrent requests share one model call); an
 upload with a gallery item's bytes is searched as that item. Filtered and re-ranked searches
 share one small pool, so a plain search and health never wait behind them.
 """
@@ -20,8 +20,8 @@ import numpy as np
 from fastapi import APIRouter, Depends, File, Form, UploadFile
 from fastapi.concurrency import run_in_threadpool
 
-from nearsight.app.batcher import BatcherFull
 from nearsight.app.rest.deps import ApiError, RestState, echo, one_line, rest_state
+from nearsight.app.serve.batcher import BatcherFull
 from nearsight.core.errors import NearsightError
 from nearsight.data.images import ImageLoadError, load_image_bytes
 from nearsight.search.rerank.spec import parse_rerank

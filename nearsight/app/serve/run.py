@@ -1,6 +1,6 @@
 """Serving galleries until interrupted: the typed job ``nearsight serve`` and ``nearsight demo``
 run. The settings are checked here, before minutes of loading galleries (one-line errors that
-name ``serve``'s flags); the page is nearsight/app/page.py, the server nearsight/app/server.py."""
+name ``serve``'s flags); the page is nearsight/app/page/layout.py, the server nearsight/app/serve/server.py."""
 
 from __future__ import annotations
 
@@ -66,8 +66,8 @@ def serve(
     check_address(host, port)  # before minutes of loading galleries
     key = resolve_api_key(api_key, api_key_file, host)
 
-    from nearsight.app.page import build_app
-    from nearsight.app.server import launch_app, stop_app
+    from nearsight.app.page.layout import build_app
+    from nearsight.app.serve.server import launch_app, stop_app
 
     demo = build_app([Path(g) for g in galleries], None if model is None else Path(model),
                      device=device, concurrency=concurrency, max_queue=max_queue,
@@ -104,8 +104,8 @@ def resolve_api_key(
 ) -> str | None:
     """The API key: ``given``, else the contents of ``key_file``, else the NEARSIGHT_API_KEY
     environment variable; None when there is none. Beyond localhost one is required, and long
-    enough (nearsight.app.auth.check_key)."""
-    from nearsight.app.auth import API_KEY_ENV, check_key
+    enough (nearsight.app.serve.auth.check_key)."""
+    from nearsight.app.serve.auth import API_KEY_ENV, check_key
 
     key = given
     if key is None and key_file is not None:

@@ -4,11 +4,11 @@ Gradio's API, queue, uploads and CORS handling, file routes, the REST API and it
 In order, for every request:
 
 - **Hosts.** A ``Host`` outside the allowed hosts gets 400 and an ``Origin`` outside them 403
-  (nearsight/app/hosts.py: DNS rebinding and cross-site pages).
+  (nearsight/app/serve/hosts.py: DNS rebinding and cross-site pages).
 - **One key, every route.** With an API key set, a request needs it, except ``GET
   /api/health``: API clients send ``X-API-Key: KEY`` or ``Authorization: Bearer KEY``; a
   browser signs in once on a small form and then carries a session cookie that expires
-  (nearsight/app/auth.py). The key is checked from the headers, before a byte of the body is
+  (nearsight/app/serve/auth.py). The key is checked from the headers, before a byte of the body is
   read. Wrong keys are slowed, then refused with 429, per client address.
 - **Bounded bodies.** A body longer than ``max_body_bytes`` gets 413: at once from its
   ``Content-Length``, or as soon as a chunked body passes the limit while it streams (the rest
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
 
-from nearsight.app.auth import (
+from nearsight.app.serve.auth import (
     API_KEY_HEADER,
     SESSION_COOKIE,
     FailedAttempts,
@@ -39,8 +39,8 @@ from nearsight.app.auth import (
     key_matches,
     presented_key,
 )
-from nearsight.app.hosts import AllowedHosts
-from nearsight.app.metrics import ServerMetrics
+from nearsight.app.serve.hosts import AllowedHosts
+from nearsight.app.serve.metrics import ServerMetrics
 from nearsight.core.errors import printable
 
 Scope = dict[str, Any]

@@ -111,7 +111,7 @@ class Reproduction:
             return None
         metrics = self.out / "metrics.json"
         self._stage(state, "eval", metrics, lambda: self._evaluate(config.data.dataset, paper))
-        from nearsight.app.reproduction_table import write_report
+        from nearsight.app.reproduce.table import write_report
 
         return write_report(self, paper, config, state)
 

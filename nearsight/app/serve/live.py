@@ -6,7 +6,7 @@ The catalog is a gallery's commit point (nearsight/index/gallery/segments.py), s
 the catalog file (its inode, size or mtime) or of the folder itself (``compact`` and rebuilds
 rename a whole new folder into place) means a new state. The watcher then opens the gallery
 again (``Gallery.open`` reads under the gallery's shared lock, so it never sees a half-applied
-write), wraps it in a new :class:`~nearsight.app.page_view.GalleryView` with the same embedder,
+write), wraps it in a new :class:`~nearsight.app.page.view.GalleryView` with the same embedder,
 and swaps it into the shared ``views`` mapping in one assignment. A search holds the view it
 started with until it ends, so every answer comes from one whole state; the old view is
 dropped, not closed, and goes away with its last reader.
@@ -19,7 +19,7 @@ import threading
 from collections.abc import MutableMapping
 from pathlib import Path
 
-from nearsight.app.page_view import GalleryView
+from nearsight.app.page.view import GalleryView
 from nearsight.core.errors import NearsightError
 from nearsight.index.catalog.store import CATALOG_FILE
 from nearsight.index.gallery.core import Gallery

@@ -1,6 +1,6 @@
 """Starting the page's server: Gradio's launch with the safety settings, the REST API mounted
-at ``/api``, the guard (nearsight/app/guard.py) in front of every route and the connection
-policy (nearsight/app/slow_clients.py) under every connection.
+at ``/api``, the guard (nearsight/app/serve/guard.py) in front of every route and the connection
+policy (nearsight/app/serve/slow_clients.py) under every connection.
 
 What a running server holds is a :class:`ServedApp` on the FastAPI app's state
 (``demo.app.state.nearsight``, :func:`served`); :func:`stop_app` stops it all."""
@@ -15,13 +15,13 @@ import gradio as gr
 from fastapi import FastAPI
 from starlette.middleware import Middleware
 
-from nearsight.app.auth import SESSION_S, Sessions
-from nearsight.app.guard import DEFAULT_BODY_TIMEOUT_S, Guard, GuardSettings
-from nearsight.app.hosts import AllowedHosts
-from nearsight.app.metrics import ServerMetrics
-from nearsight.app.page_handlers import Page
+from nearsight.app.page.handlers import Page
 from nearsight.app.rest import API_PREFIX, FORM_SLACK_BYTES, close_rest_app, make_rest_app
-from nearsight.app.slow_clients import (
+from nearsight.app.serve.auth import SESSION_S, Sessions
+from nearsight.app.serve.guard import DEFAULT_BODY_TIMEOUT_S, Guard, GuardSettings
+from nearsight.app.serve.hosts import AllowedHosts
+from nearsight.app.serve.metrics import ServerMetrics
+from nearsight.app.serve.slow_clients import (
     DEFAULT_HEADER_TIMEOUT_S,
     DEFAULT_MAX_PER_CLIENT,
     KEEP_ALIVE_S,
@@ -30,7 +30,7 @@ from nearsight.app.slow_clients import (
 )
 
 if TYPE_CHECKING:  # the page module imports this one's settings
-    from nearsight.app.page import PageBlocks
+    from nearsight.app.page.layout import PageBlocks
 
 DEFAULT_MAX_UPLOAD_MB = 10.0
 DEFAULT_MAX_CONNECTIONS = 256  # open connections beyond this get 503 (uvicorn's limit_concurrency)
@@ -97,8 +97,8 @@ def launch_app(
 ) -> str:
     """Start the server with the safety settings and the REST API (nearsight/app/rest/) mounted at
     ``/api``; returns the local URL. ``watch_interval``: seconds between looks for other
-    processes' changes to the galleries (nearsight/app/live.py; 0: never). ``allowed_hosts``:
-    names the server answers to besides the defaults for ``host`` (nearsight/app/hosts.py).
+    processes' changes to the galleries (nearsight/app/serve/live.py; 0: never). ``allowed_hosts``:
+    names the server answers to besides the defaults for ``host`` (nearsight/app/serve/hosts.py).
     ``access_log``: one line per request on stderr. With ``prevent_thread_lock`` it returns at
     once (call :func:`stop_app` to stop)."""
     page: Page = demo.nearsight

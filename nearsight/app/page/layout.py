@@ -2,10 +2,10 @@
 green (the query's class) or red (another class); inspect the gallery's leave-one-out failures;
 read its Recall@k and its pair-distance distributions.
 
-This module is the page's layout; its handlers are in nearsight/app/page_handlers.py, its tables in
-nearsight/app/page_tables.py, the galleries it shows in nearsight/app/page_view.py.
+This module is the page's layout; its handlers are in nearsight/app/page/handlers.py, its tables in
+nearsight/app/page/tables.py, the galleries it shows in nearsight/app/page/view.py.
 
-Build with :func:`build_app`, start with :func:`nearsight.app.server.launch_app` (which applies the safety settings:
+Build with :func:`build_app`, start with :func:`nearsight.app.serve.server.launch_app` (which applies the safety settings:
 upload size limit, no file serving beyond Gradio's own upload cache, no analytics, a system-font
 theme so that the page fetches nothing from the internet, a queue with a concurrency limit).
 
@@ -17,7 +17,7 @@ first (the JSON routes under ``/api`` are nearsight/app/rest/, mounted by ``laun
 
 The page's own events are callable too but undocumented.
 
-Safety decisions (see also nearsight/app/page_html.py):
+Safety decisions (see also nearsight/app/page/html.py):
 
 - Gallery images reach the browser only as small JPEG thumbnails inlined into the result HTML,
   made on the server from catalog paths looked up by id. No gallery folder is in Gradio's
@@ -35,16 +35,16 @@ from typing import Any
 
 import gradio as gr
 
-from nearsight.app.page_handlers import ANY_CLASS, DEFAULT_K, MAX_K, UNKNOWN_CLASS, Page
-from nearsight.app.page_html import CLICK_JS, message_html
-from nearsight.app.page_map import MapTab, map_tab_layout, wire_map_tab
-from nearsight.app.page_tables import (
+from nearsight.app.page.handlers import ANY_CLASS, DEFAULT_K, MAX_K, UNKNOWN_CLASS, Page
+from nearsight.app.page.html import CLICK_JS, message_html
+from nearsight.app.page.map_tab import MapTab, map_tab_layout, wire_map_tab
+from nearsight.app.page.tables import (
     CHANGE_COLUMNS,
     FAILURE_COLUMNS,
     PAIR_COLUMNS,
     gallery_header,
 )
-from nearsight.app.page_view import GalleryView, open_views
+from nearsight.app.page.view import GalleryView, open_views
 from nearsight.search.analysis import ANALYSIS_MAX_ITEMS
 from nearsight.search.rerank.spec import RerankSpec
 

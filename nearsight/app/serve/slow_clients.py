@@ -16,7 +16,7 @@ classes once per process so that, on every connection:
 
 The settings of a server are a :class:`ConnectionPolicy` set on its uvicorn config (each
 connection reads them when it opens); a request's body is bounded by the guard
-(nearsight/app/guard.py).
+(nearsight/app/serve/guard.py).
 """
 
 from __future__ import annotations

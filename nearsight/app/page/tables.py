@@ -1,4 +1,4 @@
-"""The page's tables and markdown, made from a :class:`~nearsight.app.page_view.GalleryView` and
+"""The page's tables and markdown, made from a :class:`~nearsight.app.page.view.GalleryView` and
 its leave-one-out analysis: plain data for gr.Dataframe / gr.LinePlot and markdown text."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from nearsight.app.page_view import GalleryView
+from nearsight.app.page.view import GalleryView
 from nearsight.models.spec import ModelSpec
 from nearsight.search.analysis import Analysis, Failure
 from nearsight.search.rerank.changes import Change

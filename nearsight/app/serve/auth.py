@@ -1,7 +1,7 @@
 """The API key, in one place: how a request presents it, how it is compared, how strong it
 must be, the browser's session cookie derived from it, and how wrong guesses are slowed.
 
-The guard (nearsight/app/guard.py) checks every request with :func:`presented_key` and
+The guard (nearsight/app/serve/guard.py) checks every request with :func:`presented_key` and
 :func:`key_matches`; the REST API's dependency (nearsight/app/rest/) uses the same two.
 """
 
@@ -14,7 +14,7 @@ import secrets
 import time
 from collections.abc import Iterable
 
-from nearsight.app.hosts import is_loopback
+from nearsight.app.serve.hosts import is_loopback
 from nearsight.core.errors import NearsightError
 
 API_KEY_HEADER = "X-API-Key"

@@ -17,7 +17,7 @@ from nearsight.core.atomic import atomic_file
 from nearsight.training.paper import PaperRow, protocol_metrics
 
 if TYPE_CHECKING:
-    from nearsight.app.reproduction import Reproduction
+    from nearsight.app.reproduce.run import Reproduction
     from nearsight.training.config import TrainConfig
 
 LABELS = {"nmi": "NMI", "map@r": "MAP@R"}

@@ -12,9 +12,8 @@ from typing import Any
 
 import gradio as gr
 
-from nearsight.app.live import DEFAULT_INTERVAL_S, GalleryWatcher
-from nearsight.app.page_html import QueryCard, message_html, result_html
-from nearsight.app.page_inputs import (
+from nearsight.app.page.html import QueryCard, message_html, result_html
+from nearsight.app.page.inputs import (
     UNKNOWN_CLASS,
     PageError,
     filter_note,
@@ -22,7 +21,7 @@ from nearsight.app.page_inputs import (
     label_value,
     page_errors,
 )
-from nearsight.app.page_tables import (
+from nearsight.app.page.tables import (
     FAILURE_ROWS,
     changes_frame,
     distance_frame,
@@ -33,7 +32,8 @@ from nearsight.app.page_tables import (
     pairs_frame,
     summary_markdown,
 )
-from nearsight.app.page_view import GalleryView
+from nearsight.app.page.view import GalleryView
+from nearsight.app.serve.live import DEFAULT_INTERVAL_S, GalleryWatcher
 from nearsight.core.errors import NearsightError
 from nearsight.data.image_input import QueryImage, query_from_bytes
 from nearsight.search.checks import check_k
@@ -65,7 +65,7 @@ class Page:
         self.max_filter_conditions: int | None = None  # None: the filters module's default
 
     def watch(self, interval: float = DEFAULT_INTERVAL_S) -> None:
-        """See other processes' changes to the galleries while serving (nearsight/app/live.py)."""
+        """See other processes' changes to the galleries while serving (nearsight/app/serve/live.py)."""
         self._watcher = GalleryWatcher(self.views, interval)
         self._watcher.start()
 

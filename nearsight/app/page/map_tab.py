@@ -23,7 +23,7 @@ import gradio as gr
 import numpy as np
 from PIL import Image, ImageDraw
 
-from nearsight.app.page_view import GalleryView
+from nearsight.app.page.view import GalleryView
 
 MAP_WIDTH, MAP_HEIGHT = 720, 520
 MAP_MARGIN = 24
