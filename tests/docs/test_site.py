@@ -1,7 +1,7 @@
 """The docs site: mkdocs.yml builds docs/*.md as ``mkdocs build --strict`` does (a broken link
 or anchor, a page missing from the nav, a reference object that does not resolve: any warning
-fails it), with the network refused, and its API reference holds every public name of
-``nearsight`` with its docstring."""
+fails it), with the network refused, into pages that load nothing from another host; its API
+reference holds every public name of ``nearsight`` with its docstring."""
 
 from __future__ import annotations
 
@@ -54,3 +54,5 @@ def test_the_site_builds_strict_offline_with_the_api_reference(tmp_path, monkeyp
         # the doc tests' hidden checks stay hidden: inside HTML comments, never shown as text
         shown = re.sub(r"<!--.*?-->", "", built.read_text(), flags=re.S)
         assert "docs_workspace" not in shown, page.name
+        # browsable offline: no script, stylesheet or font from another host
+        assert not re.search(r"<(script|link)\b[^>]*(src|href)=\"(https?:)?//", shown), page.name
