@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv lint clean browser gpu-check
+.PHONY: demo test venv lint clean browser gpu-check docs
 
 venv: $(STAMP)
 
@@ -25,6 +25,11 @@ demo: venv
 # The GPU path in one command (bench/gpu_check.py --help); GPU_CHECK_ARGS=--cpu-smoke on a CPU.
 gpu-check: venv
 	$(BIN)/python bench/gpu_check.py --json gpu_check.json $(GPU_CHECK_ARGS)
+
+# The docs site at http://127.0.0.1:8000, rebuilt as the pages change (optional: `make test`
+# builds it with `mkdocs build --strict`, tests/docs/test_site.py).
+docs: venv
+	$(BIN)/mkdocs serve
 
 lint: venv
 	$(BIN)/ruff check .
@@ -48,4 +53,4 @@ browser:
 	fi
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache site

@@ -13,8 +13,8 @@ step count keeps the comparison fair on a shared, loaded CPU; images/s says what
     python bench/demo_recipe.py --steps 300 --threads 1 --variants normsoftmax 64px
 
 Two 1-thread processes side by side use both cores for twice the runs per hour; their Recall@1
-is what compares, not their images/s. Results: README, "The demo's recipe", with the load they
-ran under.
+is what compares, not their images/s. Results: docs/benchmarks.md, "The demo's recipe", with the
+load they ran under.
 """
 
 from __future__ import annotations

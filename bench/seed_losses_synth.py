@@ -16,7 +16,7 @@ weights) and at the end, on the class-disjoint test split.
 on top), the comparison to use on a shared CPU; ``--seconds`` stops on the clock instead. A
 loss may carry its own parameters after a colon (``nra:include_anchor=true,alpha=3``).
 
-Results (also in the README, "Training from scratch on the synthetic set"):
+Results (also in docs/benchmarks.md, "Training from scratch on the synthetic set"):
 
 Measured 2026-11-23 (64 px, 8 x 4 batches, from scratch with the trainer's defaults: warmup
 + cosine, BatchNorm learning, 1e-3), one thread per run beside two other trainings on the 2

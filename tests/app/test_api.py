@@ -1,5 +1,5 @@
 """The Python API (`import nearsight`): lazy entry points, open_gallery's search / evaluate /
-len on a real ONNX gallery, export. (The README's example runs as a doc test: tests/docs/.)"""
+len on a real ONNX gallery, export. (docs/api.md's example runs as a doc test: tests/docs/.)"""
 
 from __future__ import annotations
 

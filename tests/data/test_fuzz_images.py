@@ -178,7 +178,7 @@ FUZZ_SETTINGS = settings(
 
 @pytest.fixture(scope="module")
 def outcomes() -> dict[str, int]:
-    """Counts of the outcomes, per seed format (printed at the end: the README's numbers)."""
+    """Counts of the outcomes, per seed format (printed at the end: docs/reliability.md's numbers)."""
     counts: dict[str, int] = {}
     yield counts
     print("\nfuzz outcomes:", dict(sorted(counts.items())))

@@ -24,7 +24,7 @@ from nearsight.core.errors import NearsightError
 
 DONE_MARKER = "demo-done.json"
 # The demo's recipe on top of the library's from-scratch defaults; each choice is measured in
-# bench/demo_recipe.py (README, "The demo").
+# bench/demo_recipe.py (docs/benchmarks.md, "The demo's recipe").
 DEMO_SETTINGS: dict[str, Any] = {
     "data.dataset": "folder",
     "model.pretrained": "auto",  # ImageNet weights when torchvision's cache has them
