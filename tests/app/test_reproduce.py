@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import assert_one_line_error, run
+from helpers import assert_one_line_error, run, started
 
 from nearsight.app.reproduction import Reproduction
 from nearsight.app.reproduction_table import render
@@ -125,14 +125,12 @@ def test_reproduce_writes_both_rows_and_a_killed_run_resumes_to_the_same_table(c
 
     # killed (SIGKILL) once training has written its first checkpoint, then run again
     killed = tmp_path / "killed"
-    process = subprocess.Popen(reproduce(cub, killed), env=ENV, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)  # fmt: skip
-    try:
+    with started(reproduce(cub, killed), env=ENV, stdout=subprocess.DEVNULL,
+                 stderr=subprocess.DEVNULL) as process:  # fmt: skip
         deadline = time.monotonic() + 300
         while not (killed / "train" / "last.pt").exists():
             assert process.poll() is None and time.monotonic() < deadline
             time.sleep(0.01)
-    finally:
         process.send_signal(signal.SIGKILL)
         process.wait()
     assert not (killed / "train" / "result.json").exists()  # killed during training
