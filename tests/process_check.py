@@ -10,6 +10,7 @@ killed (SIGKILL) and the run's exit status becomes 1 (tests failed)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -41,10 +42,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return
     lines = [f"pid {pid}: {command}" for pid, command in sorted(left.items())]
     for pid in left:
-        try:
+        with contextlib.suppress(OSError):  # gone meanwhile, or not ours to signal
             os.kill(pid, signal.SIGKILL)
-        except OSError:  # gone meanwhile, or not ours to signal
-            pass
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     title = f"{len(left)} process(es) started by the tests still ran at the end (now killed)"
     if reporter is not None:
