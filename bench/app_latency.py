@@ -4,7 +4,7 @@
     python bench/app_latency.py [--items 60000] [--dim 128] [--classes 100] [--image-size 224]
                                 [--model-format onnx|pt] [--queries 40] [--clients 1 4]
                                 [--concurrency 2] [--k 8] [--analysis] [--workdir DIR]
-                                [--json FILE] [--quick]
+                                [--json FILE] [--quick | --smoke]
 
 Setup (timed, not measured as latency):
 
@@ -23,8 +23,10 @@ Measured: the same query images uploaded (k = ``--k``) by N concurrent clients (
 with its own connection; default N = 1 and 4), every client sending ``--queries`` queries back
 to back: p50/p95 per query and the throughput, for ``POST /api/search`` (httpx, multipart) and
 for Gradio's ``/search`` (gradio_client). Beside them, in the bench process before the server
-starts, the embedding and the FAISS search alone (``GalleryView.embed`` + ``search_vector``,
-no server) for the servers' overhead.
+starts, the embedding and the FAISS search alone (``embedder.embed_images`` + ``search_one``,
+the calls a REST search makes, no server) for the servers' overhead. The query images are files
+of their own, not the gallery's: an upload whose bytes are a gallery file's is searched as that
+item, without embedding it (nearsight/search/searcher.py ``query_vector``).
 
 Goals (ratios within the run, issue #16): REST p50 at one client <= 1.2 x the direct time per
 query (embed + search p50); REST throughput at four clients >= 0.8 x 1 / (direct time per
@@ -33,7 +35,9 @@ query); micro-batching concurrent requests into one embedding call can take it a
 The server runs as it would when exposed: with an API key (sent by both clients), the default
 limits and the gallery watcher on.
 
-``--quick``: 10k items and 12 queries per client. A script, not a test. The machine may be
+``--quick``: 10k items and 12 queries per client. ``--smoke``: the smallest run that still
+prints every figure (a 32-px ResNet-18, 200 items, 4 queries, 1 and 4 clients; the suite runs
+it: tests/bench/test_bench_smoke.py). A script, not a test. The machine may be
 shared: the load average is printed with the numbers.
 """
 
@@ -77,11 +81,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--json", type=Path, help="also write the numbers to this file")
     parser.add_argument("--quick", action="store_true", help="10k items, 12 queries per client")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks it runs")
+    parser.add_argument("--arch", default="resnet50", help=argparse.SUPPRESS)
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)  # the server process
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
         args.items, args.queries = min(args.items, 10_000), min(args.queries, 12)
+    if args.smoke:
+        args.items, args.queries, args.image_size = 200, 4, 32
+        args.arch, args.classes = "resnet18", 10
     return args
 
 
@@ -90,7 +99,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def serve(args: argparse.Namespace) -> int:
     from nearsight.app.page.layout import build_app
-    from nearsight.app.serve.server import launch_app
+    from nearsight.app.serve.run import stop_on_sigterm
+    from nearsight.app.serve.server import launch_app, stop_app
 
     start = time.perf_counter()
     demo = build_app(
@@ -109,9 +119,10 @@ def serve(args: argparse.Namespace) -> int:
     analysed = time.perf_counter() - start if args.analysis else float("nan")
     print(f"{READY} {url} {opened:.2f} {analysed:.2f}", flush=True)
     try:
-        demo.block_thread()
+        with stop_on_sigterm():  # the bench stops it with SIGTERM
+            demo.block_thread()
     finally:
-        demo.close(verbose=False)
+        stop_app(demo)
     return 0
 
 
@@ -127,7 +138,9 @@ def make_model(workdir: Path, args: argparse.Namespace) -> tuple[Path, dict]:
     timings = {}
     torch.manual_seed(0)
     start = time.perf_counter()
-    net = build_embedding_net(EmbeddingConfig(dim=args.dim, image_size=args.image_size))
+    arch = getattr(args, "arch", "resnet50")  # bench/rerank.py passes its own options
+    config = EmbeddingConfig(dim=args.dim, image_size=args.image_size, arch=arch)
+    net = build_embedding_net(config)
     checkpoint = workdir / "model.pt"
     save_checkpoint(checkpoint, net)
     timings["checkpoint_s"] = time.perf_counter() - start
@@ -142,11 +155,11 @@ def make_model(workdir: Path, args: argparse.Namespace) -> tuple[Path, dict]:
     return model, timings
 
 
-def make_images(workdir: Path) -> list[Path]:
+def make_images(workdir: Path, name: str = "images", seed: int = 0) -> list[Path]:
     from nearsight.data.datasets.synthetic import write_synthetic
 
-    data = workdir / "images"
-    write_synthetic(data, classes=4, per_class=4, size=320)
+    data = workdir / name
+    write_synthetic(data, classes=4, per_class=4, size=320, seed=seed)
     return sorted(data.rglob("*.png"))
 
 
@@ -183,22 +196,23 @@ def make_gallery(workdir: Path, model: Path, images: list[Path], args) -> tuple[
 
 def direct_latency(gallery: Path, images: list[Path], args) -> dict:
     """Embedding + search without Gradio, in this process (the server is not running yet)."""
-    from nearsight.app.page.view import open_views
     from nearsight.data.images import load_image
+    from nearsight.search.served import open_served
 
-    (view,) = open_views([gallery], device="cpu")
+    (view,) = open_served([gallery], device="cpu")
     pictures = [load_image(path) for path in images]
     for picture in pictures[:2]:  # warm-up
-        view.search_image(picture, args.k)
+        view.search(picture, args.k)
     embed, search = [], []
     for i in range(max(8, args.queries // 2)):
         picture = pictures[i % len(pictures)]
         start = time.perf_counter()
-        vector = view.embed(picture)
+        vector = view.embedder.embed_images([picture])[0]
         middle = time.perf_counter()
-        view.search_vector(vector, args.k)
+        found = view.search_one(vector, args.k)
         search.append(time.perf_counter() - middle)
         embed.append(middle - start)
+        assert len(found) == args.k
     view.close()
     return {"embed": summary(embed), "search": summary(search)}
 
@@ -336,8 +350,8 @@ def main(argv=None) -> int:
             flush=True,
         )
         model, timings = make_model(workdir, args)
-        images = make_images(workdir)
-        gallery, build_s = make_gallery(workdir, model, images, args)
+        gallery, build_s = make_gallery(workdir, model, make_images(workdir, "images", 0), args)
+        images = make_images(workdir, "queries", 1)  # not the gallery's files
         timings["gallery_build_s"] = build_s
         report["setup"] = timings
         print("  " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()), flush=True)

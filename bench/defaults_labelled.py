@@ -19,6 +19,7 @@ the test split (every image queries all the others). Raw pixels (faiss kNN on th
 L2-normalised 32 px test images as the network sees them) are the reference.
 
     python bench/defaults_labelled.py [--steps 60] [--json FILE]
+    python bench/defaults_labelled.py --smoke    # 2 steps, 12 images a digit: it still runs
 
 On a shared CPU run it with ``OMP_NUM_THREADS=1``: with torch's two threads niced under other
 jobs, a step took minutes (below 1 image/s); one thread kept
@@ -83,10 +84,10 @@ RUNS = {
 }
 
 
-def write_digits_sop(root: Path, size: int = IMAGE_SIZE) -> Path:
+def write_digits_sop(root: Path, size: int = IMAGE_SIZE, per_digit: int | None = None) -> Path:
     """scikit-learn's digits as RGB PNGs of ``size`` px in the SOP layout: one super-class
     folder ``digits_final``, class_id = digit + 1, digits 0-4 in Ebay_train.txt, 5-9 in
-    Ebay_test.txt. Returns ``root``."""
+    Ebay_test.txt (the first ``per_digit`` images of each digit, or all). Returns ``root``."""
     from sklearn.datasets import load_digits
 
     digits = load_digits()
@@ -94,7 +95,11 @@ def write_digits_sop(root: Path, size: int = IMAGE_SIZE) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     header = "image_id class_id super_class_id path"
     lines = {"train": [header], "test": [header]}
+    kept: dict[int, int] = {}
     for number, (pixels, digit) in enumerate(zip(digits.images, digits.target, strict=True), 1):
+        kept[digit] = kept.get(digit, 0) + 1
+        if per_digit is not None and kept[digit] > per_digit:
+            continue
         grey = Image.fromarray(np.uint8(np.round(pixels * 255 / 16)), mode="L")
         name = f"{number:04d}.png"
         grey.resize((size, size), Image.Resampling.BILINEAR).convert("RGB").save(folder / name)
@@ -145,10 +150,15 @@ def main() -> None:
         "--seeds", nargs="+", type=int, default=[0], help="one run of each setting per seed"
     )
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--smoke", action="store_true", help="2 steps of the defaults on 12 images a digit"
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.steps, args.runs, args.seeds = 2, ["defaults"], [0]
 
     with tempfile.TemporaryDirectory() as tmp:
-        root = write_digits_sop(Path(tmp) / "digits")
+        root = write_digits_sop(Path(tmp) / "digits", per_digit=12 if args.smoke else None)
         pixels = raw_pixel_recall(root)
         results = []
         for seed in args.seeds:

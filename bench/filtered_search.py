@@ -150,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path)
     args = parser.parse_args(argv)
     faiss.omp_set_num_threads(args.threads)
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="filtered-bench-", dir=args.workdir))
     try:
         results = bench(args, workdir)

@@ -190,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sizes = [1_000_000] if args.quick else args.items
     faiss.omp_set_num_threads(args.threads)
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="index-scale-", dir=args.workdir))
     results: list[dict] = []
     try:

@@ -1,6 +1,7 @@
 """Forward+backward time per batch of every registered loss, beside pytorch-metric-learning.
 
     python bench/losses.py [--device cpu|cuda] [--repeats R] [--warmup W] [--threads T]
+                           [--smoke]
 
 Measures, for each batch shape (N = 120 and 180 images, 3 per class as in RLL's and ICE's SOP
 setting; D = 128 and 512), the median over R repeats (after W warm-up runs; a cell stops
@@ -11,7 +12,9 @@ steps are separate calls; the proxy losses over 100 classes, their proxies' grad
 and MarginLoss measured in the same run. Without ``--device`` it runs on the CPU and, when
 torch.cuda.is_available(), on CUDA too. It ends with the ratio ours-RLL / PML-RLL at N = 180,
 D = 512, timed in alternation (one run of each in turn) so that load from other processes
-falls on both alike. A script, not a test.
+falls on both alike. ``--smoke``: one small shape (N = 30, D = 16), one run per cell, the
+ratio at that shape: checks that every loss still runs (tests/bench/test_bench_smoke.py). A
+script, not a test.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from nearsight.training.losses.registry import LOSSES, build_loss, loss_paramete
 SHAPES = [(120, 128), (120, 512), (180, 128), (180, 512)]
 IMAGES_PER_CLASS = 3
 RATIO_SHAPE = (180, 512)
+SMOKE_SHAPE = (30, 16)
 
 
 def registered_losses(batch_size: int, dim: int) -> dict[str, torch.nn.Module]:
@@ -111,10 +115,14 @@ def time_loss(
 
 
 def bench_device(
-    device: torch.device, repeats: int, warmup: int, cell_seconds: float
+    device: torch.device,
+    repeats: int,
+    warmup: int,
+    cell_seconds: float,
+    shapes: list[tuple[int, int]] = SHAPES,
 ) -> dict[str, dict]:
     results: dict[str, dict] = {}
-    for batch_size, dim in SHAPES:
+    for batch_size, dim in shapes:
         generator = torch.Generator().manual_seed(batch_size * 1000 + dim)
         emb = torch.randn(batch_size, dim, generator=generator)
         emb = torch.nn.functional.normalize(emb, dim=1).to(device)
@@ -130,21 +138,25 @@ def bench_device(
     return results
 
 
-def print_table(device: torch.device, results: dict[str, dict]) -> None:
+def print_table(
+    device: torch.device, results: dict[str, dict], shapes: list[tuple[int, int]] = SHAPES
+) -> None:
     header = f"{'loss (' + device.type + ', ms fwd+bwd)':<26}" + "".join(
-        f"{f'N={n} D={d}':>15}" for n, d in SHAPES
+        f"{f'N={n} D={d}':>15}" for n, d in shapes
     )
     print(header)
     print("-" * len(header))
     for name, by_shape in results.items():
-        print(f"{name:<26}" + "".join(f"{1000 * by_shape[shape]:>15.3f}" for shape in SHAPES))
+        print(f"{name:<26}" + "".join(f"{1000 * by_shape[shape]:>15.3f}" for shape in shapes))
     print()
 
 
-def head_to_head(device: torch.device, repeats: int, warmup: int) -> tuple[float, float]:
-    """Median seconds of ours-RLL and PML-RLL at RATIO_SHAPE, timed in alternation so that
+def head_to_head(
+    device: torch.device, repeats: int, warmup: int, shape: tuple[int, int] = RATIO_SHAPE
+) -> tuple[float, float]:
+    """Median seconds of ours-RLL and PML-RLL at ``shape``, timed in alternation so that
     load from other processes hits both alike."""
-    batch_size, dim = RATIO_SHAPE
+    batch_size, dim = shape
     generator = torch.Generator().manual_seed(12345)
     emb = torch.randn(batch_size, dim, generator=generator)
     emb = torch.nn.functional.normalize(emb, dim=1).to(device)
@@ -169,7 +181,11 @@ def main(argv: list[str] | None = None) -> int:
         "--cell-seconds", type=float, default=1.0, help="stop repeating a cell after this long"
     )
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--smoke", action="store_true", help="one small shape, one run a cell")
     args = parser.parse_args(argv)
+    shapes, ratio_shape = ([SMOKE_SHAPE], SMOKE_SHAPE) if args.smoke else (SHAPES, RATIO_SHAPE)
+    if args.smoke:
+        args.repeats, args.warmup, args.cell_seconds = 1, 0, 0.0
     if args.repeats < 1 or args.warmup < 0:
         parser.error("--repeats must be >= 1 and --warmup >= 0")
     if args.threads is not None:
@@ -189,9 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     for device_name in devices:
         device = torch.device(device_name)
-        print_table(device, bench_device(device, args.repeats, args.warmup, args.cell_seconds))
-        ours, pml = head_to_head(device, 5 * args.repeats, 1)
-        n, d = RATIO_SHAPE
+        results = bench_device(device, args.repeats, args.warmup, args.cell_seconds, shapes)
+        print_table(device, results, shapes)
+        ours, pml = head_to_head(device, 5 * args.repeats, 1, ratio_shape)
+        n, d = ratio_shape
         print(
             f"ratio ours-RLL / PML-RLL at N={n}, D={d} on {device.type} (alternating runs, "
             f"median of {5 * args.repeats}): {ours / pml:.2f} "

@@ -215,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     results: dict = {"latency": [], "eval": None}
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         for size in sizes if args.only != "eval" else []:
             # batches of 64 over 1M vectors take seconds each on a small machine

@@ -12,6 +12,8 @@ weights) and at the end, on the class-disjoint test split.
     python bench/seed_losses_synth.py --steps 150 --losses rll \
         --set "model.heads=[layer2,layer3,layer4]" --set model.embedding=concat
 
+``--smoke``: 2 steps of ICE at 32 px on 16 classes x 4 images, to check that it runs.
+
 ``--steps N`` trains every loss for N updates of the embedding (RankMI's critic batches come
 on top), the comparison to use on a shared CPU; ``--seconds`` stops on the clock instead. A
 loss may carry its own parameters after a colon (``nra:include_anchor=true,alpha=3``).
@@ -177,7 +179,10 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, help="torch threads (two 1-thread runs side by side use 2 cores)"
     )
+    parser.add_argument("--smoke", action="store_true", help="2 steps of ICE on a tiny set")
     args = parser.parse_args()
+    if args.smoke:
+        args.steps, args.losses, args.image_size, args.workers = 2, ["ice"], 32, 0
     if args.threads:
         import torch
 
@@ -186,7 +191,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data = args.data or Path(tmp) / "synth"
         if not (data / "synthetic.json").exists():
-            write_synthetic(data, classes=100, per_class=24, size=96, seed=0)
+            size = {"classes": 16, "per_class": 4, "size": 32} if args.smoke else {
+                "classes": 100, "per_class": 24, "size": 96}  # fmt: skip
+            write_synthetic(data, seed=0, **size)
         if args.standin_out and args.standin_out.exists():
             args.set.insert(0, f"model.pretrained={args.standin_out}")
         elif args.standin_pretrain:

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -173,20 +174,45 @@ def running_page(galleries: list[Path], *, analyse: bool = True, **options):
         stop_app(demo)
 
 
+def stop_process(process: subprocess.Popen, timeout: float = 30) -> int:
+    """Stop a process a test started, and wait for it: SIGTERM, then SIGKILL if it has not
+    exited ``timeout`` s later. Returns its exit code (``-signal.SIGKILL`` when it had to be
+    killed). Never SIGINT: a job started with ``&`` (``nohup make test &``) ignores SIGINT, and
+    so does every process it starts."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode
+
+
+@contextlib.contextmanager
+def started(argv: list, *, timeout: float = 30, **popen: Any) -> Iterator[subprocess.Popen]:
+    """``subprocess.Popen(argv, **popen)`` for the block; however the block ends, the process
+    is stopped with :func:`stop_process` (a test that kills it itself leaves nothing to do)."""
+    process = subprocess.Popen([str(arg) for arg in argv], **popen)
+    try:
+        yield process
+    finally:
+        stop_process(process, timeout)
+
+
 @contextlib.contextmanager
 def serve_process(args: list, *, env: dict | None = None, stderr: Any = subprocess.DEVNULL):
     """``nearsight serve ARGS`` in a process of its own on a free port of 127.0.0.1, once its
-    ``/api/health`` answers (at most 120 s): yields (url, process), then terminates it."""
+    ``/api/health`` answers (at most 120 s): yields (url, process), then stops it
+    (:func:`stop_process`)."""
     import httpx
 
     port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "nearsight.app.cli", "serve", "--port", str(port),
-         "--analysis-max-items", "0", *[str(arg) for arg in args]],
-        env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL, stderr=stderr, text=True,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
+    argv = [sys.executable, "-m", "nearsight.app.cli", "serve", "--port", port,
+            "--analysis-max-items", "0", *args]  # fmt: skip
+    env = {**os.environ, **(env or {})}
+    with started(argv, env=env, stdout=subprocess.DEVNULL, stderr=stderr, text=True) as process:
+        url = f"http://127.0.0.1:{port}"
         for _ in range(600):
             with contextlib.suppress(httpx.TransportError):
                 if httpx.get(f"{url}/api/health", timeout=1).status_code == 200:
@@ -194,13 +220,6 @@ def serve_process(args: list, *, env: dict | None = None, stderr: Any = subproce
             assert process.poll() is None, "the server exited"
             time.sleep(0.2)
         yield url, process
-    finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(30)
 
 
 def process_mb(pid: int, field: str = "VmRSS") -> float:

@@ -4,7 +4,11 @@
   as in common DML code (Proxy-Anchor's and Roth et al.'s ResNet-50 wrappers), which keeps the
   width; ``gem``: generalised mean, (mean x^p)^(1/p) with p = 3 (Radenovic et al., "Fine-tuning
   CNN Image Retrieval with No Human Annotation", TPAMI 2018, whose learnt p settles near 3),
-  on the features clamped at 1e-6 (the root needs non-negative values; post-ReLU maps are);
+  over a feature map on the features clamped at 1e-6 (the root needs non-negative values;
+  post-ReLU maps are); over a transformer's tokens, which are signed (nothing clips them after
+  the final LayerNorm), the signed mean sign(m) |m|^(1/p) of m = mean(sign(x) |x|^p), which is
+  GeM wherever the values are non-negative and keeps a negative feature negative where the
+  clamp would flatten it to 1e-6;
 - ``token`` (transformers only): the class token.
 
 Over a transformer's tokens the pools other than ``token`` run over the patch tokens only (the
@@ -46,5 +50,13 @@ def pool_tokens(tokens: torch.Tensor, pooling: str, prefix_tokens: int) -> torch
     if pooling == "avgmax":
         return patches.mean(dim=1) + patches.amax(dim=1)
     if pooling == "gem":
-        return patches.clamp(min=GEM_EPS).pow(GEM_P).mean(dim=1).pow(1.0 / GEM_P)
+        return signed_gem(patches, dim=1)
     raise ValueError(f"unknown pooling {pooling!r}")
+
+
+def signed_gem(values: torch.Tensor, dim: int, p: float = GEM_P) -> torch.Tensor:
+    """The generalised mean of signed values along ``dim`` (module docstring). A mean within
+    GEM_EPS of 0 is taken as GEM_EPS (with its sign; exactly 0 stays 0): the root's slope
+    grows without bound at 0, and autograd would give NaN there."""
+    mean = (values.sign() * values.abs().pow(p)).mean(dim=dim)
+    return mean.sign() * mean.abs().clamp(min=GEM_EPS).pow(1.0 / p)

@@ -33,6 +33,10 @@ class TrainResult:
     best_score: float  # the selection metric at best_step
     best: dict[str, Any] = field(default_factory=dict)  # test metrics of best.pt
     last: dict[str, Any] = field(default_factory=dict)  # test metrics at the last evaluation
+    # the arithmetic this call trained in: "bf16" (autocast) or "fp32", and the line saying
+    # where and why (nearsight.models.hardware.resolve_fast_math)
+    precision: str = ""
+    precision_detail: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         values = asdict(self)
@@ -75,6 +79,8 @@ def train(config: TrainConfig, out_dir: str | Path, *, resume: bool = False) -> 
         best_score=state.best,
         best=dict(state.best_metrics),
         last=dict(state.last_metrics),
+        precision="bf16" if trainer.amp else "fp32",
+        precision_detail=trainer.precision,
     )
 
 

@@ -116,6 +116,7 @@ class Trainer:
         self.amp, self.channels_last, chosen = resolve_fast_math(
             config.amp, config.channels_last, cuda=self.cuda
         )
+        self.precision = chosen  # what runs, for the run's result (reproduce reports it)
         if self.channels_last:
             self.model.to(memory_format=torch.channels_last)
         if self.dist.main:

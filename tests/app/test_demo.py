@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 
 import httpx
-from helpers import free_port
+from helpers import free_port, started, stop_process
 
 from nearsight.app.cli import main
 
@@ -65,16 +64,16 @@ def test_demo_runs_the_pipeline_then_reuses_it(tmp_path, capsys):
     assert out.count("reusing") == 5  # data, run, models, two galleries
     assert "generating" not in out and "training ResNet-50" not in out
 
-    # third run, launching: the page serves both galleries until interrupted
+    # third run, launching: the page serves both galleries until stopped (SIGTERM, which a
+    # job started with `&` can still receive: it ignores SIGINT)
     port = free_port()
     launch = [a for a in TINY if a != "--no-launch"]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "nearsight.app.cli", "demo", "--workdir", str(work), *launch,
-         "--port", str(port)],
+    with started(
+        [sys.executable, "-m", "nearsight.app.cli", "demo", "--workdir", work, *launch,
+         "--port", port],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
-    try:
+    ) as process:  # fmt: skip
         lines = []
         while not any("serving 2 gallery(ies)" in line for line in lines):
             line = process.stdout.readline()
@@ -83,7 +82,6 @@ def test_demo_runs_the_pipeline_then_reuses_it(tmp_path, capsys):
         assert f"http://127.0.0.1:{port}/" in lines[-1]
         health = httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=30).json()
         assert [g["name"] for g in health["galleries"]] == ["gallery-ice", "gallery-untrained"]
-    finally:
-        process.send_signal(signal.SIGINT)
-        _, err = process.communicate(timeout=60)
-    assert process.returncode == 0 and "nearsight: stopped" in err, err
+        code = stop_process(process, timeout=60)
+        err = process.stderr.read()
+    assert code == 0 and "nearsight: stopped" in err, err  # closed, not killed

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import FAST, assert_one_line_error, run, tiny_model
+from helpers import FAST, assert_one_line_error, run, started, tiny_model
 
 from nearsight.app.cli import main
 from nearsight.data.datasets import load_dataset
@@ -284,15 +284,15 @@ def test_killing_a_build_part_way_leaves_the_previous_gallery(setup, tmp_path, c
     # stderr on a terminal: the progress bar shows as soon as embedding starts
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))  # tqdm needs columns
-    process = subprocess.Popen(
+    # (the file opened on master closes it when the block ends)
+    with started(
         _cli("index", "build", "--model", setup["model"], "--images", *many, "--out", gallery,
              "--batch-size", "4", *FAST),
         stdout=subprocess.DEVNULL, stderr=slave,
-    )  # fmt: skip
-    os.close(slave)
-    seen = b""
-    deadline = time.monotonic() + 120
-    try:
+    ) as process, open(master, "rb", buffering=0):  # fmt: skip
+        os.close(slave)
+        seen = b""
+        deadline = time.monotonic() + 120
         while b"embedding" not in seen and time.monotonic() < deadline:
             ready, _, _ = select.select([master], [], [], 1.0)
             if ready:
@@ -303,10 +303,6 @@ def test_killing_a_build_part_way_leaves_the_previous_gallery(setup, tmp_path, c
         assert b"embedding" in seen, seen.decode(errors="replace")
         process.send_signal(signal.SIGKILL)
         assert process.wait(timeout=30) == -signal.SIGKILL
-    finally:
-        if process.poll() is None:
-            process.kill()
-        os.close(master)
     with Gallery.open(gallery) as opened:
         assert len(opened) == 12
     assert search_json(capsys, gallery, load_dataset("folder", setup["data"], "test").paths[0]) == (
@@ -319,17 +315,15 @@ def test_killing_a_build_part_way_leaves_the_previous_gallery(setup, tmp_path, c
 @pytest.mark.slow  # two CLI processes
 def test_two_concurrent_adds_both_land(setup, gallery_copy):
     extra = load_dataset("folder", setup["data"], "train").paths
-    first = subprocess.Popen(
-        _cli("index", "add", "--gallery", gallery_copy, *extra[:3], *FAST),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    second = subprocess.Popen(
-        _cli("index", "add", "--gallery", gallery_copy, *extra[3:5], *FAST),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    for process in (first, second):
-        _, err = process.communicate(timeout=300)
-        assert process.returncode == 0, err.decode()
+    add = ("index", "add", "--gallery", gallery_copy)
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    with (
+        started(_cli(*add, *extra[:3], *FAST), **pipes) as first,
+        started(_cli(*add, *extra[3:5], *FAST), **pipes) as second,
+    ):
+        for process in (first, second):
+            _, err = process.communicate(timeout=300)
+            assert process.returncode == 0, err.decode()
     with Gallery.open(gallery_copy) as gallery:
         assert len(gallery) == 17
         np.testing.assert_array_equal(gallery.ids, np.arange(17))

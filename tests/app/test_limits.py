@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from helpers import running_page
+from helpers import running_page, started
 
 from nearsight.app.rest.gates import GateFull, WorkGate
 from nearsight.app.serve.batcher import BatcherFull, EmbedBatcher
@@ -238,13 +238,12 @@ def test_eight_64_megapixel_uploads_at_once_keep_the_server_under_a_memory_bound
     Image.new("RGB", (7990, 7990), (120, 30, 200)).save(big)
     data = big.read_bytes()
     port = free_port()
-    server = subprocess.Popen(
+    with started(
         [sys.executable, "-m", "nearsight.app.cli", "serve", "--gallery",
-         str(onnx_gallery.gallery), "--port", str(port), "--concurrency", "2",
+         onnx_gallery.gallery, "--port", port, "--concurrency", "2",
          "--max-upload-mb", "4", "--analysis-max-items", "0"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
+    ) as server:  # fmt: skip
         url = f"http://127.0.0.1:{port}/api"
         for _ in range(600):
             try:
@@ -265,9 +264,6 @@ def test_eight_64_megapixel_uploads_at_once_keep_the_server_under_a_memory_bound
         for thread in threads:
             thread.join()
         peak = _rss_mb(server.pid, "VmHWM")
-    finally:
-        server.terminate()
-        server.wait(30)
     print(f"idle {idle:.0f} MB, peak {peak:.0f} MB")
     assert sorted(set(statuses)) == [200]
     assert peak - idle < 2000

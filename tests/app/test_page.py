@@ -18,7 +18,7 @@ import pytest
 import torch
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
-from helpers import TinyGallery, free_port, running_page
+from helpers import TinyGallery, free_port, running_page, started, stop_process
 from PIL import Image
 
 from nearsight.app.cli import main
@@ -380,14 +380,13 @@ def test_nearsight_serve_prints_the_url_and_serves(tiny):
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     command = [sys.executable, "-m", "nearsight.app.cli", "serve", "--gallery", str(tiny.gallery)]
-    process = subprocess.Popen(
-        [*command, "--port", str(port), "--device", "cpu"],
+    with started(
+        [*command, "--port", port, "--device", "cpu"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=env,
-    )
-    try:
+    ) as process:
         line = process.stdout.readline()
         assert f"http://127.0.0.1:{port}/" in line, line + process.stderr.read()
         response = httpx.get(f"http://127.0.0.1:{port}/", timeout=30)
@@ -398,7 +397,6 @@ def test_nearsight_serve_prints_the_url_and_serves(tiny):
             )
         )
         assert [row["id"] for row in rows][0] == tiny.items[2]["id"]
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-    assert process.returncode is not None
+        code = stop_process(process)
+        err = process.stderr.read()
+    assert code == 0 and "nearsight: stopped" in err, err  # SIGTERM closes it cleanly

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import FAST, cli_argv, read_jsonl
+from helpers import FAST, cli_argv, read_jsonl, started
 
 from nearsight.app.cli import main
 from nearsight.data.datasets import load_dataset
@@ -110,41 +110,37 @@ def test_sigkill_during_train_then_resume_matches_an_uninterrupted_run(data, tmp
               "--set", "data.eval_batch_size=16"]  # fmt: skip
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "env": CHILD_ENV}
-    reference = subprocess.Popen(cli_argv(*common, "--out", straight), **quiet)
-    victim = subprocess.Popen(cli_argv(*common, "--out", killed), **quiet)
-    try:
-        # step 3 trained: last.pt holds step 2 (save_every=1). Then kill the moment a checkpoint
-        # write begins (step 3's evaluation writes best.pt and last.pt): the hardest point, a
-        # half-written checkpoint beside a whole one, and an evaluation line already logged
-        def writing_a_checkpoint_after_step_3() -> bool:
-            log = killed / "train.jsonl"
-            return (
-                log.exists()
-                and len(read_jsonl(log)) >= 3
-                and any(name.endswith(".tmp") for name in temporaries(killed))
-            )
+    with started(cli_argv(*common, "--out", straight), **quiet) as reference:
+        with started(cli_argv(*common, "--out", killed), **quiet) as victim:
+            # step 3 trained: last.pt holds step 2 (save_every=1). Then kill the moment a
+            # checkpoint write begins (step 3's evaluation writes best.pt and last.pt): the
+            # hardest point, a half-written checkpoint beside a whole one, and an evaluation
+            # line already logged
+            def writing_a_checkpoint_after_step_3() -> bool:
+                log = killed / "train.jsonl"
+                return (
+                    log.exists()
+                    and len(read_jsonl(log)) >= 3
+                    and any(name.endswith(".tmp") for name in temporaries(killed))
+                )
 
-        hit = wait_for(writing_a_checkpoint_after_step_3, 240, victim)
-        assert hit, victim.stderr.read().decode()[-2000:]
-        victim.send_signal(signal.SIGKILL)
-        assert victim.wait(timeout=30) == -signal.SIGKILL
-    finally:
-        if victim.poll() is None:
-            victim.kill()
-    saved_step = load_checkpoint(killed / "last.pt")["state"]["step"]
-    assert 2 <= saved_step < TRAIN_STEPS
-    left = temporaries(killed)
-    assert left  # the half-written checkpoint
-    print(f"\nkilled after step {len(read_jsonl(killed / 'train.jsonl'))} was logged, writing "
-          f"{left}; last.pt at step {saved_step}")  # fmt: skip
+            hit = wait_for(writing_a_checkpoint_after_step_3, 240, victim)
+            assert hit, victim.stderr.read().decode()[-2000:]
+            victim.send_signal(signal.SIGKILL)
+            assert victim.wait(timeout=30) == -signal.SIGKILL
+        saved_step = load_checkpoint(killed / "last.pt")["state"]["step"]
+        assert 2 <= saved_step < TRAIN_STEPS
+        left = temporaries(killed)
+        assert left  # the half-written checkpoint
+        print(f"\nkilled after step {len(read_jsonl(killed / 'train.jsonl'))} was logged, writing "
+              f"{left}; last.pt at step {saved_step}")  # fmt: skip
 
-    resumed = subprocess.run(
-        cli_argv("train", "--out", killed, "--resume"), capture_output=True, env=CHILD_ENV, timeout=300
-    )
-    assert resumed.returncode == 0, resumed.stderr.decode()[-3000:]
-    assert f"resumed from {killed / 'last.pt'} at step {saved_step}" in resumed.stderr.decode()
-    _, err = reference.communicate(timeout=300)
-    assert reference.returncode == 0, err.decode()[-3000:]
+        resumed = subprocess.run(cli_argv("train", "--out", killed, "--resume"),
+                                 capture_output=True, env=CHILD_ENV, timeout=300)  # fmt: skip
+        assert resumed.returncode == 0, resumed.stderr.decode()[-3000:]
+        assert f"resumed from {killed / 'last.pt'} at step {saved_step}" in resumed.stderr.decode()
+        _, err = reference.communicate(timeout=300)
+        assert reference.returncode == 0, err.decode()[-3000:]
 
     # the loss curve: every step once, the same losses and learning rates
     expected, got = read_jsonl(straight / "train.jsonl"), read_jsonl(killed / "train.jsonl")
@@ -224,20 +220,16 @@ def test_sigkill_while_index_add_writes_leaves_a_whole_gallery(data, big_gallery
         shutil.rmtree(target, ignore_errors=True)
         shutil.copytree(big_gallery, target)
         before = gallery_state(target)
-        process = subprocess.Popen(
+        with started(
             cli_argv("index", "add", "--gallery", target, *extra, *FAST),
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=CHILD_ENV,
-        )  # fmt: skip
-        try:
+        ) as process:  # fmt: skip
             seen = wait_for(
                 lambda seen=before: bool(writing_traces(target, seen)), 120, process, every=0.001
             )
             if seen:
                 process.send_signal(signal.SIGKILL)
             code = process.wait(timeout=60)
-        finally:
-            if process.poll() is None:
-                process.kill()
         left = writing_traces(target, before)
         count = assert_big_whole(target)
         if code == -signal.SIGKILL:

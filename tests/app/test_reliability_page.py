@@ -67,7 +67,7 @@ def rss_mb(pid: int) -> float:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Server:
-    from helpers import make_tiny_gallery  # the page tests' gallery, secret and symlink
+    from helpers import make_tiny_gallery, started  # the page tests' gallery, secret and symlink
 
     # ResNet-18: 400 queries in a test; the page code is the same for any network
     tiny = make_tiny_gallery(tmp_path_factory.mktemp("reliability-page"), "resnet18", seed=0)
@@ -80,14 +80,13 @@ def server(tmp_path_factory) -> Server:
     port = free_port()
     env = {**os.environ, "GRADIO_TEMP_DIR": str(cache), "OMP_NUM_THREADS": "1",
            "PYTHONDONTWRITEBYTECODE": "1"}  # fmt: skip
-    process = subprocess.Popen(
-        [sys.executable, "-m", "nearsight.app.cli", "serve", "--gallery", str(gallery), "--port", str(port),
+    with started(
+        [sys.executable, "-m", "nearsight.app.cli", "serve", "--gallery", gallery, "--port", port,
          "--device", "cpu", "--max-upload-mb", "1"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}/"
-    deadline = time.monotonic() + 180
-    try:
+    ) as process:  # fmt: skip
+        url = f"http://127.0.0.1:{port}/"
+        deadline = time.monotonic() + 180
         while True:
             assert process.poll() is None, "nearsight serve exited"
             assert time.monotonic() < deadline, "nearsight serve did not answer in 180 s"
@@ -98,13 +97,6 @@ def server(tmp_path_factory) -> Server:
                 pass
             time.sleep(0.25)
         yield Server(url, process, root, items, secret, link, bad, cache, gallery)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=30)
 
 
 # -- the HTTP protocol ----------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import assert_one_line_error, run
+from helpers import assert_one_line_error, run, started
 
 from nearsight.app.reproduce.run import Reproduction
 from nearsight.app.reproduce.table import render
@@ -97,6 +97,8 @@ def test_reproduce_writes_both_rows_and_a_killed_run_resumes_to_the_same_table(c
                                           "map@r")]  # fmt: skip
     assert "| ours, final step | " + " | ".join(f"{v:.1f}" for v in row) + " |" in markdown
     assert "step 8), from the training's final evaluation" in markdown
+    # RankMI does not say which network it reports: the final one is compared as well
+    assert "| ours, final step - paper | " in markdown
     # RankMI says nothing of which network its tables report
     assert "Which network the paper reports is not known: sec. 4.1" in markdown
     assert "as the paper" not in markdown.split("Model selection")[1]
@@ -117,22 +119,31 @@ def test_reproduce_writes_both_rows_and_a_killed_run_resumes_to_the_same_table(c
     assert report["selection"]["selected_by"] == "test/recall@1"
     assert report["nmi"]["average"] == "arithmetic"
     assert report["wall_seconds"]["total"] > 0 and report["device"]
+    # the precision the training ran in, recorded and printed (amp=false: fp32)
+    assert report["precision"] == "fp32" and "bf16 autocast off" in report["precision_detail"]
+    assert "Precision: fp32 (bf16 autocast off" in markdown
+    assert report["difference_final_step"]["recall@1"] == pytest.approx(row[0] - 66.7)
+    assert report["difference_final_step"]["map@r"] is None  # the paper has no MAP@R
     # "as the paper" only of the row that follows the paper's own choice of network
     for reports, follows in (("final", "the row 'ours, final step' follows that protocol"),
                              ("best", "the row 'ours' follows that protocol")):  # fmt: skip
         report["selection"].update(paper=reports, paper_source="where it says so")
-        assert f"(where it says so): {follows}." in render(report)
+        assert f"(where it says so): {follows}" in render(report)
+        # ours - paper of the final network too, unless the paper reports its best one
+        assert ("| ours, final step - paper |" in render(report)) == (reports == "final")
+    # "as the paper" of NMI only where the paper reports one
+    report["paper"]["nmi"] = None
+    assert "the paper reports no NMI" in render(report)
+    assert "mean of the two entropies, as the paper" not in render(report)
 
     # killed (SIGKILL) once training has written its first checkpoint, then run again
     killed = tmp_path / "killed"
-    process = subprocess.Popen(reproduce(cub, killed), env=ENV, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)  # fmt: skip
-    try:
+    with started(reproduce(cub, killed), env=ENV, stdout=subprocess.DEVNULL,
+                 stderr=subprocess.DEVNULL) as process:  # fmt: skip
         deadline = time.monotonic() + 300
         while not (killed / "train" / "last.pt").exists():
             assert process.poll() is None and time.monotonic() < deadline
             time.sleep(0.01)
-    finally:
         process.send_signal(signal.SIGKILL)
         process.wait()
     assert not (killed / "train" / "result.json").exists()  # killed during training

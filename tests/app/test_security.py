@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import subprocess
 import sys
@@ -143,25 +142,10 @@ def test_the_key_can_come_from_a_file_or_the_environment(onnx_gallery, tmp_path)
     key_file = tmp_path / "key"
     key_file.write_text(KEY + "\n")
     for extra, env in ((["--api-key-file", str(key_file)], {}), ([], {"NEARSIGHT_API_KEY": KEY})):
-        port = free_port()
-        server = subprocess.Popen(
-            [sys.executable, "-m", "nearsight.app.cli", "serve", "--gallery",
-             str(onnx_gallery.gallery), "--port", str(port), "--analysis-max-items", "0", *extra],
-            env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        )  # fmt: skip
-        try:
-            url = f"http://127.0.0.1:{port}"
-            for _ in range(600):
-                with contextlib.suppress(httpx.TransportError):
-                    if httpx.get(f"{url}/api/health", timeout=1).status_code == 200:
-                        break
-                time.sleep(0.2)
+        with serve_process(["--gallery", onnx_gallery.gallery, *extra], env=env) as (url, _):
             assert httpx.get(f"{url}/api/items/0", timeout=10).status_code == 401
             ok = httpx.get(f"{url}/api/items/0", headers={"X-API-Key": KEY}, timeout=10)
             assert ok.status_code == 200
-        finally:
-            server.terminate()
-            server.wait(30)
     assert shutil.which("ps") is None or KEY not in subprocess.run(
         ["ps", "-eo", "args"], capture_output=True, text=True
     ).stdout

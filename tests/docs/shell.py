@@ -105,13 +105,10 @@ class DocWorkspace:
             raise AssertionError("\n".join(problems))
 
     def close(self) -> None:
+        from helpers import stop_process
+
         for process, _ in self._servers:
-            process.terminate()
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop_process(process)
         self._servers.clear()
         if self._cwd_before is not None:
             os.chdir(self._cwd_before)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import FAST, cli_argv, run
+from helpers import FAST, cli_argv, run, started
 
 from nearsight.app.cli import main
 from nearsight.data.datasets.synthetic import write_synthetic
@@ -63,24 +63,18 @@ def test_two_process_build_equals_the_one_process_build(setup, tmp_path):
     embeds every other chunk of 5 images, rank 0 merges. Same items, ids and vectors."""
     out = tmp_path / "two"
     port = str(29500 + os.getpid() % 1000)
-    processes = [
-        subprocess.Popen(
-            cli_argv(*setup["build"], "--out", out),
-            env={
-                **ENV,
-                "RANK": str(rank),
-                "LOCAL_RANK": str(rank),
-                "WORLD_SIZE": "2",
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": port,
-            },
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        for rank in range(2)
-    ]
-    results = [process.communicate(timeout=300) for process in processes]
+    def rank(number: int) -> dict:
+        return {"RANK": str(number), "LOCAL_RANK": str(number), "WORLD_SIZE": "2",
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}  # fmt: skip
+
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    argv = cli_argv(*setup["build"], "--out", out)
+    with (
+        started(argv, env={**ENV, **rank(0)}, **pipes) as first,
+        started(argv, env={**ENV, **rank(1)}, **pipes) as second,
+    ):
+        processes = [first, second]
+        results = [process.communicate(timeout=300) for process in processes]
     for process, (_, err) in zip(processes, results, strict=True):
         assert process.returncode == 0, err[-3000:]
     assert "2 processes" in results[0][0] and "rank 1: embedded 2 chunks" in results[1][0]
@@ -92,20 +86,16 @@ def test_two_process_build_equals_the_one_process_build(setup, tmp_path):
 def test_a_build_killed_part_way_resumes_from_its_finished_chunks(setup, tmp_path, capsys):
     out = tmp_path / "g"
     chunks = tmp_path / ".g.chunks"
-    process = subprocess.Popen(
+    with started(
         cli_argv(*setup["build"], "--out", out, "--chunk-size", "2", "--batch-size", "1"),
         env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    try:
+    ) as process:  # fmt: skip
         deadline = time.monotonic() + 180
         while len(list(chunks.glob("*.csv"))) < 3 and time.monotonic() < deadline:
             assert process.poll() is None, process.stderr.read().decode()[-2000:]
             time.sleep(0.01)
         process.send_signal(signal.SIGKILL)
         assert process.wait(timeout=30) == -signal.SIGKILL
-    finally:
-        if process.poll() is None:
-            process.kill()
     finished = sorted(p.name for p in chunks.glob("*.csv"))
     assert 3 <= len(finished) < 12 and not out.exists()
     stamps = {name: (chunks / name).stat().st_mtime_ns for name in finished}

@@ -83,6 +83,23 @@ def test_transformer_pools_run_over_the_patch_tokens_only():
     torch.testing.assert_close(gem, torch.tensor([[(28 / 2) ** (1 / 3), (72 / 2) ** (1 / 3)]]))
 
 
+def test_gem_over_tokens_keeps_their_sign():
+    """A transformer's tokens are signed: GeM over them is the signed generalised mean, not
+    GeM of the tokens clipped at 0 (which flattened every negative feature to 1e-6)."""
+    tokens = torch.tensor([[[9.0, 9.0, 9.0], [-1.0, 1.0, -1.0], [-2.0, -2.0, 1.0]]])
+    gem = pool_tokens(tokens, "gem", 1)[0]
+    # mean of x^3 per feature: -4.5, -3.5, 0; its signed cube root
+    torch.testing.assert_close(gem, torch.tensor([-(4.5 ** (1 / 3)), -(3.5 ** (1 / 3)), 0.0]))
+    positive = torch.rand(2, 5, 4) + 0.1  # on positive tokens: GeM itself
+    expected = positive[:, 1:].pow(3).mean(dim=1).pow(1 / 3)
+    torch.testing.assert_close(pool_tokens(positive, "gem", 1), expected)
+    # finite gradients, a feature whose mean is exactly 0 included
+    tokens = tokens.clone().requires_grad_(True)
+    pool_tokens(tokens, "gem", 1).sum().backward()
+    assert torch.isfinite(tokens.grad).all()
+    assert tokens.grad[0, 0].abs().sum() == 0  # the class token is left out
+
+
 def test_gem_is_the_generalised_mean_of_the_map():
     features = torch.tensor([1.0, 2.0, 3.0, 4.0]).view(1, 1, 2, 2)
     expected = ((1 + 8 + 27 + 64) / 4) ** (1 / 3)

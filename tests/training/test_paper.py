@@ -77,6 +77,8 @@ def test_the_differences_a_researcher_found_are_listed(name):
         assert paper.nmi_source.startswith("sec. 4, Evaluation metrics")  # not sec. 5
     if loss == "proxyanchor":
         assert "evaluates after every epoch" in differs
+    # bf16 runs wherever the hardware has it, CPUs included, and the table says which ran
+    assert "CPUs with AVX512-BF16 or AMX, else fp32" in differs and "on CUDA (" not in differs
 
 
 @pytest.mark.parametrize(

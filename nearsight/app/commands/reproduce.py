@@ -12,8 +12,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="train, export, index and evaluate a config; compare with its paper's row",
         description="Reproduce a paper's row: train CONFIG on the dataset at --root, export "
         "best.pt to ONNX, index the test split, evaluate it by the paper's protocol (Recall@k, "
-        "NMI as the paper defines it, MAP@R) and write RUN/reproduction.md and .json with the "
-        "paper's row (cited) beside ours. Each stage whose output is complete is skipped: run "
+        "NMI as the paper defines it where it reports one, MAP@R) and write "
+        "RUN/reproduction.md and .json with the paper's row (cited) beside ours, the device "
+        "and the precision (bf16 or fp32) the training ran in. Each stage whose output is complete is skipped: run "
         "the same command again to resume after an interruption. Under torchrun, training is "
         "distributed and the index built in shards. See docs/reproducing.md.",
     )
@@ -33,8 +34,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--pretrained",
         metavar="WEIGHTS",
-        help="the trunk's starting weights, instead of the config's (imagenet): imagenet | "
-        "imagenet-v1 | imagenet-v2 | none (from scratch) | FILE.pth; the same as --set "
+        help="the trunk's starting weights, instead of the config's (imagenet for a ResNet, "
+        "hub for a timm trunk): imagenet | imagenet-v1 | imagenet-v2 (torchvision's, for a "
+        "ResNet) | hub (a timm trunk's pretrained weights, from the Hugging Face cache) | "
+        "none (from scratch) | FILE (.pth, .safetensors); the same as --set "
         "model.pretrained=WEIGHTS, and listed in the table as a difference",
     )
     parser.add_argument(

@@ -9,7 +9,7 @@ output is there is complete and is skipped on the next run::
     RUN/model.onnx       best.pt exported and parity-checked
     RUN/gallery/         the test split indexed (a killed build reuses its finished chunks)
     RUN/metrics.json     the paper's protocol on the gallery (Recall@k, NMI as the paper
-                         defines it, MAP@R)
+                         defines it where it reports one, MAP@R)
     RUN/reproduction.md, RUN/reproduction.json   the paper's row beside ours
 
 Under torchrun, training is distributed data parallel and the index is built one shard per
@@ -181,6 +181,8 @@ class Reproduction:
                 "seconds": round(time.perf_counter() - started, 2),
                 "train_seconds": round(result.train_seconds, 2),
                 "device": _device(config.device),
+                "precision": result.precision,  # bf16 or fp32: what this invocation ran
+                "precision_detail": result.precision_detail,
                 "processes": self.world,
                 "resumed": resume,  # seconds counts this invocation only
             }

@@ -33,7 +33,8 @@ PAPER_SELECTION_NOTES = {
     "best": "The paper reports its best test evaluation during training ({source}): the row "
     "'{row}' follows that protocol.",
     "final": "The paper reports the network at the end of a fixed training length ({source}): "
-    "the row 'ours, final step' follows that protocol.",
+    "the row 'ours, final step' follows that protocol ('ours, final step - paper' compares "
+    "it).",
     "unstated": "Which network the paper reports is not known: {source}. Compare with both "
     "'ours' and 'ours, final step'.",
 }
@@ -55,12 +56,7 @@ def build_report(
     dataset = config.data.dataset
     names = columns(paper, dataset, measured)
     ours = {n: _percent(measured.get(n)) for n in names}
-    difference = {
-        n: None
-        if ours[n] is None or paper.metrics.get(n) is None
-        else round(ours[n] - paper.metrics[n], 4)
-        for n in names
-    }
+    difference = _difference(ours, paper, names)
     stages = state["stages"]
     seconds = {name: stages[name]["seconds"] for name in stages}
     evaluations = _evaluations(out)
@@ -71,6 +67,7 @@ def build_report(
         best_test = _evaluation_row(best, names, nmi_shown)
     # the trainer evaluates at the end of every run: its last record is the final network's
     final = _evaluation_row(evaluations[-1], names, nmi_shown) if evaluations else None
+    train = stages.get("train", {})
     return {
         "config": repro.config,
         "dataset": dataset,
@@ -80,6 +77,9 @@ def build_report(
         "difference": difference,
         # the network at the end of training (the trainer's final evaluation of the test split)
         "ours_final_step": final,
+        # ours, final step - paper: the comparison that follows a paper reporting its final
+        # network (paper.selection final), shown then and when the paper does not say
+        "difference_final_step": None if final is None else _difference(final, paper, names),
         # under --selection val, also the best test evaluation of the run
         "ours_best_test": best_test,
         "citation": {
@@ -108,10 +108,14 @@ def build_report(
             "overrides": _overrides(repro),
         },
         "wall_seconds": {**seconds, "total": round(sum(seconds.values()), 2)},
-        "train_seconds": stages.get("train", {}).get("train_seconds"),
-        "train_resumed": bool(stages.get("train", {}).get("resumed", False)),
-        "device": stages.get("train", {}).get("device"),
-        "processes": stages.get("train", {}).get("processes", 1),
+        "train_seconds": train.get("train_seconds"),
+        "train_resumed": bool(train.get("resumed", False)),
+        "device": train.get("device"),
+        # the arithmetic the training ran in (bf16 autocast or fp32; None: a run folder from
+        # before it was recorded)
+        "precision": train.get("precision"),
+        "precision_detail": train.get("precision_detail"),
+        "processes": train.get("processes", 1),
         "queries": measured.get("queries"),
     }
 
@@ -147,6 +151,10 @@ def render(report: dict[str, Any]) -> str:
     final, best_test = report.get("ours_final_step"), report.get("ours_best_test")
     if final is not None:
         lines.append(_row("ours, final step", [final[n] for n in names], digits))
+        final_difference = report.get("difference_final_step")
+        if final_difference is not None and report["selection"]["paper"] != "best":
+            values = [final_difference[n] for n in names]
+            lines.append(_row("ours, final step - paper", values, digits, sign=True))
     if best_test is not None:
         lines.append(_row("ours, best test evaluation", [best_test[n] for n in names], digits))
     selection = report["selection"]
@@ -175,9 +183,15 @@ def render(report: dict[str, Any]) -> str:
     for name, reason in cite["missing"].items():
         lines.append(f"- paper {name} empty: {reason}")
     nmi = report["nmi"]
-    lines.append(
-        f"- NMI: {nmi['average']} mean of the two entropies, as the paper ({nmi['source']})"
-    )
+    if report["paper"].get("nmi") is not None:
+        lines.append(
+            f"- NMI: {nmi['average']} mean of the two entropies, as the paper ({nmi['source']})"
+        )
+    elif "nmi" in names:
+        lines.append(
+            f"- NMI: {nmi['average']} mean of the two entropies; the paper reports no NMI "
+            f"({nmi['source']})"
+        )
     paper_row = "ours" if selection["protocol"] == "test" else "ours, best test evaluation"
     paper_note = PAPER_SELECTION_NOTES[selection["paper"]].format(
         source=selection["paper_source"], row=paper_row
@@ -218,7 +232,24 @@ def _wall_time(report: dict[str, Any]) -> str:
     device = f". Device: {report['device']}"
     if report["processes"] > 1:
         device += f", {report['processes']} processes (torchrun)"
+    precision = report.get("precision")
+    if precision:
+        device += f". Precision: {precision} ({report.get('precision_detail')})"
+    else:
+        device += ". Precision: not recorded (a run folder from an older nearsight)"
     return text + device + "."
+
+
+def _difference(
+    ours: dict[str, Any], paper: PaperRow, names: list[str]
+) -> dict[str, float | None]:
+    """Ours minus the paper's, in points, where both have a number."""
+    return {
+        n: None
+        if ours.get(n) is None or paper.metrics.get(n) is None
+        else round(ours[n] - paper.metrics[n], 4)
+        for n in names
+    }
 
 
 def _evaluations(out: Path) -> list[dict[str, Any]]:

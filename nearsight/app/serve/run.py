@@ -1,14 +1,18 @@
-"""Serving galleries until interrupted: the typed job ``nearsight serve`` and ``nearsight demo``
-run. The settings are checked here, before minutes of loading galleries (one-line errors that
-name ``serve``'s flags); the page is nearsight/app/page/layout.py, the server nearsight/app/serve/server.py."""
+"""Serving galleries until interrupted (Ctrl-C or SIGTERM): the typed job ``nearsight serve``
+and ``nearsight demo`` run. The settings are checked here, before minutes of loading galleries
+(one-line errors that name ``serve``'s flags); the page is nearsight/app/page/layout.py, the
+server nearsight/app/serve/server.py."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import signal
 import socket
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from nearsight.core.errors import NearsightError
@@ -52,7 +56,8 @@ def serve(
     show_paths: bool = False,
     rerank: str | None = None,
 ) -> None:
-    """Serve the page and the REST API over ``galleries`` at ``host``:``port`` until Ctrl-C.
+    """Serve the page and the REST API over ``galleries`` at ``host``:``port`` until Ctrl-C or
+    SIGTERM (:func:`stop_on_sigterm`).
     ``api_key`` (else ``api_key_file``'s, else NEARSIGHT_API_KEY): the key every route but
     /api/health requires, needed beyond loopback (:func:`resolve_api_key`); the other settings
     are ``nearsight serve``'s flags of the same names."""
@@ -90,13 +95,32 @@ def serve(
             else str(error)
         )
         raise NearsightError(f"cannot serve on {host}:{port}: {reason}") from None
-    print(f"nearsight: serving {len(demo.nearsight.names)} gallery(ies) at {url}", flush=True)
-    print(f"nearsight: REST API at {url.rstrip('/')}/api (docs: /api/docs)", flush=True)
     try:
-        demo.block_thread()  # until Ctrl-C
+        with stop_on_sigterm():
+            print(f"nearsight: serving {len(demo.nearsight.names)} gallery(ies) at {url}",
+                  flush=True)  # fmt: skip
+            print(f"nearsight: REST API at {url.rstrip('/')}/api (docs: /api/docs)", flush=True)
+            demo.block_thread()  # until Ctrl-C or SIGTERM
     finally:
         stop_app(demo)
     print("nearsight: stopped", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """Within the block, SIGTERM interrupts the main thread as Ctrl-C does (KeyboardInterrupt),
+    so that the server closes its galleries and exits 0. SIGTERM is what service managers,
+    ``kill`` and the tests send; a job started with ``&`` ignores SIGINT, so Ctrl-C's signal
+    alone cannot stop it. Elsewhere than the main thread (Python can only handle signals
+    there) the block runs unchanged."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def resolve_api_key(
