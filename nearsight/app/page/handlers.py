@@ -33,7 +33,7 @@ from nearsight.app.page.tables import (
     summary_markdown,
 )
 from nearsight.app.page.view import GalleryView
-from nearsight.app.serve.live import DEFAULT_INTERVAL_S, GalleryWatcher
+from nearsight.app.serve.galleries import Galleries, UnknownGallery
 from nearsight.core.errors import NearsightError
 from nearsight.data.image_input import QueryImage, query_from_bytes
 from nearsight.search.checks import check_k
@@ -50,35 +50,35 @@ PAGE_RERANK = "dba+aqe:k=5,alpha=3"  # chosen on validation classes in bench/rer
 
 
 class Page:
-    """The handlers of the page, over the open galleries."""
+    """The handlers of the page, over the server's open galleries (their one owner,
+    nearsight/app/serve/galleries.py: each event looks its gallery up there once)."""
 
-    def __init__(self, views: Sequence[GalleryView]):
-        if not views:
-            raise NearsightError("serve needs at least one gallery")
-        self.views = {view.name: view for view in views}
-        self.names = [view.name for view in views]
+    def __init__(self, galleries: Galleries[GalleryView] | Sequence[GalleryView]):
+        self.galleries = galleries if isinstance(galleries, Galleries) else Galleries(galleries)
         self._random = random.Random()
         self.show_paths = False  # the Summary tab shows folder names only (serve --show-paths)
         self._warm_thread: threading.Thread | None = None
-        self._watcher: GalleryWatcher | None = None
-        self.concurrency, self.max_queue = 2, 64  # set by build_app
-        self.max_filter_conditions: int | None = None  # None: the filters module's default
 
-    def watch(self, interval: float = DEFAULT_INTERVAL_S) -> None:
-        """See other processes' changes to the galleries while serving (nearsight/app/serve/live.py)."""
-        self._watcher = GalleryWatcher(self.views, interval)
-        self._watcher.start()
+    @property
+    def views(self) -> dict[str, GalleryView]:
+        """name -> view, the live mapping (read it per event)."""
+        return self.galleries.views
+
+    @property
+    def names(self) -> list[str]:
+        return self.galleries.names
+
+    @property
+    def max_filter_conditions(self) -> int | None:
+        return self.galleries.max_filter_conditions
 
     # -- helpers -----------------------------------------------------------------------------
 
     def view(self, name: str | None) -> GalleryView:
-        if not name:
-            return self.views[self.names[0]]
         try:
-            return self.views[name]
-        except KeyError:
-            known = ", ".join(self.names)
-            raise PageError(f"no gallery named {name!r} (this server has: {known})") from None
+            return self.galleries.get(name)
+        except UnknownGallery as error:
+            raise PageError(str(error)) from None
 
     @staticmethod
     def check_k(k: Any) -> int:
@@ -117,10 +117,8 @@ class Page:
         return all(view.analysis_ready for view in self.views.values())
 
     def close(self) -> None:
-        if self._watcher is not None:
-            self._watcher.stop()
-        for view in self.views.values():
-            view.close()
+        """Close the galleries (their owner stops their live reload first)."""
+        self.galleries.close()
 
     # -- searching ---------------------------------------------------------------------------
 

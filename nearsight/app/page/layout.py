@@ -44,9 +44,10 @@ from nearsight.app.page.tables import (
     PAIR_COLUMNS,
     gallery_header,
 )
-from nearsight.app.page.view import GalleryView, open_views
+from nearsight.app.page.view import GalleryView
+from nearsight.app.serve.galleries import Galleries
 from nearsight.search.analysis import ANALYSIS_MAX_ITEMS
-from nearsight.search.rerank.spec import RerankSpec
+from nearsight.search.rerank.spec import RerankSpec, parse_rerank
 
 DEFAULT_CONCURRENCY = 2  # embedding calls at once (each one uses every core already)
 DEFAULT_MAX_QUEUE = 64  # waiting events beyond this are refused ("queue full")
@@ -79,16 +80,21 @@ def query_image_input(**options: Any) -> gr.Image:
 
 
 class PageBlocks(gr.Blocks):
-    """The page's Blocks, with the page's own state declared (what :func:`launch_app` serves):
-    ``nearsight`` the :class:`Page` (its handlers over the galleries), ``nearsight_maps`` the
-    Map tab. Once launched, the server's state lives on ``demo.app.state.nearsight``."""
+    """The page's Blocks, with what :func:`launch_app` serves declared: ``galleries`` the
+    open galleries' owner (nearsight/app/serve/galleries.py), which the page and the REST API
+    both read; ``concurrency`` and ``max_queue`` the page's queue settings; ``nearsight`` the
+    :class:`Page` (its handlers), ``nearsight_maps`` the Map tab. Once launched, the server's
+    state lives on ``demo.app.state.nearsight``."""
 
+    galleries: Galleries[GalleryView]
+    concurrency: int
+    max_queue: int
     nearsight: Page
     nearsight_maps: MapTab
 
 
 def build_app(
-    galleries: Sequence[str | os.PathLike[str]] | Sequence[GalleryView],
+    galleries: Sequence[str | os.PathLike[str]] | Sequence[GalleryView] | Galleries,
     model: str | os.PathLike[str] | None = None,
     *,
     device: str = "auto",
@@ -97,25 +103,33 @@ def build_app(
     analyse: bool = True,
     analysis_max_items: int = ANALYSIS_MAX_ITEMS,
     show_paths: bool = False,
-    rerank: RerankSpec | None = None,
+    rerank: RerankSpec | str | None = None,
+    card_fields: Sequence[str] | None = None,
 ) -> PageBlocks:
-    """The page over ``galleries`` (folders, or views already open). ``model``: the model that
-    embeds uploads (default: each gallery's recorded model; it must match). ``analyse``: start
-    the leave-one-out analysis in the background now (otherwise on first use); galleries with
-    more than ``analysis_max_items`` labelled items are not analysed. The returned
-    Blocks has ``.nearsight`` (the :class:`Page`); start it with :func:`launch_app`."""
-    if galleries and isinstance(galleries[0], GalleryView):
-        views = list(galleries)  # type: ignore[arg-type]
+    """The page over ``galleries`` (folders, views already open, or their owner). ``model``:
+    the model that embeds uploads (default: each gallery's recorded model; it must match).
+    ``analyse``: start the leave-one-out analysis in the background now (otherwise on first
+    use); galleries with more than ``analysis_max_items`` labelled items are not analysed.
+    ``card_fields``: the metadata fields result cards lead with (default: the gallery's
+    setting, else its key column). The returned Blocks has ``.galleries`` and ``.nearsight``
+    (the :class:`Page`); start it with :func:`launch_app`."""
+    if isinstance(galleries, Galleries):
+        owner = galleries
+    elif galleries and isinstance(galleries[0], GalleryView):
+        owner = Galleries(list(galleries))  # type: ignore[arg-type]
+        for view in owner:
+            view.show_paths = show_paths
+            view.rerank_override = parse_rerank(rerank) if isinstance(rerank, str) else rerank
+            if card_fields:
+                view.card_fields = list(card_fields)
+                view.check_card_fields()
     else:
-        views = open_views(galleries, model, device)  # type: ignore[arg-type]
-    for view in views:
+        owner = Galleries.open(galleries, model, device=device, kind=GalleryView,  # type: ignore[arg-type]
+                               show_paths=show_paths, rerank=rerank, card_fields=card_fields)  # fmt: skip
+    for view in owner:
         view.analysis_max_items = analysis_max_items
-    page = Page(views)
+    page = Page(owner)
     page.show_paths = show_paths
-    for view in views:
-        view.show_paths = show_paths
-        view.rerank_override = rerank
-    page.concurrency, page.max_queue = concurrency, max_queue
     maps = MapTab(page.views)
     first = page.names[0]
 
@@ -364,6 +378,8 @@ def build_app(
         )
 
     demo.queue(default_concurrency_limit=concurrency, max_size=max_queue)
+    demo.galleries = owner
+    demo.concurrency, demo.max_queue = concurrency, max_queue
     demo.nearsight = page
     demo.nearsight_maps = maps
     if analyse:

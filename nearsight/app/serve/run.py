@@ -83,14 +83,14 @@ def serve(
                          allowed_hosts=[name.strip() for name in allowed_hosts],
                          access_log=access_log, secure_cookie=secure_cookie)  # fmt: skip
     except OSError as error:  # the port is taken, or the address is not ours
-        demo.nearsight.close()
+        demo.galleries.close()
         reason = (
             "the port is in use (choose another with --port)"
             if "empty port" in str(error)
             else str(error)
         )
         raise NearsightError(f"cannot serve on {host}:{port}: {reason}") from None
-    print(f"nearsight: serving {len(demo.nearsight.names)} gallery(ies) at {url}", flush=True)
+    print(f"nearsight: serving {len(demo.galleries)} gallery(ies) at {url}", flush=True)
     print(f"nearsight: REST API at {url.rstrip('/')}/api (docs: /api/docs)", flush=True)
     try:
         demo.block_thread()  # until Ctrl-C

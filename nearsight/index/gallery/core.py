@@ -282,6 +282,11 @@ class Gallery:
         assert self._catalog is not None
         return self._catalog.meta_keys()
 
+    def column_types(self) -> dict[str, str]:
+        """Each metadata column's type (``int``, ``float``, ``str``, ``date``, ``datetime``)."""
+        assert self._catalog is not None
+        return self._catalog.column_types()
+
     def _search_index(self, queries: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
         if self.index_type not in PQ_TYPES:
             return self._search_raw(queries, depth)
