@@ -70,11 +70,6 @@ class ServedGallery(Searcher):
 
     # -- facts -------------------------------------------------------------------------------
 
-    @property
-    def key_column(self) -> str | None:
-        """The gallery's key column (a shop's SKU), None without one."""
-        return self.gallery.meta.get("key_column")
-
     def shown_fields(self) -> list[str]:
         """The metadata fields a result card leads with, in order: ``serve --card-fields``,
         else the gallery's setting (catalog meta ``card_fields``), else its key column."""

@@ -266,6 +266,11 @@ class Gallery:
         assert self._catalog is not None
         return self._catalog.filter_ids(conditions)
 
+    def filter_notes(self, filters: Sequence[Condition]) -> list[str]:
+        """Notes on filter values no item holds (index.catalog.filter_notes)."""
+        assert self._catalog is not None
+        return self._catalog.filter_notes(filters)
+
     def class_names(self) -> dict[int, str]:
         """label -> class name for the labels that have one (read once per open gallery)."""
         assert self._catalog is not None
