@@ -34,6 +34,7 @@ from nearsight.app.rest.deps import (
     one_line,
     require_key,
 )
+from nearsight.app.rest.docs import add_docs
 from nearsight.app.rest.gates import GateFull, WorkGate
 from nearsight.app.rest.routes import health, items, search
 from nearsight.app.serve.batcher import DEFAULT_MAX_WAITING, EmbedBatcher
@@ -80,10 +81,11 @@ def make_rest_app(
     app = FastAPI(
         title="nearsight",
         summary="Query-by-image search over nearsight galleries",
-        docs_url="/docs",
+        docs_url=None,  # served below from the packaged Swagger UI, not a CDN
         redoc_url=None,
         openapi_url="/openapi.json",
     )
+    add_docs(app)
     app.state.rest = RestState(
         galleries=galleries,
         batchers=batchers,
@@ -94,6 +96,7 @@ def make_rest_app(
     )
     keyed = [Depends(require_key)] if api_key else []
     app.include_router(health.router)
+    app.include_router(health.galleries_router, dependencies=keyed)
     app.include_router(items.router, dependencies=keyed)
     app.include_router(search.router, dependencies=keyed)
     _add_error_handlers(app)

@@ -7,6 +7,7 @@ What a running server holds is a :class:`ServedApp` on the FastAPI app's state
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -132,10 +133,13 @@ def launch_app(
     install(connections)  # before the server starts: its first connections are covered too
     # the API is a route of the app from its first request (mounted after the launch, /api
     # answered 404 until then); Gradio's own routes live under /gradio_api: none is shadowed
+    api = Mount(API_PREFIX, app=rest)
+    # a path with a decoded newline (an item key) is still the API's: its errors, its shape
+    api.path_regex = re.compile(api.path_regex.pattern, re.DOTALL)
     _, url, _ = demo.launch(
         app_kwargs={
             "middleware": [Middleware(Guard, settings=settings)],
-            "routes": [Mount(API_PREFIX, app=rest)],
+            "routes": [api],
         },
         server_name=host,
         server_port=port,
