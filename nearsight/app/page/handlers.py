@@ -16,8 +16,9 @@ from nearsight.app.page.html import QueryCard, message_html, result_html
 from nearsight.app.page.inputs import (
     UNKNOWN_CLASS,
     PageError,
+    filter_error,
     filter_note,
-    item_id_value,
+    item_value,
     label_value,
     page_errors,
 )
@@ -36,9 +37,11 @@ from nearsight.app.page.view import GalleryView
 from nearsight.app.serve.galleries import Galleries, UnknownGallery
 from nearsight.core.errors import NearsightError
 from nearsight.data.image_input import QueryImage, query_from_bytes
+from nearsight.data.meta import FilterError
 from nearsight.search.checks import check_k
 from nearsight.search.rerank.changes import MAX_COMPARED_ITEMS, rerank_changes
 from nearsight.search.rerank.spec import NONE, RerankSpec, parse_rerank
+from nearsight.search.route import Filtered
 from nearsight.search.served import Neighbour
 from nearsight.search.verdicts import thumbnail_uri
 
@@ -47,6 +50,28 @@ MAX_K = 64
 ANY_CLASS = "-1"
 # the page's re-rank toggle where neither serve --rerank nor the gallery chose one
 PAGE_RERANK = "dba+aqe:k=5,alpha=3"  # chosen on validation classes in bench/rerank.py
+
+
+def filter_help(view: GalleryView) -> str:
+    """The filter box's help: the syntax, and this gallery's columns with their types."""
+    types = view.gallery.column_types()
+    columns = ", ".join(
+        [*(f"{name} ({kind})" for name, kind in sorted(types.items())), "label", "class_name",
+         "split"]
+    )  # fmt: skip
+    return (
+        "KEY=VALUE, KEY!=VALUE, KEY>=N or date, KEY<N, KEY= (no value), separated by ';' "
+        f"over: {columns}"
+    )
+
+
+def item_box_label(view: GalleryView) -> str:
+    column = view.key_column
+    return f"Item id or {column}" if column else "Item id"
+
+
+def _no_search(error: Exception) -> str:
+    return message_html(f"No search: the filter was not applied ({error}). Fix it and press Enter.")
 
 
 class Page:
@@ -167,14 +192,17 @@ class Page:
             query = self.read_upload(image_path, view.embedder.resize)
             label = label_value(query_class)
             note = ""
-            allowed = view.allowed_ids(filters, self.max_filter_conditions)
+            try:
+                filtered = view.filtered(filters, self.max_filter_conditions)
+            except FilterError as error:  # no stale grid under a filter that was not applied
+                return _no_search(error), filter_error(error), {"kind": "upload"}
             vector, twin = view.query_vector(query)
             if twin is not None:
                 twin_label = view.label_of(twin)
                 note = f"identical to gallery item #{twin} ({view.class_name(twin_label)})"
                 if label is None:
                     label = twin_label
-            neighbours = view.search_one(vector, k, allowed=allowed, self_id=twin,
+            neighbours = view.search_one(vector, k, allowed=filtered.allowed, self_id=twin,
                                          rerank=self.rerank_spec(view, rerank))  # fmt: skip
             card = QueryCard(
                 title="uploaded image",
@@ -184,19 +212,24 @@ class Page:
                 kind="upload",
                 note=note,
             )
-            return self._render(view, card, neighbours), filter_note(filters), {"kind": "upload"}
+            grid = self._render(view, card, neighbours, filtered)
+            return grid, filter_note(filters, filtered.notes), {"kind": "upload"}
 
     def item_grid(
         self, gallery: str, item_id: Any, k: Any, filters: str = "", rerank: bool | None = None
     ) -> tuple[str, str, dict]:
-        """The leave-one-out grid of a gallery item."""
+        """The leave-one-out grid of a gallery item, named by its id or its key."""
         with page_errors():
             view = self.view(gallery)
             k = self.check_k(k)
-            item = item_id_value(item_id)
-            allowed = view.allowed_ids(filters, self.max_filter_conditions)
+            item = self.item_of(view, item_id)
+            state = {"kind": "item", "id": item}
+            try:
+                filtered = view.filtered(filters, self.max_filter_conditions)
+            except FilterError as error:  # no stale grid under a filter that was not applied
+                return _no_search(error), filter_error(error), state
             # leave-one-out: the item is the query, its neighbours are the others
-            neighbours = view.search_one(view.item_vector(item), k, allowed=allowed,
+            neighbours = view.search_one(view.item_vector(item), k, allowed=filtered.allowed,
                                          exclude_id=item, rerank=self.rerank_spec(view, rerank))  # fmt: skip
             label = view.label_of(item)
             card = QueryCard(
@@ -206,11 +239,37 @@ class Page:
                 class_name=view.class_name(label),
                 kind="item",
                 item_id=item,
+                key=self.key_of(view, item),
             )
-            state = {"kind": "item", "id": item}
-            return self._render(view, card, neighbours), filter_note(filters), state
+            grid = self._render(view, card, neighbours, filtered)
+            return grid, filter_note(filters, filtered.notes), state
 
-    def _render(self, view: GalleryView, card: QueryCard, neighbours: list[Neighbour]) -> str:
+    @staticmethod
+    def item_of(view: GalleryView, value: Any) -> int:
+        """The item box's value: a key the gallery holds, else a whole number as an id."""
+        given = item_value(value)
+        if isinstance(given, str) and view.key_column is not None:
+            try:
+                return view.id_of_key(given)
+            except NearsightError:
+                pass
+        try:
+            item = int(given)
+        except ValueError:
+            what = "key" if view.key_column else "id (the gallery has no key column)"
+            raise PageError(f"gallery {view.name} has no item with {what} {given!r}") from None
+        view.row(item)  # one-line error for an unknown id
+        return item
+
+    @staticmethod
+    def key_of(view: GalleryView, item: int) -> str | None:
+        column = view.key_column
+        value = view.row(item)["meta"].get(column) if column else None
+        return None if value is None else str(value)
+
+    def _render(
+        self, view: GalleryView, card: QueryCard, neighbours: list[Neighbour], filtered: Filtered
+    ) -> str:
         return result_html(
             card,
             neighbours,
@@ -218,6 +277,9 @@ class Page:
             [view.class_name(n.label) for n in neighbours],
             gallery=view.name,
             gallery_size=len(view),
+            matching=None if filtered.allowed is None else len(filtered.allowed),
+            lead_fields=view.shown_fields(),
+            filtered_fields=filtered.keys,
         )
 
     def random_item(
@@ -239,7 +301,8 @@ class Page:
                 raise PageError(f"gallery {view.name} has no item of that class")
             item = int(pool[self._random.randrange(len(pool))])
         grid, status, state = self.item_grid(gallery, item, k, filters, rerank)
-        return grid, status, state, item
+        # the item is the query now: the previous upload leaves the query box
+        return grid, status, state, self.item_box(view, item), None
 
     def rerun(
         self,
@@ -265,9 +328,19 @@ class Page:
         """A neighbour was clicked in a grid: query by that item."""
         item = getattr(event, "_data", None) or {}
         if not isinstance(item, dict) or "item_id" not in item:
-            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
-        grid, status, state = self.item_grid(gallery, item["item_id"], k, filters, rerank)
-        return grid, status, state, int(item["item_id"])
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        grid, status, state = self.item_grid(gallery, int(item["item_id"]), k, filters, rerank)
+        return grid, status, state, self.item_box(self.view(gallery), state["id"]), None
+
+    def opened(self, gallery: str, item: Any, k: Any, filters: str = "", rerank: bool | None = None):
+        """The item box's item (by id or key) is the query; the upload leaves the query box."""
+        grid, status, state = self.item_grid(gallery, item, k, filters, rerank)
+        return grid, status, state, None
+
+    def item_box(self, view: GalleryView, item: int) -> str:
+        """What the item box shows for ``item``: its key when the gallery has keys."""
+        key = self.key_of(view, item)
+        return str(item) if key is None else key
 
     @staticmethod
     def rerank_spec(view: GalleryView, on: bool | None) -> RerankSpec | None:
@@ -310,6 +383,8 @@ class Page:
             message_html("Upload, paste or drop an image, or pick one from the gallery."),
             "",
             None,
+            gr.update(info=filter_help(view)),
+            gr.update(label=item_box_label(view)),
         )
 
     def analysis_outputs(self, gallery: str):

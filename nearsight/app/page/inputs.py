@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import html
+import re
+from collections.abc import Sequence
 from typing import Any
 
 import gradio as gr
@@ -17,10 +19,39 @@ class PageError(NearsightError):
 
 
 
-def filter_note(filters: str | None) -> str:
-    """The status line under the grid while a filter is on."""
+def code_span(text: str) -> str:
+    """``text`` as a markdown code span, shown exactly as typed (markdown escapes what is
+    inside; escaping it here too showed ``price&lt;20``)."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def filter_note(filters: str | None, notes: Sequence[str] = ()) -> str:
+    """The status line under the grid while a filter is on, with its notes (a value no item
+    holds, and the closest ones held)."""
     text = " ".join((filters or "").split())
-    return f"Filtered: only items with `{html.escape(text)}`" if text else ""
+    if not text:
+        return ""
+    lines = [f"Filtered: only items with {code_span(text)}"]
+    lines += [f"**Note**: {code_span(note)}" for note in notes]
+    return "  \n".join(lines)
+
+
+def filter_error(error: Exception) -> str:
+    """The status line of a filter that could not be applied."""
+    return f"**Filter not applied**: {code_span(str(error))}"
+
+
+def item_value(value: Any) -> int | str:
+    """The item box: a whole number is an id; other text is a key (the gallery decides)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return item_id_value(value)
+    text = str(value or "").strip()
+    if not text:
+        raise PageError("no item: type an item id or key")
+    return text
 
 
 def label_value(value: Any) -> int | None:

@@ -35,7 +35,15 @@ from typing import Any
 
 import gradio as gr
 
-from nearsight.app.page.handlers import ANY_CLASS, DEFAULT_K, MAX_K, UNKNOWN_CLASS, Page
+from nearsight.app.page.handlers import (
+    ANY_CLASS,
+    DEFAULT_K,
+    MAX_K,
+    UNKNOWN_CLASS,
+    Page,
+    filter_help,
+    item_box_label,
+)
 from nearsight.app.page.html import CLICK_JS, message_html
 from nearsight.app.page.map_tab import MapTab, map_tab_layout, wire_map_tab
 from nearsight.app.page.tables import (
@@ -174,7 +182,7 @@ def build_app(
                     filter_box = gr.Textbox(
                         label="Filter (search only matching items; Enter applies)",
                         placeholder="shop=north; price<20",
-                        info=_filter_info(page),
+                        info=filter_help(page.views[first]),
                         elem_id="ns-filter",
                     )
                     rerank_box = gr.Checkbox(
@@ -192,8 +200,11 @@ def build_app(
                             elem_id="ns-pick-class",
                         )
                         random_button = gr.Button("Random gallery image", elem_id="ns-random")
-                        item_id = gr.Number(
-                            label="Item id", precision=0, value=None, elem_id="ns-item-id"
+                        item_id = gr.Textbox(
+                            label=item_box_label(page.views[first]),
+                            lines=1,
+                            max_lines=1,
+                            elem_id="ns-item-id",
                         )
                         open_button = gr.Button("Open item", elem_id="ns-open")
                 with gr.Column(scale=3):
@@ -313,25 +324,29 @@ def build_app(
         k_slider.release(page.rerun, rerun_inputs, grid_out, api_name="rerun_k", **private)
         filter_box.submit(page.rerun, rerun_inputs, grid_out, api_name="rerun_filter", **private)
         query_class.input(page.rerun, rerun_inputs, grid_out, api_name="rerun_class", **private)
+        # a gallery item as the query: the previous upload leaves the query box
         random_button.click(
             page.random_item,
             [gallery_choice, pick_class, k_slider, filter_box, rerank_box],
-            [*grid_out, item_id],
+            [*grid_out, item_id, query_image],
             api_name="random_item",
             **private,
         )
         open_inputs = [gallery_choice, item_id, k_slider, filter_box, rerank_box]
-        open_button.click(page.item_grid, open_inputs, grid_out, api_name="item_grid", **private)
-        item_id.submit(page.item_grid, open_inputs, grid_out, api_name="item_submit", **private)
+        open_out = [*grid_out, query_image]
+        open_button.click(page.opened, open_inputs, open_out, api_name="item_grid", **private)
+        item_id.submit(page.opened, open_inputs, open_out, api_name="item_submit", **private)
         results.click(
             page.clicked,
             [gallery_choice, k_slider, filter_box, rerank_box],
-            [*grid_out, item_id],
+            [*grid_out, item_id, query_image],
             api_name="neighbour_clicked",
             **private,
         )
 
-        gallery_outputs = [query_class, pick_class, header, results, status, state]
+        gallery_outputs = [
+            query_class, pick_class, header, results, status, state, filter_box, item_id,
+        ]  # fmt: skip
         analysis_out = [
             failure_table,
             pairs_table,
@@ -390,9 +405,3 @@ def build_app(
 def _rerank_info(page: Page) -> str:
     chosen = {str(page.rerank_spec(view, True)) for view in page.views.values()}
     return "alpha-QE / DBA / k-reciprocal over the top candidates: " + ", ".join(sorted(chosen))
-
-
-def _filter_info(page: Page) -> str:
-    keys = sorted({key for view in page.views.values() for key in view.gallery.meta_keys()})
-    columns = ", ".join([*keys, "label", "class_name", "split"])
-    return f"KEY=VALUE, KEY!=VALUE, KEY>=N, KEY<N, ... separated by ';' over: {columns}"

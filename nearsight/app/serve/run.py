@@ -51,6 +51,7 @@ def serve(
     secure_cookie: bool = False,
     show_paths: bool = False,
     rerank: str | None = None,
+    card_fields: Sequence[str] = (),
 ) -> None:
     """Serve the page and the REST API over ``galleries`` at ``host``:``port`` until Ctrl-C.
     ``api_key`` (else ``api_key_file``'s, else NEARSIGHT_API_KEY): the key every route but
@@ -72,7 +73,7 @@ def serve(
     demo = build_app([Path(g) for g in galleries], None if model is None else Path(model),
                      device=device, concurrency=concurrency, max_queue=max_queue,
                      analysis_max_items=analysis_max_items, show_paths=show_paths,
-                     rerank=rerank)  # fmt: skip
+                     rerank=rerank, card_fields=list(card_fields) or None)  # fmt: skip
     try:
         url = launch_app(demo, host=host, port=port, max_upload_mb=max_upload_mb,
                          prevent_thread_lock=True, quiet=True, api_key=key,
