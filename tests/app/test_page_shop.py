@@ -165,7 +165,8 @@ def test_cards_show_each_neighbours_key_in_the_browser(tab, served, shop):
     first = tab.locator("#ns-results .ns-cell").first
     first.locator(".ns-all-fields summary").click()  # opens the list, does not search
     assert first.locator(".ns-all-fields div").count() == len(view.gallery.meta_keys())
-    assert tab.locator('#ns-results .ns-result[data-id="%d"]' % view.id_of_key("00007")).count()
+    item = view.id_of_key("00007")
+    assert tab.locator(f'#ns-results .ns-result[data-id="{item}"]').count()
     assert tab.outside == []
 
 
