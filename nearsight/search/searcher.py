@@ -167,7 +167,8 @@ class Searcher:
         wanted = query_label(self.gallery, label)
         decoded = read_query(image, self.embedder.resize)
         (found,) = self._search_images([decoded], k, allowed, spec)
-        return SearchResults(found, query=image, query_label=wanted)
+        return SearchResults(found, query=image, query_label=wanted,
+                             query_class=self._class_name(wanted))  # fmt: skip
 
     def search_many(
         self,
@@ -209,9 +210,11 @@ class Searcher:
                     entries[position] = SearchResults(query=image, error=str(error))
             found = self._search_images(decoded, k, allowed, spec) if decoded else []
             for position, neighbours in zip(positions, found, strict=True):
+                label = wanted[start + position]
                 entries[position] = SearchResults(
-                    neighbours, query=chunk[position], query_label=wanted[start + position]
-                )
+                    neighbours, query=chunk[position], query_label=label,
+                    query_class=self._class_name(label),
+                )  # fmt: skip
             results.extend(entries)
         return results
 
@@ -231,7 +234,8 @@ class Searcher:
         wanted = query_label(self.gallery, label)
         vectors = route.check_vector(self.gallery, vector)[:1]
         (found,) = self.search_vectors(vectors, k, allowed=allowed, rerank=spec)
-        return SearchResults(found, query=vector, query_label=wanted)
+        return SearchResults(found, query=vector, query_label=wanted,
+                             query_class=self._class_name(wanted))  # fmt: skip
 
     def search_item(
         self,
@@ -255,7 +259,11 @@ class Searcher:
         found = self.search_vectors(vector[None, :], k, allowed=allowed, rerank=spec,
                                     **_as_item(item, leave_out))  # fmt: skip
         label = self.gallery.items([item])[0]["label"]
-        return SearchResults(found[0], query=item, query_label=label)
+        return SearchResults(found[0], query=item, query_label=label,
+                             query_class=self._class_name(label))  # fmt: skip
+
+    def _class_name(self, label: int | None) -> str | None:
+        return None if label is None else self.gallery.class_names().get(int(label))
 
     def search_vectors(
         self,

@@ -136,12 +136,14 @@ def _search(gallery, args: argparse.Namespace, conditions: list):
     if args.key is not None:
         return gallery.search_item(key=args.key, k=args.k, filters=conditions, rerank=args.rerank)
     if args.vector is not None:
-        vector = _vector_file(args.vector)
+        vector = _vector_file(args.vector, gallery.gallery.dim)
         return gallery.search_vector(vector, args.k, filters=conditions, rerank=args.rerank)
     return gallery.search(args.image, args.k, filters=conditions, rerank=args.rerank)
 
 
-def _vector_file(path: Path):
+def _vector_file(path: Path, dim: int):
+    """The one query vector of a .npy file: [D] or [1, D] floats (a one-line error naming the
+    file's shape and the gallery's D otherwise)."""
     import numpy as np
 
     from nearsight.core.errors import NearsightError
@@ -150,6 +152,15 @@ def _vector_file(path: Path):
         vector = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError) as error:
         raise NearsightError(f"cannot read query vector {path}: {error}") from None
+    shape = tuple(vector.shape)
+    if vector.dtype.kind not in "fiu" or shape not in ((dim,), (1, dim)):
+        several = len(shape) == 2 and shape[0] != 1
+        rows = f"{shape[0]} vectors" if several else f"{vector.size} numbers"
+        raise NearsightError(
+            f"--vector {path} holds {vector.dtype} {shape}: {rows}; search takes one vector of "
+            f"the gallery's dim, a [{dim}] or [1, {dim}] array of floats (several: search_many "
+            "in Python, or --queries)"
+        )
     return np.asarray(vector, dtype=np.float32).reshape(1, -1)
 
 
