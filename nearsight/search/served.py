@@ -72,10 +72,9 @@ class ServedGallery(Searcher):
 
     def shown_fields(self) -> list[str]:
         """The metadata fields a result card leads with, in order: ``serve --card-fields``,
-        else the gallery's setting (catalog meta ``card_fields``), else its key column."""
-        chosen = self.card_fields or self.gallery.meta.get("card_fields")
-        if chosen:
-            return [str(field) for field in chosen]
+        else the gallery's key column."""
+        if self.card_fields:
+            return list(self.card_fields)
         return [self.key_column] if self.key_column else []
 
     def check_card_fields(self) -> None:

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, running_page, upload
+from helpers import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, free_port, run, running_page, upload
 
 from nearsight.app.page.html import META_SHOWN
 from nearsight.app.page.map_tab import legend_html
@@ -77,6 +77,12 @@ def test_card_fields_chosen_by_the_operator(shop):
         demo.galleries.close()
     with pytest.raises(NearsightError, match="no column 'nosuch'"):
         build_app([shop["gallery"]], device="cpu", analyse=False, card_fields=["nosuch"])
+
+
+def test_serve_refuses_card_fields_the_gallery_lacks(capsys, shop):
+    code, _, err = run(capsys, "serve", "--gallery", shop["gallery"], "--port", free_port(),
+                       "--card-fields", "sku,nosuch")  # fmt: skip
+    assert code == 2 and "--card-fields: gallery gallery has no column 'nosuch'" in err
 
 
 def test_a_bad_filter_leaves_no_stale_grid_and_notes_name_close_values(served):

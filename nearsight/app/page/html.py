@@ -66,8 +66,8 @@ def result_html(
     filtered_fields: Sequence[str] = (),
 ) -> str:
     """The query card and its top-k grid. ``matching``: how many items the filter allows (None:
-    no filter). Each card leads with ``lead_fields`` (the key column first, or the fields the
-    operator chose), then ``filtered_fields`` (what the search filtered on), then as many
+    no filter). Each card leads with ``lead_fields`` (the key column, or the fields the
+    operator chose: ``serve --card-fields``), then ``filtered_fields`` (what the search filtered on), then as many
     others as fit :data:`META_SHOWN`; every field is in the card's tooltip and its
     "all fields" list."""
     e = html.escape

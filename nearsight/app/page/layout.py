@@ -118,8 +118,8 @@ def build_app(
     the model that embeds uploads (default: each gallery's recorded model; it must match).
     ``analyse``: start the leave-one-out analysis in the background now (otherwise on first
     use); galleries with more than ``analysis_max_items`` labelled items are not analysed.
-    ``card_fields``: the metadata fields result cards lead with (default: the gallery's
-    setting, else its key column). The returned Blocks has ``.galleries`` and ``.nearsight``
+    ``card_fields``: the metadata fields result cards lead with (default: the gallery's key
+    column). The returned Blocks has ``.galleries`` and ``.nearsight``
     (the :class:`Page`); start it with :func:`launch_app`."""
     if isinstance(galleries, Galleries):
         owner = galleries
