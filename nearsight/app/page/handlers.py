@@ -17,9 +17,13 @@ from nearsight.app.page.inputs import (
     UNKNOWN_CLASS,
     PageError,
     filter_error,
+    filter_help,
     filter_note,
-    item_value,
+    item_box_label,
+    item_of,
+    key_of,
     label_value,
+    no_search,
     page_errors,
 )
 from nearsight.app.page.tables import (
@@ -50,28 +54,6 @@ MAX_K = 64
 ANY_CLASS = "-1"
 # the page's re-rank toggle where neither serve --rerank nor the gallery chose one
 PAGE_RERANK = "dba+aqe:k=5,alpha=3"  # chosen on validation classes in bench/rerank.py
-
-
-def filter_help(view: GalleryView) -> str:
-    """The filter box's help: the syntax, and this gallery's columns with their types."""
-    types = view.gallery.column_types()
-    columns = ", ".join(
-        [*(f"{name} ({kind})" for name, kind in sorted(types.items())), "label", "class_name",
-         "split"]
-    )  # fmt: skip
-    return (
-        "KEY=VALUE, KEY!=VALUE, KEY>=N or date, KEY<N, KEY= (no value), separated by ';' "
-        f"over: {columns}"
-    )
-
-
-def item_box_label(view: GalleryView) -> str:
-    column = view.key_column
-    return f"Item id or {column}" if column else "Item id"
-
-
-def _no_search(error: Exception) -> str:
-    return message_html(f"No search: the filter was not applied ({error}). Fix it and press Enter.")
 
 
 class Page:
@@ -195,7 +177,7 @@ class Page:
             try:
                 filtered = view.filtered(filters, self.max_filter_conditions)
             except FilterError as error:  # no stale grid under a filter that was not applied
-                return _no_search(error), filter_error(error), {"kind": "upload"}
+                return no_search(error), filter_error(error), {"kind": "upload"}
             vector, twin = view.query_vector(query)
             if twin is not None:
                 twin_label = view.label_of(twin)
@@ -222,12 +204,12 @@ class Page:
         with page_errors():
             view = self.view(gallery)
             k = self.check_k(k)
-            item = self.item_of(view, item_id)
+            item = item_of(view, item_id)
             state = {"kind": "item", "id": item}
             try:
                 filtered = view.filtered(filters, self.max_filter_conditions)
             except FilterError as error:  # no stale grid under a filter that was not applied
-                return _no_search(error), filter_error(error), state
+                return no_search(error), filter_error(error), state
             # leave-one-out: the item is the query, its neighbours are the others
             neighbours = view.search_one(view.item_vector(item), k, allowed=filtered.allowed,
                                          exclude_id=item, rerank=self.rerank_spec(view, rerank))  # fmt: skip
@@ -239,33 +221,10 @@ class Page:
                 class_name=view.class_name(label),
                 kind="item",
                 item_id=item,
-                key=self.key_of(view, item),
+                key=key_of(view, item),
             )
             grid = self._render(view, card, neighbours, filtered)
             return grid, filter_note(filters, filtered.notes), state
-
-    @staticmethod
-    def item_of(view: GalleryView, value: Any) -> int:
-        """The item box's value: a key the gallery holds, else a whole number as an id."""
-        given = item_value(value)
-        if isinstance(given, str) and view.key_column is not None:
-            try:
-                return view.id_of_key(given)
-            except NearsightError:
-                pass
-        try:
-            item = int(given)
-        except ValueError:
-            what = "key" if view.key_column else "id (the gallery has no key column)"
-            raise PageError(f"gallery {view.name} has no item with {what} {given!r}") from None
-        view.row(item)  # one-line error for an unknown id
-        return item
-
-    @staticmethod
-    def key_of(view: GalleryView, item: int) -> str | None:
-        column = view.key_column
-        value = view.row(item)["meta"].get(column) if column else None
-        return None if value is None else str(value)
 
     def _render(
         self, view: GalleryView, card: QueryCard, neighbours: list[Neighbour], filtered: Filtered
@@ -339,7 +298,7 @@ class Page:
 
     def item_box(self, view: GalleryView, item: int) -> str:
         """What the item box shows for ``item``: its key when the gallery has keys."""
-        key = self.key_of(view, item)
+        key = key_of(view, item)
         return str(item) if key is None else key
 
     @staticmethod

@@ -9,6 +9,8 @@ from typing import Any
 
 import gradio as gr
 
+from nearsight.app.page.html import message_html
+from nearsight.app.page.view import GalleryView
 from nearsight.core.errors import NearsightError
 
 UNKNOWN_CLASS = "-1"
@@ -85,3 +87,49 @@ class page_errors:
             # the toast renders HTML: names from uploads must not become markup
             raise gr.Error(html.escape(str(error), quote=False), print_exception=False) from None
         return False
+
+
+def filter_help(view: GalleryView) -> str:
+    """The filter box's help: the syntax, and this gallery's columns with their types."""
+    types = view.gallery.column_types()
+    columns = ", ".join(
+        [*(f"{name} ({kind})" for name, kind in sorted(types.items())), "label", "class_name",
+         "split"]
+    )  # fmt: skip
+    return (
+        "KEY=VALUE, KEY!=VALUE, KEY>=N or date, KEY<N, KEY= (no value), separated by ';' "
+        f"over: {columns}"
+    )
+
+
+def item_box_label(view: GalleryView) -> str:
+    column = view.key_column
+    return f"Item id or {column}" if column else "Item id"
+
+
+def no_search(error: Exception) -> str:
+    return message_html(f"No search: the filter was not applied ({error}). Fix it and press Enter.")
+
+
+def item_of(view: GalleryView, value: Any) -> int:
+    """The item box's value: a key the gallery holds, else a whole number as an id."""
+    given = item_value(value)
+    if isinstance(given, str) and view.key_column is not None:
+        try:
+            return view.id_of_key(given)
+        except NearsightError:
+            pass
+    try:
+        item = int(given)
+    except ValueError:
+        what = "key" if view.key_column else "id (the gallery has no key column)"
+        raise PageError(f"gallery {view.name} has no item with {what} {given!r}") from None
+    view.row(item)  # one-line error for an unknown id
+    return item
+
+
+def key_of(view: GalleryView, item: int) -> str | None:
+    """The item's key, None when the gallery has no key column."""
+    column = view.key_column
+    value = view.row(item)["meta"].get(column) if column else None
+    return None if value is None else str(value)

@@ -35,16 +35,9 @@ from typing import Any
 
 import gradio as gr
 
-from nearsight.app.page.handlers import (
-    ANY_CLASS,
-    DEFAULT_K,
-    MAX_K,
-    UNKNOWN_CLASS,
-    Page,
-    filter_help,
-    item_box_label,
-)
+from nearsight.app.page.handlers import ANY_CLASS, DEFAULT_K, MAX_K, UNKNOWN_CLASS, Page
 from nearsight.app.page.html import CLICK_JS, message_html
+from nearsight.app.page.inputs import filter_help, item_box_label
 from nearsight.app.page.map_tab import MapTab, map_tab_layout, wire_map_tab
 from nearsight.app.page.tables import (
     CHANGE_COLUMNS,
