@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 if TYPE_CHECKING:
     from nearsight.index.gallery.core import Gallery
 
@@ -18,12 +20,12 @@ def gallery_summary(gallery: Gallery) -> dict[str, Any]:
     metadata column's type, by name, sorted), ``created``, ``dataset`` and ``split`` (None
     when not recorded)."""
     meta = gallery.meta
-    labels = gallery.labels
+    labelled = np.asarray(gallery.labels)[np.asarray(gallery.labels) >= 0]
     model = meta.get("model")
     return {
         "items": len(gallery),
-        "labelled": int((labels >= 0).sum()),
-        "classes": len({int(label) for label in labels if label >= 0}),
+        "labelled": len(labelled),
+        "classes": len(np.unique(labelled)),
         "dim": int(gallery.dim),
         "metric": str(meta.get("metric", "l2")),
         "index_type": str(gallery.index_type),
