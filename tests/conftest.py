@@ -17,6 +17,7 @@ from helpers import (
     build_wheel,
     make_onnx_gallery,
     make_product,
+    make_shop,
     make_tiny_gallery,
     running_page,
 )
@@ -58,6 +59,14 @@ def product(tmp_path_factory) -> Iterator[dict]:
     """:func:`helpers.make_product`: a gallery with shop, price and sku columns."""
     root = tmp_path_factory.mktemp("product")
     yield make_product(root)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def shop(tmp_path_factory) -> Iterator[dict]:
+    """:func:`helpers.make_shop`: a shop's catalog with a key column, dates and unicode."""
+    root = tmp_path_factory.mktemp("shop")
+    yield make_shop(root)
     shutil.rmtree(root, ignore_errors=True)
 
 

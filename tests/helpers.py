@@ -365,6 +365,49 @@ def make_product(root: Path) -> dict:
     return {"root": root, "images": images, "gallery": gallery, "model": model}
 
 
+SHOP_NAMES = ("Café", "Bäckerei", "north")
+SHOP_SINCE = "2025-06-01"
+
+
+def make_shop(root: Path) -> dict:
+    """A shop's catalog: a CSV with ``added`` (ISO dates, half of them on or after
+    :data:`SHOP_SINCE`), ``colour``, ``name`` (unicode), ``price``, ``shop`` (unicode) and
+    ``sku`` (the key column, zero-padded, the last column by name; ``colour`` is blank on
+    every 7th row) over a synthetic folder dataset (6 x 6 images of 32 px), built by the CLI
+    with ``--key-column sku``: {"root", "images", "gallery", "model", "rows"} (rows: the
+    CSV's dicts)."""
+    import csv
+    import datetime as dt
+
+    from nearsight.app.cli import main
+    from nearsight.data.datasets.synthetic import write_synthetic
+
+    write_synthetic(root / "data", classes=6, per_class=6, size=32)
+    images = sorted(p for p in (root / "data").rglob("*.png"))
+    manifest = root / "data" / "shop.csv"
+    rows = []
+    for number, image in enumerate(images):
+        added = dt.date(2025, 4, 1) + dt.timedelta(days=5 * number)
+        rows.append({
+            "path": str(image.relative_to(manifest.parent)), "label": image.parent.name,
+            "split": "test", "added": added.isoformat(),
+            "colour": "" if number % 7 == 0 else ("red", "green", "blue")[number % 3],
+            "name": f"Müsli {number}",
+            "price": f"{number * 1.5:.2f}", "shop": SHOP_NAMES[number % 3],
+            "sku": f"{number:05d}",
+        })  # fmt: skip
+    with open(manifest, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    model = tiny_model(root / "model.pt", seed=0)
+    gallery = root / "gallery"
+    code = main(["index", "build", "--model", str(model), "--dataset", "csv", "--root",
+                 str(manifest), "--out", str(gallery), "--key-column", "sku", *FAST])  # fmt: skip
+    assert code == 0
+    return {"root": root, "images": images, "gallery": gallery, "model": model, "rows": rows}
+
+
 # -- the page in Debian's chromium ----------------------------------------------------------
 
 CHROMIUM = Path("/usr/bin/chromium")

@@ -10,12 +10,19 @@ half-works. ``--meta-types sku=str,price=float`` declares a column's type instea
 that does not parse under its declared type is an error naming the column. A gallery stores
 the types it was built with (catalog meta ``meta_types``), and ``index add`` follows them.
 
+ISO dates (``2025-06-01``) and datetimes (``2025-06-01T10:30:00``, or with a space) are
+types of their own: a column is ``date`` when every value is an ISO date, ``datetime`` when
+every value is a date or a datetime (or declared so: ``--meta-types added=date``). They are
+stored as text in one normal form (``YYYY-MM-DD``, ``YYYY-MM-DDTHH:MM:SS[.ffffff]``; a time
+with an offset is converted to UTC), so ranges compare them in time order.
+
 Labels: integers as given, or class names anywhere a label is accepted, coded like the CSV
 dataset reader codes them: the sorted names are 0, 1, 2, ...
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -28,7 +35,49 @@ MetaValue = int | float | str
 BUILTIN_KEYS = ("id", "path", "label", "class_name", "split", "sha256", "width", "height")
 KEY_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,63}")
 MAX_ECHO_CHARS = 80  # a message quoting a filter quotes at most this much of it
-TYPES = ("int", "float", "str")
+TYPES = ("int", "float", "str", "date", "datetime")
+DATE_TYPES = ("date", "datetime")
+_ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+_ISO_DATETIME = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|[+-]\d{2}:?\d{2})?")
+
+
+class IsoDate(str):
+    """A date value in its normal form ``YYYY-MM-DD`` (text that knows it is a date)."""
+
+
+class IsoDateTime(str):
+    """A datetime value in its normal form ``YYYY-MM-DDTHH:MM:SS[.ffffff]`` (UTC when it had
+    an offset)."""
+
+
+def iso_date(text: str) -> IsoDate | None:
+    """``text`` as an :class:`IsoDate`, or None when it is not an ISO date."""
+    text = text.strip()
+    if not _ISO_DATE.fullmatch(text):
+        return None
+    try:
+        return IsoDate(dt.date.fromisoformat(text).isoformat())
+    except ValueError:
+        return None
+
+
+def iso_datetime(text: str) -> IsoDateTime | None:
+    """``text`` (an ISO datetime, or a date: its midnight) as an :class:`IsoDateTime`, or
+    None."""
+    text = text.strip()
+    day = iso_date(text)
+    if day is not None:
+        return IsoDateTime(day + "T00:00:00")
+    if not _ISO_DATETIME.fullmatch(text):
+        return None
+    try:
+        moment = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(dt.UTC).replace(tzinfo=None)
+    spec = "microseconds" if moment.microsecond else "seconds"
+    return IsoDateTime(moment.isoformat(timespec=spec))
 
 
 class FilterError(NearsightError, ValueError):
@@ -144,7 +193,13 @@ def infer_types(
             types[key] = declared[key]
             continue
         kinds = {_kind(value) for value in values}
-        types[key] = "int" if kinds == {"int"} else "float" if kinds <= {"int", "float"} else "str"
+        types[key] = (
+            "int" if kinds == {"int"}
+            else "float" if kinds <= {"int", "float"}
+            else "date" if kinds == {"date"}
+            else "datetime" if kinds <= {"date", "datetime"}
+            else "str"
+        )  # fmt: skip
     return types  # a declared column no row has stays out
 
 
@@ -181,11 +236,26 @@ def _kind(value: object) -> str:
         return "int"
     if isinstance(value, float):
         return "float"
+    if isinstance(value, IsoDateTime | dt.datetime):
+        return "datetime"
+    if isinstance(value, IsoDate | dt.date):
+        return "date"
     typed = typed_value(str(value))
-    return "int" if isinstance(typed, int) else "float" if isinstance(typed, float) else "str"
+    if isinstance(typed, str):
+        return "date" if iso_date(typed) else "datetime" if iso_datetime(typed) else "str"
+    return "int" if isinstance(typed, int) else "float"
 
 
 def _as(kind: str, value: Any, key: str) -> MetaValue:
+    if kind in DATE_TYPES:
+        text = value.isoformat() if isinstance(value, dt.date) else str(value)
+        typed = iso_date(text) if kind == "date" else iso_datetime(text)
+        if typed is None:
+            example = "YYYY-MM-DD" if kind == "date" else "YYYY-MM-DDTHH:MM:SS"
+            raise FilterError(
+                f"column {key!r} is declared {kind} ({example}), but has the value {value!r}"
+            )
+        return typed
     if kind == "str":
         return str(value).strip() if not isinstance(value, float) else repr(value)
     try:

@@ -27,7 +27,15 @@ import numpy as np
 
 from nearsight.core.errors import NearsightError
 from nearsight.core.extras import EXTRA_MODULES
-from nearsight.data.meta import BUILTIN_KEYS, FilterError, infer_types, label_codes, typed_row
+from nearsight.data.meta import (
+    BUILTIN_KEYS,
+    FilterError,
+    IsoDate,
+    IsoDateTime,
+    infer_types,
+    label_codes,
+    typed_row,
+)
 
 META_FIELDS = ("path", "label", "class_name", "split", "sha256", "width", "height")
 _INTEGER_FIELDS = ("label", "width", "height")
@@ -130,12 +138,24 @@ def meta_types_of(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     kinds: dict[str, set[str]] = {}
     for row in rows:
         for key, value in (row.get("meta") or {}).items():
-            kind = "str" if isinstance(value, str) else "float" if isinstance(value, float) else "int"
-            kinds.setdefault(key, set()).add(kind)
-    return {
-        key: "str" if "str" in found else "float" if "float" in found else "int"
-        for key, found in kinds.items()
-    }
+            kinds.setdefault(key, set()).add(_value_kind(value))
+    return {key: _column_kind(found) for key, found in kinds.items()}
+
+
+def _value_kind(value: Any) -> str:
+    if isinstance(value, IsoDateTime):
+        return "datetime"
+    if isinstance(value, IsoDate):
+        return "date"
+    return "str" if isinstance(value, str) else "float" if isinstance(value, float) else "int"
+
+
+def _column_kind(found: set[str]) -> str:
+    if found == {"date"}:
+        return "date"
+    if found <= {"date", "datetime"}:
+        return "datetime"
+    return "str" if found & {"str", "date", "datetime"} else "float" if "float" in found else "int"
 
 
 def _load_npy(file: Path) -> np.ndarray:

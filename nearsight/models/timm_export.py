@@ -21,11 +21,15 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nearsight.core.errors import NearsightError
+from nearsight.models import timm_reuse
 from nearsight.models.embedder import file_sha256, nearsight_version
-from nearsight.models.spec import ModelSpec
-from nearsight.models.timm_trunk import TimmInfo, is_timm, timm_info
+from nearsight.models.spec import ModelSpec, is_timm
+
+if TYPE_CHECKING:  # timm_trunk imports torch: only an export that is not reused loads it
+    from nearsight.models.timm_trunk import TimmInfo
 
 ZERO_SHOT_PRETRAINED = ("auto", "hub", "none")  # or a weights file
 # the folder beside a gallery where its zero-shot models are kept (galleries in one folder
@@ -48,6 +52,7 @@ class TimmExport:
 
 def _weights(arch: str, pretrained: str) -> tuple[Path | None, str]:
     """(weights file or None for random weights, its description)."""
+    from nearsight.models.timm_trunk import timm_info
     from nearsight.models.timm_weights import hub_weights_file
 
     if pretrained in ("auto", "hub"):  # a zero-shot gallery needs the weights: no fallback
@@ -80,17 +85,28 @@ def export_timm_model(
     """The ONNX model of ``timm:NAME``'s pretrained features, exported into ``cache_dir`` (or
     found there). ``pretrained``: auto / hub (the Hugging Face cache, else a download, else a
     one-line error), none (random weights: for tests), or a weights file. ``image_size`` and
-    ``pooling`` default to the pretrained model's own."""
+    ``pooling`` default to the pretrained model's own. An export recorded for the same
+    request, whose inputs are unchanged, is reused without importing timm or torch
+    (nearsight/models/timm_reuse.py)."""
+    log = log or (lambda line: None)
+    if not is_timm(arch):
+        raise NearsightError(f"a zero-shot model is timm:NAME, got {arch!r}")
+    cache = Path(cache_dir)
+    request = timm_reuse.request_key(arch, pretrained, image_size, pooling)
+    recorded = timm_reuse.recorded_export(cache, request)
+    if recorded is not None:
+        path, recorded_spec, described = recorded
+        log(f"reusing {path} ({arch} exported before)")
+        return TimmExport(path, recorded_spec, True, described)
+
     import timm
     import torch
 
     from nearsight.models.checkpoint import save_checkpoint
     from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
     from nearsight.models.export import export_onnx
+    from nearsight.models.timm_trunk import timm_info
 
-    log = log or (lambda line: None)
-    if not is_timm(arch):
-        raise NearsightError(f"a zero-shot model is timm:NAME, got {arch!r}")
     info = timm_info(arch)
     size = int(image_size or info.image_size)
     pool = pooling or info.default_pooling
@@ -106,11 +122,11 @@ def export_timm_model(
         "timm": timm.__version__,
         "nearsight": nearsight_version(),
     }
-    cache = Path(cache_dir)
     out = cache / _cache_name(info, key)
     spec = config.spec()  # what the export writes into the model's metadata
     if out.is_file():
         log(f"reusing {out} (timm:{info.name} exported before)")
+        timm_reuse.record_export(cache, request, out, weights, described, spec)
         return TimmExport(out, spec, True, described)
     cache.mkdir(parents=True, exist_ok=True)
     log(f"exporting timm:{info.name} ({described}, {size} px, {pool} pooling) to {out}")
@@ -123,4 +139,5 @@ def export_timm_model(
             Path(work) / "pretrained.pt", net, extra={"training": training}
         )
         export_onnx(checkpoint, out, log=log)
+    timm_reuse.record_export(cache, request, out, weights, described, spec)
     return TimmExport(out, spec, False, described)

@@ -61,21 +61,25 @@ class SearchResults(list):
         query: Any = None,
         query_label: int | None = None,
         error: str | None = None,
+        query_class: str | None = None,
     ) -> None:
         super().__init__(rows)
         self.query = query
         self.query_label = query_label
+        self.query_class = query_class  # the query's class name, when known
         self.error = error
 
-    def records(self) -> list[dict[str, Any]]:
+    def records(self, reserved: Iterable[str] = ()) -> list[dict[str, Any]]:
         """One flat dict per neighbour: the fixed columns, then ``meta``'s keys (a key that
-        clashes with a fixed column gets a ``meta.`` prefix), then ``correct`` when the query's
-        class is known (True, False, or None for an unlabelled neighbour)."""
+        clashes with a fixed column, ``correct`` or a ``reserved`` name gets a ``meta.``
+        prefix), then ``correct`` when the query's class is known (True, False, or None for an
+        unlabelled neighbour)."""
+        taken = {"correct", *reserved}
         rows = []
         for hit in self:
             row = {key: hit.get(key) for key in COLUMNS}
             for key, value in (hit.get("meta") or {}).items():
-                row[f"meta.{key}" if key in row or key == "correct" else key] = value
+                row[f"meta.{key}" if key in row or key in taken else key] = value
             if self.query_label is not None:
                 verdict = correctness(self.query_label, hit.get("label"))
                 row["correct"] = None if verdict == "unknown" else verdict == "true"
@@ -89,7 +93,7 @@ class SearchResults(list):
         records = self.records()
         for row in records:
             columns += [key for key in row if key not in columns]
-        return pandas.DataFrame.from_records(records, columns=columns)
+        return _whole_numbers(pandas.DataFrame.from_records(records, columns=columns))
 
     def _repr_html_(self) -> str:
         return _query_html(self)
@@ -114,7 +118,8 @@ class ResultsList(list):
         ``error`` column when a query failed."""
         pandas = _pandas()
         paths = any(isinstance(r.query, str | os.PathLike) for r in self)
-        columns = ["query", *(["query_path"] if paths else []), *COLUMNS]
+        fixed = ["query", *(["query_path"] if paths else []), "error"]
+        columns = [*fixed[:-1], *COLUMNS]
         records: list[dict[str, Any]] = []
         for number, results in enumerate(self):
             query: dict[str, Any] = {"query": number}
@@ -123,10 +128,10 @@ class ResultsList(list):
                 query["query_path"] = os.fspath(results.query) if is_path else None
             if results.error is not None:
                 records.append({**query, "error": results.error})
-            records += [{**query, **row} for row in results.records()]
+            records += [{**query, **row} for row in results.records(reserved=fixed)]
         for row in records:
             columns += [key for key in row if key not in columns]
-        return pandas.DataFrame.from_records(records, columns=columns)
+        return _whole_numbers(pandas.DataFrame.from_records(records, columns=columns))
 
     def _repr_html_(self) -> str:
         shown = [_query_html(results, number) for number, results in enumerate(self)]
@@ -135,6 +140,15 @@ class ResultsList(list):
         if more > 0:
             parts.append(f"<div>… and {more} more queries (index this list to see one)</div>")
         return "".join(parts) or "<div>no queries</div>"
+
+
+def _whole_numbers(frame: Any) -> Any:
+    """Ids, ranks and labels as whole numbers (pandas' nullable Int64), also where a failed
+    query's row or an unlabelled item leaves a gap (a plain column would turn into floats)."""
+    for column in ("query", "rank", "id", "label"):
+        if column in frame.columns:
+            frame[column] = frame[column].astype("Int64")
+    return frame
 
 
 def _thumbnail(image: Any) -> str | None:
@@ -182,7 +196,10 @@ def _query_html(results: SearchResults, number: int | None = None) -> str:
     else:
         title = str(query) if isinstance(query, str | os.PathLike) else type(query).__name__
         picture = _thumbnail(query)
-    label = "" if results.query_label is None else f"<br>class {e(str(results.query_label))}"
+    name = results.query_class or (
+        None if results.query_label is None else f"class {results.query_label}"
+    )
+    label = "" if name is None else f"<br>{e(name)}"
     cells = [_cell(picture, QUERY_COLOUR, f"<b>{e(heading)}</b>{label}", title)]
     if results.error is not None:
         cells.append(f'<div class="ns-error" style="color:#dc2626">{e(results.error)}</div>')

@@ -18,6 +18,7 @@ query vectors -> candidates from the index (only the items the filters allow, in
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,9 +32,23 @@ from nearsight.search.neighbour import Neighbour, neighbour
 from nearsight.search.rerank.search import reranked_search
 from nearsight.search.rerank.spec import RerankSpec, parse_rerank
 
-__all__ = ["allowed_ids", "check_k", "check_vector", "item_vector", "resolve_rerank", "search"]
+__all__ = ["Filtered", "allowed_ids", "check_filters", "check_k", "check_vector", "item_vector", "resolve_rerank", "search"]
 
-Filters = str | Sequence[str | Condition] | None
+Filters = str | Sequence[str | Condition] | Mapping[str, Any] | None
+
+
+@dataclass(frozen=True)
+class Filtered:
+    """A request's filters, checked: the ``allowed`` ids (None: no filter), ``notes`` on
+    values no item holds (nearsight/index/catalog/filter_notes.py) and the ``keys`` filtered
+    on (the columns a result card shows next to the key)."""
+
+    allowed: np.ndarray | None
+    notes: tuple[str, ...] = ()
+    keys: tuple[str, ...] = ()
+
+
+NO_FILTER = Filtered(None)
 
 
 def item_vector(gallery: Gallery, item_id: int) -> np.ndarray:
@@ -65,15 +80,15 @@ def check_vector(gallery: Gallery, vector: Any) -> np.ndarray:
     return np.ascontiguousarray(array / norms)  # the gallery compares directions
 
 
-def allowed_ids(
+def check_filters(
     gallery: Gallery, filters: Filters, max_conditions: int | None = None
-) -> np.ndarray | None:
-    """Ids meeting every filter (typed by their columns: nearsight.index.catalog.filters), or
-    None when there is no filter (search everything). Repeated conditions count once; more
-    than ``max_conditions`` distinct ones is a FilterError."""
+) -> Filtered:
+    """A caller's filters checked once (:class:`Filtered`): typed by their columns
+    (nearsight.index.catalog.filters), repeated conditions counted once; more than
+    ``max_conditions`` distinct ones is a FilterError."""
     if filters is None:
-        return None
-    if isinstance(filters, str):
+        return NO_FILTER
+    if isinstance(filters, str | Mapping):
         conditions = parse_filters(filters)
     else:
         conditions = [
@@ -81,8 +96,18 @@ def allowed_ids(
         ]
     conditions = merge_conditions(conditions, max_conditions)
     if not conditions:
-        return None
-    return gallery.filter_ids(conditions)
+        return NO_FILTER
+    allowed = gallery.filter_ids(conditions)
+    differs = any(c.op == "!=" for c in conditions)  # holds for every item of another value
+    notes = tuple(gallery.filter_notes(conditions)) if differs or not len(allowed) else ()
+    return Filtered(allowed, notes, tuple(dict.fromkeys(c.key for c in conditions)))
+
+
+def allowed_ids(
+    gallery: Gallery, filters: Filters, max_conditions: int | None = None
+) -> np.ndarray | None:
+    """Ids meeting every filter, or None when there is no filter (:func:`check_filters`)."""
+    return check_filters(gallery, filters, max_conditions).allowed
 
 
 def stored_rerank(gallery: Gallery) -> RerankSpec:

@@ -17,6 +17,7 @@ none) and checked to be the one the gallery was built with.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,7 @@ import numpy as np
 from nearsight.core.errors import NearsightError
 from nearsight.data.image_input import ImageLike, QueryImage, read_query
 from nearsight.index.gallery.core import Gallery
+from nearsight.index.gallery.keys import ids_of_keys, key_column
 from nearsight.search import route
 from nearsight.search.evaluate import evaluate_gallery
 from nearsight.search.labels import query_label
@@ -37,6 +39,7 @@ if TYPE_CHECKING:  # typing only: the embedders' modules load onnxruntime
     from nearsight.models.embedder import Embedder
 
 Filters = route.Filters
+Filtered = route.Filtered
 Rerank = RerankSpec | str | None
 SEARCH_BATCH = 64  # search_many: images decoded, embedded and searched at a time
 
@@ -112,6 +115,24 @@ class Searcher:
         None for no filter."""
         return route.allowed_ids(self.gallery, filters, max_conditions)
 
+    def filtered(self, filters: Filters, max_conditions: int | None = None) -> Filtered:
+        """The filters checked once: the allowed ids, notes on values no item holds (for the
+        caller to show), the keys filtered on (:func:`nearsight.search.route.check_filters`)."""
+        return route.check_filters(self.gallery, filters, max_conditions)
+
+    @property
+    def key_column(self) -> str | None:
+        """The gallery's key column (a shop's SKU), None without one."""
+        return key_column(self.gallery)
+
+    def id_of_key(self, key: str) -> int:
+        """The id of the item with this key (one-line NearsightError when the gallery has no
+        key column or no item with that key)."""
+        found = ids_of_keys(self.gallery, [str(key)])
+        if str(key) not in found:
+            raise NearsightError(f"the gallery has no item with key {str(key)[:200]!r}")
+        return found[str(key)]
+
     def resolve_rerank(self, rerank: Rerank) -> RerankSpec:
         """``rerank`` parsed (a one-line error when bad); None: :attr:`rerank`."""
         if rerank is None:
@@ -146,7 +167,8 @@ class Searcher:
         wanted = query_label(self.gallery, label)
         decoded = read_query(image, self.embedder.resize)
         (found,) = self._search_images([decoded], k, allowed, spec)
-        return SearchResults(found, query=image, query_label=wanted)
+        return SearchResults(found, query=image, query_label=wanted,
+                             query_class=self._class_name(wanted))  # fmt: skip
 
     def search_many(
         self,
@@ -188,9 +210,11 @@ class Searcher:
                     entries[position] = SearchResults(query=image, error=str(error))
             found = self._search_images(decoded, k, allowed, spec) if decoded else []
             for position, neighbours in zip(positions, found, strict=True):
+                label = wanted[start + position]
                 entries[position] = SearchResults(
-                    neighbours, query=chunk[position], query_label=wanted[start + position]
-                )
+                    neighbours, query=chunk[position], query_label=label,
+                    query_class=self._class_name(label),
+                )  # fmt: skip
             results.extend(entries)
         return results
 
@@ -210,27 +234,36 @@ class Searcher:
         wanted = query_label(self.gallery, label)
         vectors = route.check_vector(self.gallery, vector)[:1]
         (found,) = self.search_vectors(vectors, k, allowed=allowed, rerank=spec)
-        return SearchResults(found, query=vector, query_label=wanted)
+        return SearchResults(found, query=vector, query_label=wanted,
+                             query_class=self._class_name(wanted))  # fmt: skip
 
     def search_item(
         self,
-        item_id: int,
+        item_id: int | None = None,
         k: int = 8,
         *,
+        key: str | None = None,
         filters: Filters = None,
         rerank: Rerank = None,
         leave_out: bool = False,
     ) -> SearchResults:
-        """:meth:`search` by a gallery item's stored embedding: the item itself comes first,
-        at distance 0 (unless a filter leaves it out); ``leave_out``: the other items only.
-        The item's class is the query's."""
+        """:meth:`search` by a gallery item's stored embedding, the item named by its id or
+        by its ``key`` (the gallery's key column, e.g. a SKU): the item itself comes first, at
+        distance 0 (unless a filter leaves it out); ``leave_out``: the other items only. The
+        item's class is the query's."""
+        if (item_id is None) == (key is None):
+            raise NearsightError("search_item takes an item id or a key=, not both")
+        item = self.id_of_key(key) if key is not None else _whole(item_id)
         k, allowed, spec = self._request(k, filters, rerank)
-        item = int(item_id)
         vector = self.item_vector(item)
         found = self.search_vectors(vector[None, :], k, allowed=allowed, rerank=spec,
                                     **_as_item(item, leave_out))  # fmt: skip
         label = self.gallery.items([item])[0]["label"]
-        return SearchResults(found[0], query=item, query_label=label)
+        return SearchResults(found[0], query=item, query_label=label,
+                             query_class=self._class_name(label))  # fmt: skip
+
+    def _class_name(self, label: int | None) -> str | None:
+        return None if label is None else self.gallery.class_names().get(int(label))
 
     def search_vectors(
         self,
@@ -269,8 +302,13 @@ class Searcher:
     def _request(
         self, k: Any, filters: Filters, rerank: Rerank
     ) -> tuple[int, np.ndarray | None, RerankSpec]:
-        """A Python caller's request, checked once: k, the allowed ids, the re-rank spec."""
-        return route.check_k(k), self.allowed_ids(filters), self.resolve_rerank(rerank)
+        """A Python caller's request, checked once: k, the allowed ids, the re-rank spec; a
+        filter value no item holds is a warning naming the closest values held."""
+        k = route.check_k(k)
+        filtered = self.filtered(filters)
+        for note in filtered.notes:
+            warnings.warn(note, FilterNote, stacklevel=3)
+        return k, filtered.allowed, self.resolve_rerank(rerank)
 
     def query_vector(self, query: QueryImage) -> tuple[np.ndarray, int | None]:
         """One query image's vector, and the gallery item it is when its bytes are an item's
@@ -326,6 +364,21 @@ class Searcher:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self.path)!r}, items={len(self)})"
+
+
+class FilterNote(UserWarning):
+    """A filter value no item holds (the message names the closest values held)."""
+
+
+def _whole(item_id: Any) -> int:
+    """An item id as an int; a one-line error for 3.5, "x" or True."""
+    whole_float = isinstance(item_id, float) and item_id.is_integer()
+    if isinstance(item_id, bool) or not (isinstance(item_id, int | np.integer | str) or whole_float):
+        raise NearsightError(f"an item id is a whole number, got {item_id!r}")
+    try:
+        return int(item_id)
+    except ValueError:
+        raise NearsightError(f"an item id is a whole number, got {item_id!r}") from None
 
 
 def _as_item(item: int, leave_out: bool) -> dict[str, list[int]]:

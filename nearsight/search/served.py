@@ -14,7 +14,7 @@ import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import faiss
 import numpy as np
@@ -36,6 +36,7 @@ class ServedGallery(Searcher):
         self.name = name
         self.generation = 0  # counts the reloads of a live gallery (nearsight/app/serve/live.py)
         self.show_paths = False  # serve --show-paths
+        self.card_fields: list[str] | None = None  # serve --card-fields (None: the gallery's)
         self._rows: dict[int, dict[str, Any]] = {int(r["id"]): r for r in gallery.all_items()}
         self.ids = np.asarray(gallery.ids, dtype=np.int64)
         self.labels = np.asarray(gallery.labels, dtype=np.int64)
@@ -47,7 +48,45 @@ class ServedGallery(Searcher):
         root = gallery.meta.get("root")
         self._root = str(root) if root else None
 
+    def reopened(self) -> Self:
+        """A new served gallery of the same kind over this one's folder as it is on disk now,
+        with the same embedder (which must still be the gallery's model), the same serving
+        settings and the next generation number (a live reload)."""
+        gallery = Gallery.open(self.gallery.path)
+        try:
+            gallery.check_model(self.embedder)
+        except BaseException:
+            gallery.close()
+            raise
+        fresh = self._same_kind(gallery)
+        fresh.generation = self.generation + 1
+        fresh.show_paths = self.show_paths
+        fresh.rerank_override = self.rerank_override
+        fresh.card_fields = self.card_fields
+        return fresh
+
+    def _same_kind(self, gallery: Gallery) -> Self:
+        return type(self)(self.name, gallery, self.embedder)
+
     # -- facts -------------------------------------------------------------------------------
+
+    def shown_fields(self) -> list[str]:
+        """The metadata fields a result card leads with, in order: ``serve --card-fields``,
+        else the gallery's key column."""
+        if self.card_fields:
+            return list(self.card_fields)
+        return [self.key_column] if self.key_column else []
+
+    def check_card_fields(self) -> None:
+        """A one-line error when ``card_fields`` names a column the gallery lacks."""
+        known = set(self.gallery.meta_keys())
+        unknown = [field for field in self.card_fields or [] if field not in known]
+        if unknown:
+            columns = ", ".join(sorted(known)) or "none"
+            raise NearsightError(
+                f"--card-fields: gallery {self.name} has no column {unknown[0]!r} "
+                f"(its columns: {columns})"
+            )
 
     def rows(self) -> Mapping[int, dict[str, Any]]:
         return self._rows

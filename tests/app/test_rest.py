@@ -61,7 +61,7 @@ def test_health_lists_the_galleries(api, product):  # noqa: F811
     assert answer.status_code == 200
     (gallery,) = answer.json()["galleries"]
     assert gallery["items"] == 36 and gallery["dim"] == 16
-    assert gallery["meta_keys"] == ["price", "shop", "sku"]
+    assert gallery["columns"] == {"price": "float", "shop": "str", "sku": "str"}
 
 
 def test_search_by_file_returns_neighbours_with_meta(api, product):  # noqa: F811

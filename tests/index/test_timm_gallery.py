@@ -6,6 +6,9 @@ searched from the CLI and from Python."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -92,6 +95,25 @@ def test_index_build_with_a_timm_model_end_to_end(hub, data, tmp_path, capsys):
     assert code == 0, err
     assert "reusing" in err and "exporting" not in err
     assert sorted((tmp_path / "nearsight-models").glob("*.onnx")) == exported
+
+    # ... without importing timm or torch (1.9 GB resident against 0.5 GB), in a fresh process
+    argv = [str(a) for a in ["index", "build", "--model", TIMM_VIT, *BUILD, "--root", data,
+                             "--out", tmp_path / "third"]]  # fmt: skip
+    code = (
+        f"import sys\nfrom nearsight.app.cli import main\nstatus = main({argv!r})\n"
+        "print(sorted(m for m in ('torch', 'timm') if m in sys.modules))\nsys.exit(status)"
+    )
+    third = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert third.returncode == 0, third.stderr
+    assert third.stdout.strip().splitlines()[-1] == "[]" and "reusing" in third.stderr
+    with Gallery.open(tmp_path / "third") as gallery:
+        assert Path(gallery.meta["model"]) == exported[0]
+
+    # a touched weights file is not trusted by its record: the long way hashes it again
+    os.utime(hub, ns=(hub.stat().st_atime_ns, hub.stat().st_mtime_ns + 10**9))
+    code, _, err = run(capsys, "index", "build", "--model", TIMM_VIT, *BUILD, "--root", data,
+                       "--out", tmp_path / "fourth")  # fmt: skip
+    assert code == 0 and "reusing" in err, err  # same bytes: the same export, found by hash
 
 
 def test_build_gallery_from_python(hub, data, tmp_path):

@@ -219,10 +219,12 @@ def page_route(page, name: str, query: dict) -> list[int]:
     import gradio as gr
 
     try:
-        grid, _, _ = page.item_grid(name, query["id"], query["k"], ";".join(query["filters"]),
-                                    query["rerank"])  # fmt: skip
+        grid, status, _ = page.item_grid(name, query["id"], query["k"],
+                                         ";".join(query["filters"]), query["rerank"])  # fmt: skip
     except gr.Error as error:
         raise NearsightError(str(error)) from None
+    if status.startswith("**Filter not applied**"):  # the message in place of the grid
+        raise NearsightError(status)
     return [int(i) for i in re.findall(r'<figure class="ns-cell" data-rank="\d+" data-id="(\d+)"', grid)]
 
 

@@ -113,6 +113,14 @@ def demo_config(args: argparse.Namespace, data: Path):
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    for module in ("torch", "torchvision", "onnx"):  # before minutes of making the dataset
+        if importlib.util.find_spec(module) is None:
+            raise NearsightError(
+                f"demo trains a model: {module} is not installed; it comes with nearsight's "
+                "[train] extra: pip install 'nearsight[train]'"
+            )
     work: Path = args.workdir
     if work.exists() and not work.is_dir():
         raise NearsightError(f"--workdir {work} is a file, not a folder")

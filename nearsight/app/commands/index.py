@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from nearsight.app.commands.catalog_options import add_catalog_options, add_embeddings_option
 from nearsight.app.commands.index_build import run_build
 from nearsight.app.commands.index_import import register as register_import
-from nearsight.app.commands.index_items import run_add, run_remove, run_show
+from nearsight.app.commands.index_items import run_add, run_info, run_remove, run_show
 from nearsight.app.commands.model_options import add_foreign_model_options, add_timm_model_options
 from nearsight.index.gallery.defaults import (
     DEFAULT_BATCH_SIZE,
@@ -161,6 +161,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     one.add_argument("--id", type=int, help="the item's id")
     one.add_argument("--key", help="the item's key (the gallery's key column)")
     show.set_defaults(func=run_show)
+
+    info = actions.add_parser(
+        "info",
+        help="print a gallery's summary: items, dim, model, index type, key and columns",
+        description="Print what a gallery holds: its item count (labelled, classes), the "
+        "embedding dim and metric, the model, the index type, the key column and each metadata "
+        "column's type (int, float, str, date, datetime); the same facts as REST's "
+        "/api/galleries and the page's Summary tab.",
+    )
+    info.add_argument("--gallery", type=Path, required=True, help="gallery folder")
+    info.add_argument("--json", action="store_true", help="print one JSON object")
+    info.set_defaults(func=run_info)
 
     register_import(actions, INDEX_TYPES)
 

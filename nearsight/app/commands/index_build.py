@@ -17,9 +17,16 @@ def run_build(args: argparse.Namespace) -> int:
         if args.root is None:
             raise NearsightError("--root is required with --dataset (the dataset folder)")
         source = dataset_source(args.dataset, args.root, args.split, declared_types(args))
+        check_declared_columns(args.meta_types, source.fields)
     elif args.root is not None:
         raise NearsightError("--root goes with --dataset, not with --images or --list")
     elif args.images is not None:
+        folders = [str(path) for path in args.images if path.is_dir()]
+        if folders:
+            raise NearsightError(
+                f"--images takes image files; {folders[0]} is a folder (use --dataset folder "
+                f"--root {folders[0]} for a folder of class folders, or --list FILE)"
+            )
         source = images_source(args.images)
     else:
         source = list_source(args.list)
@@ -40,3 +47,19 @@ def run_build(args: argparse.Namespace) -> int:
     )
     print(report.summary())
     return 0
+
+
+def check_declared_columns(meta_types: list[str] | None, fields: list[dict]) -> None:
+    """A one-line error when ``--meta-types`` names a column the source does not have (a
+    typo would otherwise be ignored)."""
+    from nearsight.core.errors import NearsightError
+    from nearsight.data.meta import parse_meta_types
+
+    declared = parse_meta_types(meta_types)
+    columns = {key for row in fields for key in (row.get("meta") or {})}
+    unknown = [name for name in declared if name not in columns]
+    if unknown:
+        raise NearsightError(
+            f"--meta-types {unknown[0]}=...: the source has no column {unknown[0]!r} (its "
+            f"columns: {', '.join(sorted(columns)) or 'none'})"
+        )

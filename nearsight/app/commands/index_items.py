@@ -53,5 +53,28 @@ def run_show(args: argparse.Namespace) -> int:
         row = (
             item_of_key(gallery, args.key) if args.key is not None else gallery.items([args.id])[0]
         )
-    print(json.dumps(row))
+    print(json.dumps(row, ensure_ascii=False))
+    return 0
+
+
+def run_info(args: argparse.Namespace) -> int:
+    from nearsight.index.gallery.core import Gallery
+    from nearsight.index.gallery.summary import gallery_summary
+
+    with Gallery.open(args.gallery) as gallery:
+        summary = gallery_summary(gallery)
+    if args.json:
+        print(json.dumps(summary, ensure_ascii=False))
+        return 0
+    print(f"gallery {args.gallery}")
+    print(f"  items: {summary['items']} ({summary['labelled']} labelled, "
+          f"{summary['classes']} classes)")  # fmt: skip
+    print(f"  vectors: dim {summary['dim']}, {summary['metric']}, index {summary['index_type']}")
+    print(f"  model: {summary['model']} (sha256 {summary['model_sha256'][:12]}..)")
+    print(f"  key column: {summary['key_column'] or 'none'}")
+    columns = ", ".join(f"{name} ({kind})" for name, kind in summary["columns"].items())
+    print(f"  columns: {columns or 'none'}")
+    if summary["dataset"]:
+        print(f"  dataset: {summary['dataset']}, split {summary['split']}")
+    print(f"  created: {summary['created']}")
     return 0

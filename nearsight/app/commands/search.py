@@ -19,7 +19,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="find the gallery images nearest to a query image",
         description="Embed IMAGE with the gallery's model (or --model, which must be the same "
         "model) and print its k nearest gallery items, nearest first; or those of gallery item "
-        "--id N (itself first), or of a --vector; or, with --queries, of every image of a "
+        "--id N or --key K (itself first, at distance 0), or of a --vector; or, with --queries, "
+        "of every image of a "
         "folder or list, "
         "written as one JSON line per query to --out. The distance is the Euclidean distance "
         "between the unit-length embeddings, sqrt(2 - 2 cos): 0 is the same direction, 2 the "
@@ -30,6 +31,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     source.add_argument("image", type=Path, nargs="?", metavar="IMAGE", help="query image file")
     source.add_argument(
         "--id", type=int, metavar="N", help="query by gallery item N's stored vector"
+    )
+    source.add_argument(
+        "--key",
+        metavar="K",
+        help="query by the item with key K (the gallery's key column, e.g. a SKU)",
     )
     source.add_argument(
         "--vector", type=Path, help="query by a vector: a .npy file of D floats (or [1, D])"
@@ -55,7 +61,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="search only items that match (repeatable; all must hold): KEY=VALUE, KEY!=VALUE, "
-        "KEY>=N, KEY>N, KEY<=N, KEY<N over metadata columns and label, class_name, split",
+        "KEY>=V, KEY>V, KEY<=V, KEY<V (numbers or ISO dates), KEY= (no value) over metadata "
+        "columns and label, class_name, split; a value no item holds gets a note on stderr",
     )
     parser.add_argument(
         "--max-filter-conditions",
@@ -99,30 +106,44 @@ def run_search(args: argparse.Namespace) -> int:
         return _run_batch(args, conditions)
     results = _search_one(args, conditions)
     if args.json:
-        print(json.dumps(results))
+        print(json.dumps(results, ensure_ascii=False))
         return 0
     _print_table(results)
     return 0
 
 
 def _search_one(args: argparse.Namespace, conditions: list) -> list[dict[str, Any]]:
-    from nearsight.search.searcher import open_gallery
+    import warnings
+
+    from nearsight.search.searcher import FilterNote, open_gallery
 
     # one query per process: the lighter onnxruntime session (docs/decisions.md)
     with open_gallery(
         args.gallery, args.model, device=args.device, optimization="extended"
-    ) as gallery:
-        if args.id is not None:
-            found = gallery.search_item(args.id, args.k, filters=conditions, rerank=args.rerank)
-        elif args.vector is not None:
-            vector = _vector_file(args.vector)
-            found = gallery.search_vector(vector, args.k, filters=conditions, rerank=args.rerank)
-        else:
-            found = gallery.search(args.image, args.k, filters=conditions, rerank=args.rerank)
+    ) as gallery, warnings.catch_warnings(record=True) as notes:
+        warnings.simplefilter("always", FilterNote)
+        found = _search(gallery, args, conditions)
+    for note in notes:
+        if issubclass(note.category, FilterNote):
+            print(f"nearsight: note: {note.message}", file=sys.stderr)
     return [neighbour.as_json() for neighbour in found]
 
 
-def _vector_file(path: Path):
+def _search(gallery, args: argparse.Namespace, conditions: list):
+    """The one query the flags name, through the Python API."""
+    if args.id is not None:
+        return gallery.search_item(args.id, args.k, filters=conditions, rerank=args.rerank)
+    if args.key is not None:
+        return gallery.search_item(key=args.key, k=args.k, filters=conditions, rerank=args.rerank)
+    if args.vector is not None:
+        vector = _vector_file(args.vector, gallery.gallery.dim)
+        return gallery.search_vector(vector, args.k, filters=conditions, rerank=args.rerank)
+    return gallery.search(args.image, args.k, filters=conditions, rerank=args.rerank)
+
+
+def _vector_file(path: Path, dim: int):
+    """The one query vector of a .npy file: [D] or [1, D] floats (a one-line error naming the
+    file's shape and the gallery's D otherwise)."""
     import numpy as np
 
     from nearsight.core.errors import NearsightError
@@ -131,6 +152,15 @@ def _vector_file(path: Path):
         vector = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError) as error:
         raise NearsightError(f"cannot read query vector {path}: {error}") from None
+    shape = tuple(vector.shape)
+    if vector.dtype.kind not in "fiu" or shape not in ((dim,), (1, dim)):
+        several = len(shape) == 2 and shape[0] != 1
+        rows = f"{shape[0]} vectors" if several else f"{vector.size} numbers"
+        raise NearsightError(
+            f"--vector {path} holds {vector.dtype} {shape}: {rows}; search takes one vector of "
+            f"the gallery's dim, a [{dim}] or [1, {dim}] array of floats (several: search_many "
+            "in Python, or --queries)"
+        )
     return np.asarray(vector, dtype=np.float32).reshape(1, -1)
 
 
@@ -184,7 +214,10 @@ def _run_batch(args: argparse.Namespace, conditions: list) -> int:
     paths = query_paths(args.queries)
     with Gallery.open(args.gallery) as gallery:
         searcher = Searcher(gallery, load_gallery_model(gallery, args.model, args.device))
-        allowed = searcher.allowed_ids(conditions)
+        filtered = searcher.filtered(conditions)
+        allowed = filtered.allowed
+        for note in filtered.notes:
+            print(f"nearsight: note: {note}", file=sys.stderr)
         spec = searcher.resolve_rerank(args.rerank)
         result = embed_files(
             searcher.embedder, paths, batch_size=args.batch_size, workers=args.workers,

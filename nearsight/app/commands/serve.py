@@ -147,6 +147,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="show the galleries' absolute folder paths on the Summary tab (default: folder "
         "names only)",
     )
+    parser.add_argument(
+        "--card-fields",
+        metavar="F1,F2,...",
+        help="the metadata fields each result card leads with, in order (e.g. sku,shop,price); "
+        "default: the gallery's key column (then the fields a search filtered on, then the "
+        "others as they fit; every field is one hover or click away)",
+    )
     add_rerank_option(parser)
     parser.set_defaults(func=run_serve)
 
@@ -175,6 +182,7 @@ def run_serve(args: argparse.Namespace) -> int:
         secure_cookie=args.secure_cookie,
         show_paths=args.show_paths,
         rerank=args.rerank,
+        card_fields=[f.strip() for f in (args.card_fields or "").split(",") if f.strip()],
     )
     return 0
 

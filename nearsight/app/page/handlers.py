@@ -16,9 +16,14 @@ from nearsight.app.page.html import QueryCard, message_html, result_html
 from nearsight.app.page.inputs import (
     UNKNOWN_CLASS,
     PageError,
+    filter_error,
+    filter_help,
     filter_note,
-    item_id_value,
+    item_box_label,
+    item_of,
+    key_of,
     label_value,
+    no_search,
     page_errors,
 )
 from nearsight.app.page.tables import (
@@ -33,12 +38,14 @@ from nearsight.app.page.tables import (
     summary_markdown,
 )
 from nearsight.app.page.view import GalleryView
-from nearsight.app.serve.live import DEFAULT_INTERVAL_S, GalleryWatcher
+from nearsight.app.serve.galleries import Galleries, UnknownGallery
 from nearsight.core.errors import NearsightError
 from nearsight.data.image_input import QueryImage, query_from_bytes
+from nearsight.data.meta import FilterError
 from nearsight.search.checks import check_k
 from nearsight.search.rerank.changes import MAX_COMPARED_ITEMS, rerank_changes
 from nearsight.search.rerank.spec import NONE, RerankSpec, parse_rerank
+from nearsight.search.route import Filtered
 from nearsight.search.served import Neighbour
 from nearsight.search.verdicts import thumbnail_uri
 
@@ -50,35 +57,35 @@ PAGE_RERANK = "dba+aqe:k=5,alpha=3"  # chosen on validation classes in bench/rer
 
 
 class Page:
-    """The handlers of the page, over the open galleries."""
+    """The handlers of the page, over the server's open galleries (their one owner,
+    nearsight/app/serve/galleries.py: each event looks its gallery up there once)."""
 
-    def __init__(self, views: Sequence[GalleryView]):
-        if not views:
-            raise NearsightError("serve needs at least one gallery")
-        self.views = {view.name: view for view in views}
-        self.names = [view.name for view in views]
+    def __init__(self, galleries: Galleries[GalleryView] | Sequence[GalleryView]):
+        self.galleries = galleries if isinstance(galleries, Galleries) else Galleries(galleries)
         self._random = random.Random()
         self.show_paths = False  # the Summary tab shows folder names only (serve --show-paths)
         self._warm_thread: threading.Thread | None = None
-        self._watcher: GalleryWatcher | None = None
-        self.concurrency, self.max_queue = 2, 64  # set by build_app
-        self.max_filter_conditions: int | None = None  # None: the filters module's default
 
-    def watch(self, interval: float = DEFAULT_INTERVAL_S) -> None:
-        """See other processes' changes to the galleries while serving (nearsight/app/serve/live.py)."""
-        self._watcher = GalleryWatcher(self.views, interval)
-        self._watcher.start()
+    @property
+    def views(self) -> dict[str, GalleryView]:
+        """name -> view, the live mapping (read it per event)."""
+        return self.galleries.views
+
+    @property
+    def names(self) -> list[str]:
+        return self.galleries.names
+
+    @property
+    def max_filter_conditions(self) -> int | None:
+        return self.galleries.max_filter_conditions
 
     # -- helpers -----------------------------------------------------------------------------
 
     def view(self, name: str | None) -> GalleryView:
-        if not name:
-            return self.views[self.names[0]]
         try:
-            return self.views[name]
-        except KeyError:
-            known = ", ".join(self.names)
-            raise PageError(f"no gallery named {name!r} (this server has: {known})") from None
+            return self.galleries.get(name)
+        except UnknownGallery as error:
+            raise PageError(str(error)) from None
 
     @staticmethod
     def check_k(k: Any) -> int:
@@ -117,10 +124,8 @@ class Page:
         return all(view.analysis_ready for view in self.views.values())
 
     def close(self) -> None:
-        if self._watcher is not None:
-            self._watcher.stop()
-        for view in self.views.values():
-            view.close()
+        """Close the galleries (their owner stops their live reload first)."""
+        self.galleries.close()
 
     # -- searching ---------------------------------------------------------------------------
 
@@ -169,14 +174,17 @@ class Page:
             query = self.read_upload(image_path, view.embedder.resize)
             label = label_value(query_class)
             note = ""
-            allowed = view.allowed_ids(filters, self.max_filter_conditions)
+            try:
+                filtered = view.filtered(filters, self.max_filter_conditions)
+            except FilterError as error:  # no stale grid under a filter that was not applied
+                return no_search(error), filter_error(error), {"kind": "upload"}
             vector, twin = view.query_vector(query)
             if twin is not None:
                 twin_label = view.label_of(twin)
                 note = f"identical to gallery item #{twin} ({view.class_name(twin_label)})"
                 if label is None:
                     label = twin_label
-            neighbours = view.search_one(vector, k, allowed=allowed, self_id=twin,
+            neighbours = view.search_one(vector, k, allowed=filtered.allowed, self_id=twin,
                                          rerank=self.rerank_spec(view, rerank))  # fmt: skip
             card = QueryCard(
                 title="uploaded image",
@@ -186,19 +194,24 @@ class Page:
                 kind="upload",
                 note=note,
             )
-            return self._render(view, card, neighbours), filter_note(filters), {"kind": "upload"}
+            grid = self._render(view, card, neighbours, filtered)
+            return grid, filter_note(filters, filtered.notes), {"kind": "upload"}
 
     def item_grid(
         self, gallery: str, item_id: Any, k: Any, filters: str = "", rerank: bool | None = None
     ) -> tuple[str, str, dict]:
-        """The leave-one-out grid of a gallery item."""
+        """The leave-one-out grid of a gallery item, named by its id or its key."""
         with page_errors():
             view = self.view(gallery)
             k = self.check_k(k)
-            item = item_id_value(item_id)
-            allowed = view.allowed_ids(filters, self.max_filter_conditions)
+            item = item_of(view, item_id)
+            state = {"kind": "item", "id": item}
+            try:
+                filtered = view.filtered(filters, self.max_filter_conditions)
+            except FilterError as error:  # no stale grid under a filter that was not applied
+                return no_search(error), filter_error(error), state
             # leave-one-out: the item is the query, its neighbours are the others
-            neighbours = view.search_one(view.item_vector(item), k, allowed=allowed,
+            neighbours = view.search_one(view.item_vector(item), k, allowed=filtered.allowed,
                                          exclude_id=item, rerank=self.rerank_spec(view, rerank))  # fmt: skip
             label = view.label_of(item)
             card = QueryCard(
@@ -208,11 +221,14 @@ class Page:
                 class_name=view.class_name(label),
                 kind="item",
                 item_id=item,
+                key=key_of(view, item),
             )
-            state = {"kind": "item", "id": item}
-            return self._render(view, card, neighbours), filter_note(filters), state
+            grid = self._render(view, card, neighbours, filtered)
+            return grid, filter_note(filters, filtered.notes), state
 
-    def _render(self, view: GalleryView, card: QueryCard, neighbours: list[Neighbour]) -> str:
+    def _render(
+        self, view: GalleryView, card: QueryCard, neighbours: list[Neighbour], filtered: Filtered
+    ) -> str:
         return result_html(
             card,
             neighbours,
@@ -220,6 +236,9 @@ class Page:
             [view.class_name(n.label) for n in neighbours],
             gallery=view.name,
             gallery_size=len(view),
+            matching=None if filtered.allowed is None else len(filtered.allowed),
+            lead_fields=view.shown_fields(),
+            filtered_fields=filtered.keys,
         )
 
     def random_item(
@@ -241,7 +260,8 @@ class Page:
                 raise PageError(f"gallery {view.name} has no item of that class")
             item = int(pool[self._random.randrange(len(pool))])
         grid, status, state = self.item_grid(gallery, item, k, filters, rerank)
-        return grid, status, state, item
+        # the item is the query now: the previous upload leaves the query box
+        return grid, status, state, self.item_box(view, item), None
 
     def rerun(
         self,
@@ -267,9 +287,19 @@ class Page:
         """A neighbour was clicked in a grid: query by that item."""
         item = getattr(event, "_data", None) or {}
         if not isinstance(item, dict) or "item_id" not in item:
-            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
-        grid, status, state = self.item_grid(gallery, item["item_id"], k, filters, rerank)
-        return grid, status, state, int(item["item_id"])
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        grid, status, state = self.item_grid(gallery, int(item["item_id"]), k, filters, rerank)
+        return grid, status, state, self.item_box(self.view(gallery), state["id"]), None
+
+    def opened(self, gallery: str, item: Any, k: Any, filters: str = "", rerank: bool | None = None):
+        """The item box's item (by id or key) is the query; the upload leaves the query box."""
+        grid, status, state = self.item_grid(gallery, item, k, filters, rerank)
+        return grid, status, state, None
+
+    def item_box(self, view: GalleryView, item: int) -> str:
+        """What the item box shows for ``item``: its key when the gallery has keys."""
+        key = key_of(view, item)
+        return str(item) if key is None else key
 
     @staticmethod
     def rerank_spec(view: GalleryView, on: bool | None) -> RerankSpec | None:
@@ -312,6 +342,8 @@ class Page:
             message_html("Upload, paste or drop an image, or pick one from the gallery."),
             "",
             None,
+            gr.update(info=filter_help(view)),
+            gr.update(label=item_box_label(view)),
         )
 
     def analysis_outputs(self, gallery: str):

@@ -18,7 +18,7 @@ from nearsight.search.served import Neighbour
 from nearsight.search.verdicts import FRAME_COLOURS, QUERY_COLOUR, correctness
 
 CELL_SIDE = 152  # pixels of the image area of a cell
-META_SHOWN = 4  # metadata entries under a cell's caption
+META_SHOWN = 4  # metadata fields under a cell's caption (the key first; the rest on hover)
 META_VALUE_CHARS = 24
 _CELL_STYLE = (
     "margin:0;padding:4px;border:4px solid {colour};border-radius:8px;box-sizing:content-box;"
@@ -43,6 +43,7 @@ class QueryCard:
     kind: str  # "upload" or "item"
     item_id: int | None = None
     note: str = ""  # e.g. "identical to gallery item #3"
+    key: str | None = None  # the item's key, when the query is a keyed gallery item
 
 
 def _image(uri: str | None, alt: str) -> str:
@@ -60,18 +61,26 @@ def result_html(
     *,
     gallery: str,
     gallery_size: int,
+    matching: int | None = None,
+    lead_fields: Sequence[str] = (),
+    filtered_fields: Sequence[str] = (),
 ) -> str:
-    """The query card and its top-k grid."""
+    """The query card and its top-k grid. ``matching``: how many items the filter allows (None:
+    no filter). Each card leads with ``lead_fields`` (the key column, or the fields the
+    operator chose: ``serve --card-fields``), then ``filtered_fields`` (what the search filtered on), then as many
+    others as fit :data:`META_SHOWN`; every field is in the card's tooltip and its
+    "all fields" list."""
     e = html.escape
     verdicts = [correctness(query.label, n.label) for n in neighbours]
     right = verdicts.count("true")
-    if query.label is None:
-        summary = f"{len(neighbours)} nearest of {gallery_size} items in {e(gallery)}"
-    else:
-        summary = (
-            f"{len(neighbours)} nearest of {gallery_size} items in {e(gallery)}: "
-            f"{right} of the query's class"
-        )
+    searched = (
+        f"{gallery_size} items in {e(gallery)}"
+        if matching is None
+        else f"{matching} matching items (of {gallery_size}) in {e(gallery)}"
+    )
+    summary = f"{len(neighbours)} nearest of {searched}"
+    if query.label is not None:
+        summary += f": {right} of the query's class"
     if query.kind == "item":
         summary += " (the query itself left out)"
 
@@ -79,6 +88,9 @@ def result_html(
     note = f"<br><em>{e(query.note)}</em>" if query.note else ""
     query_id = f' data-id="{query.item_id}"' if query.item_id is not None else ""
     query_label = "" if query.label is None else str(query.label)
+    query_key = (
+        "" if query.key is None else f'<br>key: <strong class="ns-key">{e(query.key)}</strong>'
+    )
     parts = [
         f'<div class="ns-result" data-gallery="{e(gallery)}" data-query-kind="{query.kind}"'
         f'{query_id} data-query-label="{query_label}" data-k="{len(neighbours)}"'
@@ -86,7 +98,8 @@ def result_html(
         f'<figure class="ns-query" data-role="query" style="{query_style}">',
         _image(query.thumbnail, "query"),
         f'<figcaption style="{_CAPTION_STYLE}"><strong>Query</strong>: {e(query.title)}<br>'
-        f'class: <span class="ns-class">{e(query.class_name)}</span>{note}</figcaption>',
+        f'class: <span class="ns-class">{e(query.class_name)}</span>{query_key}{note}'
+        "</figcaption>",
         "</figure>",
         '<div style="flex:1;min-width:200px">',
         f'<div class="ns-summary" style="font-size:13px;margin-bottom:8px">{summary}</div>',
@@ -98,33 +111,66 @@ def result_html(
         distance = "n/a" if neighbour.distance is None else f"{neighbour.distance:.4f}"
         label = "" if neighbour.label is None else str(neighbour.label)
         style = _CELL_STYLE.format(colour=FRAME_COLOURS[verdict], side=CELL_SIDE)
-        title = f"id {neighbour.id}: {neighbour.path}"
+        meta = dict(neighbour.meta or {})
+        title = "\n".join(
+            [f"id {neighbour.id}: {neighbour.path}", *(f"{k}={v}" for k, v in meta.items())]
+        )
+        key = "" if neighbour.key is None else f' data-key="{e(neighbour.key, quote=True)}"'
         parts += [
             f'<figure class="ns-cell" data-rank="{neighbour.rank}" data-id="{neighbour.id}"'
-            f' data-label="{label}" data-correct="{verdict}" data-distance="{distance}"'
+            f'{key} data-label="{label}" data-correct="{verdict}" data-distance="{distance}"'
             f' title="{e(title, quote=True)}" style="{style}">',
             _image(uri, f"rank {neighbour.rank}"),
             f'<figcaption style="{_CAPTION_STYLE}"><strong>#{neighbour.rank}</strong> '
             f'<span class="ns-class">{e(name)}</span><br>'
             f'distance <span class="ns-distance">{distance}</span> · id {neighbour.id}'
-            f"{_meta_line(neighbour.meta)}</figcaption>",
+            f"{_meta_lines(meta, lead_fields, filtered_fields)}</figcaption>",
             "</figure>",
         ]
     parts += ["</div>", "</div>", "</div>"]
     return "".join(parts)
 
 
-def _meta_line(meta: dict | None) -> str:
-    """The item's extra columns under its caption (the first few, values shortened)."""
+def card_fields(
+    meta: dict, lead: Sequence[str] = (), filtered: Sequence[str] = (), room: int = META_SHOWN
+) -> list[str]:
+    """The metadata fields a card shows, in order: ``lead`` (the key first), then the fields
+    the search ``filtered`` on, then the others by name, as many as ``room`` holds (the lead
+    and filtered fields always show)."""
+    chosen = [f for f in dict.fromkeys([*lead, *filtered]) if f in meta]
+    others = [f for f in sorted(meta) if f not in chosen]
+    return chosen + others[: max(0, room - len(chosen))]
+
+
+def _short_value(value: object) -> str:
+    text = str(value)
+    return text if len(text) <= META_VALUE_CHARS else text[: META_VALUE_CHARS - 1] + "…"
+
+
+def _meta_lines(meta: dict, lead: Sequence[str], filtered: Sequence[str]) -> str:
+    """The item's fields under its caption (:func:`card_fields`), then every field in a
+    "all N fields" list one click away."""
     if not meta:
         return ""
-    shown = []
-    for key, value in list(meta.items())[:META_SHOWN]:
-        text = str(value)
-        text = text if len(text) <= META_VALUE_CHARS else text[: META_VALUE_CHARS - 1] + "…"
-        shown.append(f"{html.escape(key)}={html.escape(text)}")
-    more = " …" if len(meta) > META_SHOWN else ""
-    return f'<br><span class="ns-meta" style="opacity:0.85">{" · ".join(shown)}{more}</span>'
+    e = html.escape
+    shown = card_fields(meta, lead, filtered)
+    spans = []
+    for field in shown:
+        kind = "ns-key" if lead and field == lead[0] else "ns-field"
+        weight = "font-weight:600;" if kind == "ns-key" else ""
+        spans.append(
+            f'<span class="{kind}" data-field="{e(field, quote=True)}" style="{weight}">'
+            f"{e(field)}={e(_short_value(meta[field]))}</span>"
+        )
+    rows = "".join(
+        f'<div data-field="{e(k, quote=True)}">{e(k)}={e(str(v))}</div>' for k, v in meta.items()
+    )
+    every = (
+        f'<details class="ns-all-fields"><summary>all {len(meta)} fields</summary>{rows}</details>'
+    )
+    return (
+        f'<br><span class="ns-meta" style="opacity:0.85">{"<br>".join(spans)}</span>{every}'
+    )
 
 
 def message_html(text: str) -> str:
@@ -136,6 +182,7 @@ def message_html(text: str) -> str:
 # js_on_load: ``trigger`` sends the event with this data to the Python listener).
 CLICK_JS = """
 element.addEventListener('click', (event) => {
+  if (event.target.closest('.ns-all-fields')) { return; }  // opens the field list only
   const cell = event.target.closest('.ns-cell');
   if (cell && cell.dataset.id) { trigger('click', {item_id: Number(cell.dataset.id)}); }
 });

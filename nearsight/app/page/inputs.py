@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import html
+import re
+from collections.abc import Sequence
 from typing import Any
 
 import gradio as gr
 
+from nearsight.app.page.html import message_html
+from nearsight.app.page.view import GalleryView
 from nearsight.core.errors import NearsightError
 
 UNKNOWN_CLASS = "-1"
@@ -17,10 +21,39 @@ class PageError(NearsightError):
 
 
 
-def filter_note(filters: str | None) -> str:
-    """The status line under the grid while a filter is on."""
+def code_span(text: str) -> str:
+    """``text`` as a markdown code span, shown exactly as typed (markdown escapes what is
+    inside; escaping it here too showed ``price&lt;20``)."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def filter_note(filters: str | None, notes: Sequence[str] = ()) -> str:
+    """The status line under the grid while a filter is on, with its notes (a value no item
+    holds, and the closest ones held)."""
     text = " ".join((filters or "").split())
-    return f"Filtered: only items with `{html.escape(text)}`" if text else ""
+    if not text:
+        return ""
+    lines = [f"Filtered: only items with {code_span(text)}"]
+    lines += [f"**Note**: {code_span(note)}" for note in notes]
+    return "  \n".join(lines)
+
+
+def filter_error(error: Exception) -> str:
+    """The status line of a filter that could not be applied."""
+    return f"**Filter not applied**: {code_span(str(error))}"
+
+
+def item_value(value: Any) -> int | str:
+    """The item box: a whole number is an id; other text is a key (the gallery decides)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return item_id_value(value)
+    text = str(value or "").strip()
+    if not text:
+        raise PageError("no item: type an item id or key")
+    return text
 
 
 def label_value(value: Any) -> int | None:
@@ -54,3 +87,49 @@ class page_errors:
             # the toast renders HTML: names from uploads must not become markup
             raise gr.Error(html.escape(str(error), quote=False), print_exception=False) from None
         return False
+
+
+def filter_help(view: GalleryView) -> str:
+    """The filter box's help: the syntax, and this gallery's columns with their types."""
+    types = view.gallery.column_types()
+    columns = ", ".join(
+        [*(f"{name} ({kind})" for name, kind in sorted(types.items())), "label", "class_name",
+         "split"]
+    )  # fmt: skip
+    return (
+        "KEY=VALUE, KEY!=VALUE, KEY>=N or date, KEY<N, KEY= (no value), separated by ';' "
+        f"over: {columns}"
+    )
+
+
+def item_box_label(view: GalleryView) -> str:
+    column = view.key_column
+    return f"Item id or {column}" if column else "Item id"
+
+
+def no_search(error: Exception) -> str:
+    return message_html(f"No search: the filter was not applied ({error}). Fix it and press Enter.")
+
+
+def item_of(view: GalleryView, value: Any) -> int:
+    """The item box's value: a key the gallery holds, else a whole number as an id."""
+    given = item_value(value)
+    if isinstance(given, str) and view.key_column is not None:
+        try:
+            return view.id_of_key(given)
+        except NearsightError:
+            pass
+    try:
+        item = int(given)
+    except ValueError:
+        what = "key" if view.key_column else "id (the gallery has no key column)"
+        raise PageError(f"gallery {view.name} has no item with {what} {given!r}") from None
+    view.row(item)  # one-line error for an unknown id
+    return item
+
+
+def key_of(view: GalleryView, item: int) -> str | None:
+    """The item's key, None when the gallery has no key column."""
+    column = view.key_column
+    value = view.row(item)["meta"].get(column) if column else None
+    return None if value is None else str(value)

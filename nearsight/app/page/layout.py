@@ -37,6 +37,7 @@ import gradio as gr
 
 from nearsight.app.page.handlers import ANY_CLASS, DEFAULT_K, MAX_K, UNKNOWN_CLASS, Page
 from nearsight.app.page.html import CLICK_JS, message_html
+from nearsight.app.page.inputs import filter_help, item_box_label
 from nearsight.app.page.map_tab import MapTab, map_tab_layout, wire_map_tab
 from nearsight.app.page.tables import (
     CHANGE_COLUMNS,
@@ -44,9 +45,10 @@ from nearsight.app.page.tables import (
     PAIR_COLUMNS,
     gallery_header,
 )
-from nearsight.app.page.view import GalleryView, open_views
+from nearsight.app.page.view import GalleryView
+from nearsight.app.serve.galleries import Galleries
 from nearsight.search.analysis import ANALYSIS_MAX_ITEMS
-from nearsight.search.rerank.spec import RerankSpec
+from nearsight.search.rerank.spec import RerankSpec, parse_rerank
 
 DEFAULT_CONCURRENCY = 2  # embedding calls at once (each one uses every core already)
 DEFAULT_MAX_QUEUE = 64  # waiting events beyond this are refused ("queue full")
@@ -79,16 +81,21 @@ def query_image_input(**options: Any) -> gr.Image:
 
 
 class PageBlocks(gr.Blocks):
-    """The page's Blocks, with the page's own state declared (what :func:`launch_app` serves):
-    ``nearsight`` the :class:`Page` (its handlers over the galleries), ``nearsight_maps`` the
-    Map tab. Once launched, the server's state lives on ``demo.app.state.nearsight``."""
+    """The page's Blocks, with what :func:`launch_app` serves declared: ``galleries`` the
+    open galleries' owner (nearsight/app/serve/galleries.py), which the page and the REST API
+    both read; ``concurrency`` and ``max_queue`` the page's queue settings; ``nearsight`` the
+    :class:`Page` (its handlers), ``nearsight_maps`` the Map tab. Once launched, the server's
+    state lives on ``demo.app.state.nearsight``."""
 
+    galleries: Galleries[GalleryView]
+    concurrency: int
+    max_queue: int
     nearsight: Page
     nearsight_maps: MapTab
 
 
 def build_app(
-    galleries: Sequence[str | os.PathLike[str]] | Sequence[GalleryView],
+    galleries: Sequence[str | os.PathLike[str]] | Sequence[GalleryView] | Galleries,
     model: str | os.PathLike[str] | None = None,
     *,
     device: str = "auto",
@@ -97,25 +104,33 @@ def build_app(
     analyse: bool = True,
     analysis_max_items: int = ANALYSIS_MAX_ITEMS,
     show_paths: bool = False,
-    rerank: RerankSpec | None = None,
+    rerank: RerankSpec | str | None = None,
+    card_fields: Sequence[str] | None = None,
 ) -> PageBlocks:
-    """The page over ``galleries`` (folders, or views already open). ``model``: the model that
-    embeds uploads (default: each gallery's recorded model; it must match). ``analyse``: start
-    the leave-one-out analysis in the background now (otherwise on first use); galleries with
-    more than ``analysis_max_items`` labelled items are not analysed. The returned
-    Blocks has ``.nearsight`` (the :class:`Page`); start it with :func:`launch_app`."""
-    if galleries and isinstance(galleries[0], GalleryView):
-        views = list(galleries)  # type: ignore[arg-type]
+    """The page over ``galleries`` (folders, views already open, or their owner). ``model``:
+    the model that embeds uploads (default: each gallery's recorded model; it must match).
+    ``analyse``: start the leave-one-out analysis in the background now (otherwise on first
+    use); galleries with more than ``analysis_max_items`` labelled items are not analysed.
+    ``card_fields``: the metadata fields result cards lead with (default: the gallery's key
+    column). The returned Blocks has ``.galleries`` and ``.nearsight``
+    (the :class:`Page`); start it with :func:`launch_app`."""
+    if isinstance(galleries, Galleries):
+        owner = galleries
+    elif galleries and isinstance(galleries[0], GalleryView):
+        owner = Galleries(list(galleries))  # type: ignore[arg-type]
+        for view in owner:
+            view.show_paths = show_paths
+            view.rerank_override = parse_rerank(rerank) if isinstance(rerank, str) else rerank
+            if card_fields:
+                view.card_fields = list(card_fields)
+                view.check_card_fields()
     else:
-        views = open_views(galleries, model, device)  # type: ignore[arg-type]
-    for view in views:
+        owner = Galleries.open(galleries, model, device=device, kind=GalleryView,  # type: ignore[arg-type]
+                               show_paths=show_paths, rerank=rerank, card_fields=card_fields)  # fmt: skip
+    for view in owner:
         view.analysis_max_items = analysis_max_items
-    page = Page(views)
+    page = Page(owner)
     page.show_paths = show_paths
-    for view in views:
-        view.show_paths = show_paths
-        view.rerank_override = rerank
-    page.concurrency, page.max_queue = concurrency, max_queue
     maps = MapTab(page.views)
     first = page.names[0]
 
@@ -160,7 +175,7 @@ def build_app(
                     filter_box = gr.Textbox(
                         label="Filter (search only matching items; Enter applies)",
                         placeholder="shop=north; price<20",
-                        info=_filter_info(page),
+                        info=filter_help(page.views[first]),
                         elem_id="ns-filter",
                     )
                     rerank_box = gr.Checkbox(
@@ -178,8 +193,11 @@ def build_app(
                             elem_id="ns-pick-class",
                         )
                         random_button = gr.Button("Random gallery image", elem_id="ns-random")
-                        item_id = gr.Number(
-                            label="Item id", precision=0, value=None, elem_id="ns-item-id"
+                        item_id = gr.Textbox(
+                            label=item_box_label(page.views[first]),
+                            lines=1,
+                            max_lines=1,
+                            elem_id="ns-item-id",
                         )
                         open_button = gr.Button("Open item", elem_id="ns-open")
                 with gr.Column(scale=3):
@@ -299,25 +317,29 @@ def build_app(
         k_slider.release(page.rerun, rerun_inputs, grid_out, api_name="rerun_k", **private)
         filter_box.submit(page.rerun, rerun_inputs, grid_out, api_name="rerun_filter", **private)
         query_class.input(page.rerun, rerun_inputs, grid_out, api_name="rerun_class", **private)
+        # a gallery item as the query: the previous upload leaves the query box
         random_button.click(
             page.random_item,
             [gallery_choice, pick_class, k_slider, filter_box, rerank_box],
-            [*grid_out, item_id],
+            [*grid_out, item_id, query_image],
             api_name="random_item",
             **private,
         )
         open_inputs = [gallery_choice, item_id, k_slider, filter_box, rerank_box]
-        open_button.click(page.item_grid, open_inputs, grid_out, api_name="item_grid", **private)
-        item_id.submit(page.item_grid, open_inputs, grid_out, api_name="item_submit", **private)
+        open_out = [*grid_out, query_image]
+        open_button.click(page.opened, open_inputs, open_out, api_name="item_grid", **private)
+        item_id.submit(page.opened, open_inputs, open_out, api_name="item_submit", **private)
         results.click(
             page.clicked,
             [gallery_choice, k_slider, filter_box, rerank_box],
-            [*grid_out, item_id],
+            [*grid_out, item_id, query_image],
             api_name="neighbour_clicked",
             **private,
         )
 
-        gallery_outputs = [query_class, pick_class, header, results, status, state]
+        gallery_outputs = [
+            query_class, pick_class, header, results, status, state, filter_box, item_id,
+        ]  # fmt: skip
         analysis_out = [
             failure_table,
             pairs_table,
@@ -364,6 +386,8 @@ def build_app(
         )
 
     demo.queue(default_concurrency_limit=concurrency, max_size=max_queue)
+    demo.galleries = owner
+    demo.concurrency, demo.max_queue = concurrency, max_queue
     demo.nearsight = page
     demo.nearsight_maps = maps
     if analyse:
@@ -374,9 +398,3 @@ def build_app(
 def _rerank_info(page: Page) -> str:
     chosen = {str(page.rerank_spec(view, True)) for view in page.views.values()}
     return "alpha-QE / DBA / k-reciprocal over the top candidates: " + ", ".join(sorted(chosen))
-
-
-def _filter_info(page: Page) -> str:
-    keys = sorted({key for view in page.views.values() for key in view.gallery.meta_keys()})
-    columns = ", ".join([*keys, "label", "class_name", "split"])
-    return f"KEY=VALUE, KEY!=VALUE, KEY>=N, KEY<N, ... separated by ';' over: {columns}"

@@ -165,6 +165,37 @@ def recall_chart_html(view: GalleryView) -> str:
     return "".join(parts)
 
 
+LEGEND_CLASSES = 24  # classes named in the legend (the others share "... more classes")
+
+
+def legend_html(view: GalleryView) -> str:
+    """What the map's marks mean: each class's colour (the first few classes), grey for
+    unlabelled items, a black ring for a leave-one-out failure."""
+    e = html.escape
+    labels = sorted({int(label) for label in np.asarray(view.labels)})
+    entries = []
+    for label in labels[:LEGEND_CLASSES]:
+        red, green, blue = class_colour(label)
+        name = view.class_name(label) if label >= 0 else "unlabelled"
+        entries.append(
+            f'<span class="ns-legend-class" data-label="{label}" style="display:inline-flex;'
+            'align-items:center;gap:4px;margin-right:10px">'
+            f'<span style="width:10px;height:10px;border-radius:50%;'
+            f'background:rgb({red},{green},{blue})"></span>{e(name)}</span>'
+        )
+    if len(labels) > LEGEND_CLASSES:
+        entries.append(f"<span>... {len(labels) - LEGEND_CLASSES} more classes</span>")
+    ring = (
+        '<span class="ns-legend-failure" style="display:inline-flex;align-items:center;gap:4px">'
+        '<span style="width:8px;height:8px;border-radius:50%;border:2px solid #000"></span>'
+        "leave-one-out failure (its nearest item is of another class)</span>"
+    )
+    return (
+        '<div class="ns-legend" style="font-size:12px;line-height:1.8">'
+        f"<strong>Legend</strong>: colour = class; {ring}<br>{''.join(entries)}</div>"
+    )
+
+
 def _note(text: str) -> str:
     return f'<div class="ns-message" style="padding:12px;opacity:0.8">{html.escape(text)}</div>'
 
@@ -185,9 +216,9 @@ class MapTab:
                 self._maps[key] = build_map(self.views[gallery], method)
             return self._maps[key]
 
-    def outputs(self, gallery: str, method: str) -> tuple[Any, str]:
+    def outputs(self, gallery: str, method: str) -> tuple[Any, str, str]:
         view = self.views[gallery]
-        return self.map(view.name, method).image, recall_chart_html(view)
+        return self.map(view.name, method).image, legend_html(view), recall_chart_html(view)
 
     def clicked_item(self, gallery: str, method: str, index: Any) -> int | None:
         """The item at a clicked pixel ``index`` = [x, y], or None."""
@@ -207,12 +238,13 @@ class MapTab:
 class MapParts:
     method: Any  # gr.Radio
     image: Any  # gr.Image
+    legend: Any  # gr.HTML
     chart: Any  # gr.HTML
     results: Any  # gr.HTML
 
     @property
     def outputs(self) -> list[Any]:
-        return [self.image, self.chart]
+        return [self.image, self.legend, self.chart]
 
 
 def map_tab_layout() -> MapParts:
@@ -234,12 +266,13 @@ def map_tab_layout() -> MapParts:
                     buttons=[],
                     elem_id="ns-map",
                 )
+                legend = gr.HTML(elem_id="ns-map-legend")
             with gr.Column(scale=2):
                 chart = gr.HTML(_note("Computing Recall@1 per class..."), elem_id="ns-recall")
         results = gr.HTML(
             _note("Click a point of the map to see its grid."), elem_id="ns-map-results"
         )
-    return MapParts(method, image, chart, results)
+    return MapParts(method, image, legend, chart, results)
 
 
 def wire_map_tab(

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nearsight.app.page.view import GalleryView
+from nearsight.index.gallery.summary import gallery_summary
 from nearsight.models.spec import ModelSpec
 from nearsight.search.analysis import Analysis, Failure
 from nearsight.search.rerank.changes import Change
@@ -28,30 +29,33 @@ PAIR_COLUMNS = ["class a", "class b", "failures"]
 
 
 def gallery_header(view: GalleryView) -> str:
-    labelled = int((view.labels >= 0).sum())
+    facts = gallery_summary(view.gallery)
+    key = f", key `{facts['key_column']}`" if facts["key_column"] else ""
     return (
-        f"**{view.name}**: {len(view)} items ({labelled} labelled), "
-        f"{len(view.class_names)} classes, model `{Path(str(view.embedder.path)).name}`"
+        f"**{view.name}**: {facts['items']} items ({facts['labelled']} labelled), "
+        f"{facts['classes']} classes{key}, model `{Path(str(view.embedder.path)).name}`"
     )
 
 
 def summary_markdown(view: GalleryView, show_paths: bool = False) -> str:
     """The gallery's facts; folders and the model by name only unless ``show_paths`` (a
     visitor has no use for the server's absolute paths)."""
-    meta = view.gallery.meta
+    facts = gallery_summary(view.gallery)  # the facts of index info and /api/galleries
     folder = str(view.gallery.path) if show_paths else view.gallery.path.name
     model = str(view.embedder.path) if show_paths else Path(view.embedder.path).name
+    columns = ", ".join(f"{name} ({kind})" for name, kind in facts["columns"].items())
     lines = [
         f"### {view.name}",
         f"- folder: `{folder}`",
-        f"- items: {len(view)} ({int((view.labels >= 0).sum())} labelled), "
-        f"classes: {len(view.class_names)}",
-        f"- model: `{model}` (sha256 {str(meta.get('model_sha256', ''))[:12]}..), "
+        f"- items: {facts['items']} ({facts['labelled']} labelled), classes: {facts['classes']}",
+        f"- model: `{model}` (sha256 {facts['model_sha256'][:12]}..), "
         f"{spec_line(view.embedder.spec)}",
-        f"- index: {meta.get('index_type')}, built {meta.get('created', '?')}",
+        f"- index: {facts['index_type']} ({facts['metric']}, dim {facts['dim']}), "
+        f"built {facts['created'] or '?'}",
+        f"- key column: {facts['key_column'] or 'none'}; columns: {columns or 'none'}",
     ]
-    if meta.get("dataset"):
-        lines.append(f"- dataset: {meta.get('dataset')}, split: {meta.get('split', '?')}")
+    if facts["dataset"]:
+        lines.append(f"- dataset: {facts['dataset']}, split: {facts['split'] or '?'}")
     analysis = view.analysis()
     if analysis.error:
         lines.append(f"- leave-one-out evaluation: not available ({analysis.error})")

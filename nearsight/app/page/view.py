@@ -48,6 +48,9 @@ class GalleryView(ServedGallery):
         self._analysis: Analysis | None = None
         self._analysis_lock = threading.Lock()
 
+    def _same_kind(self, gallery: Gallery) -> GalleryView:
+        return GalleryView(self.name, gallery, self.embedder, self.analysis_max_items)
+
     # -- thumbnails --------------------------------------------------------------------------
 
     def thumbnail(self, item_id: int) -> str | None:

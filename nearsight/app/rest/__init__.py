@@ -20,7 +20,7 @@ The state every route reads lives on ``app.state.rest`` (deps.py).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -34,9 +34,11 @@ from nearsight.app.rest.deps import (
     one_line,
     require_key,
 )
+from nearsight.app.rest.docs import add_docs
 from nearsight.app.rest.gates import GateFull, WorkGate
 from nearsight.app.rest.routes import health, items, search
 from nearsight.app.serve.batcher import DEFAULT_MAX_WAITING, EmbedBatcher
+from nearsight.app.serve.galleries import Galleries
 from nearsight.core.errors import Busy, NearsightError
 from nearsight.search.served import ServedGallery
 
@@ -50,7 +52,7 @@ HEAVY_CONCURRENCY = 1
 
 
 def make_rest_app(
-    views: Mapping[str, ServedGallery] | Sequence[ServedGallery],
+    galleries: Galleries | Sequence[ServedGallery],
     *,
     max_upload_bytes: int,
     api_key: str | None = None,
@@ -61,14 +63,17 @@ def make_rest_app(
 ) -> FastAPI:
     """The ``/api`` application over the open galleries (mount it at :data:`API_PREFIX`).
 
-    ``views``: a name -> view mapping that may change while serving (live galleries,
-    nearsight/app/serve/live.py), or a list. At most ``concurrency`` uploads are decoded at once,
+    ``galleries``: their owner (nearsight/app/serve/galleries.py), whose mapping a live reload
+    may change while serving, or a list of open galleries. At most ``concurrency`` uploads are decoded at once,
     :data:`HEAVY_CONCURRENCY` filtered or re-ranked searches run at once, and at most
     ``max_waiting`` wait for either or for the model; past that a request gets 503 with
     ``Retry-After``."""
-    by_name = views if isinstance(views, Mapping) else {view.name: view for view in views}
+    if not isinstance(galleries, Galleries):
+        galleries = Galleries(list(galleries), max_filter_conditions=max_filter_conditions)
+    elif max_filter_conditions is not None:
+        galleries.max_filter_conditions = max_filter_conditions
     batchers: dict[int, EmbedBatcher] = {}
-    for view in by_name.values():
+    for view in galleries:
         if id(view.embedder) not in batchers:
             batchers[id(view.embedder)] = EmbedBatcher(
                 view.embedder.embed, max_batch=max_batch, max_waiting=max_waiting
@@ -76,21 +81,22 @@ def make_rest_app(
     app = FastAPI(
         title="nearsight",
         summary="Query-by-image search over nearsight galleries",
-        docs_url="/docs",
+        docs_url=None,  # served below from the packaged Swagger UI, not a CDN
         redoc_url=None,
         openapi_url="/openapi.json",
     )
+    add_docs(app)
     app.state.rest = RestState(
-        views=by_name,
+        galleries=galleries,
         batchers=batchers,
         decoding=WorkGate(concurrency, max_waiting, "uploads"),
         heavy=WorkGate(HEAVY_CONCURRENCY, max_waiting, "filtered or re-ranked searches"),
         api_key=api_key,
         max_upload_bytes=max_upload_bytes,
-        max_filter_conditions=max_filter_conditions,
     )
     keyed = [Depends(require_key)] if api_key else []
     app.include_router(health.router)
+    app.include_router(health.galleries_router, dependencies=keyed)
     app.include_router(items.router, dependencies=keyed)
     app.include_router(search.router, dependencies=keyed)
     _add_error_handlers(app)

@@ -13,6 +13,7 @@ from fastapi.security import APIKeyHeader, HTTPBearer
 from nearsight.app.rest.gates import WorkGate
 from nearsight.app.serve.auth import API_KEY_HEADER, key_matches, presented_key
 from nearsight.app.serve.batcher import EmbedBatcher
+from nearsight.app.serve.galleries import Galleries, UnknownGallery
 from nearsight.search.served import ServedGallery
 
 MAX_ECHO_CHARS = 200  # an error message quoting a request's input is cut to this
@@ -30,28 +31,30 @@ class ApiError(Exception):
 
 @dataclass
 class RestState:
-    """The REST API's state: the galleries (a name -> view mapping that a live reload may
-    change: each request looks its gallery up once), one batcher per model, the work gates and
-    the limits."""
+    """The REST API's state: the galleries' owner (a live reload may swap one: each request
+    looks its gallery up once), one batcher per model, the work gates and the limits."""
 
-    views: Mapping[str, ServedGallery]
+    galleries: Galleries
     batchers: dict[int, EmbedBatcher]
     decoding: WorkGate  # uploads decoded at once
     heavy: WorkGate  # filtered or re-ranked searches at once
     api_key: str | None
     max_upload_bytes: int
-    max_filter_conditions: int | None
+
+    @property
+    def views(self) -> Mapping[str, ServedGallery]:
+        return self.galleries.views
+
+    @property
+    def max_filter_conditions(self) -> int | None:
+        return self.galleries.max_filter_conditions
 
     def view(self, name: str | None) -> ServedGallery:
         """The gallery ``name`` (default: the first), or a 404 naming the ones there are."""
-        names = list(self.views)
-        if not name:
-            return self.views[names[0]]
-        if name not in self.views:
-            raise ApiError(
-                404, f"no gallery named {echo(name)!r} (this server has: {', '.join(names)})"
-            )
-        return self.views[name]
+        try:
+            return self.galleries.get(name)
+        except UnknownGallery as error:
+            raise ApiError(404, str(error)) from None
 
 
 def rest_state(request: Request) -> RestState:

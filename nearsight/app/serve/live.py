@@ -6,8 +6,8 @@ The catalog is a gallery's commit point (nearsight/index/gallery/segments.py), s
 the catalog file (its inode, size or mtime) or of the folder itself (``compact`` and rebuilds
 rename a whole new folder into place) means a new state. The watcher then opens the gallery
 again (``Gallery.open`` reads under the gallery's shared lock, so it never sees a half-applied
-write), wraps it in a new :class:`~nearsight.app.page.view.GalleryView` with the same embedder,
-and swaps it into the shared ``views`` mapping in one assignment. A search holds the view it
+write) as a new served gallery of the same kind with the same embedder
+(:meth:`~nearsight.search.served.ServedGallery.reopened`), and swaps it into the shared ``views`` mapping in one assignment. A search holds the view it
 started with until it ends, so every answer comes from one whole state; the old view is
 dropped, not closed, and goes away with its last reader.
 """
@@ -19,10 +19,9 @@ import threading
 from collections.abc import MutableMapping
 from pathlib import Path
 
-from nearsight.app.page.view import GalleryView
 from nearsight.core.errors import NearsightError
 from nearsight.index.catalog.store import CATALOG_FILE
-from nearsight.index.gallery.core import Gallery
+from nearsight.search.served import ServedGallery
 
 DEFAULT_INTERVAL_S = 1.0
 
@@ -51,7 +50,7 @@ class GalleryWatcher:
     the galleries on disk; :meth:`check` does one pass, :meth:`start` runs it in a thread."""
 
     def __init__(
-        self, views: MutableMapping[str, GalleryView], interval: float = DEFAULT_INTERVAL_S
+        self, views: MutableMapping[str, ServedGallery], interval: float = DEFAULT_INTERVAL_S
     ):
         self.views = views
         self.interval = interval
@@ -69,7 +68,7 @@ class GalleryWatcher:
             if now is None or now == self._seen.get(name):
                 continue
             try:
-                fresh = reopen(view)
+                fresh = view.reopened()
             except NearsightError as error:
                 print(f"nearsight: gallery {name} changed but cannot be read yet: {error}",
                       flush=True)  # fmt: skip
@@ -91,19 +90,3 @@ class GalleryWatcher:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
-
-
-def reopen(view: GalleryView) -> GalleryView:
-    """A new view of ``view``'s gallery as it is on disk now, with the same embedder (which
-    must still be the gallery's model) and the next generation number."""
-    gallery = Gallery.open(view.gallery.path)
-    try:
-        gallery.check_model(view.embedder)
-    except BaseException:
-        gallery.close()
-        raise
-    fresh = GalleryView(view.name, gallery, view.embedder, view.analysis_max_items)
-    fresh.generation = view.generation + 1
-    fresh.show_paths = view.show_paths
-    fresh.rerank_override = view.rerank_override
-    return fresh

@@ -55,6 +55,7 @@ def serve(
     secure_cookie: bool = False,
     show_paths: bool = False,
     rerank: str | None = None,
+    card_fields: Sequence[str] = (),
 ) -> None:
     """Serve the page and the REST API over ``galleries`` at ``host``:``port`` until Ctrl-C or
     SIGTERM (:func:`stop_on_sigterm`).
@@ -77,7 +78,7 @@ def serve(
     demo = build_app([Path(g) for g in galleries], None if model is None else Path(model),
                      device=device, concurrency=concurrency, max_queue=max_queue,
                      analysis_max_items=analysis_max_items, show_paths=show_paths,
-                     rerank=rerank)  # fmt: skip
+                     rerank=rerank, card_fields=list(card_fields) or None)  # fmt: skip
     try:
         url = launch_app(demo, host=host, port=port, max_upload_mb=max_upload_mb,
                          prevent_thread_lock=True, quiet=True, api_key=key,
@@ -88,7 +89,7 @@ def serve(
                          allowed_hosts=[name.strip() for name in allowed_hosts],
                          access_log=access_log, secure_cookie=secure_cookie)  # fmt: skip
     except OSError as error:  # the port is taken, or the address is not ours
-        demo.nearsight.close()
+        demo.galleries.close()
         reason = (
             "the port is in use (choose another with --port)"
             if "empty port" in str(error)
@@ -97,7 +98,7 @@ def serve(
         raise NearsightError(f"cannot serve on {host}:{port}: {reason}") from None
     try:
         with stop_on_sigterm():
-            print(f"nearsight: serving {len(demo.nearsight.names)} gallery(ies) at {url}",
+            print(f"nearsight: serving {len(demo.galleries)} gallery(ies) at {url}",
                   flush=True)  # fmt: skip
             print(f"nearsight: REST API at {url.rstrip('/')}/api (docs: /api/docs)", flush=True)
             demo.block_thread()  # until Ctrl-C or SIGTERM

@@ -7,6 +7,7 @@ What a running server holds is a :class:`ServedApp` on the FastAPI app's state
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -14,10 +15,11 @@ from typing import TYPE_CHECKING
 import gradio as gr
 from fastapi import FastAPI
 from starlette.middleware import Middleware
+from starlette.routing import Mount
 
-from nearsight.app.page.handlers import Page
 from nearsight.app.rest import API_PREFIX, FORM_SLACK_BYTES, close_rest_app, make_rest_app
 from nearsight.app.serve.auth import SESSION_S, Sessions
+from nearsight.app.serve.galleries import Galleries
 from nearsight.app.serve.guard import DEFAULT_BODY_TIMEOUT_S, Guard, GuardSettings
 from nearsight.app.serve.hosts import AllowedHosts
 from nearsight.app.serve.metrics import ServerMetrics
@@ -47,7 +49,7 @@ class ServedApp:
     """What :func:`launch_app` started besides Gradio's own server."""
 
     url: str
-    page: Page
+    galleries: Galleries
     rest: FastAPI
     guard: GuardSettings
     connections: ConnectionPolicy
@@ -71,7 +73,7 @@ def stop_app(demo: gr.Blocks) -> None:
     demo.close(verbose=False)
     app = served(demo)
     close_rest_app(app.rest)
-    app.page.close()
+    app.galleries.close()
 
 
 def launch_app(
@@ -101,21 +103,21 @@ def launch_app(
     names the server answers to besides the defaults for ``host`` (nearsight/app/serve/hosts.py).
     ``access_log``: one line per request on stderr. With ``prevent_thread_lock`` it returns at
     once (call :func:`stop_app` to stop)."""
-    page: Page = demo.nearsight
-    blocked = sorted({str(view.gallery.path) for view in page.views.values()})
+    galleries = demo.galleries  # the one owner the page and REST both read
+    blocked = sorted({str(view.gallery.path) for view in galleries})
     max_bytes = int(max_upload_mb * 1024 * 1024)
-    page.max_filter_conditions = max_filter_conditions
+    if max_filter_conditions is not None:
+        galleries.max_filter_conditions = max_filter_conditions
     rest = make_rest_app(
-        page.views,  # the live mapping: a reloaded gallery is seen by the next request
+        galleries,
         max_upload_bytes=max_bytes,
         api_key=api_key,
-        concurrency=page.concurrency,
-        max_waiting=page.max_queue,
-        max_filter_conditions=max_filter_conditions,
+        concurrency=demo.concurrency,
+        max_waiting=demo.max_queue,
     )
     batchers = rest.state.rest.batchers.values()
     metrics = ServerMetrics(
-        lambda: [(v.name, len(v), v.generation) for v in list(page.views.values())],
+        lambda: [(v.name, len(v), v.generation) for v in galleries],
         lambda: sum(batcher.waiting for batcher in batchers),
     )
     settings = GuardSettings(
@@ -129,8 +131,16 @@ def launch_app(
     )
     connections = ConnectionPolicy(header_timeout_s, keep_alive_s, max_client_connections)
     install(connections)  # before the server starts: its first connections are covered too
+    # the API is a route of the app from its first request (mounted after the launch, /api
+    # answered 404 until then); Gradio's own routes live under /gradio_api: none is shadowed
+    api = Mount(API_PREFIX, app=rest)
+    # a path with a decoded newline (an item key) is still the API's: its errors, its shape
+    api.path_regex = re.compile(api.path_regex.pattern, re.DOTALL)
     _, url, _ = demo.launch(
-        app_kwargs={"middleware": [Middleware(Guard, settings=settings)]},
+        app_kwargs={
+            "middleware": [Middleware(Guard, settings=settings)],
+            "routes": [api],
+        },
         server_name=host,
         server_port=port,
         prevent_thread_lock=True,  # the API is mounted on the running app, then we block
@@ -152,16 +162,12 @@ def launch_app(
     )
     app = demo.app
     _guard_outermost(app)
-    # Gradio builds its FastAPI app inside launch(); none of its routes is under /api
-    # (its own live under /gradio_api), so the mount shadows nothing
-    app.mount(API_PREFIX, rest)
     config = demo.server.config
     connections.attach(config)
     config.limit_concurrency = max_connections  # read by uvicorn for each new connection
     config.timeout_keep_alive = keep_alive_s
-    app.state.nearsight = ServedApp(url, page, rest, settings, connections)
-    if watch_interval > 0:
-        page.watch(watch_interval)
+    app.state.nearsight = ServedApp(url, galleries, rest, settings, connections)
+    galleries.watch(watch_interval)
     if not prevent_thread_lock:
         demo.block_thread()
     return url

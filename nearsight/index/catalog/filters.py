@@ -1,6 +1,12 @@
 """Search filters on the catalog: ``KEY=VALUE``, ``KEY!=VALUE``, ``KEY>=V``, ``KEY>V``,
 ``KEY<=V``, ``KEY<V``; several filters must all hold.
 
+``KEY=`` (nothing after ``=``) selects the items without a value for KEY, ``KEY!=`` the items
+with one. ``KEY!=VALUE`` holds for every item whose value differs, items without a value
+included. A value that starts with ``=``, ``<`` or ``>`` (``shop==Café``, ``price<<5``) is
+refused as a typo. Date and datetime columns (nearsight/data/meta.py) take ISO dates with
+every operator: ``added>=2025-06-01``.
+
 A filter's value is read with the stored type of its column (:func:`typed_conditions`): a text
 column compares text, so ``sku=1003`` matches the text ``"1003"``; a number column compares
 numbers, so ``price<10`` is numeric. A range operator on a text column is an error naming the
@@ -33,7 +39,15 @@ from urllib.parse import quote
 import numpy as np
 
 from nearsight.core.errors import Busy, closest_names
-from nearsight.data.meta import FilterError, MetaValue, _short, check_key
+from nearsight.data.meta import (
+    DATE_TYPES,
+    FilterError,
+    MetaValue,
+    _short,
+    check_key,
+    iso_date,
+    iso_datetime,
+)
 from nearsight.index.errors import GalleryError
 
 BUSY_FACTOR = 2.0
@@ -51,10 +65,10 @@ class Condition:
 
     key: str
     op: str
-    value: MetaValue
+    value: MetaValue | None  # None: "has no value" (KEY=) or "has one" (KEY!=)
 
     def __str__(self) -> str:
-        return f"{self.key}{self.op}{self.value}"
+        return f"{self.key}{self.op}{'' if self.value is None else self.value}"
 
 
 def parse_filter(text: str) -> Condition:
@@ -69,24 +83,52 @@ def parse_filter(text: str) -> Condition:
     if key == "path" or key == "sha256":
         raise FilterError(f"cannot filter on {key!r}")
     value = raw.strip()  # text: typed by its column when the gallery runs it
+    if value[:1] in ("=", "<", ">"):
+        fixed = f"{key}{op}{value.lstrip('=<>').strip()}"
+        raise FilterError(
+            f"bad filter {_short(text)!r}: the value starts with {value[0]!r}, a typo? "
+            f"(one operator: {_short(fixed)!r})"
+        )
     if not value:
+        if op in ("=", "!="):  # KEY= : items without a value; KEY!= : items with one
+            return Condition(key, op, None)
         raise FilterError(f"bad filter {_short(text)!r}: no value after {op!r}")
-    if op in RANGE_OPERATORS and _number(value) is None:
-        raise FilterError(f"bad filter {_short(text)!r}: {op} needs a number, got {_short(value)!r}")
+    if op in RANGE_OPERATORS and _number(value) is None and iso_datetime(value) is None:
+        raise FilterError(
+            f"bad filter {_short(text)!r}: {op} needs a number or an ISO date (YYYY-MM-DD), "
+            f"got {_short(value)!r}"
+        )
     return Condition(key, op, value)
 
 
-def parse_filters(texts: Iterable[str] | str | None) -> list[Condition]:
+def parse_filters(texts: Iterable[str] | Mapping[str, object] | str | None) -> list[Condition]:
     """Several filters (all must hold). A single string may hold several, separated by ';' or
-    newlines (the page's and the REST API's one text field)."""
+    newlines (the page's and the REST API's one text field). A mapping (Python callers) is
+    one ``KEY=VALUE`` per entry; a None value asks for items without the key."""
     if texts is None:
         return []
+    if isinstance(texts, Mapping):
+        return [_entry_condition(str(key), value) for key, value in texts.items()]
     if isinstance(texts, str):
         texts = [texts]
     parts: list[str] = []
     for text in texts:
         parts.extend(part for part in re.split(r"[;\n]", text) if part.strip())
     return [parse_filter(part) for part in parts]
+
+
+def _entry_condition(key: str, value: object) -> Condition:
+    """``{key: value}`` of a dict filter: ``key=value`` (the value as given, never split)."""
+    check_key(key, builtin_ok=True)
+    if key in ("path", "sha256"):
+        raise FilterError(f"cannot filter on {key!r}")
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return Condition(key, "=", None)
+    if isinstance(value, bool):
+        value = int(value)
+    if isinstance(value, int | float):
+        return Condition(key, "=", value)
+    return Condition(key, "=", str(value).strip())
 
 
 def merge_conditions(
@@ -130,6 +172,19 @@ def typed_conditions(
             )
         value = condition.value
         text = str(value).strip()
+        if value is None:  # KEY= / KEY!= : whether the item has a value at all
+            typed.append(condition)
+            continue
+        if kind in DATE_TYPES:
+            value = iso_date(text) if kind == "date" else iso_datetime(text)
+            if value is None:
+                example = "YYYY-MM-DD" if kind == "date" else "YYYY-MM-DD or YYYY-MM-DDTHH:MM:SS"
+                raise FilterError(
+                    f"bad filter {_short(str(condition))!r}: {condition.key} holds {kind}s "
+                    f"({example}), and {_short(text)!r} is not one"
+                )
+            typed.append(Condition(condition.key, condition.op, str(value)))
+            continue
         if condition.key == "label" and _number(text) is None:  # a class name
             _check_name(condition, text, names)
             value = names[text]
@@ -186,6 +241,11 @@ def filter_sql(conditions: Sequence[Condition], *, has_meta_table: bool) -> tupl
     by_key: dict[str, list[Condition]] = {}
     for condition in merge_conditions(conditions, max_conditions=len(conditions)):
         numeric = condition.op in RANGE_OPERATORS
+        if condition.value is None:  # KEY= (no value) or KEY!= (a value)
+            clauses.append(_presence(condition, has_meta_table))
+            params.extend([] if condition.key in FILTERABLE_BUILTINS or not has_meta_table
+                          else [condition.key])  # fmt: skip
+            continue
         if condition.key in FILTERABLE_BUILTINS:
             column = condition.key
             if numeric:
@@ -209,7 +269,9 @@ def filter_sql(conditions: Sequence[Condition], *, has_meta_table: bool) -> tupl
             tests = []
             for condition in holds:
                 test = f"value {condition.op} ?"
-                if condition.op in RANGE_OPERATORS:
+                if condition.op in RANGE_OPERATORS and isinstance(condition.value, str):
+                    test = f"typeof(value) = 'text' AND {test}"  # ISO dates: time order
+                elif condition.op in RANGE_OPERATORS:
                     test = f"typeof(value) IN ('integer', 'real') AND {test}"
                 tests.append(f"({test})")
             clauses.append(
@@ -224,6 +286,17 @@ def filter_sql(conditions: Sequence[Condition], *, has_meta_table: bool) -> tupl
             params.extend([key, *(c.value for c in differs)])
     where = " AND ".join(clauses) if clauses else "1 = 1"
     return f"SELECT id FROM items WHERE {where} ORDER BY id", params
+
+
+def _presence(condition: Condition, has_meta_table: bool) -> str:
+    """The clause of ``KEY=`` (the item has no value for KEY) or ``KEY!=`` (it has one)."""
+    wanted_missing = condition.op == "="
+    if condition.key in FILTERABLE_BUILTINS:
+        return f"{condition.key} IS {'' if wanted_missing else 'NOT '}NULL"
+    if not has_meta_table:
+        return "1 = 1" if wanted_missing else "1 = 0"
+    inside = "NOT IN" if wanted_missing else "IN"
+    return f"id {inside} (SELECT item_id FROM item_meta WHERE key = ?)"
 
 
 def _builtin_value(condition: Condition) -> MetaValue:

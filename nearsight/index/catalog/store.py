@@ -32,6 +32,7 @@ from urllib.parse import quote
 import numpy as np
 
 from nearsight.data.meta import MetaValue
+from nearsight.index.catalog.filter_notes import value_notes
 from nearsight.index.catalog.filters import Condition, run_filter, typed_conditions
 from nearsight.index.catalog.rows import (
     INSERT_ITEM,
@@ -197,6 +198,16 @@ class Catalog:
         is stopped with a FilterError."""
         typed = typed_conditions(conditions, self.column_types(), self.class_names())
         return run_filter(self.path, typed, self.has_item_meta(), time_limit_s)
+
+    def filter_notes(self, conditions: Sequence[Condition]) -> list[str]:
+        """Notes on text values no item holds, naming the closest ones held
+        (nearsight/index/catalog/filter_notes.py)."""
+        if not self.has_item_meta():
+            return []
+        types = self.column_types()
+        typed = typed_conditions(conditions, types, self.class_names())
+        with self._guard():
+            return value_notes(self._db.conn, typed, types)
 
     def column_types(self) -> dict[str, str]:
         """The metadata columns' types (``int``, ``float``, ``str``): as the gallery stores them

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from nearsight.core.errors import NearsightError
+from nearsight.core.errors import NearsightError, closest_names
 from nearsight.data.embed import check_batching, embed_files
 from nearsight.data.images import describe_image_file
 from nearsight.index.ann.faiss_index import INDEX_TYPES, check_trainable
@@ -101,6 +101,12 @@ def catalog_settings(rows: Sequence[dict[str, Any]], key_column: str | None = No
     if column is None and any(DEFAULT_KEY_COLUMN in (row.get("meta") or {}) for row in rows):
         column = DEFAULT_KEY_COLUMN
     settings: dict[str, Any] = {"meta_types": meta_types_of(rows)}
+    if column is not None and key_column is not None:
+        columns = {key for row in rows for key in (row.get("meta") or {})}
+        if rows and column not in columns:  # a typo, or the wrong case: not a per-item message
+            same = [name for name in sorted(columns) if name.casefold() == column.casefold()]
+            hint = f"did you mean {same[0]!r}?" if same else closest_names(column, columns)
+            raise NearsightError(f"--key-column {column}: the source has no such column; {hint}")
     if column is not None:
         check_unique_keys(list(rows), column)
         settings["key_column"] = column

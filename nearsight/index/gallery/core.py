@@ -266,6 +266,11 @@ class Gallery:
         assert self._catalog is not None
         return self._catalog.filter_ids(conditions)
 
+    def filter_notes(self, filters: Sequence[Condition]) -> list[str]:
+        """Notes on filter values no item holds (index.catalog.filter_notes)."""
+        assert self._catalog is not None
+        return self._catalog.filter_notes(filters)
+
     def class_names(self) -> dict[int, str]:
         """label -> class name for the labels that have one (read once per open gallery)."""
         assert self._catalog is not None
@@ -281,6 +286,11 @@ class Gallery:
         """The names of the items' extra columns (metadata), sorted."""
         assert self._catalog is not None
         return self._catalog.meta_keys()
+
+    def column_types(self) -> dict[str, str]:
+        """Each metadata column's type (``int``, ``float``, ``str``, ``date``, ``datetime``)."""
+        assert self._catalog is not None
+        return self._catalog.column_types()
 
     def _search_index(self, queries: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
         if self.index_type not in PQ_TYPES:

@@ -213,6 +213,12 @@ def _added_meta(
                 f"gallery {gallery.path} has no key column: build it with a 'key' column or "
                 "--key-column NAME"
             )
+        given = raw.get(column)
+        if given is not None and str(given).strip() and str(given).strip() != str(key).strip():
+            raise NearsightError(
+                f"--key {str(key)[:80]!r} and --meta {column}={str(given)[:80]} name two keys "
+                f"({column!r} is the key column): give the key once, with --key"
+            )
         raw = {**raw, column: key}
     elif column is not None and column in raw and raw[column] is not None:
         raw = {**raw, column: _check_key(raw[column])}

@@ -8,12 +8,18 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query
 
 from nearsight.app.rest.deps import ApiError, RestState, rest_state
+from nearsight.app.rest.models import ERRORS, Item
 from nearsight.index.gallery.keys import ids_of_keys, key_column
 from nearsight.search.route import item_row
+from nearsight.search.served import ServedGallery
 
 MAX_KEY_CHARS = 200  # the longest item key a request may name
 
-router = APIRouter(prefix="/items", tags=["items"])
+router = APIRouter(
+    prefix="/items",
+    tags=["items"],
+    responses={s: ERRORS[s] for s in (401, 404, 422, 503)},  # type: ignore[misc]
+)
 State = Annotated[RestState, Depends(rest_state)]
 
 
@@ -24,11 +30,17 @@ def _keyed_item(state: RestState, key: str, gallery: str | None) -> dict[str, An
     found = ids_of_keys(view.gallery, [key])
     if key not in found or found[key] not in view.rows():
         raise ApiError(404, f"gallery {view.name} has no item with that key")
-    return item_row(view.public_row(found[key]))
+    return _item(view, found[key])
+
+
+def _item(view: ServedGallery, item_id: int) -> dict[str, Any]:
+    row = item_row(view.public_row(item_id))
+    key = row["meta"].get(view.key_column) if view.key_column else None
+    return {**row, "key": None if key is None else str(key)}
 
 
 # before /items/{item_id}, which would read "by-key" as an id
-@router.get("/by-key")
+@router.get("/by-key", response_model=Item)
 def item_by_key_query(
     state: State,
     key: Annotated[str, Query(min_length=1, max_length=MAX_KEY_CHARS)],
@@ -40,7 +52,7 @@ def item_by_key_query(
 
 
 # a path converter: the server decodes %2F to "/" before routing, so a key may hold "/"
-@router.get("/by-key/{key:path}")
+@router.get("/by-key/{key:path}", response_model=Item)
 def item_by_key(
     state: State,
     key: Annotated[str, Path(min_length=1, max_length=MAX_KEY_CHARS)],
@@ -50,10 +62,10 @@ def item_by_key(
     return _keyed_item(state, key, gallery)
 
 
-@router.get("/{item_id}")
+@router.get("/{item_id}", response_model=Item)
 def item(state: State, item_id: int, gallery: str | None = None) -> dict[str, Any]:
     """A gallery item's catalog row and metadata."""
     view = state.view(gallery)
     if item_id not in view.rows():  # the message names the gallery, never its folder
         raise ApiError(404, f"gallery {view.name} has no item with id {item_id}")
-    return item_row(view.public_row(item_id))
+    return _item(view, item_id)

@@ -1,9 +1,14 @@
 """``POST /api/search``: the k nearest gallery items of an image, an item or a vector.
 
-Multipart form: the query is ``image`` (a file), ``id`` (a gallery item: itself first, at
-distance 0) or ``vector`` (a JSON list of D numbers); ``k``, ``filter`` (``KEY=VALUE;KEY>=N``),
-``gallery``, ``rerank``. The request is checked once here, then searched through the gallery's
-Searcher. Uploads are decoded in a bounded pool and embedded by the gallery model's
+Two bodies: a JSON object (``application/json``) for a query by ``id``, ``key`` or ``vector``
+(a list of D numbers), or a multipart form for those and an ``image`` file (``vector`` then a
+JSON list in a text field). Either way ``k``, ``filter`` (``KEY=VALUE;KEY>=N``), ``gallery``
+and ``rerank`` go beside the query. A query by a gallery item (``id`` or ``key``) gets the item
+itself first, at distance 0. The answer's ``notes`` name, for a filter value no item holds,
+the closest values its column does hold.
+
+The request is checked once here, then searched through the gallery's Searcher. Uploads are
+decoded in a bounded pool and embedded by the gallery model's
 :class:`~nearsight.app.serve.batcher.EmbedBatcher` (concurrent requests share one model call); an
 upload with a gallery item's bytes is searched as that item. Filtered and re-ranked searches
 share one small pool, so a plain search and health never wait behind them.
@@ -17,10 +22,13 @@ import json
 from typing import Annotated, Any
 
 import numpy as np
-from fastapi import APIRouter, Depends, File, Form, UploadFile
+from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
+from pydantic import ValidationError
+from starlette.datastructures import UploadFile
 
 from nearsight.app.rest.deps import ApiError, RestState, echo, one_line, rest_state
+from nearsight.app.rest.models import ERRORS, SearchAnswer, SearchJson
 from nearsight.app.serve.batcher import BatcherFull
 from nearsight.core.errors import NearsightError
 from nearsight.data.images import ImageLoadError, load_image_bytes
@@ -31,35 +39,52 @@ from nearsight.search.served import ServedGallery
 DEFAULT_K = 8
 MAX_K = 1000
 MAX_VECTOR_CHARS = 64 * 1024 * 1024
+QUERY_FIELDS = ("image", "id", "key", "vector")
 
 router = APIRouter(tags=["search"])
 
 
-@router.post("/search")
+def _form_schema() -> dict[str, Any]:
+    """The multipart form's schema: the JSON body's fields, ``vector`` as JSON text, and the
+    image file."""
+    schema = SearchJson.model_json_schema()
+    properties = dict(schema["properties"])
+    properties["vector"] = {"type": "string", "description": "query vector, a JSON list"}
+    properties["filter"] = {"type": "string", "description": "KEY=VALUE;KEY>=N;..."}
+    properties["image"] = {"type": "string", "format": "binary", "description": "query image"}
+    return {"type": "object", "properties": properties}
+
+
+_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": SearchJson.model_json_schema()},
+            "multipart/form-data": {"schema": _form_schema()},
+        },
+    }
+}
+
+
+@router.post(
+    "/search",
+    response_model=SearchAnswer,
+    responses=ERRORS,  # type: ignore[arg-type]
+    openapi_extra=_BODY,
+)
 async def search(
-    state: Annotated[RestState, Depends(rest_state)],
-    image: Annotated[UploadFile | None, File(description="query image file")] = None,
-    item_id: Annotated[
-        int | None, Form(alias="id", description="query by this gallery item's vector")
-    ] = None,
-    vector: Annotated[str | None, Form(description="query vector, a JSON list")] = None,
-    k: Annotated[int, Form(ge=1, le=MAX_K)] = DEFAULT_K,
-    filter: Annotated[str | None, Form(description="KEY=VALUE;KEY>=N;...")] = None,
-    gallery: Annotated[str | None, Form()] = None,
-    rerank: Annotated[
-        str | None,
-        Form(
-            max_length=200,
-            description="none | aqe | dba | dba+aqe | kreciprocal[:K=V,...] (default: the "
-            "server's)",
-        ),
-    ] = None,
+    request: Request, state: Annotated[RestState, Depends(rest_state)]
 ) -> dict[str, Any]:
-    """The k nearest gallery items of an image, an item or a vector."""
-    query_fields = (("image", image), ("id", item_id), ("vector", vector))
-    if sum(value is not None for _, value in query_fields) != 1:
-        raise ApiError(422, "send exactly one of: image (a file), id, vector")
-    view = state.view(gallery)
+    """The k nearest gallery items of an image, an item (by ``id`` or ``key``) or a vector."""
+    fields, image = await _read_body(request)
+    present = [name for name in QUERY_FIELDS if (image if name == "image" else fields.get(name))
+               is not None]  # fmt: skip
+    if len(present) != 1:
+        sent = f" (sent: {', '.join(present)})" if present else ""
+        raise ApiError(422, f"send exactly one of: image (a file), id, key, vector{sent}")
+    view = state.view(fields.get("gallery"))
+    k = fields["k"]
+    rerank = fields.get("rerank")
     try:
         spec = view.rerank if rerank is None else parse_rerank(rerank)
     except ValueError as error:
@@ -67,28 +92,91 @@ async def search(
     self_id = None  # a query that is a gallery item comes first, at distance 0
     if image is not None:
         query, self_id = await _embed_upload(image, view, state)
-    elif item_id is not None:
-        if item_id not in view.rows():
-            raise ApiError(404, f"gallery {view.name} has no item with id {item_id}")
-        query, self_id = view.item_vector(item_id), item_id
+    elif fields.get("id") is not None or fields.get("key") is not None:
+        self_id = _item_of(view, fields.get("id"), fields.get("key"))
+        query = view.item_vector(self_id)
     else:
         try:
-            query = check_vector(view.gallery, _parse_vector(vector))
+            query = check_vector(view.gallery, fields["vector"])
         except NearsightError as error:  # the wrong length, zeros: a bad field
             raise ApiError(422, f"vector: {error}") from None
+    filters = fields.get("filter")
 
     def work():
-        allowed = view.allowed_ids(filter, state.max_filter_conditions)
-        return view.search_one(query, k, allowed=allowed, rerank=spec, self_id=self_id)
+        filtered = view.filtered(filters, state.max_filter_conditions)
+        found = view.search_one(query, k, allowed=filtered.allowed, rerank=spec, self_id=self_id)
+        return filtered, found
 
-    heavy = bool(filter and filter.strip()) or spec.active
-    found = await (state.heavy.run(work) if heavy else run_in_threadpool(work))
+    heavy = bool(filters) or spec.active
+    filtered, found = await (state.heavy.run(work) if heavy else run_in_threadpool(work))
     return {
         "gallery": view.name,
         "k": k,
         "rerank": str(spec),
+        "notes": list(filtered.notes),
         "neighbours": [n.as_json() for n in found],
     }
+
+
+def _item_of(view: ServedGallery, item_id: int | None, key: str | None) -> int:
+    """The gallery item a query names by id or by key (404 when there is none)."""
+    if key is not None:
+        if view.key_column is None:
+            raise ApiError(404, f"gallery {view.name} has no key column")
+        try:
+            return view.id_of_key(key)
+        except NearsightError:
+            raise ApiError(404, f"gallery {view.name} has no item with that key") from None
+    assert item_id is not None
+    if item_id not in view.rows():
+        raise ApiError(404, f"gallery {view.name} has no item with id {item_id}")
+    return int(item_id)
+
+
+async def _read_body(request: Request) -> tuple[dict[str, Any], UploadFile | None]:
+    """The request's fields, checked by :class:`SearchJson` (``k`` defaulted), and its image
+    upload if any: from a JSON body or a multipart (or urlencoded) form."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    image = None
+    if kind == "application/json":
+        try:
+            raw: Any = json.loads(await request.body() or b"null")
+        except (ValueError, RecursionError):
+            raise ApiError(422, "body: not valid JSON") from None
+        if not isinstance(raw, dict):
+            raise ApiError(422, "body: a JSON object of id, key or vector, k, filter, ...")
+    elif kind in ("multipart/form-data", "application/x-www-form-urlencoded"):
+        try:
+            form = await request.form(max_files=1, max_fields=16)
+        except Exception as error:  # a malformed multipart envelope
+            raise ApiError(422, f"body: cannot read the form ({one_line(str(error))})") from None
+        raw = {}
+        for name, value in form.multi_items():
+            if isinstance(value, UploadFile):
+                if name != "image":
+                    raise ApiError(422, f"{echo(name)}: only the image field takes a file")
+                image = value
+            elif name == "image":
+                raise ApiError(422, "image: send a file")
+            elif value != "" or name in ("key",):
+                raw[name] = value
+        if "vector" in raw:
+            raw["vector"] = _parse_vector(raw["vector"])
+    elif not kind and not await request.body():
+        raw = {}  # nothing sent: the message below says what to send
+    else:
+        raise ApiError(
+            415, "send the query as application/json or as a multipart/form-data form"
+        )
+    try:
+        fields = SearchJson.model_validate(raw).model_dump()
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first.get("loc", ())) or "body"
+        raise ApiError(422, one_line(f"{where}: {first.get('msg', 'invalid')}")) from None
+    if isinstance(fields.get("filter"), list):
+        fields["filter"] = [str(part) for part in fields["filter"]]
+    return fields, image
 
 
 async def _embed_upload(
@@ -122,7 +210,8 @@ async def _embed_upload(
 
 
 def _parse_vector(text: str | None) -> Any:
-    """A JSON list of numbers; anything else (deep nesting, huge integers) is a 422."""
+    """A form's vector field: a JSON list of numbers; anything else (deep nesting, huge
+    integers) is a 422."""
     if text is not None and len(text) > MAX_VECTOR_CHARS:
         raise ApiError(413, "vector is too long")
     try:
@@ -133,6 +222,8 @@ def _parse_vector(text: str | None) -> Any:
         array = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError, OverflowError):
         raise ApiError(422, "vector must be a JSON list of numbers") from None
-    if array.dtype != np.float64 or array.ndim not in (1, 2):
-        raise ApiError(422, "vector must be a JSON list of numbers")
-    return array
+    if array.ndim == 2 and len(array) == 1:  # [[...]]: one vector
+        array = array[0]
+    if array.dtype != np.float64 or array.ndim != 1:
+        raise ApiError(422, "vector must be a JSON list of numbers (one vector)")
+    return array.tolist()
