@@ -39,6 +39,13 @@ from nearsight.app.serve.auth import (
     key_matches,
     presented_key,
 )
+from nearsight.app.serve.clients import (
+    CURRENT_CLIENT,
+    TrustedProxies,
+    identify,
+    log_field,
+    socket_address,
+)
 from nearsight.app.serve.hosts import AllowedHosts
 from nearsight.app.serve.metrics import ServerMetrics
 from nearsight.core.errors import printable
@@ -56,7 +63,9 @@ LOOPBACK = ("127.0.0.1", "::1")
 LOGIN_PATH = "/login"
 METRICS_PATH = "/metrics"
 LOGIN_MAX_BYTES = 4096
-DEFAULT_BODY_TIMEOUT_S = 30.0
+DEFAULT_BODY_TIMEOUT_S = 30.0  # a whole request body, from its headers to its last byte
+DEFAULT_SIGN_IN_TIMEOUT_S = 5.0  # a whole sign-in form
+DEFAULT_MAX_UNAUTHENTICATED = 64  # connections waiting without the key (a quarter of 256)
 
 
 @dataclass
@@ -72,6 +81,10 @@ class GuardSettings:
     metrics: ServerMetrics | None = None
     access_log: bool = True
     attempts: FailedAttempts = field(default_factory=FailedAttempts)
+    trusted_proxies: TrustedProxies = field(default_factory=TrustedProxies)
+    sign_in_timeout_s: float = DEFAULT_SIGN_IN_TIMEOUT_S
+    max_unauthenticated: int = DEFAULT_MAX_UNAUTHENTICATED
+    signing_in: int = 0  # sign-in forms being read now (touched only on the event loop)
 
     def __post_init__(self) -> None:
         if self.api_key and self.sessions is None:
@@ -92,6 +105,8 @@ class Guard:
         self.settings = settings
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            _identify(scope, self.settings.trusted_proxies)
         if scope["type"] == "websocket":
             locked = self.settings.attempts.locked_for(_client(scope)) > 0
             if not locked and self._refusal(scope) is None and self._key_state(scope) == "ok":
@@ -116,8 +131,9 @@ class Guard:
             if self.settings.metrics is not None:
                 self.settings.metrics.observe(path, status["code"], seconds)
             if self.settings.access_log:
-                print(f"nearsight: {_client(scope) or '-'} {scope.get('method', '?')} "
-                      f"{printable(path)} {status['code']} {seconds * 1000:.1f} ms",
+                print(f"nearsight: {log_field(_client(scope))} "
+                      f"{log_field(scope.get('method', '?'), 20)} {log_field(path)} "
+                      f"{status['code']} {seconds * 1000:.1f} ms",
                       file=sys.stderr, flush=True)  # fmt: skip
 
         async def counted_send(message: Message) -> None:
@@ -170,7 +186,7 @@ class Guard:
             return 400, (f"this server does not answer to the host {printable(host, 100)!r} "
                          "(its --allowed-hosts)")  # fmt: skip
         origin = _header(scope, b"origin")
-        if origin and not hosts.allows_origin(origin):
+        if origin and not hosts.allows_origin(origin, host, scope.get("scheme", "http")):
             return 403, f"requests from pages of {printable(origin, 100)!r} are not allowed"
         return None
 
@@ -203,7 +219,7 @@ class Guard:
         attempts, client = self.settings.attempts, _client(scope)
         delay = attempts.failed(client)
         if attempts.count(client) == attempts.lock_after:
-            print(f"nearsight: {attempts.lock_after} wrong API keys from {client or '-'} "
+            print(f"nearsight: {attempts.lock_after} wrong API keys from {log_field(client)} "
                   f"within {attempts.window_s:g} s: refusing it for a while",
                   file=sys.stderr, flush=True)  # fmt: skip
         if delay > 0:
@@ -213,12 +229,19 @@ class Guard:
         if scope.get("method") != "POST":
             await _send_html(send, 200, login_page())
             return
+        settings = self.settings
+        if settings.signing_in >= settings.max_unauthenticated:
+            await _send_json(send, 503, "too many sign-ins at once: retry", retry_after=1)
+            return
+        settings.signing_in += 1
         try:
             body = await _read_small_body(scope, receive, LOGIN_MAX_BYTES,
-                                          self.settings.body_timeout_s)  # fmt: skip
+                                          settings.sign_in_timeout_s)  # fmt: skip
         except _Refused as refused:
             await _send_json(send, refused.status, refused.message)
             return
+        finally:
+            settings.signing_in -= 1
         given = parse_qs(body.decode("utf-8", "replace")).get("key", [""])[0]
         sessions = self.settings.sessions
         if sessions is None or not key_matches(given, self.settings.api_key or ""):
@@ -235,13 +258,16 @@ class Guard:
         """Run the app with the body counted as it streams; past the limit the app is told the
         client left, its own reply is dropped, and the client gets 413."""
         settings = self.settings
-        state = {"received": 0, "refused": 0, "started": False}
+        state = {"received": 0, "refused": 0, "started": False, "whole": False}
+        deadline = time.monotonic() + settings.body_timeout_s
 
         async def limited_receive() -> Message:
             if state["refused"]:
                 return {"type": "http.disconnect"}
-            try:
-                message = await asyncio.wait_for(receive(), settings.body_timeout_s)
+            if state["whole"]:  # the body is in: what is left is waiting for a disconnect
+                return await receive()
+            try:  # the body's deadline is a total, counted from its headers
+                message = await asyncio.wait_for(receive(), deadline - time.monotonic())
             except TimeoutError:
                 state["refused"] = 408
                 return {"type": "http.disconnect"}
@@ -250,6 +276,7 @@ class Guard:
                 if state["received"] > settings.max_body_bytes:
                     state["refused"] = 413
                     return {"type": "http.disconnect"}
+                state["whole"] = not message.get("more_body")
             return message
 
         async def guarded_send(message: Message) -> None:
@@ -277,14 +304,15 @@ class Guard:
 
 async def _read_small_body(scope: Scope, receive: Receive, limit: int, timeout_s: float) -> bytes:
     """The whole body of a small request: 413 past ``limit`` bytes (from the Content-Length
-    before reading, else while reading), 408 when it stalls for ``timeout_s``."""
+    before reading, else while reading), 408 unless all of it is in within ``timeout_s``."""
     length = _header(scope, b"content-length")
     if length.isdigit() and int(length) > limit:
         raise _Refused(413, "the sign-in form is too large")
     body = b""
+    deadline = time.monotonic() + timeout_s
     while True:
         try:
-            message = await asyncio.wait_for(receive(), timeout_s)
+            message = await asyncio.wait_for(receive(), deadline - time.monotonic())
         except TimeoutError:
             raise _Refused(408, _stalled(timeout_s)) from None
         if message["type"] != "http.request":
@@ -297,7 +325,7 @@ async def _read_small_body(scope: Scope, receive: Receive, limit: int, timeout_s
 
 
 def _stalled(seconds: float) -> str:
-    return f"the request body stalled for {seconds:g} s"
+    return f"the request body did not arrive within {seconds:g} s"
 
 
 def login_page(message: str = "") -> str:
@@ -310,6 +338,23 @@ def login_page(message: str = "") -> str:
         "autofocus style='width:100%'><p><button type='submit'>Sign in</button></p></form>"
         "</body></html>"
     )  # fmt: skip
+
+
+def _identify(scope: Scope, trusted: TrustedProxies) -> None:
+    """The request's client from here on (nearsight/app/serve/clients.py): its socket's address,
+    or the one a trusted proxy forwards; every later reader of ``scope["client"]`` (Gradio,
+    the REST API, the work gates through CURRENT_CLIENT) sees the same."""
+    if "nearsight.peer" in scope:  # identified already (a mounted app's scope is a copy)
+        CURRENT_CLIENT.set(_client(scope))
+        return
+    peer = socket_address(scope)
+    scope["nearsight.peer"] = peer
+    client, scheme = identify(scope, trusted)
+    if client != peer:
+        scope["client"] = (client, 0)
+    if scheme is not None:
+        scope["scheme"] = scheme if scope["type"] == "http" else scheme.replace("http", "ws")
+    CURRENT_CLIENT.set(client)
 
 
 def _client(scope: Scope) -> str:

@@ -24,6 +24,8 @@ DEFAULT_MAX_CONNECTIONS = 256
 DEFAULT_MAX_CLIENT_CONNECTIONS = 32
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_BODY_TIMEOUT_S = 30.0
+DEFAULT_SIGN_IN_TIMEOUT_S = 5.0
+DEFAULT_MAX_UNAUTHENTICATED = 64  # connections waiting without the key (a quarter of 256)
 DEFAULT_WATCH_INTERVAL_S = 1.0
 
 
@@ -51,6 +53,9 @@ def serve(
     secure_cookie: bool = False,
     show_paths: bool = False,
     rerank: str | None = None,
+    forwarded_allow_ips: str = "",
+    sign_in_timeout: float = DEFAULT_SIGN_IN_TIMEOUT_S,
+    max_unauthenticated: int = DEFAULT_MAX_UNAUTHENTICATED,
 ) -> None:
     """Serve the page and the REST API over ``galleries`` at ``host``:``port`` until Ctrl-C.
     ``api_key`` (else ``api_key_file``'s, else NEARSIGHT_API_KEY): the key every route but
@@ -62,7 +67,11 @@ def serve(
                     max_client_connections=max_client_connections,
                     header_timeout=header_timeout, body_timeout=body_timeout,
                     watch_interval=watch_interval,
-                    analysis_max_items=analysis_max_items)  # fmt: skip
+                    analysis_max_items=analysis_max_items, sign_in_timeout=sign_in_timeout,
+                    max_unauthenticated=max_unauthenticated)  # fmt: skip
+    from nearsight.app.serve.clients import TrustedProxies
+
+    TrustedProxies(forwarded_allow_ips)  # a one-line error for a name that is not an address
     check_address(host, port)  # before minutes of loading galleries
     key = resolve_api_key(api_key, api_key_file, host)
 
@@ -81,7 +90,10 @@ def serve(
                          max_client_connections=max_client_connections,
                          body_timeout_s=body_timeout, header_timeout_s=header_timeout,
                          allowed_hosts=[name.strip() for name in allowed_hosts],
-                         access_log=access_log, secure_cookie=secure_cookie)  # fmt: skip
+                         access_log=access_log, secure_cookie=secure_cookie,
+                         forwarded_allow_ips=forwarded_allow_ips,
+                         sign_in_timeout_s=sign_in_timeout,
+                         max_unauthenticated=max_unauthenticated)  # fmt: skip
     except OSError as error:  # the port is taken, or the address is not ours
         demo.nearsight.close()
         reason = (
@@ -157,6 +169,8 @@ def _check_settings(
     body_timeout: float,
     watch_interval: float,
     analysis_max_items: int,
+    sign_in_timeout: float = DEFAULT_SIGN_IN_TIMEOUT_S,
+    max_unauthenticated: int = DEFAULT_MAX_UNAUTHENTICATED,
 ) -> None:
     """One-line errors naming ``nearsight serve``'s flags."""
     if not 0 <= port <= 65535:
@@ -181,6 +195,13 @@ def _check_settings(
         raise NearsightError(f"--header-timeout must be positive, got {header_timeout}")
     if not body_timeout > 0:
         raise NearsightError(f"--body-timeout must be positive, got {body_timeout}")
+    if not sign_in_timeout > 0:
+        raise NearsightError(f"--sign-in-timeout must be positive, got {sign_in_timeout}")
+    if not 1 <= max_unauthenticated <= max_connections:
+        raise NearsightError(
+            f"--max-unauthenticated must be from 1 to --max-connections ({max_connections}), "
+            f"got {max_unauthenticated}"
+        )
     if watch_interval < 0:
         raise NearsightError(f"--watch-interval must be 0 or more, got {watch_interval}")
     if analysis_max_items < 0:

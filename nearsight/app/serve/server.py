@@ -18,7 +18,14 @@ from starlette.middleware import Middleware
 from nearsight.app.page.handlers import Page
 from nearsight.app.rest import API_PREFIX, FORM_SLACK_BYTES, close_rest_app, make_rest_app
 from nearsight.app.serve.auth import SESSION_S, Sessions
-from nearsight.app.serve.guard import DEFAULT_BODY_TIMEOUT_S, Guard, GuardSettings
+from nearsight.app.serve.clients import TrustedProxies
+from nearsight.app.serve.guard import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_MAX_UNAUTHENTICATED,
+    DEFAULT_SIGN_IN_TIMEOUT_S,
+    Guard,
+    GuardSettings,
+)
 from nearsight.app.serve.hosts import AllowedHosts
 from nearsight.app.serve.metrics import ServerMetrics
 from nearsight.app.serve.slow_clients import (
@@ -94,16 +101,21 @@ def launch_app(
     access_log: bool = False,
     secure_cookie: bool = False,
     session_s: float = SESSION_S,
+    forwarded_allow_ips: str = "",
+    sign_in_timeout_s: float = DEFAULT_SIGN_IN_TIMEOUT_S,
+    max_unauthenticated: int = DEFAULT_MAX_UNAUTHENTICATED,
 ) -> str:
     """Start the server with the safety settings and the REST API (nearsight/app/rest/) mounted at
     ``/api``; returns the local URL. ``watch_interval``: seconds between looks for other
     processes' changes to the galleries (nearsight/app/serve/live.py; 0: never). ``allowed_hosts``:
     names the server answers to besides the defaults for ``host`` (nearsight/app/serve/hosts.py).
-    ``access_log``: one line per request on stderr. With ``prevent_thread_lock`` it returns at
-    once (call :func:`stop_app` to stop)."""
+    ``access_log``: one line per request on stderr. ``forwarded_allow_ips``: the proxies whose
+    X-Forwarded-For names the client (nearsight/app/serve/clients.py; none by default). With
+    ``prevent_thread_lock`` it returns at once (call :func:`stop_app` to stop)."""
     page: Page = demo.nearsight
     blocked = sorted({str(view.gallery.path) for view in page.views.values()})
     max_bytes = int(max_upload_mb * 1024 * 1024)
+    proxies = TrustedProxies(forwarded_allow_ips)
     page.max_filter_conditions = max_filter_conditions
     rest = make_rest_app(
         page.views,  # the live mapping: a reloaded gallery is seen by the next request
@@ -126,8 +138,13 @@ def launch_app(
         body_timeout_s=body_timeout_s,
         metrics=metrics,
         access_log=access_log,
+        trusted_proxies=proxies,
+        sign_in_timeout_s=sign_in_timeout_s,
+        max_unauthenticated=max_unauthenticated,
     )
-    connections = ConnectionPolicy(header_timeout_s, keep_alive_s, max_client_connections)
+    connections = ConnectionPolicy(header_timeout_s, keep_alive_s, max_client_connections,
+                                   is_proxy=proxies.trusts if proxies else lambda _: False,
+                                   max_waiting=max_unauthenticated)  # fmt: skip
     install(connections)  # before the server starts: its first connections are covered too
     _, url, _ = demo.launch(
         app_kwargs={"middleware": [Middleware(Guard, settings=settings)]},
