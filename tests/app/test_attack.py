@@ -5,11 +5,13 @@ bounded; a second client address is another loopback address (127.0.0.2)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import select
 import socket
 import threading
 import time
+from multiprocessing.pool import ThreadPool
 from urllib.parse import urlsplit
 
 import httpx
@@ -204,3 +206,124 @@ def test_a_rerank_flood_leaves_plain_searches_and_health_fast(onnx_gallery, tmp_
     assert np.median(plain) <= 1.5, plain
     assert np.median(health) <= 1.5, health
     assert set(statuses) <= {200, 503} and 200 in statuses, sorted(set(statuses))
+
+
+# -- issue 39: budgets are totals, a client is its socket, origins are whole ------------------
+
+KEY = "s3cret-key-for-attack-tests"
+SIGN_IN_HEAD = (b"POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 400\r\n"
+                b"Content-Type: application/x-www-form-urlencoded\r\n\r\nkey=")  # fmt: skip
+
+
+def _connect_from(source: str, address: tuple[str, int]) -> socket.socket:
+    sock = socket.socket()
+    sock.bind((source, 0))
+    sock.settimeout(10)
+    sock.connect(address)
+    return sock
+
+
+def test_trickled_sign_ins_from_many_addresses_are_closed_and_keyed_clients_served(onnx_gallery):
+    """48 connections from four addresses (12 each, under the per-address cap) on a server that
+    allows 32 in all, each sending a sign-in form a byte every 0.2 s: at most
+    --max-unauthenticated (8) are read at once, each within --sign-in-timeout (3 s) in all,
+    the rest are answered 503 at once; a keyed client at a fifth address is served while they
+    are held (before: the deadline ran between reads, every connection stayed open for as long
+    as it trickled, and every other client got 503)."""
+    options = {"api_key": KEY, "max_connections": 32, "sign_in_timeout_s": 3.0,
+               "max_unauthenticated": 8}  # fmt: skip
+    with running_page([onnx_gallery.gallery], analyse=False, **options) as (url, _):
+        address = _address(url)
+        opened: dict[socket.socket, float] = {}
+        for n in range(48):
+            sock = _connect_from(f"127.0.0.{2 + n % 4}", address)
+            sock.sendall(SIGN_IN_HEAD)
+            opened[sock] = time.monotonic()
+        start = time.monotonic()
+        served: list[float] = []
+
+        def keyed() -> None:
+            transport = httpx.HTTPTransport(local_address="127.0.0.9")
+            with httpx.Client(transport=transport, timeout=10) as client:
+                while time.monotonic() - start < 12 and not served:
+                    with contextlib.suppress(httpx.TransportError):
+                        reply = client.get(f"{url.rstrip('/')}/api/items/0",
+                                           headers={"X-API-Key": KEY})  # fmt: skip
+                        if reply.status_code == 200:
+                            served.append(time.monotonic() - start)
+                    time.sleep(0.1)
+
+        client = threading.Thread(target=keyed)
+        client.start()
+        lifetimes, answers = [], []
+        try:
+            while opened and time.monotonic() - start < 20:  # bounded
+                for sock in list(opened):
+                    ready, _, _ = select.select([sock], [], [], 0)
+                    try:
+                        if not ready:
+                            sock.sendall(b"k")
+                            continue
+                        answers.append(sock.recv(64)[:12])
+                    except OSError:
+                        answers.append(b"reset")
+                    lifetimes.append(time.monotonic() - opened.pop(sock))
+                    sock.close()
+                time.sleep(0.2)
+            last_closed = time.monotonic() - start
+        finally:
+            client.join(30)
+            for sock in opened:
+                sock.close()
+    print(f"served at {served}, last closed at {last_closed:.1f} s; lifetimes "
+          f"{sorted(round(t, 1) for t in lifetimes)}; answers {sorted(set(answers))}")
+    assert not opened, f"{len(opened)} sign-ins still open after 20 s"
+    assert max(lifetimes) < 10.0, sorted(lifetimes)[-5:]  # 3 s, on a loaded machine
+    assert sum(answer.startswith(b"HTTP/1.1 408") for answer in answers) <= 8, answers
+    assert served and served[0] < last_closed, (served, last_closed)
+
+
+def test_forged_forwarded_for_does_not_make_a_new_client(onnx_gallery):
+    """Wrong keys from 127.0.0.1, each claiming another X-Forwarded-For: one client (its
+    socket), slowed and then refused with 429 even with the right key (before: uvicorn took
+    each header for a new client, never slowed). Naming the proxy with --forwarded-allow-ips
+    makes its header count."""
+    def guesses(url: str, count: int) -> list[tuple[int, float]]:
+        def guess(n: int) -> tuple[int, float]:
+            started = time.monotonic()
+            headers = {"X-API-Key": f"guess-{n}", "X-Forwarded-For": f"203.0.113.{n}"}
+            status = httpx.get(f"{url}api/items/0", headers=headers, timeout=60).status_code
+            return status, time.monotonic() - started
+
+        with ThreadPool(count) as pool:
+            return pool.map(guess, range(count))
+
+    with running_page([onnx_gallery.gallery], analyse=False, api_key=KEY) as (url, _):
+        answers = guesses(url, 20)
+        forged = httpx.get(f"{url}api/items/0", timeout=30,
+                           headers={"X-API-Key": KEY, "X-Forwarded-For": "198.51.100.7"})  # fmt: skip
+    assert [status for status, _ in answers].count(401) == 20
+    assert max(seconds for _, seconds in answers) >= 0.5  # slowed
+    assert forged.status_code == 429
+    with running_page([onnx_gallery.gallery], analyse=False, api_key=KEY,
+                      forwarded_allow_ips="127.0.0.1") as (url, _):  # fmt: skip
+        answers = guesses(url, 20)
+        believed = httpx.get(f"{url}api/items/0", timeout=30,
+                             headers={"X-API-Key": KEY, "X-Forwarded-For": "198.51.100.7"})  # fmt: skip
+    assert believed.status_code == 200  # 20 clients, one wrong guess each: none locked out
+
+
+def test_an_origin_on_another_port_is_another_origin(onnx_gallery):
+    """The no-key loopback server: a page at http://localhost:3000 is not this server's origin
+    (before: the same host on any port passed, and got credentialed CORS)."""
+    with running_page([onnx_gallery.gallery], analyse=False) as (url, _):
+        port = _address(url)[1]
+        for origin in ("http://localhost:3000", f"https://localhost:{port}", "http://localhost"):
+            cross = httpx.get(f"{url}config", headers={"Origin": origin})
+            assert cross.status_code == 403, origin
+            assert "access-control-allow-origin" not in cross.headers
+            preflight = httpx.options(f"{url}gradio_api/queue/join", headers={
+                "Origin": origin, "Access-Control-Request-Method": "POST"})  # fmt: skip
+            assert preflight.status_code == 403, origin
+        for own in (f"http://localhost:{port}", f"http://127.0.0.1:{port}"):
+            assert httpx.get(f"{url}config", headers={"Origin": own}).status_code == 200, own

@@ -197,11 +197,8 @@ def _check_settings(
         raise NearsightError(f"--body-timeout must be positive, got {body_timeout}")
     if not sign_in_timeout > 0:
         raise NearsightError(f"--sign-in-timeout must be positive, got {sign_in_timeout}")
-    if not 1 <= max_unauthenticated <= max_connections:
-        raise NearsightError(
-            f"--max-unauthenticated must be from 1 to --max-connections ({max_connections}), "
-            f"got {max_unauthenticated}"
-        )
+    if max_unauthenticated < 1:
+        raise NearsightError(f"--max-unauthenticated must be at least 1, got {max_unauthenticated}")
     if watch_interval < 0:
         raise NearsightError(f"--watch-interval must be 0 or more, got {watch_interval}")
     if analysis_max_items < 0:
