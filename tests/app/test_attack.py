@@ -327,3 +327,66 @@ def test_an_origin_on_another_port_is_another_origin(onnx_gallery):
             assert preflight.status_code == 403, origin
         for own in (f"http://localhost:{port}", f"http://127.0.0.1:{port}"):
             assert httpx.get(f"{url}config", headers={"Origin": own}).status_code == 200, own
+
+
+def _big_flat_gallery(onnx_gallery, root) -> object:
+    """3000 random unit vectors in a flat gallery (a re-ranking at its largest parameters keeps
+    a core busy for a while)."""
+    from nearsight.app.cli import main
+
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(3000, 8)).astype(np.float32)
+    np.save(root / "v.npy", vectors / np.linalg.norm(vectors, axis=1, keepdims=True))
+    (root / "m.csv").write_text("path\n" + "".join(f"/x/{i}.jpg\n" for i in range(3000)))
+    assert main(["index", "import", "--vectors", str(root / "v.npy"), "--meta",
+                 str(root / "m.csv"), "--model", str(onnx_gallery.model), "--out",
+                 str(root / "g"), "--index-type", "flat"]) == 0  # fmt: skip
+    return root / "g"
+
+
+@pytest.mark.slow
+def test_a_flood_from_one_address_waits_behind_its_own_requests(onnx_gallery, tmp_path):
+    """30 clients at 127.0.0.2 re-ranking k=1000 with k-reciprocal at its largest allowed
+    parameters, as fast as they are answered; a client at 127.0.0.3 sends the same heaviest
+    search: it waits for the one search running when it came, not behind the flood (each
+    client has its own queue; before: one queue in arrival order, so it waited for ~30 of
+    them, 3.9 s or 503). Bounds: the victim's median under 2 s and within 8 times one such
+    search's time alone (at least 1 s), measured in the same run."""
+    gallery = _big_flat_gallery(onnx_gallery, tmp_path)
+    heavy = {"k": "1000", "rerank": "kreciprocal:k1=200,k2=200,depth=400"}
+    statuses: list[int] = []
+    stop = threading.Event()
+
+    def flood(seed: int) -> None:
+        transport = httpx.HTTPTransport(local_address="127.0.0.2")
+        with httpx.Client(timeout=300, transport=transport) as client:
+            for n in range(300):  # bounded; stopped much sooner
+                if stop.is_set():
+                    return
+                data = {**heavy, "id": str((seed * 100 + n) % 3000)}
+                statuses.append(client.post(f"{url}/api/search", data=data).status_code)
+
+    def timed(client: httpx.Client, n: int) -> float:
+        started = time.perf_counter()
+        answer = client.post(f"{url}/api/search", data={**heavy, "id": str(n)})
+        seconds = time.perf_counter() - started
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["neighbours"][0]["id"] == n
+        return seconds
+
+    with serve_process(["--gallery", gallery, "--no-access-log"]) as (url, _):
+        transport = httpx.HTTPTransport(local_address="127.0.0.3")
+        with httpx.Client(timeout=120, transport=transport) as client:
+            alone = [timed(client, n) for n in range(5)]
+            threads = [threading.Thread(target=flood, args=(seed,)) for seed in range(30)]
+            for thread in threads:
+                thread.start()
+            time.sleep(3)  # the flood fills its queue
+            victim = [timed(client, n) for n in range(9)]
+        stop.set()
+        for thread in threads:
+            thread.join(300)
+    print(f"alone {np.median(alone):.2f} s, victim {sorted(round(v, 2) for v in victim)}, "
+          f"flood {len(statuses)} answers {sorted(set(statuses))}")
+    assert np.median(victim) < min(2.0, max(1.0, 8 * np.median(alone))), (victim, alone)
+    assert set(statuses) <= {200, 503} and 200 in statuses, sorted(set(statuses))
