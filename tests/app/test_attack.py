@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import select
 import socket
 import threading
@@ -390,3 +391,69 @@ def test_a_flood_from_one_address_waits_behind_its_own_requests(onnx_gallery, tm
           f"flood {len(statuses)} answers {sorted(set(statuses))}")
     assert np.median(victim) < min(2.0, max(1.0, 8 * np.median(alone))), (victim, alone)
     assert set(statuses) <= {200, 503} and 200 in statuses, sorted(set(statuses))
+
+
+def _disk_mb(folder) -> float:
+    total = 0
+    for root, _, names in os.walk(folder):
+        for name in names:
+            with contextlib.suppress(OSError):
+                total += os.path.getsize(os.path.join(root, name))
+    return total / 1e6
+
+
+@pytest.mark.slow
+def test_an_upload_flood_stays_within_the_disk_budget(onnx_gallery, tmp_path):
+    """Four addresses each posting 9 MB files to Gradio's upload route as fast as answered,
+    first files that are not images, then files that begin as PNGs: Gradio's upload folder
+    stays under 60 MB (before: every file was written and kept a minute or two, 3.3 GB in
+    15 s); the non-images are 415, the rest 200 or busy (429, 503); a real PNG still
+    uploads, and its file is there to search."""
+    from PIL import Image
+
+    folder = tmp_path / "gradio"
+    junk = os.urandom(9 * 1024 * 1024)
+    fake_png = b"\x89PNG\r\n\x1a\n" + junk
+    peak = {"mb": 0.0}
+    statuses: dict[str, list[int]] = {"junk": [], "png": []}
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            peak["mb"] = max(peak["mb"], _disk_mb(folder))
+            time.sleep(0.05)
+
+    def flood(address: str, kind: str, data: bytes, seconds: float) -> None:
+        transport = httpx.HTTPTransport(local_address=address)
+        ends = time.monotonic() + seconds
+        with httpx.Client(timeout=60, transport=transport) as client:
+            while time.monotonic() < ends:
+                files = {"files": (f"{kind}.png", data, "image/png")}
+                statuses[kind].append(client.post(f"{url}/gradio_api/upload", files=files).status_code)
+
+    watcher = threading.Thread(target=watch)
+    args = ["--gallery", onnx_gallery.gallery, "--max-upload-mb", "10", "--no-access-log"]
+    with serve_process(args, env={"GRADIO_TEMP_DIR": str(folder)}) as (url, _):
+        watcher.start()
+        try:
+            for kind, data in (("junk", junk), ("png", fake_png)):
+                threads = [threading.Thread(target=flood, args=(f"127.0.0.{2 + n}", kind, data, 8))
+                           for n in range(4)]  # fmt: skip
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join(120)
+            real = io.BytesIO()
+            Image.new("RGB", (32, 32), "red").save(real, format="PNG")
+            answer = httpx.post(f"{url}/gradio_api/upload", timeout=60,
+                                files={"files": ("q.png", real.getvalue(), "image/png")})  # fmt: skip
+            assert answer.status_code == 200 and os.path.isfile(answer.json()[0])
+        finally:
+            stop.set()
+            watcher.join(30)
+    print(f"peak {peak['mb']:.1f} MB; junk {len(statuses['junk'])} answers "
+          f"{sorted(set(statuses['junk']))}, png {len(statuses['png'])} answers "
+          f"{sorted(set(statuses['png']))}")
+    assert statuses["junk"] and set(statuses["junk"]) == {415}
+    assert 200 in statuses["png"] and set(statuses["png"]) <= {200, 429, 503}
+    assert peak["mb"] < 60

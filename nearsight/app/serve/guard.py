@@ -14,6 +14,8 @@ In order, for every request:
   ``Content-Length``, or as soon as a chunked body passes the limit while it streams (the rest
   is never read). A body that stalls for ``body_timeout_s`` between chunks gets 408. The
   sign-in form is read the same way, within 4 KB.
+- **Uploads.** Gradio's upload route takes image files only, within a disk budget per client
+  and in all (nearsight/app/serve/uploads.py).
 - **Operations.** ``/metrics`` (Prometheus, behind the key like the rest) and one access-log
   line per request on stderr: client address, method, path without its query, status,
   milliseconds; never a header, a key or a byte of the body.
@@ -48,6 +50,7 @@ from nearsight.app.serve.clients import (
 )
 from nearsight.app.serve.hosts import AllowedHosts
 from nearsight.app.serve.metrics import ServerMetrics
+from nearsight.app.serve.uploads import UPLOAD_PATH, UploadBudget, UploadRefused
 from nearsight.core.errors import printable
 
 Scope = dict[str, Any]
@@ -85,6 +88,7 @@ class GuardSettings:
     sign_in_timeout_s: float = DEFAULT_SIGN_IN_TIMEOUT_S
     max_unauthenticated: int = DEFAULT_MAX_UNAUTHENTICATED
     signing_in: int = 0  # sign-in forms being read now (touched only on the event loop)
+    uploads: UploadBudget | None = None  # Gradio's upload route (nearsight/app/serve/uploads.py)
 
     def __post_init__(self) -> None:
         if self.api_key and self.sessions is None:
@@ -171,6 +175,12 @@ class Guard:
         if path == METRICS_PATH and settings.metrics is not None:
             body, content_type = settings.metrics.render()
             await _send(send, 200, body, content_type)
+            return
+        if path == UPLOAD_PATH and scope.get("method") == "POST" and settings.uploads:
+            try:
+                await settings.uploads.handle(self.app, scope, receive, send, _client(scope))
+            except UploadRefused as refused:
+                await _send_json(send, refused.status, refused.message, refused.retry_after)
             return
         length = _header(scope, b"content-length")
         if length.isdigit() and int(length) > settings.max_body_bytes:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import gradio as gr
@@ -35,6 +36,7 @@ from nearsight.app.serve.slow_clients import (
     ConnectionPolicy,
     install,
 )
+from nearsight.app.serve.uploads import UploadBudget
 
 if TYPE_CHECKING:  # the page module imports this one's settings
     from nearsight.app.page.layout import PageBlocks
@@ -77,6 +79,8 @@ def stop_app(demo: gr.Blocks) -> None:
     """Stop the server of ``demo``, its REST API's batchers and the page's background work."""
     demo.close(verbose=False)
     app = served(demo)
+    if app.guard.uploads is not None:
+        app.guard.uploads.clear()
     close_rest_app(app.rest)
     app.page.close()
 
@@ -141,6 +145,7 @@ def launch_app(
         trusted_proxies=proxies,
         sign_in_timeout_s=sign_in_timeout_s,
         max_unauthenticated=max_unauthenticated,
+        uploads=UploadBudget.for_limit(max_bytes, body_timeout_s),
     )
     connections = ConnectionPolicy(header_timeout_s, keep_alive_s, max_client_connections,
                                    is_proxy=proxies.trusts if proxies else lambda _: False,
@@ -168,6 +173,8 @@ def launch_app(
         theme=system_theme(),
     )
     app = demo.app
+    assert settings.uploads is not None
+    settings.uploads.upload_dir = Path(app.uploaded_file_dir)
     _guard_outermost(app)
     # Gradio builds its FastAPI app inside launch(); none of its routes is under /api
     # (its own live under /gradio_api), so the mount shadows nothing
