@@ -3,9 +3,9 @@
 A web page on another site can make a browser send requests to ``127.0.0.1:7860`` (its
 ``Origin`` is the other site) or, after rebinding its own name to 127.0.0.1, requests whose
 ``Host`` is that name. The guard refuses both before any route: a ``Host`` outside
-:class:`AllowedHosts` gets 400, an ``Origin`` that is not the server's own origin (scheme,
-host and port, as the request's ``Host`` and scheme give them; a page on another port of the
-same host is another origin) gets 403, so no answer (and no CORS header) ever reaches a page of
+:class:`AllowedHosts` gets 400, an ``Origin`` that is not one of the server's own origins (an
+allowed host, on the scheme and port the request's ``Host`` and scheme give; a page on another
+port of the same host is another origin) gets 403, so no answer (and no CORS header) ever reaches a page of
 another site. Behind a TLS proxy, name it in ``--forwarded-allow-ips`` so that its
 ``X-Forwarded-Proto`` gives the scheme, and let it pass the ``Host`` through.
 
@@ -56,7 +56,7 @@ class AllowedHosts:
 
     def allows_origin(self, origin: str, host_header: str = "", scheme: str = "http") -> bool:
         """An ``Origin`` header (``scheme://host[:port]``; ``null`` from sandboxed pages): an
-        allowed host, and the very origin of the request (``host_header`` and ``scheme``)."""
+        allowed host, on the scheme and port of the request (``host_header`` and ``scheme``)."""
         if self.any:
             return True
         try:
@@ -68,9 +68,9 @@ class AllowedHosts:
             return False
         if host_name(parts.netloc) not in self.names:
             return False
-        own = _origin(scheme, host_header)
-        return own is not None and (parts.scheme, host_name(parts.netloc), port or
-                                    DEFAULT_PORTS[parts.scheme]) == own  # fmt: skip
+        own = _origin(scheme, host_header)  # another allowed name of it, on its scheme and port
+        return own is not None and (parts.scheme, port or DEFAULT_PORTS[parts.scheme]) == (
+            own[0], own[2])
 
     def describe(self) -> str:
         return ANY_HOST if self.any else ", ".join(sorted(self.names))
