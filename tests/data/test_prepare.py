@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.server
 import io
@@ -359,3 +360,45 @@ def test_download_resumes_a_partial_file_and_checks_the_md5(tmp_path):
         assert not other.exists() and not other.with_name("other.tgz.part").exists()
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("kind", ["tar", "zip"])
+def test_a_member_1500_folders_deep_is_one_line(kind, tmp_path, capsys):
+    """A member 1,500 folders deep: one line and exit 2, nothing written (before: a
+    RecursionError traceback from the folder writer)."""
+    deep = "CUB_200_2011/" + "a/" * 1500 + "x.jpg"
+    archive = (write_tar if kind == "tar" else write_zip)(
+        tmp_path / f"cub.{kind}", {**cub_files(), deep: jpeg(3)}
+    )
+    out = tmp_path / "data"
+    code, _, err = run(capsys, "data", "prepare", "cub", "--archive", archive, "--out", out)
+    assert_one_line_error(code, err, "1501 folders deep", "at most 64")
+    assert "Traceback" not in err and len(err) < 2000
+    assert not out.exists()
+
+
+def test_the_folder_writer_walks_any_depth_in_a_loop(tmp_path):
+    """The writer itself makes a folder 1,500 deep (a loop from the deepest one open, not a
+    recursion per level) and writes a file there."""
+    from nearsight.data.datasets.extract import FolderWriter
+
+    parts = ("a",) * 1500
+    with FolderWriter(tmp_path) as writer:
+        writer.write((*parts, "x.txt"), io.BytesIO(b"deep"), 4)
+        writer.write((*parts[:3], "y.txt"), io.BytesIO(b"near"), 4)
+    import os
+
+    fds = [os.open(tmp_path, os.O_RDONLY)]
+    try:
+        for part in parts:  # read back through descriptors (the path is longer than PATH_MAX)
+            fds.append(os.open(part, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fds[-1]))
+        assert os.stat("x.txt", dir_fd=fds[-1]).st_size == 4
+        assert (tmp_path / "a" / "a" / "a" / "y.txt").read_bytes() == b"near"
+    finally:  # removed here: pytest's own clean-up recurses once per level
+        with contextlib.suppress(OSError):
+            os.unlink("x.txt", dir_fd=fds[-1])
+        os.unlink(tmp_path / "a" / "a" / "a" / "y.txt")
+        while len(fds) > 1:
+            os.close(fds.pop())
+            os.rmdir("a", dir_fd=fds[-1])
+        os.close(fds[0])
