@@ -179,8 +179,9 @@ class Guard:
         if path == UPLOAD_PATH and scope.get("method") == "POST" and settings.uploads:
             try:
                 await settings.uploads.handle(self.app, scope, receive, send, _client(scope))
-            except UploadRefused as refused:
-                await _send_json(send, refused.status, refused.message, refused.retry_after)
+            except UploadRefused as refused:  # plain text, as Gradio's own route answers
+                await _send(send, refused.status, refused.message.encode(),
+                            "text/plain; charset=utf-8", refused.retry_after)  # fmt: skip
             return
         length = _header(scope, b"content-length")
         if length.isdigit() and int(length) > settings.max_body_bytes:

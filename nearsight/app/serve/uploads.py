@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import html
 import json
 import os
 import re
@@ -30,6 +31,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from nearsight.core.errors import printable
 
 UPLOAD_PATH = "/gradio_api/upload"
 KEEP_S = 300.0
@@ -47,6 +50,7 @@ IMAGE_SIGNATURES: tuple[tuple[int, bytes], ...] = (
 )
 _PNM = re.compile(rb"P[1-6]\s")
 _BOUNDARY = re.compile(rb'boundary="?([^";,\s]+)"?', re.IGNORECASE)
+_FILENAME = re.compile(rb'filename="([^"]*)"')
 _DISPOSITION = re.compile(rb"^content-disposition:(.*)$", re.IGNORECASE | re.MULTILINE)
 
 Message = dict[str, Any]
@@ -95,8 +99,11 @@ def check_form(body: bytes, content_type: str, max_file_bytes: int) -> int:
             limit = max_file_bytes / 1024 / 1024
             raise UploadRefused(413, f"the upload is larger than the server's limit ({limit:g} MB)")
         if not is_image_start(content):
-            raise UploadRefused(415, "the upload is not an image (JPEG, PNG, GIF, WebP, BMP, "
-                                "TIFF, PNM, AVIF or HEIF)")  # fmt: skip
+            name = _FILENAME.search(words)
+            shown = printable(name.group(1).decode("utf-8", "replace"), 100) if name else "upload"
+            raise UploadRefused(415, f"cannot read image {html.escape(shown)}: "
+                                + ("the file is empty" if not content else "not an image (JPEG, "
+                                   "PNG, GIF, WebP, BMP, TIFF, PNM, AVIF or HEIF)"))  # fmt: skip
         files += 1
     if not files:
         raise UploadRefused(400, "the upload form holds no file")
