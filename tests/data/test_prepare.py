@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import http.server
 import io
+import os
 import tarfile
 import threading
 import zipfile
@@ -383,22 +384,38 @@ def test_the_folder_writer_walks_any_depth_in_a_loop(tmp_path):
     from nearsight.data.datasets.extract import FolderWriter
 
     parts = ("a",) * 1500
-    with FolderWriter(tmp_path) as writer:
-        writer.write((*parts, "x.txt"), io.BytesIO(b"deep"), 4)
-        writer.write((*parts[:3], "y.txt"), io.BytesIO(b"near"), 4)
-    import os
-
-    fds = [os.open(tmp_path, os.O_RDONLY)]
     try:
-        for part in parts:  # read back through descriptors (the path is longer than PATH_MAX)
-            fds.append(os.open(part, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fds[-1]))
-        assert os.stat("x.txt", dir_fd=fds[-1]).st_size == 4
+        with FolderWriter(tmp_path) as writer:
+            writer.write((*parts, "x.txt"), io.BytesIO(b"deep"), 4)
+            writer.write((*parts[:3], "y.txt"), io.BytesIO(b"near"), 4)
         assert (tmp_path / "a" / "a" / "a" / "y.txt").read_bytes() == b"near"
-    finally:  # removed here: pytest's own clean-up recurses once per level
-        with contextlib.suppress(OSError):
-            os.unlink("x.txt", dir_fd=fds[-1])
-        os.unlink(tmp_path / "a" / "a" / "a" / "y.txt")
-        while len(fds) > 1:
-            os.close(fds.pop())
-            os.rmdir("a", dir_fd=fds[-1])
-        os.close(fds[0])
+        fds = _descend(tmp_path)  # the path is longer than PATH_MAX: through descriptors
+        try:
+            assert len(fds) == 1501 and os.stat("x.txt", dir_fd=fds[-1]).st_size == 4
+        finally:
+            for fd in fds:
+                os.close(fd)
+    finally:  # removed here, however deep: pytest's own clean-up recurses once per level
+        _remove_deep(tmp_path)
+
+
+def _descend(root: Path) -> list[int]:
+    """Descriptors of ``root``, ``root/a``, ``root/a/a``, ... as deep as the folders go."""
+    fds = [os.open(root, os.O_RDONLY | os.O_DIRECTORY)]
+    while True:
+        try:
+            fds.append(os.open("a", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fds[-1]))
+        except OSError:
+            return fds
+
+
+def _remove_deep(root: Path) -> None:
+    fds = _descend(root)
+    while len(fds) > 1:
+        fd = fds.pop()
+        for name in os.listdir(fd):
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=fd)
+        os.close(fd)
+        os.rmdir("a", dir_fd=fds[-1])
+    os.close(fds[0])
