@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -86,3 +87,50 @@ def test_a_cancelled_wait_gives_its_turn_away():
 
     assert asyncio.run(main()) == "ok"
     assert gate.running == 0 and gate.waiting == 0
+
+
+# -- the page's queue (nearsight/app/serve/fair_queue.py) ---------------------------------------
+
+
+def _event(client: str, name: str) -> SimpleNamespace:
+    return SimpleNamespace(request=SimpleNamespace(client=SimpleNamespace(host=client)), _id=name)
+
+
+def test_the_page_queue_places_a_new_client_in_turn():
+    """Gradio runs a group's events from the front of its list: a victim's event goes after
+    the flood's first waiting one, not after all of them; the flood's next goes last."""
+    from nearsight.app.serve.fair_queue import fair_position
+
+    waiting = [_event("A", f"a{n}") for n in range(10)]
+    assert fair_position(waiting, "B") == 1
+    waiting.insert(1, _event("B", "b0"))
+    assert fair_position(waiting, "C") == 2  # after A's and B's first
+    assert fair_position(waiting, "A") == len(waiting)
+    assert fair_position(waiting, "B") == 3  # B's second: after A's second
+
+
+def test_the_page_queue_caps_each_client_and_reorders_what_gradio_appended():
+    from nearsight.app.serve.fair_queue import share_fairly
+
+    group = SimpleNamespace(queue=[])
+    queue = SimpleNamespace(event_queue_per_concurrency_id={"search": group})
+
+    async def push(body, request, username):  # Gradio's: appends the event, names it
+        group.queue.append(SimpleNamespace(request=request, _id=body))
+        return True, body, "success"
+
+    queue.push = push
+    share_fairly(queue, per_client=4)
+
+    def from_(client: str) -> SimpleNamespace:
+        return SimpleNamespace(client=SimpleNamespace(host=client))
+
+    async def main() -> list:
+        answers = [await queue.push(f"a{n}", from_("A"), None) for n in range(6)]
+        answers.append(await queue.push("b0", from_("B"), None))
+        return answers
+
+    answers = asyncio.run(main())
+    assert [ok for ok, _, _ in answers] == [True] * 4 + [False, False] + [True]
+    assert answers[4][2] == "queue_full" and "at most 4 per client" in answers[4][1]
+    assert [event._id for event in group.queue] == ["a0", "b0", "a1", "a2", "a3"]

@@ -20,6 +20,7 @@ from nearsight.app.page.handlers import Page
 from nearsight.app.rest import API_PREFIX, FORM_SLACK_BYTES, close_rest_app, make_rest_app
 from nearsight.app.serve.auth import SESSION_S, Sessions
 from nearsight.app.serve.clients import TrustedProxies
+from nearsight.app.serve.fair_queue import share_fairly
 from nearsight.app.serve.guard import (
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_MAX_UNAUTHENTICATED,
@@ -173,6 +174,8 @@ def launch_app(
         theme=system_theme(),
     )
     app = demo.app
+    if demo._queue is not None:  # the page's queue, shared fairly between clients
+        share_fairly(demo._queue, max(1, page.max_queue // 4))
     assert settings.uploads is not None
     settings.uploads.upload_dir = Path(app.uploaded_file_dir)
     _guard_outermost(app)
