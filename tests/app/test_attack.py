@@ -284,6 +284,34 @@ def test_trickled_sign_ins_from_many_addresses_are_closed_and_keyed_clients_serv
     assert served and served[0] < last_closed, (served, last_closed)
 
 
+def test_slow_headers_from_many_addresses_cannot_fill_the_server(onnx_gallery):
+    """48 connections from four addresses that never finish their headers, on a server that
+    allows 32 in all: past --max-unauthenticated (8) waiting, the one waiting longest is
+    closed, so a client at a fifth address is served at once (before: they held every
+    connection until the 10 s header timeout, and it got 503)."""
+    options = {"max_connections": 32, "max_unauthenticated": 8}
+    with running_page([onnx_gallery.gallery], analyse=False, **options) as (url, _):
+        address = _address(url)
+        slow = []
+        try:
+            for n in range(48):
+                sock = _connect_from(f"127.0.0.{2 + n % 4}", address)
+                sock.sendall(b"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+                slow.append(sock)
+            time.sleep(0.5)
+            transport = httpx.HTTPTransport(local_address="127.0.0.9")
+            with httpx.Client(transport=transport, timeout=10) as other:
+                started = time.monotonic()
+                answer = other.get(f"{url.rstrip('/')}/api/health")
+                seconds = time.monotonic() - started
+            closed = sum(_closed_within(sock, 0.5) for sock in slow)
+        finally:
+            for sock in slow:
+                sock.close()
+    assert answer.status_code == 200 and seconds < 5, (answer.status_code, seconds)
+    assert closed >= 48 - 8 - 1, closed
+
+
 def test_forged_forwarded_for_does_not_make_a_new_client(onnx_gallery):
     """Wrong keys from 127.0.0.1, each claiming another X-Forwarded-For: one client (its
     socket), slowed and then refused with 429 even with the right key (before: uvicorn took
