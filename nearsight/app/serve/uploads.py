@@ -35,7 +35,7 @@ from typing import Any
 from nearsight.core.errors import printable
 
 UPLOAD_PATH = "/gradio_api/upload"
-KEEP_S = 300.0
+KEEP_S = 120.0  # Gradio's own sweep (delete_cache) removes files older than a minute
 FORM_SLACK_BYTES = 16 * 1024  # the multipart envelope around the file
 # how each image format nearsight reads begins (offset, bytes)
 IMAGE_SIGNATURES: tuple[tuple[int, bytes], ...] = (
