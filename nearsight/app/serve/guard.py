@@ -3,28 +3,32 @@ Gradio's API, queue, uploads and CORS handling, file routes, the REST API and it
 
 In order, for every request:
 
-- **Hosts.** A ``Host`` outside the allowed hosts gets 400 and an ``Origin`` outside them 403
+- **Who.** The client is its socket's address, or the one a proxy named in
+  ``--forwarded-allow-ips`` forwards (nearsight/app/serve/clients.py); it is set on the scope
+  for everything after (Gradio, REST, the work gates, the log).
+- **Hosts.** A ``Host`` outside the allowed hosts gets 400 and an ``Origin`` that is not the
+  server's own (an allowed host on the request's scheme and port) 403
   (nearsight/app/serve/hosts.py: DNS rebinding and cross-site pages).
 - **One key, every route.** With an API key set, a request needs it, except ``GET
   /api/health``: API clients send ``X-API-Key: KEY`` or ``Authorization: Bearer KEY``; a
   browser signs in once on a small form and then carries a session cookie that expires
   (nearsight/app/serve/auth.py). The key is checked from the headers, before a byte of the body is
-  read. Wrong keys are slowed, then refused with 429, per client address.
+  read. Wrong keys are slowed, then refused with 429, per client.
 - **Bounded bodies.** A body longer than ``max_body_bytes`` gets 413: at once from its
   ``Content-Length``, or as soon as a chunked body passes the limit while it streams (the rest
-  is never read). A body that stalls for ``body_timeout_s`` between chunks gets 408. The
-  sign-in form is read the same way, within 4 KB.
+  is never read). A body not all in within ``body_timeout_s`` of its headers gets 408 (a
+  total, not a time between reads). The sign-in form is read within 4 KB and
+  ``sign_in_timeout_s`` in all, at most ``max_unauthenticated`` at once (then 503).
 - **Uploads.** Gradio's upload route takes image files only, within a disk budget per client
   and in all (nearsight/app/serve/uploads.py).
 - **Operations.** ``/metrics`` (Prometheus, behind the key like the rest) and one access-log
-  line per request on stderr: client address, method, path without its query, status,
-  milliseconds; never a header, a key or a byte of the body.
+  line per request on stderr: client, method, path without its query, status, milliseconds,
+  each field escaped; never a header, a key or a byte of the body.
 """
 
 from __future__ import annotations
 
 import asyncio
-import html
 import json
 import sys
 import time
@@ -35,10 +39,12 @@ from urllib.parse import parse_qs
 
 from nearsight.app.serve.auth import (
     API_KEY_HEADER,
+    LOGIN_PATH,
     SESSION_COOKIE,
     FailedAttempts,
     Sessions,
     key_matches,
+    login_page,
     presented_key,
 )
 from nearsight.app.serve.clients import (
@@ -63,7 +69,6 @@ OPEN_PATHS = frozenset({"/api/health"})
 # Gradio's launch() calls this on its own server once; it runs the startup events (idempotent)
 LOOPBACK_ONLY_PATHS = frozenset({"/gradio_api/startup-events"})
 LOOPBACK = ("127.0.0.1", "::1")
-LOGIN_PATH = "/login"
 METRICS_PATH = "/metrics"
 LOGIN_MAX_BYTES = 4096
 DEFAULT_BODY_TIMEOUT_S = 30.0  # a whole request body, from its headers to its last byte
@@ -337,18 +342,6 @@ async def _read_small_body(scope: Scope, receive: Receive, limit: int, timeout_s
 
 def _stalled(seconds: float) -> str:
     return f"the request body did not arrive within {seconds:g} s"
-
-
-def login_page(message: str = "") -> str:
-    note = f"<p style='color:#dc2626'>{html.escape(message)}</p>" if message else ""
-    return (
-        "<!doctype html><html><head><meta charset='utf-8'><title>nearsight: sign in</title>"
-        "</head><body style='font-family:sans-serif;max-width:24rem;margin:4rem auto'>"
-        "<h2>nearsight</h2><p>This server needs its API key.</p>" + note +
-        f"<form method='post' action='{LOGIN_PATH}'><input type='password' name='key' "
-        "autofocus style='width:100%'><p><button type='submit'>Sign in</button></p></form>"
-        "</body></html>"
-    )  # fmt: skip
 
 
 def _identify(scope: Scope, trusted: TrustedProxies) -> None:
