@@ -43,3 +43,18 @@ def test_log_fields_escape_what_could_forge_a_line_or_a_field():
     assert log_field("") == "-"
     assert log_field("x" * 300) == "x" * 200 + "..."
     assert " " not in log_field("a b\u2028c") and "\n" not in log_field("a\u2028b")
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--forwarded-allow-ips", "proxy.local"], "--forwarded-allow-ips: 'proxy.local'"),
+        (["--max-unauthenticated", "0"], "--max-unauthenticated must be at least 1"),
+        (["--sign-in-timeout", "0"], "--sign-in-timeout must be positive"),
+    ],
+)
+def test_serve_checks_the_new_flags_first(flags, message, tmp_path, capsys):
+    from helpers import assert_one_line_error, run
+
+    code, _, err = run(capsys, "serve", "--gallery", tmp_path / "missing", *flags)
+    assert_one_line_error(code, err, message)
