@@ -148,18 +148,22 @@ def test_gallery_names_are_unique():
     assert gallery_names(["/a/g", "/a/g/"]) == ["a/g", "a/g (2)"]
 
 
-def test_a_non_image_upload_gets_a_clear_message_and_the_server_lives_on(tiny, client):
+def test_a_non_image_upload_gets_a_clear_message_and_the_server_lives_on(tiny, client, server):
+    """Refused by the upload route before it is stored (nearsight/app/serve/uploads.py), with
+    a line naming the file; the server lives on."""
+    url, _ = server
     text = tiny.root / "notes.png"  # an image name, text inside
     text.write_text("this is not an image")
-    with pytest.raises(AppError) as caught:
+    with pytest.raises(httpx.HTTPStatusError, match="415"):
         client.predict(handle_file(text), api_name="/search")
-    message = str(caught.value)
-    assert "cannot read image notes.png" in message
-    assert "Traceback" not in message and str(tiny.root) not in message  # no server paths
+    answer = httpx.post(f"{url}gradio_api/upload", files={"files": ("notes.png", text.read_bytes())}, timeout=30)
+    assert answer.status_code == 415
+    assert answer.text.startswith("cannot read image notes.png: not an image")
+    assert "Traceback" not in answer.text and str(tiny.root) not in answer.text  # no server paths
     empty = tiny.root / "empty.jpg"
     empty.write_bytes(b"")
-    with pytest.raises(AppError, match="cannot read image empty.jpg: the file is empty"):
-        client.predict(handle_file(empty), api_name="/search")
+    answer = httpx.post(f"{url}gradio_api/upload", files={"files": ("empty.jpg", b"")}, timeout=30)
+    assert answer.status_code == 415 and "cannot read image empty.jpg: the file is empty" in answer.text
     rows = json.loads(client.predict(handle_file(tiny.items[1]["path"]), api_name="/search"))
     assert rows[0]["id"] == tiny.items[1]["id"]
 

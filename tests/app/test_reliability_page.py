@@ -150,10 +150,11 @@ def run_clients(server: Server, first: int, count: int, latencies: list, failure
             for query in range(first, first + count):
                 start = time.perf_counter()
                 try:
-                    if query % BAD_EVERY == BAD_EVERY - 1:
-                        kind, message = search(http, server.url, server.bad, k)
-                        if kind != "error" or "cannot read image notes.png" not in str(message):
-                            failures.append(f"client {number} query {query}: {kind} {message}")
+                    if query % BAD_EVERY == BAD_EVERY - 1:  # refused by the upload route
+                        files = {"files": ("notes.png", server.bad.read_bytes())}
+                        refused = http.post(f"{server.url}gradio_api/upload", files=files)
+                        if refused.status_code != 415 or "cannot read image notes.png" not in refused.text:
+                            failures.append(f"client {number} query {query}: {refused.text}")
                     else:
                         item = server.items[(number * 7 + query) % len(server.items)]
                         kind, rows = search(http, server.url, Path(item["path"]), k)

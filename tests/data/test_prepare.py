@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.server
 import io
+import os
 import tarfile
 import threading
 import zipfile
@@ -359,3 +361,61 @@ def test_download_resumes_a_partial_file_and_checks_the_md5(tmp_path):
         assert not other.exists() and not other.with_name("other.tgz.part").exists()
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("kind", ["tar", "zip"])
+def test_a_member_1500_folders_deep_is_one_line(kind, tmp_path, capsys):
+    """A member 1,500 folders deep: one line and exit 2, nothing written (before: a
+    RecursionError traceback from the folder writer)."""
+    deep = "CUB_200_2011/" + "a/" * 1500 + "x.jpg"
+    archive = (write_tar if kind == "tar" else write_zip)(
+        tmp_path / f"cub.{kind}", {**cub_files(), deep: jpeg(3)}
+    )
+    out = tmp_path / "data"
+    code, _, err = run(capsys, "data", "prepare", "cub", "--archive", archive, "--out", out)
+    assert_one_line_error(code, err, "1501 folders deep", "at most 64")
+    assert "Traceback" not in err and len(err) < 2000
+    assert not out.exists()
+
+
+def test_the_folder_writer_walks_any_depth_in_a_loop(tmp_path):
+    """The writer itself makes a folder 1,500 deep (a loop from the deepest one open, not a
+    recursion per level) and writes a file there."""
+    from nearsight.data.datasets.extract import FolderWriter
+
+    parts = ("a",) * 1500
+    try:
+        with FolderWriter(tmp_path) as writer:
+            writer.write((*parts, "x.txt"), io.BytesIO(b"deep"), 4)
+            writer.write((*parts[:3], "y.txt"), io.BytesIO(b"near"), 4)
+        assert (tmp_path / "a" / "a" / "a" / "y.txt").read_bytes() == b"near"
+        fds = _descend(tmp_path)  # the path is longer than PATH_MAX: through descriptors
+        try:
+            assert len(fds) == 1501 and os.stat("x.txt", dir_fd=fds[-1]).st_size == 4
+        finally:
+            for fd in fds:
+                os.close(fd)
+    finally:  # removed here, however deep: pytest's own clean-up recurses once per level
+        _remove_deep(tmp_path)
+
+
+def _descend(root: Path) -> list[int]:
+    """Descriptors of ``root``, ``root/a``, ``root/a/a``, ... as deep as the folders go."""
+    fds = [os.open(root, os.O_RDONLY | os.O_DIRECTORY)]
+    while True:
+        try:
+            fds.append(os.open("a", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fds[-1]))
+        except OSError:
+            return fds
+
+
+def _remove_deep(root: Path) -> None:
+    fds = _descend(root)
+    while len(fds) > 1:
+        fd = fds.pop()
+        for name in os.listdir(fd):
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=fd)
+        os.close(fd)
+        os.rmdir("a", dir_fd=fds[-1])
+    os.close(fds[0])

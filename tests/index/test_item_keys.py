@@ -136,3 +136,51 @@ def test_rest_reads_keys_of_any_text_by_query_and_by_encoded_path(keyed, onnx_ga
         too_long = httpx.get(api, params={"key": "k" * 201}, timeout=30)
         assert too_long.status_code == 422 and "key" in too_long.json()["error"]
         assert httpx.get(api, timeout=30).status_code == 422  # no key at all
+
+
+def test_one_key_rule_on_every_route(keyed, copy, capsys):
+    """One rule (nearsight/index/gallery/keys.py normal_key) for the CLI, Python and REST:
+    spaces around a key dropped, Unicode NFC (a decomposed "ü" is the same key), at most 200
+    characters (before: the CLI stored keys REST refused, and NFC and NFD spellings were two
+    keys)."""
+    import unicodedata
+
+    decomposed = unicodedata.normalize("NFD", "ünï/鍵")
+    assert decomposed != "ünï/鍵"
+    code, row, err = show(capsys, copy, f"  {decomposed} ")
+    assert code == 0 and row["id"] == keyed["ids"]["ünï/鍵"], err
+    code, out, err = run(capsys, "index", "add", "--gallery", copy, keyed["spare"],
+                         f"--key={'k' * 201}", "--label", "1", *FAST)  # fmt: skip
+    assert_one_line_error(code, err, "at most 200 characters")
+    with pytest.raises(NearsightError, match="at most 200 characters"):
+        nearsight.add_images(copy, [keyed["spare"]], key="k" * 201, workers=0)
+    code, out, err = run(capsys, "index", "add", "--gallery", copy, keyed["spare"],
+                         f"--key={decomposed}", "--label", "1", *FAST)  # fmt: skip
+    assert code == 0 and f"replacing item {keyed['ids']['ünï/鍵']}" in out, (out, err)
+    with running_page([copy], analyse=False) as (url, _):
+        api = f"{url.rstrip('/')}/api/items/by-key"
+        for spelling in (decomposed, f" {decomposed}  "):
+            by_query = httpx.get(api, params={"key": spelling}, timeout=30)
+            by_path = httpx.get(f"{api}/{quote(spelling, safe='')}", timeout=30)
+            for answer in (by_query, by_path):
+                assert answer.status_code == 200, answer.text
+                assert answer.json()["meta"] == {"key": "ünï/鍵"}
+        spaced = httpx.get(api, params={"key": " " + "k" * 199 + " "}, timeout=30)
+        assert spaced.status_code == 404  # 199 characters once trimmed: a key, not held
+        too_long = httpx.get(api, params={"key": "k" * 201}, timeout=30)
+        assert too_long.status_code == 422 and "at most 200 characters" in too_long.json()["error"]
+
+
+def test_nfc_and_nfd_spellings_of_one_key_are_one_key(onnx_gallery, tmp_path):
+    import unicodedata
+
+    images = sorted(onnx_gallery.data.rglob("*.png"))
+    manifest = tmp_path / "catalog.csv"
+    with open(manifest, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["path", "label", "key"])
+        writer.writerow([images[0], 0, "café"])
+        writer.writerow([images[1], 1, unicodedata.normalize("NFD", "café")])
+    with pytest.raises(NearsightError, match="repeats 1 keys"):
+        nearsight.build_gallery(onnx_gallery.model, tmp_path / "g", dataset="csv",
+                                root=manifest, workers=0)  # fmt: skip

@@ -124,8 +124,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--body-timeout",
         type=float,
         default=serving.DEFAULT_BODY_TIMEOUT_S,
-        help="seconds a request body may stall between chunks before a 408 (default "
-        f"{serving.DEFAULT_BODY_TIMEOUT_S:g})",
+        help="seconds a whole request body may take to arrive, from its headers to its last "
+        f"byte; later, 408 (default {serving.DEFAULT_BODY_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--sign-in-timeout",
+        type=float,
+        default=serving.DEFAULT_SIGN_IN_TIMEOUT_S,
+        help="seconds a whole sign-in form (POST /login) may take to arrive (default "
+        f"{serving.DEFAULT_SIGN_IN_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--max-unauthenticated",
+        type=int,
+        default=serving.DEFAULT_MAX_UNAUTHENTICATED,
+        help="connections that may wait without the key at once: sign-in forms being read "
+        "(more get 503) and connections sending their headers or idle (past this the one "
+        f"waiting longest is closed) (default {serving.DEFAULT_MAX_UNAUTHENTICATED})",
+    )
+    parser.add_argument(
+        "--forwarded-allow-ips",
+        default="",
+        metavar="ADDRESSES",
+        help="comma-separated addresses or networks of trusted proxies ('*': any): a request "
+        "from one counts as the client its X-Forwarded-For names, with the scheme of its "
+        "X-Forwarded-Proto (default: none; a client is its socket's address)",
     )
     parser.add_argument(
         "--max-filter-conditions",
@@ -183,6 +206,9 @@ def run_serve(args: argparse.Namespace) -> int:
         show_paths=args.show_paths,
         rerank=args.rerank,
         card_fields=[f.strip() for f in (args.card_fields or "").split(",") if f.strip()],
+        forwarded_allow_ips=args.forwarded_allow_ips,
+        sign_in_timeout=args.sign_in_timeout,
+        max_unauthenticated=args.max_unauthenticated,
     )
     return 0
 

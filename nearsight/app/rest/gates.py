@@ -1,38 +1,109 @@
-"""Bounded pools of one kind of work, for the REST API."""
+"""Bounded pools of one kind of work, shared fairly between clients, for the REST API."""
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import time
 from collections.abc import Callable
 from typing import Any
 
 from fastapi.concurrency import run_in_threadpool
 
+from nearsight.app.serve.clients import CURRENT_CLIENT
+
+CLIENTS_REMEMBERED = 10_000  # when each client was last served, for the order of the next turns
+
 
 class GateFull(Exception):
-    """The gate's queue is full: the server answers 503 with Retry-After."""
+    """The gate's queue is full, or the client's share of it: 503 with Retry-After."""
 
 
 class WorkGate:
     """At most ``concurrency`` pieces of one kind of work at once (a decoded 64 MP image is
     ~200 MB; a re-ranking or a filter keeps a core busy), and at most ``max_waiting`` requests
-    waiting for one; past that, :class:`GateFull`. Waiting holds no thread."""
+    waiting for one, ``per_client`` of them from one client; past that, :class:`GateFull`.
 
-    def __init__(self, concurrency: int, max_waiting: int, what: str = "requests"):
+    Fair shares: each client (nearsight/app/serve/clients.py) has its own queue, and a free
+    slot goes to the waiting client served longest ago, so a flood from one address waits
+    behind its own requests: another client waits for at most the pieces already running
+    and one turn of each other waiting client. Waiting holds no thread."""
+
+    def __init__(
+        self,
+        concurrency: int,
+        max_waiting: int,
+        what: str = "requests",
+        per_client: int | None = None,
+    ):
         self.concurrency = max(1, concurrency)
         self.max_waiting = max_waiting
+        self.per_client = per_client if per_client is not None else max(1, max_waiting // 4)
         self.what = what
-        self._semaphore: asyncio.Semaphore | None = None  # made in the server's event loop
+        self.running = 0
         self.waiting = 0
+        # touched only on the server's event loop
+        self._queues: dict[str, collections.deque[asyncio.Future[None]]] = {}
+        self._served: collections.OrderedDict[str, float] = collections.OrderedDict()
 
-    async def run(self, work: Callable[[], Any]) -> Any:
-        if self._semaphore is None:
-            self._semaphore = asyncio.Semaphore(self.concurrency)
+    async def run(self, work: Callable[[], Any], client: str | None = None) -> Any:
+        """``work()`` in a thread when this client's turn comes (``client``: the current
+        request's, by default)."""
+        client = CURRENT_CLIENT.get() if client is None else client
+        if self.running < self.concurrency and not self.waiting:
+            self._start(client)
+        else:
+            await self._wait_turn(client)
+        try:
+            return await run_in_threadpool(work)
+        finally:
+            self.running -= 1
+            self._grant()
+
+    async def _wait_turn(self, client: str) -> None:
         if self.waiting >= self.max_waiting:
             raise GateFull(f"the server is busy ({self.waiting} {self.what} waiting): retry")
+        queue = self._queues.setdefault(client, collections.deque())
+        if len(queue) >= self.per_client:
+            raise GateFull(
+                f"{len(queue)} of your {self.what} are waiting already (the limit per client "
+                f"is {self.per_client}): retry when they are answered"
+            )
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        queue.append(turn)
         self.waiting += 1
         try:
-            async with self._semaphore:
-                return await run_in_threadpool(work)
-        finally:
-            self.waiting -= 1
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():  # granted as it was cancelled: pass it on
+                self.running -= 1
+                self._grant()
+            else:
+                self._forget(client, turn)
+            raise
+
+    def _start(self, client: str) -> None:
+        self.running += 1
+        self._served[client] = time.monotonic()
+        self._served.move_to_end(client)
+        while len(self._served) > CLIENTS_REMEMBERED:
+            self._served.popitem(last=False)
+
+    def _grant(self) -> None:
+        """Give free slots to the waiting clients served longest ago, one turn each."""
+        while self.running < self.concurrency and self._queues:
+            client = min(self._queues, key=lambda name: self._served.get(name, float("-inf")))
+            turn = self._queues[client][0]
+            self._forget(client, turn)
+            if not turn.done():
+                self._start(client)
+                turn.set_result(None)
+
+    def _forget(self, client: str, turn: asyncio.Future[None]) -> None:
+        queue = self._queues.get(client)
+        if queue is None or turn not in queue:
+            return
+        queue.remove(turn)
+        self.waiting -= 1
+        if not queue:
+            del self._queues[client]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import hmac
+import html
 import secrets
 import time
 from collections.abc import Iterable
@@ -21,6 +22,7 @@ API_KEY_HEADER = "X-API-Key"
 API_KEY_ENV = "NEARSIGHT_API_KEY"
 MIN_KEY_CHARS = 16  # for a server that listens beyond this machine
 SESSION_COOKIE = "nearsight_session"
+LOGIN_PATH = "/login"
 SESSION_S = 12 * 3600  # a browser signs in again after this
 FREE_FAILURES = 5  # wrong keys a client may send within the window before it is slowed
 LOCK_FAILURES = 20  # past this many within the window, the client gets 429
@@ -152,3 +154,15 @@ class FailedAttempts:
 
     def count(self, client: str) -> int:
         return len(self._recent(client, time.monotonic()))
+
+
+def login_page(message: str = "") -> str:
+    note = f"<p style='color:#dc2626'>{html.escape(message)}</p>" if message else ""
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>nearsight: sign in</title>"
+        "</head><body style='font-family:sans-serif;max-width:24rem;margin:4rem auto'>"
+        "<h2>nearsight</h2><p>This server needs its API key.</p>" + note +
+        f"<form method='post' action='{LOGIN_PATH}'><input type='password' name='key' "
+        "autofocus style='width:100%'><p><button type='submit'>Sign in</button></p></form>"
+        "</body></html>"
+    )  # fmt: skip

@@ -3,26 +3,32 @@ Gradio's API, queue, uploads and CORS handling, file routes, the REST API and it
 
 In order, for every request:
 
-- **Hosts.** A ``Host`` outside the allowed hosts gets 400 and an ``Origin`` outside them 403
+- **Who.** The client is its socket's address, or the one a proxy named in
+  ``--forwarded-allow-ips`` forwards (nearsight/app/serve/clients.py); it is set on the scope
+  for everything after (Gradio, REST, the work gates, the log).
+- **Hosts.** A ``Host`` outside the allowed hosts gets 400 and an ``Origin`` that is not the
+  server's own (an allowed host on the request's scheme and port) 403
   (nearsight/app/serve/hosts.py: DNS rebinding and cross-site pages).
 - **One key, every route.** With an API key set, a request needs it, except ``GET
   /api/health``: API clients send ``X-API-Key: KEY`` or ``Authorization: Bearer KEY``; a
   browser signs in once on a small form and then carries a session cookie that expires
   (nearsight/app/serve/auth.py). The key is checked from the headers, before a byte of the body is
-  read. Wrong keys are slowed, then refused with 429, per client address.
+  read. Wrong keys are slowed, then refused with 429, per client.
 - **Bounded bodies.** A body longer than ``max_body_bytes`` gets 413: at once from its
   ``Content-Length``, or as soon as a chunked body passes the limit while it streams (the rest
-  is never read). A body that stalls for ``body_timeout_s`` between chunks gets 408. The
-  sign-in form is read the same way, within 4 KB.
+  is never read). A body not all in within ``body_timeout_s`` of its headers gets 408 (a
+  total, not a time between reads). The sign-in form is read within 4 KB and
+  ``sign_in_timeout_s`` in all, at most ``max_unauthenticated`` at once (then 503).
+- **Uploads.** Gradio's upload route takes image files only, within a disk budget per client
+  and in all (nearsight/app/serve/uploads.py).
 - **Operations.** ``/metrics`` (Prometheus, behind the key like the rest) and one access-log
-  line per request on stderr: client address, method, path without its query, status,
-  milliseconds; never a header, a key or a byte of the body.
+  line per request on stderr: client, method, path without its query, status, milliseconds,
+  each field escaped; never a header, a key or a byte of the body.
 """
 
 from __future__ import annotations
 
 import asyncio
-import html
 import json
 import sys
 import time
@@ -33,14 +39,24 @@ from urllib.parse import parse_qs
 
 from nearsight.app.serve.auth import (
     API_KEY_HEADER,
+    LOGIN_PATH,
     SESSION_COOKIE,
     FailedAttempts,
     Sessions,
     key_matches,
+    login_page,
     presented_key,
+)
+from nearsight.app.serve.clients import (
+    CURRENT_CLIENT,
+    TrustedProxies,
+    identify,
+    log_field,
+    socket_address,
 )
 from nearsight.app.serve.hosts import AllowedHosts
 from nearsight.app.serve.metrics import ServerMetrics
+from nearsight.app.serve.uploads import UPLOAD_PATH, UploadBudget, UploadRefused
 from nearsight.core.errors import printable
 
 Scope = dict[str, Any]
@@ -53,10 +69,11 @@ OPEN_PATHS = frozenset({"/api/health"})
 # Gradio's launch() calls this on its own server once; it runs the startup events (idempotent)
 LOOPBACK_ONLY_PATHS = frozenset({"/gradio_api/startup-events"})
 LOOPBACK = ("127.0.0.1", "::1")
-LOGIN_PATH = "/login"
 METRICS_PATH = "/metrics"
 LOGIN_MAX_BYTES = 4096
-DEFAULT_BODY_TIMEOUT_S = 30.0
+DEFAULT_BODY_TIMEOUT_S = 30.0  # a whole request body, from its headers to its last byte
+DEFAULT_SIGN_IN_TIMEOUT_S = 5.0  # a whole sign-in form
+DEFAULT_MAX_UNAUTHENTICATED = 64  # connections waiting without the key (a quarter of 256)
 
 
 @dataclass
@@ -72,6 +89,11 @@ class GuardSettings:
     metrics: ServerMetrics | None = None
     access_log: bool = True
     attempts: FailedAttempts = field(default_factory=FailedAttempts)
+    trusted_proxies: TrustedProxies = field(default_factory=TrustedProxies)
+    sign_in_timeout_s: float = DEFAULT_SIGN_IN_TIMEOUT_S
+    max_unauthenticated: int = DEFAULT_MAX_UNAUTHENTICATED
+    signing_in: int = 0  # sign-in forms being read now (touched only on the event loop)
+    uploads: UploadBudget | None = None  # Gradio's upload route (nearsight/app/serve/uploads.py)
 
     def __post_init__(self) -> None:
         if self.api_key and self.sessions is None:
@@ -92,6 +114,8 @@ class Guard:
         self.settings = settings
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            _identify(scope, self.settings.trusted_proxies)
         if scope["type"] == "websocket":
             locked = self.settings.attempts.locked_for(_client(scope)) > 0
             if not locked and self._refusal(scope) is None and self._key_state(scope) == "ok":
@@ -116,8 +140,9 @@ class Guard:
             if self.settings.metrics is not None:
                 self.settings.metrics.observe(path, status["code"], seconds)
             if self.settings.access_log:
-                print(f"nearsight: {_client(scope) or '-'} {scope.get('method', '?')} "
-                      f"{printable(path)} {status['code']} {seconds * 1000:.1f} ms",
+                print(f"nearsight: {log_field(_client(scope))} "
+                      f"{log_field(scope.get('method', '?'), 20)} {log_field(path)} "
+                      f"{status['code']} {seconds * 1000:.1f} ms",
                       file=sys.stderr, flush=True)  # fmt: skip
 
         async def counted_send(message: Message) -> None:
@@ -156,6 +181,13 @@ class Guard:
             body, content_type = settings.metrics.render()
             await _send(send, 200, body, content_type)
             return
+        if path == UPLOAD_PATH and scope.get("method") == "POST" and settings.uploads:
+            try:
+                await settings.uploads.handle(self.app, scope, receive, send, _client(scope))
+            except UploadRefused as refused:  # plain text, as Gradio's own route answers
+                await _send(send, refused.status, refused.message.encode(),
+                            "text/plain; charset=utf-8", refused.retry_after)  # fmt: skip
+            return
         length = _header(scope, b"content-length")
         if length.isdigit() and int(length) > settings.max_body_bytes:
             await _send_json(send, 413, self._too_large())
@@ -170,7 +202,7 @@ class Guard:
             return 400, (f"this server does not answer to the host {printable(host, 100)!r} "
                          "(its --allowed-hosts)")  # fmt: skip
         origin = _header(scope, b"origin")
-        if origin and not hosts.allows_origin(origin):
+        if origin and not hosts.allows_origin(origin, host, scope.get("scheme", "http")):
             return 403, f"requests from pages of {printable(origin, 100)!r} are not allowed"
         return None
 
@@ -179,7 +211,8 @@ class Guard:
         settings = self.settings
         if not settings.api_key or scope.get("path") in OPEN_PATHS:
             return "ok"
-        if scope.get("path") in LOOPBACK_ONLY_PATHS and _client(scope) in LOOPBACK:
+        peer = scope.get("nearsight.peer", _client(scope))  # the socket's: no header makes it
+        if scope.get("path") in LOOPBACK_ONLY_PATHS and peer in LOOPBACK:
             return "ok"
         given = presented_key(scope.get("headers", ()))
         if given:
@@ -203,7 +236,7 @@ class Guard:
         attempts, client = self.settings.attempts, _client(scope)
         delay = attempts.failed(client)
         if attempts.count(client) == attempts.lock_after:
-            print(f"nearsight: {attempts.lock_after} wrong API keys from {client or '-'} "
+            print(f"nearsight: {attempts.lock_after} wrong API keys from {log_field(client)} "
                   f"within {attempts.window_s:g} s: refusing it for a while",
                   file=sys.stderr, flush=True)  # fmt: skip
         if delay > 0:
@@ -213,12 +246,19 @@ class Guard:
         if scope.get("method") != "POST":
             await _send_html(send, 200, login_page())
             return
+        settings = self.settings
+        if settings.signing_in >= settings.max_unauthenticated:
+            await _send_json(send, 503, "too many sign-ins at once: retry", retry_after=1)
+            return
+        settings.signing_in += 1
         try:
             body = await _read_small_body(scope, receive, LOGIN_MAX_BYTES,
-                                          self.settings.body_timeout_s)  # fmt: skip
+                                          settings.sign_in_timeout_s)  # fmt: skip
         except _Refused as refused:
             await _send_json(send, refused.status, refused.message)
             return
+        finally:
+            settings.signing_in -= 1
         given = parse_qs(body.decode("utf-8", "replace")).get("key", [""])[0]
         sessions = self.settings.sessions
         if sessions is None or not key_matches(given, self.settings.api_key or ""):
@@ -235,13 +275,16 @@ class Guard:
         """Run the app with the body counted as it streams; past the limit the app is told the
         client left, its own reply is dropped, and the client gets 413."""
         settings = self.settings
-        state = {"received": 0, "refused": 0, "started": False}
+        state = {"received": 0, "refused": 0, "started": False, "whole": False}
+        deadline = time.monotonic() + settings.body_timeout_s
 
         async def limited_receive() -> Message:
             if state["refused"]:
                 return {"type": "http.disconnect"}
-            try:
-                message = await asyncio.wait_for(receive(), settings.body_timeout_s)
+            if state["whole"]:  # the body is in: what is left is waiting for a disconnect
+                return await receive()
+            try:  # the body's deadline is a total, counted from its headers
+                message = await asyncio.wait_for(receive(), deadline - time.monotonic())
             except TimeoutError:
                 state["refused"] = 408
                 return {"type": "http.disconnect"}
@@ -250,6 +293,7 @@ class Guard:
                 if state["received"] > settings.max_body_bytes:
                     state["refused"] = 413
                     return {"type": "http.disconnect"}
+                state["whole"] = not message.get("more_body")
             return message
 
         async def guarded_send(message: Message) -> None:
@@ -277,14 +321,15 @@ class Guard:
 
 async def _read_small_body(scope: Scope, receive: Receive, limit: int, timeout_s: float) -> bytes:
     """The whole body of a small request: 413 past ``limit`` bytes (from the Content-Length
-    before reading, else while reading), 408 when it stalls for ``timeout_s``."""
+    before reading, else while reading), 408 unless all of it is in within ``timeout_s``."""
     length = _header(scope, b"content-length")
     if length.isdigit() and int(length) > limit:
         raise _Refused(413, "the sign-in form is too large")
     body = b""
+    deadline = time.monotonic() + timeout_s
     while True:
         try:
-            message = await asyncio.wait_for(receive(), timeout_s)
+            message = await asyncio.wait_for(receive(), deadline - time.monotonic())
         except TimeoutError:
             raise _Refused(408, _stalled(timeout_s)) from None
         if message["type"] != "http.request":
@@ -297,19 +342,24 @@ async def _read_small_body(scope: Scope, receive: Receive, limit: int, timeout_s
 
 
 def _stalled(seconds: float) -> str:
-    return f"the request body stalled for {seconds:g} s"
+    return f"the request body did not arrive within {seconds:g} s"
 
 
-def login_page(message: str = "") -> str:
-    note = f"<p style='color:#dc2626'>{html.escape(message)}</p>" if message else ""
-    return (
-        "<!doctype html><html><head><meta charset='utf-8'><title>nearsight: sign in</title>"
-        "</head><body style='font-family:sans-serif;max-width:24rem;margin:4rem auto'>"
-        "<h2>nearsight</h2><p>This server needs its API key.</p>" + note +
-        f"<form method='post' action='{LOGIN_PATH}'><input type='password' name='key' "
-        "autofocus style='width:100%'><p><button type='submit'>Sign in</button></p></form>"
-        "</body></html>"
-    )  # fmt: skip
+def _identify(scope: Scope, trusted: TrustedProxies) -> None:
+    """The request's client from here on (nearsight/app/serve/clients.py): its socket's address,
+    or the one a trusted proxy forwards; every later reader of ``scope["client"]`` (Gradio,
+    the REST API, the work gates through CURRENT_CLIENT) sees the same."""
+    if "nearsight.peer" in scope:  # identified already (a mounted app's scope is a copy)
+        CURRENT_CLIENT.set(_client(scope))
+        return
+    peer = socket_address(scope)
+    scope["nearsight.peer"] = peer
+    client, scheme = identify(scope, trusted)
+    if client != peer:
+        scope["client"] = (client, 0)
+    if scheme is not None:
+        scope["scheme"] = scheme if scope["type"] == "http" else scheme.replace("http", "ws")
+    CURRENT_CLIENT.set(client)
 
 
 def _client(scope: Scope) -> str:

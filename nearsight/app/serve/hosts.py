@@ -3,8 +3,11 @@
 A web page on another site can make a browser send requests to ``127.0.0.1:7860`` (its
 ``Origin`` is the other site) or, after rebinding its own name to 127.0.0.1, requests whose
 ``Host`` is that name. The guard refuses both before any route: a ``Host`` outside
-:class:`AllowedHosts` gets 400, an ``Origin`` whose host is outside them gets 403, so no
-answer (and no CORS header) ever reaches a page of another site.
+:class:`AllowedHosts` gets 400, an ``Origin`` that is not one of the server's own origins (an
+allowed host, on the scheme and port the request's ``Host`` and scheme give; a page on another
+port of the same host is another origin) gets 403, so no answer (and no CORS header) ever reaches a page of
+another site. Behind a TLS proxy, name it in ``--forwarded-allow-ips`` so that its
+``X-Forwarded-Proto`` gives the scheme, and let it pass the ``Host`` through.
 
 By default the allowed hosts are the loopback names when the server listens on a loopback
 address; the address itself when it listens on one other address; and this machine's names
@@ -51,17 +54,40 @@ class AllowedHosts:
     def allows(self, host_header: str) -> bool:
         return self.any or host_name(host_header) in self.names
 
-    def allows_origin(self, origin: str) -> bool:
-        """An ``Origin`` header (``scheme://host[:port]``; ``null`` from sandboxed pages)."""
+    def allows_origin(self, origin: str, host_header: str = "", scheme: str = "http") -> bool:
+        """An ``Origin`` header (``scheme://host[:port]``; ``null`` from sandboxed pages): an
+        allowed host, on the scheme and port of the request (``host_header`` and ``scheme``)."""
         if self.any:
             return True
-        parts = urlsplit(origin.strip())
-        if parts.scheme not in ("http", "https") or not parts.netloc:
+        try:
+            parts = urlsplit(origin.strip())
+            port = parts.port
+        except ValueError:  # a port that is not a number
             return False
-        return host_name(parts.netloc) in self.names
+        if parts.scheme not in ("http", "https") or not parts.netloc or parts.hostname is None:
+            return False
+        if host_name(parts.netloc) not in self.names:
+            return False
+        own = _origin(scheme, host_header)  # another allowed name of it, on its scheme and port
+        return own is not None and (parts.scheme, port or DEFAULT_PORTS[parts.scheme]) == (
+            own[0], own[2])
 
     def describe(self) -> str:
         return ANY_HOST if self.any else ", ".join(sorted(self.names))
+
+
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _origin(scheme: str, host_header: str) -> tuple[str, str, int] | None:
+    """(scheme, host, port) of the server as a request names it; None when its Host is odd."""
+    scheme = "https" if scheme in ("https", "wss") else "http"
+    try:
+        parts = urlsplit(f"{scheme}://{host_header.strip()}")
+        port = parts.port
+    except ValueError:
+        return None
+    return scheme, host_name(parts.netloc), port or DEFAULT_PORTS[scheme]
 
 
 def default_hosts(bound: str) -> list[str]:

@@ -28,6 +28,8 @@ DEFAULT_MAX_CONNECTIONS = 256
 DEFAULT_MAX_CLIENT_CONNECTIONS = 32
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_BODY_TIMEOUT_S = 30.0
+DEFAULT_SIGN_IN_TIMEOUT_S = 5.0
+DEFAULT_MAX_UNAUTHENTICATED = 64  # connections waiting without the key (a quarter of 256)
 DEFAULT_WATCH_INTERVAL_S = 1.0
 
 
@@ -56,6 +58,9 @@ def serve(
     show_paths: bool = False,
     rerank: str | None = None,
     card_fields: Sequence[str] = (),
+    forwarded_allow_ips: str = "",
+    sign_in_timeout: float = DEFAULT_SIGN_IN_TIMEOUT_S,
+    max_unauthenticated: int = DEFAULT_MAX_UNAUTHENTICATED,
 ) -> None:
     """Serve the page and the REST API over ``galleries`` at ``host``:``port`` until Ctrl-C or
     SIGTERM (:func:`stop_on_sigterm`).
@@ -68,7 +73,11 @@ def serve(
                     max_client_connections=max_client_connections,
                     header_timeout=header_timeout, body_timeout=body_timeout,
                     watch_interval=watch_interval,
-                    analysis_max_items=analysis_max_items)  # fmt: skip
+                    analysis_max_items=analysis_max_items, sign_in_timeout=sign_in_timeout,
+                    max_unauthenticated=max_unauthenticated)  # fmt: skip
+    from nearsight.app.serve.clients import TrustedProxies
+
+    TrustedProxies(forwarded_allow_ips)  # a one-line error for a name that is not an address
     check_address(host, port)  # before minutes of loading galleries
     key = resolve_api_key(api_key, api_key_file, host)
 
@@ -87,7 +96,10 @@ def serve(
                          max_client_connections=max_client_connections,
                          body_timeout_s=body_timeout, header_timeout_s=header_timeout,
                          allowed_hosts=[name.strip() for name in allowed_hosts],
-                         access_log=access_log, secure_cookie=secure_cookie)  # fmt: skip
+                         access_log=access_log, secure_cookie=secure_cookie,
+                         forwarded_allow_ips=forwarded_allow_ips,
+                         sign_in_timeout_s=sign_in_timeout,
+                         max_unauthenticated=max_unauthenticated)  # fmt: skip
     except OSError as error:  # the port is taken, or the address is not ours
         demo.galleries.close()
         reason = (
@@ -182,6 +194,8 @@ def _check_settings(
     body_timeout: float,
     watch_interval: float,
     analysis_max_items: int,
+    sign_in_timeout: float = DEFAULT_SIGN_IN_TIMEOUT_S,
+    max_unauthenticated: int = DEFAULT_MAX_UNAUTHENTICATED,
 ) -> None:
     """One-line errors naming ``nearsight serve``'s flags."""
     if not 0 <= port <= 65535:
@@ -206,6 +220,10 @@ def _check_settings(
         raise NearsightError(f"--header-timeout must be positive, got {header_timeout}")
     if not body_timeout > 0:
         raise NearsightError(f"--body-timeout must be positive, got {body_timeout}")
+    if not sign_in_timeout > 0:
+        raise NearsightError(f"--sign-in-timeout must be positive, got {sign_in_timeout}")
+    if max_unauthenticated < 1:
+        raise NearsightError(f"--max-unauthenticated must be at least 1, got {max_unauthenticated}")
     if watch_interval < 0:
         raise NearsightError(f"--watch-interval must be 0 or more, got {watch_interval}")
     if analysis_max_items < 0:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import gradio as gr
@@ -19,8 +20,16 @@ from starlette.routing import Mount
 
 from nearsight.app.rest import API_PREFIX, FORM_SLACK_BYTES, close_rest_app, make_rest_app
 from nearsight.app.serve.auth import SESSION_S, Sessions
+from nearsight.app.serve.clients import TrustedProxies
+from nearsight.app.serve.fair_queue import share_fairly
 from nearsight.app.serve.galleries import Galleries
-from nearsight.app.serve.guard import DEFAULT_BODY_TIMEOUT_S, Guard, GuardSettings
+from nearsight.app.serve.guard import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_MAX_UNAUTHENTICATED,
+    DEFAULT_SIGN_IN_TIMEOUT_S,
+    Guard,
+    GuardSettings,
+)
 from nearsight.app.serve.hosts import AllowedHosts
 from nearsight.app.serve.metrics import ServerMetrics
 from nearsight.app.serve.slow_clients import (
@@ -30,6 +39,7 @@ from nearsight.app.serve.slow_clients import (
     ConnectionPolicy,
     install,
 )
+from nearsight.app.serve.uploads import UploadBudget
 
 if TYPE_CHECKING:  # the page module imports this one's settings
     from nearsight.app.page.layout import PageBlocks
@@ -72,6 +82,8 @@ def stop_app(demo: gr.Blocks) -> None:
     """Stop the server of ``demo``, its REST API's batchers and the page's background work."""
     demo.close(verbose=False)
     app = served(demo)
+    if app.guard.uploads is not None:
+        app.guard.uploads.clear()
     close_rest_app(app.rest)
     app.galleries.close()
 
@@ -96,16 +108,21 @@ def launch_app(
     access_log: bool = False,
     secure_cookie: bool = False,
     session_s: float = SESSION_S,
+    forwarded_allow_ips: str = "",
+    sign_in_timeout_s: float = DEFAULT_SIGN_IN_TIMEOUT_S,
+    max_unauthenticated: int = DEFAULT_MAX_UNAUTHENTICATED,
 ) -> str:
     """Start the server with the safety settings and the REST API (nearsight/app/rest/) mounted at
     ``/api``; returns the local URL. ``watch_interval``: seconds between looks for other
     processes' changes to the galleries (nearsight/app/serve/live.py; 0: never). ``allowed_hosts``:
     names the server answers to besides the defaults for ``host`` (nearsight/app/serve/hosts.py).
-    ``access_log``: one line per request on stderr. With ``prevent_thread_lock`` it returns at
-    once (call :func:`stop_app` to stop)."""
+    ``access_log``: one line per request on stderr. ``forwarded_allow_ips``: the proxies whose
+    X-Forwarded-For names the client (nearsight/app/serve/clients.py; none by default). With
+    ``prevent_thread_lock`` it returns at once (call :func:`stop_app` to stop)."""
     galleries = demo.galleries  # the one owner the page and REST both read
     blocked = sorted({str(view.gallery.path) for view in galleries})
     max_bytes = int(max_upload_mb * 1024 * 1024)
+    proxies = TrustedProxies(forwarded_allow_ips)
     if max_filter_conditions is not None:
         galleries.max_filter_conditions = max_filter_conditions
     rest = make_rest_app(
@@ -128,8 +145,14 @@ def launch_app(
         body_timeout_s=body_timeout_s,
         metrics=metrics,
         access_log=access_log,
+        trusted_proxies=proxies,
+        sign_in_timeout_s=sign_in_timeout_s,
+        max_unauthenticated=max_unauthenticated,
+        uploads=UploadBudget.for_limit(max_bytes, body_timeout_s),
     )
-    connections = ConnectionPolicy(header_timeout_s, keep_alive_s, max_client_connections)
+    connections = ConnectionPolicy(header_timeout_s, keep_alive_s, max_client_connections,
+                                   is_proxy=proxies.trusts if proxies else lambda _: False,
+                                   max_waiting=max_unauthenticated)  # fmt: skip
     install(connections)  # before the server starts: its first connections are covered too
     # the API is a route of the app from its first request (mounted after the launch, /api
     # answered 404 until then); Gradio's own routes live under /gradio_api: none is shadowed
@@ -161,6 +184,10 @@ def launch_app(
         theme=system_theme(),
     )
     app = demo.app
+    if demo._queue is not None:  # the page's queue, shared fairly between clients
+        share_fairly(demo._queue, max(1, demo.max_queue // 4))
+    assert settings.uploads is not None
+    settings.uploads.upload_dir = Path(app.uploaded_file_dir)
     _guard_outermost(app)
     config = demo.server.config
     connections.attach(config)

@@ -10,9 +10,15 @@ classes once per process so that, on every connection:
   arrive within ``header_timeout_s`` of their first byte (of the connection's opening, for
   the first request), or the connection is closed;
 - between requests, a connection idle for ``keep_alive_s`` is closed (uvicorn's own timer);
+- at most ``max_waiting`` connections wait at once: opened or kept alive but not in the middle of
+  a request (nobody knows yet whether they hold the key). Past that, the one waiting longest
+  is closed: a client that sends its request when it connects is never the oldest, so a crowd
+  of slow connections from many addresses cannot fill ``--max-connections``;
 - one client address holds at most ``max_per_client`` connections at once: the next one is
   answered 429 and closed at once, so that one address cannot take the whole
-  ``--max-connections``.
+  ``--max-connections`` (a trusted proxy's connections count only towards the whole);
+- a client is its socket's address: uvicorn's own ``X-Forwarded-For`` handling is taken off
+  before the first request (nearsight/app/serve/clients.py).
 
 The settings of a server are a :class:`ConnectionPolicy` set on its uvicorn config (each
 connection reads them when it opens); a request's body is bounded by the guard
@@ -23,8 +29,11 @@ from __future__ import annotations
 
 import collections
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from nearsight.app.serve.clients import without_uvicorn_proxy_headers
 
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 KEEP_ALIVE_S = 5.0
@@ -41,6 +50,12 @@ class ConnectionPolicy:
     # open connections per client address; touched only on the server's event loop
     open_by_client: collections.Counter[str] = field(default_factory=collections.Counter)
     refused: int = 0  # connections answered 429 for being over max_per_client
+    max_waiting: int = 0  # 0: no cap
+    # connections between requests, the longest waiting first (touched only on the event loop)
+    waiting: collections.OrderedDict[Any, None] = field(default_factory=collections.OrderedDict)
+    evicted: int = 0  # waiting connections closed to make room
+    # whether an address is a trusted proxy's (its connections are many clients')
+    is_proxy: Callable[[str], bool] = lambda address: False
 
     def attach(self, config: Any) -> None:
         """Make this the policy of the uvicorn server whose config is ``config``."""
@@ -61,6 +76,7 @@ def install(policy: ConnectionPolicy) -> None:
         protocol.connection_made = _connection_made(protocol.connection_made)
         protocol.connection_lost = _connection_lost(protocol.connection_lost)
         protocol.data_received = _data_received(protocol.data_received)
+        protocol.on_response_complete = _response_complete(protocol.on_response_complete)
         protocol._nearsight_wrapped = True
 
 
@@ -80,6 +96,9 @@ def _protocol_classes() -> list[type]:
 def _connection_made(original):
     def connection_made(self, transport) -> None:
         original(self, transport)
+        if self.config.proxy_headers:  # before the first request (the config is shared)
+            without_uvicorn_proxy_headers(self.config)
+        self.app = self.config.loaded_app
         policy = getattr(self.config, POLICY_ATTRIBUTE, None) or _PENDING["policy"]
         self._ns_policy = policy
         self._ns_client = self.client[0] if self.client else ""
@@ -87,6 +106,10 @@ def _connection_made(original):
         self._ns_timer = None
         self.timeout_keep_alive = policy.keep_alive_s
         self._ns_counted = self._ns_refused = False
+        if policy.is_proxy(self._ns_client):
+            _arm(self)
+            _wait(self)
+            return
         if policy.open_by_client[self._ns_client] >= policy.max_per_client:
             self._ns_refused = True
             policy.refused += 1
@@ -95,6 +118,7 @@ def _connection_made(original):
         policy.open_by_client[self._ns_client] += 1
         self._ns_counted = True
         _arm(self)
+        _wait(self)
 
     return connection_made
 
@@ -121,10 +145,43 @@ def _data_received(original):
         if cycle is not None and cycle is not self._ns_seen:  # a request's headers are in
             self._ns_seen = cycle
             _cancel(self)
+            _unwait(self)
         if self._ns_timer is None and (cycle is None or cycle.response_complete):
             _arm(self)  # bytes of the next request (after pipelined ones): its headers are timed
 
     return data_received
+
+
+def _response_complete(original):
+    def on_response_complete(self) -> None:
+        original(self)  # may start a pipelined request at once
+        if getattr(self, "_ns_policy", None) is None or self.transport.is_closing():
+            return
+        cycle = getattr(self, "cycle", None)
+        if cycle is not None and cycle is not self._ns_seen and not cycle.response_complete:
+            self._ns_seen = cycle  # a pipelined request whose headers were in already
+        else:
+            _wait(self)
+
+    return on_response_complete
+
+
+def _wait(protocol) -> None:
+    """``protocol`` waits between requests; past ``max_waiting``, the longest waiting closes."""
+    policy = protocol._ns_policy
+    policy.waiting[protocol] = None
+    policy.waiting.move_to_end(protocol)
+    while policy.max_waiting and len(policy.waiting) > policy.max_waiting:
+        oldest, _ = policy.waiting.popitem(last=False)
+        policy.evicted += 1
+        if not oldest.transport.is_closing():
+            oldest.transport.close()
+
+
+def _unwait(protocol) -> None:
+    policy = getattr(protocol, "_ns_policy", None)
+    if policy is not None:
+        policy.waiting.pop(protocol, None)
 
 
 def _arm(protocol) -> None:
@@ -142,6 +199,7 @@ def _cancel(protocol) -> None:
 
 def _release(protocol) -> None:
     _cancel(protocol)
+    _unwait(protocol)
     if getattr(protocol, "_ns_counted", False):
         protocol._ns_counted = False
         counts = protocol._ns_policy.open_by_client

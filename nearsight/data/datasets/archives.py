@@ -30,6 +30,7 @@ from nearsight.core.errors import NearsightError, printable
 CHUNK = 1 << 20
 # headroom beyond the archive's unpacked size: file system blocks, the reader's own files
 DISK_MARGIN = 1.05
+MAX_DEPTH = 64  # folders above a member (the benchmarks' deepest is 3)
 
 
 class ArchiveError(NearsightError):
@@ -131,13 +132,20 @@ def unsafe_reason(member: Member) -> str | None:
 
 
 def check_members(archive: Path, members: list[Member]) -> None:
-    """Refuse the whole archive at its first unsafe member (nothing is extracted)."""
+    """Refuse the whole archive at its first unsafe member, or one more than
+    :data:`MAX_DEPTH` folders deep (nothing is extracted)."""
     for member in members:
         reason = unsafe_reason(member)
         if reason is not None:
             raise ArchiveError(
-                f"refusing {archive}: member {member.name!r} has {reason} "
+                f"refusing {archive}: member {printable(member.name)!r} has {reason} "
                 "(it would be written outside the output folder)"
+            )
+        depth = sum(part not in ("", ".") for part in member.name.replace("\\", "/").split("/"))
+        if depth - (not member.is_dir) > MAX_DEPTH:
+            raise ArchiveError(
+                f"refusing {archive}: member {printable(member.name)!r} is "
+                f"{depth - (not member.is_dir)} folders deep (at most {MAX_DEPTH})"
             )
 
 

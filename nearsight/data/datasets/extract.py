@@ -90,21 +90,33 @@ class FolderWriter:
         self.close()
 
     def folder(self, parts: tuple[str, ...]) -> int:
-        """The descriptor of ``root/parts``, made as needed; valid until the next call."""
+        """The descriptor of ``root/parts``, made as needed; valid until the next call. A loop
+        from the deepest folder already open, however deep ``parts`` goes."""
         if not parts:
             return self._root
         if parts in self._open:
             return self._open[parts]
-        parent = self.folder(parts[:-1])
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(parts[-1], FOLDER_MODE, dir_fd=parent)
-        try:
-            fd = os.open(parts[-1], _FOLDER_FLAGS, dir_fd=parent)
-        except OSError as error:  # a file of that name, or (not made here) a link
-            raise ArchiveError(
-                f"member folder {printable('/'.join(parts))!r} cannot be made: {error.strerror}"
-            ) from None
-        if len(self._open) >= _OPEN_FOLDERS:  # the parent is used no more: forget them all
+        depth = len(parts) - 1
+        while depth and parts[:depth] not in self._open:
+            depth -= 1
+        fd = self._open[parts[:depth]] if depth else self._root
+        owned = False  # fd was opened by this loop (not kept open between calls)
+        for end in range(depth + 1, len(parts) + 1):
+            name = parts[end - 1]
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, FOLDER_MODE, dir_fd=fd)
+            try:
+                child = os.open(name, _FOLDER_FLAGS, dir_fd=fd)
+            except OSError as error:  # a file of that name, or (not made here) a link
+                raise ArchiveError(
+                    f"member folder {printable('/'.join(parts[:end]))!r} cannot be made: "
+                    f"{error.strerror}"
+                ) from None
+            finally:
+                if owned:
+                    os.close(fd)
+            fd, owned = child, True
+        if len(self._open) >= _OPEN_FOLDERS:  # forget the others (archives list by folder)
             for old in self._open.values():
                 os.close(old)
             self._open.clear()

@@ -27,7 +27,7 @@ from nearsight.index.chunks import meta_types_of
 from nearsight.index.gallery.build import describe_files, report_unreadable
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.gallery.defaults import DEFAULT_BATCH_SIZE
-from nearsight.index.gallery.keys import duplicate_note, ids_of_keys, key_column
+from nearsight.index.gallery.keys import duplicate_note, ids_of_keys, key_column, normal_key
 from nearsight.index.gallery.sources import absolute_path
 from nearsight.index.gallery.write import set_meta
 
@@ -107,7 +107,7 @@ def add_images(
         raise NearsightError("add_images: images is empty")
     check_batching(batch_size, workers)
     if key is not None:
-        key = _check_key(key)
+        key = normal_key(key)
         if len(paths) != 1:
             raise NearsightError("a key names one item: give one image with it")
     raw = {str(name): value for name, value in (meta or {}).items()}
@@ -176,14 +176,6 @@ def remove_items(
                         seconds=time.perf_counter() - start)  # fmt: skip
 
 
-def _check_key(key: object) -> str:
-    """A key as stored: text, stripped (as every text value is); an empty one is refused."""
-    text = str(key).strip()
-    if not text:
-        raise NearsightError("a key may not be empty")
-    return text
-
-
 def _item_id(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
         raise NearsightError(f"an item id is a whole number, got {value!r}")
@@ -221,7 +213,7 @@ def _added_meta(
             )
         raw = {**raw, column: key}
     elif column is not None and column in raw and raw[column] is not None:
-        raw = {**raw, column: _check_key(raw[column])}
+        raw = {**raw, column: normal_key(raw[column])}
     stored = dict(gallery.meta.get("meta_types") or {})
     declared = dict(declared_types)
     for name, kind in declared.items():

@@ -9,11 +9,12 @@ from fastapi import APIRouter, Depends, Path, Query
 
 from nearsight.app.rest.deps import ApiError, RestState, rest_state
 from nearsight.app.rest.models import ERRORS, Item
-from nearsight.index.gallery.keys import ids_of_keys, key_column
+from nearsight.core.errors import NearsightError
+from nearsight.index.gallery.keys import ids_of_keys, key_column, normal_key
 from nearsight.search.route import item_row
 from nearsight.search.served import ServedGallery
 
-MAX_KEY_CHARS = 200  # the longest item key a request may name
+KEY_RULE = "the key rule of every route: spaces around it dropped, Unicode NFC, 1 to 200 characters"
 
 router = APIRouter(
     prefix="/items",
@@ -24,6 +25,10 @@ State = Annotated[RestState, Depends(rest_state)]
 
 
 def _keyed_item(state: RestState, key: str, gallery: str | None) -> dict[str, Any]:
+    try:
+        key = normal_key(key)  # the one rule (nearsight/index/gallery/keys.py)
+    except NearsightError as error:
+        raise ApiError(422, f"key: {error}") from None
     view = state.view(gallery)
     if key_column(view.gallery) is None:
         raise ApiError(404, f"gallery {view.name} has no key column")
@@ -43,7 +48,7 @@ def _item(view: ServedGallery, item_id: int) -> dict[str, Any]:
 @router.get("/by-key", response_model=Item)
 def item_by_key_query(
     state: State,
-    key: Annotated[str, Query(min_length=1, max_length=MAX_KEY_CHARS)],
+    key: Annotated[str, Query(description=KEY_RULE)],
     gallery: str | None = None,
 ) -> dict[str, Any]:
     """The item with this key (the gallery's key column, e.g. a SKU): any text, as a query
@@ -55,7 +60,7 @@ def item_by_key_query(
 @router.get("/by-key/{key:path}", response_model=Item)
 def item_by_key(
     state: State,
-    key: Annotated[str, Path(min_length=1, max_length=MAX_KEY_CHARS)],
+    key: Annotated[str, Path(description=KEY_RULE)],
     gallery: str | None = None,
 ) -> dict[str, Any]:
     """The item with this key, percent-encoded in the path (``/items/by-key/a%2Fb``)."""
