@@ -164,13 +164,19 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
         ) from None
 
 
-def describe_image_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+def describe_image_file(
+    path: str | os.PathLike[str], size: tuple[int, int] | None = None
+) -> dict[str, Any]:
     """Catalog fields of an image file: sha256 of its bytes, and width/height as loaded (EXIF
     orientation applied). Fields that cannot be read are None (the image was already decoded
-    once by the embedder, so this does not judge it)."""
+    once by the embedder, so this does not judge it). ``size``: the loaded (width, height)
+    the decoder reported (the decode box's): the file's header is then not parsed here."""
     info: dict[str, Any] = {"sha256": None, "width": None, "height": None}
     with contextlib.suppress(NearsightError):
         info["sha256"] = file_sha256(path)
+    if size is not None:
+        info["width"], info["height"] = int(size[0]), int(size[1])
+        return info
     with contextlib.suppress(Exception), Image.open(path) as image:  # reads the header only
         width, height = image.size
         # EXIF orientations 5-8 turn the image a quarter: load_image gives height x width

@@ -88,7 +88,8 @@ class Page:
             raise PageError(str(error)) from None
 
     @staticmethod
-    def read_upload(path: str | None, min_side: int | None = None) -> QueryImage:
+    def read_upload(path: str | None, embedder: Any) -> QueryImage:
+        """The uploaded file, decoded in the decode box and fitted to ``embedder``'s resize."""
         if not path:
             raise PageError("no query image: upload, paste or drop one")
         file = Path(path)
@@ -96,7 +97,7 @@ class Page:
             data = file.read_bytes()
         except OSError as error:
             raise PageError(f"cannot read the upload: {error.strerror or error}") from None
-        return query_from_bytes(data, file.name, min_side)
+        return query_from_bytes(data, file.name, embedder.resize, embedder.spec.interpolation)
 
     def start_analysis(self) -> None:
         """Compute every gallery's leave-one-out analysis in a background thread."""
@@ -133,7 +134,7 @@ class Page:
         with page_errors():
             view = self.view(gallery)
             k = self.check_k(DEFAULT_K if k is None else k)
-            query = self.read_upload(image, view.embedder.resize)
+            query = self.read_upload(image, view.embedder)
             vector, twin = view.query_vector(query)
             found = view.search_one(vector, k, self_id=twin)
             return json.dumps([n.as_json() for n in found])
@@ -166,7 +167,7 @@ class Page:
         with page_errors():
             view = self.view(gallery)
             k = self.check_k(k)
-            query = self.read_upload(image_path, view.embedder.resize)
+            query = self.read_upload(image_path, view.embedder)
             label = label_value(query_class)
             note = ""
             allowed = view.allowed_ids(filters, self.max_filter_conditions)

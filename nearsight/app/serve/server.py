@@ -28,6 +28,7 @@ from nearsight.app.serve.slow_clients import (
     ConnectionPolicy,
     install,
 )
+from nearsight.data.decode_box import shared_box
 
 if TYPE_CHECKING:  # the page module imports this one's settings
     from nearsight.app.page.layout import PageBlocks
@@ -102,6 +103,7 @@ def launch_app(
     ``access_log``: one line per request on stderr. With ``prevent_thread_lock`` it returns at
     once (call :func:`stop_app` to stop)."""
     page: Page = demo.nearsight
+    shared_box(page.concurrency)  # uploads are decoded there: warm before the first one
     blocked = sorted({str(view.gallery.path) for view in page.views.values()})
     max_bytes = int(max_upload_mb * 1024 * 1024)
     page.max_filter_conditions = max_filter_conditions
