@@ -41,10 +41,12 @@ from PIL import Image
 
 from nearsight.core.errors import NearsightError
 from nearsight.data import decode_worker as wire
-from nearsight.data.images import ImageLoadError, load_image, load_image_bytes
+from nearsight.data.images import ImageLoadError, load_image_sized
 from nearsight.models.preprocess import MAX_ASPECT_RATIO, fit_short_side
 
-DEFAULT_MEMORY_MB = 768  # the decode budget (images.MAX_DECODE_BYTES, 512 MB) and room to spare
+# a worker's address space above its imports: the decode budget (images.MAX_DECODE_BYTES, 512 MB,
+# which an image's header is checked against first) and room for the resize and the answer
+DEFAULT_MEMORY_MB = 768
 DEFAULT_TIMEOUT_S = 30.0  # a 64-megapixel 16-bit PNG takes a few seconds on a loaded core
 START_TIMEOUT_S = 60.0  # a worker's imports, on a loaded machine
 TRUSTED_ENV = "NEARSIGHT_TRUSTED_IMAGES"
@@ -55,7 +57,7 @@ class Fitted:
     """A decoded image as the model needs it, and the size it had upright before fitting."""
 
     image: Image.Image  # RGB, short side ``short``, long side at most 16 short sides
-    loaded_size: tuple[int, int]  # (width, height) upright as decoded, for the catalog
+    loaded_size: tuple[int, int]  # (width, height) upright at full size, for the catalog
 
 
 class _Worker:
@@ -181,6 +183,9 @@ class DecodeBox:
             raise NearsightError("the decode box is closed")
         header = {**header, "short": int(short), "interpolation": interpolation}
         worker = self._idle.get()
+        while worker.process.poll() is not None:  # died while idle (killed from outside)
+            self._replace(worker)
+            worker = self._idle.get()
         try:
             if not worker.ready:
                 self._wait_ready(worker)
@@ -350,8 +355,8 @@ def fit_bytes(data: bytes, name: str, short: int, interpolation: str = "bilinear
     box = shared_box()
     if box is not None:
         return box.decode_bytes(data, name, short, interpolation)
-    image = load_image_bytes(data, name, short)
-    return Fitted(fit_short_side(image, short, interpolation), image.size)
+    image, size = load_image_sized(data, name, short)
+    return Fitted(fit_short_side(image, short, interpolation), size)
 
 
 def fit_file(
@@ -361,5 +366,5 @@ def fit_file(
     box = shared_box(workers)
     if box is not None:
         return box.decode_file(path, short, interpolation)
-    image = load_image(path, short)
-    return Fitted(fit_short_side(image, short, interpolation), image.size)
+    image, size = load_image_sized(path, os.fspath(path), short)
+    return Fitted(fit_short_side(image, short, interpolation), size)

@@ -74,7 +74,7 @@ def _text(kind: bytes, message: str) -> bytes:
 
 
 def _serve(read_fd: int, write_fd: int) -> None:
-    from nearsight.data.images import ImageLoadError, load_image, load_image_bytes
+    from nearsight.data.images import ImageLoadError, load_image_sized
     from nearsight.models.preprocess import fit_short_side
 
     while True:
@@ -90,12 +90,9 @@ def _serve(read_fd: int, write_fd: int) -> None:
             data = _read_exactly(read_fd, length)
             name = str(header["name"])
             short, interpolation = int(header["short"]), str(header["interpolation"])
-            if header.get("path") is not None:
-                image = load_image(header["path"], short)
-            else:
-                image = load_image_bytes(data, name, short)
-            del data
-            loaded = image.size
+            source = data if header.get("path") is None else str(header["path"])
+            image, loaded = load_image_sized(source, name, short)
+            del data, source
             fitted = fit_short_side(image, short, interpolation)
             del image
             pixels = fitted.tobytes()

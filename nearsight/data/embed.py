@@ -24,7 +24,7 @@ import numpy as np
 from nearsight.core.errors import NearsightError
 from nearsight.core.progress import progress
 from nearsight.data.decode_box import fit_file, shared_box
-from nearsight.data.images import ImageLoadError, load_image
+from nearsight.data.images import ImageLoadError, load_image_sized
 from nearsight.models.preprocess import fit_short_side, test_transform
 from nearsight.models.spec import default_resize
 
@@ -63,8 +63,7 @@ class ImagePaths:
                 )
                 image, size = fitted.image, fitted.loaded_size
             else:
-                image = load_image(self.paths[index], self.min_side)
-                size = image.size
+                image, size = load_image_sized(self.paths[index], None, self.min_side)
                 image = fit_short_side(image, self.min_side, self.interpolation)
         except ImageLoadError as error:
             return index, None, str(error), (0, 0)
