@@ -88,16 +88,21 @@ class Page:
             raise PageError(str(error)) from None
 
     @staticmethod
-    def read_upload(path: str | None, embedder: Any) -> QueryImage:
-        """The uploaded file, decoded in the decode box and fitted to ``embedder``'s resize."""
+    def read_upload(path: str | bytes | None, embedder: Any) -> QueryImage:
+        """The uploaded file (its path in Gradio's upload folder, or a pasted image's bytes),
+        decoded in the decode box and fitted to ``embedder``'s resize."""
         if not path:
             raise PageError("no query image: upload, paste or drop one")
-        file = Path(path)
-        try:
-            data = file.read_bytes()
-        except OSError as error:
-            raise PageError(f"cannot read the upload: {error.strerror or error}") from None
-        return query_from_bytes(data, file.name, embedder.resize, embedder.spec.interpolation)
+        if isinstance(path, bytes):
+            data, name = path, "pasted image"
+        else:
+            file = Path(path)
+            name = file.name
+            try:
+                data = file.read_bytes()
+            except OSError as error:
+                raise PageError(f"cannot read the upload: {error.strerror or error}") from None
+        return query_from_bytes(data, name, embedder.resize, embedder.spec.interpolation)
 
     def start_analysis(self) -> None:
         """Compute every gallery's leave-one-out analysis in a background thread."""
@@ -142,7 +147,7 @@ class Page:
     def image_changed(
         self,
         gallery: str,
-        image_path: str | None,
+        image_path: str | bytes | None,
         k: Any,
         query_class,
         filters: str = "",
@@ -156,7 +161,7 @@ class Page:
     def upload_grid(
         self,
         gallery: str,
-        image_path: str | None,
+        image_path: str | bytes | None,
         k: Any,
         query_class: str | None,
         filters: str = "",
@@ -248,7 +253,7 @@ class Page:
         self,
         gallery: str,
         state: dict | None,
-        image_path: str | None,
+        image_path: str | bytes | None,
         k: Any,
         query_class,
         filters: str = "",
