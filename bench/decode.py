@@ -12,6 +12,13 @@ For CUB-size (640 x 427) and SOP-size (1536 x 1024) JPEGs, one process on one th
 - decode_floor: the JPEG decoded at 1/8 scale and nothing else, the least work any decoder
   does for the file (its entropy-coded bytes are all read whatever the scale): no pipeline on
   this file runs faster.
+- query_in_process / query_box: an upload's bytes to the model's input array, one at a time,
+  decoded in this process (what the server did before issue 39, and does with
+  NEARSIGHT_TRUSTED_IMAGES=1) or in a warm decode box worker (nearsight.data.decode_box);
+  box_overhead is their ratio of seconds an image (1.0: no cost), box_ms_added the difference.
+- build_in_process / build_box: ``index build``'s decoding (embed_paths with a no-op model, two
+  decoding threads) of the files, trusted or in a two-worker box; build_box_ratio: box / in
+  process in seconds.
 Goal (issue 27): 500 img/s per core for CUB-size and 250 for SOP-size at 224 px, so that 16
 cores feed ~5,000 img/s. A script, not a test; the load average is printed with the numbers.
 """
@@ -29,9 +36,11 @@ import numpy as np
 import torch
 from PIL import Image
 
-from nearsight.data.images import load_image, load_image_pixels
+from nearsight.data import decode_box
+from nearsight.data.embed import embed_paths
+from nearsight.data.images import load_image, load_image_bytes, load_image_pixels
 from nearsight.data.jpeg import decode_rgb
-from nearsight.models.preprocess import test_transform
+from nearsight.models.preprocess import fit_short_side, test_transform
 from nearsight.models.spec import default_resize
 from nearsight.training.augment import RandomCropDecode
 
@@ -78,7 +87,19 @@ def main() -> None:
             torch.default_generator.manual_seed(0)
             return train(lambda min_side: load_image_pixels(path, min_side if draft else None))
 
+    def build_seconds(paths: list[Path], trusted: bool) -> float:
+        decode_box.set_trusted(trusted)
+        try:
+            start = time.perf_counter()
+            embed_paths(lambda x: x.reshape(len(x), -1)[:, :8], paths, image_size=size,
+                        batch_size=32, workers=2, desc="bench")  # fmt: skip
+            return time.perf_counter() - start
+        finally:
+            decode_box.set_trusted(None)
+
     results = {}
+    box = decode_box.shared_box(2)
+    assert box is not None
     with tempfile.TemporaryDirectory() as tmp:
         for name, dims in SIZES.items():
             folder = Path(tmp) / name
@@ -91,6 +112,19 @@ def main() -> None:
                 "train_draft": rate(paths, lambda p: train_step(p, draft=True)),
                 "decode_floor": rate(paths, lambda p, wh=dims: decode_rgb(p.read_bytes(), *wh, 8)),
             }
+            uploads = {path: path.read_bytes() for path in paths}
+            in_process = rate(paths, lambda p, u=uploads: test(fit_short_side(
+                load_image_bytes(u[p], p.name, resize), resize)))  # fmt: skip
+            boxed = rate(paths, lambda p, u=uploads: test(box.decode_bytes(u[p], p.name,
+                                                                           resize).image))  # fmt: skip
+            row["query_in_process"], row["query_box"] = in_process, boxed
+            row["box_overhead"] = in_process / boxed
+            row["box_ms_added"] = 1000 * (1 / boxed - 1 / in_process)
+            build_seconds(paths[:10], False)  # warm the box's second worker
+            trusted, boxed_build = build_seconds(paths, True), build_seconds(paths, False)
+            row["build_in_process"] = len(paths) / trusted
+            row["build_box"] = len(paths) / boxed_build
+            row["build_box_ratio"] = boxed_build / trusted
             results[name] = row
             print(f"{name} {dims[0]}x{dims[1]} at {size} px, img/s on one core: "
                   + ", ".join(f"{key} {value:.0f}" for key, value in row.items()))  # fmt: skip

@@ -47,6 +47,7 @@ from nearsight.models.preprocess import MAX_ASPECT_RATIO, fit_short_side
 # a worker's address space above its imports: the decode budget (images.MAX_DECODE_BYTES, 512 MB,
 # which an image's header is checked against first) and room for the resize and the answer
 DEFAULT_MEMORY_MB = 768
+MIN_MEMORY_MB = 64
 DEFAULT_TIMEOUT_S = 30.0  # a 64-megapixel 16-bit PNG takes a few seconds on a loaded core
 START_TIMEOUT_S = 60.0  # a worker's imports, on a loaded machine
 TRUSTED_ENV = "NEARSIGHT_TRUSTED_IMAGES"
@@ -320,9 +321,9 @@ def configure(*, memory_mb: int | None = None, timeout_s: float | None = None) -
     global _SHARED
     with _SHARED_LOCK:
         if memory_mb is not None:
-            if memory_mb < 64:
-                raise NearsightError(f"the decode memory limit must be at least 64 MB, got "
-                                     f"{memory_mb}")  # fmt: skip
+            if memory_mb < MIN_MEMORY_MB:
+                raise NearsightError(f"the decode memory limit must be at least "
+                                     f"{MIN_MEMORY_MB} MB, got {memory_mb}")  # fmt: skip
             _SETTINGS["memory_mb"] = int(memory_mb)
         if timeout_s is not None:
             if not timeout_s > 0:

@@ -288,18 +288,19 @@ def test_tag_bombs_through_rest_and_the_page_leave_the_server_under_800_mb(onnx_
 @pytest.mark.slow
 def test_the_64535_tag_file_is_refused_without_growing_the_server(onnx_gallery, tmp_path):
     """A 9.8 MB TIFF whose 64,535 tags each point at the same 9 MB (~550 GiB of copies asked
-    for): refused in one line, the server's peak grows by less than 100 MB (the upload's own
+    for), on a server with --decode-memory-mb 300: refused in one line, the server's peak grows by less than 100 MB (the upload's own
     bytes, a few times over), and the next search is answered."""
     path = tmp_path / "bomb.tif"
     path.write_bytes(tag_bomb("tiff", 64535, 9_000_000))
-    with serve_process(["--gallery", onnx_gallery.gallery]) as (url, server):
+    args = ["--gallery", onnx_gallery.gallery, "--decode-memory-mb", "300"]
+    with serve_process(args) as (url, server):
         assert _search_upload(url, onnx_gallery.query).status_code == 200
         idle = process_mb(server.pid, "VmHWM")
         answer = _search_upload(url, path)
         peak = process_mb(server.pid, "VmHWM")
         after = _search_upload(url, onnx_gallery.query)
     assert answer.status_code == 415, answer.text
-    assert "bomb.tif" in answer.json()["error"] and "MB of memory" in answer.json()["error"]
+    assert "bomb.tif" in answer.json()["error"] and "limit of 300 MB" in answer.json()["error"]
     assert peak - idle < 100, (idle, peak)
     assert after.status_code == 200
 

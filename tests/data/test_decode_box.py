@@ -189,3 +189,10 @@ def test_shared_box_is_none_where_images_are_trusted(monkeypatch):
     assert decode_box.shared_box() is None
     fitted = decode_box.fit_bytes(_photo(), "photo.jpg", 64)  # in process
     assert fitted.image.size == (96, 64) and fitted.loaded_size == (300, 200)
+
+
+def test_serve_shows_the_box_defaults_it_uses():
+    from nearsight.app.serve import run
+
+    assert run.DEFAULT_DECODE_MEMORY_MB == decode_box.DEFAULT_MEMORY_MB
+    assert run.DEFAULT_DECODE_TIMEOUT_S == decode_box.DEFAULT_TIMEOUT_S

@@ -147,6 +147,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="show the galleries' absolute folder paths on the Summary tab (default: folder "
         "names only)",
     )
+    parser.add_argument(
+        "--decode-memory-mb",
+        type=int,
+        default=None,
+        help="memory each upload's decoding may take, in MB: uploads are decoded in worker "
+        "processes under this address-space limit, and one that needs more is refused "
+        f"(default {serving.DEFAULT_DECODE_MEMORY_MB})",
+    )
+    parser.add_argument(
+        "--decode-timeout",
+        type=float,
+        default=None,
+        help=f"seconds an upload's decoding may take (default {serving.DEFAULT_DECODE_TIMEOUT_S:g})",
+    )
     add_rerank_option(parser)
     parser.set_defaults(func=run_serve)
 
@@ -175,6 +189,8 @@ def run_serve(args: argparse.Namespace) -> int:
         secure_cookie=args.secure_cookie,
         show_paths=args.show_paths,
         rerank=args.rerank,
+        decode_memory_mb=args.decode_memory_mb,
+        decode_timeout=args.decode_timeout,
     )
     return 0
 
