@@ -51,6 +51,7 @@ MIN_MEMORY_MB = 64
 DEFAULT_TIMEOUT_S = 30.0  # a 64-megapixel 16-bit PNG takes a few seconds on a loaded core
 START_TIMEOUT_S = 60.0  # a worker's imports, on a loaded machine
 TRUSTED_ENV = "NEARSIGHT_TRUSTED_IMAGES"
+WORKER_LOG_ENV = "NEARSIGHT_DECODE_WORKER_LOG"
 
 
 @dataclass(frozen=True)
@@ -62,12 +63,16 @@ class Fitted:
 
 
 class _Worker:
-    def __init__(self, memory_mb: int):
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "nearsight.data.decode_worker", str(memory_mb)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            close_fds=True, cwd="/", env=_worker_env(),
-        )  # fmt: skip
+    def __init__(self, memory_mb: int, timeout_s: float):
+        cpu_s = 2 * timeout_s + 5  # the kernel's backstop, past the box's own wall-time limit
+        log = os.environ.get(WORKER_LOG_ENV)  # where a worker's stderr goes (debugging)
+        with open(log or os.devnull, "ab") as stderr:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "nearsight.data.decode_worker", str(memory_mb),
+                 str(cpu_s)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                close_fds=True, cwd="/", env=_worker_env(),
+            )  # fmt: skip
         assert self.process.stdin is not None and self.process.stdout is not None
         self.to_worker = self.process.stdin.fileno()
         self.from_worker = self.process.stdout.fileno()
@@ -133,7 +138,7 @@ class DecodeBox:
                 self._start()
 
     def _start(self) -> None:
-        worker = _Worker(self.memory_mb)
+        worker = _Worker(self.memory_mb, self.timeout_s)
         self._all.add(worker)
         self._idle.put(worker)
 
@@ -183,13 +188,8 @@ class DecodeBox:
         if self._closed:
             raise NearsightError("the decode box is closed")
         header = {**header, "short": int(short), "interpolation": interpolation}
-        worker = self._idle.get()
-        while worker.process.poll() is not None:  # died while idle (killed from outside)
-            self._replace(worker)
-            worker = self._idle.get()
+        worker = self._take()
         try:
-            if not worker.ready:
-                self._wait_ready(worker)
             deadline = time.monotonic() + self.timeout_s
             message = json.dumps(header).encode()
             _send(worker.to_worker, wire.REQUEST_HEAD.pack(len(message)) + message
@@ -221,16 +221,30 @@ class DecodeBox:
         self._idle.put(worker)
         return fitted
 
-    def _wait_ready(self, worker: _Worker) -> None:
+    def _take(self) -> _Worker:
+        """An idle worker that is alive and ready (one that died while idle, or did not start,
+        is replaced; three in a row that do not start are an error)."""
+        code = None
+        for _ in range(3):
+            worker = self._idle.get()
+            if worker.process.poll() is None and (worker.ready or self._started(worker)):
+                return worker
+            code = worker.process.poll()
+            self._replace(worker)
+        raise NearsightError(
+            f"the image decoder did not start (exit code {code}; set {WORKER_LOG_ENV}=FILE "
+            "to keep its messages)"
+        )
+
+    @staticmethod
+    def _started(worker: _Worker) -> bool:
+        """Wait for a new worker's imports (it says when it is ready)."""
         deadline = time.monotonic() + START_TIMEOUT_S
         try:
-            ready = _receive(worker.from_worker, 1, deadline)
+            worker.ready = _receive(worker.from_worker, 1, deadline) == wire.READY
         except (_Late, EOFError, OSError):
-            ready = b""
-        if ready != wire.READY:
-            raise NearsightError("the image decoder did not start (see `python -m "
-                                 "nearsight.data.decode_worker 768` for why)")  # fmt: skip
-        worker.ready = True
+            worker.ready = False
+        return worker.ready
 
     def _answer(self, worker: _Worker, name: str, short: int, deadline: float) -> Fitted:
         kind = _receive(worker.from_worker, 1, deadline)

@@ -1,11 +1,13 @@
 """One process of the decode box (:mod:`nearsight.data.decode_box`): decodes untrusted image
 bytes under an address-space limit and answers with only the pixels the model needs.
 
-Started as ``python -m nearsight.data.decode_worker MEMORY_MB`` by the box, never by hand. It
-imports the decoders first, then limits its own address space (RLIMIT_AS) to what it holds
-after the imports plus MEMORY_MB, forbids writing files and core dumps, and says it is ready.
+Started as ``python -m nearsight.data.decode_worker MEMORY_MB CPU_S`` by the box, never by
+hand. It imports the decoders first, then limits its own address space (RLIMIT_AS) to what it
+holds after the imports plus MEMORY_MB, forbids writing files and core dumps, and says it is
+ready; each request may use CPU_S more seconds of CPU (RLIMIT_CPU, a backstop to the box's
+wall-time limit).
 Then, one request at a time on stdin (a JSON header and the file's bytes, or a path), it
-decodes through :func:`nearsight.data.images.load_image_bytes` (EXIF orientation is read
+decodes through :func:`nearsight.data.images.load_image_sized` (EXIF orientation is read
 here, inside the limit), cuts and resizes to the model's short side
 (:func:`nearsight.models.preprocess.fit_short_side`) and writes back the RGB pixels. A
 decoder that asks past the limit gets a MemoryError: the worker reports it and exits, and the
@@ -73,7 +75,16 @@ def _text(kind: bytes, message: str) -> bytes:
     return kind + TEXT_HEAD.pack(len(encoded)) + encoded
 
 
-def _serve(read_fd: int, write_fd: int) -> None:
+def _cpu_budget(seconds: float) -> None:
+    """A kernel backstop to the box's wall-time limit: ``seconds`` more of CPU, then SIGXCPU
+    (a worker whose box is gone cannot decode forever)."""
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    soft = int(used.ru_utime + used.ru_stime + seconds) + 1
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+
+
+def _serve(read_fd: int, write_fd: int, cpu_seconds: float) -> None:
     from nearsight.data.images import ImageLoadError, load_image_sized
     from nearsight.models.preprocess import fit_short_side
 
@@ -86,6 +97,7 @@ def _serve(read_fd: int, write_fd: int) -> None:
             return
         header = json.loads(_read_exactly(read_fd, size))
         (length,) = PAYLOAD_HEAD.unpack(_read_exactly(read_fd, PAYLOAD_HEAD.size))
+        _cpu_budget(cpu_seconds)
         try:
             data = _read_exactly(read_fd, length)
             name = str(header["name"])
@@ -112,7 +124,7 @@ def _serve(read_fd: int, write_fd: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    memory_bytes = int(argv[0]) * 2**20
+    memory_bytes, cpu_seconds = int(argv[0]) * 2**20, float(argv[1])
     # the protocol owns the real stdout: anything a library prints goes to stderr instead
     read_fd, write_fd = os.dup(0), os.dup(1)
     os.dup2(2, 1)
@@ -127,7 +139,7 @@ def main(argv: list[str]) -> int:
     _limit(memory_bytes)
     _write_all(write_fd, READY)
     with contextlib.suppress(BrokenPipeError, EOFError):
-        _serve(read_fd, write_fd)
+        _serve(read_fd, write_fd, cpu_seconds)
     return 0
 
 
