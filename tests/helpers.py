@@ -532,3 +532,27 @@ def tag_bomb(kind: str, tags: int, region_bytes: int) -> bytes:
     options = {"lossless": True} if kind == "webp" else {}
     Image.new("RGB", (1, 1), (200, 30, 30)).save(out, format=kind.upper(), exif=exif, **options)
     return out.getvalue()
+
+
+def jpeg_scan_bomb(side: int, copies: int) -> bytes:
+    """A valid progressive gray ``side`` x ``side`` JPEG whose second scan (an AC scan of a flat
+    image: ~30 bytes) is repeated ``copies`` more times: each repeat makes the decoder visit
+    every block again (libjpeg only warns), so a file of a few hundred KB costs minutes of CPU."""
+    import io
+    import struct
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("L", (side, side), 128).save(out, format="JPEG", progressive=True, quality=90)
+    data = out.getvalue()
+    scans, pos = [], 2
+    while data[pos + 1] != 0xD9:  # each marker segment up to the end of the image
+        end = pos + 2 + struct.unpack(">H", data[pos + 2 : pos + 4])[0]
+        if data[pos + 1] == 0xDA:  # a scan: its entropy-coded data runs to the next marker
+            while data[(end := data.index(b"\xff", end)) + 1] == 0 or 0xD0 <= data[end + 1] <= 0xD7:
+                end += 2
+            scans.append((pos, end))
+        pos = end
+    start, end = scans[1]
+    return data[:end] + data[start:end] * copies + data[end:]

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import httpx
 import numpy as np
 import pytest
-from helpers import process_mb, running_page, serve_process, tag_bomb
+from helpers import jpeg_scan_bomb, process_mb, running_page, serve_process, tag_bomb
 
 
 def _address(url: str) -> tuple[str, int]:
@@ -349,3 +349,32 @@ def test_tag_bombs_given_to_nearsight_search_stay_under_800_mb(onnx_gallery, tmp
     assert "neighbours" in entries["normal.jpg"] and "error" in entries["bomb.tiff"]
     print(f"batch {batch_peak} MB")
     assert batch_peak - normal_peak < GROWTH_LIMIT_MB
+
+
+@pytest.mark.slow
+def test_a_jpeg_of_thousands_of_scans_is_refused_at_the_decode_timeout(onnx_gallery, tmp_path):
+    """A ~330 KB progressive JPEG whose flat AC scan repeats 6,000 times (about a minute of one
+    core's CPU to decode: before, a request thread of the server spent it) against
+    --decode-timeout 2: the upload is answered 415 within 20 s, and a search sent meanwhile
+    is answered."""
+    path = tmp_path / "scans.jpg"
+    path.write_bytes(jpeg_scan_bomb(6000, 6000))
+    args = ["--gallery", onnx_gallery.gallery, "--decode-timeout", "2"]
+    with serve_process(args) as (url, _):
+        assert _search_upload(url, onnx_gallery.query).status_code == 200
+        answers: list = []
+
+        def bomb() -> None:
+            start = time.monotonic()
+            answers.append((_search_upload(url, path), time.monotonic() - start))
+
+        thread = threading.Thread(target=bomb)
+        thread.start()
+        time.sleep(0.5)
+        meanwhile = _search_upload(url, onnx_gallery.query)
+        thread.join()
+    (answer, seconds), = answers
+    assert answer.status_code == 415, answer.text
+    assert "longer than the limit of 2 s" in answer.json()["error"]
+    assert seconds < 20
+    assert meanwhile.status_code == 200

@@ -10,11 +10,12 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import tag_bomb
+from helpers import jpeg_scan_bomb, tag_bomb
 from PIL import Image
 
 from nearsight.data import decode_box
@@ -196,3 +197,19 @@ def test_serve_shows_the_box_defaults_it_uses():
 
     assert run.DEFAULT_DECODE_MEMORY_MB == decode_box.DEFAULT_MEMORY_MB
     assert run.DEFAULT_DECODE_TIMEOUT_S == decode_box.DEFAULT_TIMEOUT_S
+
+
+def test_a_jpeg_of_thousands_of_scans_is_stopped_at_the_time_limit():
+    """A ~330 KB progressive 6000 x 6000 JPEG whose flat AC scan repeats 6,000 times: about a
+    minute of CPU in process (each repeat visits every block). In the box with a 2 s limit it
+    is refused within 20 s, a wide margin on a loaded 2-core machine, and the next image is
+    decoded by a fresh worker."""
+    data = jpeg_scan_bomb(6000, 6000)
+    with DecodeBox(1, timeout_s=2) as box:
+        box.decode_bytes(_photo(), "warm.jpg", 64)  # the worker has started
+        start = time.monotonic()
+        with pytest.raises(ImageLoadError, match=r"scans\.jpg: .*longer than the limit of 2 s"):
+            box.decode_bytes(data, "scans.jpg", 64)
+        assert time.monotonic() - start < 20
+        assert box.replaced == 1
+        assert box.decode_bytes(_photo(), "next.jpg", 64).image.size == (96, 64)
