@@ -353,7 +353,7 @@ def test_tag_bombs_given_to_nearsight_search_stay_under_800_mb(onnx_gallery, tmp
 
 @pytest.mark.slow
 def test_a_jpeg_of_thousands_of_scans_is_refused_at_the_decode_timeout(onnx_gallery, tmp_path):
-    """A ~330 KB progressive JPEG whose flat AC scan repeats 6,000 times (about a minute of one
+    """A ~500 KB progressive JPEG whose flat AC scan repeats 6,000 times (about a minute of one
     core's CPU to decode: before, a request thread of the server spent it) against
     --decode-timeout 2: the upload is answered 415 within 20 s, and a search sent meanwhile
     is answered."""

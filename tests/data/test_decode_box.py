@@ -200,7 +200,7 @@ def test_serve_shows_the_box_defaults_it_uses():
 
 
 def test_a_jpeg_of_thousands_of_scans_is_stopped_at_the_time_limit():
-    """A ~330 KB progressive 6000 x 6000 JPEG whose flat AC scan repeats 6,000 times: about a
+    """A ~500 KB progressive 6000 x 6000 JPEG whose flat AC scan repeats 6,000 times: about a
     minute of CPU in process (each repeat visits every block). In the box with a 2 s limit it
     is refused within 20 s, a wide margin on a loaded 2-core machine, and the next image is
     decoded by a fresh worker."""
