@@ -378,3 +378,30 @@ def test_a_jpeg_of_thousands_of_scans_is_refused_at_the_decode_timeout(onnx_gall
     assert "longer than the limit of 2 s" in answer.json()["error"]
     assert seconds < 20
     assert meanwhile.status_code == 200
+
+
+def test_a_pasted_image_reaches_the_handlers_as_bytes_not_decoded(onnx_gallery):
+    """A data: URL pasted into the page's query image: the input hands the handler its bytes
+    (before, Gradio decoded it with Pillow in the server), and the handler decodes them in the
+    box; a bomb pasted this way is refused in one line."""
+    import base64
+
+    import gradio as gr
+    from gradio.data_classes import FileData
+
+    from nearsight.app.page.handlers import Page
+    from nearsight.app.page.layout import query_image_input
+    from nearsight.models.embedder import load_embedder
+
+    data = onnx_gallery.query.read_bytes()
+    url = "data:image/png;base64," + base64.b64encode(data).decode()
+    value = query_image_input().preprocess(FileData(path="pasted.png", url=url))
+    assert value == data
+    embedder = load_embedder(onnx_gallery.model)
+    query = Page.read_upload(value, embedder)
+    assert min(query.image.size) == embedder.resize
+    with pytest.raises(Exception, match="limit of") as refused:
+        Page.read_upload(tag_bomb("tiff", 220, 4_000_000), embedder)
+    assert "pasted image" in str(refused.value)
+    with pytest.raises(gr.Error):
+        query_image_input().preprocess(FileData(path="x.png", url="data:image/png;base64,@@"))
