@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import json
 import os
 import queue
@@ -52,6 +53,7 @@ DEFAULT_TIMEOUT_S = 30.0  # a 64-megapixel 16-bit PNG takes a few seconds on a l
 START_TIMEOUT_S = 60.0  # a worker's imports, on a loaded machine
 TRUSTED_ENV = "NEARSIGHT_TRUSTED_IMAGES"
 WORKER_LOG_ENV = "NEARSIGHT_DECODE_WORKER_LOG"
+PIPE_BYTES = 1 << 20  # Linux's largest pipe buffer for an unprivileged process
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,10 @@ class _Worker:
         self.from_worker = self.process.stdout.fileno()
         os.set_blocking(self.to_worker, False)  # a stuck worker cannot block a write past
         os.set_blocking(self.from_worker, False)  # the deadline
+        for fd in (self.to_worker, self.from_worker):
+            # a whole answer (a few hundred KB) in one write: no wake-up per 64 KB
+            with contextlib.suppress(OSError, AttributeError):
+                fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
         self.ready = False
 
     def kill(self) -> None:

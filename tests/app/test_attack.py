@@ -405,3 +405,30 @@ def test_a_pasted_image_reaches_the_handlers_as_bytes_not_decoded(onnx_gallery):
     assert "pasted image" in str(refused.value)
     with pytest.raises(gr.Error):
         query_image_input().preprocess(FileData(path="x.png", url="data:image/png;base64,@@"))
+
+
+def test_index_build_skips_and_names_a_bomb_and_trusts_on_request(onnx_gallery, tmp_path,
+                                                                  capsys):  # fmt: skip
+    """`index build --images` over gallery files and a 64,535-tag TIFF: the TIFF is skipped
+    and named on stderr, the others are built with their catalog sizes; --trusted-images
+    decodes in process and stores the same vectors."""
+    from nearsight.app.cli import main
+    from nearsight.index.gallery.core import Gallery
+
+    bomb = tmp_path / "bomb.tif"
+    bomb.write_bytes(tag_bomb("tiff", 64535, 9_000_000))
+    good = sorted(onnx_gallery.data.rglob("*.png"))[:3]
+    common = ["index", "build", "--model", str(onnx_gallery.model), "--index-type", "flat",
+              "--workers", "1"]  # fmt: skip
+    assert main([*common, "--out", str(tmp_path / "g"), "--images", *map(str, [good[0], bomb,
+                 *good[1:]])]) == 0  # fmt: skip
+    err = capsys.readouterr().err
+    assert f"nearsight: skipped: cannot read image {bomb}" in err and "MB of memory" in err
+    assert main([*common, "--out", str(tmp_path / "t"), "--trusted-images",
+                 "--images", *map(str, good)]) == 0  # fmt: skip
+    with Gallery.open(tmp_path / "g") as boxed, Gallery.open(tmp_path / "t") as trusted:
+        rows = boxed.all_items()
+        assert [(r["width"], r["height"]) for r in rows] == [(32, 32)] * 3
+        assert rows == trusted.all_items()
+        ids = [row["id"] for row in rows]
+        np.testing.assert_array_equal(boxed.vectors_of(ids), trusted.vectors_of(ids))
