@@ -407,6 +407,7 @@ def test_a_pasted_image_reaches_the_handlers_as_bytes_not_decoded(onnx_gallery):
         query_image_input().preprocess(FileData(path="x.png", url="data:image/png;base64,@@"))
 
 
+@pytest.mark.slow
 def test_index_build_skips_and_names_a_bomb_and_trusts_on_request(onnx_gallery, tmp_path,
                                                                   capsys):  # fmt: skip
     """`index build --images` over gallery files and a 64,535-tag TIFF: the TIFF is skipped
