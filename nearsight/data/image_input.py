@@ -13,7 +13,8 @@ import numpy as np
 from PIL import Image
 
 from nearsight.core.errors import NearsightError
-from nearsight.data.images import file_sha256, load_image, load_image_bytes
+from nearsight.data.decode_box import fit_bytes, fit_file
+from nearsight.data.images import file_sha256, load_image
 
 ImageLike = str | os.PathLike[str] | Image.Image | np.ndarray
 
@@ -24,18 +25,27 @@ class QueryImage:
     sha256: str | None  # of the file's bytes; None for an image handed over decoded
 
 
-def read_query(image: ImageLike, min_side: int | None = None) -> QueryImage:
+def read_query(
+    image: ImageLike, min_side: int | None = None, interpolation: str = "bilinear"
+) -> QueryImage:
     """``image`` decoded (one-line NearsightError for a missing or unreadable file, or a
-    wrong array); ``min_side``: decode no smaller than this (a JPEG's draft mode)."""
+    wrong array). A file is decoded in the decode box (nearsight.data.decode_box) and comes
+    back fitted to ``min_side`` (the model's resize, with its ``interpolation``): the pixels
+    the test transform would make of it, no more."""
     if isinstance(image, str | os.PathLike):
-        decoded = load_image(Path(image), min_side)  # the one loader's checks and messages
+        if min_side is None:
+            return QueryImage(load_image(Path(image)), file_sha256(image))
+        decoded = fit_file(Path(image), min_side, interpolation).image
         return QueryImage(decoded, file_sha256(image))
     return QueryImage(as_image(image), None)
 
 
-def query_from_bytes(data: bytes, name: str, min_side: int | None = None) -> QueryImage:
-    """An uploaded file's bytes as a :class:`QueryImage`."""
-    decoded = load_image_bytes(data, name, min_side)
+def query_from_bytes(
+    data: bytes, name: str, min_side: int, interpolation: str = "bilinear"
+) -> QueryImage:
+    """An uploaded file's bytes as a :class:`QueryImage`, decoded in the decode box and
+    fitted to ``min_side`` (as :func:`read_query`)."""
+    decoded = fit_bytes(data, name, min_side, interpolation).image
     return QueryImage(decoded, hashlib.sha256(data).hexdigest())
 
 

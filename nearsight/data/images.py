@@ -103,7 +103,12 @@ def load_image_pixels(path: str | os.PathLike[str], min_side: MinSide = None) ->
     return _load_file(path, min_side, as_array=True)
 
 
-def _load_file(path: str | os.PathLike[str], min_side: MinSide, as_array: bool):
+def _load_file(
+    path: str | os.PathLike[str],
+    min_side: MinSide,
+    as_array: bool,
+    size_out: list[int] | None = None,
+):
     name = os.fspath(path)
     try:
         if os.path.isdir(name):
@@ -111,7 +116,7 @@ def _load_file(path: str | os.PathLike[str], min_side: MinSide, as_array: bool):
         if os.path.isfile(name) and os.path.getsize(name) == 0:
             raise ImageLoadError.for_file(name, "the file is empty")
         with open(name, "rb") as handle:
-            return _decode(handle, name, min_side, as_array)
+            return _decode(handle, name, min_side, as_array, size_out)
     except FileNotFoundError:
         raise ImageLoadError.for_file(name, "no such file") from None
     except PermissionError:
@@ -125,9 +130,23 @@ def load_image_bytes(
 ) -> Image.Image:
     """Decode an image held in memory (an upload); ``name`` is what error messages call it,
     ``min_side`` as for :func:`load_image`."""
-    if not data:
-        raise ImageLoadError.for_file(name, "the file is empty")
-    return _decode(io.BytesIO(data), name, min_side)
+    return load_image_sized(data, name, min_side)[0]
+
+
+def load_image_sized(
+    source: bytes | str | os.PathLike[str], name: str | None = None, min_side: MinSide = None
+) -> tuple[Image.Image, tuple[int, int]]:
+    """:func:`load_image_bytes` of bytes, or :func:`load_image` of a path, and the image's
+    upright (width, height) at full size (what a catalog records, whatever the draft scale)."""
+    size: list[int] = [0, 0]
+    if isinstance(source, bytes):
+        name = "<upload>" if name is None else name
+        if not source:
+            raise ImageLoadError.for_file(name, "the file is empty")
+        image = _decode(io.BytesIO(source), name, min_side, size_out=size)
+    else:
+        image = _load_file(source, min_side, as_array=False, size_out=size)
+    return image, (size[0], size[1])
 
 
 def draft_request(width: int, height: int, min_side: MinSide) -> tuple[int, int] | None:
@@ -164,13 +183,19 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
         ) from None
 
 
-def describe_image_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+def describe_image_file(
+    path: str | os.PathLike[str], size: tuple[int, int] | None = None
+) -> dict[str, Any]:
     """Catalog fields of an image file: sha256 of its bytes, and width/height as loaded (EXIF
     orientation applied). Fields that cannot be read are None (the image was already decoded
-    once by the embedder, so this does not judge it)."""
+    once by the embedder, so this does not judge it). ``size``: the loaded (width, height)
+    the decoder reported (the decode box's): the file's header is then not parsed here."""
     info: dict[str, Any] = {"sha256": None, "width": None, "height": None}
     with contextlib.suppress(NearsightError):
         info["sha256"] = file_sha256(path)
+    if size is not None:
+        info["width"], info["height"] = int(size[0]), int(size[1])
+        return info
     with contextlib.suppress(Exception), Image.open(path) as image:  # reads the header only
         width, height = image.size
         # EXIF orientations 5-8 turn the image a quarter: load_image gives height x width
@@ -180,16 +205,26 @@ def describe_image_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     return info
 
 
-def _decode(stream, name: str, min_side: MinSide = None, as_array: bool = False):
+def _decode(
+    stream,
+    name: str,
+    min_side: MinSide = None,
+    as_array: bool = False,
+    size_out: list[int] | None = None,
+):
+    """``size_out``: set to the image's upright (width, height) at full size (before a
+    JPEG's draft scale)."""
     try:
         with _open_checked(stream, name) as image:
             if image.format != "JPEG":
                 _check_budget(image, name)
                 image.load()
                 orientation = image.getexif().get(_EXIF_ORIENTATION, 1)
+                _upright_size(image, orientation, size_out)
                 upright = _turned(to_rgb(image, release=True), orientation)
                 return np.array(upright) if as_array else upright
             orientation = image.getexif().get(_EXIF_ORIENTATION, 1)
+            _upright_size(image, orientation, size_out)
             if callable(min_side) and orientation in _QUARTER_TURNS:
                 # the caller sees the image upright: ask with its width and height swapped
                 min_side = functools.partial(_swapped, min_side)
@@ -217,6 +252,12 @@ def _decode(stream, name: str, min_side: MinSide = None, as_array: bool = False)
         raise ImageLoadError.for_file(name, _reason(error)) from None
 
 
+def _upright_size(image: Image.Image, orientation: int, size_out: list[int] | None) -> None:
+    if size_out is not None:
+        width, height = image.size
+        size_out[:] = [height, width] if orientation in _QUARTER_TURNS else [width, height]
+
+
 def _check_budget(image: Image.Image, name: str, scale: int = 1) -> None:
     """Refuse, before decoding, an image whose decoding would hold more than
     :data:`MAX_DECODE_BYTES` (:func:`nearsight.data.rgb.decoded_bytes`; only the first frame
@@ -225,7 +266,9 @@ def _check_budget(image: Image.Image, name: str, scale: int = 1) -> None:
     width, height = image.size
     progressive = image.format == "JPEG" and bool(image.info.get("progressive"))
     channels = len(image.getbands()) if progressive else 0
-    needed = decoded_bytes(image.mode, width, height, scale=scale, coefficients=channels)
+    needed = decoded_bytes(
+        image.mode, width, height, scale=scale, coefficients=channels, format=image.format
+    )
     if needed > MAX_DECODE_BYTES:
         raise ImageLoadError.for_file(
             name,

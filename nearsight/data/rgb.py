@@ -31,14 +31,27 @@ _HIGH_BIT_MODES = {"I;16", "I;16B", "I;16L", "I;16N", "I", "F"}
 _STORED_BYTES = {"1": 1, "L": 1, "P": 1, "I;16": 2, "I;16B": 2, "I;16L": 2, "I;16N": 2}
 BAND_BYTES = 4 << 20  # one band of rows of the source, at most (a few MB)
 MIN_PEAK_BYTES = 8  # room for the RGB result (4) and a rotated copy of it (4)
+# Bytes a pixel a format's decoder holds besides Pillow's image: Pillow decodes WebP (lossy or
+# lossless) through libwebp's animation decoder, whose RGBA canvases and Pillow's copy of a
+# frame are alive with the image (a 9 MP WebP peaked at 16-19 B/px in all, against the 8 counted
+# before; 24 are counted now; tests/data/test_decode_box.py measures it).
+DECODER_BYTES = {"WEBP": 16}
 
 
 def decoded_bytes(
-    mode: str, width: int, height: int, *, scale: int = 1, coefficients: int = 0
+    mode: str,
+    width: int,
+    height: int,
+    *,
+    scale: int = 1,
+    coefficients: int = 0,
+    format: str | None = None,
 ) -> int:
     """The most memory (bytes) decoding a ``mode`` image of ``width`` x ``height`` at
     1/``scale`` (a JPEG draft) and making it upright RGB holds at once. ``coefficients``: the
-    channels whose full-size DCT coefficients the decoder keeps (a progressive JPEG's)."""
+    channels whose full-size DCT coefficients the decoder keeps (a progressive JPEG's);
+    ``format``: Pillow's name of the file format (its decoder's own buffers,
+    :data:`DECODER_BYTES`)."""
     out = -(-width // scale) * -(-height // scale)
     stored = _STORED_BYTES.get(mode, 4)
     if mode == "RGB":
@@ -47,7 +60,8 @@ def decoded_bytes(
         peak = max(stored + 1, 1 + 4)  # the 8-bit gray made band by band; then gray and RGB
     else:
         peak = stored + 4
-    return out * max(peak, MIN_PEAK_BYTES) + width * height * 2 * coefficients
+    decoder = DECODER_BYTES.get(format or "", 0) * width * height
+    return out * max(peak, MIN_PEAK_BYTES) + width * height * 2 * coefficients + decoder
 
 
 def to_rgb(image: Image.Image, *, release: bool = False) -> Image.Image:

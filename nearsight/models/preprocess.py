@@ -61,6 +61,21 @@ def resize_short_side(
     return image.resize(size, RESAMPLING[interpolation])
 
 
+def fit_short_side(image: Image.Image, short: int, interpolation: str = "bilinear") -> Image.Image:
+    """The test transform's first step: the long side cut to at most
+    :data:`MAX_ASPECT_RATIO` short sides (centred), then the short side resized to ``short``.
+    Its result is a fixed point (fitting it again returns it unchanged), so pixels fitted
+    elsewhere (the decode box) go through :func:`test_transform` to the same array."""
+    width, height = image.size
+    if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
+        # Resizing the short side scales the long side too: a 1 x 100000 PNG (a few hundred
+        # bytes) would become 256 x 25.6M pixels (20 GB) before the crop keeps 224 x 224.
+        # Only the centre can reach the crop: cut the long side to 16 short sides first.
+        keep = MAX_ASPECT_RATIO * min(width, height)
+        image = center_crop(image, *((height, keep) if width > height else (keep, width)))
+    return resize_short_side(image, short, interpolation)
+
+
 def to_array(image: Image.Image) -> np.ndarray:
     """RGB PIL image -> float32 [3, H, W] in [0, 1]."""
     if image.mode != "RGB":
@@ -80,14 +95,7 @@ def test_transform(
         raise ValueError(f"interpolation must be one of {', '.join(RESAMPLING)}")
 
     def transform(image: Image.Image) -> np.ndarray:
-        width, height = image.size
-        if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
-            # Resizing the short side scales the long side too: a 1 x 100000 PNG (a few hundred
-            # bytes) would become 256 x 25.6M pixels (20 GB) before the crop keeps 224 x 224.
-            # Only the centre can reach the crop: cut the long side to 16 short sides first.
-            keep = MAX_ASPECT_RATIO * min(width, height)
-            image = center_crop(image, *((height, keep) if width > height else (keep, width)))
-        image = resize_short_side(image, resize, interpolation)
+        image = fit_short_side(image, resize, interpolation)
         image = center_crop(image, image_size, image_size)
         return to_array(image)
 

@@ -22,8 +22,8 @@ import numpy as np
 from PIL import Image
 
 from nearsight.core.errors import NearsightError
+from nearsight.data.decode_box import fit_file
 from nearsight.data.image_input import as_image
-from nearsight.data.images import load_image
 from nearsight.search.neighbour import FIELDS, Neighbour
 from nearsight.search.verdicts import FRAME_COLOURS, QUERY_COLOUR, correctness, thumbnail_uri
 
@@ -159,7 +159,7 @@ def _thumbnail(image: Any) -> str | None:
         elif isinstance(image, np.ndarray):
             picture = as_image(image)
         elif isinstance(image, str | os.PathLike):
-            picture = load_image(Path(image), NOTEBOOK_THUMBNAIL)
+            picture = fit_file(Path(image), NOTEBOOK_THUMBNAIL).image  # in the decode box
         else:
             return None
         return thumbnail_uri(picture, NOTEBOOK_THUMBNAIL)

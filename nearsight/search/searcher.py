@@ -165,7 +165,7 @@ class Searcher:
             )
         k, allowed, spec = self._request(k, filters, rerank)
         wanted = query_label(self.gallery, label)
-        decoded = read_query(image, self.embedder.resize)
+        decoded = self._read(image)
         (found,) = self._search_images([decoded], k, allowed, spec)
         return SearchResults(found, query=image, query_label=wanted,
                              query_class=self._class_name(wanted))  # fmt: skip
@@ -204,7 +204,7 @@ class Searcher:
             decoded, positions = [], []
             for position, image in enumerate(chunk):
                 try:
-                    decoded.append(read_query(image, self.embedder.resize))
+                    decoded.append(self._read(image))
                     positions.append(position)
                 except NearsightError as error:  # this image only: the others go on
                     entries[position] = SearchResults(query=image, error=str(error))
@@ -309,6 +309,10 @@ class Searcher:
         for note in filtered.notes:
             warnings.warn(note, FilterNote, stacklevel=3)
         return k, filtered.allowed, self.resolve_rerank(rerank)
+
+    def _read(self, image: ImageLike) -> QueryImage:
+        """A query decoded (a file in the decode box) at the model's resize."""
+        return read_query(image, self.embedder.resize, self.embedder.spec.interpolation)
 
     def query_vector(self, query: QueryImage) -> tuple[np.ndarray, int | None]:
         """One query image's vector, and the gallery item it is when its bytes are an item's

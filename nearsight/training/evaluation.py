@@ -71,6 +71,7 @@ class EvalSplit:
             batch_size=data.eval_batch_size,
             workers=data.workers,
             desc=f"evaluate {self.split.split}",
+            untrusted=False,  # the operator's own dataset: decoded in process
         )
         for error in result.errors:
             log.warning("skipped in evaluation: %s", error)

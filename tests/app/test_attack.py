@@ -7,18 +7,23 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import select
+import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 from multiprocessing.pool import ThreadPool
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
 import pytest
-from helpers import process_mb, running_page, serve_process
+from helpers import jpeg_scan_bomb, process_mb, running_page, serve_process, tag_bomb
 
 
 def _address(url: str) -> tuple[str, int]:
@@ -485,3 +490,227 @@ def test_an_upload_flood_stays_within_the_disk_budget(onnx_gallery, tmp_path):
     assert statuses["junk"] and set(statuses["junk"]) == {415}
     assert 200 in statuses["png"] and set(statuses["png"]) <= {200, 429, 503}
     assert peak["mb"] < 60
+
+
+# -- tag bombs: untrusted images are decoded in the decode box (nearsight/data/decode_box.py) --
+
+# 1x1 images whose EXIF/TIFF tags all point at one region: 220 tags x 4 MB ask ~880 MB of
+# copies (a TIFF's twice: Image.open and getexif read its IFD); a JPEG's EXIF segment holds
+# 64 KB, so its 5,400 tags ask ~350 MB, and three of them are sent at once.
+BOMBS = {"tiff": (220, 4_000_000), "png": (220, 4_000_000), "webp": (220, 4_000_000),
+         "jpeg": (5400, 0)}  # fmt: skip
+GROWTH_LIMIT_MB = 800
+
+
+def _bomb_files(folder) -> dict:
+    folder.mkdir(exist_ok=True)
+    files = {}
+    for kind, (tags, region) in BOMBS.items():
+        files[kind] = folder / f"bomb.{kind}"
+        files[kind].write_bytes(tag_bomb(kind, tags, region))
+    return files
+
+
+def _search_upload(url: str, path) -> httpx.Response:
+    files = {"image": (path.name, path.read_bytes(), "application/octet-stream")}
+    return httpx.post(f"{url}/api/search", files=files, data={"k": "3"}, timeout=300)
+
+
+@pytest.mark.slow
+def test_tag_bombs_through_rest_and_the_page_leave_the_server_under_800_mb(onnx_gallery,
+                                                                            tmp_path):  # fmt: skip
+    """Each bomb through REST and through the page's /search (gradio_client), the JPEG three at
+    once: each is answered (decoded in the box within its limit, or refused in one line), the
+    server's peak resident memory stays within 800 MB of its idle size, and it goes on
+    serving (before: a TIFF alone added ~1.8 GB, three JPEGs ~1 GB)."""
+    from gradio_client import Client, handle_file
+    from gradio_client.exceptions import AppError
+
+    bombs = _bomb_files(tmp_path / "bombs")
+    args = ["--gallery", onnx_gallery.gallery, "--concurrency", "3"]
+    with serve_process(args) as (url, server):
+        first = _search_upload(url, onnx_gallery.query)
+        assert first.status_code == 200, first.text
+        idle = process_mb(server.pid)
+        answers = {}
+        for kind in ("tiff", "png", "webp"):
+            answers[kind] = _search_upload(url, bombs[kind])
+        jpegs: list[httpx.Response] = []
+        threads = [threading.Thread(target=lambda: jpegs.append(_search_upload(url, bombs["jpeg"])))
+                   for _ in range(3)]  # fmt: skip
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        rest_peak = process_mb(server.pid, "VmHWM")
+        client = Client(url, verbose=False)
+        page = {}
+        for kind, path in bombs.items():
+            try:
+                page[kind] = json.loads(client.predict(handle_file(str(path)), 3,
+                                                       api_name="/search"))  # fmt: skip
+            except AppError as error:
+                page[kind] = str(error)
+        last = _search_upload(url, onnx_gallery.query)
+        peak = process_mb(server.pid, "VmHWM")
+    print(f"idle {idle:.0f} MB, peak after REST {rest_peak:.0f} MB, after the page {peak:.0f} MB")
+    assert peak - idle < GROWTH_LIMIT_MB
+    for kind, answer in [*answers.items(), *(("jpeg", a) for a in jpegs)]:
+        assert answer.status_code in (200, 415), (kind, answer.text)
+        if answer.status_code == 415:
+            detail = answer.json()["error"]
+            assert "\n" not in detail and "limit of" in detail, detail
+    assert answers["tiff"].status_code == 415  # ~1.8 GB of copies: past the worker's limit
+    for kind, answer in page.items():
+        assert isinstance(answer, list) or "limit of" in answer, (kind, answer)
+    assert last.status_code == 200 and last.json() == first.json()
+
+
+@pytest.mark.slow
+def test_the_64535_tag_file_is_refused_without_growing_the_server(onnx_gallery, tmp_path):
+    """A 9.8 MB TIFF whose 64,535 tags each point at the same 9 MB (~550 GiB of copies asked
+    for), on a server with --decode-memory-mb 300: refused in one line, the server's peak grows by less than 100 MB (the upload's own
+    bytes, a few times over), and the next search is answered."""
+    path = tmp_path / "bomb.tif"
+    path.write_bytes(tag_bomb("tiff", 64535, 9_000_000))
+    args = ["--gallery", onnx_gallery.gallery, "--decode-memory-mb", "300"]
+    with serve_process(args) as (url, server):
+        assert _search_upload(url, onnx_gallery.query).status_code == 200
+        idle = process_mb(server.pid, "VmHWM")
+        answer = _search_upload(url, path)
+        peak = process_mb(server.pid, "VmHWM")
+        after = _search_upload(url, onnx_gallery.query)
+    assert answer.status_code == 415, answer.text
+    assert "bomb.tif" in answer.json()["error"] and "limit of 300 MB" in answer.json()["error"]
+    assert peak - idle < 100, (idle, peak)
+    assert after.status_code == 200
+
+
+_CLI_PEAK = """
+import sys
+from nearsight.app.cli import main
+code = main(sys.argv[1:])
+for line in open("/proc/self/status"):
+    if line.startswith("VmHWM:"):
+        print(int(line.split()[1]) // 1024)
+sys.exit(code)
+"""
+
+
+def _cli_peak(args: list) -> tuple[int, str, int]:
+    """``nearsight ARGS`` in a process of its own: exit code, stderr, peak resident MB (its own,
+    not its decode workers')."""
+    run = subprocess.run([sys.executable, "-c", _CLI_PEAK, *map(str, args)], capture_output=True,
+                         text=True, timeout=600)  # fmt: skip
+    return run.returncode, run.stderr, int(run.stdout.split()[-1])
+
+
+@pytest.mark.slow
+def test_tag_bombs_given_to_nearsight_search_stay_under_800_mb(onnx_gallery, tmp_path):
+    """`nearsight search BOMB.tif`: exit 2 and one line naming the file and the limit; `search
+    --queries` over every bomb and a normal image: the refused ones hold their error line, the
+    normal one its neighbours. The CLI's own peak stays within 800 MB of a normal search's
+    (before: the TIFF added ~1.8 GB to it)."""
+    bombs = _bomb_files(tmp_path / "bombs")
+    base = ["search", "--gallery", onnx_gallery.gallery, "--k", "3"]
+    code, _, normal_peak = _cli_peak([*base, onnx_gallery.query])
+    assert code == 0
+    code, err, peak = _cli_peak([*base, bombs["tiff"]])
+    print(f"normal {normal_peak} MB, bomb {peak} MB")
+    assert peak - normal_peak < GROWTH_LIMIT_MB
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("nearsight: error: cannot read image")
+    assert "bomb.tiff" in lines[0] and "MB of memory" in lines[0]
+    shutil.copy(onnx_gallery.query, tmp_path / "bombs" / "normal.jpg")
+    out = tmp_path / "found.jsonl"
+    code, err, batch_peak = _cli_peak([*base, "--queries", tmp_path / "bombs", "--out", out])
+    assert code == 0, err
+    entries = {Path(e["query"]).name: e for e in map(json.loads, out.read_text().splitlines())}
+    assert "neighbours" in entries["normal.jpg"] and "error" in entries["bomb.tiff"]
+    print(f"batch {batch_peak} MB")
+    assert batch_peak - normal_peak < GROWTH_LIMIT_MB
+
+
+@pytest.mark.slow
+def test_a_jpeg_of_thousands_of_scans_is_refused_at_the_decode_timeout(onnx_gallery, tmp_path):
+    """A ~500 KB progressive JPEG whose flat AC scan repeats 6,000 times (about a minute of one
+    core's CPU to decode: before, a request thread of the server spent it) against
+    --decode-timeout 2: the upload is answered 415 within 20 s, and a search sent meanwhile
+    is answered."""
+    path = tmp_path / "scans.jpg"
+    path.write_bytes(jpeg_scan_bomb(6000, 6000))
+    args = ["--gallery", onnx_gallery.gallery, "--decode-timeout", "2"]
+    with serve_process(args) as (url, _):
+        assert _search_upload(url, onnx_gallery.query).status_code == 200
+        answers: list = []
+
+        def bomb() -> None:
+            start = time.monotonic()
+            answers.append((_search_upload(url, path), time.monotonic() - start))
+
+        thread = threading.Thread(target=bomb)
+        thread.start()
+        time.sleep(0.5)
+        meanwhile = _search_upload(url, onnx_gallery.query)
+        thread.join()
+    (answer, seconds), = answers
+    assert answer.status_code == 415, answer.text
+    assert "longer than the limit of 2 s" in answer.json()["error"]
+    assert seconds < 20
+    assert meanwhile.status_code == 200
+
+
+def test_a_pasted_image_reaches_the_handlers_as_bytes_not_decoded(onnx_gallery):
+    """A data: URL pasted into the page's query image: the input hands the handler its bytes
+    (before, Gradio decoded it with Pillow in the server), and the handler decodes them in the
+    box; a bomb pasted this way is refused in one line."""
+    import base64
+
+    import gradio as gr
+    from gradio.data_classes import FileData
+
+    from nearsight.app.page.handlers import Page
+    from nearsight.app.page.layout import query_image_input
+    from nearsight.models.embedder import load_embedder
+
+    data = onnx_gallery.query.read_bytes()
+    url = "data:image/png;base64," + base64.b64encode(data).decode()
+    value = query_image_input().preprocess(FileData(path="pasted.png", url=url))
+    assert value == data
+    embedder = load_embedder(onnx_gallery.model)
+    query = Page.read_upload(value, embedder)
+    assert min(query.image.size) == embedder.resize
+    with pytest.raises(Exception, match="limit of") as refused:
+        Page.read_upload(tag_bomb("tiff", 220, 4_000_000), embedder)
+    assert "pasted image" in str(refused.value)
+    with pytest.raises(gr.Error):
+        query_image_input().preprocess(FileData(path="x.png", url="data:image/png;base64,@@"))
+
+
+@pytest.mark.slow
+def test_index_build_skips_and_names_a_bomb_and_trusts_on_request(onnx_gallery, tmp_path,
+                                                                  capsys):  # fmt: skip
+    """`index build --images` over gallery files and a 64,535-tag TIFF: the TIFF is skipped
+    and named on stderr, the others are built with their catalog sizes; --trusted-images
+    decodes in process and stores the same vectors."""
+    from nearsight.app.cli import main
+    from nearsight.index.gallery.core import Gallery
+
+    bomb = tmp_path / "bomb.tif"
+    bomb.write_bytes(tag_bomb("tiff", 64535, 9_000_000))
+    good = sorted(onnx_gallery.data.rglob("*.png"))[:3]
+    common = ["index", "build", "--model", str(onnx_gallery.model), "--index-type", "flat",
+              "--workers", "1"]  # fmt: skip
+    assert main([*common, "--out", str(tmp_path / "g"), "--images", *map(str, [good[0], bomb,
+                 *good[1:]])]) == 0  # fmt: skip
+    err = capsys.readouterr().err
+    assert f"nearsight: skipped: cannot read image {bomb}" in err and "MB of memory" in err
+    assert main([*common, "--out", str(tmp_path / "t"), "--trusted-images",
+                 "--images", *map(str, good)]) == 0  # fmt: skip
+    with Gallery.open(tmp_path / "g") as boxed, Gallery.open(tmp_path / "t") as trusted:
+        rows = boxed.all_items()
+        assert [(r["width"], r["height"]) for r in rows] == [(32, 32)] * 3
+        assert rows == trusted.all_items()
+        ids = [row["id"] for row in rows]
+        np.testing.assert_array_equal(boxed.vectors_of(ids), trusted.vectors_of(ids))

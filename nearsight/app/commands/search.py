@@ -115,8 +115,11 @@ def run_search(args: argparse.Namespace) -> int:
 def _search_one(args: argparse.Namespace, conditions: list) -> list[dict[str, Any]]:
     import warnings
 
+    from nearsight.data.decode_box import shared_box
     from nearsight.search.searcher import FilterNote, open_gallery
 
+    if args.image is not None:
+        shared_box(1)  # the query file is decoded there: its worker starts while the model loads
     # one query per process: the lighter onnxruntime session (docs/decisions.md)
     with open_gallery(
         args.gallery, args.model, device=args.device, optimization="extended"

@@ -177,6 +177,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "default: the gallery's key column (then the fields a search filtered on, then the "
         "others as they fit; every field is one hover or click away)",
     )
+    parser.add_argument(
+        "--decode-memory-mb",
+        type=int,
+        default=None,
+        help="memory each upload's decoding may take, in MB: uploads are decoded in worker "
+        "processes under this address-space limit, and one that needs more is refused "
+        f"(default {serving.DEFAULT_DECODE_MEMORY_MB})",
+    )
+    parser.add_argument(
+        "--decode-timeout",
+        type=float,
+        default=None,
+        help=f"seconds an upload's decoding may take (default {serving.DEFAULT_DECODE_TIMEOUT_S:g})",
+    )
     add_rerank_option(parser)
     parser.set_defaults(func=run_serve)
 
@@ -209,6 +223,8 @@ def run_serve(args: argparse.Namespace) -> int:
         forwarded_allow_ips=args.forwarded_allow_ips,
         sign_in_timeout=args.sign_in_timeout,
         max_unauthenticated=args.max_unauthenticated,
+        decode_memory_mb=args.decode_memory_mb,
+        decode_timeout=args.decode_timeout,
     )
     return 0
 

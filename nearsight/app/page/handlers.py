@@ -95,15 +95,21 @@ class Page:
             raise PageError(str(error)) from None
 
     @staticmethod
-    def read_upload(path: str | None, min_side: int | None = None) -> QueryImage:
+    def read_upload(path: str | bytes | None, embedder: Any) -> QueryImage:
+        """The uploaded file (its path in Gradio's upload folder, or a pasted image's bytes),
+        decoded in the decode box and fitted to ``embedder``'s resize."""
         if not path:
             raise PageError("no query image: upload, paste or drop one")
-        file = Path(path)
-        try:
-            data = file.read_bytes()
-        except OSError as error:
-            raise PageError(f"cannot read the upload: {error.strerror or error}") from None
-        return query_from_bytes(data, file.name, min_side)
+        if isinstance(path, bytes):
+            data, name = path, "pasted image"
+        else:
+            file = Path(path)
+            name = file.name
+            try:
+                data = file.read_bytes()
+            except OSError as error:
+                raise PageError(f"cannot read the upload: {error.strerror or error}") from None
+        return query_from_bytes(data, name, embedder.resize, embedder.spec.interpolation)
 
     def start_analysis(self) -> None:
         """Compute every gallery's leave-one-out analysis in a background thread."""
@@ -138,7 +144,7 @@ class Page:
         with page_errors():
             view = self.view(gallery)
             k = self.check_k(DEFAULT_K if k is None else k)
-            query = self.read_upload(image, view.embedder.resize)
+            query = self.read_upload(image, view.embedder)
             vector, twin = view.query_vector(query)
             found = view.search_one(vector, k, self_id=twin)
             return json.dumps([n.as_json() for n in found])
@@ -146,7 +152,7 @@ class Page:
     def image_changed(
         self,
         gallery: str,
-        image_path: str | None,
+        image_path: str | bytes | None,
         k: Any,
         query_class,
         filters: str = "",
@@ -160,7 +166,7 @@ class Page:
     def upload_grid(
         self,
         gallery: str,
-        image_path: str | None,
+        image_path: str | bytes | None,
         k: Any,
         query_class: str | None,
         filters: str = "",
@@ -171,7 +177,7 @@ class Page:
         with page_errors():
             view = self.view(gallery)
             k = self.check_k(k)
-            query = self.read_upload(image_path, view.embedder.resize)
+            query = self.read_upload(image_path, view.embedder)
             label = label_value(query_class)
             note = ""
             try:
@@ -267,7 +273,7 @@ class Page:
         self,
         gallery: str,
         state: dict | None,
-        image_path: str | None,
+        image_path: str | bytes | None,
         k: Any,
         query_class,
         filters: str = "",

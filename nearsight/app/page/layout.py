@@ -29,6 +29,7 @@ Safety decisions (see also nearsight/app/page/html.py):
 
 from __future__ import annotations
 
+import base64
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -56,22 +57,25 @@ UPLOAD_CACHE_S = (60, 60)  # Gradio's delete_cache: (every N s, files older than
 
 
 def query_image_input(**options: Any) -> gr.Image:
-    """gr.Image whose handlers get the uploaded file's path without Gradio decoding it first, so
-    that a file that is not an image gets nearsight's one-line message instead of a Pillow
-    traceback. (An instance override, not a subclass: Gradio writes a .pyi stub beside the
-    module of every Component subclass.)"""
+    """gr.Image whose handlers get the uploaded file's path, or a pasted data: URL's bytes,
+    without Gradio decoding it first: the handlers decode it in the decode box
+    (nearsight.data.decode_box), and a file that is not an image gets nearsight's one-line
+    message instead of a Pillow traceback. (An instance override, not a subclass: Gradio
+    writes a .pyi stub beside the module of every Component subclass.)"""
     image = gr.Image(type="filepath", **options)
-    decode = image.preprocess
 
     def preprocess(payload):
         if payload is None:
             return None
-        if payload.path and not (payload.url or "").startswith("data:"):
+        url = payload.url or ""
+        if payload.path and not url.startswith("data:"):
             return str(payload.path)  # Gradio has checked it is in its upload folder
-        try:
-            return decode(payload)
-        except Exception as error:  # a data: URL that does not decode
-            raise gr.Error(f"cannot read the pasted image: {error}") from None
+        if url.startswith("data:"):  # within the request body's limit already
+            try:
+                return base64.b64decode(url.partition(",")[2], validate=True)
+            except ValueError:
+                raise gr.Error("cannot read the pasted image: not base64 data") from None
+        raise gr.Error("no query image: upload, paste or drop one")
 
     image.preprocess = preprocess  # type: ignore[method-assign]
     return image

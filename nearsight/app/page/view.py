@@ -20,12 +20,12 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from nearsight.core.errors import NearsightError
-from nearsight.data.images import load_image
+from nearsight.data.decode_box import fit_file
 from nearsight.index.gallery.core import Gallery
 from nearsight.models.embedder import Embedder
 from nearsight.search.analysis import ANALYSIS_MAX_ITEMS, Analysis, analyse
 from nearsight.search.served import ServedGallery, open_served
-from nearsight.search.verdicts import thumbnail_uri
+from nearsight.search.verdicts import THUMBNAIL_SIDE, thumbnail_uri
 
 THUMBNAIL_CACHE_ITEMS = 4096  # per gallery; ~6 KB each as base64 JPEG
 
@@ -61,7 +61,9 @@ class GalleryView(ServedGallery):
                 self._thumbs.move_to_end(item_id)
                 return self._thumbs[item_id]
         try:
-            uri: str | None = thumbnail_uri(load_image(self.row(item_id)["path"]))
+            # in the decode box too: a gallery's files came from folders, and may have changed
+            small = fit_file(self.row(item_id)["path"], THUMBNAIL_SIDE).image
+            uri: str | None = thumbnail_uri(small)
         except NearsightError:
             uri = None  # moved or unreadable since the gallery was built: a placeholder
         with self._thumbs_lock:

@@ -31,6 +31,9 @@ DEFAULT_BODY_TIMEOUT_S = 30.0
 DEFAULT_SIGN_IN_TIMEOUT_S = 5.0
 DEFAULT_MAX_UNAUTHENTICATED = 64  # connections waiting without the key (a quarter of 256)
 DEFAULT_WATCH_INTERVAL_S = 1.0
+# the decode box's limits (nearsight/data/decode_box.py has the same; no Pillow import for --help)
+DEFAULT_DECODE_MEMORY_MB = 768
+DEFAULT_DECODE_TIMEOUT_S = 30.0
 
 
 def serve(
@@ -61,6 +64,8 @@ def serve(
     forwarded_allow_ips: str = "",
     sign_in_timeout: float = DEFAULT_SIGN_IN_TIMEOUT_S,
     max_unauthenticated: int = DEFAULT_MAX_UNAUTHENTICATED,
+    decode_memory_mb: int | None = None,
+    decode_timeout: float | None = None,
 ) -> None:
     """Serve the page and the REST API over ``galleries`` at ``host``:``port`` until Ctrl-C or
     SIGTERM (:func:`stop_on_sigterm`).
@@ -78,6 +83,7 @@ def serve(
     from nearsight.app.serve.clients import TrustedProxies
 
     TrustedProxies(forwarded_allow_ips)  # a one-line error for a name that is not an address
+    _check_decode_limits(decode_memory_mb, decode_timeout)
     check_address(host, port)  # before minutes of loading galleries
     key = resolve_api_key(api_key, api_key_file, host)
 
@@ -179,6 +185,20 @@ def check_address(host: str, port: int) -> None:
                 else error.strerror or str(error)
             )
             raise NearsightError(f"cannot serve on {host}:{port}: {reason}") from None
+
+
+def _check_decode_limits(memory_mb: int | None, timeout: float | None) -> None:
+    """--decode-memory-mb and --decode-timeout, checked, for the decode box the server starts
+    (nearsight.data.decode_box: every upload is decoded there)."""
+    from nearsight.data import decode_box
+
+    if memory_mb is not None and memory_mb < decode_box.MIN_MEMORY_MB:
+        raise NearsightError(
+            f"--decode-memory-mb must be at least {decode_box.MIN_MEMORY_MB}, got {memory_mb}"
+        )
+    if timeout is not None and not timeout > 0:
+        raise NearsightError(f"--decode-timeout must be positive, got {timeout}")
+    decode_box.configure(memory_mb=memory_mb, timeout_s=timeout)
 
 
 def _check_settings(

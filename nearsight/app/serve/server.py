@@ -40,6 +40,7 @@ from nearsight.app.serve.slow_clients import (
     install,
 )
 from nearsight.app.serve.uploads import UploadBudget
+from nearsight.data.decode_box import shared_box
 
 if TYPE_CHECKING:  # the page module imports this one's settings
     from nearsight.app.page.layout import PageBlocks
@@ -120,6 +121,7 @@ def launch_app(
     X-Forwarded-For names the client (nearsight/app/serve/clients.py; none by default). With
     ``prevent_thread_lock`` it returns at once (call :func:`stop_app` to stop)."""
     galleries = demo.galleries  # the one owner the page and REST both read
+    shared_box(demo.concurrency)  # uploads are decoded there: warm before the first one
     blocked = sorted({str(view.gallery.path) for view in galleries})
     max_bytes = int(max_upload_mb * 1024 * 1024)
     proxies = TrustedProxies(forwarded_allow_ips)

@@ -296,7 +296,7 @@ def _embed_chunk(
     result = embed_files(embedder, paths, batch_size=batch_size, workers=workers)
     report_unreadable(result.errors)
     kept = [int(i) for i in np.flatnonzero(result.ok)]
-    described = describe_files([paths[i] for i in kept], workers)
+    described = describe_files([paths[i] for i in kept], workers, result.sizes)
     rows = [
         {"path": str(paths[i]), **source.fields[first + i], **info}
         for i, info in zip(kept, described, strict=True)
@@ -304,10 +304,15 @@ def _embed_chunk(
     write_chunk(chunk.parent, chunk.name, result.embeddings, rows)
 
 
-def describe_files(paths: Sequence[Path], workers: int) -> list[dict[str, Any]]:
-    """sha256, width and height of each file (hashing releases the GIL: threads overlap I/O)."""
+def describe_files(
+    paths: Sequence[Path], workers: int, sizes: Sequence[tuple[int, int]] | None = None
+) -> list[dict[str, Any]]:
+    """sha256, width and height of each file (hashing releases the GIL: threads overlap I/O).
+    ``sizes``: each file's loaded (width, height) as its decoder reported it, so that no
+    untrusted header is parsed outside the decode box."""
+    known = list(sizes) if sizes else [None] * len(paths)
     with ThreadPoolExecutor(max_workers=max(1, min(8, workers or 1))) as pool:
-        return list(pool.map(describe_image_file, paths))
+        return list(pool.map(describe_image_file, paths, known))
 
 
 def report_unreadable(errors: Sequence[str]) -> None:

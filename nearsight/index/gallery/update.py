@@ -123,7 +123,7 @@ def add_images(
         if not kept:
             raise NearsightError(f"no image could be read (the first: {result.errors[0]})")
         kept_paths = [paths[i] for i in kept]
-        described = describe_files(kept_paths, workers)
+        described = describe_files(kept_paths, workers, result.sizes)
         extra = {"label": label, "class_name": class_name, "meta": typed}
         items = [
             {"path": str(path), **extra, **info}

@@ -8,7 +8,7 @@ itself first, at distance 0. The answer's ``notes`` name, for a filter value no 
 the closest values its column does hold.
 
 The request is checked once here, then searched through the gallery's Searcher. Uploads are
-decoded in a bounded pool and embedded by the gallery model's
+decoded in the decode box (nearsight.data.decode_box) and embedded by the gallery model's
 :class:`~nearsight.app.serve.batcher.EmbedBatcher` (concurrent requests share one model call); an
 upload with a gallery item's bytes is searched as that item. Filtered and re-ranked searches
 share one small pool, so a plain search and health never wait behind them.
@@ -31,7 +31,8 @@ from nearsight.app.rest.deps import ApiError, RestState, echo, one_line, rest_st
 from nearsight.app.rest.models import ERRORS, SearchAnswer, SearchJson
 from nearsight.app.serve.batcher import BatcherFull
 from nearsight.core.errors import NearsightError
-from nearsight.data.images import ImageLoadError, load_image_bytes
+from nearsight.data.decode_box import fit_bytes
+from nearsight.data.images import ImageLoadError
 from nearsight.search.rerank.spec import parse_rerank
 from nearsight.search.route import check_vector
 from nearsight.search.served import ServedGallery
@@ -194,12 +195,13 @@ async def _embed_upload(
         return view.item_vector(twin), twin
 
     def prepare():
+        embedder = view.embedder
         try:
-            # the pixel limit is checked from the header; a JPEG is decoded as the gallery's were
-            image = load_image_bytes(data, name, view.embedder.resize)
+            # in the decode box: this process only ever holds the fitted pixels
+            fitted = fit_bytes(data, name, embedder.resize, embedder.spec.interpolation)
         except ImageLoadError as error:
             raise ApiError(415, one_line(str(error))) from None
-        return view.embedder.preprocess(image)
+        return embedder.preprocess(fitted.image)
 
     model_input = await state.decoding.run(prepare)
     try:

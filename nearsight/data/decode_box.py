@@ -1,0 +1,391 @@
+"""The decode box: untrusted image bytes are decoded in worker processes that run under an
+address-space limit and a wall-time limit, and only the pixels the model needs come back.
+
+Image decoders are where a small file turns into a large allocation: a 1x1 TIFF whose tags
+all point at one 9 MB region is copied once per tag while Pillow reads its header, before any
+pixel budget can be checked. An estimate made before decoding cannot close that class; a limit
+on what the decoding process really maps can. So (as Pillow's security notes advise for
+untrusted input, and as image services bound their decoders per process):
+
+- a small pool of warm workers (:mod:`nearsight.data.decode_worker`, each a fresh interpreter:
+  nothing is forked from a threaded server) decodes one image at a time; each caps its own
+  address space (RLIMIT_AS) at what it maps after its imports plus ``memory_mb``;
+- the box waits at most ``timeout_s`` for an answer; a worker that is late, runs out of
+  memory or dies is killed and replaced, and that one image gets an :class:`ImageLoadError`
+  (one line: the REST API answers 415, the CLI exits 2, a build skips and names the file);
+- a worker answers with the upright RGB image cut and resized to the model's short side
+  (:func:`nearsight.models.preprocess.fit_short_side`): at most ``short x 16 short`` pixels,
+  checked before they are read, so the caller's memory never depends on what a file holds.
+
+:func:`shared_box` is the process's box, grown to the callers' concurrency; with
+``NEARSIGHT_TRUSTED_IMAGES=1`` (or :func:`set_trusted`) it is None and callers decode in
+process, for folders the operator vouches for.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fcntl
+import json
+import os
+import queue
+import select
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from PIL import Image
+
+from nearsight.core.errors import NearsightError
+from nearsight.data import decode_worker as wire
+from nearsight.data.images import ImageLoadError, load_image_sized
+from nearsight.models.preprocess import MAX_ASPECT_RATIO, fit_short_side
+
+# a worker's address space above its imports: the decode budget (images.MAX_DECODE_BYTES, 512 MB,
+# which an image's header is checked against first) and room for the resize and the answer
+DEFAULT_MEMORY_MB = 768
+MIN_MEMORY_MB = 64
+DEFAULT_TIMEOUT_S = 30.0  # a 64-megapixel 16-bit PNG takes a few seconds on a loaded core
+START_TIMEOUT_S = 60.0  # a worker's imports, on a loaded machine
+TRUSTED_ENV = "NEARSIGHT_TRUSTED_IMAGES"
+WORKER_LOG_ENV = "NEARSIGHT_DECODE_WORKER_LOG"
+PIPE_BYTES = 1 << 20  # Linux's largest pipe buffer for an unprivileged process
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """A decoded image as the model needs it, and the size it had upright before fitting."""
+
+    image: Image.Image  # RGB, short side ``short``, long side at most 16 short sides
+    loaded_size: tuple[int, int]  # (width, height) upright at full size, for the catalog
+
+
+class _Worker:
+    def __init__(self, memory_mb: int, timeout_s: float):
+        cpu_s = 2 * timeout_s + 5  # the kernel's backstop, past the box's own wall-time limit
+        log = os.environ.get(WORKER_LOG_ENV)  # where a worker's stderr goes (debugging)
+        with open(log or os.devnull, "ab") as stderr:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "nearsight.data.decode_worker", str(memory_mb),
+                 str(cpu_s)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                close_fds=True, cwd="/", env=_worker_env(),
+            )  # fmt: skip
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.to_worker = self.process.stdin.fileno()
+        self.from_worker = self.process.stdout.fileno()
+        os.set_blocking(self.to_worker, False)  # a stuck worker cannot block a write past
+        os.set_blocking(self.from_worker, False)  # the deadline
+        for fd in (self.to_worker, self.from_worker):
+            # a whole answer (a few hundred KB) in one write: no wake-up per 64 KB
+            with contextlib.suppress(OSError, AttributeError):
+                fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+        self.ready = False
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        for pipe in (self.process.stdin, self.process.stdout):
+            with contextlib.suppress(OSError):
+                pipe.close()
+        self.process.wait()
+
+
+def _worker_env() -> dict[str, str]:
+    """The worker imports this nearsight, wherever the caller's working folder is."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    # one thread per library: a thread pool reserves address space (stacks, arenas) the limit
+    # counts, and a worker decodes one image at a time anyway
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[name] = "1"
+    env["MALLOC_ARENA_MAX"] = "1"
+    return env
+
+
+class _Late(Exception):
+    pass
+
+
+class DecodeBox:
+    """``workers`` warm decoding processes, each limited to ``memory_mb`` MB of address space
+    above its imports and ``timeout_s`` seconds an image (see the module docstring)."""
+
+    def __init__(
+        self,
+        workers: int = 2,
+        *,
+        memory_mb: int = DEFAULT_MEMORY_MB,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ):
+        if workers < 1:
+            raise NearsightError(f"a decode box needs at least 1 worker, got {workers}")
+        self.memory_mb, self.timeout_s = int(memory_mb), float(timeout_s)
+        self._idle: queue.Queue[_Worker] = queue.Queue()
+        self._lock = threading.Lock()
+        self._all: set[_Worker] = set()
+        self._closed = False
+        self.replaced = 0  # workers killed (late, out of memory, crashed) and started again
+        self.grow(workers)
+
+    @property
+    def workers(self) -> int:
+        return len(self._all)
+
+    def grow(self, workers: int) -> None:
+        """Start workers until there are ``workers`` (they warm up in the background)."""
+        with self._lock:
+            while len(self._all) < workers and not self._closed:
+                self._start()
+
+    def _start(self) -> None:
+        worker = _Worker(self.memory_mb, self.timeout_s)
+        self._all.add(worker)
+        self._idle.put(worker)
+
+    def _replace(self, worker: _Worker) -> None:
+        worker.kill()
+        with self._lock:
+            self._all.discard(worker)
+            self.replaced += 1
+            if not self._closed:
+                self._start()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            workers, self._all = list(self._all), set()
+        for worker in workers:
+            worker.kill()
+
+    def __enter__(self) -> DecodeBox:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- decoding ---------------------------------------------------------------------------
+
+    def decode_bytes(
+        self, data: bytes, name: str, short: int, interpolation: str = "bilinear"
+    ) -> Fitted:
+        """An uploaded file's bytes, decoded in a worker and fitted to ``short`` (the model's
+        resize); ``name`` is what an error calls it."""
+        if not data:
+            raise ImageLoadError.for_file(name, "the file is empty")
+        return self._run({"name": name}, data, name, short, interpolation)
+
+    def decode_file(
+        self, path: str | os.PathLike[str], short: int, interpolation: str = "bilinear"
+    ) -> Fitted:
+        """An image file, read and decoded by a worker (errors name ``path``)."""
+        name = os.fspath(path)
+        header = {"name": name, "path": os.path.abspath(name)}
+        return self._run(header, b"", name, short, interpolation)
+
+    def _run(
+        self, header: dict, data: bytes, name: str, short: int, interpolation: str
+    ) -> Fitted:
+        if self._closed:
+            raise NearsightError("the decode box is closed")
+        header = {**header, "short": int(short), "interpolation": interpolation}
+        worker = self._take()
+        try:
+            deadline = time.monotonic() + self.timeout_s
+            message = json.dumps(header).encode()
+            _send(worker.to_worker, wire.REQUEST_HEAD.pack(len(message)) + message
+                  + wire.PAYLOAD_HEAD.pack(len(data)), deadline)  # fmt: skip
+            _send(worker.to_worker, data, deadline)
+            fitted = self._answer(worker, name, short, deadline)
+        except _Late:
+            self._replace(worker)
+            raise ImageLoadError.for_file(
+                name, f"decoding it took longer than the limit of {self.timeout_s:g} s"
+            ) from None
+        except (EOFError, OSError):
+            self._replace(worker)
+            raise ImageLoadError.for_file(
+                name, f"the decoder stopped on it (over the limit of {self.memory_mb} MB of "
+                "memory, or a corrupt file)",
+            ) from None
+        except _OutOfMemory:
+            self._replace(worker)
+            raise ImageLoadError.for_file(
+                name, f"decoding it needs more than the limit of {self.memory_mb} MB of memory"
+            ) from None
+        except _Refused as refusal:  # the worker is fine: only the file was bad
+            self._idle.put(worker)
+            raise ImageLoadError.for_file(name, str(refusal)) from None
+        except BaseException:
+            self._replace(worker)
+            raise
+        self._idle.put(worker)
+        return fitted
+
+    def _take(self) -> _Worker:
+        """An idle worker that is alive and ready (one that died while idle, or did not start,
+        is replaced; three in a row that do not start are an error)."""
+        code = None
+        for _ in range(3):
+            worker = self._idle.get()
+            if worker.process.poll() is None and (worker.ready or self._started(worker)):
+                return worker
+            code = worker.process.poll()
+            self._replace(worker)
+        raise NearsightError(
+            f"the image decoder did not start (exit code {code}; set {WORKER_LOG_ENV}=FILE "
+            "to keep its messages)"
+        )
+
+    @staticmethod
+    def _started(worker: _Worker) -> bool:
+        """Wait for a new worker's imports (it says when it is ready)."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        try:
+            worker.ready = _receive(worker.from_worker, 1, deadline) == wire.READY
+        except (_Late, EOFError, OSError):
+            worker.ready = False
+        return worker.ready
+
+    def _answer(self, worker: _Worker, name: str, short: int, deadline: float) -> Fitted:
+        kind = _receive(worker.from_worker, 1, deadline)
+        if kind in (b"E", b"M"):
+            (length,) = wire.TEXT_HEAD.unpack(
+                _receive(worker.from_worker, wire.TEXT_HEAD.size, deadline)
+            )
+            if length > 4096:
+                raise EOFError
+            text = _receive(worker.from_worker, length, deadline).decode("utf-8", "replace")
+            raise _OutOfMemory if kind == b"M" else _Refused(text)
+        if kind != b"P":
+            raise EOFError
+        width, height, loaded_w, loaded_h = wire.PIXELS_HEAD.unpack(
+            _receive(worker.from_worker, wire.PIXELS_HEAD.size, deadline)
+        )
+        if min(width, height) != short or max(width, height) > MAX_ASPECT_RATIO * short:
+            raise EOFError  # not what a fitted image is: never read an unbounded answer
+        pixels = _receive(worker.from_worker, width * height * 3, deadline)
+        return Fitted(Image.frombytes("RGB", (width, height), pixels), (loaded_w, loaded_h))
+
+
+class _OutOfMemory(Exception):
+    pass
+
+
+class _Refused(Exception):
+    """The worker's own one-line refusal (unreadable file, over the pixel budget)."""
+
+
+def _send(fd: int, data: bytes, deadline: float) -> None:
+    view = memoryview(data)
+    while view:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise _Late
+        _, writable, _ = select.select([], [fd], [], left)
+        if writable:
+            try:
+                view = view[os.write(fd, view[: 1 << 16]) :]
+            except BlockingIOError:
+                continue
+
+
+def _receive(fd: int, count: int, deadline: float) -> bytes:
+    chunks, left = [], count
+    while left:
+        wait = deadline - time.monotonic()
+        if wait <= 0:
+            raise _Late
+        readable, _, _ = select.select([fd], [], [], wait)
+        if not readable:
+            continue
+        try:
+            chunk = os.read(fd, min(left, 1 << 20))
+        except BlockingIOError:
+            continue
+        if not chunk:
+            raise EOFError
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+# -- the process's box ----------------------------------------------------------------------
+
+_SHARED: DecodeBox | None = None
+_SHARED_LOCK = threading.Lock()
+_TRUSTED: bool | None = None  # None: from the environment
+_SETTINGS = {"memory_mb": DEFAULT_MEMORY_MB, "timeout_s": DEFAULT_TIMEOUT_S}
+
+
+def set_trusted(trusted: bool | None) -> None:
+    """Decode in this process (True: the operator vouches for every image), in the box
+    (False), or as ``NEARSIGHT_TRUSTED_IMAGES`` says (None, the default: the box)."""
+    global _TRUSTED
+    _TRUSTED = trusted
+
+
+def trusted() -> bool:
+    if _TRUSTED is not None:
+        return _TRUSTED
+    return os.environ.get(TRUSTED_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def configure(*, memory_mb: int | None = None, timeout_s: float | None = None) -> None:
+    """The limits of the box :func:`shared_box` starts (a running one is restarted)."""
+    global _SHARED
+    with _SHARED_LOCK:
+        if memory_mb is not None:
+            if memory_mb < MIN_MEMORY_MB:
+                raise NearsightError(f"the decode memory limit must be at least "
+                                     f"{MIN_MEMORY_MB} MB, got {memory_mb}")  # fmt: skip
+            _SETTINGS["memory_mb"] = int(memory_mb)
+        if timeout_s is not None:
+            if not timeout_s > 0:
+                raise NearsightError(f"the decode time limit must be positive, got {timeout_s}")
+            _SETTINGS["timeout_s"] = float(timeout_s)
+        if _SHARED is not None:
+            _SHARED.close()
+            _SHARED = None
+
+
+def shared_box(workers: int = 1) -> DecodeBox | None:
+    """This process's decode box with at least ``workers`` workers (started on first use,
+    closed at exit), or None where images are trusted (:func:`set_trusted`)."""
+    global _SHARED
+    if trusted():
+        return None
+    with _SHARED_LOCK:
+        if _SHARED is None:
+            _SHARED = DecodeBox(workers, **_SETTINGS)  # type: ignore[arg-type]
+            atexit.register(_SHARED.close)
+            return _SHARED
+        box = _SHARED
+    box.grow(workers)
+    return box
+
+
+def fit_bytes(data: bytes, name: str, short: int, interpolation: str = "bilinear") -> Fitted:
+    """An untrusted file's bytes decoded and fitted to ``short``: in the shared box, or in
+    this process where images are trusted. The same pixels either way."""
+    box = shared_box()
+    if box is not None:
+        return box.decode_bytes(data, name, short, interpolation)
+    image, size = load_image_sized(data, name, short)
+    return Fitted(fit_short_side(image, short, interpolation), size)
+
+
+def fit_file(
+    path: str | os.PathLike[str], short: int, interpolation: str = "bilinear", workers: int = 1
+) -> Fitted:
+    """An image file decoded and fitted to ``short`` (as :func:`fit_bytes`)."""
+    box = shared_box(workers)
+    if box is not None:
+        return box.decode_file(path, short, interpolation)
+    image, size = load_image_sized(path, os.fspath(path), short)
+    return Fitted(fit_short_side(image, short, interpolation), size)
