@@ -24,7 +24,7 @@ from nearsight.app.batcher import BatcherFull
 from nearsight.app.rest.deps import ApiError, RestState, echo, one_line, rest_state
 from nearsight.core.errors import NearsightError
 from nearsight.data.images import ImageLoadError, load_image_bytes
-from nearsight.search.rerank.spec import parse_rerank
+from nearsight.search.rerank.spec import request_rerank
 from nearsight.search.route import check_vector
 from nearsight.search.served import ServedGallery
 
@@ -50,8 +50,8 @@ async def search(
         str | None,
         Form(
             max_length=200,
-            description="none | aqe | dba | dba+aqe | kreciprocal[:K=V,...] (default: the "
-            "server's)",
+            description="none | aqe | dba | dba+aqe | kreciprocal | pairwise[:K=V,...] "
+            "(default: the server's; pairwise runs the server's own re-ranker only)",
         ),
     ] = None,
 ) -> dict[str, Any]:
@@ -61,7 +61,7 @@ async def search(
         raise ApiError(422, "send exactly one of: image (a file), id, vector")
     view = state.view(gallery)
     try:
-        spec = view.rerank if rerank is None else parse_rerank(rerank)
+        spec = view.rerank if rerank is None else request_rerank(rerank, view.rerank)
     except ValueError as error:
         raise ApiError(422, str(error)) from None
     self_id = None  # a query that is a gallery item comes first, at distance 0
