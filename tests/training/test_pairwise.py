@@ -3,6 +3,8 @@ scores as torch does, and the file's contract is the one search reads."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -45,7 +47,7 @@ def test_a_trained_reranker_puts_the_true_neighbour_first_on_unseen_classes(tmp_
     spec = parse_rerank(f"pairwise:model={out},depth=10")
     reranked = evaluate_reranked(*test, (1,), spec, with_nmi=False)
     print(f"Recall@1 plain {plain['recall@1']:.3f} -> pairwise {reranked['recall@1']:.3f}")
-    # measured (seed 0): plain 0.233, re-ranked 0.756
+    # measured: plain 0.233, re-ranked 0.76-0.80 over fit seeds 0-2
     assert plain["recall@1"] < 0.5
     assert reranked["recall@1"] >= plain["recall@1"] + 0.3
     # one query the embedding gets wrong and the re-ranker right, checked by hand
@@ -80,16 +82,19 @@ def test_the_onnx_file_scores_as_torch_does(tmp_path, elementwise):
     out = tmp_path / "r.onnx"
     assert export_scorer(scorer, out, "b" * 64) <= 1e-5
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    exact = copy.deepcopy(scorer).double()
     rng = np.random.default_rng(0)
     for b, n in [(1, 1), (3, 6), (2, 33)]:
         query = rng.normal(size=(b, 8)).astype(np.float32)
         query /= np.linalg.norm(query, axis=1, keepdims=True)
         candidates = rng.normal(size=(b, n, 8)).astype(np.float32)
         candidates /= np.linalg.norm(candidates, axis=2, keepdims=True)
-        with torch.inference_mode():
-            expected = scorer(torch.from_numpy(query), torch.from_numpy(candidates)).numpy()
+        with torch.inference_mode():  # the file computes in float64, as this copy does
+            expected = exact(torch.from_numpy(query), torch.from_numpy(candidates)).numpy()
+            trained = scorer(torch.from_numpy(query), torch.from_numpy(candidates)).numpy()
         (got,) = session.run(["scores"], {"query": query, "candidates": candidates})
-        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(got, trained, rtol=1e-4, atol=1e-4)  # float32 rounding
 
 
 def test_the_file_contract_is_the_one_search_reads(tmp_path):

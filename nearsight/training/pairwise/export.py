@@ -9,6 +9,7 @@ half-written.
 
 from __future__ import annotations
 
+import copy
 import os
 import warnings
 from collections.abc import Mapping
@@ -35,11 +36,13 @@ def export_scorer(
     embedding_model_sha256: str,
     extra: Mapping[str, str] | None = None,
 ) -> float:
-    """Write ``scorer`` to ``out``; return :func:`parity` (NearsightError above
-    :data:`PARITY_ATOL`; nothing is written then)."""
+    """Write ``scorer`` (computing in float64) to ``out``; return :func:`parity` against the
+    float64 torch scorer (NearsightError above :data:`PARITY_ATOL`; nothing written then)."""
     out = Path(out)
     tmp = out.with_name(f".{out.name}.tmp")
-    scorer = scorer.eval()
+    # the file computes in float64: the list features compare and divide near-equal cosines,
+    # where float32 kernels of torch and onnxruntime part by more than the parity allows
+    scorer = copy.deepcopy(scorer).double().eval()
     example = _lists(2, 7, scorer.dim, seed=0)
     try:
         with warnings.catch_warnings():
@@ -78,7 +81,7 @@ def export_scorer(
         onnx.checker.check_model(model)
         onnx.save_model(model, str(tmp), save_as_external_data=False)
         worst = parity(scorer, tmp)
-        if not worst <= PARITY_ATOL:  # relative to the score (logits reach tens)
+        if not worst <= PARITY_ATOL:
             raise NearsightError(
                 f"the exported re-ranker differs from torch by {worst:.2e} (> {PARITY_ATOL})"
             )
@@ -89,8 +92,7 @@ def export_scorer(
 
 
 def parity(scorer: PairScorer, path: str | os.PathLike[str]) -> float:
-    """max |onnxruntime(CPU) - torch| / (1 + |torch|) over seeded random lists of several
-    shapes: float32 agreement relative to the score (logits reach tens)."""
+    """max |onnxruntime(CPU) - torch| over seeded random lists of several shapes."""
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -102,7 +104,7 @@ def parity(scorer: PairScorer, path: str | os.PathLike[str]) -> float:
         (got,) = session.run(["scores"], {"query": query.numpy(), "candidates": candidates.numpy()})
         if got.shape != expected.shape or not np.isfinite(expected).all():
             return float("inf")
-        worst = max(worst, float((np.abs(got - expected) / (1.0 + np.abs(expected))).max()))
+        worst = max(worst, float(np.abs(got - expected).max()))
     return worst
 
 

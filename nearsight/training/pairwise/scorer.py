@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 CONTEXT_K = 5  # the query's top candidates whose agreement with each candidate is a feature
-LIST_FEATURES = 10  # the per-candidate numbers beside the 2 * D elementwise ones
+LIST_FEATURES = 11  # the per-candidate numbers beside the 2 * D elementwise ones
 
 
 def pair_features(
@@ -37,12 +37,22 @@ def pair_features(
     top = (rank < CONTEXT_K).to(sims.dtype).unsqueeze(1) * others
     context_top = (among * top).sum(2) / top.sum(2).clamp_min(1.0)
     context_all = (among * others).sum(2) / others.sum(2).clamp_min(1.0)
-    nearer = ((among > sims.unsqueeze(2)).to(sims.dtype) * others).sum(2)
+    # soft count (a hard comparison would flip on float noise, and the file must score as
+    # torch does)
+    nearer = (torch.sigmoid((among - sims.unsqueeze(2)) / 0.02) * others).sum(2)
     mean = sims.mean(dim=1, keepdim=True)
     first = sims[:, :1]
     # agreement weighted by how near each other candidate is to the query (softmax over j != i)
     weights = torch.exp(20.0 * (sims - first)).unsqueeze(1) * others
     context_near = (among * weights).sum(2) / weights.sum(2).clamp_min(1e-12)
+    # contextual similarity: the correlation of the candidate's similarities to the list with
+    # the query's (items of one class see the list alike)
+    centred_q = sims - mean
+    centred_c = among - among.mean(dim=2, keepdim=True)
+    # (norms floored: a list of near-equal similarities must not amplify float noise)
+    profile = torch.matmul(centred_c, centred_q.unsqueeze(-1)).squeeze(-1) / (
+        centred_c.norm(dim=2).clamp_min(0.05) * centred_q.norm(dim=1, keepdim=True).clamp_min(0.05)
+    )
     listed = torch.stack(
         [
             sims,
@@ -55,6 +65,7 @@ def pair_features(
             sims * context_top,
             among[:, :, 0],
             context_near,
+            profile,
         ],
         dim=2,
     )
@@ -99,7 +110,10 @@ class PairScorer(nn.Module):
         self.scale.copy_(features.std(0).clamp_min(1e-6))
 
     def forward(self, query: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        # float32 in and out; inside, the parameters' precision (float64 once exported)
+        query, candidates = query.to(self.shift.dtype), candidates.to(self.shift.dtype)
         features = pair_features(query, candidates, self.elementwise)
         features = (features - self.shift) / self.scale
         sims = torch.matmul(candidates, query.unsqueeze(-1)).squeeze(-1)
-        return self.alpha * sims + self.bias + self.mlp(features).squeeze(-1)
+        scores = self.alpha * sims + self.bias + self.mlp(features).squeeze(-1)
+        return scores.to(torch.float32)
