@@ -161,6 +161,9 @@ def cost(workdir: Path, depth: int = 20, items: int = 10_000) -> dict:
 
 
 def run_pairwise(args) -> dict:
+    import torch
+
+    torch.set_num_threads(1)  # a shared 2-core machine: one thread fits fastest here
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="nearsight-pairwise-"))
     workdir.mkdir(parents=True, exist_ok=True)
     report = {"load_average_start": os.getloadavg()}

@@ -39,7 +39,7 @@ def sign_classes(classes: range, per_class: int, seed: int) -> tuple[np.ndarray,
 def test_a_trained_reranker_puts_the_true_neighbour_first_on_unseen_classes(tmp_path):
     train = sign_classes(range(0, 10), 30, seed=0)
     test = sign_classes(range(10, 16), 30, seed=1)  # patterns never trained on
-    scorer, report = fit_scorer(*train, FitSettings(depth=10, epochs=15, seed=0), log=print)
+    scorer, report = fit_scorer(*train, FitSettings(depth=10, seed=0), log=print)
     assert report.helped, report
     out = tmp_path / "r.onnx"
     export_scorer(scorer, out, "a" * 64)
@@ -47,7 +47,7 @@ def test_a_trained_reranker_puts_the_true_neighbour_first_on_unseen_classes(tmp_
     spec = parse_rerank(f"pairwise:model={out},depth=10")
     reranked = evaluate_reranked(*test, (1,), spec, with_nmi=False)
     print(f"Recall@1 plain {plain['recall@1']:.3f} -> pairwise {reranked['recall@1']:.3f}")
-    # measured: plain 0.233, re-ranked 0.76-0.80 over fit seeds 0-2
+    # measured: plain 0.233, re-ranked 0.77-0.79 over fit seeds 0-2
     assert plain["recall@1"] < 0.5
     assert reranked["recall@1"] >= plain["recall@1"] + 0.3
     # one query the embedding gets wrong and the re-ranker right, checked by hand

@@ -36,7 +36,7 @@ class FitSettings:
     batch: int = 64  # queries per step (each with its depth candidates)
     lr: float = 1e-3
     weight_decay: float = 1e-4
-    hidden: int = 128
+    hidden: int = 32  # the cost of a search is mostly this layer times 2D (bench/rerank.py)
     elementwise: bool = True  # q * c and |q - c| beside the list features
     keep_low: float = 0.05  # each query keeps same-class items with p ~ U(keep_low, 1)
     seed: int = 0
