@@ -129,6 +129,15 @@ def quality(name: str, workdir: Path, seeds, depths) -> dict:
     return result
 
 
+def search(gallery, queries: np.ndarray, spec) -> None:
+    from nearsight.search.rerank.search import reranked_search
+
+    if spec.active:
+        reranked_search(gallery, queries, 8, spec)
+    else:
+        gallery.search(queries, 8)
+
+
 def cost(workdir: Path, depth: int = 20, items: int = 10_000) -> dict:
     from nearsight.index.gallery.core import Gallery
     from nearsight.index.gallery.write import write_gallery
@@ -152,7 +161,7 @@ def cost(workdir: Path, depth: int = 20, items: int = 10_000) -> dict:
             line = []
             for method in methods:
                 spec = parse_rerank(method)
-                ms = timed(lambda q=queries[:batch], r=spec: gallery.search(q, 8, rerank=r), 15)
+                ms = timed(lambda q=queries[:batch], r=spec: search(gallery, q, r), 15)
                 name = method.split(":")[0]
                 report[f"{name}@{batch}_ms"] = ms
                 line.append(f"{name} {ms:.2f} ms ({ms / report[f'none@{batch}_ms']:.2f}x)")

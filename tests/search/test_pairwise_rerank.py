@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 
 import pytest
-from helpers import assert_one_line_error, run
+from helpers import assert_one_line_error, cli_argv, free_port, run
 
 from nearsight.core.errors import NearsightError
 from nearsight.search.rerank.spec import parse_rerank, request_rerank
@@ -84,6 +85,10 @@ def test_a_reranker_of_another_model_is_refused_in_one_line(trained, tmp_path, c
     ):
         code, _, err = run(capsys, *argv)
         assert_one_line_error(code, err, "trained for model ffffffffffff", "rerank train")
+    serve = cli_argv("serve", "--gallery", trained["gallery"], "--rerank", spec,
+                     "--port", free_port())  # fmt: skip
+    done = subprocess.run(serve, capture_output=True, text=True, timeout=180)  # refused at start
+    assert_one_line_error(done.returncode, done.stderr, "trained for model ffffffffffff")
     import nearsight
 
     with nearsight.open_gallery(trained["gallery"]) as gallery:
@@ -140,7 +145,6 @@ def test_the_spec_reads_and_writes_the_model_path():
 
 def test_rest_reranks_with_the_servers_file_and_refuses_a_named_one(trained, tmp_path):
     import httpx
-    from helpers import free_port
 
     from nearsight.app.page import build_app
     from nearsight.app.server import launch_app, stop_app
