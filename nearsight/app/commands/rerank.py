@@ -69,6 +69,8 @@ def run_train(args: argparse.Namespace) -> int:
         raise NearsightError(f"--epochs must be at least 1, got {args.epochs}")
     if args.model.suffix != ".onnx" or not args.model.is_file():
         raise NearsightError(f"--model must be an exported .onnx model file, got {args.model}")
+    if args.out.resolve() == args.model.resolve():
+        raise NearsightError("--out would overwrite --model: write the re-ranker elsewhere")
 
     import numpy as np
 

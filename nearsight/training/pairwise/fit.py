@@ -26,6 +26,7 @@ from nearsight.core.errors import NearsightError
 from nearsight.training.pairwise.scorer import PairScorer
 
 LIST_CHUNK = 512  # queries whose similarity rows are held at once (512 x N float32)
+SCORE_CHUNK = 4096  # queries whose lists are scored (or standardised) at once
 
 
 @dataclass
@@ -114,9 +115,13 @@ def list_scores(
     ``scorer`` (None: as they are); lists without a same-class item count 0 for both."""
     if scorer is not None:
         scorer.eval()
-        table = torch.from_numpy(vectors)
-        with torch.inference_mode():
-            scores = scorer(table, table[torch.from_numpy(lists)]).numpy()
+        table, rows = torch.from_numpy(vectors), torch.from_numpy(lists)
+        with torch.inference_mode():  # in chunks: [chunk, depth, features] at a time
+            parts = [
+                scorer(table[chunk], table[rows[chunk]]).numpy()
+                for chunk in torch.arange(len(lists)).split(SCORE_CHUNK)
+            ]
+            scores = np.concatenate(parts)
         lists = np.take_along_axis(lists, np.argsort(-scores, axis=1, kind="stable"), 1)
     hits = (labels[lists] == labels[:, None]).astype(np.float64)
     ranks = np.arange(1, lists.shape[1] + 1)
@@ -157,7 +162,9 @@ def fit_scorer(
 
     lists, targets = draw()
     scorer = PairScorer(vectors.shape[1], hidden=settings.hidden, elementwise=settings.elementwise)
-    scorer.fit_scale(table, table[lists])
+    sample = torch.randperm(len(table), generator=torch.Generator().manual_seed(settings.seed))
+    sample = sample[:SCORE_CHUNK]  # the features' mean and spread, from a bounded sample
+    scorer.fit_scale(table[sample], table[lists[sample]])
     optimiser = torch.optim.AdamW(
         scorer.parameters(), lr=settings.lr, weight_decay=settings.weight_decay
     )
