@@ -141,13 +141,13 @@ def search(gallery, queries: np.ndarray, spec) -> None:
 def cost(workdir: Path, depth: int = 20, items: int = 10_000) -> dict:
     from nearsight.index.gallery.core import Gallery
     from nearsight.index.gallery.write import write_gallery
-    from nearsight.training.pairwise import PairScorer, export_scorer
+    from nearsight.training.pairwise import FitSettings, PairScorer, export_scorer
 
     sys.path.insert(0, str(Path(__file__).parent))
     from rerank import clustered, timed
 
     reranker = workdir / "cost-128.onnx"
-    export_scorer(PairScorer(128), reranker, "0" * 64)
+    export_scorer(PairScorer(128, hidden=FitSettings().hidden), reranker, "0" * 64)
     vectors = clustered(items)
     rows = [{"path": f"/x/{i}.png", "label": None, "class_name": None} for i in range(items)]
     folder = write_gallery(workdir / "cost-gallery", vectors, rows, model_sha256="0" * 64,

@@ -12,6 +12,7 @@ any other gallery is refused in one line.
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -29,8 +30,8 @@ MAX_FILE_BYTES = 64 * 1024 * 1024  # a small MLP is well under 1 MB; refuse anyt
 # work budget of one onnxruntime call: query-candidate pairs (a [B, N, N] context matrix is
 # part of the graph, so B = MAX_RUN_PAIRS // N queries at a time keep its memory in tens of MB)
 MAX_RUN_PAIRS = 8192
-_CACHE_SIZE = 4  # re-rankers kept open per process (keyed by path, size and mtime)
-_cache: OrderedDict[tuple[str, int, int], PairwiseReranker] = OrderedDict()
+_CACHE_SIZE = 4  # re-rankers kept open per process (keyed by path, inode, size, mtime)
+_cache: OrderedDict[tuple[str, int, int, int, int], PairwiseReranker] = OrderedDict()
 _lock = threading.Lock()
 
 
@@ -108,24 +109,24 @@ class PairwiseReranker:
 def load_reranker(path: str | os.PathLike[str]) -> PairwiseReranker:
     """The re-ranker in ``path``, opened once per process while the file is unchanged (a
     one-line NearsightError when it is missing, too large or not a re-ranker)."""
-    file = Path(path).expanduser()
-    try:
-        stat = file.stat()
+    text = os.fspath(path)
+    try:  # one stat per search: the cache key is the file as it is now, not its old name
+        info = os.stat(text)
     except OSError as error:
-        raise NearsightError(f"re-ranker {file}: {error.strerror or error}") from None
-    if not file.is_file():
-        raise NearsightError(f"re-ranker {file} is not a file")
-    if stat.st_size > MAX_FILE_BYTES:
+        raise NearsightError(f"re-ranker {text}: {error.strerror or error}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise NearsightError(f"re-ranker {text} is not a file")
+    if info.st_size > MAX_FILE_BYTES:
         raise NearsightError(
-            f"re-ranker {file} is {stat.st_size / 2**20:.0f} MB; a nearsight re-ranker is "
+            f"re-ranker {text} is {info.st_size / 2**20:.0f} MB; a nearsight re-ranker is "
             f"under {MAX_FILE_BYTES // 2**20} MB"
         )
-    key = (str(file.resolve()), stat.st_size, stat.st_mtime_ns)
+    key = (text, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
     with _lock:
         if key in _cache:
             _cache.move_to_end(key)
             return _cache[key]
-    opened = PairwiseReranker(file)
+    opened = PairwiseReranker(text)
     with _lock:
         _cache[key] = opened
         while len(_cache) > _CACHE_SIZE:
@@ -147,7 +148,7 @@ def pairwise_distances(
     reranker = load_reranker(str(params["model"]))
     reranker.check_for(model_sha256, queries.shape[1])
     depth = min(int(params["depth"]), vectors.shape[1])
-    head = np.where(valid[:, :depth, None], vectors[:, :depth], 0.0)
+    head = vectors[:, :depth]  # a missing candidate's vector is zeros already (the pipeline)
     distances = np.full(valid.shape, np.inf)
     distances[:, :depth] = -reranker.scores(queries, head).astype(np.float64)
     return np.where(valid, distances, np.inf)

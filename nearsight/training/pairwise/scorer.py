@@ -79,7 +79,7 @@ class PairScorer(nn.Module):
     """Scores [B, N] of a query's candidates; higher: likelier the same class."""
 
     def __init__(
-        self, dim: int, hidden: int = 128, dropout: float = 0.1, elementwise: bool = True
+        self, dim: int, hidden: int = 32, dropout: float = 0.1, elementwise: bool = True
     ) -> None:
         super().__init__()
         width = 2 * dim * elementwise + LIST_FEATURES
