@@ -3,6 +3,9 @@
     python bench/rerank.py quality [--demo-model runs/demo/trained.onnx] [--json FILE]
     python bench/rerank.py latency [--sizes 10000 100000 1000000] [--json FILE]
     python bench/rerank.py rest [--items 10000] [--queries 60] [--rerank SPEC...] [--json FILE]
+    python bench/rerank.py pairwise [--workdir DIR] [--seeds 0 1 2] [--depths 5 10 20 50]
+
+pairwise: the learned re-ranker's lift on unseen classes and its cost (bench/rerank_pairwise.py).
 
 quality: each method family's parameters are chosen on validation classes (the best MAP@R of
 nearsight.search.rerank.tune's grid that keeps Recall@1), then Recall@1, Recall@8 and MAP@R are
@@ -269,7 +272,7 @@ def run_rest(args) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("part", choices=["quality", "latency", "rest"])
+    parser.add_argument("part", choices=["quality", "latency", "rest", "pairwise"])
     parser.add_argument("--demo-model", type=Path, help="the demo's trained ONNX model")
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
@@ -283,9 +286,18 @@ def main(argv=None) -> int:
     parser.add_argument("--items", type=int, default=10_000)
     parser.add_argument("--queries", type=int, default=60)
     parser.add_argument("--rerank", nargs="+", default=list(FAMILIES))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="pairwise")
+    parser.add_argument("--depths", type=int, nargs="+", default=[5, 10, 20, 50], help="pairwise")
+    parser.add_argument("--parts", nargs="+", default=["quality", "cost"], help="pairwise")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    report = {"quality": run_quality, "latency": run_latency, "rest": run_rest}[args.part](args)
+    parts = {"quality": run_quality, "latency": run_latency, "rest": run_rest}
+    if args.part == "pairwise":
+        sys.path.insert(0, str(Path(__file__).parent))
+        from rerank_pairwise import run_pairwise
+
+        parts["pairwise"] = run_pairwise
+    report = parts[args.part](args)
     report["load_average"] = os.getloadavg()
     print(f"\nload average {report['load_average'][0]:.2f} (cores: {os.cpu_count()})")
     if args.json:

@@ -82,6 +82,7 @@ def evaluate_gallery(
         labels,
         ks,
         spec,
+        model_sha256=gallery.model_sha256,
         nmi_init=init,
         queries=queries,
         with_nmi=with_nmi,

@@ -121,9 +121,20 @@ def resolve_rerank(gallery: Gallery, rerank: RerankSpec | str | None) -> RerankS
     if rerank is None:
         return stored_rerank(gallery)
     try:
-        return parse_rerank(rerank)
+        spec = parse_rerank(rerank)
     except ValueError as error:
         raise NearsightError(str(error)) from None
+    check_rerank(gallery, spec)
+    return spec
+
+
+def check_rerank(gallery: Gallery, spec: RerankSpec) -> None:
+    """A one-line NearsightError now, before any search, when ``spec`` cannot re-rank this
+    gallery: a pairwise re-ranker that is missing or trained for another embedding model."""
+    if spec.method == "pairwise":
+        from nearsight.search.rerank.pairwise import load_reranker
+
+        load_reranker(str(spec.params["model"])).check_for(gallery.model_sha256, gallery.dim)
 
 
 def search(

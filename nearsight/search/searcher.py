@@ -65,7 +65,7 @@ class Searcher:
     ) -> None:
         self.gallery = gallery
         self.path = gallery.path
-        self.rerank_override: RerankSpec | None = None  # serve --rerank
+        self._rerank_override: RerankSpec | None = None  # serve --rerank
         self._embedder = embedder
         self._model_override = model
         self._device = device
@@ -82,6 +82,17 @@ class Searcher:
                 self._model_override, device=self._device, optimization=self._optimization
             )
         return self._embedder
+
+    @property
+    def rerank_override(self) -> RerankSpec | None:
+        """The re-ranking that overrides the gallery's stored one (serve --rerank), if any."""
+        return self._rerank_override
+
+    @rerank_override.setter
+    def rerank_override(self, spec: RerankSpec | None) -> None:
+        if spec is not None:  # refused when set (serve's start), not on the first search
+            route.check_rerank(self.gallery, spec)
+        self._rerank_override = spec
 
     @property
     def rerank(self) -> RerankSpec:

@@ -94,3 +94,17 @@ def test_serve_page_loads_no_training_stack(onnx_gallery):
     modules = loaded_modules(RUN_PAGE, onnx_gallery.gallery, onnx_gallery.query)
     assert "gradio" in modules
     assert heavy(modules, allowed=SERVE_ALLOWED) == []
+
+
+def test_pairwise_rerank_loads_no_training_stack(onnx_gallery, tmp_path):
+    """The learned re-ranker runs in onnxruntime: its search loads no torch either."""
+    from nearsight.models.embedder import file_sha256
+    from nearsight.training.pairwise import PairScorer, export_scorer
+
+    reranker = tmp_path / "reranker.onnx"
+    export_scorer(PairScorer(8), reranker, file_sha256(onnx_gallery.model))
+    spec = f"pairwise:model={reranker},depth=5"
+    argv = ["search", "--gallery", onnx_gallery.gallery, onnx_gallery.query, "--rerank", spec]
+    assert heavy(loaded_modules(RUN_CLI, *argv, "--json")) == []
+    argv = ["eval", "--gallery", onnx_gallery.gallery, "--rerank", spec, "--json"]
+    assert heavy(loaded_modules(RUN_CLI, *argv)) == []

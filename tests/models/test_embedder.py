@@ -21,17 +21,12 @@ from PIL import Image
 import nearsight.models.onnx_session as onnx_session
 from nearsight.core.errors import NearsightError
 from nearsight.models.checkpoint import save_checkpoint
-from nearsight.models.embedder import (
-    Embedder,
-    OnnxEmbedder,
-    TorchEmbedder,
-    default_providers,
-    load_embedder,
-    physical_cores,
-)
+from nearsight.models.embedder import Embedder, OnnxEmbedder, default_providers, physical_cores
 from nearsight.models.embedding import EmbeddingConfig, EmbeddingNet
 from nearsight.models.export import export_onnx
+from nearsight.models.loading import load_embedder
 from nearsight.models.preprocess import test_transform as make_test_transform
+from nearsight.models.torch_embedder import TorchEmbedder
 
 SIZE, DIM = 32, 16
 RESIZE = round(SIZE * 256 / 224)  # the checkpoint has no training config: the default ratio

@@ -12,9 +12,10 @@ from nearsight.app.commands import (
     export,
     index,
     reproduce,
+    rerank,
     search,
     serve,
     train,
 )
 
-COMMANDS = [demo, data, train, export, index, eval, search, serve, reproduce]
+COMMANDS = [demo, data, train, export, index, eval, search, serve, reproduce, rerank]

@@ -6,14 +6,17 @@ import argparse
 
 from nearsight.search.rerank.spec import DEFAULTS, RerankSpec, parse_rerank
 
+
+def _defaults(params: dict[str, float | str]) -> str:
+    return ",".join(f"{k}={v:g}" for k, v in params.items() if not isinstance(v, str))
+
+
 RERANK_HELP = (
-    "re-rank the index's top candidates: none | aqe | dba | dba+aqe | kreciprocal, with "
-    "parameters after a colon (aqe:k=2,alpha=3; kreciprocal:k1=20,k2=6,lambda=0.3; each takes "
-    "depth=N candidates, default 100). Default: what the gallery stores (nearsight eval "
-    "--tune-on VAL --save), else none. Defaults: "
-    + "; ".join(
-        f"{m}:{','.join(f'{k}={v:g}' for k, v in p.items())}" for m, p in DEFAULTS.items() if p
-    )
+    "re-rank the index's top candidates: none | aqe | dba | dba+aqe | kreciprocal | "
+    "pairwise, with parameters after a colon (aqe:k=2,alpha=3; kreciprocal:k1=20,k2=6,"
+    "lambda=0.3; pairwise:model=RERANKER.onnx from nearsight rerank train; each takes depth=N "
+    "candidates). Default: what the gallery stores (nearsight eval --tune-on VAL --save), else "
+    "none. Defaults: " + "; ".join(f"{m}:{_defaults(p)}" for m, p in DEFAULTS.items() if p)
 )
 
 

@@ -112,7 +112,10 @@ class SearchJson(BaseModel):
     )
     gallery: str | None = None
     rerank: str | None = Field(
-        None, max_length=200, description="none | aqe | dba | dba+aqe | kreciprocal[:K=V,...]"
+        None,
+        max_length=200,
+        description="none | aqe | dba | dba+aqe | kreciprocal | pairwise[:K=V,...] (default: "
+        "the server's; pairwise runs the server's own re-ranker only)",
     )
 
 

@@ -18,14 +18,17 @@ def evaluate_reranked(
     labels: np.ndarray,
     ks: Sequence[int],
     spec: RerankSpec,
+    model_sha256: str | None = None,
     **options: Any,
 ) -> dict[str, float | int]:
     """:func:`nearsight.data.metrics.retrieval.evaluate` of ``vectors`` with ``spec`` applied to every
     query's nearest other rows; the query's own row is excluded from its candidates (by the
-    evaluation) and from every candidate's DBA neighbours (here). ``options``: evaluate's."""
+    evaluation) and from every candidate's DBA neighbours (here). ``model_sha256``: the model
+    that embedded ``vectors`` (a pairwise re-ranker trained for another is refused; None: not
+    recorded, not checked). ``options``: evaluate's."""
     if not spec.active:
         return evaluate(vectors, labels, ks, **options)
-    source = MatrixSource(vectors)
+    source = MatrixSource(vectors, model_sha256)
 
     def reorder(query_rows: np.ndarray, neighbours: np.ndarray) -> np.ndarray:
         found, _ = rerank(spec, source, source.vectors_of(query_rows), neighbours, query_rows)

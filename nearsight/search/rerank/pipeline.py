@@ -49,7 +49,9 @@ def rerank(
 
     Returns (keys, distances) [Q, N], nearest first, missing candidates last with key -1 and
     distance inf. Distances: Euclidean between the (expanded) query and the (augmented)
-    candidate for aqe/dba, the mixed Jaccard distance (Zhong et al., eq. 12) for kreciprocal.
+    candidate for aqe/dba, the mixed Jaccard distance (Zhong et al., eq. 12) for kreciprocal,
+    minus the learned score for pairwise (which re-orders only its first ``depth`` candidates:
+    the rest follow in the base order, at distance inf).
     """
     queries = np.asarray(queries, dtype=np.float32)
     candidates = np.asarray(candidates, dtype=np.int64)
@@ -64,7 +66,12 @@ def rerank(
         vectors[valid] = _augmented(source, candidates, vectors, valid, exclude, params)
     if spec.method in ("aqe", "dba+aqe"):
         queries = _expanded(queries, vectors, valid, params)
-    if spec.method == "kreciprocal":
+    if spec.method == "pairwise":  # a learned scorer of the first depth pairs (ONNX)
+        from nearsight.search.rerank.pairwise import pairwise_distances
+
+        model = getattr(source, "model_sha256", None)
+        distances = pairwise_distances(params, queries, vectors, valid, model)
+    elif spec.method == "kreciprocal":
         distances = _k_reciprocal(queries, vectors, valid, params)
     else:
         scores = np.einsum("qd,qnd->qn", queries.astype(np.float64), vectors.astype(np.float64))

@@ -18,8 +18,9 @@ class MatrixSource:
     """Rows of a [N, D] matrix (``nearsight eval``): neighbours from one exact kNN of every
     row, computed on first use (the evaluation is O(N^2) already)."""
 
-    def __init__(self, vectors: np.ndarray) -> None:
+    def __init__(self, vectors: np.ndarray, model_sha256: str | None = None) -> None:
         self.vectors = vectors
+        self.model_sha256 = model_sha256  # the embedding model (None: not recorded)
         self._table: tuple[np.ndarray, np.ndarray] | None = None
 
     def vectors_of(self, keys: np.ndarray) -> np.ndarray:
@@ -38,6 +39,7 @@ class GallerySource:
 
     def __init__(self, gallery: Gallery) -> None:
         self.gallery = gallery
+        self.model_sha256 = gallery.model_sha256
 
     def vectors_of(self, keys: np.ndarray) -> np.ndarray:
         unique, inverse = np.unique(np.asarray(keys, dtype=np.int64), return_inverse=True)

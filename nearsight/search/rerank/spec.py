@@ -1,4 +1,7 @@
-"""Parse `none|aqe|dba|kreciprocal|dba+aqe[:key=value,...]` into a RerankSpec."""
+"""Parse `none|aqe|dba|kreciprocal|dba+aqe|pairwise[:key=value,...]` into a RerankSpec.
+
+Every parameter is a number except pairwise's ``model``: the path of a re-ranker ONNX file
+(``nearsight rerank train``), taken as text up to the next comma."""
 
 from __future__ import annotations
 
@@ -7,13 +10,16 @@ from dataclasses import dataclass, field
 
 # depth: how many base-search candidates are re-ranked (at least the answer's k, at most
 # MAX_DEPTH)
-DEFAULTS: dict[str, dict[str, float]] = {
+DEFAULTS: dict[str, dict[str, float | str]] = {
     "none": {},
     "aqe": {"k": 2, "alpha": 3.0, "depth": 100},
     "dba": {"k": 2, "alpha": 3.0, "depth": 100},
     "dba+aqe": {"k": 2, "alpha": 3.0, "depth": 100},
     "kreciprocal": {"k1": 20, "k2": 6, "lambda": 0.3, "depth": 100},
+    # a learned scorer of (query, candidate) pairs; model= is required, depth as trained
+    "pairwise": {"model": "", "depth": 20},
 }
+_TEXTS = {"model"}
 _INTS = {"k", "k1", "k2", "depth"}
 # bounds a request can ask for: k-reciprocal costs O(depth^3) per query
 MAX_DEPTH = 400  # candidates re-ranked per query, whatever the answer's k
@@ -23,7 +29,7 @@ _MAX = {"depth": MAX_DEPTH, "k": 64, "k1": 200, "k2": 200, "alpha": 100.0}
 @dataclass(frozen=True)
 class RerankSpec:
     method: str
-    params: dict[str, float] = field(default_factory=dict)
+    params: dict[str, float | str] = field(default_factory=dict)
 
     @property
     def active(self) -> bool:
@@ -45,7 +51,9 @@ class RerankSpec:
 NONE = RerankSpec("none")
 
 
-def _number(value: float) -> str:
+def _number(value: float | str) -> str:
+    if isinstance(value, str):
+        return value
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
@@ -68,6 +76,9 @@ def parse_rerank(text: str | RerankSpec | None) -> RerankSpec:
         key = key.strip()
         if not eq or key not in params:
             raise ValueError(f"bad rerank parameter {item!r} for {method}; known: {sorted(params)}")
+        if key in _TEXTS:
+            params[key] = _text_value(key, value)
+            continue
         try:
             num = int(value) if key in _INTS else float(value)
         except ValueError:
@@ -82,4 +93,39 @@ def parse_rerank(text: str | RerankSpec | None) -> RerankSpec:
             top = f" (at most {_number(_MAX[key])})" if key in _MAX else ""
             raise ValueError(f"rerank parameter {key}={value} is out of range{top}")
         params[key] = num
+    if method == "pairwise" and not params["model"]:
+        raise ValueError(
+            "pairwise needs its model: pairwise:model=FILE.onnx (from nearsight rerank train)"
+        )
     return RerankSpec(method, params)
+
+
+def _text_value(key: str, value: str) -> str:
+    value = value.strip()
+    if not value or any(ord(char) < 32 for char in value) or len(value) > 4096:
+        raise ValueError(f"rerank parameter {key} needs a file path, got {value!r}")
+    return value
+
+
+def request_rerank(text: str, served: RerankSpec) -> RerankSpec:
+    """A remote request's re-ranking (REST's ``rerank`` field): any spec, except that a pairwise
+    one runs only the server's own re-ranker file (``serve --rerank pairwise:model=FILE``), so a
+    request never makes the server open a file it names. ``pairwise`` or ``pairwise:depth=N``
+    without ``model=`` means the server's. ValueError (one line) otherwise."""
+    method = text.strip().partition(":")[0].strip().lower()
+    if method != "pairwise":
+        return parse_rerank(text)
+    if served.method != "pairwise":
+        raise ValueError(
+            "this server has no pairwise re-ranker (start it with serve --rerank "
+            "pairwise:model=FILE)"
+        )
+    own = str(served.params["model"])
+    rest = text.strip().partition(":")[2]
+    given = [p.strip() for p in rest.split(",") if p.strip()]
+    if any(p.partition("=")[0].strip() == "model" for p in given):
+        spec = parse_rerank(text)
+        if spec.params["model"] != own:
+            raise ValueError("a request may use only the server's pairwise re-ranker: omit model=")
+        return spec
+    return parse_rerank(f"pairwise:{','.join([f'model={own}', *given])}")

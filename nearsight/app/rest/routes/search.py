@@ -33,7 +33,7 @@ from nearsight.app.serve.batcher import BatcherFull
 from nearsight.core.errors import NearsightError
 from nearsight.data.decode_box import fit_bytes
 from nearsight.data.images import ImageLoadError
-from nearsight.search.rerank.spec import parse_rerank
+from nearsight.search.rerank.spec import request_rerank
 from nearsight.search.route import check_vector
 from nearsight.search.served import ServedGallery
 
@@ -87,7 +87,7 @@ async def search(
     k = fields["k"]
     rerank = fields.get("rerank")
     try:
-        spec = view.rerank if rerank is None else parse_rerank(rerank)
+        spec = view.rerank if rerank is None else request_rerank(rerank, view.rerank)
     except ValueError as error:
         raise ApiError(422, str(error)) from None
     self_id = None  # a query that is a gallery item comes first, at distance 0

@@ -1,0 +1,192 @@
+"""The learned pairwise re-ranker (issue 41): its lift on unseen classes and its cost.
+
+    python bench/rerank.py pairwise [--workdir DIR] [--seeds 0 1 2] [--depths 5 10 20 50]
+        [--parts quality cost]
+
+Two real sets, each with an embedding trained here from scratch on its training classes (a
+ResNet-50, RLL, the CLI's own train and export):
+- ``digits``: scikit-learn's handwritten digits at 32 px in the SOP layout
+  (bench/defaults_labelled.py), digits 0-4 train, 5-9 test; 60 steps;
+- ``synthetic``: ``nearsight data synth`` (40 classes, 20 train / 20 test, 48 px); 150 steps.
+
+For each seed a re-ranker is trained on the training split (``fit_scorer``, classes held out
+for the choice of epoch, test classes never read) and exported; every depth is then measured
+on the test classes, leave-one-out (Recall@1, MAP@R) beside aqe, dba and kreciprocal at their
+defaults and the same depth. ``oracle`` (depth 20): the same re-ranker trained on the test
+classes themselves (not a method: it bounds what an embedding-only re-ranker could gain);
+``oracle-list``: the same with the list features only (no elementwise q * c, |q - c|).
+
+Cost: a search of a 10,000-item 128-d flat gallery, k = 8, batch 1 and 64, median of 101 calls
+after 20 unmeasured ones, plain against each method at depth 20 (the file's weights do not
+change its cost; its size is the default's). Run it with OMP_NUM_THREADS=1 on a shared machine.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from nearsight.search.rerank.evaluate import evaluate_reranked
+from nearsight.search.rerank.spec import parse_rerank
+
+CLASSICAL = ("aqe", "dba", "kreciprocal")
+# train: the method; oracle: trained on the test classes (a bound, not a method); oracle-list:
+# the same without the elementwise features (what the list context alone can give)
+SOURCES = ("train", "oracle", "oracle-list")
+WARM_UP, REPEATS = 20, 101  # cost: calls before timing, timed calls (the median is reported)
+
+
+def _cli(*argv) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    command = [sys.executable, "-m", "nearsight.app.cli", *map(str, argv)]
+    subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL)
+
+
+def make_set(name: str, workdir: Path) -> tuple[Path, str, Path]:
+    """(data root, dataset kind, trained model.onnx) of ``name``, made once in ``workdir``."""
+    root, model = workdir / name, workdir / f"{name}.onnx"
+    if name == "digits":
+        sys.path.insert(0, str(Path(__file__).parent))
+        from defaults_labelled import write_digits_sop
+
+        kind, steps, size, batch = "sop", 60, 32, ["--classes-per-batch", 5, "--per-class", 8]
+        if not root.exists():
+            write_digits_sop(root)
+    else:
+        kind, steps, size, batch = "folder", 150, 48, ["--classes-per-batch", 8, "--per-class", 4]
+        if not root.exists():
+            _cli("data", "synth", "--out", root, "--classes", 40, "--per-class", 20,
+                 "--size", size)  # fmt: skip
+    if not model.exists():
+        run = workdir / f"{name}-run"
+        _cli("train", "--dataset", kind, "--root", root, "--loss", "rll", "--out", run,
+             "--image-size", size, "--pretrained", "none", "--steps", steps, *batch,
+             "--workers", 0, "--eval-every", steps, "--seed", 0)  # fmt: skip
+        _cli("export", "--checkpoint", run / "best.pt", "--out", model)
+    return root, kind, model
+
+
+def embedded(root: Path, kind: str, model: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    from nearsight.data.datasets import load_dataset
+    from nearsight.index.embed import embed_files
+    from nearsight.models.embedder import load_embedder
+
+    embedder = load_embedder(model, device="cpu")
+    out = {}
+    for split in ("train", "test"):
+        data = load_dataset(kind, root, split)
+        result = embed_files(embedder, [s.path for s in data.samples], desc=f"{split} split")
+        out[split] = (result.embeddings, np.asarray(data.labels)[result.ok])
+    return out
+
+
+def scores(vectors, labels, spec: str) -> dict[str, float]:
+    metrics = evaluate_reranked(vectors, labels, (1,), parse_rerank(spec), with_nmi=False)
+    return {"recall@1": float(metrics["recall@1"]), "map@r": float(metrics["map@r"])}
+
+
+def quality(name: str, workdir: Path, seeds, depths) -> dict:
+    from nearsight.training.pairwise import FitSettings, export_scorer, fit_scorer
+
+    root, kind, model = make_set(name, workdir)
+    sets = embedded(root, kind, model)
+    test = sets["test"]
+    result = {"plain": scores(*test, "none"), "depths": {}}
+    print(f"\n{name}: {len(sets['train'][1])} train items, {len(test[1])} test items; plain "
+          f"Recall@1 {result['plain']['recall@1']:.4f}, MAP@R {result['plain']['map@r']:.4f}")  # fmt: skip
+    files: dict[tuple[str, int, int], Path] = {}
+    for depth in depths:
+        # oracle runs (trained on the test classes themselves) at depth 20 only: they bound
+        # what any embedding-only re-ranker of these features could gain
+        sources = SOURCES if depth == 20 else SOURCES[:1]
+        for seed in seeds:
+            for source in sources:
+                vectors, labels = sets["train"] if source == "train" else test
+                settings = FitSettings(depth=depth, seed=seed, elementwise=source != "oracle-list")
+                scorer, report = fit_scorer(vectors, labels, settings, log=lambda line: None)
+                files[source, depth, seed] = workdir / f"{name}-{source}-{depth}-{seed}.onnx"
+                export_scorer(scorer, files[source, depth, seed], "bench")
+        row = {}
+        for source in sources:
+            runs = [scores(*test, f"pairwise:model={files[source, depth, s]},depth={depth}")
+                    for s in seeds]  # fmt: skip
+            row[f"pairwise ({source})"] = {
+                key: [r[key] for r in runs] for key in ("recall@1", "map@r")
+            }
+        for method in CLASSICAL:
+            row[method] = scores(*test, f"{method}:depth={depth}")
+        result["depths"][depth] = row
+        print(f"  depth {depth}:")
+        for method, got in row.items():
+            r1, mapr = np.atleast_1d(got["recall@1"]), np.atleast_1d(got["map@r"])
+            print(f"    {method:<18} Recall@1 {r1.mean():.4f} (seeds {np.round(r1, 4).tolist()}, "
+                  f"lift {r1.mean() - result['plain']['recall@1']:+.4f})  MAP@R {mapr.mean():.4f} "
+                  f"({mapr.mean() - result['plain']['map@r']:+.4f})")  # fmt: skip
+    return result
+
+
+def search(gallery, queries: np.ndarray, spec) -> None:
+    from nearsight.search.rerank.search import reranked_search
+
+    if spec.active:
+        reranked_search(gallery, queries, 8, spec)
+    else:
+        gallery.search(queries, 8)
+
+
+def cost(workdir: Path, depth: int = 20, items: int = 10_000) -> dict:
+    from nearsight.index.gallery.core import Gallery
+    from nearsight.index.gallery.write import write_gallery
+    from nearsight.training.pairwise import FitSettings, PairScorer, export_scorer
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from rerank import clustered, timed
+
+    reranker = workdir / "cost-128.onnx"
+    export_scorer(PairScorer(128, hidden=FitSettings().hidden), reranker, "0" * 64)
+    vectors = clustered(items)
+    rows = [{"path": f"/x/{i}.png", "label": None, "class_name": None} for i in range(items)]
+    folder = write_gallery(workdir / "cost-gallery", vectors, rows, model_sha256="0" * 64,
+                           index_type="flat", neighbour_graph=True)  # fmt: skip
+    methods = ["none", f"pairwise:model={reranker},depth={depth}",
+               *(f"{m}:depth={depth}" for m in CLASSICAL)]  # fmt: skip
+    report = {}
+    with Gallery.open(folder) as gallery:
+        queries = clustered(64, seed=1)
+        for batch in (1, 64):
+            line = []
+            for method in methods:
+                spec = parse_rerank(method)
+                call = lambda q=queries[:batch], r=spec: search(gallery, q, r)  # noqa: E731
+                for _ in range(WARM_UP):  # onnxruntime's first runs allocate its arena
+                    call()
+                ms = timed(call, REPEATS)
+                name = method.split(":")[0]
+                report[f"{name}@{batch}_ms"] = ms
+                line.append(f"{name} {ms:.2f} ms ({ms / report[f'none@{batch}_ms']:.2f}x)")
+            print(f"  batch {batch:>2}, depth {depth}: " + "  ".join(line))
+    return report
+
+
+def run_pairwise(args) -> dict:
+    import torch
+
+    torch.set_num_threads(1)  # a shared 2-core machine: one thread fits fastest here
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="nearsight-pairwise-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    report = {"load_average_start": os.getloadavg()}
+    start = time.perf_counter()
+    if "quality" in args.parts:  # no timing: run it beside other work
+        for name in ("digits", "synthetic"):
+            report[name] = quality(name, workdir, args.seeds, args.depths)
+    if "cost" in args.parts:  # timing: under flock /tmp/nearsight-bench.lock
+        print(f"\ncost per query, 10,000 items, 128-d, flat, k=8, median of {REPEATS}:")
+        report["cost"] = cost(workdir)
+    report["seconds"] = time.perf_counter() - start
+    return report

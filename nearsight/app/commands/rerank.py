@@ -1,0 +1,125 @@
+"""``nearsight rerank train``: fit the pairwise re-ranker that ``--rerank pairwise:model=FILE``
+runs, on a dataset's training split embedded by the gallery's model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from nearsight.search.rerank.spec import MAX_DEPTH
+
+DATASETS = ("cub", "cars", "sop", "folder", "csv")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "rerank", help="train a learned pairwise re-ranker (--rerank pairwise:model=FILE)"
+    )
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+    train = verbs.add_parser(
+        "train",
+        help="fit a re-ranker on a training split's embeddings and export it to ONNX",
+        description="Embed the training split of --dataset with --model, hold out some of its "
+        "classes, and fit a small scorer of (query, candidate) pairs on the others: each item "
+        "queries the rest, its --depth nearest are its candidates, each pair labelled "
+        "same-class or not. The epoch kept is the best on the held-out classes (the untrained "
+        "scorer, which keeps the base order, when none helps). The test classes are never "
+        "read. The ONNX file records the model it was trained for: galleries of other models "
+        "refuse it.",
+    )
+    train.add_argument("--model", type=Path, required=True, help="the embedding model (.onnx)")
+    train.add_argument("--dataset", choices=DATASETS, required=True)
+    train.add_argument("--root", type=Path, required=True, help="dataset folder (or parent)")
+    train.add_argument("--out", type=Path, required=True, help="the re-ranker .onnx to write")
+    train.add_argument(
+        "--depth", type=int, default=20, help="candidates per query, as searches re-rank them "
+        "(default 20)",
+    )  # fmt: skip
+    train.add_argument(
+        "--held-out", type=float, default=0.2,
+        help="share of the training classes held out to choose the epoch (default 0.2, at "
+        "least 2 classes)",
+    )  # fmt: skip
+    train.add_argument("--epochs", type=int, default=30, help="default 30")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument(
+        "--list-features-only", action="store_true",
+        help="score pairs by their list features only (ranks, similarities, the candidates' "
+        "agreement), without the embeddings' elementwise products and differences",
+    )  # fmt: skip
+    train.add_argument("--batch-size", type=int, default=64, help="images per embedding batch")
+    train.add_argument("--workers", type=int, default=0, help="image-decoding threads")
+    train.add_argument("--json", action="store_true", help="print the report as JSON")
+    train.set_defaults(func=run_train)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from nearsight.core.errors import NearsightError
+
+    if args.out.suffix != ".onnx":
+        raise NearsightError(f"--out must be a .onnx file, got {args.out}")
+    if not args.out.parent.is_dir():
+        raise NearsightError(f"--out: folder {args.out.parent} does not exist")
+    if not 2 <= args.depth <= MAX_DEPTH:
+        raise NearsightError(f"--depth must be from 2 to {MAX_DEPTH}, got {args.depth}")
+    if args.epochs < 1:
+        raise NearsightError(f"--epochs must be at least 1, got {args.epochs}")
+    if args.model.suffix != ".onnx" or not args.model.is_file():
+        raise NearsightError(f"--model must be an exported .onnx model file, got {args.model}")
+    if args.out.resolve() == args.model.resolve():
+        raise NearsightError("--out would overwrite --model: write the re-ranker elsewhere")
+
+    import numpy as np
+
+    from nearsight.data.datasets import load_dataset
+    from nearsight.index.embed import check_batching, embed_files
+    from nearsight.models.embedder import load_embedder
+    from nearsight.training.pairwise import FitSettings, export_scorer, fit_scorer
+
+    check_batching(args.batch_size, args.workers)
+    split = load_dataset(args.dataset, args.root, "train")  # never the test classes
+    embedder = load_embedder(args.model, device="cpu")
+    paths = [sample.path for sample in split.samples]
+    embedded = embed_files(embedder, paths, batch_size=args.batch_size, workers=args.workers,
+                           desc="embedding the training split")  # fmt: skip
+    for line in embedded.errors:
+        print(f"nearsight: skipped {line}", file=sys.stderr)
+    labels = np.asarray(split.labels)[embedded.ok]
+    settings = FitSettings(depth=args.depth, held_out=args.held_out, epochs=args.epochs,
+                           seed=args.seed, elementwise=not args.list_features_only)  # fmt: skip
+    log = (lambda line: print(line, file=sys.stderr)) if args.json else print
+    scorer, report = fit_scorer(embedded.embeddings, labels, settings, log=log)
+    extra = {
+        "depth": str(report.depth),
+        "dataset": args.dataset,
+        "fit_classes": ",".join(map(str, report.fit_classes)),
+        "held_out_classes": ",".join(map(str, report.held_out_classes)),
+        "held_out": json.dumps({"plain": asdict(report.plain), "chosen": asdict(report.chosen)}),
+    }
+    parity = export_scorer(scorer, args.out, embedder.model_sha256, extra)
+    summary = {
+        "out": str(args.out),
+        "model_sha256": embedder.model_sha256,
+        "parity": parity,
+        "helped_on_held_out": report.helped,
+        **{k: v for k, v in asdict(report).items() if k != "rows"},
+        "epochs": [asdict(row) for row in report.rows],
+    }
+    if args.json:
+        print(json.dumps(summary, default=float))
+        return 0
+    verdict = (
+        f"epoch {report.chosen.epoch} kept"
+        if report.helped
+        else "no epoch beat plain search there: the file keeps the base order"
+    )
+    print(
+        f"wrote {args.out} (parity {parity:.1e}); held-out classes: plain Recall@1 "
+        f"{report.plain.recall_at_1:.4f} -> {report.chosen.recall_at_1:.4f}, mAP "
+        f"{report.plain.mean_ap:.4f} -> {report.chosen.mean_ap:.4f}, {verdict}. Use it: "
+        f"--rerank pairwise:model={args.out},depth={report.depth}"
+    )
+    return 0

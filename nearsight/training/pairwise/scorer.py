@@ -1,0 +1,119 @@
+"""The pairwise scorer: (query, its top-N candidates) -> a score per candidate, in torch.
+
+Exported whole to ONNX (features included), so search runs exactly this graph. Each pair
+(q, c_i) is described by
+- the pair itself, as in OML's ConcatSiamese head but on the embeddings: q * c_i and |q - c_i|;
+- its place in the base ranking: cos(q, c_i), its gap to the first candidate's and to the mean,
+  log(1 + rank);
+- the candidates' agreement (the list context that Reranking Transformers and STIR get from
+  attending over the top candidates, here as three numbers): c_i's mean cosine to the query's
+  other top-K candidates, to all the other candidates, and log(1 + the number of candidates
+  nearer to c_i than the query is), a soft k-reciprocal test.
+
+The score is ``alpha * cos(q, c_i) + bias + mlp(features)`` with the MLP's last layer zero at
+the start: an untrained scorer keeps the base order, and training moves away from it only as
+far as the pairs ask.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+CONTEXT_K = 5  # the query's top candidates whose agreement with each candidate is a feature
+LIST_FEATURES = 11  # the per-candidate numbers beside the 2 * D elementwise ones
+
+
+def pair_features(
+    query: torch.Tensor, candidates: torch.Tensor, elementwise: bool = True
+) -> torch.Tensor:
+    """[B, N, 2D + 8] features of ``query`` [B, D] with each of its ``candidates`` [B, N, D]
+    (in the base search's order; a missing candidate is a zero vector). Written with shapes
+    read from the tensors only, so the exported graph takes any B and N."""
+    sims = torch.matmul(candidates, query.unsqueeze(-1)).squeeze(-1)  # [B, N]
+    rank = torch.cumsum(torch.ones_like(sims), dim=1) - 1.0  # 0, 1, ... per row
+    among = torch.matmul(candidates, candidates.transpose(1, 2))  # [B, N, N]
+    others = 1.0 - (rank.unsqueeze(2) == rank.unsqueeze(1)).to(sims.dtype)  # j != i
+    top = (rank < CONTEXT_K).to(sims.dtype).unsqueeze(1) * others
+    context_top = (among * top).sum(2) / top.sum(2).clamp_min(1.0)
+    context_all = (among * others).sum(2) / others.sum(2).clamp_min(1.0)
+    # soft count (a hard comparison would flip on float noise, and the file must score as
+    # torch does)
+    nearer = (torch.sigmoid((among - sims.unsqueeze(2)) / 0.02) * others).sum(2)
+    mean = sims.mean(dim=1, keepdim=True)
+    first = sims[:, :1]
+    # agreement weighted by how near each other candidate is to the query (softmax over j != i)
+    weights = torch.exp(20.0 * (sims - first)).unsqueeze(1) * others
+    context_near = (among * weights).sum(2) / weights.sum(2).clamp_min(1e-12)
+    # contextual similarity: the correlation of the candidate's similarities to the list with
+    # the query's (items of one class see the list alike)
+    centred_q = sims - mean
+    centred_c = among - among.mean(dim=2, keepdim=True)
+    # (norms floored: a list of near-equal similarities must not amplify float noise)
+    profile = torch.matmul(centred_c, centred_q.unsqueeze(-1)).squeeze(-1) / (
+        centred_c.norm(dim=2).clamp_min(0.05) * centred_q.norm(dim=1, keepdim=True).clamp_min(0.05)
+    )
+    listed = torch.stack(
+        [
+            sims,
+            sims - first,
+            sims - mean,
+            torch.log1p(rank),
+            context_top,
+            context_all,
+            torch.log1p(nearer),
+            sims * context_top,
+            among[:, :, 0],
+            context_near,
+            profile,
+        ],
+        dim=2,
+    )
+    if not elementwise:
+        return listed
+    q = query.unsqueeze(1).expand_as(candidates)
+    return torch.cat([q * candidates, (q - candidates).abs(), listed], dim=2)
+
+
+class PairScorer(nn.Module):
+    """Scores [B, N] of a query's candidates; higher: likelier the same class."""
+
+    def __init__(
+        self, dim: int, hidden: int = 32, dropout: float = 0.1, elementwise: bool = True
+    ) -> None:
+        super().__init__()
+        width = 2 * dim * elementwise + LIST_FEATURES
+        self.dim, self.elementwise = dim, elementwise
+        # standardisation of the features, fitted on the training pairs (fit_scale)
+        self.register_buffer("shift", torch.zeros(width))
+        self.register_buffer("scale", torch.ones(width))
+        self.mlp = nn.Sequential(
+            nn.Linear(width, hidden),
+            nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Linear(hidden, 1),
+        )
+        nn.init.zeros_(self.mlp[-1].weight)
+        nn.init.zeros_(self.mlp[-1].bias)
+        self.alpha = nn.Parameter(torch.tensor(10.0))
+        self.bias = nn.Parameter(torch.tensor(-5.0))
+
+    @torch.no_grad()
+    def fit_scale(self, query: torch.Tensor, candidates: torch.Tensor) -> None:
+        """Set the standardisation from (a sample of) the training lists."""
+        features = pair_features(query, candidates, self.elementwise)
+        features = features.reshape(-1, self.shift.numel())
+        self.shift.copy_(features.mean(0))
+        self.scale.copy_(features.std(0).clamp_min(1e-6))
+
+    def forward(self, query: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        # float32 in and out; inside, the parameters' precision (float64 once exported)
+        query, candidates = query.to(self.shift.dtype), candidates.to(self.shift.dtype)
+        features = pair_features(query, candidates, self.elementwise)
+        features = (features - self.shift) / self.scale
+        sims = torch.matmul(candidates, query.unsqueeze(-1)).squeeze(-1)
+        scores = self.alpha * sims + self.bias + self.mlp(features).squeeze(-1)
+        return scores.to(torch.float32)
