@@ -231,8 +231,9 @@ def local_share(
     search = getattr(index, "search_numpy", index.search)
     probe = min(probe, int(index.ntotal))
     _, near = search(queries, probe, params=faiss.SearchParametersHNSW(efSearch=probe))
-    inside = np.isin(near, allowed, assume_unique=False) & (near >= 0)
-    return inside.mean(axis=1)
+    bits = np.zeros(int(max(allowed[-1], near.max(initial=0))) + 1, bool)
+    bits[allowed] = True
+    return (bits[near] & (near >= 0)).mean(axis=1)
 
 
 def lists_of(index: faiss.Index, state: FilterState) -> None:

@@ -251,8 +251,11 @@ class Gallery:
             allowed = np.asarray(ids, dtype=np.int64).reshape(-1)
             if len(allowed) and not (np.diff(allowed) > 0).all():  # filter_ids' are sorted
                 allowed = np.unique(allowed)
-            position = np.minimum(np.searchsorted(self.ids, allowed), max(0, self.count - 1))
-            allowed = allowed[self.ids[position] == allowed] if self.count else allowed[:0]
+            if self.count and self.ids[-1] == self.count - 1 and self.ids[0] == 0:
+                allowed = allowed[(allowed >= 0) & (allowed < self.count)]  # ids 0..N-1
+            else:
+                position = np.minimum(np.searchsorted(self.ids, allowed), max(0, self.count - 1))
+                allowed = allowed[self.ids[position] == allowed] if self.count else allowed[:0]
         depth = min(k, self.count if allowed is None else len(allowed))
         if depth == 0 or len(queries) == 0:
             shape = (len(queries), depth)
@@ -341,6 +344,8 @@ class Gallery:
         base_ids, rows = self._base
         if rows is None or not len(ids) or not len(base_ids):
             return None
+        if base_ids[0] == 0 and base_ids[-1] == len(base_ids) - 1:  # ids 0..N-1 (sorted)
+            return (rows, ids) if ids[-1] < len(base_ids) else None
         position = np.minimum(np.searchsorted(base_ids, ids), len(base_ids) - 1)
         if not (base_ids[position] == ids).all():
             return None  # some were added since (segments): a gathered copy

@@ -35,8 +35,8 @@ from nearsight.index.ann.faiss_index import (
     apply_search_parameters,
     make_index,
 )
-from nearsight.index.ann.index_choice import parse_memory, resolve_index_type
 from nearsight.index.ann.filter_tuning import calibrate, tune_filters
+from nearsight.index.ann.index_choice import parse_memory, resolve_index_type
 from nearsight.index.ann.tuning import TARGET_RECALL, tune, tuning_sample
 from nearsight.index.catalog.create import create_catalog
 from nearsight.index.catalog.store import CATALOG_FILE, Catalog, GalleryError
