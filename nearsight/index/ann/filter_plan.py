@@ -133,9 +133,13 @@ def median_ms(run: Callable[[], object], repeats: int) -> float:
 
 
 def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """(a, b) of ms = a + b x size through the two measured (size, ms), both >= 0."""
+    """(a, b) of ms = a + b x size through the two measured (size, ms), both >= 0; where
+    noise (a loaded machine) makes the wider point no slower, the cost is taken as
+    proportional to the size (through the wider point), never free."""
     (x1, y1), (x2, y2) = points
-    slope = max(0.0, (y2 - y1) / max(1e-9, x2 - x1))
+    slope = (y2 - y1) / max(1e-9, x2 - x1)
+    if slope <= 0:
+        return 0.0, max(y2, 1e-6) / max(x2, 1.0)
     return max(0.0, y1 - slope * x1), slope
 
 
