@@ -15,6 +15,7 @@ from nearsight.index.ann import filtered
 from nearsight.index.ann.filter_plan import Costs
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.gallery.write import write_gallery
+from nearsight.search.searcher import open_gallery
 
 COUNT, DIM, CLUSTERS, K, SHARE = 20_000, 32, 200, 10, 0.3
 EXACT_CHEAP = Costs(0.0, 1e-9, 10.0, 1.0)  # every exact search costs less than any walk
@@ -119,12 +120,20 @@ def test_the_costs_are_stored_at_build_time_and_measured_again_elsewhere(galleri
     assert Costs.from_meta(moved) is None  # measured again there (Gallery._calibrate_filters)
 
 
-def test_a_codes_only_pq_gallery_says_it_cannot_promise_the_target(tmp_path, data):
-    folder = write_gallery(tmp_path / "g", data["vectors"], [{"path": f"/s/{i}.jpg"}
-                           for i in range(COUNT)], model_sha256="e" * 64, index_type="ivfpq",
-                           embeddings="drop")  # fmt: skip
+def test_a_search_that_cannot_promise_the_target_says_so(tmp_path, data):
+    """A PQ gallery of codes only (no exact vectors to search or re-rank by): its filtered
+    answers carry a note, through Gallery.search and through the Python API's results."""
+    items = [{"path": f"/s/{i}.jpg", "label": i % 3} for i in range(COUNT)]
+    folder = write_gallery(tmp_path / "g", data["vectors"], items, model_sha256="e" * 64,
+                           index_type="ivfpq", embeddings="drop")  # fmt: skip
     with Gallery.open(folder) as gallery:
         info: dict = {}
         gallery.search(data["queries"][:3], K, ids=data["filters"]["cap"], info=info)
-    assert info["notes"] and "recall target not promised" in info["notes"][0]
-    assert filtered.CODES_ONLY_NOTE in info["notes"]
+        assert info["notes"] == [filtered.CODES_ONLY_NOTE]
+        assert "recall target not promised" in filtered.CODES_ONLY_NOTE
+        gallery.search(data["queries"][:3], K, info=info)  # unfiltered: nothing to say here
+    with open_gallery(folder) as searcher:
+        found = searcher.search_vector(data["queries"][0], K, filters="label=1")
+        plain = searcher.search_vector(data["queries"][0], K)
+    assert len(found) == K and found.notes == [filtered.CODES_ONLY_NOTE]
+    assert plain.notes == []

@@ -235,6 +235,8 @@ class Gallery:
         if isinstance(k, bool) or int(k) != k or k < 1:
             raise NearsightError(f"k must be a whole number of at least 1, got {k!r}")
         k = int(k)
+        if info is not None:  # what a filtered search fills in (index.ann.filtered)
+            info.update(exact=0, index=0, notes=[])
         if exclude is not None:  # one deeper, then each row without its excluded id
             distances, found = self.search(vectors, k + 1, ids=ids, info=info)
             found, distances = without_keys(np.asarray(exclude, np.int64), found, distances)
