@@ -29,7 +29,6 @@ The spread of a filter near a query (``local share``):
 
 from __future__ import annotations
 
-import math
 import platform
 import time
 from collections.abc import Callable
@@ -38,6 +37,9 @@ from typing import Any
 
 import numpy as np
 
+# fewer items: every filtered search is exact (it costs next to nothing, and the answer is the
+# same in every process, whatever each one's timings)
+MIN_PLAN_ITEMS = 1000
 EF_CAP = 4096  # the widest filtered HNSW walk: past it an exact search is cheaper anywhere
 LOCAL_PROBE = 128  # HNSW: nearest items whose allowed share estimates the spread
 DEFAULT_ALPHA = 2.0  # a gallery built before the rule was tuned
@@ -142,7 +144,3 @@ def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
         return 0.0, max(y2, 1e-6) / max(x2, 1.0)
     return max(0.0, y1 - slope * x1), slope
 
-
-def log_grid(low: float, high: float) -> list[float]:
-    steps = max(1, math.ceil(math.log2(max(high / low, 1.0))))
-    return [low * 2**i for i in range(steps + 1)]

@@ -26,7 +26,6 @@ from nearsight.index.ann.tuning import TUNING_K, recall_at_k
 
 FILTER_SHARES = (0.01, 0.1)
 FILTER_QUERIES = 200
-MIN_TUNING_ITEMS = 1000  # below, every filter's exact search costs next to nothing
 CALIBRATION_QUERIES = 16
 
 
@@ -44,7 +43,7 @@ def tune_filters(
     ``vectors`` not in ``index`` yet, the queries."""
     if index_type not in (*IVF_TYPES, "hnsw") or len(held_out) < 20:
         return {}
-    if len(vectors) < MIN_TUNING_ITEMS:
+    if len(vectors) < filter_plan.MIN_PLAN_ITEMS:
         return {}
     inside = np.ones(len(vectors), bool)
     inside[held_out] = False

@@ -61,8 +61,10 @@ CODES_ONLY_NOTE = (
 
 @dataclass
 class FilterState:
-    """What an open gallery keeps for its filtered searches: the costs (measured once) and,
-    for IVF types, the inverted list of every id."""
+    """What an open gallery keeps for its filtered searches: the costs and, for IVF types,
+    the inverted list of every id. Costs stored for another host are measured again on first
+    use (``calibrate``); a gallery with none stored (built before the plan) takes
+    :func:`default_costs`, the same in every process."""
 
     costs: Costs | None = None
     calibrate: Callable[[], Costs] | None = None
@@ -73,6 +75,7 @@ class FilterState:
     def machine_costs(self) -> Costs:
         if self.costs is None:
             self.costs = self.calibrate() if self.calibrate else default_costs()
+            self.calibrate = None
         return self.costs
 
 
@@ -113,10 +116,14 @@ def search_allowed(
     state = state or FilterState()
     walk = np.zeros(len(queries), bool)
     plan: Any = None
-    if index_type == "hnsw" or index_type in IVF_TYPES:
+    walkable = index_type == "hnsw" or index_type in IVF_TYPES
+    if walkable and (total >= filter_plan.MIN_PLAN_ITEMS or FORCE == "index"):
         costs = state.machine_costs()
-        plan, work = plan_walk(index, index_type, meta, queries, depth, allowed, total, state)
-        walk = (work > 0) & (costs.walk(work) < costs.exact(len(allowed)))
+        exact_ms = costs.exact(len(allowed))
+        if FORCE == "index" or exact_ms > costs.walk(narrowest_walk(index_type, meta, total)):
+            plan, work = plan_walk(index, index_type, meta, queries, depth, allowed, total,
+                                   state)  # fmt: skip
+            walk = (work > 0) & (costs.walk(work) < exact_ms)
         if FORCE == "index":
             if index_type == "hnsw":
                 plan = work = np.where(work > 0, work, filter_plan.EF_CAP)
@@ -142,6 +149,15 @@ def search_allowed(
         )
     state.last = info
     return inner, found
+
+
+def narrowest_walk(index_type: str, meta: dict[str, Any], total: int) -> float:
+    """The work of the narrowest filtered walk (the unfiltered one's): where the exact search
+    costs less than it, no walk is planned at all (the plan's own cost is saved)."""
+    if index_type == "hnsw":
+        return float(meta.get("ef_search", 64))
+    nlist = max(1, int(meta.get("nlist") or 1))
+    return int(meta.get("nprobe", 8)) * total / nlist
 
 
 def plan_walk(
@@ -335,6 +351,22 @@ def exact_search(
     # positions rise with the ids (both sorted): each row's position names its id
     ids = allowed[np.clip(np.searchsorted(positions, rows), 0, len(allowed) - 1)]
     return inner, np.where(rows >= 0, ids, -1)
+
+
+def rows_in(
+    base_ids: np.ndarray, rows: np.ndarray | None, ids: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """(``rows``, the positions of ``ids`` in it) when every one of the sorted ``ids`` is one
+    of ``base_ids`` (sorted; row i of ``rows`` is ``base_ids[i]``), else None (some were added
+    since, in segments, or there are no stored rows: exact_search gathers a copy)."""
+    if rows is None or not len(ids) or not len(base_ids):
+        return None
+    if base_ids[0] == 0 and base_ids[-1] == len(base_ids) - 1:  # ids 0..N-1: no search
+        return (rows, ids) if ids[0] >= 0 and ids[-1] < len(base_ids) else None
+    position = np.minimum(np.searchsorted(base_ids, ids), len(base_ids) - 1)
+    if not (base_ids[position] == ids).all():
+        return None
+    return rows, position
 
 
 def complete_rows(

@@ -130,7 +130,8 @@ class Gallery:
         apply_search_parameters(index, meta)
         stored = (meta.get("filter_route") or {}).get("costs")
         self._filters = filtered.FilterState(
-            costs=Costs.from_meta(stored), calibrate=self._calibrate_filters
+            costs=Costs.from_meta(stored) if stored else filtered.default_costs(),
+            calibrate=self._calibrate_filters,
         )
         # a writer's private read (locked) is never searched: no GPU copy for it
         self._gpu_index = None if locked else to_gpu(index, self.index_type)
@@ -342,16 +343,7 @@ class Gallery:
         )
 
     def _rows_of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        """(embeddings.npy, the rows of ``ids``) when every one of them is a row of it."""
-        base_ids, rows = self._base
-        if rows is None or not len(ids) or not len(base_ids):
-            return None
-        if base_ids[0] == 0 and base_ids[-1] == len(base_ids) - 1:  # ids 0..N-1 (sorted)
-            return (rows, ids) if ids[-1] < len(base_ids) else None
-        position = np.minimum(np.searchsorted(base_ids, ids), len(base_ids) - 1)
-        if not (base_ids[position] == ids).all():
-            return None  # some were added since (segments): a gathered copy
-        return rows, position
+        return filtered.rows_in(*self._base, ids)
 
     def _calibrate_filters(self) -> Costs:
         """This machine's costs of filtered searches, measured once (index.ann.filter_tuning)."""
