@@ -48,19 +48,25 @@ ALPHAS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)  # the tuning's grid
 
 @dataclass
 class Costs:
-    """One query's cost in milliseconds: exact = a + b x allowed, walk = a + b x work."""
+    """One query's cost in milliseconds: exact = a + b x allowed, walk = a + b x work + c x
+    allowed (c: the walk's selector bitmap and, for IVF, the allowed items per list)."""
 
     exact_fixed: float
     exact_per_item: float
     walk_fixed: float
     walk_per_unit: float
     host: str = field(default_factory=platform.node)
+    walk_per_allowed: float = 0.0
 
     def exact(self, allowed: int | np.ndarray) -> np.ndarray:
         return self.exact_fixed + self.exact_per_item * np.asarray(allowed, np.float64)
 
-    def walk(self, work: int | np.ndarray) -> np.ndarray:
-        return self.walk_fixed + self.walk_per_unit * np.asarray(work, np.float64)
+    def walk(self, work: int | np.ndarray, allowed: int = 0) -> np.ndarray:
+        return (
+            self.walk_fixed
+            + self.walk_per_unit * np.asarray(work, np.float64)
+            + self.walk_per_allowed * allowed
+        )
 
     def as_meta(self) -> dict[str, Any]:
         return {
@@ -68,6 +74,7 @@ class Costs:
             "exact_ms_per_item": self.exact_per_item,
             "walk_fixed_ms": round(self.walk_fixed, 5),
             "walk_ms_per_unit": self.walk_per_unit,
+            "walk_ms_per_allowed": self.walk_per_allowed,
             "host": self.host,
         }
 
@@ -82,6 +89,7 @@ class Costs:
             float(record["walk_fixed_ms"]),
             float(record["walk_ms_per_unit"]),
             str(record["host"]),
+            float(record.get("walk_ms_per_allowed", 0.0)),
         )
 
 

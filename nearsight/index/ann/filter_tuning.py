@@ -127,10 +127,28 @@ def calibrate(
             lambda q, allowed=allowed: filtered.exact_search(q, vectors_of, allowed, TUNING_K,
                                                              rows_of), queries)))  # fmt: skip
     exact = filter_plan.fit(points)
-    walk = (0.0, 0.0)
+    walk, per_allowed = (0.0, 0.0), 0.0
     if index_type == "hnsw" or index_type in IVF_TYPES:
         walk = filter_plan.fit(_walk_points(index, index_type, meta, ids, vectors_of, queries))
-    return Costs(exact[0], exact[1], walk[0], walk[1])
+        per_allowed = _per_allowed(index, index_type, ids)
+    return Costs(exact[0], exact[1], walk[0], walk[1], walk_per_allowed=per_allowed)
+
+
+def _per_allowed(index: faiss.Index, index_type: str, ids: np.ndarray) -> float:
+    """ms per allowed item of what a walk does with every allowed id: its selector bitmap
+    and (IVF) the count of allowed items per list."""
+    allowed = np.sort(ids)
+    state = filtered.FilterState()
+    if index_type in IVF_TYPES:
+        filtered.lists_of(index, state)
+
+    def run() -> None:
+        filtered.id_bitmap(allowed)
+        if state.list_of is not None:
+            np.bincount(state.list_of[allowed])
+
+    run()
+    return min(filter_plan.median_ms(run, 1) for _ in range(3)) / max(1, len(allowed))
 
 
 def _walk_points(
@@ -141,8 +159,11 @@ def _walk_points(
     vectors_of: filtered.VectorsOf,
     queries: np.ndarray,
 ) -> list[tuple[float, float]]:
-    """(work, ms) of one filtered walk (a selector admitting every item) at two widths."""
-    allowed = np.sort(ids)
+    """(work, ms) of one filtered walk at two widths, its selector admitting a random
+    tenth of the items (its bitmap's cost, which grows with the allowed count, is
+    :func:`_per_allowed`'s)."""
+    rng = np.random.default_rng(2)
+    allowed = np.sort(rng.choice(ids, max(1, len(ids) // 10), replace=False))
     one = np.ones(1, bool)
     points = []
     if index_type == "hnsw":

@@ -119,11 +119,12 @@ def search_allowed(
     walkable = index_type == "hnsw" or index_type in IVF_TYPES
     if walkable and (total >= filter_plan.MIN_PLAN_ITEMS or FORCE == "index"):
         costs = state.machine_costs()
-        exact_ms = costs.exact(len(allowed))
-        if FORCE == "index" or exact_ms > costs.walk(narrowest_walk(index_type, meta, total)):
+        exact_ms, count = costs.exact(len(allowed)), len(allowed)
+        if FORCE == "index" or exact_ms > costs.walk(narrowest_walk(index_type, meta, total),
+                                                     count):  # fmt: skip
             plan, work = plan_walk(index, index_type, meta, queries, depth, allowed, total,
                                    state)  # fmt: skip
-            walk = (work > 0) & (costs.walk(work) < exact_ms)
+            walk = (work > 0) & (costs.walk(work, count) < exact_ms)
         if FORCE == "index":
             if index_type == "hnsw":
                 plan = work = np.where(work > 0, work, filter_plan.EF_CAP)
