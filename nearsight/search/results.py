@@ -52,7 +52,8 @@ class SearchResults(list):
     ``query``: the query as given (a path, an image, an array; a gallery item's id for
     ``search_item``); ``query_label``: its class when known (``search(..., label=L)``, or the
     item's own for ``search_item``), for the colouring and the ``correct`` column; ``error``:
-    why the query gave no neighbours (``search_many`` only)."""
+    why the query gave no neighbours (``search_many`` only); ``notes``: what the search says
+    about its answer (a recall target a filtered search cannot promise), empty when none."""
 
     def __init__(
         self,
@@ -62,12 +63,14 @@ class SearchResults(list):
         query_label: int | None = None,
         error: str | None = None,
         query_class: str | None = None,
+        notes: list[str] | None = None,
     ) -> None:
         super().__init__(rows)
         self.query = query
         self.query_label = query_label
         self.query_class = query_class  # the query's class name, when known
         self.error = error
+        self.notes = list(notes or [])
 
     def records(self, reserved: Iterable[str] = ()) -> list[dict[str, Any]]:
         """One flat dict per neighbour: the fixed columns, then ``meta``'s keys (a key that

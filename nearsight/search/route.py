@@ -148,20 +148,26 @@ def search(
     exclude: Sequence[int] | np.ndarray | None = None,
     rows: Mapping[int, dict[str, Any]] | None = None,
     shown_path: Callable[[Mapping[str, Any]], str] | None = None,
+    notes: list[str] | None = None,
 ) -> list[list[Neighbour]]:
     """The ``k`` nearest items of each query vector (unit, [Q, D]) as :class:`Neighbour` lists,
     nearest first (module docstring). ``allowed``: the ids the filters allow (None: every
     item). ``self_ids``: per query, the gallery item it is, if any (first, at 0). ``exclude``:
     per query, an item left out. ``rows``: the catalog rows by id where the caller holds them
     in memory (else they are read). ``shown_path``: an item's path as the caller may see it
-    (default: the stored path)."""
+    (default: the stored path). ``notes``: extended with what the caller should be told about
+    the answer, e.g. a recall target a filtered search cannot promise (index.ann.filtered)."""
     queries = np.ascontiguousarray(vectors, dtype=np.float32)
     if queries.ndim == 1:
         queries = queries[None, :]
+    info: dict[str, Any] = {}
     if rerank.active:
-        _, found = reranked_search(gallery, queries, k, rerank, ids=allowed, exclude=exclude)
+        _, found = reranked_search(gallery, queries, k, rerank, ids=allowed, exclude=exclude,
+                                   info=info)  # fmt: skip
     else:
-        _, found = gallery.search(queries, k, ids=allowed, exclude=exclude)
+        _, found = gallery.search(queries, k, ids=allowed, exclude=exclude, info=info)
+    if notes is not None:
+        notes.extend(note for note in info.get("notes", []) if note not in notes)
     selves = _selves(self_ids, len(queries), allowed)
     per_query = []
     for q, row_ids in enumerate(found):

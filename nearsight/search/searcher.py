@@ -177,9 +177,10 @@ class Searcher:
         k, allowed, spec = self._request(k, filters, rerank)
         wanted = query_label(self.gallery, label)
         decoded = self._read(image)
-        (found,) = self._search_images([decoded], k, allowed, spec)
+        notes: list[str] = []
+        (found,) = self._search_images([decoded], k, allowed, spec, notes)
         return SearchResults(found, query=image, query_label=wanted,
-                             query_class=self._class_name(wanted))  # fmt: skip
+                             query_class=self._class_name(wanted), notes=notes)  # fmt: skip
 
     def search_many(
         self,
@@ -219,12 +220,13 @@ class Searcher:
                     positions.append(position)
                 except NearsightError as error:  # this image only: the others go on
                     entries[position] = SearchResults(query=image, error=str(error))
-            found = self._search_images(decoded, k, allowed, spec) if decoded else []
+            notes: list[str] = []
+            found = self._search_images(decoded, k, allowed, spec, notes) if decoded else []
             for position, neighbours in zip(positions, found, strict=True):
                 label = wanted[start + position]
                 entries[position] = SearchResults(
                     neighbours, query=chunk[position], query_label=label,
-                    query_class=self._class_name(label),
+                    query_class=self._class_name(label), notes=notes,
                 )  # fmt: skip
             results.extend(entries)
         return results
@@ -244,9 +246,10 @@ class Searcher:
         k, allowed, spec = self._request(k, filters, rerank)
         wanted = query_label(self.gallery, label)
         vectors = route.check_vector(self.gallery, vector)[:1]
-        (found,) = self.search_vectors(vectors, k, allowed=allowed, rerank=spec)
+        notes: list[str] = []
+        (found,) = self.search_vectors(vectors, k, allowed=allowed, rerank=spec, notes=notes)
         return SearchResults(found, query=vector, query_label=wanted,
-                             query_class=self._class_name(wanted))  # fmt: skip
+                             query_class=self._class_name(wanted), notes=notes)  # fmt: skip
 
     def search_item(
         self,
@@ -267,11 +270,12 @@ class Searcher:
         item = self.id_of_key(key) if key is not None else _whole(item_id)
         k, allowed, spec = self._request(k, filters, rerank)
         vector = self.item_vector(item)
+        notes: list[str] = []
         found = self.search_vectors(vector[None, :], k, allowed=allowed, rerank=spec,
-                                    **_as_item(item, leave_out))  # fmt: skip
+                                    notes=notes, **_as_item(item, leave_out))  # fmt: skip
         label = self.gallery.items([item])[0]["label"]
         return SearchResults(found[0], query=item, query_label=label,
-                             query_class=self._class_name(label))  # fmt: skip
+                             query_class=self._class_name(label), notes=notes)  # fmt: skip
 
     def _class_name(self, label: int | None) -> str | None:
         return None if label is None else self.gallery.class_names().get(int(label))
@@ -285,6 +289,7 @@ class Searcher:
         rerank: RerankSpec,
         self_ids: Sequence[int | None] | None = None,
         exclude: Sequence[int] | np.ndarray | None = None,
+        notes: list[str] | None = None,
     ) -> list[list[Neighbour]]:
         """The route itself, for callers that checked their request already (REST, the page,
         the CLI's batch): unit query vectors [Q, D], a checked ``k``, the allowed ids, a
@@ -299,6 +304,7 @@ class Searcher:
             exclude=exclude,
             rows=self.rows(),
             shown_path=self.shown_path,
+            notes=notes,
         )
 
     def item_vector(self, item_id: int) -> np.ndarray:
@@ -339,6 +345,7 @@ class Searcher:
         k: int,
         allowed: np.ndarray | None,
         spec: RerankSpec,
+        notes: list[str] | None = None,
     ) -> list[list[Neighbour]]:
         """Decoded query images, embedded together; one whose bytes are a gallery item's is
         searched as that item (as :meth:`query_vector`)."""
@@ -351,7 +358,8 @@ class Searcher:
         for n, twin in enumerate(twins):
             if twin is not None:
                 vectors[n] = self.item_vector(twin)
-        return self.search_vectors(vectors, k, allowed=allowed, rerank=spec, self_ids=twins)
+        return self.search_vectors(vectors, k, allowed=allowed, rerank=spec, self_ids=twins,
+                                   notes=notes)  # fmt: skip
 
     # -- evaluating --------------------------------------------------------------------------
 

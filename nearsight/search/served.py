@@ -145,10 +145,12 @@ class ServedGallery(Searcher):
         rerank: RerankSpec | None = None,
         self_id: int | None = None,
         exclude_id: int | None = None,
+        notes: list[str] | None = None,
     ) -> list[Neighbour]:
         """The k nearest items of one unit query vector, for a request checked already:
         ``self_id`` first at 0 (a query that is a gallery item), ``exclude_id`` left out (the
-        page's leave-one-out); ``rerank`` default :attr:`rerank`."""
+        page's leave-one-out); ``rerank`` default :attr:`rerank`; ``notes`` collects what the
+        route says of the answer (a filtered search that cannot promise its recall)."""
         (found,) = self.search_vectors(
             np.asarray(vector, np.float32).reshape(1, -1),
             k,
@@ -156,6 +158,7 @@ class ServedGallery(Searcher):
             rerank=self.rerank if rerank is None else rerank,
             self_ids=None if self_id is None else [self_id],
             exclude=None if exclude_id is None else [exclude_id],
+            notes=notes,
         )
         return found
 

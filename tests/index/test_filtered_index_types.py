@@ -62,7 +62,7 @@ def way(request, monkeypatch) -> str:
     """``shipped``: as Gallery.search chooses; ``index``: every filter through the FAISS index
     with its ID selector (no exact search over few matches), so both ways are tested."""
     if request.param == "index":
-        monkeypatch.setattr(filtered, "exact_limit", lambda depth: 0)
+        monkeypatch.setattr(filtered, "FORCE", "index")
     return request.param
 
 
@@ -108,16 +108,18 @@ def test_filtered_search_is_the_brute_force_over_the_matching_items(
 
 
 @pytest.mark.parametrize("index_type", TYPES)
-def test_filtered_search_below_the_exact_limit_is_exact_on_every_type(
-    galleries, vectors, index_type
+def test_forced_exact_filtered_search_is_the_brute_force_on_every_type(
+    galleries, vectors, index_type, monkeypatch
 ):
-    """Few matches (at most index.ann.filtered.exact_limit) are searched exactly over them:
-    the true top-k whatever the index."""
+    """The exact way (what the plan picks where it is cheaper) is the true top-k whatever the
+    index."""
+    monkeypatch.setattr(filtered, "FORCE", "exact")
     queries = unit_vectors(40, DIM, seed=2)
-    allowed = np.arange(0, COUNT, 3)  # 400 items <= EXACT_MAX_ITEMS
-    assert len(allowed) <= filtered.exact_limit(K)
+    allowed = np.arange(0, COUNT, 3)
     with Gallery.open(galleries[index_type]) as gallery:
-        _, ids = gallery.search(queries, K, ids=allowed)
+        info: dict = {}
+        _, ids = gallery.search(queries, K, ids=allowed, info=info)
+    assert info["exact"] == len(queries)
     np.testing.assert_array_equal(ids, brute_force(queries, vectors, allowed, K)[1])
 
 

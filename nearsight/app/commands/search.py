@@ -129,6 +129,8 @@ def _search_one(args: argparse.Namespace, conditions: list) -> list[dict[str, An
     for note in notes:
         if issubclass(note.category, FilterNote):
             print(f"nearsight: note: {note.message}", file=sys.stderr)
+    for line in found.notes:  # what the route says of its answer (a recall it can't promise)
+        print(f"nearsight: note: {line}", file=sys.stderr)
     return [neighbour.as_json() for neighbour in found]
 
 

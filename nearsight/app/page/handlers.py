@@ -190,8 +190,9 @@ class Page:
                 note = f"identical to gallery item #{twin} ({view.class_name(twin_label)})"
                 if label is None:
                     label = twin_label
+            notes = list(filtered.notes)
             neighbours = view.search_one(vector, k, allowed=filtered.allowed, self_id=twin,
-                                         rerank=self.rerank_spec(view, rerank))  # fmt: skip
+                                         rerank=self.rerank_spec(view, rerank), notes=notes)  # fmt: skip
             card = QueryCard(
                 title="uploaded image",
                 thumbnail=thumbnail_uri(query.image),
@@ -201,7 +202,7 @@ class Page:
                 note=note,
             )
             grid = self._render(view, card, neighbours, filtered)
-            return grid, filter_note(filters, filtered.notes), {"kind": "upload"}
+            return grid, filter_note(filters, notes), {"kind": "upload"}
 
     def item_grid(
         self, gallery: str, item_id: Any, k: Any, filters: str = "", rerank: bool | None = None
@@ -217,8 +218,10 @@ class Page:
             except FilterError as error:  # no stale grid under a filter that was not applied
                 return no_search(error), filter_error(error), state
             # leave-one-out: the item is the query, its neighbours are the others
+            notes = list(filtered.notes)
             neighbours = view.search_one(view.item_vector(item), k, allowed=filtered.allowed,
-                                         exclude_id=item, rerank=self.rerank_spec(view, rerank))  # fmt: skip
+                                         exclude_id=item, rerank=self.rerank_spec(view, rerank),
+                                         notes=notes)  # fmt: skip
             label = view.label_of(item)
             card = QueryCard(
                 title=f"gallery item #{item}",
@@ -230,7 +233,7 @@ class Page:
                 key=key_of(view, item),
             )
             grid = self._render(view, card, neighbours, filtered)
-            return grid, filter_note(filters, filtered.notes), state
+            return grid, filter_note(filters, notes), state
 
     def _render(
         self, view: GalleryView, card: QueryCard, neighbours: list[Neighbour], filtered: Filtered

@@ -1,32 +1,32 @@
 """Search restricted to a set of ids (a filter's matches), on every index type.
 
-Two ways, chosen per search by how many items the filter allows:
+Each query goes the cheaper of two ways that meet the recall target (the plan, the stored
+widening rule and the per-machine costs: nearsight.index.ann.filter_plan):
 
-- **few** (at most :func:`exact_limit`): an exact search over the allowed items' vectors
-  alone (``faiss.knn`` over just those rows): the true top-k, and cheaper than walking an
-  index in which the allowed items are scattered, or than a flat scan that checks every id
-  against the filter (Weaviate's ``flatSearchCutoff`` and Qdrant's ``full_scan_threshold`` make
-  the same switch).
-- **more**: the index itself, with an ``IDSelectorBitmap`` in its search parameters, so that it
-  skips the other items while it searches (not a post-filter that would leave fewer than k):
+- **exact**: the inner products of the query with the allowed items' vectors only
+  (``knn_inner_products_by_idx`` on the stored rows, no copy; a gathered copy where the
+  vectors are not one array): the true top-k, at a cost linear in the allowed count (Qdrant's
+  full scan under its cardinality threshold, Weaviate's ``flatSearchCutoff``, without their
+  fixed count);
+- **the index**, with an ``IDSelectorBitmap`` so that it skips the other items while it
+  searches (not a post-filter that would leave fewer than k):
 
-  - flat: the exact scan skips them: the true top-k of the allowed items;
-  - ivf, ivfpq, opq: ``SearchParametersIVF(sel, nprobe)`` (opq: inside a
-    ``SearchParametersPreTransform``, whose ``index_params`` reach the IVF index behind the
-    rotation); nprobe is widened by N / allowed (up to nlist), so that about as many allowed
-    items are scored as an unfiltered search scores items;
-  - hnsw: ``SearchParametersHNSW(sel, efSearch)``, efSearch widened the same way: the walk
-    walks through every node it meets but keeps only the allowed ones.
+  - hnsw: ``SearchParametersHNSW(sel, efSearch)``, efSearch widened by the filter's share near
+    the query (filter_plan.hnsw_ef); no allowed item near the query: exact;
+  - ivf, ivfpq, opq: the lists that hold allowed items, nearest first, until they hold enough
+    of them (filter_plan.ivf_lists), searched with ``search_preassigned`` and
+    ``SearchParametersIVF(sel)`` (opq: the query rotated first, the IVF index behind it);
+  - flat: always exact (a selector scan reads every item).
 
-  PQ types take REFINE_FACTOR x k candidates (at least REFINE_MIN) in the codes' order and re-rank them by the exact
-  vectors, as their unfiltered searches do (index.ann.tuning.refine). A query that still came
-  back with fewer than min(k, allowed) items is searched again exactly over the allowed items
-  (what clip-retrieval and autofaiss do for a filter an approximate index cannot honour).
+  PQ types take REFINE_FACTOR x k candidates (at least REFINE_MIN) in the codes' order and
+  re-rank them by the exact vectors, as their unfiltered searches do (index.ann.tuning.refine).
+  A query that still came back with fewer than min(k, allowed) items is searched again exactly.
 
 Distances are the exact inner products of the items returned, except in a PQ gallery without
 exact vectors (codes only: no embeddings.npy and no vector source): it is searched through the
-index in the codes' order, short rows completed over the decoded codes, and its inner products
-are those of the decoded codes (approximate, as its unfiltered searches are).
+index in the codes' order (nprobe widened by N / allowed), short rows completed over the
+decoded codes, its inner products those of the decoded codes, and its answer carries a note
+that the recall target is not promised.
 
 Removed items never come back: ``allowed`` holds live ids only (Gallery.search intersects it
 with the catalog's ids), so no removed-items selector is needed beside this one.
@@ -36,28 +36,53 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import faiss
 import numpy as np
 
+from nearsight.index.ann import filter_plan
 from nearsight.index.ann.faiss_index import IVF_TYPES, PQ_TYPES
+from nearsight.index.ann.filter_plan import Costs, Rule
 from nearsight.index.ann.tuning import refine, refine_candidates
 
-# filters allowing at most this many items are searched exactly over them: about where that
-# costs what a filtered index search does (bench/filtered_search.py)
-EXACT_MAX_ITEMS = 2048
-HNSW_FILTER_EF_FACTOR = 4  # a filtered HNSW walk keeps more candidates: many are rejected
-HNSW_FILTER_MIN_EF = 128  # and at least this many (a tuned efSearch may be as low as 16)
-HNSW_FILTER_MAX_EF = 4096  # the widening's cap: a walk this wide visits most small graphs
-
 VectorsOf = Callable[[np.ndarray], np.ndarray]
+# (matrix, row positions) of the given sorted ids when they are rows of one float32 array
+RowsOf = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray] | None]
+# "exact" / "index": every filtered query that way (tests and bench/filtered_search.py compare
+# the two ways); None: the plan's choice
+FORCE: str | None = None
+CODES_ONLY_NOTE = (
+    "recall target not promised: a filtered search of a PQ gallery without its exact vectors "
+    "ranks by the compressed codes"
+)
 
 
-def exact_limit(depth: int) -> int:
-    """The most allowed items searched exactly for ``depth`` neighbours: EXACT_MAX_ITEMS, or as
-    many as a PQ search would re-rank anyway."""
-    return max(EXACT_MAX_ITEMS, refine_candidates(depth))
+@dataclass
+class FilterState:
+    """What an open gallery keeps for its filtered searches: the costs and, for IVF types,
+    the inverted list of every id. Costs stored for another host are measured again on first
+    use (``calibrate``); a gallery with none stored (built before the plan) takes
+    :func:`default_costs`, the same in every process."""
+
+    costs: Costs | None = None
+    calibrate: Callable[[], Costs] | None = None
+    list_of: np.ndarray | None = None  # list number by id (-1: none)
+    list_sizes: np.ndarray | None = None
+    last: dict[str, Any] = field(default_factory=dict)
+
+    def machine_costs(self) -> Costs:
+        if self.costs is None:
+            self.costs = self.calibrate() if self.calibrate else default_costs()
+            self.calibrate = None
+        return self.costs
+
+
+def default_costs() -> Costs:
+    """Costs of the 2-core development machine (bench/filtered_search.py), for a search with
+    no gallery to measure on."""
+    return Costs(0.02, 5e-5, 0.05, 2e-4, host="")
 
 
 def search_allowed(
@@ -71,56 +96,218 @@ def search_allowed(
     vectors_of: VectorsOf,
     *,
     exact_vectors: bool = True,
+    rows_of: RowsOf | None = None,
+    state: FilterState | None = None,
+    info: dict[str, Any] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(inner products, ids) [Q, depth] of the ``depth`` <= len(allowed) nearest allowed items
     (sorted int64 ids, all live, fewer than the ``total`` items), best first. ``vectors_of``:
     the items' vectors (Gallery.vectors_of); ``exact_vectors``: whether those are the vectors
-    added (False: decoded PQ codes, see the module docstring)."""
-    if exact_vectors and len(allowed) <= exact_limit(depth):
-        return exact_search(queries, vectors_of, allowed, depth)
-    rerank = index_type in PQ_TYPES and exact_vectors
-    wanted = min(len(allowed), refine_candidates(depth)) if rerank else depth
-    params = search_parameters(index, index_type, allowed, meta, wanted, total)
-    # faiss.contrib.torch_utils may wrap Index.search without `params`; it keeps search_numpy
-    search = getattr(index, "search_numpy", index.search)
-    inner, found = search(queries, wanted, params=params)
-    if rerank:
-        inner, found = refine(queries, found, vectors_of, depth)
-    if index_type == "flat":
-        return inner, found
-    return complete_rows(inner, found, queries, vectors_of, allowed)
+    added (False: decoded PQ codes, see the module docstring); ``rows_of``: the stored rows
+    of ids, for an exact search without a copy; ``state``: the gallery's FilterState;
+    ``info``: filled with how the queries went (``exact``/``index`` counts, ``notes``)."""
+    info = {} if info is None else info
+    info.update(exact=0, index=0, notes=[])
+    if not exact_vectors:
+        info["index"] = len(queries)
+        info["notes"].append(CODES_ONLY_NOTE)
+        return codes_only_search(index, index_type, meta, queries, depth, allowed, total,
+                                 vectors_of)  # fmt: skip
+    state = state or FilterState()
+    walk = np.zeros(len(queries), bool)
+    plan: Any = None
+    walkable = index_type == "hnsw" or index_type in IVF_TYPES
+    if walkable and (total >= filter_plan.MIN_PLAN_ITEMS or FORCE == "index"):
+        costs = state.machine_costs()
+        exact_ms, count = costs.exact(len(allowed)), len(allowed)
+        if FORCE == "index" or exact_ms > costs.walk(narrowest_walk(index_type, meta, total),
+                                                     count):  # fmt: skip
+            plan, work = plan_walk(index, index_type, meta, queries, depth, allowed, total,
+                                   state)  # fmt: skip
+            walk = (work > 0) & (costs.walk(work, count) < exact_ms)
+        if FORCE == "index":
+            if index_type == "hnsw":
+                plan = work = np.where(work > 0, work, filter_plan.EF_CAP)
+            walk = np.ones(len(queries), bool)
+    if FORCE == "exact":
+        walk[:] = False
+    inner = np.full((len(queries), depth), -np.inf, np.float32)
+    found = np.full((len(queries), depth), -1, np.int64)
+    if (~walk).any():
+        inner[~walk], found[~walk] = exact_search(queries[~walk], vectors_of, allowed, depth,
+                                                  rows_of)  # fmt: skip
+    if walk.any():
+        got = walk_index(index, index_type, queries, depth, allowed, vectors_of, plan, walk)
+        inner[walk], found[walk] = complete_rows(*got, queries[walk], vectors_of, allowed,
+                                                 rows_of)  # fmt: skip
+    info.update(exact=int((~walk).sum()), index=int(walk.sum()))
+    rule = Rule.from_meta(meta)
+    target = float((meta.get("filter_route") or {}).get("target", 0.95))
+    if walk.any() and rule.tuned_recall is not None and rule.tuned_recall < target:
+        info["notes"].append(
+            f"recall target {target:g} not promised: the widest filtered walk tuned reached "
+            f"recall@10 {rule.tuned_recall:g}"
+        )
+    state.last = info
+    return inner, found
 
 
-def search_parameters(
+def narrowest_walk(index_type: str, meta: dict[str, Any], total: int) -> float:
+    """The work of the narrowest filtered walk (the unfiltered one's): where the exact search
+    costs less than it, no walk is planned at all (the plan's own cost is saved)."""
+    if index_type == "hnsw":
+        return float(meta.get("ef_search", 64))
+    nlist = max(1, int(meta.get("nlist") or 1))
+    return int(meta.get("nprobe", 8)) * total / nlist
+
+
+def plan_walk(
     index: faiss.Index,
     index_type: str,
-    allowed: np.ndarray,
     meta: dict[str, Any],
+    queries: np.ndarray,
     depth: int,
+    allowed: np.ndarray,
     total: int,
-) -> faiss.SearchParameters:
-    """Search parameters whose selector admits only ``allowed`` (sorted int64 ids, of the
-    ``total`` items), the probe or walk widened by total / allowed (module docstring)."""
-    selector, bitmap = id_bitmap(allowed)
-    widen = total / max(1, len(allowed))
-    kept: list[Any] = [selector, bitmap]  # the C++ side holds bare pointers: keep them alive
-    if index_type in IVF_TYPES:
-        nlist = int(faiss.extract_index_ivf(index).nlist)
-        nprobe = min(nlist, math.ceil(int(meta.get("nprobe", 8)) * widen))
-        params = faiss.SearchParametersIVF(sel=selector, nprobe=nprobe)
-        if index_type == "opq":  # the IVF index sits behind the rotation
-            kept.append(params)
-            params = faiss.SearchParametersPreTransform(index_params=params)
-    elif index_type == "hnsw":
+    state: FilterState,
+) -> tuple[Any, np.ndarray]:
+    """(the walk's plan, its work per query: HNSW efSearch or IVF list entries; 0: no walk
+    promises the target)."""
+    rule = Rule.from_meta(meta)
+    if index_type == "hnsw":
         ef = int(meta.get("ef_search", 64))
-        ef = max(ef * HNSW_FILTER_EF_FACTOR, min(HNSW_FILTER_MAX_EF, math.ceil(ef * widen)))
-        params = faiss.SearchParametersHNSW(
-            sel=selector, efSearch=max(ef, HNSW_FILTER_MIN_EF, depth)
-        )
+        local = local_share(index, queries, allowed, max(ef, filter_plan.LOCAL_PROBE))
+        efs = filter_plan.hnsw_ef(ef, local, rule.alpha, depth)
+        return efs, efs
+    lists_of(index, state)
+    assert state.list_of is not None and state.list_sizes is not None
+    ivf = faiss.extract_index_ivf(index)
+    held = np.bincount(state.list_of[allowed], minlength=ivf.nlist + 1)[1:]
+    rotated = rotate(index, index_type, queries)
+    scores, order = ivf.quantizer.search(rotated, int(ivf.nlist))
+    mean_list = max(1.0, total / ivf.nlist)
+    nprobe = int(meta.get("nprobe", 8))
+    lists = filter_plan.ivf_lists(order, held, nprobe, mean_list, rule.alpha)
+    work = np.array([state.list_sizes[chosen].sum() for chosen in lists], np.int64)
+    return (rotated, scores, order, lists), np.maximum(work, 1)
+
+
+def walk_index(
+    index: faiss.Index,
+    index_type: str,
+    queries: np.ndarray,
+    depth: int,
+    allowed: np.ndarray,
+    vectors_of: VectorsOf,
+    plan: Any,
+    walk: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The walk of the queries ``walk`` marks, as planned."""
+    rerank = index_type in PQ_TYPES
+    wanted = min(len(allowed), refine_candidates(depth)) if rerank else depth
+    selector, bits = id_bitmap(allowed)
+    picked = np.flatnonzero(walk)
+    inner = np.full((len(picked), wanted), -np.inf, np.float32)
+    found = np.full((len(picked), wanted), -1, np.int64)
+    if index_type == "hnsw":
+        search = getattr(index, "search_numpy", index.search)
+        efs = plan[picked]
+        for ef in np.unique(efs):
+            rows = efs == ef
+            params = faiss.SearchParametersHNSW(sel=selector, efSearch=int(max(ef, wanted)))
+            params.referenced_objects = [selector, bits]
+            inner[rows], found[rows] = search(queries[picked[rows]], wanted, params=params)
     else:
-        params = faiss.SearchParameters(sel=selector)
+        rotated, scores, order, lists = plan
+        width = max(len(lists[q]) for q in picked)
+        assign = np.full((len(picked), width), -1, np.int64)
+        dis = np.zeros((len(picked), width), np.float32)
+        for row, q in enumerate(picked):
+            chosen = lists[q]
+            assign[row, : len(chosen)] = chosen
+            position = np.empty(len(order[q]), np.int64)
+            position[order[q]] = np.arange(len(order[q]))
+            dis[row, : len(chosen)] = scores[q, position[chosen]]
+        ivf = faiss.extract_index_ivf(index)
+        params = faiss.SearchParametersIVF(sel=selector, nprobe=width)
+        params.referenced_objects = [selector, bits]
+        x = np.ascontiguousarray(rotated[picked], np.float32)
+        ivf.search_preassigned_c(len(x), faiss.swig_ptr(x), wanted, faiss.swig_ptr(assign),
+                                 faiss.swig_ptr(dis), faiss.swig_ptr(inner),
+                                 faiss.swig_ptr(found), False, params)  # fmt: skip
+    if rerank:
+        return refine(queries[picked], found, vectors_of, depth)
+    return inner, found
+
+
+def local_share(
+    index: faiss.Index, queries: np.ndarray, allowed: np.ndarray, probe: int
+) -> np.ndarray:
+    """Per query, the share of allowed items among its ``probe`` nearest (an unfiltered
+    HNSW walk)."""
+    search = getattr(index, "search_numpy", index.search)
+    probe = min(probe, int(index.ntotal))
+    _, near = search(queries, probe, params=faiss.SearchParametersHNSW(efSearch=probe))
+    bits = np.zeros(int(max(allowed[-1], near.max(initial=0))) + 1, bool)
+    bits[allowed] = True
+    return (bits[near] & (near >= 0)).mean(axis=1)
+
+
+def lists_of(index: faiss.Index, state: FilterState) -> None:
+    """state.list_of (the inverted list of each id) and state.list_sizes, read once."""
+    if state.list_of is not None:
+        return
+    ivf = faiss.extract_index_ivf(index)
+    invlists = ivf.invlists
+    sizes = np.array([invlists.list_size(n) for n in range(ivf.nlist)], np.int64)
+    chunks = [
+        faiss.rev_swig_ptr(invlists.get_ids(n), int(sizes[n])).copy() if sizes[n] else None
+        for n in range(ivf.nlist)
+    ]
+    top = max((int(c.max()) for c in chunks if c is not None), default=-1)
+    list_of = np.zeros(top + 2, np.int32)  # 0: in no list; list n is stored as n + 1
+    for number, ids in enumerate(chunks):
+        if ids is not None:
+            list_of[ids] = number + 1
+    state.list_of, state.list_sizes = list_of, sizes
+
+
+def rotate(index: faiss.Index, index_type: str, queries: np.ndarray) -> np.ndarray:
+    """The queries as the IVF index behind an OPQ rotation sees them (others: as given)."""
+    if index_type != "opq":
+        return np.ascontiguousarray(queries, np.float32)
+    chain = faiss.downcast_index(index).chain
+    out = np.ascontiguousarray(queries, np.float32)
+    for number in range(chain.size()):
+        out = faiss.downcast_VectorTransform(chain.at(number)).apply(out)
+    return np.ascontiguousarray(out, np.float32)
+
+
+def codes_only_search(
+    index: faiss.Index,
+    index_type: str,
+    meta: dict[str, Any],
+    queries: np.ndarray,
+    depth: int,
+    allowed: np.ndarray,
+    total: int,
+    vectors_of: VectorsOf,
+) -> tuple[np.ndarray, np.ndarray]:
+    """A PQ gallery without exact vectors: nprobe widened by total / allowed, the codes'
+    order, short rows completed over the decoded codes."""
+    selector, bits = id_bitmap(allowed)
+    nlist = int(faiss.extract_index_ivf(index).nlist)
+    widen = total / max(1, len(allowed))
+    nprobe = min(nlist, math.ceil(int(meta.get("nprobe", 8)) * widen))
+    params = faiss.SearchParametersIVF(sel=selector, nprobe=nprobe)
+    kept: list[Any] = [selector, bits]
+    if index_type == "opq":  # the IVF index sits behind the rotation
+        kept.append(params)
+        params = faiss.SearchParametersPreTransform(index_params=params)
     params.referenced_objects = kept
-    return params
+    search = getattr(index, "search_numpy", index.search)
+    inner, found = search(queries, depth, params=params)
+    return complete_rows(inner, found, queries, vectors_of, allowed)
 
 
 def id_bitmap(allowed: np.ndarray) -> tuple[faiss.IDSelector, np.ndarray]:
@@ -140,13 +327,47 @@ def exact_search(
     vectors_of: VectorsOf,
     allowed: np.ndarray,
     depth: int,
+    rows_of: RowsOf | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(inner products, ids) [Q, depth] of an exact search over the allowed items only;
-    ``vectors_of(ids)`` gives their vectors (Gallery.vectors_of)."""
-    vectors = np.ascontiguousarray(vectors_of(allowed), dtype=np.float32)
-    inner, positions = faiss.knn(queries, vectors, depth, metric=faiss.METRIC_INNER_PRODUCT)
-    ids = np.where(positions >= 0, allowed[np.maximum(positions, 0)], -1)
-    return inner, ids.astype(np.int64)
+    """(inner products, ids) [Q, depth] of an exact search over the allowed items only: on
+    their stored rows in place where ``rows_of`` finds them all in one array, else over a
+    gathered copy (``vectors_of(ids)``, Gallery.vectors_of)."""
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
+    held = rows_of(allowed) if rows_of is not None and len(queries) < 16 else None
+    if held is None:
+        vectors = np.ascontiguousarray(vectors_of(allowed), dtype=np.float32)
+        inner, positions = faiss.knn(queries, vectors, depth, metric=faiss.METRIC_INNER_PRODUCT)
+        ids = np.where(positions >= 0, allowed[np.maximum(positions, 0)], -1)
+        return inner, ids.astype(np.int64)
+    matrix, positions = held
+    count, dim = matrix.shape
+    inner = np.empty((len(queries), depth), np.float32)
+    rows = np.empty((len(queries), depth), np.int64)
+    for q in range(len(queries)):
+        faiss.knn_inner_products_by_idx(
+            faiss.swig_ptr(queries[q]), faiss.swig_ptr(matrix), faiss.swig_ptr(positions),
+            dim, 1, count, len(positions), depth, faiss.swig_ptr(inner[q]),
+            faiss.swig_ptr(rows[q]), len(positions),
+        )  # fmt: skip
+    # positions rise with the ids (both sorted): each row's position names its id
+    ids = allowed[np.clip(np.searchsorted(positions, rows), 0, len(allowed) - 1)]
+    return inner, np.where(rows >= 0, ids, -1)
+
+
+def rows_in(
+    base_ids: np.ndarray, rows: np.ndarray | None, ids: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """(``rows``, the positions of ``ids`` in it) when every one of the sorted ``ids`` is one
+    of ``base_ids`` (sorted; row i of ``rows`` is ``base_ids[i]``), else None (some were added
+    since, in segments, or there are no stored rows: exact_search gathers a copy)."""
+    if rows is None or not len(ids) or not len(base_ids):
+        return None
+    if base_ids[0] == 0 and base_ids[-1] == len(base_ids) - 1:  # ids 0..N-1: no search
+        return (rows, ids) if ids[0] >= 0 and ids[-1] < len(base_ids) else None
+    position = np.minimum(np.searchsorted(base_ids, ids), len(base_ids) - 1)
+    if not (base_ids[position] == ids).all():
+        return None
+    return rows, position
 
 
 def complete_rows(
@@ -155,12 +376,13 @@ def complete_rows(
     queries: np.ndarray,
     vectors_of: VectorsOf,
     allowed: np.ndarray,
+    rows_of: RowsOf | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Re-search exactly the queries whose approximate filtered search came back short."""
     short = (found_ids < 0).any(axis=1)
     if short.any():
         depth = found_ids.shape[1]
-        inner, ids = exact_search(queries[short], vectors_of, allowed, depth)
+        inner, ids = exact_search(queries[short], vectors_of, allowed, depth, rows_of)
         found_inner, found_ids = found_inner.copy(), found_ids.copy()
         found_inner[short], found_ids[short] = inner, ids
     return found_inner, found_ids

@@ -37,6 +37,8 @@ from nearsight.index.ann.faiss_index import (
     to_gpu,
     unit_distance,
 )
+from nearsight.index.ann.filter_plan import Costs
+from nearsight.index.ann.filter_tuning import calibrate
 from nearsight.index.ann.index_choice import parse_memory
 from nearsight.index.ann.tuning import refine, refine_candidates
 from nearsight.index.catalog.filters import Condition, parse_filter
@@ -126,6 +128,11 @@ class Gallery:
             parse_memory(meta.get("memory_budget")),
         )
         apply_search_parameters(index, meta)
+        stored = (meta.get("filter_route") or {}).get("costs")
+        self._filters = filtered.FilterState(
+            costs=Costs.from_meta(stored) if stored else filtered.default_costs(),
+            calibrate=self._calibrate_filters,
+        )
         # a writer's private read (locked) is never searched: no GPU copy for it
         self._gpu_index = None if locked else to_gpu(index, self.index_type)
 
@@ -209,6 +216,7 @@ class Gallery:
         *,
         ids: np.ndarray | Sequence[int] | None = None,
         exclude: np.ndarray | Sequence[int] | None = None,
+        info: dict[str, Any] | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` nearest items of each query vector [Q, D]: (distances [Q, k'] float32,
         ids [Q, k'] int64), nearest first, k' = min(k, len(gallery)). Distance: Euclidean
@@ -221,13 +229,17 @@ class Gallery:
         good as an unfiltered search for the other index types; exact distances except in a
         PQ gallery of codes only (index.ann.filtered).
 
-        ``exclude``: per query, an item id left out of its answer. Re-ranking, and the check
+        ``exclude``: per query, an item id left out of its answer. ``info``: filled, for a
+        filtered search, with how many queries went exactly and through the index, and
+        ``notes`` (e.g. a recall target the search cannot promise). Re-ranking, and the check
         of a caller's ``k``, are the search route's (nearsight.search.route)."""
         if isinstance(k, bool) or int(k) != k or k < 1:
             raise NearsightError(f"k must be a whole number of at least 1, got {k!r}")
         k = int(k)
+        if info is not None:  # what a filtered search fills in (index.ann.filtered)
+            info.update(exact=0, index=0, notes=[])
         if exclude is not None:  # one deeper, then each row without its excluded id
-            distances, found = self.search(vectors, k + 1, ids=ids)
+            distances, found = self.search(vectors, k + 1, ids=ids, info=info)
             found, distances = without_keys(np.asarray(exclude, np.int64), found, distances)
             return distances[:, :k], found[:, :k]
         queries = np.ascontiguousarray(np.asarray(vectors), dtype=np.float32)
@@ -242,8 +254,11 @@ class Gallery:
             allowed = np.asarray(ids, dtype=np.int64).reshape(-1)
             if len(allowed) and not (np.diff(allowed) > 0).all():  # filter_ids' are sorted
                 allowed = np.unique(allowed)
-            position = np.minimum(np.searchsorted(self.ids, allowed), max(0, self.count - 1))
-            allowed = allowed[self.ids[position] == allowed] if self.count else allowed[:0]
+            if self.count and self.ids[-1] == self.count - 1 and self.ids[0] == 0:
+                allowed = allowed[(allowed >= 0) & (allowed < self.count)]  # ids 0..N-1
+            else:
+                position = np.minimum(np.searchsorted(self.ids, allowed), max(0, self.count - 1))
+                allowed = allowed[self.ids[position] == allowed] if self.count else allowed[:0]
         depth = min(k, self.count if allowed is None else len(allowed))
         if depth == 0 or len(queries) == 0:
             shape = (len(queries), depth)
@@ -251,7 +266,7 @@ class Gallery:
         if allowed is None or len(allowed) == self.count:
             inner, found = self._search_index(queries, depth)
         else:
-            inner, found = self._search_allowed(queries, depth, allowed)
+            inner, found = self._search_allowed(queries, depth, allowed, info)
         distances = unit_distance(inner)
         distances[found < 0] = np.inf
         return distances, found.astype(np.int64, copy=False)
@@ -318,7 +333,7 @@ class Gallery:
         return self._index.search(queries, depth)
 
     def _search_allowed(
-        self, queries: np.ndarray, depth: int, allowed: np.ndarray
+        self, queries: np.ndarray, depth: int, allowed: np.ndarray, info: dict | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         # PQ codes only (no exact vectors): the codes' order, as unfiltered (index.ann.filtered)
         exact = self.index_type not in PQ_TYPES or self._store.can_rerank
@@ -332,7 +347,18 @@ class Gallery:
             self.count,
             self._store.vectors_of,
             exact_vectors=exact,
+            rows_of=self._rows_of,
+            state=self._filters,
+            info=info,
         )
+
+    def _rows_of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        return filtered.rows_in(*self._base, ids)
+
+    def _calibrate_filters(self) -> Costs:
+        """This machine's costs of filtered searches, measured once (index.ann.filter_tuning)."""
+        return calibrate(self._index, self.index_type, self.meta, self.ids,
+                         self._store.vectors_of, self._rows_of)  # fmt: skip
 
     def items(self, ids: Iterable[int]) -> list[dict[str, Any]]:
         """Catalog rows of ``ids``, in the order given; GalleryError for an unknown id."""

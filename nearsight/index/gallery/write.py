@@ -35,6 +35,7 @@ from nearsight.index.ann.faiss_index import (
     apply_search_parameters,
     make_index,
 )
+from nearsight.index.ann.filter_tuning import calibrate, tune_filters
 from nearsight.index.ann.index_choice import parse_memory, resolve_index_type
 from nearsight.index.ann.tuning import TARGET_RECALL, tune, tuning_sample
 from nearsight.index.catalog.create import create_catalog
@@ -170,11 +171,19 @@ def _index_in_build_order(
     ``target_recall`` (None: not tuned). Returns the index and its meta parameters."""
     held_out = tuning_sample(len(ids), index_type)
     index, params = make_index(vectors, ids, index_type, skip=held_out)
+    route: dict[str, Any] = {}
     if target_recall is not None:
         params.update(
             tune(index, index_type, vectors, ids, target_recall, rerank=rerank, held_out=held_out)
         )
+        if rerank:  # filtered searches of a codes-only gallery promise nothing (filtered.py)
+            route = tune_filters(index, index_type, {"index_type": index_type, **params},
+                                 vectors, ids, held_out, target_recall)  # fmt: skip
     add_vectors(index, vectors[held_out], ids[held_out])
+    if route:  # this machine's costs, timed on the whole index
+        costs = calibrate(index, index_type, params, ids, lambda wanted: vectors[wanted],
+                          lambda wanted: (vectors, wanted))  # fmt: skip
+        params["filter_route"] = {**route, "costs": costs.as_meta()}
     return index, params
 
 

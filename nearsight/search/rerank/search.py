@@ -24,6 +24,7 @@ def reranked_search(
     *,
     ids: np.ndarray | Sequence[int] | None = None,
     exclude: np.ndarray | Sequence[int] | None = None,
+    info: dict | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(distances, ids) [Q, k'] as :meth:`Gallery.search` gives them, after re-ranking the top
     ``spec.depth`` candidates (at least ``k`` of them, and at most :data:`MAX_DEPTH` whatever
@@ -31,7 +32,7 @@ def reranked_search(
     of its answer and of every expansion (leave-one-out for a gallery item used as a query)."""
     depth = min(max(k, spec.depth), MAX_DEPTH)
     extra = 0 if exclude is None else 1
-    _, found = gallery.search(queries, max(k, depth) + extra, ids=ids)
+    _, found = gallery.search(queries, max(k, depth) + extra, ids=ids, info=info)
     if exclude is not None:
         exclude = np.asarray(exclude, dtype=np.int64)
         (found,) = without_keys(exclude, found)

@@ -103,9 +103,12 @@ async def search(
             raise ApiError(422, f"vector: {error}") from None
     filters = fields.get("filter")
 
+    route_notes: list[str] = []  # what the route says of its answer (a recall it can't promise)
+
     def work():
         filtered = view.filtered(filters, state.max_filter_conditions)
-        found = view.search_one(query, k, allowed=filtered.allowed, rerank=spec, self_id=self_id)
+        found = view.search_one(query, k, allowed=filtered.allowed, rerank=spec, self_id=self_id,
+                                notes=route_notes)  # fmt: skip
         return filtered, found
 
     heavy = bool(filters) or spec.active
@@ -114,7 +117,7 @@ async def search(
         "gallery": view.name,
         "k": k,
         "rerank": str(spec),
-        "notes": list(filtered.notes),
+        "notes": [*filtered.notes, *route_notes],
         "neighbours": [n.as_json() for n in found],
     }
 

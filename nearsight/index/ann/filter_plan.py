@@ -1,0 +1,154 @@
+"""How a filtered search is made: exactly over the allowed items, or by walking the index, each
+query by whichever costs less on this machine while it meets the recall target.
+
+Two stored, measured parts (gallery meta ``filter_route``, written at build time by
+:func:`nearsight.index.ann.filter_tuning.tune_filters`):
+
+- **the widening rule** (``alpha``): how much wider than the unfiltered efSearch / nprobe a
+  filtered walk must be for recall@10 >= the target, as a function of the filter's share *and*
+  spread near the query (below), tuned on held-out queries with random and clustered filters;
+- **the costs** (``costs``): milliseconds of one query's exact search as ``a + b x allowed
+  items``, and of a walk as ``a + b x work`` (HNSW: efSearch; IVF: list entries scanned),
+  timed on the machine that built the gallery. A gallery opened on another machine (or one
+  written before this) times them again, once, in memory (:func:`calibrate`).
+
+The spread of a filter near a query (``local share``):
+
+- HNSW: the share of allowed items among the query's ``LOCAL_PROBE`` nearest (one unfiltered
+  walk). FAISS's filtered HNSW walk keeps every node it visits as a candidate and only the
+  allowed ones as results, so it sees ~``local share x efSearch`` allowed items: efSearch is
+  widened to ``alpha x efSearch / local share``. None allowed among them (the filter's items lie
+  away from the query: a category that does not hold the query's cluster) or a widening past
+  EF_CAP: the walk cannot promise the target, the search is exact.
+- IVF types: the allowed items per inverted list (one bincount of the allowed ids' lists).
+  The lists holding allowed items are probed nearest first until they hold ``alpha x nprobe x
+  mean list size`` allowed items (a random filter of share s: about nprobe / s lists; a filter
+  whose items cluster: few, well-filled lists), through ``search_preassigned`` so that lists
+  without allowed items cost nothing.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+# fewer items: every filtered search is exact (it costs next to nothing, and the answer is the
+# same in every process, whatever each one's timings)
+MIN_PLAN_ITEMS = 1000
+EF_CAP = 4096  # the widest filtered HNSW walk: past it an exact search is cheaper anywhere
+LOCAL_PROBE = 128  # HNSW: nearest items whose allowed share estimates the spread
+DEFAULT_ALPHA = 2.0  # a gallery built before the rule was tuned
+ALPHAS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)  # the tuning's grid
+
+
+@dataclass
+class Costs:
+    """One query's cost in milliseconds: exact = a + b x allowed, walk = a + b x work + c x
+    allowed (c: the walk's selector bitmap and, for IVF, the allowed items per list)."""
+
+    exact_fixed: float
+    exact_per_item: float
+    walk_fixed: float
+    walk_per_unit: float
+    host: str = field(default_factory=platform.node)
+    walk_per_allowed: float = 0.0
+
+    def exact(self, allowed: int | np.ndarray) -> np.ndarray:
+        return self.exact_fixed + self.exact_per_item * np.asarray(allowed, np.float64)
+
+    def walk(self, work: int | np.ndarray, allowed: int = 0) -> np.ndarray:
+        return (
+            self.walk_fixed
+            + self.walk_per_unit * np.asarray(work, np.float64)
+            + self.walk_per_allowed * allowed
+        )
+
+    def as_meta(self) -> dict[str, Any]:
+        return {
+            "exact_fixed_ms": round(self.exact_fixed, 5),
+            "exact_ms_per_item": self.exact_per_item,
+            "walk_fixed_ms": round(self.walk_fixed, 5),
+            "walk_ms_per_unit": self.walk_per_unit,
+            "walk_ms_per_allowed": self.walk_per_allowed,
+            "host": self.host,
+        }
+
+    @classmethod
+    def from_meta(cls, record: dict[str, Any] | None) -> Costs | None:
+        """The stored costs, if measured on this machine (else None: measure them)."""
+        if not record or record.get("host") != platform.node():
+            return None
+        return cls(
+            float(record["exact_fixed_ms"]),
+            float(record["exact_ms_per_item"]),
+            float(record["walk_fixed_ms"]),
+            float(record["walk_ms_per_unit"]),
+            str(record["host"]),
+            float(record.get("walk_ms_per_allowed", 0.0)),
+        )
+
+
+@dataclass
+class Rule:
+    """The stored widening rule (``alpha``) and the recall it gave at tuning time."""
+
+    alpha: float = DEFAULT_ALPHA
+    tuned_recall: float | None = None
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any]) -> Rule:
+        record = meta.get("filter_route") or {}
+        return cls(float(record.get("alpha", DEFAULT_ALPHA)), record.get("tuned_recall"))
+
+
+def hnsw_ef(ef: int, local_share: np.ndarray, alpha: float, depth: int) -> np.ndarray:
+    """Per query, the widened efSearch of a filtered walk, or 0 where no walk within EF_CAP
+    promises the target (no allowed item near the query)."""
+    share = np.asarray(local_share, np.float64)
+    wanted = np.ceil(alpha * max(ef, depth) / np.maximum(share, 1e-12))
+    wanted = np.maximum(wanted, max(ef, depth))
+    wanted[(share <= 0) | (wanted > EF_CAP)] = 0
+    return wanted.astype(np.int64)
+
+
+def ivf_lists(
+    order: np.ndarray, allowed_per_list: np.ndarray, nprobe: int, mean_list: float, alpha: float
+) -> list[np.ndarray]:
+    """Per query, the lists to probe: those holding allowed items, in the query's order
+    (``order`` [Q, nlist], nearest first), until they hold ``alpha x nprobe x mean_list``
+    allowed items (and at least nprobe lists, when there are as many)."""
+    target = alpha * nprobe * mean_list
+    out = []
+    for row in order:
+        held = allowed_per_list[row]
+        lists = row[held > 0]
+        covered = np.cumsum(held[held > 0])
+        count = int(np.searchsorted(covered, target)) + 1
+        out.append(lists[: max(count, min(nprobe, len(lists)))])
+    return out
+
+
+def median_ms(run: Callable[[], object], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times) * 1000)
+
+
+def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(a, b) of ms = a + b x size through the two measured (size, ms), both >= 0; where
+    noise (a loaded machine) makes the wider point no slower, the cost is taken as
+    proportional to the size (through the wider point), never free."""
+    (x1, y1), (x2, y2) = points
+    slope = (y2 - y1) / max(1e-9, x2 - x1)
+    if slope <= 0:
+        return 0.0, max(y2, 1e-6) / max(x2, 1.0)
+    return max(0.0, y1 - slope * x1), slope
+

@@ -1,0 +1,203 @@
+"""The measured parts of the filtered-search plan (nearsight.index.ann.filter_plan), made at build
+time and stored in the gallery meta as ``filter_route``:
+
+- :func:`tune_filters`: the widening rule's ``alpha``, the smallest of filter_plan.ALPHAS for
+  which the filtered walks reach the recall target on held-out queries (index.ann.tuning's
+  sample, before it is added) under every tuning filter: random items and items clustered away
+  from the query (a cap along a random direction, a group of k-means clusters), each at 1% and
+  10% of the items. Every query whose plan walks counts; one the plan sends to the exact search
+  does not (it gets the true answer).
+- :func:`calibrate`: this machine's costs of one query's exact search (at two allowed counts)
+  and of one filtered walk (at two widths), fitted as ``a + b x size`` and recorded with the
+  host's name; a gallery opened elsewhere measures them again in memory on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import faiss
+import numpy as np
+
+from nearsight.index.ann import filter_plan, filtered
+from nearsight.index.ann.faiss_index import IVF_TYPES
+from nearsight.index.ann.filter_plan import Costs
+from nearsight.index.ann.tuning import TUNING_K, recall_at_k
+
+FILTER_SHARES = (0.01, 0.1)
+FILTER_QUERIES = 200
+CALIBRATION_QUERIES = 16
+
+
+def tune_filters(
+    index: faiss.Index,
+    index_type: str,
+    meta: dict[str, Any],
+    vectors: np.ndarray,
+    ids: np.ndarray,
+    held_out: np.ndarray,
+    target: float,
+) -> dict[str, Any]:
+    """``{"alpha", "tuned_recall", "target"}`` for the meta's ``filter_route``; {} for types
+    searched exactly (flat) or galleries too small to need it. ``held_out``: the positions of
+    ``vectors`` not in ``index`` yet, the queries."""
+    if index_type not in (*IVF_TYPES, "hnsw") or len(held_out) < 20:
+        return {}
+    if len(vectors) < filter_plan.MIN_PLAN_ITEMS:
+        return {}
+    inside = np.ones(len(vectors), bool)
+    inside[held_out] = False
+    in_index = ids[inside]
+    queries = np.ascontiguousarray(vectors[held_out[:FILTER_QUERIES]], np.float32)
+    position = {"ids": ids}
+
+    def vectors_of(wanted: np.ndarray) -> np.ndarray:
+        return np.asarray(vectors[np.searchsorted(position["ids"], wanted)], np.float32)
+
+    tests = []
+    for allowed in tuning_filters(vectors[inside], in_index, seed=0):
+        scores = queries @ vectors_of(allowed).T
+        top = np.argsort(-scores, axis=1, kind="stable")[:, :TUNING_K]
+        tests.append((allowed, allowed[top]))
+    state = filtered.FilterState()
+    worst = 0.0
+    for alpha in filter_plan.ALPHAS:
+        trial = {**meta, "filter_route": {"alpha": alpha}}
+        worst = 1.0
+        for allowed, truth in tests:
+            plan, work = filtered.plan_walk(index, index_type, trial, queries, TUNING_K,
+                                            allowed, len(in_index), state)  # fmt: skip
+            walk = work > 0
+            if not walk.any():
+                continue
+            _, found = filtered.walk_index(index, index_type, queries, TUNING_K, allowed,
+                                           vectors_of, plan, walk)  # fmt: skip
+            worst = min(worst, recall_at_k(found[:, :TUNING_K], truth[walk]))
+            if worst < target:
+                break
+        if worst >= target:
+            return {"alpha": alpha, "tuned_recall": round(worst, 4), "target": target}
+    return {"alpha": filter_plan.ALPHAS[-1], "tuned_recall": round(worst, 4), "target": target}
+
+
+def tuning_filters(vectors: np.ndarray, ids: np.ndarray, seed: int) -> list[np.ndarray]:
+    """Sorted allowed ids: random, a cap and a group of clusters, at each FILTER_SHARES."""
+    rng = np.random.default_rng(seed)
+    along = vectors @ rng.standard_normal(vectors.shape[1]).astype(np.float32)
+    clusters = min(64, max(2, len(vectors) // 200))
+    kmeans = faiss.Kmeans(vectors.shape[1], clusters, niter=5, seed=seed, spherical=True,
+                          max_points_per_centroid=64)  # fmt: skip
+    kmeans.train(np.ascontiguousarray(vectors, np.float32))
+    _, label = kmeans.index.search(np.ascontiguousarray(vectors, np.float32), 1)
+    label = label[:, 0]
+    out = []
+    for share in FILTER_SHARES:
+        count = max(TUNING_K, round(share * len(ids)))
+        out.append(np.sort(rng.choice(ids, count, replace=False)))
+        out.append(np.sort(ids[np.argsort(-along, kind="stable")[:count]]))
+        group, taken = [], 0
+        for cluster in rng.permutation(clusters):
+            group.append(cluster)
+            taken += int((label == cluster).sum())
+            if taken >= count:
+                break
+        members = ids[np.isin(label, group)]
+        if len(members) >= TUNING_K:
+            out.append(np.sort(members))
+    return out
+
+
+def calibrate(
+    index: faiss.Index,
+    index_type: str,
+    meta: dict[str, Any],
+    ids: np.ndarray,
+    vectors_of: filtered.VectorsOf,
+    rows_of: filtered.RowsOf | None,
+) -> Costs:
+    """This machine's costs (module docstring), timed on the gallery's own items."""
+    rng = np.random.default_rng(1)
+    queries = np.ascontiguousarray(
+        vectors_of(np.sort(rng.choice(ids, min(len(ids), CALIBRATION_QUERIES), replace=False)))
+    )
+    points = []
+    for size in (min(len(ids), 1000), min(len(ids), 32_000)):
+        allowed = np.sort(rng.choice(ids, size, replace=False))
+        points.append((size, _per_query(
+            lambda q, allowed=allowed: filtered.exact_search(q, vectors_of, allowed, TUNING_K,
+                                                             rows_of), queries)))  # fmt: skip
+    exact = filter_plan.fit(points)
+    walk, per_allowed = (0.0, 0.0), 0.0
+    if index_type == "hnsw" or index_type in IVF_TYPES:
+        walk = filter_plan.fit(_walk_points(index, index_type, meta, ids, vectors_of, queries))
+        per_allowed = _per_allowed(index, index_type, ids)
+    return Costs(exact[0], exact[1], walk[0], walk[1], walk_per_allowed=per_allowed)
+
+
+def _per_allowed(index: faiss.Index, index_type: str, ids: np.ndarray) -> float:
+    """ms per allowed item of what a walk does with every allowed id: its selector bitmap
+    and (IVF) the count of allowed items per list."""
+    allowed = np.sort(ids)
+    state = filtered.FilterState()
+    if index_type in IVF_TYPES:
+        filtered.lists_of(index, state)
+
+    def run() -> None:
+        filtered.id_bitmap(allowed)
+        if state.list_of is not None:
+            np.bincount(state.list_of[allowed])
+
+    run()
+    return min(filter_plan.median_ms(run, 1) for _ in range(3)) / max(1, len(allowed))
+
+
+def _walk_points(
+    index: faiss.Index,
+    index_type: str,
+    meta: dict[str, Any],
+    ids: np.ndarray,
+    vectors_of: filtered.VectorsOf,
+    queries: np.ndarray,
+) -> list[tuple[float, float]]:
+    """(work, ms) of one filtered walk at two widths, its selector admitting a random
+    tenth of the items (its bitmap's cost, which grows with the allowed count, is
+    :func:`_per_allowed`'s)."""
+    rng = np.random.default_rng(2)
+    allowed = np.sort(rng.choice(ids, max(1, len(ids) // 10), replace=False))
+    one = np.ones(1, bool)
+    points = []
+    if index_type == "hnsw":
+        ef = int(meta.get("ef_search", 64))
+        for width in (ef, 16 * ef):
+            plan = np.array([width])
+            points.append((width, _per_query(
+                lambda q, plan=plan: filtered.walk_index(index, index_type, q, TUNING_K, allowed,
+                                                         vectors_of, plan, one), queries)))  # fmt: skip
+        return points
+    ivf = faiss.extract_index_ivf(index)
+    state = filtered.FilterState()
+    filtered.lists_of(index, state)
+    nprobe = int(meta.get("nprobe", 8))
+    for width in (nprobe, min(int(ivf.nlist), 16 * nprobe)):
+        works = []
+
+        def run(q: np.ndarray, width: int = width, works: list = works) -> None:
+            rotated = filtered.rotate(index, index_type, q)
+            scores, order = ivf.quantizer.search(rotated, int(ivf.nlist))
+            lists = [order[0, :width]]
+            works.append(int(state.list_sizes[lists[0]].sum()))
+            filtered.walk_index(index, index_type, q, TUNING_K, allowed, vectors_of,
+                                (rotated, scores, order, lists), one)  # fmt: skip
+
+        ms = _per_query(run, queries)
+        points.append((float(np.mean(works)), ms))
+    return points
+
+
+def _per_query(run: Any, queries: np.ndarray) -> float:
+    """Median over the queries of the fastest of three ``run(query[None])`` (after one
+    warm-up): the fastest, as other processes' load only ever adds time."""
+    run(queries[:1])
+    times = [min(filter_plan.median_ms(lambda q=q: run(q[None]), 1) for _ in range(3))
+             for q in queries]  # fmt: skip
+    return float(np.median(times))

@@ -1,0 +1,139 @@
+"""Filtered search at the filter shapes that broke it (nearsight.index.ann.filtered and
+filter_plan): a cap and a group of clusters away from the queries, on HNSW and IVF-PQ, against a
+float64 brute force over the allowed items; and the exact/index switch chosen by the costs.
+
+The catalog: 20,000 unit vectors in 200 clusters (32-d). Before the cost plan (a fixed count of
+2,048 allowed items, efSearch / nprobe widened by N / allowed) these filters of 30% of the items
+came back with recall@10 0.70 (HNSW, cap), 0.57 (HNSW, category), 0.80 and 0.75 (IVF-PQ)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from nearsight.index.ann import filtered
+from nearsight.index.ann.filter_plan import Costs
+from nearsight.index.gallery.core import Gallery
+from nearsight.index.gallery.write import write_gallery
+from nearsight.search.searcher import open_gallery
+
+COUNT, DIM, CLUSTERS, K, SHARE = 20_000, 32, 200, 10, 0.3
+EXACT_CHEAP = Costs(0.0, 1e-9, 10.0, 1.0)  # every exact search costs less than any walk
+WALK_CHEAP = Costs(10.0, 1.0, 0.0, 1e-9)  # the reverse: walk wherever a walk promises
+
+
+@pytest.fixture(scope="module")
+def data() -> dict:
+    rng = np.random.default_rng(0)
+    centres = rng.standard_normal((CLUSTERS, DIM)).astype(np.float32)
+    label = rng.integers(0, CLUSTERS, COUNT + 100)
+    points = centres[label] + 0.35 * rng.standard_normal((COUNT + 100, DIM)).astype(np.float32)
+    points /= np.linalg.norm(points, axis=1, keepdims=True)
+    vectors, queries = points[:COUNT], points[COUNT:]
+    count = int(SHARE * COUNT)
+    along = vectors @ rng.standard_normal(DIM).astype(np.float32)
+    own = set(label[COUNT:].tolist())  # the queries' clusters: the category holds none
+    away = [c for c in rng.permutation(CLUSTERS) if c not in own]
+    sizes = np.bincount(label[:COUNT], minlength=CLUSTERS)
+    group = away[: int(np.searchsorted(np.cumsum(sizes[away]), count)) + 1]
+    filters = {
+        "cap": np.sort(np.argsort(-along, kind="stable")[:count]),
+        "category": np.flatnonzero(np.isin(label[:COUNT], group)),
+        "random": np.sort(rng.choice(COUNT, count, replace=False)),
+    }
+    return {"vectors": vectors, "queries": queries, "filters": filters}
+
+
+@pytest.fixture(scope="module")
+def galleries(tmp_path_factory, data) -> dict:
+    root = tmp_path_factory.mktemp("plan")
+    items = [{"path": f"/shop/{i}.jpg"} for i in range(COUNT)]
+    return {
+        index_type: write_gallery(root / index_type, data["vectors"], items,
+                                  model_sha256="e" * 64, index_type=index_type)
+        for index_type in ("hnsw", "ivfpq")
+    }  # fmt: skip
+
+
+def brute_force(queries: np.ndarray, vectors: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    scores = queries.astype(np.float64) @ vectors[allowed].astype(np.float64).T
+    return allowed[np.argsort(-scores, axis=1, kind="stable")[:, :K]]
+
+
+def recall(found: np.ndarray, truth: np.ndarray) -> float:
+    return float(np.mean([len(set(a) & set(b)) / K for a, b in zip(found, truth, strict=True)]))
+
+
+def search(folder, data, name: str, costs: Costs | None = None) -> tuple[np.ndarray, dict]:
+    allowed = data["filters"][name]
+    with Gallery.open(folder) as gallery:
+        if costs is not None:
+            gallery._filters.costs = costs  # this machine's calibration, as a test sets it
+        info: dict = {}
+        _, ids = gallery.search(data["queries"], K, ids=allowed, info=info)
+    assert np.isin(ids, allowed).all() and ids.shape == (len(data["queries"]), K)
+    return ids, info
+
+
+@pytest.mark.parametrize("index_type", ["hnsw", "ivfpq"])
+@pytest.mark.parametrize("name", ["cap", "category"])
+def test_a_filter_away_from_the_queries_keeps_its_recall(galleries, data, index_type, name):
+    ids, info = search(galleries[index_type], data, name)
+    truth = brute_force(data["queries"], data["vectors"], data["filters"][name])
+    assert recall(ids, truth) >= 0.95
+    assert info["exact"] + info["index"] == len(data["queries"]) and not info["notes"]
+
+
+@pytest.mark.parametrize("index_type", ["hnsw", "ivfpq"])
+@pytest.mark.parametrize("name", ["cap", "category", "random"])
+def test_the_widened_walk_keeps_its_recall_where_it_is_taken(galleries, data, index_type, name):
+    """Walks made cheap: every query the plan can walk within the target walks, widened by
+    the stored rule; the rest (HNSW: no allowed item near the query) go exact."""
+    ids, info = search(galleries[index_type], data, name, WALK_CHEAP)
+    truth = brute_force(data["queries"], data["vectors"], data["filters"][name])
+    assert info["index"] >= len(data["queries"]) // 4  # the walk is what is tested
+    assert recall(ids, truth) >= 0.95
+    if index_type == "ivfpq":  # lists holding allowed items: every query can walk
+        assert info["index"] == len(data["queries"])
+
+
+@pytest.mark.parametrize("index_type", ["hnsw", "ivfpq"])
+def test_the_exact_or_index_switch_is_chosen_by_cost(galleries, data, index_type):
+    """6,000 allowed items: the old fixed count (2,048) walked the index; with a calibration
+    where the exact search is cheap the plan searches exactly (the true top-k), and with one
+    where walking is cheap it walks."""
+    ids, info = search(galleries[index_type], data, "random", EXACT_CHEAP)
+    assert info["exact"] == len(data["queries"]) and info["index"] == 0
+    truth = brute_force(data["queries"], data["vectors"], data["filters"]["random"])
+    assert (ids == truth).mean() >= 0.99
+    _, info = search(galleries[index_type], data, "random", WALK_CHEAP)
+    assert info["index"] == len(data["queries"]) and info["exact"] == 0
+
+
+def test_the_costs_are_stored_at_build_time_and_measured_again_elsewhere(galleries, data):
+    with Gallery.open(galleries["hnsw"]) as gallery:
+        route = gallery.meta["filter_route"]
+        assert route["alpha"] > 0 and route["tuned_recall"] >= route["target"] == 0.95
+        assert route["costs"]["exact_ms_per_item"] > 0 and route["costs"]["walk_ms_per_unit"] > 0
+        assert gallery._filters.costs is not None  # this machine's: no calibration on open
+    moved = {**gallery.meta["filter_route"]["costs"], "host": "another-machine"}
+    assert Costs.from_meta(moved) is None  # measured again there (Gallery._calibrate_filters)
+
+
+def test_a_search_that_cannot_promise_the_target_says_so(tmp_path, data):
+    """A PQ gallery of codes only (no exact vectors to search or re-rank by): its filtered
+    answers carry a note, through Gallery.search and through the Python API's results."""
+    items = [{"path": f"/s/{i}.jpg", "label": i % 3} for i in range(COUNT)]
+    folder = write_gallery(tmp_path / "g", data["vectors"], items, model_sha256="e" * 64,
+                           index_type="ivfpq", embeddings="drop")  # fmt: skip
+    with Gallery.open(folder) as gallery:
+        info: dict = {}
+        gallery.search(data["queries"][:3], K, ids=data["filters"]["cap"], info=info)
+        assert info["notes"] == [filtered.CODES_ONLY_NOTE]
+        assert "recall target not promised" in filtered.CODES_ONLY_NOTE
+        gallery.search(data["queries"][:3], K, info=info)  # unfiltered: nothing to say here
+    with open_gallery(folder) as searcher:
+        found = searcher.search_vector(data["queries"][0], K, filters="label=1")
+        plain = searcher.search_vector(data["queries"][0], K)
+    assert len(found) == K and found.notes == [filtered.CODES_ONLY_NOTE]
+    assert plain.notes == []
