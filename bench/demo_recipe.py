@@ -47,6 +47,23 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "rll": {"loss.name": "rll"},
     "normsoftmax": NORMSOFTMAX,
     "normsoftmax-64px": {**NORMSOFTMAX, "data.image_size": 64},
+    # this round's candidates for a better recipe (issue 41)
+    "lr-2e-3": {"optim.lr": 2e-3, "optim.head_lr": 2e-3},
+    "lr-1.5e-3": {"optim.lr": 1.5e-3, "optim.head_lr": 1.5e-3},
+    "56px": {"data.image_size": 56},
+    "four-heads": {"model.heads": ["layer1", "layer2", "layer3", "layer4"]},
+    "ice-scale-32": {"loss.params.scale": 32},
+    "ice-scale-16": {"loss.params.scale": 16},
+    "ice-symmetric": {"loss.params.symmetric": True},
+    "wsd-0.5": {"optim.decay_start": 0.5},
+    "crop-0.8": {"data.crop_scale": [0.8, 1.0]},
+    "crop-0.4": {"data.crop_scale": [0.4, 1.0]},
+    "16x2": {"sampler.classes_per_batch": 16, "sampler.per_class": 2},
+    "16x4": {"sampler.classes_per_batch": 16},
+    "dim-64": {"model.dim": 64},
+    "dim-256": {"model.dim": 256},
+    "wd-5e-4": {"optim.weight_decay": 5e-4},
+    "no-flip": {"data.flip": False},
     "one-head": ONE_HEAD,
     "one-head-32px": {**ONE_HEAD, "data.image_size": 32},
     "one-head-16x4": {**ONE_HEAD, "sampler.classes_per_batch": 16},
@@ -68,7 +85,7 @@ def run_variant(
     data: Path, out: Path, name: str, steps: int, workers: int, seed: int = 0
 ) -> dict[str, Any]:
     args = argparse.Namespace(
-        image_size=48, workers=workers, loss="ice", classes=100, steps=steps, train_seconds=None
+        image_size=None, workers=workers, loss=None, classes=100, steps=steps, train_seconds=None
     )
     config = demo_config(args, data)
     for key, value in {**VARIANTS[name], "seed": seed}.items():
