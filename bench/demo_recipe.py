@@ -13,14 +13,16 @@ step count keeps the comparison fair on a shared, loaded CPU; images/s says what
     python bench/demo_recipe.py --steps 300 --threads 1 --variants normsoftmax 64px
 
 Two 1-thread processes side by side use both cores for twice the runs per hour; their Recall@1
-is what compares, not their images/s. Results: README, "The demo's recipe", with the load they
-ran under.
+is what compares, not their images/s. Each result carries the load averages as it began and
+ended. The recipe itself is nearsight/training/configs/demo.yaml; results: docs/demo.md, "How
+the recipe was chosen", with the load they ran under.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 from pathlib import Path
@@ -91,6 +93,7 @@ def run_variant(
     for key, value in {**VARIANTS[name], "seed": seed}.items():
         apply_override(config, key, value)
     validate(config)
+    load_before = _load()
     result = train(config, out)
     evaluations = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     rates = [json.loads(x)["images_per_s"] for x in (out / "train.jsonl").read_text().splitlines()]
@@ -103,7 +106,14 @@ def run_variant(
         "untrained_recall@1": evaluations[0]["recall@1"],
         "trained_recall@1": result.last["recall@1"],
         "trained_recall@8": result.last.get("recall@8"),
+        # the load averages (1, 5, 15 min) as the run began and ended: what its time means
+        "load_before": load_before,
+        "load_after": _load(),
     }
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 def main() -> None:

@@ -40,7 +40,8 @@ def test_demo_runs_the_pipeline_then_reuses_it(tmp_path, capsys):
     # measured in steps: exactly --steps updates, and the progress says so (plain lines here,
     # stderr is not a terminal)
     assert "training ResNet-50 with the ice loss for 3 steps at 32 px" in out
-    steps = [json.loads(x)["step"] for x in (work / "run-ice" / "train.jsonl").read_text().split()]
+    records = (work / "run-ice" / "train.jsonl").read_text().splitlines()
+    steps = [json.loads(record)["step"] for record in records]
     assert steps == [1, 2, 3]
     assert "train: 3 steps in " in err
     for step in (

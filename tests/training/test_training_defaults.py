@@ -211,7 +211,8 @@ def test_cosine_with_decay_start_holds_the_rate_then_decays_over_the_rest():
 def test_a_run_slower_than_its_recipe_expects_says_so_once(synth, tmp_path, monkeypatch, capsys):
     # one second per batch (the fake clock) where the recipe expects 3 steps/s: the note comes
     # once the rate stands on 20 s past start-up (step 25), and only once
-    config = config_for(synth, steps=30, eval_every=1000, expected_steps_per_s=3.0)
+    quick = {"steps": 30, "eval_every": 1000, "model.arch": "resnet18"}
+    config = config_for(synth, **quick, expected_steps_per_s=3.0)
     fake_clock(monkeypatch)
     train(config, tmp_path / "slow")
     err = capsys.readouterr().err
@@ -225,5 +226,5 @@ def test_a_run_slower_than_its_recipe_expects_says_so_once(synth, tmp_path, monk
     assert "train: 30 steps in 30.0s of training (1.00 steps/s after start-up)" in err
     # the same run where the machine keeps the expected pace hears nothing
     fake_clock(monkeypatch)
-    train(config_for(synth, steps=30, eval_every=1000, expected_steps_per_s=1.5), tmp_path / "ok")
+    train(config_for(synth, **quick, expected_steps_per_s=1.5), tmp_path / "ok")
     assert "slower than" not in capsys.readouterr().err
