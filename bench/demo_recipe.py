@@ -54,6 +54,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "lr-1.5e-3": {"optim.lr": 1.5e-3, "optim.head_lr": 1.5e-3},
     "56px": {"data.image_size": 56},
     "four-heads": {"model.heads": ["layer1", "layer2", "layer3", "layer4"]},
+    "64px-four-heads": {
+        "data.image_size": 64,
+        "model.heads": ["layer1", "layer2", "layer3", "layer4"],
+    },
+    "four-heads-wsd-0.5": {
+        "model.heads": ["layer1", "layer2", "layer3", "layer4"],
+        "optim.decay_start": 0.5,
+    },
     "ice-scale-32": {"loss.params.scale": 32},
     "ice-scale-16": {"loss.params.scale": 16},
     "ice-symmetric": {"loss.params.symmetric": True},
