@@ -13,14 +13,16 @@ step count keeps the comparison fair on a shared, loaded CPU; images/s says what
     python bench/demo_recipe.py --steps 300 --threads 1 --variants normsoftmax 64px
 
 Two 1-thread processes side by side use both cores for twice the runs per hour; their Recall@1
-is what compares, not their images/s. Results: docs/benchmarks.md, "The demo's recipe", with the
-load they ran under.
+is what compares, not their images/s. Each result carries the load averages as it began and
+ended. The recipe itself is nearsight/training/configs/demo.yaml; results: docs/demo.md, "How
+the recipe was chosen", with the load they ran under.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 from pathlib import Path
@@ -47,6 +49,31 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "rll": {"loss.name": "rll"},
     "normsoftmax": NORMSOFTMAX,
     "normsoftmax-64px": {**NORMSOFTMAX, "data.image_size": 64},
+    # this round's candidates for a better recipe (issue 41)
+    "lr-2e-3": {"optim.lr": 2e-3, "optim.head_lr": 2e-3},
+    "lr-1.5e-3": {"optim.lr": 1.5e-3, "optim.head_lr": 1.5e-3},
+    "56px": {"data.image_size": 56},
+    "four-heads": {"model.heads": ["layer1", "layer2", "layer3", "layer4"]},
+    "64px-four-heads": {
+        "data.image_size": 64,
+        "model.heads": ["layer1", "layer2", "layer3", "layer4"],
+    },
+    "four-heads-wsd-0.5": {
+        "model.heads": ["layer1", "layer2", "layer3", "layer4"],
+        "optim.decay_start": 0.5,
+    },
+    "ice-scale-32": {"loss.params.scale": 32},
+    "ice-scale-16": {"loss.params.scale": 16},
+    "ice-symmetric": {"loss.params.symmetric": True},
+    "wsd-0.5": {"optim.decay_start": 0.5},
+    "crop-0.8": {"data.crop_scale": [0.8, 1.0]},
+    "crop-0.4": {"data.crop_scale": [0.4, 1.0]},
+    "16x2": {"sampler.classes_per_batch": 16, "sampler.per_class": 2},
+    "16x4": {"sampler.classes_per_batch": 16},
+    "dim-64": {"model.dim": 64},
+    "dim-256": {"model.dim": 256},
+    "wd-5e-4": {"optim.weight_decay": 5e-4},
+    "no-flip": {"data.flip": False},
     "one-head": ONE_HEAD,
     "one-head-32px": {**ONE_HEAD, "data.image_size": 32},
     "one-head-16x4": {**ONE_HEAD, "sampler.classes_per_batch": 16},
@@ -68,12 +95,13 @@ def run_variant(
     data: Path, out: Path, name: str, steps: int, workers: int, seed: int = 0
 ) -> dict[str, Any]:
     args = argparse.Namespace(
-        image_size=48, workers=workers, loss="ice", classes=100, steps=steps, train_seconds=None
+        image_size=None, workers=workers, loss=None, classes=100, steps=steps, train_seconds=None
     )
     config = demo_config(args, data)
     for key, value in {**VARIANTS[name], "seed": seed}.items():
         apply_override(config, key, value)
     validate(config)
+    load_before = _load()
     result = train(config, out)
     evaluations = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     rates = [json.loads(x)["images_per_s"] for x in (out / "train.jsonl").read_text().splitlines()]
@@ -86,7 +114,14 @@ def run_variant(
         "untrained_recall@1": evaluations[0]["recall@1"],
         "trained_recall@1": result.last["recall@1"],
         "trained_recall@8": result.last.get("recall@8"),
+        # the load averages (1, 5, 15 min) as the run began and ended: what its time means
+        "load_before": load_before,
+        "load_after": _load(),
     }
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 def main() -> None:

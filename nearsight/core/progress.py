@@ -41,3 +41,64 @@ def progress(
             )
     elapsed = time.perf_counter() - start
     print(f"{desc}: {done} {unit} in {elapsed:.1f}s", file=sys.stderr, flush=True)
+
+
+# "much slower than expected": a machine at under half the rate a run was sized for
+SLOW_FACTOR = 2.0
+
+
+def much_slower(measured_per_s: float, expected_per_s: float, factor: float = SLOW_FACTOR) -> bool:
+    """Whether work measured at ``measured_per_s`` runs ``factor`` times or more below the
+    ``expected_per_s`` it was sized for."""
+    return measured_per_s * factor <= expected_per_s
+
+
+def format_duration(seconds: float) -> str:
+    """``45s``, ``3m05s``, ``1h02m``: an ETA's precision."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+class RateMeter:
+    """Units of work per second on the caller's own clock (a trainer passes its training
+    seconds, which leave evaluations out). The first ``skip`` units after the first update are
+    start-up (worker processes, first allocations), so the rate is measured from there on."""
+
+    def __init__(self, skip: int = 5) -> None:
+        self.skip = skip
+        self.origin: tuple[int, float] | None = None  # (done, seconds) where measuring began
+        self.first: int | None = None
+        self.done = 0
+        self.seconds = 0.0
+
+    def update(self, done: int, seconds: float) -> None:
+        """``done`` units finished after ``seconds`` (both cumulative)."""
+        if self.first is None:
+            self.first = done
+        if self.origin is None and done - self.first >= self.skip:
+            self.origin = (done, seconds)
+        self.done, self.seconds = done, seconds
+
+    @property
+    def measured(self) -> tuple[int, float]:
+        """(units, seconds) the rate stands on; (0, 0.0) while still in start-up."""
+        if self.origin is None:
+            return 0, 0.0
+        return self.done - self.origin[0], self.seconds - self.origin[1]
+
+    @property
+    def rate(self) -> float | None:
+        """Units per second since start-up; None before any has been timed."""
+        units, seconds = self.measured
+        return units / seconds if units > 0 and seconds > 0 else None
+
+    def eta(self, total: int) -> float | None:
+        """Seconds until ``total`` units at the measured rate."""
+        rate = self.rate
+        return None if rate is None else max(0, total - self.done) / rate

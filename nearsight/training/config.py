@@ -22,6 +22,9 @@ from nearsight.models.spec import ModelSpec
 from nearsight.training.config_checks import ConfigError, validate
 
 PAPER_KEY = "paper"
+# the recipe `nearsight demo` trains (configs/demo.yaml): shipped beside the reproductions,
+# measured by bench/demo_recipe.py rather than compared with a paper
+DEMO_RECIPE = "demo"
 
 
 class _ConfigLoader(yaml.SafeLoader):
@@ -159,6 +162,10 @@ class TrainConfig:
     # training seconds (evaluations excluded): the run stops, with its final evaluation, and
     # the schedule decays, by whichever of steps/epochs and this limit comes first
     time_limit_s: float | None = None
+    # the training speed a recipe was sized for (steps per second of training on the machine
+    # it names); a run measured at under half of it says so once, with what to do (the demo's
+    # recipe sets it; None: no such note)
+    expected_steps_per_s: float | None = None
     eval_every: int = 500  # steps; every run also ends with an evaluation
     eval_at_start: bool = False  # also evaluate the untrained network (step 0)
     save_every: int = 100  # steps between last.pt saves (and at every evaluation)
@@ -237,9 +244,11 @@ def load_config(
 
 
 def shipped_configs() -> list[str]:
-    """The names of the configs that ship inside the package (``rll_cub``, ...)."""
+    """The names of the paper reproductions that ship inside the package (``rll_cub``, ...):
+    every shipped recipe but the demo's, each with its ``paper:`` row."""
     folder = resources.files("nearsight.training") / "configs"
-    return sorted(entry.name[:-5] for entry in folder.iterdir() if entry.name.endswith(".yaml"))
+    names = (entry.name[:-5] for entry in folder.iterdir() if entry.name.endswith(".yaml"))
+    return sorted(name for name in names if name != DEMO_RECIPE)
 
 
 def _config_text(path: Path) -> str:

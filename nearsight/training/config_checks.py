@@ -84,6 +84,9 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError("set steps, epochs or time_limit_s")
     if config.time_limit_s is not None and config.time_limit_s <= 0:
         raise ConfigError(f"time_limit_s must be positive, got {config.time_limit_s}")
+    expected = config.expected_steps_per_s
+    if expected is not None and expected <= 0:
+        raise ConfigError(f"expected_steps_per_s must be positive, got {expected}")
     val = config.data.val_classes
     if val < 0 or (val >= 1 and val != int(val)):
         raise ConfigError(

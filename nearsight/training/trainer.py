@@ -28,7 +28,6 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
-from tqdm import tqdm
 
 from nearsight.core.errors import NearsightError
 from nearsight.data.datasets import DatasetSplit, load_dataset
@@ -63,6 +62,7 @@ from nearsight.training.distributed import (
 )
 from nearsight.training.evaluation import EvalSplit
 from nearsight.training.loss_roles import logged_scalars
+from nearsight.training.progress import TrainProgress
 from nearsight.training.resume import TrainState, load_last, model_extra, save_last
 from nearsight.training.run_files import RunFiles
 from nearsight.training.schedule import LRSchedule, set_learning_rates
@@ -173,17 +173,17 @@ class Trainer:
                 self.loss_fn.update_beta()  # Algorithm 1, line 2: beta of the initial critic
             if config.eval_at_start:
                 self._evaluate_and_save(state)
-        self.bar = tqdm(
-            total=self.total_steps,
+        self.progress = TrainProgress(
+            total_steps=self.total_steps,
             initial=state.step,
-            desc="train",
-            unit="step",
-            disable=not (self.dist.main and sys.stderr.isatty()),
-            dynamic_ncols=True,
+            initial_seconds=state.train_seconds,
+            time_limit_s=config.time_limit_s,
+            expected_steps_per_s=config.expected_steps_per_s,
+            enabled=self.dist.main,
         )
         while not self._finished(state):
             self.train_one_epoch(state)
-        self.bar.close()
+        self.progress.close()
         self.files.close()
         barrier(self.dist)
         return state
@@ -320,22 +320,15 @@ class Trainer:
             record["phase"] = "critic"
         record.update({f"lr_{g['name']}": g["lr"] for g in self.optimizer.param_groups})
         self.files.append_train(record)
-        if not critic:
-            self.bar.update(1)
-        self.bar.set_postfix(loss=f"{loss:.4f}", img_s=f"{images_per_s:.1f}")
-        if critic or state.step % self.config.log_every:
+        if critic:
+            return
+        self.progress.update(state.step, state.train_seconds, loss, images_per_s)
+        if state.step % self.config.log_every:
             return
         scalars = {"train/loss": loss, "train/images_per_s": images_per_s}
         scalars.update({f"lr/{g['name']}": g["lr"] for g in self.optimizer.param_groups})
         scalars.update({f"train/{k}": v for k, v in logged_scalars(self.loss_fn).items()})
         self.files.scalars(scalars, state.step)
-        if self.dist.main and not sys.stderr.isatty():
-            total = self.total_steps if self.total_steps is not None else "?"
-            print(
-                f"step {state.step}/{total} loss {loss:.4f} {images_per_s:.1f} img/s",
-                file=sys.stderr,
-                flush=True,
-            )
 
     # -- evaluation and checkpoints -----------------------------------------------------
     @property

@@ -8,9 +8,12 @@ import subprocess
 import sys
 
 import httpx
+import pytest
 from helpers import free_port, started, stop_process
 
 from nearsight.app.cli import main
+from nearsight.app.commands.demo import demo_config
+from nearsight.training.config import DEMO_RECIPE, load_config
 
 TINY = [
     "--no-launch",
@@ -32,7 +35,14 @@ TINY = [
 def test_demo_runs_the_pipeline_then_reuses_it(tmp_path, capsys):
     work = tmp_path / "demo"
     assert main(["demo", "--workdir", str(work), *TINY]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    # measured in steps: exactly --steps updates, and the progress says so (plain lines here,
+    # stderr is not a terminal)
+    assert "training ResNet-50 with the ice loss for 3 steps at 32 px" in out
+    records = (work / "run-ice" / "train.jsonl").read_text().splitlines()
+    steps = [json.loads(record)["step"] for record in records]
+    assert steps == [1, 2, 3]
+    assert "train: 3 steps in " in err
     for step in (
         "[1/5] generating",
         "[2/5] training",
@@ -85,3 +95,50 @@ def test_demo_runs_the_pipeline_then_reuses_it(tmp_path, capsys):
         code = stop_process(process, timeout=60)
         err = process.stderr.read()
     assert code == 0 and "nearsight: stopped" in err, err  # closed, not killed
+
+
+def demo_args(*argv: str):
+    """The demo's parsed options (nothing runs)."""
+    import argparse
+
+    from nearsight.app.commands import demo
+
+    parser = argparse.ArgumentParser()
+    demo.register(parser.add_subparsers())
+    return parser.parse_args(["demo", *argv])
+
+
+def test_the_demo_is_measured_in_steps_by_its_recipe_file(tmp_path):
+    recipe = load_config(DEMO_RECIPE)  # nearsight/training/configs/demo.yaml
+    assert recipe.steps and recipe.time_limit_s is None and recipe.expected_steps_per_s
+    assert recipe.model.arch == "resnet50"
+    config = demo_config(demo_args(), tmp_path)
+    assert (config.steps, config.time_limit_s) == (recipe.steps, None)
+    assert config.data.root == str(tmp_path) and config.loss.name == recipe.loss.name
+    assert config.expected_steps_per_s == recipe.expected_steps_per_s
+    assert demo_config(demo_args("--steps", "40"), tmp_path).steps == 40
+    timed = demo_config(demo_args("--train-seconds", "90"), tmp_path)
+    assert (timed.steps, timed.time_limit_s) == (None, 90.0)
+    # another image size costs another time per step: no expected rate to judge it by
+    assert demo_config(demo_args("--image-size", "64"), tmp_path).expected_steps_per_s is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--steps", "0"], "nearsight: error: --steps must be a positive number of steps, got 0"),
+        (["--train-seconds", "-5"], "nearsight: error: --train-seconds must be positive, got -5"),
+    ],
+)
+def test_a_bad_length_is_one_line(tmp_path, capsys, argv, message):
+    work = tmp_path / "demo"
+    assert main(["demo", "--workdir", str(work), "--no-launch", *argv]) == 2
+    assert capsys.readouterr().err.strip() == message
+    assert not work.exists()  # nothing is written before the options are checked
+
+
+def test_steps_and_train_seconds_exclude_each_other(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["demo", "--workdir", str(tmp_path), "--steps", "5", "--train-seconds", "5"])
+    assert exit_.value.code == 2
+    assert "argument --train-seconds: not allowed with argument --steps" in capsys.readouterr().err

@@ -206,3 +206,25 @@ def test_cosine_with_decay_start_holds_the_rate_then_decays_over_the_rest():
     assert timed.factor(3, elapsed_s=7.5) == pytest.approx(0.5)
     with pytest.raises(ConfigError, match="decay_start"):
         load_config(None, {"optim.decay_start": 1.0})
+
+
+def test_a_run_slower_than_its_recipe_expects_says_so_once(synth, tmp_path, monkeypatch, capsys):
+    # one second per batch (the fake clock) where the recipe expects 3 steps/s: the note comes
+    # once the rate stands on 20 s past start-up (step 25), and only once
+    quick = {"steps": 30, "eval_every": 1000, "model.arch": "resnet18"}
+    config = config_for(synth, **quick, expected_steps_per_s=3.0)
+    fake_clock(monkeypatch)
+    train(config, tmp_path / "slow")
+    err = capsys.readouterr().err
+    notes = [line for line in err.splitlines() if "slower than" in line]
+    assert notes == [
+        "nearsight: note: training runs at 1.00 steps/s, 3.0x slower than the 3.00 steps/s "
+        "this recipe expects (other work on this machine, or a slower one): the 30 steps take "
+        "about 5s more. It learns the same, only later; --steps 10 ends in the 10s the recipe "
+        "was sized for, with a less trained network."
+    ]
+    assert "train: 30 steps in 30.0s of training (1.00 steps/s after start-up)" in err
+    # the same run where the machine keeps the expected pace hears nothing
+    fake_clock(monkeypatch)
+    train(config_for(synth, **quick, expected_steps_per_s=1.5), tmp_path / "ok")
+    assert "slower than" not in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """``nearsight demo``: the whole pipeline on the embedded synthetic dataset, in one command.
 
-data synth -> train (briefly, a seed loss) -> export ONNX -> index build (the unseen test
+data synth -> train (the recipe nearsight/training/configs/demo.yaml: a number of steps, so a
+busy machine takes longer and learns the same) -> export ONNX -> index build (the unseen test
 classes, once with the trained network and once with the same network before training) ->
 eval -> serve both galleries. Each step says what it does and how long it took; a finished step
 is reused, so a second run opens the page in seconds. Every step calls the typed function its
@@ -23,38 +24,14 @@ from nearsight.app.serve.run import DEFAULT_HOST, DEFAULT_PORT, serve
 from nearsight.core.errors import NearsightError
 
 DONE_MARKER = "demo-done.json"
-# The demo's recipe on top of the library's from-scratch defaults; each choice is measured in
-# bench/demo_recipe.py (docs/benchmarks.md, "The demo's recipe").
-DEMO_SETTINGS: dict[str, Any] = {
-    "data.dataset": "folder",
-    "model.pretrained": "auto",  # ImageNet weights when torchvision's cache has them
-    # the object covers a fraction of each synthetic image: a crop of 16% of the area (the
-    # papers' ImageNet-style setting) would often cut it out and teach noise
-    "data.crop_scale": [0.6, 1.0],
-    # 1,200 small training images: decoded once, not at every step
-    "data.cache_images": True,
-    "optim.weight_decay": 1e-4,
-    # ICE-(L,M,H): one embedding head on each of layer2, layer3 and layer4, the loss on each,
-    # the galleries built on their L2-normalised concatenation. In a few hundred steps from
-    # scratch the low and mid layers' colours and patterns carry most of what is learnt.
-    "model.heads": ["layer2", "layer3", "layer4"],
-    "model.embedding": "concat",
-    "sampler.classes_per_batch": 8,
-    "sampler.per_class": 4,
-    # no checkpoint is chosen on the test classes: the schedule ends at its low rate and the
-    # last network is exported; the run evaluates the untrained network and the last one
-    "eval_at_start": True,
-    "eval_every": 10**9,
-    "save_every": 100,
-}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "demo",
         help="run the whole pipeline on the synthetic dataset and open the page",
-        description="Generate the synthetic dataset, train the ResNet-50 embedding briefly with "
-        "a seed loss, export it to ONNX, index the unseen test classes, print Recall@k of the "
+        description="Generate the synthetic dataset, train the ResNet-50 embedding with the "
+        "demo's recipe (nearsight/training/configs/demo.yaml) for its number of steps, export it to ONNX, index the unseen test classes, print Recall@k of the "
         "trained network beside the untrained one's, and serve both galleries (before and after "
         "training) on the page. Finished steps in "
         "--workdir are reused.",
@@ -65,19 +42,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--no-launch", action="store_true", help="stop after the gallery and print its Recall@k"
     )
-    parser.add_argument("--loss", default="ice", help="seed loss to train with (default ice)")
-    parser.add_argument(
+    parser.add_argument("--loss", help="seed loss to train with (default: the recipe's)")
+    length = parser.add_mutually_exclusive_group()
+    length.add_argument(
+        "--steps",
+        type=int,
+        help="training steps (default: the recipe's, sized for a five-minute demo on a quiet "
+        "2-core CPU; a busier machine takes longer and learns the same)",
+    )
+    length.add_argument(
         "--train-seconds",
         type=float,
-        default=180.0,
-        help="training time (default 180; the learning rate decays over it)",
+        help="train for this many seconds instead of a number of steps (the learning rate "
+        "decays over them; a busy machine makes fewer steps and learns less)",
     )
-    parser.add_argument("--steps", type=int, help="train this many steps instead of by time")
-    parser.add_argument("--image-size", type=int, default=48, help="training crop (default 48)")
+    parser.add_argument("--image-size", type=int, help="training crop (default: the recipe's)")
     parser.add_argument("--classes", type=int, default=100, help="synthetic classes (default 100)")
     parser.add_argument("--per-class", type=int, default=24, help="images per class (default 24)")
     parser.add_argument("--synth-size", type=int, default=96, help="synthetic image side")
-    parser.add_argument("--workers", type=int, default=1, help="DataLoader workers")
+    parser.add_argument("--workers", type=int, help="DataLoader workers (default: the recipe's)")
     parser.set_defaults(func=run_demo)
 
 
@@ -90,26 +73,51 @@ def _step(number: int, total: int, what: str, action: Callable[[], Any]) -> Any:
 
 
 def demo_config(args: argparse.Namespace, data: Path):
-    """The demo's training run: the library's defaults for the starting point (from scratch
-    here: warmup then cosine decay over the time limit, BatchNorm learning, the trunk at the
-    head's rate) plus DEMO_SETTINGS; --steps replaces the time limit."""
-    from nearsight.training.config import load_config
+    """The demo's training run: the recipe nearsight/training/configs/demo.yaml (on top of the
+    library's defaults) with the options given on the command line; --train-seconds replaces
+    its step count by a time limit."""
+    from nearsight.training.config import DEMO_RECIPE, load_config
 
-    settings: dict[str, Any] = {
-        **DEMO_SETTINGS,
-        "data.root": str(data),
-        "data.image_size": args.image_size,
-        "data.workers": args.workers,
-        "loss.name": args.loss,
-        "sampler.classes_per_batch": min(
-            DEMO_SETTINGS["sampler.classes_per_batch"], args.classes // 2
-        ),
-    }
-    if args.steps:
-        settings.update({"steps": args.steps, "time_limit_s": None})
-    else:
+    recipe = load_config(DEMO_RECIPE, {"data.root": str(data)})
+    settings: dict[str, Any] = {"data.root": str(data)}
+    for key, value in (
+        ("data.image_size", args.image_size),
+        ("data.workers", args.workers),
+        ("loss.name", args.loss),
+    ):
+        if value is not None:
+            settings[key] = value
+    # a batch takes classes_per_batch of the training classes (half of --classes)
+    settings["sampler.classes_per_batch"] = min(
+        recipe.sampler.classes_per_batch, max(2, args.classes // 2)
+    )
+    if args.image_size not in (None, recipe.data.image_size):
+        # the expected rate is the recipe's image size's: another size costs another time
+        settings["expected_steps_per_s"] = None
+    if args.steps is not None and args.steps < 1:
+        raise NearsightError(f"--steps must be a positive number of steps, got {args.steps}")
+    if args.train_seconds is not None and not args.train_seconds > 0:
+        raise NearsightError(f"--train-seconds must be positive, got {args.train_seconds:g}")
+    if args.train_seconds is not None:
         settings.update({"steps": None, "time_limit_s": args.train_seconds})
-    return load_config(None, settings)
+    elif args.steps is not None:
+        settings["steps"] = args.steps
+    return load_config(DEMO_RECIPE, settings)
+
+
+def _length(config) -> str:
+    """How long the run trains: ``800 steps`` or ``180s``."""
+    return f"{config.steps} steps" if config.steps is not None else f"{config.time_limit_s:g}s"
+
+
+def _estimate(config) -> str:
+    """`` (about 4m27s on a quiet 2-core CPU)`` by the recipe's expected rate, or nothing."""
+    if config.steps is None or not config.expected_steps_per_s:
+        return ""
+    from nearsight.core.progress import format_duration
+
+    seconds = config.steps / config.expected_steps_per_s
+    return f" (about {format_duration(seconds)} on a quiet 2-core CPU)"
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -122,20 +130,22 @@ def run_demo(args: argparse.Namespace) -> int:
                 "[train] extra: pip install 'nearsight[train]'"
             )
     work: Path = args.workdir
+    data = work / "data"
+    config = demo_config(args, data)  # bad options fail before anything is written
     if work.exists() and not work.is_dir():
         raise NearsightError(f"--workdir {work} is a file, not a folder")
     try:
         work.mkdir(parents=True, exist_ok=True)
     except OSError as error:  # a file where a parent folder should be, no permission
         raise NearsightError(f"cannot create --workdir {work}: {error.strerror}") from None
-    data = work / "data"
-    run = work / f"run-{args.loss}"
+    loss = config.loss.name
+    run = work / f"run-{loss}"
     untrained_checkpoint = run / "untrained.pt"
     models = {
         "untrained": work / "model-untrained.onnx",
-        "trained": work / f"model-{args.loss}.onnx",
+        "trained": work / f"model-{loss}.onnx",
     }
-    galleries = {"untrained": work / "gallery-untrained", "trained": work / f"gallery-{args.loss}"}
+    galleries = {"untrained": work / "gallery-untrained", "trained": work / f"gallery-{loss}"}
     total = 5 if args.no_launch else 6
     started = time.perf_counter()
 
@@ -155,24 +165,23 @@ def run_demo(args: argparse.Namespace) -> int:
         )
 
     # 2. train
-    config = demo_config(args, data)
+    length = _length(config)
     finished = [run / DONE_MARKER, run / "last.pt", untrained_checkpoint]
-    if all(path.exists() for path in finished):
+    if all(path.exists() for path in finished) and _done_length(run) == length:
         print(f"[2/{total}] training: reusing {run}")
     else:
         if run.exists():
-            print(f"[2/{total}] {run} holds an unfinished run: starting it again")
+            print(f"[2/{total}] {run} holds an unfinished or other run: starting it again")
             shutil.rmtree(run)
-        how_long = f"{args.steps} steps" if args.steps else f"{args.train_seconds:g}s"
         start_point = "from scratch" if config.model.pretrained == "none" else "ImageNet weights"
         _step(
             2,
             total,
-            f"training ResNet-50 with the {args.loss} loss for {how_long} at "
-            f"{args.image_size} px ({start_point})",
+            f"training ResNet-50 with the {loss} loss for {length}{_estimate(config)} at "
+            f"{config.data.image_size} px ({start_point})",
             lambda: _train(config, run, untrained_checkpoint),
         )
-        (run / DONE_MARKER).write_text(json.dumps({"loss": args.loss}))
+        (run / DONE_MARKER).write_text(json.dumps({"loss": loss, "length": length}))
 
     # 3. export both networks: the one that trained, and the same network before training
     checkpoints = {"untrained": untrained_checkpoint, "trained": run / "last.pt"}
@@ -204,7 +213,7 @@ def run_demo(args: argparse.Namespace) -> int:
                 total,
                 f"indexing the unseen test classes with the {name} network",
                 lambda name=name, gallery=gallery: _build_gallery(
-                    models[name], data, gallery, args.workers
+                    models[name], data, gallery, config.data.workers
                 ),
             )
 
@@ -225,6 +234,14 @@ def run_demo(args: argparse.Namespace) -> int:
     print(f"[6/{total}] serving the page (Ctrl-C to stop)")
     serve([galleries["trained"], galleries["untrained"]], host=args.host, port=args.port)
     return 0
+
+
+def _done_length(run: Path) -> str | None:
+    """How long the finished run in ``run`` trained (as ``_length`` says it)."""
+    try:
+        return json.loads((run / DONE_MARKER).read_text()).get("length")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _train(config, run: Path, untrained_checkpoint: Path) -> None:
