@@ -23,6 +23,16 @@ from helpers import (
 )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def decode_box_closed_at_the_end() -> Iterator[None]:
+    """The decode box's warm workers (started by whatever test decodes an upload in this
+    process) stop with the session, before the leftover-process check looks."""
+    yield
+    from nearsight.data.decode_box import close_shared_box
+
+    close_shared_box()
+
+
 @pytest.fixture(scope="session")
 def onnx_gallery(tmp_path_factory) -> Iterator[OnnxGallery]:
     """:func:`helpers.make_onnx_gallery`, built once per session."""

@@ -35,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -330,6 +331,21 @@ def set_trusted(trusted: bool | None) -> None:
     _TRUSTED = trusted
 
 
+@contextlib.contextmanager
+def trusting(trust: bool) -> Iterator[None]:
+    """Inside, images are decoded in this process when ``trust`` (a command's
+    ``--trusted-images``); the setting before is restored after, so a command run in a
+    longer-lived process (the Python API, the tests) leaves the box on for what follows."""
+    global _TRUSTED
+    before = _TRUSTED
+    if trust:
+        _TRUSTED = True
+    try:
+        yield
+    finally:
+        _TRUSTED = before
+
+
 def trusted() -> bool:
     if _TRUSTED is not None:
         return _TRUSTED
@@ -368,6 +384,16 @@ def shared_box(workers: int = 1) -> DecodeBox | None:
         box = _SHARED
     box.grow(workers)
     return box
+
+
+def close_shared_box() -> None:
+    """Stop this process's box and its workers now (a later :func:`shared_box` starts a new
+    one); at exit this happens by itself."""
+    global _SHARED
+    with _SHARED_LOCK:
+        box, _SHARED = _SHARED, None
+    if box is not None:
+        box.close()
 
 
 def fit_bytes(data: bytes, name: str, short: int, interpolation: str = "bilinear") -> Fitted:

@@ -714,3 +714,7 @@ def test_index_build_skips_and_names_a_bomb_and_trusts_on_request(onnx_gallery, 
         assert rows == trusted.all_items()
         ids = [row["id"] for row in rows]
         np.testing.assert_array_equal(boxed.vectors_of(ids), trusted.vectors_of(ids))
+    # --trusted-images held for that command only: what runs next in this process is boxed
+    from nearsight.data import decode_box
+
+    assert not decode_box.trusted()

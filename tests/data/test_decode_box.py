@@ -145,12 +145,10 @@ def test_a_build_skips_and_names_a_bomb_among_good_files(tmp_path):
     assert len(result.errors) == 1 and str(bomb) in result.errors[0]
     assert "limit of" in result.errors[0] and "MB of memory" in result.errors[0]
     assert result.sizes == [(200, 150), (210, 150), (220, 150)]
-    decode_box.set_trusted(True)  # the operator's own folder: decoded in process, same pixels
-    try:
+    with decode_box.trusting(True):  # the operator's own folder: decoded in process
         trusted = embed_paths(lambda x: x.reshape(len(x), -1)[:, :4], [good[0], good[1]],
                               image_size=32, batch_size=2)  # fmt: skip
-    finally:
-        decode_box.set_trusted(None)
+    assert not decode_box.trusted()
     np.testing.assert_array_equal(trusted.embeddings, result.embeddings[:2])
 
 

@@ -7,16 +7,19 @@ import argparse
 
 
 def run_build(args: argparse.Namespace) -> int:
+    from nearsight.data.decode_box import trusting
+
+    with trusting(args.trusted_images):  # the operator vouches for these files
+        return _run_build(args)
+
+
+def _run_build(args: argparse.Namespace) -> int:
     from nearsight.app.commands.catalog_options import declared_types
     from nearsight.app.commands.model_options import load_index_model
     from nearsight.core.errors import NearsightError
     from nearsight.index.gallery.build import build_gallery
     from nearsight.index.gallery.sources import dataset_source, images_source, list_source
 
-    if args.trusted_images:  # the operator vouches for these files
-        from nearsight.data.decode_box import set_trusted
-
-        set_trusted(True)
     if args.dataset is not None:
         if args.root is None:
             raise NearsightError("--root is required with --dataset (the dataset folder)")

@@ -9,13 +9,16 @@ import json
 
 
 def run_add(args: argparse.Namespace) -> int:
+    from nearsight.data.decode_box import trusting
+
+    with trusting(args.trusted_images):  # the operator vouches for these files
+        return _run_add(args)
+
+
+def _run_add(args: argparse.Namespace) -> int:
     from nearsight.data.meta import parse_meta_entries, parse_meta_types
     from nearsight.index.gallery.update import add_images
 
-    if args.trusted_images:  # the operator vouches for these files
-        from nearsight.data.decode_box import set_trusted
-
-        set_trusted(True)
     report = add_images(
         args.gallery,
         args.images,
