@@ -74,8 +74,8 @@ def make_set(name: str, workdir: Path) -> tuple[Path, str, Path]:
 
 def embedded(root: Path, kind: str, model: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     from nearsight.data.datasets import load_dataset
-    from nearsight.index.embed import embed_files
-    from nearsight.models.embedder import load_embedder
+    from nearsight.data.embed import embed_files
+    from nearsight.models.loading import load_embedder
 
     embedder = load_embedder(model, device="cpu")
     out = {}

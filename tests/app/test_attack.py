@@ -672,7 +672,7 @@ def test_a_pasted_image_reaches_the_handlers_as_bytes_not_decoded(onnx_gallery):
 
     from nearsight.app.page.handlers import Page
     from nearsight.app.page.layout import query_image_input
-    from nearsight.models.embedder import load_embedder
+    from nearsight.models.loading import load_embedder
 
     data = onnx_gallery.query.read_bytes()
     url = "data:image/png;base64," + base64.b64encode(data).decode()

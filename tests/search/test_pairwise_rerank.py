@@ -146,8 +146,8 @@ def test_the_spec_reads_and_writes_the_model_path():
 def test_rest_reranks_with_the_servers_file_and_refuses_a_named_one(trained, tmp_path):
     import httpx
 
-    from nearsight.app.page import build_app
-    from nearsight.app.server import launch_app, stop_app
+    from nearsight.app.page.layout import build_app
+    from nearsight.app.serve.server import launch_app, stop_app
 
     spec = parse_rerank(f"pairwise:model={trained['reranker']},depth=4")
     demo = build_app([trained["gallery"]], device="cpu", analyse=False, rerank=spec)

@@ -75,8 +75,8 @@ def run_train(args: argparse.Namespace) -> int:
     import numpy as np
 
     from nearsight.data.datasets import load_dataset
-    from nearsight.index.embed import check_batching, embed_files
-    from nearsight.models.embedder import load_embedder
+    from nearsight.data.embed import check_batching, embed_files
+    from nearsight.models.loading import load_embedder
     from nearsight.training.pairwise import FitSettings, export_scorer, fit_scorer
 
     check_batching(args.batch_size, args.workers)
