@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -105,9 +106,15 @@ class Part:
         if value is not None and peer:
             record.setdefault("ratio", round(value / peer, 3))
         self.rows.append(record)
+        # each row as it is measured: a part stopped from outside (a timeout) leaves its rows
+        self.progress(f"{name}: {value} {unit}" + (f" (peer {peer})" if peer else ""))
 
     def skip_row(self, name: str, reason: str) -> None:
         self.rows.append({"name": name, "skipped": reason})
+        self.progress(f"{name}: skipped: {reason}")
+
+    def progress(self, line: str) -> None:
+        print(f"   {self.name}: {line}", file=sys.stderr, flush=True)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -106,49 +106,12 @@ def run_export(ctx: Context, part: Part) -> None:
     generator = torch.Generator().manual_seed(0)
     images = {b: torch.rand(b, 3, size, size, generator=generator) for b in batches}
     net = load_embedding_net(checkpoint, map_location=ctx.device).eval()
-
-    # parity on the GPU: both sides in true fp32 (no TF32)
-    fp32 = OnnxEmbedder(report.path, providers=providers(ctx, CUDA, use_tf32="0"))
-    if ctx.cuda and fp32.device != "cuda":
-        part.skip_row("onnxruntime CUDA", f"the CUDA provider did not start ({fp32.providers})")
-        return
-    big = images[batches[-1]]
-    tf32 = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    with torch.inference_mode():
-        reference = net(big.to(ctx.device)).float().cpu().numpy()
-    torch.backends.cudnn.allow_tf32 = tf32
-    diff = float(np.abs(ort_call(ctx, fp32, big.numpy())() - reference).max())
-    part.row(
-        f"parity onnxruntime {fp32.device} vs torch {ctx.device}, batch {len(big)}",
-        diff,
-        "max|diff|",
-        within_tolerance=diff <= PARITY_TOLERANCE,
-        note=f"fp32 both (TF32 off); tolerance {PARITY_TOLERANCE:g}",
-    )
-
+    sessions = ort_sessions(ctx, part, report.path, net, images[batches[-1]], folder)
+    # torch eager fp32 first: it is every later row's peer
     runners: dict[str, Callable[[torch.Tensor], Callable[[], Any] | str]] = {}
-    sessions = {"onnxruntime fp32": OnnxEmbedder(report.path, providers=providers(ctx, CUDA))}
-    try:
-        path16 = fp16_model(report.path, folder / "model.fp16.onnx")
-        sessions["onnxruntime fp16"] = OnnxEmbedder(path16, providers=providers(ctx, CUDA))
-    except Exception as error:  # the converter or the provider refused it
-        part.skip_row("onnxruntime fp16", f"{type(error).__name__}: {str(error)[:150]}")
-    trt_reason = tensorrt_reason(ctx)
-    if trt_reason:
-        part.skip_row("onnxruntime TensorRT fp16", trt_reason)
-    else:
-        options = {"trt_fp16_enable": True, "trt_engine_cache_enable": True}
-        options["trt_engine_cache_path"] = str(folder / "trt")
-        with quiet_onnxruntime():
-            trt = OnnxEmbedder(report.path, providers=providers(ctx, TENSORRT, **options))
-        if TENSORRT in trt.providers:
-            sessions["onnxruntime TensorRT fp16"] = trt
-        else:
-            part.skip_row("onnxruntime TensorRT fp16", "the TensorRT provider did not start")
+    runners.update(torch_runners(ctx, net))
     for name, embedder in sessions.items():
         runners[name] = lambda x, e=embedder: ort_call(ctx, e, x.numpy())
-    runners.update(torch_runners(ctx, net))
 
     peers: dict[int, float] = {}
     for name, make in runners.items():
@@ -171,6 +134,56 @@ def run_export(ctx: Context, part: Part) -> None:
                 note=f"p50 {1000 * median(times):.2f} ms"
                 + (f"; compile {setup:.0f} s" if "compile" in name else ""),
             )
+
+
+def ort_sessions(
+    ctx: Context, part: Part, model: Path, net: torch.nn.Module, big: torch.Tensor, folder: Path
+) -> dict[str, OnnxEmbedder]:
+    """onnxruntime's parity against torch on the device and its serving sessions (CUDA fp32,
+    fp16, TensorRT); none when its CUDA provider does not start (a CPU-only onnxruntime), so
+    that the torch rows are still measured."""
+    from nearsight.models.export import PARITY_TOLERANCE
+
+    # parity on the GPU: both sides in true fp32 (no TF32)
+    fp32 = OnnxEmbedder(model, providers=providers(ctx, CUDA, use_tf32="0"))
+    if ctx.cuda and fp32.device != "cuda":
+        part.skip_row(
+            "onnxruntime CUDA (parity, fp32, fp16, TensorRT)",
+            f"the CUDA provider did not start ({fp32.providers}); torch rows only",
+        )
+        return {}
+    tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    with torch.inference_mode():
+        reference = net(big.to(ctx.device)).float().cpu().numpy()
+    torch.backends.cudnn.allow_tf32 = tf32
+    diff = float(np.abs(ort_call(ctx, fp32, big.numpy())() - reference).max())
+    part.row(
+        f"parity onnxruntime {fp32.device} vs torch {ctx.device}, batch {len(big)}",
+        diff,
+        "max|diff|",
+        within_tolerance=diff <= PARITY_TOLERANCE,
+        note=f"fp32 both (TF32 off); tolerance {PARITY_TOLERANCE:g}",
+    )
+    sessions = {"onnxruntime fp32": OnnxEmbedder(model, providers=providers(ctx, CUDA))}
+    try:
+        path16 = fp16_model(model, folder / "model.fp16.onnx")
+        sessions["onnxruntime fp16"] = OnnxEmbedder(path16, providers=providers(ctx, CUDA))
+    except Exception as error:  # the converter or the provider refused it
+        part.skip_row("onnxruntime fp16", f"{type(error).__name__}: {str(error)[:150]}")
+    trt_reason = tensorrt_reason(ctx)
+    if trt_reason:
+        part.skip_row("onnxruntime TensorRT fp16", trt_reason)
+        return sessions
+    options = {"trt_fp16_enable": True, "trt_engine_cache_enable": True}
+    options["trt_engine_cache_path"] = str(folder / "trt")
+    with quiet_onnxruntime():
+        trt = OnnxEmbedder(model, providers=providers(ctx, TENSORRT, **options))
+    if TENSORRT in trt.providers:
+        sessions["onnxruntime TensorRT fp16"] = trt
+    else:
+        part.skip_row("onnxruntime TensorRT fp16", "the TensorRT provider did not start")
+    return sessions
 
 
 def tensorrt_reason(ctx: Context) -> str | None:

@@ -20,9 +20,12 @@ from gpu_check_common import (
     synthetic_jpegs,
 )
 
+import nearsight.training as training_package
 from nearsight.training.config import load_config
 
-CONFIGS = Path(__file__).resolve().parent.parent / "training" / "configs"
+# the shipped paper configs (nearsight/training/configs/*_cub.yaml): a path that does not
+# exist would make loss_config fall back to the default 16x4 design without a word
+CONFIGS = Path(training_package.__file__).resolve().parent / "configs"
 SEED_LOSSES = ("ice", "rll", "nra", "rankmi", "bcontrastive")
 PROXY_BASELINE = "proxyanchor"
 # Proxy Anchor (Kim et al., CVPR 2020) trains with batches of 180; used when no config file

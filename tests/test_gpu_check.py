@@ -90,3 +90,24 @@ def test_without_cuda_the_gpu_parts_skip_with_their_reason(tmp_path):
         assert parts[name]["status"] == "skipped"
         assert "needs a CUDA device" in parts[name]["reason"]
         assert f"{name:<7} SKIPPED: " in result.stdout
+
+
+def test_train_runs_use_each_papers_shipped_cub_design(tmp_path, monkeypatch):
+    """The train part measures each loss at its paper's batch design: a config folder that
+    does not exist made every loss fall back to the default 16x4 design without a word."""
+    from nearsight.training.config import load_config
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from gpu_check_common import Context, Sizes
+    from gpu_check_train import CONFIGS, SEED_LOSSES, loss_config
+
+    ctx = Context.create(tmp_path, Sizes.full(), smoke=False, workers=0)
+    for loss in SEED_LOSSES:
+        shipped = CONFIGS / f"{loss}_cub.yaml"
+        assert shipped.is_file(), shipped
+        paper = load_config(shipped)
+        config = loss_config(ctx, loss, tmp_path, out_steps=3)
+        design = (config.sampler.classes_per_batch, config.sampler.per_class, config.model.dim)
+        expected = (paper.sampler.classes_per_batch, paper.sampler.per_class, paper.model.dim)
+        assert design == expected, loss
+        assert config.data.image_size == 224 and config.steps == 3
