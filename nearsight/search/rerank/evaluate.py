@@ -19,19 +19,24 @@ def evaluate_reranked(
     ks: Sequence[int],
     spec: RerankSpec,
     model_sha256: str | None = None,
+    side: np.ndarray | None = None,
     **options: Any,
 ) -> dict[str, float | int]:
     """:func:`nearsight.data.metrics.retrieval.evaluate` of ``vectors`` with ``spec`` applied to every
     query's nearest other rows; the query's own row is excluded from its candidates (by the
     evaluation) and from every candidate's DBA neighbours (here). ``model_sha256``: the model
     that embedded ``vectors`` (a pairwise re-ranker trained for another is refused; None: not
-    recorded, not checked). ``options``: evaluate's."""
+    recorded, not checked). ``side``: the rows' stage features [N, F], for a pairwise re-ranker
+    that takes them (nearsight.search.rerank.stage_features). ``options``: evaluate's."""
     if not spec.active:
         return evaluate(vectors, labels, ks, **options)
-    source = MatrixSource(vectors, model_sha256)
+    source = MatrixSource(vectors, model_sha256, side)
 
     def reorder(query_rows: np.ndarray, neighbours: np.ndarray) -> np.ndarray:
-        found, _ = rerank(spec, source, source.vectors_of(query_rows), neighbours, query_rows)
+        query_side = source.side_of(query_rows)
+        found, _ = rerank(
+            spec, source, source.vectors_of(query_rows), neighbours, query_rows, query_side
+        )
         return found
 
     return evaluate(vectors, labels, ks, reorder=reorder, reorder_depth=spec.depth, **options)
