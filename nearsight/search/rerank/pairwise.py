@@ -107,13 +107,34 @@ class PairwiseReranker:
         if side is None:
             raise NearsightError(
                 f"re-ranker {self.path} scores by the model's {self.side_stage or 'stage'} "
-                "features too, and these candidates come without them (use it where they are "
-                "given: Python's evaluate_reranked(..., side=...))"
+                "features too, and these candidates come without them (galleries do not store "
+                "them; use it where they are given: Python's evaluate_reranked(..., side=...))"
             )
         if side[0].shape[-1] != self.side_dim or side[1].shape[-1] != self.side_dim:
             raise NearsightError(
                 f"re-ranker {self.path} takes {self.side_dim}-d stage features, got "
                 f"{side[0].shape[-1]}-d"
+            )
+
+    def check_gallery(self, folder: str | os.PathLike[str], model_sha256: str | None) -> None:
+        """NearsightError unless gallery ``folder`` stores the stage features this re-ranker
+        needs, of the same model (nothing to check for an embeddings-only file)."""
+        if not self.side_dim:
+            return
+        from nearsight.search.rerank.stage_store import open_stage_store
+
+        store = open_stage_store(folder)
+        fix = f"nearsight rerank features --gallery {folder} --stage {self.side_stage}"
+        if store is None or store.stage != self.side_stage:
+            raise NearsightError(
+                f"re-ranker {self.path} scores by the model's {self.side_stage} features too, "
+                f"and gallery {folder} stores none: store them with {fix}"
+            )
+        if store.dim != self.side_dim or store.model_sha256 != model_sha256:
+            raise NearsightError(
+                f"gallery {folder} stores {store.dim}-d {store.stage} features of model "
+                f"{store.model_sha256[:12]}, not the {self.side_dim}-d ones of its model this "
+                f"re-ranker takes: store them again with {fix}"
             )
 
     def scores(
@@ -167,6 +188,14 @@ def load_reranker(path: str | os.PathLike[str]) -> PairwiseReranker:
         while len(_cache) > _CACHE_SIZE:
             _cache.popitem(last=False)
     return opened
+
+
+def stage_reranker(spec: Any) -> PairwiseReranker | None:
+    """The re-ranker of a pairwise ``spec`` when it scores by stage features, else None."""
+    if getattr(spec, "method", None) != "pairwise":
+        return None
+    reranker = load_reranker(str(spec.params["model"]))
+    return reranker if reranker.side_dim else None
 
 
 def pairwise_distances(

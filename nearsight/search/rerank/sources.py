@@ -54,6 +54,13 @@ class GallerySource:
         unique, inverse = np.unique(np.asarray(keys, dtype=np.int64), return_inverse=True)
         return self.gallery.vectors_of(unique)[inverse.reshape(-1)]
 
+    def side_of(self, keys: np.ndarray) -> np.ndarray | None:
+        """The items' stored stage features (nearsight rerank features), or None."""
+        from nearsight.search.rerank.stage_store import open_stage_store
+
+        store = open_stage_store(self.gallery.path)
+        return None if store is None else store.side_of(keys)
+
     def neighbours(self, keys: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
         """From the gallery's neighbour graph where it has one (a lookup), else (and for the
         items it cannot answer) through the index (a search per key)."""
