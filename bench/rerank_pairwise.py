@@ -23,7 +23,10 @@ split's mean), what the stage knows by itself.
 
 Cost: a search of a 10,000-item 128-d flat gallery, k = 8, batch 1 and 64, median of 101 calls
 after 20 unmeasured ones, plain against each method at depth 20 (the file's weights do not
-change its cost; its size is the default's). Run it with OMP_NUM_THREADS=1 on a shared machine.
+change its cost; its size is the default's). ``pairwise+layer3``: a search by item id through
+the gallery with 1024-d layer3 features stored by ``rerank features`` (its file format,
+float16, memory-mapped): the base search, the query's and candidates' features read from the
+store by id, and the format-2 file's scoring. Run it with OMP_NUM_THREADS=1 on a shared machine.
 """
 
 from __future__ import annotations
@@ -160,9 +163,16 @@ def search(gallery, queries: np.ndarray, spec) -> None:
         gallery.search(queries, 8)
 
 
+def staged_search(gallery, queries, spec, query_ids: np.ndarray) -> None:
+    from nearsight.search.rerank.search import reranked_search
+
+    reranked_search(gallery, queries, 8, spec, query_ids=query_ids)
+
+
 def cost(workdir: Path, depth: int = 20, items: int = 10_000) -> dict:
     from nearsight.index.gallery.core import Gallery
     from nearsight.index.gallery.write import write_gallery
+    from nearsight.search.rerank.stage_store import write_stage_store
     from nearsight.training.pairwise import FitSettings, PairScorer, export_scorer
 
     sys.path.insert(0, str(Path(__file__).parent))
@@ -179,11 +189,25 @@ def cost(workdir: Path, depth: int = 20, items: int = 10_000) -> dict:
     report = {}
     with Gallery.open(folder) as gallery:
         queries = clustered(64, seed=1)
+        staged = workdir / f"cost-128-{STAGE}.onnx"
+        export_scorer(PairScorer(128, hidden=FitSettings().hidden, elementwise=False,
+                                 side_dim=1024), staged, "0" * 64, {"side_stage": STAGE})  # fmt: skip
+        rng = np.random.default_rng(0)
+        side = np.abs(rng.normal(size=(items, 1024))).astype(np.float32)
+        write_stage_store(folder, STAGE, "0" * 64, gallery.ids, side)  # rerank features' file
+        query_ids = rng.choice(gallery.ids, size=64, replace=False)
+        methods.insert(2, f"pairwise+{STAGE}")
         for batch in (1, 64):
             line = []
             for method in methods:
-                spec = parse_rerank(method)
-                call = lambda q=queries[:batch], r=spec: search(gallery, q, r)  # noqa: E731
+                if method == f"pairwise+{STAGE}":
+                    spec = parse_rerank(f"pairwise:model={staged},depth={depth}")
+                    call = lambda q=queries[:batch], r=spec, i=query_ids[:batch]: staged_search(  # noqa: E731
+                        gallery, q, r, i)  # fmt: skip
+                    method = f"{method}:"  # its name in the report
+                else:
+                    spec = parse_rerank(method)
+                    call = lambda q=queries[:batch], r=spec: search(gallery, q, r)  # noqa: E731
                 for _ in range(WARM_UP):  # onnxruntime's first runs allocate its arena
                     call()
                 ms = timed(call, REPEATS)
