@@ -17,6 +17,7 @@ from nearsight.models.spec import (
     NETWORK_FIELDS,
     POOLINGS,
     ModelSpec,
+    network_fields,
     spec_from_model_config,
 )
 from nearsight.models.timm_trunk import check_pooling, check_timm_heads, is_timm, timm_info
@@ -116,34 +117,24 @@ def trunk_width(arch: str) -> int:
     return timm_info(arch).width if is_timm(arch) else ARCHS[arch]
 
 
-@dataclass
-class EmbeddingConfig:
-    """Everything needed to rebuild the network; stored in every checkpoint."""
+# Settings the spec holds resolved and a config may leave to the trunk: pooling "auto" (a
+# ResNet's avg, a timm model's pretrained head's), feature_norm "auto" (batchnorm exactly when
+# training from scratch), interpolation, mean and std empty (the trunk's pretraining's). Each
+# is stored resolved.
+UNRESOLVED = {"pooling": "auto", "feature_norm": "auto", "interpolation": ""}
 
-    dim: int = ModelSpec.dim
-    # avg | max | avgmax (avg + max, summed) | gem | token (a transformer's class token) | auto:
-    # the trunk's own (a ResNet's avg; a timm model's pretrained head's); stored resolved
-    pooling: str = "auto"
+
+@dataclass
+@network_fields(defaults=UNRESOLVED)
+class EmbeddingConfig:
+    """Everything needed to rebuild the network; stored in every checkpoint. The network's
+    fields are :class:`~nearsight.models.spec.ModelSpec`'s (their meanings are there); this
+    adds how training starts."""
+
     # ResNets: "imagenet" (= IMAGENET1K_V1, the papers'), "imagenet-v1", "imagenet-v2";
     # timm trunks: "hub" (nearsight/models/timm_weights.py); both: "none", or a weights file
     pretrained: str = "none"
     freeze_bn: bool = False
-    image_size: int = ModelSpec.image_size  # training and export size; forward takes any >= 32
-    arch: str = ModelSpec.arch
-    # none | batchnorm | auto (batchnorm when pretrained is "none"); stored resolved
-    feature_norm: str = "auto"
-    # trunk stages with an embedding head, low to high, ending at layer4 (the papers'
-    # multi-level setting: [layer2, layer3, layer4]); each head has `dim` dimensions
-    heads: list[str] = dataclasses.field(default_factory=lambda: list(ModelSpec.heads))
-    # what the network serves: last (the layer4 head) | concat (all heads, dim x len(heads))
-    embedding: str = ModelSpec.embedding
-    # linear | none: no head, the pooled trunk features are the embedding (dim = their width)
-    head: str = ModelSpec.head
-    # the input statistics and resize of the trunk's pretraining: empty = the ResNets'
-    # (ImageNet's, bilinear); a timm trunk's are read from its pretrained config
-    interpolation: str = ""
-    mean: list[float] = dataclasses.field(default_factory=list)
-    std: list[float] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         if isinstance(self.dim, bool) or not isinstance(self.dim, int) or self.dim <= 0:
@@ -160,7 +151,7 @@ class EmbeddingConfig:
             isinstance(self.image_size, bool)
             or not isinstance(self.image_size, int)
             or self.image_size < 32
-        ):
+        ):  # training and export size; forward takes any >= 32
             raise NearsightError(f"image size must be an integer >= 32, got {self.image_size!r}")
         check_arch(self.arch)
         self.pooling = resolve_pooling(self.pooling, self.arch)

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from nearsight.models.spec import ModelSpec
+from nearsight.models.spec import ModelSpec, network_fields
 from nearsight.training.config_checks import ConfigError, validate
 
 PAPER_KEY = "paper"
@@ -70,33 +70,20 @@ class DataConfig:
     cache_images: bool = False
 
 
+# The network's fields are the model spec's (nearsight/models/spec.py says what each means);
+# the size is data.image_size, and the trunk's interpolation and statistics are read from its
+# pretrained config. "auto" pooling and feature_norm are resolved as EmbeddingConfig does.
 @dataclass
+@network_fields(
+    skip=("image_size", "interpolation", "mean", "std"),
+    defaults={"pooling": "auto", "feature_norm": "auto"},
+)
 class ModelConfig:
-    # any torchvision ResNet of nearsight.models.embedding.ARCHS (resnet18 ... resnet101), or
-    # timm:NAME, any model of timm's catalogue (nearsight/models/timm_trunk.py)
-    arch: str = ModelSpec.arch
-    dim: int = ModelSpec.dim
-    # avg | max | avgmax | gem; token (a transformer's class token); a transformer's other
-    # pools run over its patch tokens; auto: the trunk's own (a ResNet's avg, a timm model's
-    # pretrained head's: a ViT's class token)
-    pooling: str = "auto"
     # auto (default: the trunk's pretrained weights when they are cached - torchvision's cache
     # for a ResNet, the Hugging Face cache for timm:NAME - else none, with a note line) |
     # imagenet | imagenet-v1 | imagenet-v2 (ResNets) | hub (timm) | none | FILE
     pretrained: str = "auto"
     freeze_bn: bool | None = None  # None: True from pretrained weights, False from scratch
-    # auto | none | batchnorm: standardise the pooled features before the head (auto: when
-    # training from scratch; see nearsight/models/embedding.py)
-    feature_norm: str = "auto"
-    # trunk stages with an embedding head of `dim`, low to high, ending at layer4 (a timm
-    # trunk's: its feature_info stages, e.g. stages.1; [layer4] means its last); the loss is
-    # applied to each and summed (the RLL/ICE papers' L, M, H: [layer2, layer3, layer4])
-    heads: list[str] = field(default_factory=lambda: list(ModelSpec.heads))
-    # what evaluation, export and galleries use: last (the layer4 head) | concat (every head,
-    # L2-normalised concatenation, dim x len(heads))
-    embedding: str = ModelSpec.embedding
-    # linear (a layer to `dim`) | none (the pooled trunk features, their width, are served)
-    head: str = ModelSpec.head
 
 
 @dataclass

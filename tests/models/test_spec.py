@@ -167,6 +167,41 @@ def test_the_network_fields_are_spelled_out_once_in_the_spec():
     assert set(NETWORK_FIELDS) - section == {"image_size", "interpolation", "mean", "std"}
 
 
+def test_a_settings_class_takes_the_spec_fields_names_types_and_defaults():
+    """network_fields copies each network field of the spec (a tuple as a list), so a field
+    added to ModelSpec reaches the training config and the checkpoint without another edit."""
+    import dataclasses
+    import typing
+
+    from nearsight.models.embedding_config import EmbeddingConfig
+    from nearsight.models.spec import NETWORK_FIELDS, network_fields
+    from nearsight.training.config import ModelConfig
+
+    @dataclasses.dataclass
+    @network_fields(skip=("mean",), defaults={"pooling": "auto"})
+    class Settings:
+        extra: int = 1
+
+    fields = {field.name: field for field in dataclasses.fields(Settings)}
+    assert list(fields) == [name for name in NETWORK_FIELDS if name != "mean"] + ["extra"]
+    made = Settings()
+    assert made.pooling == "auto" and made.heads == list(ModelSpec.heads) and made.extra == 1
+    assert made.dim == ModelSpec.dim and made.arch == ModelSpec.arch
+    assert Settings().heads is not made.heads  # a fresh list each time
+    hints = typing.get_type_hints(Settings)
+    assert hints["heads"] == list[str] and hints["std"] == list[float] and hints["dim"] is int
+    spec_hints = typing.get_type_hints(ModelSpec)
+    for config in (EmbeddingConfig, ModelConfig):
+        config_hints = typing.get_type_hints(config)
+        for name in set(NETWORK_FIELDS) & set(config_hints):
+            want = spec_hints[name]
+            if typing.get_origin(want) is tuple:
+                want = list[typing.get_args(want)[0]]
+            assert config_hints[name] == want, (config.__name__, name)
+    with pytest.raises(ValueError, match="not network fields"):
+        network_fields(skip=("pretrained",))
+
+
 def test_a_spec_round_trips_through_the_checkpoint_config():
     from nearsight.models.embedding_config import EmbeddingConfig
     from nearsight.models.spec import spec_from_model_config
