@@ -12,13 +12,21 @@ ResNet-50, RLL, the CLI's own train and export):
 For each seed a re-ranker is trained on the training split (``fit_scorer``, classes held out
 for the choice of epoch, test classes never read) and exported; every depth is then measured
 on the test classes, leave-one-out (Recall@1, MAP@R) beside aqe, dba and kreciprocal at their
-defaults and the same depth. ``oracle`` (depth 20): the same re-ranker trained on the test
-classes themselves (not a method: it bounds what an embedding-only re-ranker could gain);
-``oracle-list``: the same with the list features only (no elementwise q * c, |q - c|).
+defaults and the same depth. Two re-rankers: ``train``, on the embeddings alone (q * c,
+|q - c| and the list features: the shipped default), and ``train+layer3``, on the list
+features and the trunk's pooled layer3 features of query and candidates (no elementwise
+embedding features; nearsight.search.rerank.stage_features reads them from the same ONNX
+model in the same run). ``oracle`` (depth 20): the embeddings-only re-ranker trained on the
+test classes themselves (not a method: it bounds what an embedding-only re-ranker could
+gain). ``layer3 alone``: Recall@1 of the layer3 features themselves (centred on the training
+split's mean), what the stage knows by itself.
 
 Cost: a search of a 10,000-item 128-d flat gallery, k = 8, batch 1 and 64, median of 101 calls
 after 20 unmeasured ones, plain against each method at depth 20 (the file's weights do not
-change its cost; its size is the default's). Run it with OMP_NUM_THREADS=1 on a shared machine.
+change its cost; its size is the default's). ``pairwise+layer3``: a search by item id through
+the gallery with 1024-d layer3 features stored by ``rerank features`` (its file format,
+float16, memory-mapped): the base search, the query's and candidates' features read from the
+store by id, and the format-2 file's scoring. Run it with OMP_NUM_THREADS=1 on a shared machine.
 """
 
 from __future__ import annotations
@@ -38,7 +46,8 @@ from nearsight.search.rerank.spec import parse_rerank
 CLASSICAL = ("aqe", "dba", "kreciprocal")
 # train: the method; oracle: trained on the test classes (a bound, not a method); oracle-list:
 # the same without the elementwise features (what the list context alone can give)
-SOURCES = ("train", "oracle", "oracle-list")
+SOURCES = ("train", "train+layer3", "oracle")
+STAGE = "layer3"
 WARM_UP, REPEATS = 20, 101  # cost: calls before timing, timed calls (the median is reported)
 
 
@@ -72,23 +81,31 @@ def make_set(name: str, workdir: Path) -> tuple[Path, str, Path]:
     return root, kind, model
 
 
-def embedded(root: Path, kind: str, model: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def embedded(root: Path, kind: str, model: Path) -> dict[str, tuple[np.ndarray, ...]]:
+    """split -> (embeddings, labels, the trunk's pooled STAGE features), one ONNX run."""
     from nearsight.data.datasets import load_dataset
-    from nearsight.data.embed import embed_files
-    from nearsight.models.loading import load_embedder
+    from nearsight.search.rerank.stage_features import embed_with_stage
 
-    embedder = load_embedder(model, device="cpu")
     out = {}
     for split in ("train", "test"):
         data = load_dataset(kind, root, split)
-        result = embed_files(embedder, [s.path for s in data.samples], desc=f"{split} split")
-        out[split] = (result.embeddings, np.asarray(data.labels)[result.ok])
+        result, side = embed_with_stage(model, STAGE, [s.path for s in data.samples],
+                                        desc=f"{split} split")  # fmt: skip
+        out[split] = (result.embeddings, np.asarray(data.labels)[result.ok], side)
     return out
 
 
-def scores(vectors, labels, spec: str) -> dict[str, float]:
-    metrics = evaluate_reranked(vectors, labels, (1,), parse_rerank(spec), with_nmi=False)
+def scores(vectors, labels, spec: str, side=None) -> dict[str, float]:
+    metrics = evaluate_reranked(vectors, labels, (1,), parse_rerank(spec), side=side,
+                                with_nmi=False)  # fmt: skip
     return {"recall@1": float(metrics["recall@1"]), "map@r": float(metrics["map@r"])}
+
+
+def stage_alone(sets) -> float:
+    """Recall@1 of the test split's STAGE features alone (centred on the training mean)."""
+    side = sets["test"][2] - sets["train"][2].mean(0)
+    return float(scores(side / np.linalg.norm(side, axis=1, keepdims=True), sets["test"][1],
+                        "none")["recall@1"])  # fmt: skip
 
 
 def quality(name: str, workdir: Path, seeds, depths) -> dict:
@@ -97,35 +114,41 @@ def quality(name: str, workdir: Path, seeds, depths) -> dict:
     root, kind, model = make_set(name, workdir)
     sets = embedded(root, kind, model)
     test = sets["test"]
-    result = {"plain": scores(*test, "none"), "depths": {}}
+    result = {"plain": scores(*test[:2], "none"), f"{STAGE} alone": {"recall@1": stage_alone(sets)},
+              "depths": {}}  # fmt: skip
     print(f"\n{name}: {len(sets['train'][1])} train items, {len(test[1])} test items; plain "
-          f"Recall@1 {result['plain']['recall@1']:.4f}, MAP@R {result['plain']['map@r']:.4f}")  # fmt: skip
+          f"Recall@1 {result['plain']['recall@1']:.4f}, MAP@R {result['plain']['map@r']:.4f}; "
+          f"{STAGE} alone Recall@1 {result[f'{STAGE} alone']['recall@1']:.4f}")  # fmt: skip
     files: dict[tuple[str, int, int], Path] = {}
     for depth in depths:
         # oracle runs (trained on the test classes themselves) at depth 20 only: they bound
         # what any embedding-only re-ranker of these features could gain
-        sources = SOURCES if depth == 20 else SOURCES[:1]
+        sources = SOURCES if depth == 20 else SOURCES[:2]
         for seed in seeds:
             for source in sources:
-                vectors, labels = sets["train"] if source == "train" else test
-                settings = FitSettings(depth=depth, seed=seed, elementwise=source != "oracle-list")
-                scorer, report = fit_scorer(vectors, labels, settings, log=lambda line: None)
+                vectors, labels, side = test if source == "oracle" else sets["train"]
+                staged = source.endswith(STAGE)
+                settings = FitSettings(depth=depth, seed=seed, elementwise=not staged)
+                scorer, report = fit_scorer(vectors, labels, settings, log=lambda line: None,
+                                            side=side if staged else None)  # fmt: skip
                 files[source, depth, seed] = workdir / f"{name}-{source}-{depth}-{seed}.onnx"
-                export_scorer(scorer, files[source, depth, seed], "bench")
+                export_scorer(scorer, files[source, depth, seed], "bench",
+                              {"side_stage": STAGE} if staged else None)  # fmt: skip
         row = {}
         for source in sources:
-            runs = [scores(*test, f"pairwise:model={files[source, depth, s]},depth={depth}")
-                    for s in seeds]  # fmt: skip
+            side = test[2] if source.endswith(STAGE) else None
+            runs = [scores(*test[:2], f"pairwise:model={files[source, depth, s]},depth={depth}",
+                           side) for s in seeds]  # fmt: skip
             row[f"pairwise ({source})"] = {
                 key: [r[key] for r in runs] for key in ("recall@1", "map@r")
             }
         for method in CLASSICAL:
-            row[method] = scores(*test, f"{method}:depth={depth}")
+            row[method] = scores(*test[:2], f"{method}:depth={depth}")
         result["depths"][depth] = row
         print(f"  depth {depth}:")
         for method, got in row.items():
             r1, mapr = np.atleast_1d(got["recall@1"]), np.atleast_1d(got["map@r"])
-            print(f"    {method:<18} Recall@1 {r1.mean():.4f} (seeds {np.round(r1, 4).tolist()}, "
+            print(f"    {method:<22} Recall@1 {r1.mean():.4f} (seeds {np.round(r1, 4).tolist()}, "
                   f"lift {r1.mean() - result['plain']['recall@1']:+.4f})  MAP@R {mapr.mean():.4f} "
                   f"({mapr.mean() - result['plain']['map@r']:+.4f})")  # fmt: skip
     return result
@@ -140,9 +163,16 @@ def search(gallery, queries: np.ndarray, spec) -> None:
         gallery.search(queries, 8)
 
 
+def staged_search(gallery, queries, spec, query_ids: np.ndarray) -> None:
+    from nearsight.search.rerank.search import reranked_search
+
+    reranked_search(gallery, queries, 8, spec, query_ids=query_ids)
+
+
 def cost(workdir: Path, depth: int = 20, items: int = 10_000) -> dict:
     from nearsight.index.gallery.core import Gallery
     from nearsight.index.gallery.write import write_gallery
+    from nearsight.search.rerank.stage_store import write_stage_store
     from nearsight.training.pairwise import FitSettings, PairScorer, export_scorer
 
     sys.path.insert(0, str(Path(__file__).parent))
@@ -159,11 +189,25 @@ def cost(workdir: Path, depth: int = 20, items: int = 10_000) -> dict:
     report = {}
     with Gallery.open(folder) as gallery:
         queries = clustered(64, seed=1)
+        staged = workdir / f"cost-128-{STAGE}.onnx"
+        export_scorer(PairScorer(128, hidden=FitSettings().hidden, elementwise=False,
+                                 side_dim=1024), staged, "0" * 64, {"side_stage": STAGE})  # fmt: skip
+        rng = np.random.default_rng(0)
+        side = np.abs(rng.normal(size=(items, 1024))).astype(np.float32)
+        write_stage_store(folder, STAGE, "0" * 64, gallery.ids, side)  # rerank features' file
+        query_ids = rng.choice(gallery.ids, size=64, replace=False)
+        methods.insert(2, f"pairwise+{STAGE}")
         for batch in (1, 64):
             line = []
             for method in methods:
-                spec = parse_rerank(method)
-                call = lambda q=queries[:batch], r=spec: search(gallery, q, r)  # noqa: E731
+                if method == f"pairwise+{STAGE}":
+                    spec = parse_rerank(f"pairwise:model={staged},depth={depth}")
+                    call = lambda q=queries[:batch], r=spec, i=query_ids[:batch]: staged_search(  # noqa: E731
+                        gallery, q, r, i)  # fmt: skip
+                    method = f"{method}:"  # its name in the report
+                else:
+                    spec = parse_rerank(method)
+                    call = lambda q=queries[:batch], r=spec: search(gallery, q, r)  # noqa: E731
                 for _ in range(WARM_UP):  # onnxruntime's first runs allocate its arena
                     call()
                 ms = timed(call, REPEATS)

@@ -21,7 +21,9 @@ from nearsight.data.metrics.retrieval import CUB_KS, SOP_KS
 from nearsight.data.metrics.retrieval import default_ks as ks_by_size
 from nearsight.index.vector_store import ApproximateVectorsWarning
 from nearsight.search.rerank.evaluate import evaluate_reranked
+from nearsight.search.rerank.pairwise import stage_reranker
 from nearsight.search.rerank.spec import RerankSpec, parse_rerank
+from nearsight.search.rerank.stage_store import open_stage_store
 
 if TYPE_CHECKING:  # index.gallery imports this module
     from nearsight.index.gallery.core import Gallery
@@ -77,12 +79,20 @@ def evaluate_gallery(
     classes = len(np.unique(labels))
     init = "k-means++" if classes <= EXACT_KMEANSPP_MAX_CLASSES else "afk-mc2"
     ks = tuple(ks or default_ks(gallery))
+    side = None
+    reranker = stage_reranker(spec)
+    if reranker is not None:  # the labelled items' stored stage features, in their order
+        reranker.check_gallery(gallery.path, gallery.model_sha256)
+        store = open_stage_store(gallery.path)
+        assert store is not None  # check_gallery found it
+        side = store.side_of(gallery.ids[labelled])
     return evaluate_reranked(
         vectors,
         labels,
         ks,
         spec,
         model_sha256=gallery.model_sha256,
+        side=side,
         nmi_init=init,
         queries=queries,
         with_nmi=with_nmi,

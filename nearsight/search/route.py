@@ -130,11 +130,26 @@ def resolve_rerank(gallery: Gallery, rerank: RerankSpec | str | None) -> RerankS
 
 def check_rerank(gallery: Gallery, spec: RerankSpec) -> None:
     """A one-line NearsightError now, before any search, when ``spec`` cannot re-rank this
-    gallery: a pairwise re-ranker that is missing or trained for another embedding model."""
+    gallery: a pairwise re-ranker that is missing, trained for another embedding model, or one
+    that needs trunk-stage features (galleries store none)."""
     if spec.method == "pairwise":
         from nearsight.search.rerank.pairwise import load_reranker
 
-        load_reranker(str(spec.params["model"])).check_for(gallery.model_sha256, gallery.dim)
+        reranker = load_reranker(str(spec.params["model"]))
+        reranker.check_for(gallery.model_sha256, gallery.dim)
+        reranker.check_gallery(gallery.path, gallery.model_sha256)
+
+
+def _query_ids(
+    self_ids: Sequence[int | None] | None, exclude: Sequence[int] | np.ndarray | None, count: int
+) -> np.ndarray:
+    """Per query, the gallery item it is (-1: an image or a vector)."""
+    out = np.full(count, -1, dtype=np.int64)
+    for source in (exclude, self_ids):
+        if source is not None:
+            known = [-1 if i is None else int(i) for i in source]
+            out = np.where(out < 0, np.asarray(known, dtype=np.int64), out)
+    return out
 
 
 def search(
@@ -162,8 +177,9 @@ def search(
         queries = queries[None, :]
     info: dict[str, Any] = {}
     if rerank.active:
+        query_ids = _query_ids(self_ids, exclude, len(queries))
         _, found = reranked_search(gallery, queries, k, rerank, ids=allowed, exclude=exclude,
-                                   info=info)  # fmt: skip
+                                   info=info, query_ids=query_ids)  # fmt: skip
     else:
         _, found = gallery.search(queries, k, ids=allowed, exclude=exclude, info=info)
     if notes is not None:

@@ -98,6 +98,56 @@ def test_a_reranker_of_another_model_is_refused_in_one_line(trained, tmp_path, c
             gallery.rerank_override = parse_rerank(spec)  # serve --rerank, at start
 
 
+def test_a_stage_reranker_runs_on_a_gallery_that_stores_its_features(trained, capsys):
+    """rerank train --stage layer3 writes a format-2 file of the same model; a gallery without
+    stored layer3 features refuses it in one line (eval, search, serve at start); rerank
+    features stores them, and then eval and searches by item id re-rank with it."""
+    import nearsight
+    from nearsight.search.rerank.pairwise import load_reranker
+
+    out = trained["reranker"].with_name("staged.onnx")
+    code, _, err = run(capsys, "rerank", "train", "--model", trained["model"], "--dataset",
+                       "folder", "--root", trained["data"], "--out", out, "--depth", "4",
+                       "--epochs", "2", "--stage", "layer3", "--json")  # fmt: skip
+    assert code == 0, err
+    opened = load_reranker(out)
+    assert (opened.meta["format"], opened.side_stage, opened.side_dim) == ("2", "layer3", 256)
+    spec = f"pairwise:model={out},depth=4"
+    gallery = trained["gallery"]
+    evaluate = ["eval", "--gallery", gallery, "--rerank", spec, "--json"]
+    by_id = ["search", "--gallery", gallery, "--id", "3", "--k", "6", "--rerank", spec, "--json"]
+    for argv in (evaluate, by_id):
+        code, _, err = run(capsys, *argv)
+        assert_one_line_error(code, err, "stores none", "rerank features --gallery")
+    serve = cli_argv("serve", "--gallery", gallery, "--rerank", spec, "--port", free_port())
+    done = subprocess.run(serve, capture_output=True, text=True, timeout=180)  # refused at start
+    assert_one_line_error(done.returncode, done.stderr, "stores none")
+
+    code, out_text, err = run(capsys, "rerank", "features", "--gallery", gallery, "--stage",
+                              "layer3")  # fmt: skip
+    assert code == 0, err
+    assert "stored layer3 features of 16 items (256-d" in out_text
+    code, out_text, err = run(capsys, *evaluate)
+    assert code == 0, err
+    assert 0 <= json.loads(out_text)["recall@1"] <= 1
+    code, out_text, err = run(capsys, *by_id)
+    assert code == 0, err
+    found = [row["id"] for row in json.loads(out_text)]
+    with nearsight.open_gallery(gallery) as opened_gallery:
+        assert [n.id for n in opened_gallery.search_item(3, k=6, rerank=spec)] == found
+        plain = [n.id for n in opened_gallery.search_item(3, k=6, rerank="none")]
+        assert found[0] == 3 and set(found) == set(plain) and found[5:] == plain[5:]
+        # a vector's (or an image's) query has no stored features: refused in one line
+        vector = opened_gallery.gallery.vectors_of([3])[0]
+        with pytest.raises(NearsightError, match="not image or vector queries"):
+            opened_gallery.search_vector(vector, k=3, rerank=spec)
+    # a different stage stored: refused, naming the fix
+    code, _, err = run(capsys, "rerank", "features", "--gallery", gallery, "--stage", "layer2")
+    assert code == 0, err
+    code, _, err = run(capsys, *by_id)
+    assert_one_line_error(code, err, "stores none", "--stage layer3")
+
+
 def test_files_that_are_not_rerankers_are_refused(trained, tmp_path, capsys):
     missing = tmp_path / "nothing.onnx"
     code, _, err = run(capsys, "search", "--gallery", trained["gallery"], "--id", "0",

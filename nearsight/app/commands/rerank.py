@@ -50,10 +50,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="score pairs by their list features only (ranks, similarities, the candidates' "
         "agreement), without the embeddings' elementwise products and differences",
     )  # fmt: skip
+    train.add_argument(
+        "--stage", choices=("layer2", "layer3"), default=None,
+        help="also score pairs by this trunk stage's pooled features (read from --model), "
+        "without the elementwise embedding features; such a file runs where the stage "
+        "features are given (Python: evaluate_reranked(..., side=...)); galleries do not "
+        "store them yet, so search and serve refuse it",
+    )  # fmt: skip
     train.add_argument("--batch-size", type=int, default=64, help="images per embedding batch")
     train.add_argument("--workers", type=int, default=0, help="image-decoding threads")
     train.add_argument("--json", action="store_true", help="print the report as JSON")
     train.set_defaults(func=run_train)
+    features = verbs.add_parser(
+        "features",
+        help="store a gallery's trunk-stage features (for a re-ranker trained with --stage)",
+        description="Embed the gallery's items once more with its own model, keeping the "
+        "pooled features of a trunk stage, and store them in the gallery folder (float16, by "
+        "item id), for a re-ranker trained with rerank train --stage. Items added later have "
+        "none until this runs again; compact drops them.",
+    )
+    features.add_argument("--gallery", type=Path, required=True, help="gallery folder")
+    features.add_argument("--stage", choices=("layer2", "layer3"), required=True)
+    features.add_argument("--model", type=Path, help="the gallery's model, if moved")
+    features.add_argument("--batch-size", type=int, default=64, help="images per batch")
+    features.add_argument("--workers", type=int, default=0, help="image-decoding threads")
+    features.set_defaults(func=run_features)
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -83,21 +104,31 @@ def run_train(args: argparse.Namespace) -> int:
     split = load_dataset(args.dataset, args.root, "train")  # never the test classes
     embedder = load_embedder(args.model, device="cpu")
     paths = [sample.path for sample in split.samples]
-    embedded = embed_files(embedder, paths, batch_size=args.batch_size, workers=args.workers,
-                           desc="embedding the training split")  # fmt: skip
+    side = None
+    if args.stage is None:
+        embedded = embed_files(embedder, paths, batch_size=args.batch_size, workers=args.workers,
+                               desc="embedding the training split")  # fmt: skip
+    else:
+        from nearsight.search.rerank.stage_features import embed_with_stage
+
+        embedded, side = embed_with_stage(args.model, args.stage, paths,
+                                          batch_size=args.batch_size, workers=args.workers,
+                                          desc="embedding the training split")  # fmt: skip
     for line in embedded.errors:
         print(f"nearsight: skipped {line}", file=sys.stderr)
     labels = np.asarray(split.labels)[embedded.ok]
+    elementwise = not args.list_features_only and args.stage is None
     settings = FitSettings(depth=args.depth, held_out=args.held_out, epochs=args.epochs,
-                           seed=args.seed, elementwise=not args.list_features_only)  # fmt: skip
+                           seed=args.seed, elementwise=elementwise)  # fmt: skip
     log = (lambda line: print(line, file=sys.stderr)) if args.json else print
-    scorer, report = fit_scorer(embedded.embeddings, labels, settings, log=log)
+    scorer, report = fit_scorer(embedded.embeddings, labels, settings, log=log, side=side)
     extra = {
         "depth": str(report.depth),
         "dataset": args.dataset,
         "fit_classes": ",".join(map(str, report.fit_classes)),
         "held_out_classes": ",".join(map(str, report.held_out_classes)),
         "held_out": json.dumps({"plain": asdict(report.plain), "chosen": asdict(report.chosen)}),
+        **({"side_stage": args.stage} if args.stage else {}),
     }
     parity = export_scorer(scorer, args.out, embedder.model_sha256, extra)
     summary = {
@@ -122,4 +153,43 @@ def run_train(args: argparse.Namespace) -> int:
         f"{report.plain.mean_ap:.4f} -> {report.chosen.mean_ap:.4f}, {verdict}. Use it: "
         f"--rerank pairwise:model={args.out},depth={report.depth}"
     )
+    return 0
+
+
+def run_features(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from nearsight.core.errors import NearsightError
+    from nearsight.data.embed import check_batching
+    from nearsight.index.gallery.core import Gallery
+    from nearsight.index.gallery.lock import gallery_lock
+    from nearsight.models.embedder import file_sha256
+    from nearsight.search.rerank.stage_features import embed_with_stage
+    from nearsight.search.rerank.stage_store import write_stage_store
+
+    check_batching(args.batch_size, args.workers)
+    with Gallery.open(args.gallery) as gallery:
+        model = gallery.model_path(args.model)
+        if file_sha256(model) != gallery.model_sha256:
+            raise NearsightError(f"{model} is not the model gallery {args.gallery} was built with")
+        rows = gallery.all_items()
+        ids = np.asarray([row["id"] for row in rows], dtype=np.int64)
+        stored = gallery.vectors_of(ids)
+        folder, sha = gallery.path, gallery.model_sha256
+    paths = [row["path"] for row in rows]
+    result, side = embed_with_stage(model, args.stage, paths, batch_size=args.batch_size,
+                                    workers=args.workers, desc="stage features")  # fmt: skip
+    if not result.ok.all():
+        raise NearsightError(f"an item's image cannot be read now: {result.errors[0]}")
+    # the same model and preprocessing as the gallery's vectors, or the features are not theirs
+    agreement = float(np.min(np.sum(result.embeddings * stored, axis=1))) if len(ids) else 1.0
+    if agreement < 0.999:
+        raise NearsightError(
+            f"re-embedding the gallery's images gives other vectors than it stores (cosine "
+            f"{agreement:.4f}): were the images changed? rebuild the gallery first"
+        )
+    with gallery_lock(folder, exclusive=True):
+        write_stage_store(folder, args.stage, sha, ids, side)
+    print(f"stored {args.stage} features of {len(ids)} items ({side.shape[1]}-d, float16) in "
+          f"{folder}")  # fmt: skip
     return 0

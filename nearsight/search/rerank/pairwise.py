@@ -7,6 +7,11 @@ order) and gives ``scores`` [B, N], higher for a likelier same-class pair; the p
 computed inside the graph, so the numbers served are the numbers trained. Its metadata names
 the embedding model it was trained for (``embedding_model_sha256``, the hash galleries record):
 any other gallery is refused in one line.
+
+A format-2 file also scores by a trunk stage's pooled features (``query_side`` [B, F],
+``candidate_side`` [B, N, F]; metadata ``side_stage``, ``side_dim``;
+nearsight.search.rerank.stage_features computes them): the source of the candidates must hold
+those features (``side_of``), or the search is refused in one line.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from nearsight.core.errors import NearsightError
 
 ARTIFACT = "nearsight-pairwise-reranker"  # metadata "artifact" of a re-ranker file
 FORMAT = "1"  # metadata "format": the graph's inputs and outputs as described above
+FORMAT_SIDE = "2"  # format 1 and the stage features' inputs
 INPUTS = ("query", "candidates")
+SIDE_INPUTS = ("query_side", "candidate_side")
 OUTPUT = "scores"
 MAX_FILE_BYTES = 64 * 1024 * 1024  # a small MLP is well under 1 MB; refuse anything huge
 # work budget of one onnxruntime call: query-candidate pairs (a [B, N, N] context matrix is
@@ -60,19 +67,23 @@ class PairwiseReranker:
         meta = dict(self._session.get_modelmeta().custom_metadata_map)
         names = tuple(i.name for i in self._session.get_inputs())
         outputs = tuple(o.name for o in self._session.get_outputs())
-        if meta.get("artifact") != ARTIFACT or names != INPUTS or outputs != (OUTPUT,):
+        if meta.get("artifact") != ARTIFACT or names[:2] != INPUTS or outputs != (OUTPUT,):
             raise NearsightError(
                 f"{self.path} is not a nearsight pairwise re-ranker (make one with nearsight "
                 "rerank train)"
             )
-        if meta.get("format") != FORMAT:
+        expected = {FORMAT: INPUTS, FORMAT_SIDE: INPUTS + SIDE_INPUTS}.get(meta.get("format", ""))
+        if expected != names:
             raise NearsightError(
                 f"{self.path} is a re-ranker of format {meta.get('format')!r}; this nearsight "
-                f"reads format {FORMAT}: train it again with nearsight rerank train"
+                f"reads formats {FORMAT} and {FORMAT_SIDE}: train it again with nearsight "
+                "rerank train"
             )
         self.meta = meta
         self.model_sha256 = meta.get("embedding_model_sha256", "")
         self.dim = int(meta.get("dim", "0"))
+        self.side_dim = int(meta.get("side_dim", "0"))  # 0: embeddings only
+        self.side_stage = meta.get("side_stage", "")
 
     def check_for(self, model_sha256: str | None, dim: int) -> None:
         """NearsightError unless this re-ranker was trained for the embedding model (by its
@@ -88,21 +99,66 @@ class PairwiseReranker:
                 f"re-ranker {self.path} takes {self.dim}-d vectors, the gallery has {dim}"
             )
 
-    def scores(self, queries: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+    def check_side(self, side: tuple[np.ndarray, np.ndarray] | None) -> None:
+        """NearsightError when this re-ranker needs stage features that ``side`` does not
+        give (or gives at another width)."""
+        if not self.side_dim:
+            return
+        if side is None:
+            raise NearsightError(
+                f"re-ranker {self.path} scores by the model's {self.side_stage or 'stage'} "
+                "features too, and these candidates come without them (galleries do not store "
+                "them; use it where they are given: Python's evaluate_reranked(..., side=...))"
+            )
+        if side[0].shape[-1] != self.side_dim or side[1].shape[-1] != self.side_dim:
+            raise NearsightError(
+                f"re-ranker {self.path} takes {self.side_dim}-d stage features, got "
+                f"{side[0].shape[-1]}-d"
+            )
+
+    def check_gallery(self, folder: str | os.PathLike[str], model_sha256: str | None) -> None:
+        """NearsightError unless gallery ``folder`` stores the stage features this re-ranker
+        needs, of the same model (nothing to check for an embeddings-only file)."""
+        if not self.side_dim:
+            return
+        from nearsight.search.rerank.stage_store import open_stage_store
+
+        store = open_stage_store(folder)
+        fix = f"nearsight rerank features --gallery {folder} --stage {self.side_stage}"
+        if store is None or store.stage != self.side_stage:
+            raise NearsightError(
+                f"re-ranker {self.path} scores by the model's {self.side_stage} features too, "
+                f"and gallery {folder} stores none: store them with {fix}"
+            )
+        if store.dim != self.side_dim or store.model_sha256 != model_sha256:
+            raise NearsightError(
+                f"gallery {folder} stores {store.dim}-d {store.stage} features of model "
+                f"{store.model_sha256[:12]}, not the {self.side_dim}-d ones of its model this "
+                f"re-ranker takes: store them again with {fix}"
+            )
+
+    def scores(
+        self,
+        queries: np.ndarray,
+        candidates: np.ndarray,
+        side: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> np.ndarray:
         """float32 [Q, N] scores of each query's candidates [Q, N, D] (higher: likelier the
-        same class), at most :data:`MAX_RUN_PAIRS` pairs per onnxruntime call."""
+        same class), at most :data:`MAX_RUN_PAIRS` pairs per onnxruntime call. ``side``: the
+        stage features of the queries [Q, F] and candidates [Q, N, F] (format 2 only)."""
+        self.check_side(side)
         q, n = candidates.shape[:2]
         out = np.empty((q, n), dtype=np.float32)
         step = max(1, MAX_RUN_PAIRS // max(n, 1))
+        arrays = (queries, candidates, *(side if self.side_dim else ()))
+        names = INPUTS + (SIDE_INPUTS if self.side_dim else ())
         for start in range(0, q, step):
             block = slice(start, start + step)
-            (out[block],) = self._session.run(
-                [OUTPUT],
-                {
-                    "query": np.ascontiguousarray(queries[block], dtype=np.float32),
-                    "candidates": np.ascontiguousarray(candidates[block], dtype=np.float32),
-                },
-            )
+            feed = {
+                name: np.ascontiguousarray(array[block], dtype=np.float32)
+                for name, array in zip(names, arrays, strict=True)
+            }
+            (out[block],) = self._session.run([OUTPUT], feed)
         return out
 
 
@@ -134,21 +190,35 @@ def load_reranker(path: str | os.PathLike[str]) -> PairwiseReranker:
     return opened
 
 
+def stage_reranker(spec: Any) -> PairwiseReranker | None:
+    """The re-ranker of a pairwise ``spec`` when it scores by stage features, else None."""
+    if getattr(spec, "method", None) != "pairwise":
+        return None
+    reranker = load_reranker(str(spec.params["model"]))
+    return reranker if reranker.side_dim else None
+
+
 def pairwise_distances(
     params: dict[str, Any],
     queries: np.ndarray,
     vectors: np.ndarray,
     valid: np.ndarray,
     model_sha256: str | None,
+    side: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
     """[Q, N] distances for :func:`nearsight.search.rerank.pipeline.rerank`: minus the scores
     of the first ``depth`` candidates, inf for the rest (they keep the base order after them)
     and for missing ones. ``model_sha256``: the embedding model of the vectors (None: vectors
-    of no recorded model, as in a bench's matrix; not checked)."""
+    of no recorded model, as in a bench's matrix; not checked). ``side``: the stage features
+    of the queries [Q, F] and candidates [Q, N, F] (zeros for missing ones), for a format-2
+    file."""
     reranker = load_reranker(str(params["model"]))
     reranker.check_for(model_sha256, queries.shape[1])
+    reranker.check_side(side)
     depth = min(int(params["depth"]), vectors.shape[1])
     head = vectors[:, :depth]  # a missing candidate's vector is zeros already (the pipeline)
+    if side is not None:
+        side = (side[0], side[1][:, :depth])
     distances = np.full(valid.shape, np.inf)
-    distances[:, :depth] = -reranker.scores(queries, head).astype(np.float64)
+    distances[:, :depth] = -reranker.scores(queries, head, side).astype(np.float64)
     return np.where(valid, distances, np.inf)

@@ -44,8 +44,12 @@ def rerank(
     queries: np.ndarray,
     candidates: np.ndarray,
     exclude: np.ndarray | None = None,
+    query_side: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Re-order ``candidates`` [Q, N] (keys, -1 for none) of ``queries`` [Q, D] by ``spec``.
+
+    ``query_side``: the queries' stage features [Q, F], for a pairwise re-ranker that takes
+    them (the candidates' come from ``source.side_of``).
 
     Returns (keys, distances) [Q, N], nearest first, missing candidates last with key -1 and
     distance inf. Distances: Euclidean between the (expanded) query and the (augmented)
@@ -70,7 +74,8 @@ def rerank(
         from nearsight.search.rerank.pairwise import pairwise_distances
 
         model = getattr(source, "model_sha256", None)
-        distances = pairwise_distances(params, queries, vectors, valid, model)
+        side = _side(source, candidates, valid, query_side)
+        distances = pairwise_distances(params, queries, vectors, valid, model, side)
     elif spec.method == "kreciprocal":
         distances = _k_reciprocal(queries, vectors, valid, params)
     else:
@@ -82,6 +87,19 @@ def rerank(
         np.take_along_axis(candidates, order, axis=1),
         np.take_along_axis(distances, order, axis=1).astype(np.float32),
     )
+
+
+def _side(
+    source: RerankSource, candidates: np.ndarray, valid: np.ndarray, query_side: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """(query, candidate) stage features where the caller and the source both have them."""
+    side_of = getattr(source, "side_of", None)
+    if query_side is None or side_of is None:
+        return None
+    found = side_of(candidates[valid])
+    out = np.zeros((*candidates.shape, found.shape[1]), dtype=np.float32)
+    out[valid] = found
+    return np.asarray(query_side, dtype=np.float32), out
 
 
 def _augmented(

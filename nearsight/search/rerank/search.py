@@ -25,11 +25,16 @@ def reranked_search(
     ids: np.ndarray | Sequence[int] | None = None,
     exclude: np.ndarray | Sequence[int] | None = None,
     info: dict | None = None,
+    query_ids: np.ndarray | Sequence[int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(distances, ids) [Q, k'] as :meth:`Gallery.search` gives them, after re-ranking the top
     ``spec.depth`` candidates (at least ``k`` of them, and at most :data:`MAX_DEPTH` whatever
     ``k`` is: past it the base order continues). ``exclude``: per query, an item id left out
-    of its answer and of every expansion (leave-one-out for a gallery item used as a query)."""
+    of its answer and of every expansion (leave-one-out for a gallery item used as a query).
+    ``query_ids``: per query, the gallery item it is (-1: none), whose stored stage features a
+    pairwise re-ranker of stage features needs (default: ``exclude``)."""
+    query_side = _query_side(gallery, spec, exclude if query_ids is None else query_ids,
+                             len(queries))  # fmt: skip
     depth = min(max(k, spec.depth), MAX_DEPTH)
     extra = 0 if exclude is None else 1
     _, found = gallery.search(queries, max(k, depth) + extra, ids=ids, info=info)
@@ -39,8 +44,32 @@ def reranked_search(
     if found.shape[1] == 0:
         return np.zeros(found.shape, np.float32), found
     head, tail = found[:, :depth], found[:, depth:k]
-    keys, distances = rerank(spec, GallerySource(gallery), queries, head, exclude)
+    keys, distances = rerank(spec, GallerySource(gallery), queries, head, exclude, query_side)
     if tail.shape[1]:  # beyond the re-ranked depth: the index's order, after it
         keys = np.concatenate([keys, tail], axis=1)
         distances = np.concatenate([distances, np.full(tail.shape, np.inf, np.float32)], axis=1)
     return distances[:, :k], keys[:, :k]
+
+
+def _query_side(
+    gallery: Gallery, spec: RerankSpec, query_ids: np.ndarray | Sequence[int] | None, count: int
+) -> np.ndarray | None:
+    """The queries' stored stage features, for a re-ranker that needs them (else None)."""
+    from nearsight.core.errors import NearsightError
+    from nearsight.search.rerank.pairwise import stage_reranker
+    from nearsight.search.rerank.stage_store import open_stage_store
+
+    reranker = stage_reranker(spec)
+    if reranker is None:
+        return None
+    reranker.check_gallery(gallery.path, gallery.model_sha256)
+    ids = np.full(count, -1) if query_ids is None else np.asarray(query_ids, dtype=np.int64)
+    if (ids < 0).any():
+        raise NearsightError(
+            f"re-ranker {reranker.path} scores by stored {reranker.side_stage} features: it "
+            "re-ranks searches by a gallery item (--id, eval, REST by id), not image or vector "
+            "queries"
+        )
+    store = open_stage_store(gallery.path)
+    assert store is not None  # check_gallery found it
+    return store.side_of(ids)

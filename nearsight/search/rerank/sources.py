@@ -18,13 +18,22 @@ class MatrixSource:
     """Rows of a [N, D] matrix (``nearsight eval``): neighbours from one exact kNN of every
     row, computed on first use (the evaluation is O(N^2) already)."""
 
-    def __init__(self, vectors: np.ndarray, model_sha256: str | None = None) -> None:
+    def __init__(
+        self, vectors: np.ndarray, model_sha256: str | None = None, side: np.ndarray | None = None
+    ) -> None:
         self.vectors = vectors
         self.model_sha256 = model_sha256  # the embedding model (None: not recorded)
+        self.side = side  # the rows' stage features [N, F] (a format-2 pairwise re-ranker's)
         self._table: tuple[np.ndarray, np.ndarray] | None = None
 
     def vectors_of(self, keys: np.ndarray) -> np.ndarray:
         return np.asarray(self.vectors[np.asarray(keys)], dtype=np.float32)
+
+    def side_of(self, keys: np.ndarray) -> np.ndarray | None:
+        """The rows' stage features [len(keys), F], or None when none were given."""
+        if self.side is None:
+            return None
+        return np.asarray(self.side[np.asarray(keys)], dtype=np.float32)
 
     def neighbours(self, keys: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
         if self._table is None or self._table[1].shape[1] < depth:
@@ -44,6 +53,13 @@ class GallerySource:
     def vectors_of(self, keys: np.ndarray) -> np.ndarray:
         unique, inverse = np.unique(np.asarray(keys, dtype=np.int64), return_inverse=True)
         return self.gallery.vectors_of(unique)[inverse.reshape(-1)]
+
+    def side_of(self, keys: np.ndarray) -> np.ndarray | None:
+        """The items' stored stage features (nearsight rerank features), or None."""
+        from nearsight.search.rerank.stage_store import open_stage_store
+
+        store = open_stage_store(self.gallery.path)
+        return None if store is None else store.side_of(keys)
 
     def neighbours(self, keys: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
         """From the gallery's neighbour graph where it has one (a lookup), else (and for the

@@ -109,16 +109,21 @@ def thinned_lists(
 
 
 def list_scores(
-    scorer: PairScorer | None, vectors: np.ndarray, labels: np.ndarray, lists: np.ndarray
+    scorer: PairScorer | None,
+    vectors: np.ndarray,
+    labels: np.ndarray,
+    lists: np.ndarray,
+    side: np.ndarray | None = None,
 ) -> tuple[float, float]:
     """(Recall@1, mean average precision within the list) of candidate ``lists`` re-ordered by
-    ``scorer`` (None: as they are); lists without a same-class item count 0 for both."""
+    ``scorer`` (None: as they are); lists without a same-class item count 0 for both.
+    ``side``: the items' stage features, for a scorer that takes them."""
     if scorer is not None:
         scorer.eval()
         table, rows = torch.from_numpy(vectors), torch.from_numpy(lists)
         with torch.inference_mode():  # in chunks: [chunk, depth, features] at a time
             parts = [
-                scorer(table[chunk], table[rows[chunk]]).numpy()
+                scorer(table[chunk], table[rows[chunk]], *_sides(side, chunk, rows)).numpy()
                 for chunk in torch.arange(len(lists)).split(SCORE_CHUNK)
             ]
             scores = np.concatenate(parts)
@@ -130,18 +135,35 @@ def list_scores(
     return float(hits[:, 0].mean()), float(ap.mean())
 
 
+def _sides(
+    side: np.ndarray | torch.Tensor | None, queries: torch.Tensor, lists: torch.Tensor
+) -> tuple[torch.Tensor, ...]:
+    """The scorer's stage-feature arguments for ``queries`` (rows) and their ``lists``."""
+    if side is None:
+        return ()
+    side = torch.as_tensor(side)
+    return side[queries], side[lists[queries]]
+
+
 def fit_scorer(
     vectors: np.ndarray,
     labels: np.ndarray,
     settings: FitSettings | None = None,
     log: Callable[[str], None] = print,
+    side: np.ndarray | None = None,
 ) -> tuple[PairScorer, FitReport]:
     """Train a :class:`PairScorer` on the embeddings ``vectors`` [N, D] (unit rows) of a
-    training split with class ``labels`` [N]; return it (in eval mode) and the report."""
+    training split with class ``labels`` [N]; return it (in eval mode) and the report.
+    ``side`` [N, F]: a trunk stage's pooled features of the same items (the scorer then
+    takes them too; nearsight.search.rerank.stage_features)."""
     settings = settings or FitSettings()
     start = time.perf_counter()
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
     labels = np.asarray(labels)
+    if side is not None:
+        side = np.ascontiguousarray(side, dtype=np.float32)
+        if side.ndim != 2 or len(side) != len(vectors):
+            raise NearsightError(f"stage features {side.shape} do not match {vectors.shape}")
     fit_classes, held_classes = split_classes(labels, settings.held_out, settings.seed)
     fit_rows = np.flatnonzero(np.isin(labels, fit_classes))
     held_rows = np.flatnonzero(np.isin(labels, held_classes))
@@ -152,6 +174,8 @@ def fit_scorer(
     rng = np.random.default_rng(settings.seed)
     fit_vectors, fit_labels = vectors[fit_rows], labels[fit_rows]
     held_vectors, held_labels = vectors[held_rows], labels[held_rows]
+    fit_side = None if side is None else torch.from_numpy(side[fit_rows])
+    held_side = None if side is None else side[held_rows]
     held_lists = thinned_lists(held_vectors, held_labels, depth, settings.keep_low, rng)
     table = torch.from_numpy(fit_vectors)
 
@@ -161,10 +185,13 @@ def fit_scorer(
         return torch.from_numpy(lists), torch.from_numpy(same)
 
     lists, targets = draw()
-    scorer = PairScorer(vectors.shape[1], hidden=settings.hidden, elementwise=settings.elementwise)
+    scorer = PairScorer(vectors.shape[1], hidden=settings.hidden, elementwise=settings.elementwise,
+                        side_dim=0 if side is None else side.shape[1])  # fmt: skip
     sample = torch.randperm(len(table), generator=torch.Generator().manual_seed(settings.seed))
     sample = sample[:SCORE_CHUNK]  # the features' mean and spread, from a bounded sample
-    scorer.fit_scale(table[sample], table[lists[sample]])
+    centre = None if fit_side is None else fit_side.mean(0)
+    scorer.fit_scale(table[sample], table[lists[sample]], *_sides(fit_side, sample, lists),
+                     side_mean=centre)  # fmt: skip
     optimiser = torch.optim.AdamW(
         scorer.parameters(), lr=settings.lr, weight_decay=settings.weight_decay
     )
@@ -172,8 +199,9 @@ def fit_scorer(
     # same-class pairs are the rarer (or, with a strong embedding, the commoner) kind: weigh
     # the two kinds equally
     loss_fn = torch.nn.BCEWithLogitsLoss(pos_weight=torch.tensor((1 - positives) / positives))
-    plain = EpochRow(0, float("nan"), *list_scores(None, held_vectors, held_labels, held_lists))
-    first = EpochRow(0, float("nan"), *list_scores(scorer, held_vectors, held_labels, held_lists))
+    held = (held_vectors, held_labels, held_lists, held_side)
+    plain = EpochRow(0, float("nan"), *list_scores(None, *held))
+    first = EpochRow(0, float("nan"), *list_scores(scorer, *held))
     rows, best, best_state = [first], first, copy.deepcopy(scorer.state_dict())
     log(
         f"re-ranker: fitting on {len(fit_classes)} classes ({len(fit_rows)} items, "
@@ -186,15 +214,13 @@ def fit_scorer(
         scorer.train()
         total, steps = 0.0, 0
         for batch in torch.randperm(len(table), generator=generator).split(settings.batch):
-            logits = scorer(table[batch], table[lists[batch]])
+            logits = scorer(table[batch], table[lists[batch]], *_sides(fit_side, batch, lists))
             loss = loss_fn(logits, targets[batch])
             optimiser.zero_grad()
             loss.backward()
             optimiser.step()
             total, steps = total + float(loss.detach()), steps + 1
-        row = EpochRow(
-            epoch, total / steps, *list_scores(scorer, held_vectors, held_labels, held_lists)
-        )
+        row = EpochRow(epoch, total / steps, *list_scores(scorer, *held))
         rows.append(row)
         keeps = row.mean_ap >= plain.mean_ap
         if keeps and (row.recall_at_1, row.mean_ap) > (best.recall_at_1, best.mean_ap):

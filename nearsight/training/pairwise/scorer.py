@@ -22,6 +22,8 @@ from torch import nn
 
 CONTEXT_K = 5  # the query's top candidates whose agreement with each candidate is a feature
 LIST_FEATURES = 11  # the per-candidate numbers beside the 2 * D elementwise ones
+SIDE_FEATURES = 6  # the per-candidate numbers from a trunk stage's features (side_features)
+SIDE_TEMPERATURE = 0.02  # of the soft ranks in the stage's space
 
 
 def pair_features(
@@ -75,18 +77,46 @@ def pair_features(
     return torch.cat([q * candidates, (q - candidates).abs(), listed], dim=2)
 
 
+def side_features(query_side: torch.Tensor, candidate_side: torch.Tensor) -> torch.Tensor:
+    """[B, N, 6] numbers of each candidate in a second space: the trunk stage's features
+    (query_side [B, F], candidate_side [B, N, F], already centred and unit). As Reranking
+    Transformers and STIR compare mid-level feature maps beside the global descriptor, here
+    by the pooled map: its cosine, the gap to the list's best and mean, a soft rank among the
+    candidates, and the same cosine against the query's top candidates' mean."""
+    sims = torch.matmul(candidate_side, query_side.unsqueeze(-1)).squeeze(-1)  # [B, N]
+    best = sims.max(dim=1, keepdim=True).values
+    mean = sims.mean(dim=1, keepdim=True)
+    above = torch.sigmoid((sims.unsqueeze(1) - sims.unsqueeze(2)) / SIDE_TEMPERATURE).sum(2)
+    soft_rank = torch.log1p(above - 0.5)  # j = i contributes sigmoid(0) = 0.5
+    top = torch.softmax(sims / SIDE_TEMPERATURE, dim=1)  # the list's likeliest, in this space
+    anchor = torch.matmul(top.unsqueeze(1), candidate_side).squeeze(1)  # [B, F]
+    to_anchor = torch.matmul(candidate_side, anchor.unsqueeze(-1)).squeeze(-1)
+    return torch.stack(
+        [sims, sims - best, sims - mean, soft_rank, to_anchor, best.expand_as(sims)], dim=2
+    )
+
+
 class PairScorer(nn.Module):
     """Scores [B, N] of a query's candidates; higher: likelier the same class."""
 
     def __init__(
-        self, dim: int, hidden: int = 32, dropout: float = 0.1, elementwise: bool = True
+        self,
+        dim: int,
+        hidden: int = 32,
+        dropout: float = 0.1,
+        elementwise: bool = True,
+        side_dim: int = 0,
     ) -> None:
+        """``side_dim``: the width of a trunk stage's pooled features given beside the
+        embeddings (0: none; forward then takes query and candidates only)."""
         super().__init__()
-        width = 2 * dim * elementwise + LIST_FEATURES
-        self.dim, self.elementwise = dim, elementwise
+        width = 2 * dim * elementwise + LIST_FEATURES + SIDE_FEATURES * (side_dim > 0)
+        self.dim, self.elementwise, self.side_dim = dim, elementwise, side_dim
         # standardisation of the features, fitted on the training pairs (fit_scale)
         self.register_buffer("shift", torch.zeros(width))
         self.register_buffer("scale", torch.ones(width))
+        # the stage features' training mean: post-ReLU maps all point one way until centred
+        self.register_buffer("side_mean", torch.zeros(max(side_dim, 1)))
         self.mlp = nn.Sequential(
             nn.Linear(width, hidden),
             nn.ReLU(),
@@ -102,17 +132,54 @@ class PairScorer(nn.Module):
         self.bias = nn.Parameter(torch.tensor(-5.0))
 
     @torch.no_grad()
-    def fit_scale(self, query: torch.Tensor, candidates: torch.Tensor) -> None:
-        """Set the standardisation from (a sample of) the training lists."""
-        features = pair_features(query, candidates, self.elementwise)
+    def fit_scale(
+        self,
+        query: torch.Tensor,
+        candidates: torch.Tensor,
+        query_side: torch.Tensor | None = None,
+        candidate_side: torch.Tensor | None = None,
+        side_mean: torch.Tensor | None = None,
+    ) -> None:
+        """Set the standardisation from (a sample of) the training lists, and the stage
+        features' centre (``side_mean``, the training items' mean)."""
+        if self.side_dim:
+            self.side_mean.copy_(side_mean)
+        features = self.features(query, candidates, query_side, candidate_side)
         features = features.reshape(-1, self.shift.numel())
         self.shift.copy_(features.mean(0))
         self.scale.copy_(features.std(0).clamp_min(1e-6))
 
-    def forward(self, query: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+    def features(
+        self,
+        query: torch.Tensor,
+        candidates: torch.Tensor,
+        query_side: torch.Tensor | None = None,
+        candidate_side: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """[B, N, width] unstandardised features of the pairs."""
+        features = pair_features(query, candidates, self.elementwise)
+        if not self.side_dim:
+            return features
+        if query_side is None or candidate_side is None:
+            raise ValueError("this scorer takes the stage features of query and candidates")
+        unit = nn.functional.normalize
+        query_side = unit(query_side.to(self.side_mean.dtype) - self.side_mean, dim=-1)
+        # a missing candidate (zero vector) stays zero: it is not moved to minus the mean
+        present = (candidate_side.abs().sum(-1, keepdim=True) > 0).to(self.side_mean.dtype)
+        candidate_side = unit((candidate_side.to(self.side_mean.dtype) - self.side_mean) * present,
+                              dim=-1)  # fmt: skip
+        return torch.cat([features, side_features(query_side, candidate_side)], dim=2)
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        candidates: torch.Tensor,
+        query_side: torch.Tensor | None = None,
+        candidate_side: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         # float32 in and out; inside, the parameters' precision (float64 once exported)
         query, candidates = query.to(self.shift.dtype), candidates.to(self.shift.dtype)
-        features = pair_features(query, candidates, self.elementwise)
+        features = self.features(query, candidates, query_side, candidate_side)
         features = (features - self.shift) / self.scale
         sims = torch.matmul(candidates, query.unsqueeze(-1)).squeeze(-1)
         scores = self.alpha * sims + self.bias + self.mlp(features).squeeze(-1)

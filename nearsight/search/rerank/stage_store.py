@@ -1,0 +1,109 @@
+"""A gallery's stored trunk-stage features, for a pairwise re-ranker that scores by them.
+
+``nearsight rerank features --gallery G --stage layer3`` embeds the gallery's items once more
+through its own model with the stage output (nearsight.search.rerank.stage_features) and
+writes three files beside the gallery's own:
+- ``stage_features.npy``: float16 [M, C], one row per item (float16: half the bytes; the
+  re-ranker centres and normalises them, so the rounding moves scores by ~1e-3 at most);
+- ``stage_features_ids.npy``: int64 [M], the items' ids, ascending;
+- ``stage_features.json``: the stage, its width, the count and the model's sha256.
+The JSON is written last: a reader that finds it finds the arrays it describes. Items added
+to the gallery later have no row: a search whose candidates include one is refused in one
+line (run the command again), never scored as if its features were zero.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from nearsight.core.errors import NearsightError
+
+FEATURES, IDS, META = "stage_features.npy", "stage_features_ids.npy", "stage_features.json"
+_cache: dict[tuple[str, int], StageStore] = {}
+_lock = threading.Lock()
+
+
+class StageStore:
+    """The stage features of a gallery's items, memory-mapped, by item id."""
+
+    def __init__(self, folder: Path, meta: dict) -> None:
+        self.folder = folder
+        self.stage, self.dim = str(meta["stage"]), int(meta["dim"])
+        self.model_sha256 = str(meta["model_sha256"])
+        self.features = np.load(folder / FEATURES, mmap_mode="r")
+        self.ids = np.load(folder / IDS)
+        if self.features.shape != (int(meta["count"]), self.dim) or len(self.ids) != len(
+            self.features
+        ):
+            raise NearsightError(f"{folder / META} does not describe its arrays: store again")
+
+    def side_of(self, ids: np.ndarray) -> np.ndarray:
+        """float32 [len(ids), C] features of items ``ids`` (one-line NearsightError for an
+        item without a row)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        rows = np.searchsorted(self.ids, ids)
+        rows = np.minimum(rows, len(self.ids) - 1)
+        missing = self.ids[rows] != ids if len(self.ids) else np.ones(len(ids), bool)
+        if missing.any():
+            raise NearsightError(
+                f"gallery {self.folder} stores no {self.stage} features for item "
+                f"{int(ids[missing][0])} (added since they were stored): run nearsight rerank "
+                f"features --gallery {self.folder} --stage {self.stage} again"
+            )
+        return np.asarray(self.features[rows], dtype=np.float32)
+
+
+def open_stage_store(folder: str | os.PathLike[str]) -> StageStore | None:
+    """The stage features stored in gallery ``folder``, or None; opened once per version."""
+    folder = Path(folder)
+    try:
+        stamp = (folder / META).stat().st_mtime_ns
+    except OSError:
+        return None
+    key = (str(folder), stamp)
+    with _lock:
+        if key in _cache:
+            return _cache[key]
+    try:
+        meta = json.loads((folder / META).read_text())
+        store = StageStore(folder, meta)
+    except (OSError, ValueError, KeyError) as error:
+        raise NearsightError(f"{folder / META}: unreadable stage features ({error})") from None
+    with _lock:
+        for old in [k for k in _cache if k[0] == key[0]]:
+            del _cache[old]
+        _cache[key] = store
+    return store
+
+
+def write_stage_store(
+    folder: str | os.PathLike[str],
+    stage: str,
+    model_sha256: str,
+    ids: np.ndarray,
+    features: np.ndarray,
+) -> Path:
+    """Write the stage features of items ``ids`` into gallery ``folder`` (module docstring)."""
+    folder = Path(folder)
+    ids = np.asarray(ids, dtype=np.int64)
+    order = np.argsort(ids, kind="stable")
+    rows = np.asarray(features, dtype=np.float16)[order]
+    if not np.isfinite(rows).all():
+        raise NearsightError("stage features out of float16's range: not stored")
+    (folder / META).unlink(missing_ok=True)  # readers see no store while the arrays change
+    for name, array in ((FEATURES, rows), (IDS, ids[order])):
+        tmp = folder / f".{name}.tmp"
+        with open(tmp, "wb") as handle:
+            np.save(handle, array)
+        os.replace(tmp, folder / name)
+    meta = {"stage": stage, "dim": int(rows.shape[1]), "count": int(len(rows)),
+            "model_sha256": model_sha256}  # fmt: skip
+    tmp = folder / f".{META}.tmp"
+    tmp.write_text(json.dumps(meta))
+    os.replace(tmp, folder / META)
+    return folder / META
