@@ -25,8 +25,13 @@ STAGES = ("layer1", "layer2", "layer3", "layer4")
 
 def stage_output_model(model_path: str | os.PathLike[str], stage: str) -> bytes:
     """The serialised ONNX model of ``model_path`` with the pooled ``stage`` output added."""
-    import onnx
-    from onnx import helper
+    try:  # the graph is edited with the onnx package: the training install's, not serving's
+        import onnx
+        from onnx import helper
+    except ImportError:
+        raise NearsightError(
+            "reading a trunk stage needs the onnx package: pip install 'nearsight[train]'"
+        ) from None
 
     if stage not in STAGES:
         raise NearsightError(f"stage must be one of {', '.join(STAGES)}, got {stage!r}")
