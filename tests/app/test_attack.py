@@ -718,3 +718,32 @@ def test_index_build_skips_and_names_a_bomb_and_trusts_on_request(onnx_gallery, 
     from nearsight.data import decode_box
 
     assert not decode_box.trusted()
+
+
+def test_the_servers_reranker_file_is_named_not_its_path(onnx_gallery, tmp_path):
+    """serve --rerank pairwise:model=/abs/path/reranker.onnx: the REST answer's ``rerank`` and
+    the page's config name the file only (before: the server's absolute path), and a client
+    that sends the spec it was shown back is served with the server's file."""
+    from nearsight.app.cli import main
+    from nearsight.data.datasets.synthetic import write_synthetic
+
+    write_synthetic(tmp_path / "d", classes=8, per_class=4, size=32, seed=3)
+    secret = tmp_path / "secret-folder"
+    secret.mkdir()
+    assert main(["rerank", "train", "--model", str(onnx_gallery.model), "--dataset", "folder",
+                 "--root", str(tmp_path / "d"), "--out", str(secret / "reranker.onnx"),
+                 "--depth", "4", "--epochs", "1"]) == 0  # fmt: skip
+    args = ["--gallery", onnx_gallery.gallery, "--no-access-log",
+            "--rerank", f"pairwise:model={secret / 'reranker.onnx'},depth=4"]  # fmt: skip
+    with serve_process(args) as (url, _):
+        answer = httpx.post(f"{url}/api/search", data={"id": "2", "k": "3"}, timeout=60)
+        echoed = httpx.post(f"{url}/api/search", timeout=60,
+                            data={"id": "2", "k": "3", "rerank": answer.json()["rerank"]})  # fmt: skip
+        shown = [httpx.get(f"{url}{path}", timeout=60).text
+                 for path in ("/config", "/api/galleries", "/api/health")]  # fmt: skip
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["rerank"] == "pairwise:model=reranker.onnx,depth=4"
+    assert echoed.status_code == 200 and echoed.json() == answer.json(), echoed.text
+    for text in [answer.text, *shown]:
+        assert "secret-folder" not in text and str(tmp_path) not in text
+    assert "pairwise:model=reranker.onnx" in shown[0]  # the page's re-rank toggle says which

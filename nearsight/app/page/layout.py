@@ -400,5 +400,5 @@ def build_app(
 
 
 def _rerank_info(page: Page) -> str:
-    chosen = {str(page.rerank_spec(view, True)) for view in page.views.values()}
+    chosen = {page.rerank_spec(view, True).shown for view in page.views.values()}
     return "alpha-QE / DBA / k-reciprocal over the top candidates: " + ", ".join(sorted(chosen))
