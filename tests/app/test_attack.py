@@ -747,3 +747,77 @@ def test_the_servers_reranker_file_is_named_not_its_path(onnx_gallery, tmp_path)
     for text in [answer.text, *shown]:
         assert "secret-folder" not in text and str(tmp_path) not in text
     assert "pairwise:model=reranker.onnx" in shown[0]  # the page's re-rank toggle says which
+
+
+def _trickled(address: tuple[str, int], head: bytes, limit_s: float) -> tuple[bytes, float]:
+    """Send ``head`` (a request's headers and its body's first bytes), then the body a byte
+    every 0.1 s: what the server answered and when it closed the connection (``limit_s`` if it
+    had not by then)."""
+    sock = socket.create_connection(address, timeout=10)
+    started, answer = time.monotonic(), b""
+    try:
+        sock.sendall(head)
+        while time.monotonic() - started < limit_s:  # bounded
+            ready, _, _ = select.select([sock], [], [], 0.1)
+            if ready:
+                try:
+                    data = sock.recv(4096)
+                except OSError:
+                    data = b""
+                if not data:
+                    return answer, time.monotonic() - started
+                answer += data
+                continue
+            try:
+                sock.sendall(b"a")
+            except OSError:
+                return answer, time.monotonic() - started
+        return answer, limit_s
+    finally:
+        sock.close()
+
+
+FORM = "multipart/form-data; boundary=XyZ"
+PART = b'--XyZ\r\nContent-Disposition: form-data; name="%s"; filename="q.png"\r\n\r\n'
+# (method, path, content type, body's start, with the key, the answer's status)
+TRICKLED = {
+    "rest search": ("POST", "/api/search", FORM, PART % b"image", True, b"408"),
+    "queue join": ("POST", "/gradio_api/queue/join", "application/json", b'{"data": [', True,
+                   b"408"),  # fmt: skip
+    "gradio call": ("POST", "/gradio_api/call/search", "application/json", b'{"data": [', True,
+                    b"408"),  # fmt: skip
+    "upload": ("POST", "/gradio_api/upload", FORM, PART % b"files", True, b"408"),
+    "sign-in": ("POST", "/login", "application/x-www-form-urlencoded", b"key=", False, b"408"),
+    "sign-in page": ("GET", "/login", "text/plain", b"", False, b"200"),
+    "page config": ("GET", "/config", "text/plain", b"", True, b"200"),
+    "open health": ("POST", "/api/health", "text/plain", b"", False, b"405"),
+    "no key": ("POST", "/api/search", FORM, PART % b"image", False, b"401"),
+}
+
+
+def test_a_trickled_body_is_cut_at_its_total_deadline_on_every_route(onnx_gallery):
+    """A body sent a byte every 0.1 s to each kind of route (REST, Gradio's queue, call and
+    upload routes, sign-in, routes that read no body, a refusal): each connection is closed
+    within the body deadline (2 s here; 6 s allowed on a loaded machine), answered 408 where
+    the route reads the body, else with its own answer. The header timeout (30 s here) is not
+    what ends them (before: a route that answered without reading the body left its
+    connection reading the rest until the next request's header timeout)."""
+    options = {"api_key": KEY, "body_timeout_s": 2.0, "sign_in_timeout_s": 2.0,
+               "header_timeout_s": 30.0}  # fmt: skip
+    results: dict[str, tuple[bytes, float]] = {}
+    with running_page([onnx_gallery.gallery], analyse=False, **options) as (url, _):
+        address = _address(url)
+
+        def probe(name: str) -> None:
+            method, path, kind, start, keyed, _ = TRICKLED[name]
+            key = f"X-API-Key: {KEY}\r\n" if keyed else ""
+            head = (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 400\r\n"
+                    f"Content-Type: {kind}\r\n{key}\r\n").encode() + start  # fmt: skip
+            results[name] = _trickled(address, head, 15.0)
+
+        with ThreadPool(len(TRICKLED)) as pool:
+            pool.map(probe, TRICKLED)
+    print({name: (answer[:12], round(seconds, 1)) for name, (answer, seconds) in results.items()})
+    for name, (answer, seconds) in results.items():
+        assert answer.startswith(b"HTTP/1.1 " + TRICKLED[name][-1]), (name, answer[:200])
+        assert seconds < 6.0, (name, seconds)

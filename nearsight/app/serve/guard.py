@@ -17,7 +17,8 @@ In order, for every request:
 - **Bounded bodies.** A body longer than ``max_body_bytes`` gets 413: at once from its
   ``Content-Length``, or as soon as a chunked body passes the limit while it streams (the rest
   is never read). A body not all in within ``body_timeout_s`` of its headers gets 408 (a
-  total, not a time between reads). The sign-in form is read within 4 KB and
+  total, not a time between reads); an answer given before the whole body is in closes the
+  connection (no route holds it for the rest). The sign-in form is read within 4 KB and
   ``sign_in_timeout_s`` in all, at most ``max_unauthenticated`` at once (then 503).
 - **Uploads.** Gradio's upload route takes image files only, within a disk budget per client
   and in all (nearsight/app/serve/uploads.py).
@@ -145,15 +146,27 @@ class Guard:
                       f"{status['code']} {seconds * 1000:.1f} ms",
                       file=sys.stderr, flush=True)  # fmt: skip
 
+        # an answer given before the body is all in (by a route that reads none of it, or a
+        # refusal) closes the connection: the rest is never read, on any route
+        body = {"whole": not _declares_body(scope)}
+
+        async def tracked_receive() -> Message:
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body"):
+                body["whole"] = True
+            return message
+
         async def counted_send(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status["code"] = message["status"]
+                if not body["whole"]:
+                    message = _closing(message)
             elif message["type"] == "http.response.body" and not message.get("more_body"):
                 log()
             await send(message)
 
         try:
-            await self._handle(scope, receive, counted_send)
+            await self._handle(scope, tracked_receive, counted_send)
         finally:
             log()
 
@@ -339,6 +352,17 @@ async def _read_small_body(scope: Scope, receive: Receive, limit: int, timeout_s
             raise _Refused(413, "the sign-in form is too large")
         if not message.get("more_body"):
             return body
+
+
+def _declares_body(scope: Scope) -> bool:
+    length = _header(scope, b"content-length")
+    return (length.isdigit() and int(length) > 0) or bool(_header(scope, b"transfer-encoding"))
+
+
+def _closing(start: Message) -> Message:
+    """``start`` (an http.response.start) with ``Connection: close``."""
+    headers = [(k, v) for k, v in start.get("headers", ()) if k.lower() != b"connection"]
+    return {**start, "headers": [*headers, (b"connection", b"close")]}
 
 
 def _stalled(seconds: float) -> str:
