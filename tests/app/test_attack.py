@@ -885,6 +885,10 @@ def test_a_page_flood_from_one_address_waits_behind_its_own_events(onnx_gallery,
     with serve_process(args) as (url, _):
         config = httpx.get(f"{url}/config", timeout=60).json()
         dependency = next(d for d in config["dependencies"] if d.get("api_name") == "item_grid")
+        # no way around the queue (before: /run/ ran the event at once, past its limits)
+        direct = httpx.post(f"{url}/gradio_api/run/item_grid", timeout=60,
+                            json={"data": ["g", "1", 64, "", True]})  # fmt: skip
+        assert direct.status_code == 404 and "join the queue" in direct.text, direct.text
         transport = httpx.HTTPTransport(local_address="127.0.0.3")
         with httpx.Client(timeout=120, transport=transport) as client:
             alone = [timed(client, n) for n in range(5)]
