@@ -908,3 +908,69 @@ def test_a_page_flood_from_one_address_waits_behind_its_own_events(onnx_gallery,
     assert len(flooded) >= 5, flooded
     assert np.median(victim) < np.median(flooded) / 3, (victim, flooded)
     assert np.median(victim) < 5.0, victim
+
+
+def _page_upload_search(url: str, dependency: dict, file: dict, session: str) -> tuple[int, dict]:
+    """The page's search of an uploaded query (search_grid) with ``file`` as its image: the
+    join's status and the completed message (empty when the join was refused)."""
+    joined = httpx.post(f"{url}/gradio_api/queue/join", timeout=60, json={
+        "data": ["gallery", file, 3, "-1", "", False], "fn_index": dependency["id"],
+        "trigger_id": dependency["targets"][0][0], "session_hash": session, "event_data": None,
+    })  # fmt: skip
+    if joined.status_code != 200:
+        return joined.status_code, {"detail": joined.json().get("detail")}
+    params = {"session_hash": session}
+    with httpx.stream("GET", f"{url}/gradio_api/queue/data", params=params, timeout=60) as stream:
+        for line in stream.iter_lines():
+            message = json.loads(line[5:]) if line.startswith("data:") else {}
+            if message.get("msg") == "process_completed":
+                return 200, message
+    return 200, {}
+
+
+def _data_url(data: bytes) -> dict:
+    import base64
+
+    url = "data:image/png;base64," + base64.b64encode(data).decode()
+    return {"path": None, "url": url, "meta": {"_type": "gradio.FileData"}}
+
+
+@pytest.mark.slow
+def test_images_in_queue_payloads_are_held_as_uploads(onnx_gallery, tmp_path):
+    """data: URLs in the page's queue payloads (what a pasted image can be sent as): a real
+    image is searched; 40 sessions each sending a 7 MB one (9.3 MB as text) leave the server within 150 MB of
+    its size before (before: each session's state kept its ~9.3 MB text, +370 MB) and the
+    upload folder within the disk budget; a tag bomb is refused in one line by the decode
+    box; a non-image and a URL for the server to fetch are refused at the join, in one line
+    (before: the URL was downloaded into Gradio's cache)."""
+    folder = tmp_path / "gradio"
+    image = onnx_gallery.query.read_bytes()
+    tail = os.urandom(7_000_000)
+    args = ["--gallery", onnx_gallery.gallery, "--no-access-log", "--max-upload-mb", "10"]
+    with serve_process(args, env={"GRADIO_TEMP_DIR": str(folder)}) as (url, server):
+        config = httpx.get(f"{url}/config", timeout=60).json()
+        dependency = next(d for d in config["dependencies"] if d.get("api_name") == "search_grid")
+        status, first = _page_upload_search(url, dependency, _data_url(image), "warm")
+        assert status == 200 and first.get("success"), first
+        assert 'data-query-kind="upload"' in first["output"]["data"][0]
+        before = process_mb(server.pid)
+        disk = []
+        for n in range(40):
+            big = image + bytes([n]) + tail  # a PNG, then bytes its decoder never reads
+            status, answer = _page_upload_search(url, dependency, _data_url(big), f"s{n}")
+            assert status == 200 and answer.get("success"), answer
+            disk.append(_disk_mb(folder))
+        after = process_mb(server.pid)
+        bomb = _page_upload_search(url, dependency, _data_url(tag_bomb("tiff", 220, 4_000_000)),
+                                   "bomb")[1]  # fmt: skip
+        text = _page_upload_search(url, dependency, _data_url(b"not an image" * 100), "text")
+        fetch = _page_upload_search(url, dependency, {"path": "https://example.com/q.png",
+                                    "meta": {"_type": "gradio.FileData"}}, "fetch")  # fmt: skip
+    print(f"server {before:.0f} MB, after 40 pasted images {after:.0f} MB; disk peak "
+          f"{max(disk):.1f} MB")  # fmt: skip
+    assert after - before < 150, (before, after)
+    assert max(disk) < 60, disk
+    assert not bomb.get("success") and "limit of" in bomb["output"]["error"], bomb
+    assert "\n" not in bomb["output"]["error"]
+    assert text[0] == 400 and "not an image" in text[1]["detail"], text
+    assert fetch[0] == 400 and "upload route" in fetch[1]["detail"], fetch
