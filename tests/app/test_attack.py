@@ -720,6 +720,7 @@ def test_index_build_skips_and_names_a_bomb_and_trusts_on_request(onnx_gallery, 
     assert not decode_box.trusted()
 
 
+@pytest.mark.slow
 def test_the_servers_reranker_file_is_named_not_its_path(onnx_gallery, tmp_path):
     """serve --rerank pairwise:model=/abs/path/reranker.onnx: the REST answer's ``rerank`` and
     the page's config name the file only (before: the server's absolute path), and a client
@@ -795,6 +796,7 @@ TRICKLED = {
 }
 
 
+@pytest.mark.slow
 def test_a_trickled_body_is_cut_at_its_total_deadline_on_every_route(onnx_gallery):
     """A body sent a byte every 0.1 s to each kind of route (REST, Gradio's queue, call and
     upload routes, sign-in, routes that read no body, a refusal): each connection is closed

@@ -238,6 +238,7 @@ def test_api_key_comes_from_the_flag_or_the_environment(monkeypatch):
     assert _api_key(argparse.Namespace(api_key=None, api_key_file=None, host="localhost")) is None
 
 
+@pytest.mark.slow
 def test_route_notes_reach_the_rest_answer(onnx_gallery, tmp_path):
     """What the search route says of its answer reaches REST's ``notes``: a filtered search of
     a PQ gallery kept without its exact vectors cannot promise its recall target, and says so
