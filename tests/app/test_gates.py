@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -134,3 +135,43 @@ def test_the_page_queue_caps_each_client_and_reorders_what_gradio_appended():
     assert [ok for ok, _, _ in answers] == [True] * 4 + [False, False] + [True]
     assert answers[4][2] == "queue_full" and "at most 4 per client" in answers[4][1]
     assert [event._id for event in group.queue] == ["a0", "b0", "a1", "a2", "a3"]
+
+
+# -- files in the page's queue payloads (nearsight/app/serve/queue_files.py) -------------------
+
+
+def test_queue_files_are_found_at_any_depth_and_held_to_the_upload_rules(tmp_path):
+    """A data: URL is stored in the upload folder and charged to its client, the payload then
+    names the file; a non-image, one over the limit and a URL to fetch are refused in one line;
+    a payload nested 100,000 deep is walked without recursion."""
+    import base64
+
+    from nearsight.app.serve.queue_files import QueueFileRefused, files_in, hold_files
+    from nearsight.app.serve.uploads import UploadBudget
+
+    png = b"\x89PNG\r\n\x1a\n" + b"\0" * 100
+    budget = UploadBudget.for_limit(1000, 5.0, upload_dir=tmp_path)
+
+    def pasted(data: bytes) -> dict:
+        return {"url": "data:image/png;base64," + base64.b64encode(data).decode(), "path": None}
+
+    data = ["gallery", pasted(png), 8, [{"x": pasted(png)}]]
+    asyncio.run(hold_files(data, "A", budget))
+    for file in (data[1], data[3][0]["x"]):
+        assert file["url"] is None and Path(file["path"]).read_bytes() == png
+        assert Path(file["path"]).is_relative_to(tmp_path)
+    assert budget.held("A") == len(png)  # one file: the same bytes are stored once
+    refusals = {
+        "not an image": pasted(b"GIF? no" * 10),
+        "larger than the server's limit": pasted(b"\x89PNG\r\n\x1a\n" + b"\0" * 1000),
+        "not base64": {"url": "data:image/png;base64,@@@@", "path": None},
+        "upload route": {"path": "https://example.com/q.png"},
+    }
+    for fragment, file in refusals.items():
+        with pytest.raises(QueueFileRefused, match=fragment) as refused:
+            asyncio.run(hold_files([file], "A", budget))
+        assert "\n" not in str(refused.value)
+    deep: list = [pasted(png)]
+    for _ in range(100_000):
+        deep = [deep]
+    assert len(files_in(deep)) == 1

@@ -236,3 +236,39 @@ def test_api_key_comes_from_the_flag_or_the_environment(monkeypatch):
     assert _api_key(argparse.Namespace(api_key=None, api_key_file=None, host="127.0.0.1")) is None
     assert _api_key(argparse.Namespace(api_key=None, api_key_file=None, host="::1")) is None
     assert _api_key(argparse.Namespace(api_key=None, api_key_file=None, host="localhost")) is None
+
+
+@pytest.mark.slow
+def test_route_notes_reach_the_rest_answer(onnx_gallery, tmp_path):
+    """What the search route says of its answer reaches REST's ``notes``: a filtered search of
+    a PQ gallery kept without its exact vectors cannot promise its recall target, and says so
+    (the index's note, nearsight/index/ann/filtered.py); a filter value no item holds names the
+    closest values; a plain search has no note."""
+    from nearsight.index.ann.filtered import CODES_ONLY_NOTE
+    from nearsight.index.gallery.build import model_meta
+    from nearsight.index.gallery.write import write_gallery
+    from nearsight.models.loading import load_embedder
+
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((3000, 8)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    items = [{"path": f"/s/{i}.jpg", "label": i % 3, "meta": {"shop": ("north", "south")[i % 2]}}
+             for i in range(3000)]  # fmt: skip
+    embedder = load_embedder(onnx_gallery.model)
+    folder = write_gallery(tmp_path / "pq", vectors, items, model_sha256=embedder.model_sha256,
+                           meta=model_meta(embedder, onnx_gallery.model), index_type="ivfpq",
+                           embeddings="drop")  # fmt: skip
+    with _serve(folder) as (url, _):
+        coded = httpx.post(f"{url}/api/search", json={"vector": vectors[5].tolist(), "k": 5,
+                                                      "filter": "label=1"}, timeout=60)  # fmt: skip
+        missing = httpx.post(f"{url}/api/search", data={"id": "4", "filter": "shop=nort"},
+                             timeout=60)  # fmt: skip
+        plain = httpx.post(f"{url}/api/search", json={"id": 4, "k": 5}, timeout=60)
+    assert coded.status_code == 200, coded.text
+    assert coded.json()["notes"] == [CODES_ONLY_NOTE]
+    assert [n["label"] for n in coded.json()["neighbours"]] == [1] * 5
+    assert missing.status_code == 200 and missing.json()["neighbours"] == []
+    assert missing.json()["notes"] == [
+        "shop=nort: no item has shop 'nort'; the closest values it holds: 'north'"
+    ]
+    assert plain.json()["notes"] == [] and len(plain.json()["neighbours"]) == 5

@@ -333,7 +333,7 @@ class Page:
             changes = rerank_changes(view.gallery, spec)
             fixed = sum(change.fixed for change in changes)
             note = (
-                f"Re-ranking with `{spec}`: **{fixed}** queries fixed, "
+                f"Re-ranking with `{spec.shown}`: **{fixed}** queries fixed, "
                 f"**{len(changes) - fixed}** broken (leave-one-out top-1, {labelled} queries)"
             )
             return changes_frame(view, changes[:FAILURE_ROWS]), note

@@ -389,7 +389,9 @@ def build_app(
             **private,
         )
 
-    demo.queue(default_concurrency_limit=concurrency, max_size=max_queue)
+    # api_open=False: Gradio's /run/ routes would run a queued event at once, past the queue's
+    # limits and its fair shares (nearsight/app/serve/fair_queue.py); every client joins it
+    demo.queue(default_concurrency_limit=concurrency, max_size=max_queue, api_open=False)
     demo.galleries = owner
     demo.concurrency, demo.max_queue = concurrency, max_queue
     demo.nearsight = page
@@ -400,5 +402,5 @@ def build_app(
 
 
 def _rerank_info(page: Page) -> str:
-    chosen = {str(page.rerank_spec(view, True)) for view in page.views.values()}
+    chosen = {page.rerank_spec(view, True).shown for view in page.views.values()}
     return "alpha-QE / DBA / k-reciprocal over the top candidates: " + ", ".join(sorted(chosen))

@@ -31,7 +31,9 @@ class SearchAnswer(BaseModel):
 
     gallery: str
     k: int
-    rerank: str = Field(description="the re-ranking applied ('none' for none)")
+    rerank: str = Field(
+        description="the re-ranking applied ('none' for none; a pairwise re-ranker by its file name)"
+    )
     notes: list[str] = Field(
         description="notes on the request, e.g. a filter value no item holds and the closest "
         "values its column holds"

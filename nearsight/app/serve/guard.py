@@ -17,7 +17,8 @@ In order, for every request:
 - **Bounded bodies.** A body longer than ``max_body_bytes`` gets 413: at once from its
   ``Content-Length``, or as soon as a chunked body passes the limit while it streams (the rest
   is never read). A body not all in within ``body_timeout_s`` of its headers gets 408 (a
-  total, not a time between reads). The sign-in form is read within 4 KB and
+  total, not a time between reads); an answer given before the whole body is in closes the
+  connection (no route holds it for the rest). The sign-in form is read within 4 KB and
   ``sign_in_timeout_s`` in all, at most ``max_unauthenticated`` at once (then 503).
 - **Uploads.** Gradio's upload route takes image files only, within a disk budget per client
   and in all (nearsight/app/serve/uploads.py).
@@ -46,6 +47,14 @@ from nearsight.app.serve.auth import (
     key_matches,
     login_page,
     presented_key,
+)
+from nearsight.app.serve.bodies import (
+    BodyRefused,
+    closing,
+    declares_body,
+    header,
+    read_small_body,
+    stalled,
 )
 from nearsight.app.serve.clients import (
     CURRENT_CLIENT,
@@ -100,12 +109,6 @@ class GuardSettings:
             self.sessions = Sessions(self.api_key)
 
 
-class _Refused(Exception):
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status, self.message = status, message
-
-
 class Guard:
     """Wraps ``app``; see the module docstring."""
 
@@ -145,15 +148,27 @@ class Guard:
                       f"{status['code']} {seconds * 1000:.1f} ms",
                       file=sys.stderr, flush=True)  # fmt: skip
 
+        # an answer given before the body is all in (by a route that reads none of it, or a
+        # refusal) closes the connection: the rest is never read, on any route
+        body = {"whole": not declares_body(scope)}
+
+        async def tracked_receive() -> Message:
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body"):
+                body["whole"] = True
+            return message
+
         async def counted_send(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status["code"] = message["status"]
+                if not body["whole"]:
+                    message = closing(message)
             elif message["type"] == "http.response.body" and not message.get("more_body"):
                 log()
             await send(message)
 
         try:
-            await self._handle(scope, receive, counted_send)
+            await self._handle(scope, tracked_receive, counted_send)
         finally:
             log()
 
@@ -188,7 +203,7 @@ class Guard:
                 await _send(send, refused.status, refused.message.encode(),
                             "text/plain; charset=utf-8", refused.retry_after)  # fmt: skip
             return
-        length = _header(scope, b"content-length")
+        length = header(scope, b"content-length")
         if length.isdigit() and int(length) > settings.max_body_bytes:
             await _send_json(send, 413, self._too_large())
             return
@@ -197,11 +212,11 @@ class Guard:
     def _refusal(self, scope: Scope) -> tuple[int, str] | None:
         """400 for a Host, 403 for an Origin the server does not answer to."""
         hosts = self.settings.hosts
-        host = _header(scope, b"host")
+        host = header(scope, b"host")
         if not hosts.allows(host):
             return 400, (f"this server does not answer to the host {printable(host, 100)!r} "
                          "(its --allowed-hosts)")  # fmt: skip
-        origin = _header(scope, b"origin")
+        origin = header(scope, b"origin")
         if origin and not hosts.allows_origin(origin, host, scope.get("scheme", "http")):
             return 403, f"requests from pages of {printable(origin, 100)!r} are not allowed"
         return None
@@ -225,7 +240,7 @@ class Guard:
     async def _unauthorized(self, scope: Scope, send: Send, *, wrong: bool) -> None:
         if wrong:
             await self._failed(scope)
-        if scope.get("method") == "GET" and "text/html" in _header(scope, b"accept"):
+        if scope.get("method") == "GET" and "text/html" in header(scope, b"accept"):
             await _send_html(send, 401, login_page())
         else:
             await _send_json(send, 401, f"missing or wrong API key (send it in the "
@@ -252,9 +267,9 @@ class Guard:
             return
         settings.signing_in += 1
         try:
-            body = await _read_small_body(scope, receive, LOGIN_MAX_BYTES,
+            body = await read_small_body(scope, receive, LOGIN_MAX_BYTES,
                                           settings.sign_in_timeout_s)  # fmt: skip
-        except _Refused as refused:
+        except BodyRefused as refused:
             await _send_json(send, refused.status, refused.message)
             return
         finally:
@@ -312,37 +327,11 @@ class Guard:
             if state["refused"] == 413:
                 await _send_json(send, 413, self._too_large())
             else:
-                await _send_json(send, 408, _stalled(settings.body_timeout_s))
+                await _send_json(send, 408, stalled(settings.body_timeout_s))
 
     def _too_large(self) -> str:
         return (f"the request body is larger than the server's limit "
                 f"({self.settings.max_body_bytes} bytes)")  # fmt: skip
-
-
-async def _read_small_body(scope: Scope, receive: Receive, limit: int, timeout_s: float) -> bytes:
-    """The whole body of a small request: 413 past ``limit`` bytes (from the Content-Length
-    before reading, else while reading), 408 unless all of it is in within ``timeout_s``."""
-    length = _header(scope, b"content-length")
-    if length.isdigit() and int(length) > limit:
-        raise _Refused(413, "the sign-in form is too large")
-    body = b""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            message = await asyncio.wait_for(receive(), deadline - time.monotonic())
-        except TimeoutError:
-            raise _Refused(408, _stalled(timeout_s)) from None
-        if message["type"] != "http.request":
-            raise _Refused(400, "the client left before sending the form")
-        body += message.get("body", b"")
-        if len(body) > limit:
-            raise _Refused(413, "the sign-in form is too large")
-        if not message.get("more_body"):
-            return body
-
-
-def _stalled(seconds: float) -> str:
-    return f"the request body did not arrive within {seconds:g} s"
 
 
 def _identify(scope: Scope, trusted: TrustedProxies) -> None:
@@ -366,15 +355,8 @@ def _client(scope: Scope) -> str:
     return (scope.get("client") or ("", 0))[0]
 
 
-def _header(scope: Scope, name: bytes) -> str:
-    for key, value in scope.get("headers", ()):
-        if key == name:
-            return value.decode("latin-1")
-    return ""
-
-
 def _cookie(scope: Scope, name: str) -> str:
-    for part in _header(scope, b"cookie").split(";"):
+    for part in header(scope, b"cookie").split(";"):
         key, _, value = part.strip().partition("=")
         if key == name:
             return value

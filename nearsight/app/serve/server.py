@@ -32,6 +32,7 @@ from nearsight.app.serve.guard import (
 )
 from nearsight.app.serve.hosts import AllowedHosts
 from nearsight.app.serve.metrics import ServerMetrics
+from nearsight.app.serve.queue_files import hold_queue_files
 from nearsight.app.serve.slow_clients import (
     DEFAULT_HEADER_TIMEOUT_S,
     DEFAULT_MAX_PER_CLIENT,
@@ -186,10 +187,11 @@ def launch_app(
         theme=system_theme(),
     )
     app = demo.app
-    if demo._queue is not None:  # the page's queue, shared fairly between clients
-        share_fairly(demo._queue, max(1, demo.max_queue // 4))
     assert settings.uploads is not None
     settings.uploads.upload_dir = Path(app.uploaded_file_dir)
+    if demo._queue is not None:  # the page's queue, shared fairly between clients
+        share_fairly(demo._queue, max(1, demo.max_queue // 4))
+        hold_queue_files(demo._queue, settings.uploads)  # runs first: its files held as uploads
     _guard_outermost(app)
     config = demo.server.config
     connections.attach(config)

@@ -47,8 +47,21 @@ class RerankSpec:
         values = ",".join(f"{key}={_number(value)}" for key, value in self.params.items())
         return f"{self.method}:{values}"
 
+    @property
+    def shown(self) -> str:
+        """The spec as a server shows it to its clients (REST answers, the page): a pairwise
+        re-ranker's file by its name only, never the server's path to it."""
+        if "model" not in self.params:
+            return str(self)
+        model = str(self.params["model"])
+        return str(RerankSpec(self.method, {**self.params, "model": _file_name(model)}))
+
 
 NONE = RerankSpec("none")
+
+
+def _file_name(path: str) -> str:
+    return path.replace("\\", "/").rstrip("/").rpartition("/")[2] or path
 
 
 def _number(value: float | str) -> str:
@@ -125,7 +138,7 @@ def request_rerank(text: str, served: RerankSpec) -> RerankSpec:
     given = [p.strip() for p in rest.split(",") if p.strip()]
     if any(p.partition("=")[0].strip() == "model" for p in given):
         spec = parse_rerank(text)
-        if spec.params["model"] != own:
+        if spec.params["model"] not in (own, _file_name(own)):  # its path, or the name shown
             raise ValueError("a request may use only the server's pairwise re-ranker: omit model=")
-        return spec
+        return RerankSpec("pairwise", {**spec.params, "model": own})
     return parse_rerank(f"pairwise:{','.join([f'model={own}', *given])}")

@@ -116,7 +116,7 @@ async def search(
     return {
         "gallery": view.name,
         "k": k,
-        "rerank": str(spec),
+        "rerank": spec.shown,
         "notes": [*filtered.notes, *route_notes],
         "neighbours": [n.as_json() for n in found],
     }
