@@ -27,6 +27,7 @@ from nearsight.index.ann.tuning import TUNING_K, recall_at_k
 FILTER_SHARES = (0.01, 0.1)
 FILTER_QUERIES = 200
 CALIBRATION_QUERIES = 16
+BLOCK = 65_536  # rows per block of a scan over the items (bounded temporaries)
 
 
 def tune_filters(
@@ -55,10 +56,8 @@ def tune_filters(
         return np.asarray(vectors[np.searchsorted(position["ids"], wanted)], np.float32)
 
     tests = []
-    for allowed in tuning_filters(vectors[inside], in_index, seed=0):
-        scores = queries @ vectors_of(allowed).T
-        top = np.argsort(-scores, axis=1, kind="stable")[:, :TUNING_K]
-        tests.append((allowed, allowed[top]))
+    for allowed in tuning_filters(vectors, inside, in_index, seed=0):
+        tests.append((allowed, exact_top(queries, vectors_of, allowed, TUNING_K)))
     state = filtered.FilterState()
     worst = 0.0
     for alpha in filter_plan.ALPHAS:
@@ -80,16 +79,24 @@ def tune_filters(
     return {"alpha": filter_plan.ALPHAS[-1], "tuned_recall": round(worst, 4), "target": target}
 
 
-def tuning_filters(vectors: np.ndarray, ids: np.ndarray, seed: int) -> list[np.ndarray]:
-    """Sorted allowed ids: random, a cap and a group of clusters, at each FILTER_SHARES."""
+def tuning_filters(
+    vectors: np.ndarray, inside: np.ndarray, ids: np.ndarray, seed: int
+) -> list[np.ndarray]:
+    """Sorted allowed ids: random, a cap and a group of clusters, at each FILTER_SHARES, among
+    the rows ``inside`` marks (their ids ``ids``); no copy of those rows is made (at 10M items
+    it would be 5 GB)."""
     rng = np.random.default_rng(seed)
-    along = vectors @ rng.standard_normal(vectors.shape[1]).astype(np.float32)
-    clusters = min(64, max(2, len(vectors) // 200))
+    along = (vectors @ rng.standard_normal(vectors.shape[1]).astype(np.float32))[inside]
+    clusters = min(64, max(2, len(ids) // 200))
     kmeans = faiss.Kmeans(vectors.shape[1], clusters, niter=5, seed=seed, spherical=True,
                           max_points_per_centroid=64)  # fmt: skip
-    kmeans.train(np.ascontiguousarray(vectors, np.float32))
-    _, label = kmeans.index.search(np.ascontiguousarray(vectors, np.float32), 1)
-    label = label[:, 0]
+    # the same sample k-means would draw from the inside rows (it keeps 64 per centroid)
+    kmeans.train(np.ascontiguousarray(_sample_inside(vectors, inside, clusters * 64, seed)))
+    label = np.concatenate([
+        kmeans.index.search(np.ascontiguousarray(vectors[start : start + BLOCK], np.float32),
+                            1)[1][:, 0]
+        for start in range(0, len(vectors), BLOCK)
+    ])[inside]  # fmt: skip
     out = []
     for share in FILTER_SHARES:
         count = max(TUNING_K, round(share * len(ids)))
@@ -105,6 +112,53 @@ def tuning_filters(vectors: np.ndarray, ids: np.ndarray, seed: int) -> list[np.n
         if len(members) >= TUNING_K:
             out.append(np.sort(members))
     return out
+
+
+def _sample_inside(vectors: np.ndarray, inside: np.ndarray, most: int, seed: int) -> np.ndarray:
+    """The rows ``inside`` marks, or past ``most`` of them the ``most`` that faiss.Kmeans
+    (seed ``seed``) would itself draw from them (its ``rand_perm``): the same centroids,
+    without a copy of every inside row."""
+    rows = np.flatnonzero(inside)
+    if len(rows) > most:
+        perm = np.empty(len(rows), np.int32)
+        faiss.rand_perm(faiss.swig_ptr(perm), len(rows), seed)
+        rows = rows[perm[:most]]
+    return np.asarray(vectors[rows], np.float32)
+
+
+def exact_top(
+    queries: np.ndarray, vectors_of: filtered.VectorsOf, allowed: np.ndarray, k: int
+) -> np.ndarray:
+    """The ids [Q, min(k, allowed)] of the queries' top inner products among the sorted
+    ``allowed`` ids, best first, ties by the lower id (a stable sort of all the scores), made
+    BLOCK items at a time: a running top-k, never a [Q, allowed] matrix."""
+    best = np.empty((len(queries), 0), np.float32)
+    best_ids = np.empty((len(queries), 0), np.int64)
+    for start in range(0, len(allowed), BLOCK):
+        block = allowed[start : start + BLOCK]
+        scores = np.concatenate([best, queries @ vectors_of(block).T], axis=1)
+        ids = np.concatenate([np.broadcast_to(best_ids, best.shape),
+                              np.broadcast_to(block, (len(queries), len(block)))], axis=1)  # fmt: skip
+        best, best_ids = top_rows(scores, ids, k)
+    return best_ids
+
+
+def top_rows(scores: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the k best (scores, ids), ties in column order (ids rise along a row): what
+    a stable argsort of ``-scores`` keeps, with a partition first to sort only those that
+    can be in it (every score tied with the k-th is kept)."""
+    k = min(k, scores.shape[1])
+    if scores.shape[1] > k:
+        kth = -np.partition(-scores, k - 1, axis=1)[:, k - 1 : k]
+        out_scores = np.empty((len(scores), k), scores.dtype)
+        out_ids = np.empty((len(scores), k), np.int64)
+        for row, (values, keys) in enumerate(zip(scores, ids, strict=True)):
+            near = np.flatnonzero(values >= kth[row])
+            order = near[np.argsort(-values[near], kind="stable")[:k]]
+            out_scores[row], out_ids[row] = values[order], keys[order]
+        return out_scores, out_ids
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(scores, order, 1), np.take_along_axis(ids, order, 1)
 
 
 def calibrate(
