@@ -24,7 +24,8 @@ Reported per type and filter: recall@10 against a float64 brute force over the a
 (found here from the .csv's columns, not through the catalog), the allowed share, and the p50
 of one search_vector call (its filter's SQL and the route: nearsight.index.ann.filtered) as
 shipped, and as an exact search over the allowed items (``exact``, filtered.FORCE, the peer
-in the same run); one FAISS thread unless --threads. A script, not a test.
+in the same run), with ``filter_p50_ms``, the filter's SQL alone (Searcher.filtered): the
+rest is the search. One FAISS thread unless --threads. A script, not a test.
 """
 
 from __future__ import annotations
@@ -143,6 +144,17 @@ def forced(way: str | None) -> Iterator[None]:
         filtered.FORCE = None
 
 
+def filter_p50(searcher, per_query: list, name: str) -> float:  # noqa: ANN001
+    """p50 ms of the catalog's part of a search alone: the filter checked and run in SQLite
+    (Searcher.filtered), which search_vector does before the route."""
+    times = []
+    for filters in per_query:
+        begin = time.perf_counter()
+        searcher.filtered(list(filters[name][0]))
+        times.append(time.perf_counter() - begin)
+    return round(float(np.median(times) * 1000), 3)
+
+
 def run_type(index_type: str, files: tuple[Path, Path], data: dict, per_query: list,
              args: argparse.Namespace, folder: Path) -> dict:  # fmt: skip
     out = folder / f"gallery-{index_type}"
@@ -174,6 +186,7 @@ def run_type(index_type: str, files: tuple[Path, Path], data: dict, per_query: l
                 row[way] = {
                     "recall": round(hits / (args.k * len(data["queries"])), 4),
                     "p50_ms": round(float(np.median(times) * 1000), 3),
+                    "filter_p50_ms": filter_p50(searcher, per_query, name),
                     "went_exact": went_exact,
                     "notes": sorted(notes),
                 }
