@@ -193,7 +193,8 @@ def run_type(index_type: str, files: tuple[Path, Path], data: dict, per_query: l
                 row["allowed_share"] = round(float(np.mean(shares)), 4)
             rows[name] = row
             print(index_type, name, json.dumps(row), file=sys.stderr, flush=True)
-        meta = {key: searcher.gallery.meta.get(key) for key in ("nlist", "nprobe", "ef_search")}
+        meta = {key: searcher.gallery.meta.get(key)
+                for key in ("nlist", "nprobe", "ef_search", "filter_route")}  # fmt: skip
     finally:
         searcher.close()
     return {"build_s": round(built, 1), "meta": meta, "filters": rows}
