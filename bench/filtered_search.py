@@ -37,8 +37,9 @@ import json
 import shutil
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import faiss
@@ -46,9 +47,18 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling bench modules
 
-from index_scale import embedding_like  # noqa: E402
-
 from nearsight.index.ann import filtered  # noqa: E402
+from nearsight.index.ann.filter_tuning import top_rows  # noqa: E402
+from nearsight.index.catalog.rows import (  # noqa: E402
+    INSERT_ITEM,
+    INSERT_ITEM_META,
+    item_meta,
+    item_meta_values,
+    item_row,
+    row_values,
+)
+from nearsight.index.catalog.sqlite_db import Database  # noqa: E402
+from nearsight.index.gallery import write as gallery_write  # noqa: E402
 from nearsight.index.gallery.core import Gallery  # noqa: E402
 from nearsight.index.gallery.write import write_gallery  # noqa: E402
 
@@ -57,6 +67,8 @@ SHARES = (0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5)
 SHAPES = ("random", "cap", "category")
 WAYS = {"route": None, "index": "index", "exact": "exact"}  # filtered.FORCE
 CATEGORIES = 256  # k-means clusters standing in for a catalog's categories
+BLOCK = 131_072  # items per block of the truth's scan and of the data's checks
+IN_MEMORY_BYTES = 1 << 30  # larger data lives in a .npy file in the work folder (mapped)
 
 
 def filters(vectors: np.ndarray, queries: np.ndarray, shares: list[float], shapes: list[str],
@@ -108,8 +120,126 @@ def forced(way: str | None) -> Iterator[None]:
 
 
 def truth(queries: np.ndarray, vectors: np.ndarray, allowed: np.ndarray, k: int) -> np.ndarray:
-    scores = queries.astype(np.float64) @ vectors[allowed].astype(np.float64).T
-    return allowed[np.argsort(-scores, axis=1, kind="stable")[:, :k]]
+    """The allowed ids of each query's k top inner products in float64, ties by the lower id
+    (a stable sort of every score), BLOCK items at a time: a running top-k, so that memory
+    stays bounded at 10M items (no float64 copy of the allowed items, no [Q, allowed] matrix)."""
+    wide = queries.astype(np.float64)
+    best = np.empty((len(queries), 0), np.float64)
+    best_ids = np.empty((len(queries), 0), np.int64)
+    for start in range(0, len(allowed), BLOCK):
+        block = allowed[start : start + BLOCK]
+        scores = np.concatenate([best, wide @ np.asarray(vectors[block], np.float64).T], axis=1)
+        ids = np.concatenate([best_ids, np.broadcast_to(block, (len(queries), len(block)))],
+                             axis=1)  # fmt: skip
+        best, best_ids = top_rows(scores, ids, k)  # ids rise along each row: ties stay lower
+    return best_ids
+
+
+def embedding_like(count: int, dim: int, clusters: int, seed: int, out: np.ndarray,
+                   latent: int = 16, spread: float = 2.0) -> np.ndarray:  # fmt: skip
+    """bench/index_scale.py's ``embedding_like`` (the same draws, the same vectors), written
+    into ``out`` (an array or a mapped .npy file), so that 10M x 128 (5 GB) need not be
+    held in memory."""
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((clusters, latent), dtype=np.float32) * np.float32(spread)
+    mixing = rng.standard_normal((latent, dim), dtype=np.float32) / np.float32(latent**0.5)
+    noise = np.float32(0.1 * (1 + spread**2) ** 0.5 / dim**0.5)
+    for start in range(0, count, 250_000):
+        size = min(250_000, count - start)
+        points = centres[rng.integers(0, clusters, size)]
+        points += rng.standard_normal((size, latent), dtype=np.float32)
+        chunk = points @ mixing
+        chunk += rng.standard_normal((size, dim), dtype=np.float32) * noise
+        out[start : start + size] = chunk / np.linalg.norm(chunk, axis=1, keepdims=True)
+    return out
+
+
+class Items(Sequence):
+    """The catalog rows ``{"path": ...}`` of the gallery, made when read (10M dicts held at
+    once are ~2.7 GB)."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index):  # noqa: ANN001 (int or slice, as a list)
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self.count))]
+        index = index + self.count if index < 0 else index
+        if not 0 <= index < self.count:
+            raise IndexError(index)
+        return {"path": f"/bench/{index}.jpg"}
+
+
+def check_in_blocks(vectors: np.ndarray, count: int, dim: int | None = None) -> np.ndarray:
+    """write_gallery's checks of its vectors (index.gallery.write._check_vectors), BLOCK rows
+    at a time: the one-shot check makes a temporary the size of the data (x * x inside
+    np.linalg.norm), 5 GB at 10M x 128. Used for data past IN_MEMORY_BYTES only."""
+    array = np.asarray(vectors)
+    if array.dtype != np.float32 or not array.flags.c_contiguous or array.ndim != 2:
+        return CHECK_VECTORS(vectors, count, dim)
+    if len(array) != count or (dim is not None and array.shape[1] != dim):
+        return CHECK_VECTORS(vectors, count, dim)
+    for start in range(0, len(array), BLOCK):
+        CHECK_VECTORS(array[start : start + BLOCK], len(array[start : start + BLOCK]), dim)
+    return array
+
+
+CHECK_VECTORS = gallery_write._check_vectors
+CREATE_CATALOG = gallery_write.create_catalog
+
+
+def catalog_in_blocks(db_path: Path, items: Sequence[dict], meta: dict) -> None:
+    """index.catalog.create.create_catalog's catalog (the same tables, rows and meta), its
+    rows inserted BLOCK at a time: create_catalog holds three lists of every row's dicts and
+    tuples, ~5 GB at 10M items. Used for data past IN_MEMORY_BYTES only."""
+    ids = [item.get("id", position) for position, item in enumerate(items)]
+    CREATE_CATALOG(db_path, items[:1], {**meta, "next_id": max(ids) + 1})
+    db = Database(db_path)
+    try:
+        with db.conn:
+            for start in range(1, len(items), BLOCK):
+                block = [items[i] for i in range(start, min(start + BLOCK, len(items)))]
+                rows = [item_row(item, start + i) for i, item in enumerate(block)]
+                extras = [item_meta(item) for item in block]
+                db.conn.executemany(INSERT_ITEM, [row_values(row) for row in rows])
+                db.conn.executemany(INSERT_ITEM_META, item_meta_values(rows, extras))
+    finally:
+        db.close()
+
+
+class PeakMemory:
+    """The process's peak resident memory: VmHWM (every mapped page it touched, the mapped
+    .npy files' included) and the peak of RssAnon (its own allocations), sampled every
+    0.2 s on a thread."""
+
+    def __init__(self) -> None:
+        self.anon_peak_mb = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def status() -> dict[str, float]:
+        out = {}
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                if key in ("VmHWM", "VmRSS", "RssAnon", "RssFile"):
+                    out[key] = int(value.split()[0]) / 1024
+        return out
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            self.anon_peak_mb = max(self.anon_peak_mb, self.status().get("RssAnon", 0.0))
+
+    def report(self) -> dict[str, float]:
+        now = self.status()
+        self.anon_peak_mb = max(self.anon_peak_mb, now.get("RssAnon", 0.0))
+        return {"vm_hwm_mb": round(now.get("VmHWM", 0.0)),
+                "rss_anon_peak_mb": round(self.anon_peak_mb)}  # fmt: skip
 
 
 def measure(gallery: Gallery, queries: np.ndarray, allowed: np.ndarray, want: np.ndarray,
@@ -138,21 +268,46 @@ def measure(gallery: Gallery, queries: np.ndarray, allowed: np.ndarray, want: np
     }
 
 
-def bench(args: argparse.Namespace, workdir: Path) -> dict:
+def make_data(args: argparse.Namespace, workdir: Path) -> Path | np.ndarray:
+    """The items and then the queries, in memory, or past IN_MEMORY_BYTES in a .npy file in
+    ``workdir`` (its path: opened, mapped, by each step that reads it, so that the pages it
+    touched leave the process when it is done)."""
     total = args.items + args.queries
-    data = embedding_like(total, args.dim, clusters=max(10, args.items // 500), seed=0)
-    vectors, queries = data[: args.items], data[args.items :]
+    clusters = max(10, args.items // 500)
+    if total * args.dim * 4 <= IN_MEMORY_BYTES:
+        return embedding_like(total, args.dim, clusters, 0, np.empty((total, args.dim), np.float32))
+    path = workdir / "data.npy"
+    out = np.lib.format.open_memmap(path, "w+", np.float32, (total, args.dim))
+    embedding_like(total, args.dim, clusters, 0, out)
+    out.flush()
+    del out
+    return path
+
+
+def opened(data: Path | np.ndarray) -> np.ndarray:
+    return np.load(data, mmap_mode="r") if isinstance(data, Path) else data
+
+
+def bench(args: argparse.Namespace, workdir: Path, memory: PeakMemory) -> dict:
+    data = make_data(args, workdir)
+    vectors = opened(data)[: args.items]
+    queries = np.array(opened(data)[args.items :])
     named = filters(vectors, queries, args.shares, args.shapes, seed=1)
     wants = {name: truth(queries, vectors, allowed, args.k) for name, allowed in named.items()}
-    items = [{"path": f"/bench/{i}.jpg"} for i in range(args.items)]
+    del vectors  # unmapped: its pages leave this process (still in the page cache)
+    print("truths made", json.dumps(memory.report()), file=sys.stderr, flush=True)
+    items = Items(args.items)
+    if isinstance(data, Path):
+        gallery_write._check_vectors = check_in_blocks
+        gallery_write.create_catalog = catalog_in_blocks
     results: dict = {"items": args.items, "dim": args.dim, "k": args.k, "queries": args.queries,
                      "threads": args.threads, "types": {}}  # fmt: skip
     for index_type in args.types:
         start = time.perf_counter()
         folder = (args.reuse or workdir) / f"{index_type}-{args.items}-{args.dim}"
         if args.reuse is None or not folder.exists():
-            write_gallery(folder, vectors, items, model_sha256="b" * 64, index_type=index_type,
-                          embeddings="keep")  # fmt: skip
+            write_gallery(folder, opened(data)[: args.items], items, model_sha256="b" * 64,
+                          index_type=index_type, embeddings="keep")  # fmt: skip
         built = time.perf_counter() - start
         rows = {}
         with Gallery.open(folder) as gallery:
@@ -172,8 +327,13 @@ def bench(args: argparse.Namespace, workdir: Path) -> dict:
                                             "meta": {key: gallery.meta.get(key) for key in
                                                      ("nlist", "nprobe", "ef_search",
                                                       "filter_route")}}  # fmt: skip
+        results["types"][index_type]["memory"] = memory.report()
+        print(index_type, "built and measured", json.dumps(memory.report()), file=sys.stderr,
+              flush=True)  # fmt: skip
         if args.reuse is None:
             shutil.rmtree(folder)
+        if args.json:  # what is done so far, should a long run stop before its end
+            args.json.write_text(json.dumps(results, indent=1) + "\n")
     flat = results["types"].get("flat")
     for index_type, entry in results["types"].items():
         filtered_rows = [row for name, row in entry["filters"].items() if name != "none"]
@@ -228,10 +388,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.workdir is not None:
         args.workdir.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="filtered-bench-", dir=args.workdir))
+    memory = PeakMemory()
     try:
-        results = bench(args, workdir)
+        results = bench(args, workdir, memory)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    results["memory"] = memory.report()
+    results["loadavg"] = Path("/proc/loadavg").read_text().split()[:3]
     text = json.dumps(results, indent=1)
     if args.json:
         args.json.write_text(text + "\n")

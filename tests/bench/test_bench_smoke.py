@@ -56,6 +56,10 @@ SMOKE: dict[str, tuple[list[str], list[str]]] = {
         [r"onnxruntime CPU: [\d.]+ images/s; ratio [\d.]+x", r"int8 .*: [\d.]+ images/s",
          r"Recall@1 on the synthetic test split"],
     ),
+    "filtered_catalog.py": (
+        ["--items", "3000", "--categories", "30", "--queries", "5", "--workdir", "{workdir}"],
+        [r'"group": \{\s*"route": \{\s*"recall": [\d.]+'],
+    ),
     "filtered_search.py": (
         ["--items", "2000", "--types", "flat", "--shares", "0.1", "--queries", "10",
          "--workdir", "{workdir}"],

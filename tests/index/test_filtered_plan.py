@@ -137,3 +137,36 @@ def test_a_search_that_cannot_promise_the_target_says_so(tmp_path, data):
         plain = searcher.search_vector(data["queries"][0], K)
     assert len(found) == K and found.notes == [filtered.CODES_ONLY_NOTE]
     assert plain.notes == []
+
+
+def test_the_tuning_truth_in_blocks_is_the_stable_sort_of_every_score(monkeypatch):
+    """filter_tuning.exact_top scans BLOCK items at a time (bounded memory at 10M items) and
+    still gives what a stable argsort of all the scores gives: the same ids, ties by the lower
+    id (values on a coarse grid make many ties, some across blocks)."""
+    from nearsight.index.ann import filter_tuning
+
+    monkeypatch.setattr(filter_tuning, "BLOCK", 700)
+    rng = np.random.default_rng(3)
+    vectors = np.round(rng.standard_normal((5000, 8)), 1).astype(np.float32)
+    queries = np.round(rng.standard_normal((40, 8))).astype(np.float32)
+    for allowed in (np.sort(rng.choice(5000, 2600, replace=False)), np.arange(6)):
+        scores = queries @ vectors[allowed].T
+        want = allowed[np.argsort(-scores, axis=1, kind="stable")[:, :10]]
+        got = filter_tuning.exact_top(queries, lambda ids: vectors[ids], allowed, 10)
+        assert np.array_equal(got, want)
+
+
+def test_the_tuning_counts_a_group_of_clusters_on_the_queries_outside_it(data):
+    """filter_tuning.tuning_filters: random and cap filters count every query; each group of
+    clusters (two grains) counts only the queries none of whose nearest items is in it, the
+    filter away from the query that the rule must be tuned for."""
+    from nearsight.index.ann import filter_tuning
+
+    vectors, queries = data["vectors"], data["queries"]
+    inside = np.ones(len(vectors), bool)
+    tests = filter_tuning.tuning_filters(vectors, inside, np.arange(len(vectors)), queries, 0)
+    groups = [(allowed, counted) for allowed, counted in tests if not counted.all()]
+    assert len(tests) == 8 and len(groups) >= 3  # a group holding no query may count them all
+    nearest = np.argmax(queries @ vectors.T, axis=1)  # each query's nearest item
+    for allowed, counted in groups:
+        assert counted.any() and not np.isin(nearest[counted], allowed).any()
