@@ -34,9 +34,13 @@ docs: venv
 lint: venv
 	$(BIN)/ruff check .
 
+# The suite on one pytest-xdist worker per core, at most 4 (most tests wait on a server, a
+# training subprocess or a build); a test file runs whole on one worker: its module fixtures
+# are built once and a document's examples share one namespace. PYTEST_WORKERS=0: one process.
+PYTEST_WORKERS ?= auto
 test: venv browser
 	$(BIN)/ruff check .
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile
 
 # The page's browser tests drive Debian's chromium through Playwright (never `playwright
 # install`: no internet). Installed here when missing; without apt-get they are skipped.

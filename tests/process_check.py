@@ -6,7 +6,11 @@ any process whose environment carries :data:`MARK` with this run's pid. The mark
 by every process a test starts and by theirs, so it also finds an orphan that its parent left
 and init adopted, which no walk down from pytest reaches. At the end of the session (every
 fixture torn down) such processes get ``process_check_grace_s`` (an ini setting) to exit; those still running are named,
-killed (SIGKILL) and the run's exit status becomes 1 (tests failed)."""
+killed (SIGKILL) and the run's exit status becomes 1 (tests failed).
+
+Under pytest-xdist (``-n``) the workers keep the mark of the controller (the pytest process
+that started them), and only the controller looks, once every worker has exited: what a test
+on any worker started carries its mark, and a worker that does not exit is a leftover too."""
 
 from __future__ import annotations
 
@@ -30,10 +34,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    os.environ[MARK] = str(os.getpid())  # before any test copies os.environ for a child
+    if not _is_xdist_worker(config):  # a worker inherited its controller's mark: it stays
+        os.environ[MARK] = str(os.getpid())  # before any test copies os.environ for a child
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_sessionfinish(session: pytest.Session):
+    """After every other sessionfinish: the fixtures' teardown, and xdist's of its workers."""
+    result = yield
+    if not _is_xdist_worker(session.config):
+        _check(session)
+    return result
+
+
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def _check(session: pytest.Session) -> None:
     me = os.getpid()
     deadline = time.monotonic() + float(session.config.getini("process_check_grace_s"))
     while (left := leftovers(me)) and time.monotonic() < deadline:

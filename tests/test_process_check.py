@@ -20,16 +20,25 @@ SLEEPER = [sys.executable, "-c", "import time; time.sleep(300)  # {tag}"]
 """
 
 
-def run_pytest(tmp_path: Path, body: str) -> subprocess.CompletedProcess:
+# the run in one process, and spread over two pytest-xdist workers (as `make test` runs)
+MODES = pytest.mark.parametrize(
+    "workers", [[], ["-p", "xdist.plugin", "-n", "2"]], ids=["one-process", "xdist"]
+)
+
+
+def run_pytest(tmp_path: Path, body: str, workers: list[str]) -> subprocess.CompletedProcess:
     """``pytest test_case.py`` in ``tmp_path`` with only the check as a plugin (none of the
-    project's conftest files); the test file gets ``HEADER`` and ``body``."""
+    project's conftest files, no plugin loaded by its entry point: they take seconds to import),
+    its tests on ``workers`` (pytest-xdist's ``-n N``, or none); the test file gets ``HEADER``
+    and ``body``."""
     tag = f"leftover-{tmp_path.name}"
     (tmp_path / "pytest.ini").write_text("[pytest]\nprocess_check_grace_s = 1\n")
     (tmp_path / "test_case.py").write_text(HEADER.format(tag=tag) + textwrap.dedent(body))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)]),
+           "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # fmt: skip
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "process_check", "-p", "no:cacheprovider",
-         "-q", "test_case.py"],
+         "-q", *workers, "test_case.py"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
 
@@ -47,11 +56,12 @@ def running(tag: str) -> list[int]:
     return found
 
 
-def test_a_child_left_running_fails_the_run_and_is_killed(tmp_path):
+@MODES
+def test_a_child_left_running_fails_the_run_and_is_killed(tmp_path, workers):
     result = run_pytest(tmp_path, """
         def test_leaves_a_child():
             subprocess.Popen(SLEEPER)
-    """)  # fmt: skip
+    """, workers)  # fmt: skip
     out = result.stdout + result.stderr
     assert result.returncode == 1, out
     assert "1 passed" in out  # the test itself passed: the check failed the run
@@ -60,7 +70,8 @@ def test_a_child_left_running_fails_the_run_and_is_killed(tmp_path):
     assert running(f"leftover-{tmp_path.name}") == []
 
 
-def test_an_orphan_adopted_by_init_is_found_by_its_mark(tmp_path):
+@MODES
+def test_an_orphan_adopted_by_init_is_found_by_its_mark(tmp_path, workers):
     """The child starts a grandchild and exits: the grandchild is no descendant of pytest any
     more, but it carries the run's mark in its environment."""
     result = run_pytest(tmp_path, """
@@ -68,14 +79,15 @@ def test_an_orphan_adopted_by_init_is_found_by_its_mark(tmp_path):
             subprocess.run([sys.executable, "-c",
                             "import subprocess, sys; subprocess.Popen(sys.argv[1:])", *SLEEPER],
                            check=True)
-    """)  # fmt: skip
+    """, workers)  # fmt: skip
     out = result.stdout + result.stderr
     assert result.returncode == 1, out
     assert "1 process(es) started by the tests still ran" in out and "1 passed" in out
     assert running(f"leftover-{tmp_path.name}") == []
 
 
-def test_a_run_that_stops_what_it_starts_passes(tmp_path):
+@MODES
+def test_a_run_that_stops_what_it_starts_passes(tmp_path, workers):
     result = run_pytest(tmp_path, """
         def test_stops_its_child():
             with started(SLEEPER) as process:
@@ -83,7 +95,7 @@ def test_a_run_that_stops_what_it_starts_passes(tmp_path):
 
         def test_a_child_that_exits_on_its_own():
             subprocess.run([sys.executable, "-c", "pass"], check=True)
-    """)  # fmt: skip
+    """, workers)  # fmt: skip
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
     assert "2 passed" in out and "still ran" not in out

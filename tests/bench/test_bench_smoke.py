@@ -2,21 +2,32 @@
 that no test runs rots unseen, as bench/app_latency.py did when the search split renamed what
 it called). The numbers are not judged here: at these sizes they mean nothing; bench/ at its
 real sizes measures them. Each bench whose ``--workdir`` is given a folder that does not exist
-yet makes it."""
+yet makes it.
+
+The scripts run side by side, :data:`SMOKE_AT_ONCE` at a time, started together by the first
+test that asks for one (most of each run is its interpreter importing torch or gradio and
+waiting on a server or a subprocess); each test then waits for its own script's run."""
 
 from __future__ import annotations
 
 import ast
 import os
 import re
+import shutil
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
-from helpers import ROOT
+from helpers import ROOT, stop_process
 
 BENCH = ROOT / "bench"
 SMOKE_TIMEOUT_S = 600
+# runs at once: one more than the cores, as the runs wait on their subprocesses and servers
+SMOKE_AT_ONCE = (os.cpu_count() or 1) + 1
 # script -> (its smallest run's arguments, {workdir} a folder that does not exist yet, {data} a
 # synthetic image folder of 16 classes x 4 made by the test; what its output must hold: one
 # regular expression per figure)
@@ -126,10 +137,13 @@ def test_every_bench_script_has_a_smoke_run():
     assert sorted(SMOKE) == bench_scripts()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("script", [s for s in sorted(SMOKE) if SMOKE[s][1]])
-def test_the_bench_runs_at_its_smallest_size_and_prints_its_figures(script, tmp_path):
-    arguments, figures = SMOKE[script]
+SMOKE_SCRIPTS = [s for s in sorted(SMOKE) if SMOKE[s][1]]
+
+
+def run_smoke(script: str, tmp_path: Path, stop: threading.Event | None = None):
+    """``bench/SCRIPT`` at its smallest size in ``tmp_path``: (the finished process, its
+    stdout + stderr). A set ``stop`` ends the run (the module's tests are over)."""
+    arguments = SMOKE[script][0]
     workdir = tmp_path / "not-yet" / "work"  # --workdir: made by the bench
     data = tmp_path / "data"
     if "{data}" in arguments:
@@ -140,17 +154,70 @@ def test_the_bench_runs_at_its_smallest_size_and_prints_its_figures(script, tmp_
     # one OpenMP thread each: the suite shares the machine; the figures are not judged here
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "GRADIO_ANALYTICS_ENABLED": "False", "OMP_NUM_THREADS": "1"}  # fmt: skip
-    done = subprocess.run(
+    process = subprocess.Popen(
         [sys.executable, str(BENCH / script), *argv],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=SMOKE_TIMEOUT_S,
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-4000:]
+    watchdog = threading.Timer(SMOKE_TIMEOUT_S, stop_process, [process])
+    stopper = threading.Thread(target=lambda: stop.wait() and stop_process(process), daemon=True)
+    watchdog.start()
+    if stop is not None:
+        stopper.start()
+    try:
+        output, _ = process.communicate()
+    finally:
+        watchdog.cancel()
+        stop_process(process)
+    return process, output
+
+
+def check_smoke(script: str, tmp_path: Path, process: subprocess.Popen, output: str) -> None:
+    arguments, figures = SMOKE[script]
+    assert process.returncode == 0, output[-4000:]
     assert "Traceback" not in output, output[-4000:]
     for figure in figures:
         assert re.search(figure, output), (figure, output[-4000:])
     if "{workdir}" in arguments:
-        assert workdir.is_dir()
+        assert (tmp_path / "not-yet" / "work").is_dir()
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(request, tmp_path_factory) -> Iterator[dict[str, tuple[Path, Future]]]:
+    """{script: (its folder, its run)} for every smoke run this session selected, all started
+    at once."""
+    selected = {item.callspec.params["script"] for item in request.session.items
+                if item.originalname == SMOKE_TEST}  # fmt: skip
+    root = tmp_path_factory.mktemp("smoke")
+    stop = threading.Event()
+    runs = {}
+    with ThreadPoolExecutor(SMOKE_AT_ONCE, thread_name_prefix="smoke") as pool:
+        for script in sorted(selected, key=started_order):
+            folder = root / script.removesuffix(".py")
+            folder.mkdir()
+            runs[script] = (folder, pool.submit(run_smoke, script, folder, stop))
+        try:
+            yield runs
+        finally:
+            stop.set()  # the runs not waited for (a test failed, or was deselected) end now
+    shutil.rmtree(root, ignore_errors=True)
+
+
+# started first, in this order: the longest runs (CPU seconds, measured), so that the last to
+# finish is a short one
+SLOWEST_FIRST = ("app_latency.py", "cli_search.py", "search_oracle.py", "rerank.py", "embed.py")
+SMOKE_TEST = "test_the_bench_runs_at_its_smallest_size_and_prints_its_figures"
+
+
+def started_order(script: str) -> tuple[int, str]:
+    rank = SLOWEST_FIRST.index(script) if script in SLOWEST_FIRST else len(SLOWEST_FIRST)
+    return rank, script
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", SMOKE_SCRIPTS)
+def test_the_bench_runs_at_its_smallest_size_and_prints_its_figures(script, smoke_runs):
+    folder, run = smoke_runs[script]
+    check_smoke(script, folder, *run.result())
 
 
 def test_a_smoke_run_fails_when_the_bench_fails(tmp_path, monkeypatch):
@@ -161,4 +228,4 @@ def test_a_smoke_run_fails_when_the_bench_fails(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "BENCH", broken)
     monkeypatch.setitem(SMOKE, "broken.py", ([], [r"figure \d+"]))
     with pytest.raises(AssertionError, match="no figures"):
-        test_the_bench_runs_at_its_smallest_size_and_prints_its_figures("broken.py", tmp_path)
+        check_smoke("broken.py", tmp_path, *run_smoke("broken.py", tmp_path))
