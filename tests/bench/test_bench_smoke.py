@@ -67,6 +67,11 @@ SMOKE: dict[str, tuple[list[str], list[str]]] = {
         [r"onnxruntime CPU: [\d.]+ images/s; ratio [\d.]+x", r"int8 .*: [\d.]+ images/s",
          r"Recall@1 on the synthetic test split"],
     ),
+    "fair_shares.py": (
+        ["--smoke"],
+        [r'rest \{"alone_p50_s": [\d.]+, "victim_p50_s": [\d.]+',
+         r'page \{"alone_p50_s": [\d.]+, "victim_p50_s": [\d.]+'],
+    ),
     "filtered_catalog.py": (
         ["--items", "3000", "--categories", "30", "--queries", "5", "--workdir", "{workdir}"],
         [r'"group": \{\s*"route": \{\s*"recall": [\d.]+'],
