@@ -191,7 +191,7 @@ def smoke_runs(request, tmp_path_factory) -> Iterator[dict[str, tuple[Path, Futu
     """{script: (its folder, its run)} for every smoke run this session selected, all started
     at once."""
     selected = {item.callspec.params["script"] for item in request.session.items
-                if item.originalname == SMOKE_TEST}  # fmt: skip
+                if getattr(item, "originalname", None) == SMOKE_TEST}  # fmt: skip
     root = tmp_path_factory.mktemp("smoke")
     stop = threading.Event()
     runs = {}
