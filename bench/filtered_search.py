@@ -47,8 +47,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling bench modules
 
+from index_scale import embedding_like  # noqa: E402
+
 from nearsight.index.ann import filtered  # noqa: E402
-from nearsight.index.ann.filter_tuning import top_rows  # noqa: E402
+from nearsight.index.ann.filter_tuning import exact_top  # noqa: E402
 from nearsight.index.catalog.rows import (  # noqa: E402
     INSERT_ITEM,
     INSERT_ITEM_META,
@@ -67,7 +69,7 @@ SHARES = (0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5)
 SHAPES = ("random", "cap", "category")
 WAYS = {"route": None, "index": "index", "exact": "exact"}  # filtered.FORCE
 CATEGORIES = 256  # k-means clusters standing in for a catalog's categories
-BLOCK = 131_072  # items per block of the truth's scan and of the data's checks
+BLOCK = 131_072  # items per block of the data's checks and catalog inserts
 IN_MEMORY_BYTES = 1 << 30  # larger data lives in a .npy file in the work folder (mapped)
 
 
@@ -120,38 +122,12 @@ def forced(way: str | None) -> Iterator[None]:
 
 
 def truth(queries: np.ndarray, vectors: np.ndarray, allowed: np.ndarray, k: int) -> np.ndarray:
-    """The allowed ids of each query's k top inner products in float64, ties by the lower id
-    (a stable sort of every score), BLOCK items at a time: a running top-k, so that memory
-    stays bounded at 10M items (no float64 copy of the allowed items, no [Q, allowed] matrix)."""
-    wide = queries.astype(np.float64)
-    best = np.empty((len(queries), 0), np.float64)
-    best_ids = np.empty((len(queries), 0), np.int64)
-    for start in range(0, len(allowed), BLOCK):
-        block = allowed[start : start + BLOCK]
-        scores = np.concatenate([best, wide @ np.asarray(vectors[block], np.float64).T], axis=1)
-        ids = np.concatenate([best_ids, np.broadcast_to(block, (len(queries), len(block)))],
-                             axis=1)  # fmt: skip
-        best, best_ids = top_rows(scores, ids, k)  # ids rise along each row: ties stay lower
-    return best_ids
-
-
-def embedding_like(count: int, dim: int, clusters: int, seed: int, out: np.ndarray,
-                   latent: int = 16, spread: float = 2.0) -> np.ndarray:  # fmt: skip
-    """bench/index_scale.py's ``embedding_like`` (the same draws, the same vectors), written
-    into ``out`` (an array or a mapped .npy file), so that 10M x 128 (5 GB) need not be
-    held in memory."""
-    rng = np.random.default_rng(seed)
-    centres = rng.standard_normal((clusters, latent), dtype=np.float32) * np.float32(spread)
-    mixing = rng.standard_normal((latent, dim), dtype=np.float32) / np.float32(latent**0.5)
-    noise = np.float32(0.1 * (1 + spread**2) ** 0.5 / dim**0.5)
-    for start in range(0, count, 250_000):
-        size = min(250_000, count - start)
-        points = centres[rng.integers(0, clusters, size)]
-        points += rng.standard_normal((size, latent), dtype=np.float32)
-        chunk = points @ mixing
-        chunk += rng.standard_normal((size, dim), dtype=np.float32) * noise
-        out[start : start + size] = chunk / np.linalg.norm(chunk, axis=1, keepdims=True)
-    return out
+    """The allowed ids of each query's k top inner products in float64, ties by the lower id:
+    the build's own blocked scan (filter_tuning.exact_top), fed float64, so that memory stays
+    bounded at 10M items (no float64 copy of the allowed items, no [Q, allowed] matrix)."""
+    return exact_top(
+        queries.astype(np.float64), lambda block: np.asarray(vectors[block], np.float64), allowed, k
+    )
 
 
 class Items(Sequence):
@@ -275,10 +251,10 @@ def make_data(args: argparse.Namespace, workdir: Path) -> Path | np.ndarray:
     total = args.items + args.queries
     clusters = max(10, args.items // 500)
     if total * args.dim * 4 <= IN_MEMORY_BYTES:
-        return embedding_like(total, args.dim, clusters, 0, np.empty((total, args.dim), np.float32))
+        return embedding_like(total, args.dim, clusters, 0)
     path = workdir / "data.npy"
     out = np.lib.format.open_memmap(path, "w+", np.float32, (total, args.dim))
-    embedding_like(total, args.dim, clusters, 0, out)
+    embedding_like(total, args.dim, clusters, 0, out=out)
     out.flush()
     del out
     return path

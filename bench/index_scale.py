@@ -57,16 +57,24 @@ MIN_SAMPLES = 10  # latency samples kept past --time-per-type
 
 
 def embedding_like(
-    count: int, dim: int, clusters: int, seed: int, latent: int = 16, spread: float = 2.0
+    count: int,
+    dim: int,
+    clusters: int,
+    seed: int,
+    latent: int = 16,
+    spread: float = 2.0,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """``count`` unit vectors: classes centred ``spread`` apart (in units of their own
     spread) in a ``latent``-dim space, mapped linearly into ``dim`` dims, plus 10% isotropic
-    noise; made in chunks (no float64 copy)."""
+    noise; made in chunks (no float64 copy), into ``out`` when given (an array or a mapped
+    .npy file, so that 10M x 128 need not be held in memory)."""
     rng = np.random.default_rng(seed)
     centres = rng.standard_normal((clusters, latent), dtype=np.float32) * np.float32(spread)
     mixing = rng.standard_normal((latent, dim), dtype=np.float32) / np.float32(latent**0.5)
     noise = np.float32(0.1 * (1 + spread**2) ** 0.5 / dim**0.5)
-    out = np.empty((count, dim), np.float32)
+    if out is None:
+        out = np.empty((count, dim), np.float32)
     for start in range(0, count, 250_000):
         size = min(250_000, count - start)
         points = centres[rng.integers(0, clusters, size)]
