@@ -23,7 +23,6 @@ from nearsight.index.vector_store import ApproximateVectorsWarning
 from nearsight.search.rerank.evaluate import evaluate_reranked
 from nearsight.search.rerank.pairwise import stage_reranker
 from nearsight.search.rerank.spec import RerankSpec, parse_rerank
-from nearsight.search.rerank.stage_store import open_stage_store
 
 if TYPE_CHECKING:  # index.gallery imports this module
     from nearsight.index.gallery.core import Gallery
@@ -82,9 +81,7 @@ def evaluate_gallery(
     side = None
     reranker = stage_reranker(spec)
     if reranker is not None:  # the labelled items' stored stage features, in their order
-        reranker.check_gallery(gallery.path, gallery.model_sha256)
-        store = open_stage_store(gallery.path)
-        assert store is not None  # check_gallery found it
+        store = reranker.check_gallery(gallery.path, gallery.model_sha256)
         side = store.side_of(gallery.ids[labelled])
     return evaluate_reranked(
         vectors,

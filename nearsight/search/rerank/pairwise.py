@@ -21,11 +21,14 @@ import stat
 import threading
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from nearsight.core.errors import NearsightError
+
+if TYPE_CHECKING:
+    from nearsight.search.rerank.stage_store import StageStore
 
 ARTIFACT = "nearsight-pairwise-reranker"  # metadata "artifact" of a re-ranker file
 FORMAT = "1"  # metadata "format": the graph's inputs and outputs as described above
@@ -116,11 +119,13 @@ class PairwiseReranker:
                 f"{side[0].shape[-1]}-d"
             )
 
-    def check_gallery(self, folder: str | os.PathLike[str], model_sha256: str | None) -> None:
-        """NearsightError unless gallery ``folder`` stores the stage features this re-ranker
-        needs, of the same model (nothing to check for an embeddings-only file)."""
+    def check_gallery(
+        self, folder: str | os.PathLike[str], model_sha256: str | None
+    ) -> StageStore | None:
+        """The stage features of gallery ``folder`` this re-ranker needs, of the same model
+        (NearsightError when it stores none or others); None for an embeddings-only file."""
         if not self.side_dim:
-            return
+            return None
         from nearsight.search.rerank.stage_store import open_stage_store
 
         store = open_stage_store(folder)
@@ -136,6 +141,7 @@ class PairwiseReranker:
                 f"{store.model_sha256[:12]}, not the {self.side_dim}-d ones of its model this "
                 f"re-ranker takes: store them again with {fix}"
             )
+        return store
 
     def scores(
         self,

@@ -57,12 +57,11 @@ def _query_side(
     """The queries' stored stage features, for a re-ranker that needs them (else None)."""
     from nearsight.core.errors import NearsightError
     from nearsight.search.rerank.pairwise import stage_reranker
-    from nearsight.search.rerank.stage_store import open_stage_store
 
     reranker = stage_reranker(spec)
     if reranker is None:
         return None
-    reranker.check_gallery(gallery.path, gallery.model_sha256)
+    store = reranker.check_gallery(gallery.path, gallery.model_sha256)
     ids = np.full(count, -1) if query_ids is None else np.asarray(query_ids, dtype=np.int64)
     if (ids < 0).any():
         raise NearsightError(
@@ -70,6 +69,4 @@ def _query_side(
             "re-ranks searches by a gallery item (--id, eval, REST by id), not image or vector "
             "queries"
         )
-    store = open_stage_store(gallery.path)
-    assert store is not None  # check_gallery found it
     return store.side_of(ids)
