@@ -38,6 +38,11 @@ SMOKE: dict[str, tuple[list[str], list[str]]] = {
          r"gradio_client /search, 1 client\(s\)", r"rest_p50_1_client_over_direct: [\d.]+",
          r"rest_qps_4_clients_over_direct_rate: [\d.]+"],
     ),
+    "app_latency_paired.py": (
+        ["--smoke", "--workdir", "{workdir}"],
+        [r"rest +: p50 +[\d.]+ ms", r"decode\+embed\+search +: p50 +[\d.]+ ms",
+         r"rest_over_embed\+search_p50: [\d.]+", r"rest_over_embed\+search_round_median: [\d.]+"],
+    ),
     "append_bytes.py": (
         ["--items", "1000", "--dim", "16", "--workdir", "{workdir}"],
         [r"add of 1 item to a 1000-item, 16-d gallery \(\d+ bytes on disk\): wchar \d+ bytes, "
