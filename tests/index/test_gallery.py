@@ -234,6 +234,28 @@ def test_build_refuses_bad_vectors(tmp_path, vectors):
     assert not (tmp_path / "g").exists()
 
 
+def test_vector_check_holds_no_copy_of_the_vectors():
+    """The build's check of its input (finite, unit norm) works in blocks: at 10M x 128 a
+    whole-array norm made a 5 GB temporary beside the 5 GB input."""
+    import tracemalloc
+
+    from nearsight.index.gallery.write import CHECK_BLOCK_ROWS, _check_vectors
+
+    rng = np.random.default_rng(0)
+    array = rng.standard_normal((4 * CHECK_BLOCK_ROWS, 64), dtype=np.float32)
+    array /= np.linalg.norm(array, axis=1, keepdims=True)
+    tracemalloc.start()
+    try:
+        assert _check_vectors(array, len(array)) is array
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < array.nbytes / 3
+    array[-1, 0] = np.inf  # the last block is checked too
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        _check_vectors(array, len(array))
+
+
 def test_evaluate_uses_the_stored_embeddings_of_labelled_items(tmp_path, vectors):
     items = items_for(300)
     for item in items[::7]:

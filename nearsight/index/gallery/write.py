@@ -60,6 +60,7 @@ UNIT_NORM_TOLERANCE = 1e-3
 # appends stay O(added items) and a gallery of N items is rewritten after ~N/4 appended items
 COMPACT_MIN_ITEMS = 100_000
 COMPACT_SHARE = 0.25
+CHECK_BLOCK_ROWS = 1 << 16  # vectors checked at a time (finite, unit norm)
 
 
 # -- building --------------------------------------------------------------------------------
@@ -73,11 +74,14 @@ def _check_vectors(vectors: np.ndarray, count: int, dim: int | None = None) -> n
         raise ValueError(f"{len(array)} vectors for {count} items")
     if dim is not None and array.shape[1] != dim:
         raise ValueError(f"vectors have dim {array.shape[1]}, the gallery has dim {dim}")
-    if not np.isfinite(array).all():
-        raise ValueError("vectors contain NaN or infinite values")
-    norms = np.linalg.norm(array, axis=1)
-    if len(norms) and np.abs(norms - 1.0).max() > UNIT_NORM_TOLERANCE:
-        raise ValueError("vectors must be L2-normalised (the embedder's output is)")
+    # in blocks: a whole-array check makes temporaries of the array's size (5 GB at 10M x 128)
+    for start in range(0, len(array), CHECK_BLOCK_ROWS):
+        block = array[start : start + CHECK_BLOCK_ROWS]
+        if not np.isfinite(block).all():
+            raise ValueError("vectors contain NaN or infinite values")
+        norms = np.sqrt(np.einsum("ij,ij->i", block, block))
+        if np.abs(norms - 1.0).max() > UNIT_NORM_TOLERANCE:
+            raise ValueError("vectors must be L2-normalised (the embedder's output is)")
     return array
 
 
