@@ -1,4 +1,4 @@
-"""The suite's shared fixtures; the plain helpers they call are in helpers.py.
+"""The suite's shared fixtures; the plain helpers they call are in tests/helpers/.
 
 Each fixture that makes a folder deletes it when its scope ends, so a session holds only what
 its running tests need (pytest's own tmp_path folders are deleted as each test passes:

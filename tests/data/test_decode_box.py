@@ -1,6 +1,6 @@
 """The decode box (nearsight/data/decode_box.py): untrusted images decoded in worker processes
 under an address-space and a wall-time limit, with only the fitted pixels coming back. Real
-worker processes, real Pillow, real tag bombs (tests/helpers.py)."""
+worker processes, real Pillow, real tag bombs (tests/helpers/bombs.py)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,62 @@
+"""Training that crashes on purpose, and the same run in one and in two processes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+class TrainingCrash(Exception):
+    """Raised inside a training step to stand in for a crash (a kill mid-run)."""
+
+
+def train_one_and_two_processes(args: list[str], out: Path) -> tuple[Path, Path]:
+    """``nearsight train *args`` once in one process and once under torchrun with 2 CPU
+    processes (gloo), one thread each; returns the two run folders (OUT/single, OUT/ddp)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # fp32: the comparison is of DDP's arithmetic, where the two runs agree to float rounding
+    # (bf16 autocast, the default on CPUs with native bf16, rounds the two batch splits apart)
+    args = [*args, "--set", "amp=false", "--set", "channels_last=false"]
+    single, ddp = out / "single", out / "ddp"
+    subprocess.run(
+        [sys.executable, "-m", "nearsight.app.cli", "train", *args, "--out", str(single)],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
+    result = subprocess.run(
+        [torchrun, "--standalone", "--nproc_per_node", "2", "-m", "nearsight.app.cli", "train",
+         *args, "--out", str(ddp)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return single, ddp
+
+
+def crash_training(config, out_dir: Path, monkeypatch, *, in_step: int) -> None:
+    """Run ``train(config, out_dir)`` and crash it inside the ``in_step``-th training step,
+    after the earlier steps were done and saved; the trainer is whole again afterwards."""
+    from nearsight.training.run import train
+    from nearsight.training.trainer import Trainer
+
+    original = Trainer._train_step
+    calls = {"n": 0}
+
+    def dying_step(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == in_step:
+            raise TrainingCrash
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "_train_step", dying_step)
+    with pytest.raises(TrainingCrash):
+        train(config, out_dir)
+    monkeypatch.setattr(Trainer, "_train_step", original)
