@@ -30,7 +30,6 @@ import fcntl
 import json
 import os
 import queue
-import select
 import subprocess
 import sys
 import threading
@@ -44,6 +43,7 @@ from PIL import Image
 from nearsight.core.errors import NearsightError
 from nearsight.data import decode_worker as wire
 from nearsight.data.images import ImageLoadError, load_image_sized
+from nearsight.data.pipe_io import Late, receive_by, send_by
 from nearsight.models.preprocess import MAX_ASPECT_RATIO, fit_short_side
 
 # a worker's address space above its imports: the decode budget (images.MAX_DECODE_BYTES, 512 MB,
@@ -107,10 +107,6 @@ def _worker_env() -> dict[str, str]:
         env[name] = "1"
     env["MALLOC_ARENA_MAX"] = "1"
     return env
-
-
-class _Late(Exception):
-    pass
 
 
 class DecodeBox:
@@ -189,9 +185,7 @@ class DecodeBox:
         header = {"name": name, "path": os.path.abspath(name)}
         return self._run(header, b"", name, short, interpolation)
 
-    def _run(
-        self, header: dict, data: bytes, name: str, short: int, interpolation: str
-    ) -> Fitted:
+    def _run(self, header: dict, data: bytes, name: str, short: int, interpolation: str) -> Fitted:
         if self._closed:
             raise NearsightError("the decode box is closed")
         header = {**header, "short": int(short), "interpolation": interpolation}
@@ -199,11 +193,11 @@ class DecodeBox:
         try:
             deadline = time.monotonic() + self.timeout_s
             message = json.dumps(header).encode()
-            _send(worker.to_worker, wire.REQUEST_HEAD.pack(len(message)) + message
+            send_by(worker.to_worker, wire.REQUEST_HEAD.pack(len(message)) + message
                   + wire.PAYLOAD_HEAD.pack(len(data)), deadline)  # fmt: skip
-            _send(worker.to_worker, data, deadline)
+            send_by(worker.to_worker, data, deadline)
             fitted = self._answer(worker, name, short, deadline)
-        except _Late:
+        except Late:
             self._replace(worker)
             raise ImageLoadError.for_file(
                 name, f"decoding it took longer than the limit of {self.timeout_s:g} s"
@@ -211,7 +205,8 @@ class DecodeBox:
         except (EOFError, OSError):
             self._replace(worker)
             raise ImageLoadError.for_file(
-                name, f"the decoder stopped on it (over the limit of {self.memory_mb} MB of "
+                name,
+                f"the decoder stopped on it (over the limit of {self.memory_mb} MB of "
                 "memory, or a corrupt file)",
             ) from None
         except _OutOfMemory:
@@ -248,29 +243,29 @@ class DecodeBox:
         """Wait for a new worker's imports (it says when it is ready)."""
         deadline = time.monotonic() + START_TIMEOUT_S
         try:
-            worker.ready = _receive(worker.from_worker, 1, deadline) == wire.READY
-        except (_Late, EOFError, OSError):
+            worker.ready = receive_by(worker.from_worker, 1, deadline) == wire.READY
+        except (Late, EOFError, OSError):
             worker.ready = False
         return worker.ready
 
     def _answer(self, worker: _Worker, name: str, short: int, deadline: float) -> Fitted:
-        kind = _receive(worker.from_worker, 1, deadline)
+        kind = receive_by(worker.from_worker, 1, deadline)
         if kind in (b"E", b"M"):
             (length,) = wire.TEXT_HEAD.unpack(
-                _receive(worker.from_worker, wire.TEXT_HEAD.size, deadline)
+                receive_by(worker.from_worker, wire.TEXT_HEAD.size, deadline)
             )
             if length > 4096:
                 raise EOFError
-            text = _receive(worker.from_worker, length, deadline).decode("utf-8", "replace")
+            text = receive_by(worker.from_worker, length, deadline).decode("utf-8", "replace")
             raise _OutOfMemory if kind == b"M" else _Refused(text)
         if kind != b"P":
             raise EOFError
         width, height, loaded_w, loaded_h = wire.PIXELS_HEAD.unpack(
-            _receive(worker.from_worker, wire.PIXELS_HEAD.size, deadline)
+            receive_by(worker.from_worker, wire.PIXELS_HEAD.size, deadline)
         )
         if min(width, height) != short or max(width, height) > MAX_ASPECT_RATIO * short:
             raise EOFError  # not what a fitted image is: never read an unbounded answer
-        pixels = _receive(worker.from_worker, width * height * 3, deadline)
+        pixels = receive_by(worker.from_worker, width * height * 3, deadline)
         return Fitted(Image.frombytes("RGB", (width, height), pixels), (loaded_w, loaded_h))
 
 
@@ -280,40 +275,6 @@ class _OutOfMemory(Exception):
 
 class _Refused(Exception):
     """The worker's own one-line refusal (unreadable file, over the pixel budget)."""
-
-
-def _send(fd: int, data: bytes, deadline: float) -> None:
-    view = memoryview(data)
-    while view:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise _Late
-        _, writable, _ = select.select([], [fd], [], left)
-        if writable:
-            try:
-                view = view[os.write(fd, view[: 1 << 16]) :]
-            except BlockingIOError:
-                continue
-
-
-def _receive(fd: int, count: int, deadline: float) -> bytes:
-    chunks, left = [], count
-    while left:
-        wait = deadline - time.monotonic()
-        if wait <= 0:
-            raise _Late
-        readable, _, _ = select.select([fd], [], [], wait)
-        if not readable:
-            continue
-        try:
-            chunk = os.read(fd, min(left, 1 << 20))
-        except BlockingIOError:
-            continue
-        if not chunk:
-            raise EOFError
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
 
 
 # -- the process's box ----------------------------------------------------------------------
