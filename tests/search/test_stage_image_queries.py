@@ -149,3 +149,24 @@ def test_a_store_without_its_stage_model_asks_for_rerank_features_again(staged, 
     (gallery / MODEL).write_bytes((gallery / MODEL).read_bytes() + b"\0")
     code, _, err = run(capsys, *search, staged["query"])
     assert_one_line_error(code, err, "not the stage model", "again")
+
+
+def test_the_store_gives_back_its_float16_rows_exactly(tmp_path):
+    """side_of's float16 -> float32 table gives what astype gives, for every kind of half
+    (zero, subnormal, the largest), in the order asked, repeats included."""
+    from nearsight.search.rerank.stage_store import open_stage_store, write_stage_store
+
+    rng = np.random.default_rng(0)
+    features = np.abs(rng.normal(size=(50, 24))).astype(np.float32)
+    features[0, :3] = [0.0, 6e-8, 65504.0]  # zero, a subnormal half, the largest half
+    ids = rng.permutation(np.arange(100, 150))
+    write_stage_store(tmp_path, "layer3", "0" * 64, ids, features)
+    store = open_stage_store(tmp_path)
+    wanted = np.array([ids[0], ids[7], ids[0], ids[49]])
+    rows = [int(np.flatnonzero(ids == i)[0]) for i in wanted]
+    expected = features[rows].astype(np.float16).astype(np.float32)
+    got = store.side_of(wanted)
+    assert got.dtype == np.float32 and np.array_equal(got, expected)
+    assert got[0, 1] > 0  # the subnormal survives
+    with pytest.raises(NearsightError, match="stores no layer3 features for item 7"):
+        store.side_of(np.array([ids[1], 7]))

@@ -227,4 +227,4 @@ def pairwise_distances(
         side = (side[0], side[1][:, :depth])
     distances = np.full(valid.shape, np.inf)
     distances[:, :depth] = -reranker.scores(queries, head, side).astype(np.float64)
-    return np.where(valid, distances, np.inf)
+    return distances if valid.all() else np.where(valid, distances, np.inf)

@@ -14,6 +14,7 @@ from nearsight.search.rerank.spec import MAX_DEPTH, RerankSpec
 
 if TYPE_CHECKING:  # the gallery imports the re-ranking layer
     from nearsight.index.gallery.core import Gallery
+    from nearsight.search.rerank.stage_store import StageStore
 
 
 def reranked_search(
@@ -37,8 +38,8 @@ def reranked_search(
     stage features [Q, F] of the queries that are not gallery items (query images, from the
     gallery's stage model: nearsight.search.rerank.stage_query); rows of item queries are
     ignored."""
-    query_side = _query_side(gallery, spec, exclude if query_ids is None else query_ids,
-                             len(queries), query_side)  # fmt: skip
+    query_side, store = _query_side(gallery, spec, exclude if query_ids is None else query_ids,
+                                    len(queries), query_side)  # fmt: skip
     depth = min(max(k, spec.depth), MAX_DEPTH)
     extra = 0 if exclude is None else 1
     _, found = gallery.search(queries, max(k, depth) + extra, ids=ids, info=info)
@@ -48,7 +49,8 @@ def reranked_search(
     if found.shape[1] == 0:
         return np.zeros(found.shape, np.float32), found
     head, tail = found[:, :depth], found[:, depth:k]
-    keys, distances = rerank(spec, GallerySource(gallery), queries, head, exclude, query_side)
+    source = GallerySource(gallery, store)
+    keys, distances = rerank(spec, source, queries, head, exclude, query_side)
     if tail.shape[1]:  # beyond the re-ranked depth: the index's order, after it
         keys = np.concatenate([keys, tail], axis=1)
         distances = np.concatenate([distances, np.full(tail.shape, np.inf, np.float32)], axis=1)
@@ -61,15 +63,16 @@ def _query_side(
     query_ids: np.ndarray | Sequence[int] | None,
     count: int,
     given: np.ndarray | None,
-) -> np.ndarray | None:
+) -> tuple[np.ndarray | None, StageStore | None]:
     """The queries' stage features, for a re-ranker that needs them (else None): an item's
-    stored ones, an image's ``given`` ones."""
+    stored ones, an image's ``given`` ones; and the gallery's store they come from, checked
+    (the candidates' come from it too)."""
     from nearsight.core.errors import NearsightError
     from nearsight.search.rerank.pairwise import stage_reranker
 
     reranker = stage_reranker(spec)
     if reranker is None:
-        return None
+        return None, None
     store = reranker.check_gallery(gallery.path, gallery.model_sha256)
     ids = np.full(count, -1) if query_ids is None else np.asarray(query_ids, dtype=np.int64)
     items = ids >= 0
@@ -79,15 +82,15 @@ def _query_side(
             "features too, and a vector query has no image: search by an image or a gallery "
             "item, or re-rank with an embeddings-only re-ranker"
         )
-    out = np.zeros((count, store.dim), dtype=np.float32)
-    if not items.all():
-        given = np.asarray(given, dtype=np.float32)
-        if given.shape != out.shape:
-            raise NearsightError(
-                f"re-ranker {reranker.path} takes {store.dim}-d {reranker.side_stage} features "
-                f"of {count} queries, got an array of shape {tuple(given.shape)}"
-            )
-        out[~items] = given[~items]
+    if items.all():  # searches by gallery item: the stored rows
+        return store.side_of(ids), store
+    given = np.asarray(given, dtype=np.float32)
+    if given.shape != (count, store.dim):
+        raise NearsightError(
+            f"re-ranker {reranker.path} takes {store.dim}-d {reranker.side_stage} features "
+            f"of {count} queries, got an array of shape {tuple(given.shape)}"
+        )
+    out = np.array(given, dtype=np.float32)  # a copy: item queries' rows are replaced
     if items.any():
         out[items] = store.side_of(ids[items])
-    return out
+    return out, store
