@@ -6,6 +6,7 @@ whose store predates the stage model, are refused in one line."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -108,6 +109,9 @@ def test_rest_and_the_page_give_the_ids_python_does(staged):
         assert "a vector query has no image" in refused.json()["error"]
         found = json.loads(page.api_search(str(staged["query"]), K, None))
         assert [row["id"] for row in found] == expected
+        grid, _, _ = page.upload_grid(page.names[0], str(staged["query"]), K, None, "", True)
+        cells = re.findall(r'class="ns-cell" data-rank="\d+" data-id="(\d+)"', grid)
+        assert [int(i) for i in cells] == expected  # the page's upload, re-rank box on
     finally:
         stop_app(demo)
 
