@@ -18,6 +18,7 @@ from helpers import (
     make_onnx_gallery,
     make_product,
     make_shop,
+    make_staged_gallery,
     make_tiny_gallery,
     running_page,
 )
@@ -46,6 +47,16 @@ def nearsight_wheel(tmp_path_factory) -> Iterator[Path]:
     """A wheel of the checkout, built once per session."""
     root = tmp_path_factory.mktemp("wheel")
     yield build_wheel(root)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def staged(onnx_gallery, tmp_path_factory) -> Iterator[dict]:
+    """:func:`helpers.make_staged_gallery`: a gallery, its layer3 re-ranker and stored
+    features."""
+    pytest.importorskip("torch")  # rerank train
+    root = tmp_path_factory.mktemp("staged")
+    yield make_staged_gallery(root, onnx_gallery.model)
     shutil.rmtree(root, ignore_errors=True)
 
 

@@ -131,7 +131,7 @@ def resolve_rerank(gallery: Gallery, rerank: RerankSpec | str | None) -> RerankS
 def check_rerank(gallery: Gallery, spec: RerankSpec) -> None:
     """A one-line NearsightError now, before any search, when ``spec`` cannot re-rank this
     gallery: a pairwise re-ranker that is missing, trained for another embedding model, or one
-    that needs trunk-stage features (galleries store none)."""
+    that needs trunk-stage features the gallery does not store."""
     if spec.method == "pairwise":
         from nearsight.search.rerank.pairwise import load_reranker
 
@@ -161,6 +161,7 @@ def search(
     rerank: RerankSpec,
     self_ids: Sequence[int | None] | None = None,
     exclude: Sequence[int] | np.ndarray | None = None,
+    query_side: np.ndarray | None = None,
     rows: Mapping[int, dict[str, Any]] | None = None,
     shown_path: Callable[[Mapping[str, Any]], str] | None = None,
     notes: list[str] | None = None,
@@ -168,7 +169,9 @@ def search(
     """The ``k`` nearest items of each query vector (unit, [Q, D]) as :class:`Neighbour` lists,
     nearest first (module docstring). ``allowed``: the ids the filters allow (None: every
     item). ``self_ids``: per query, the gallery item it is, if any (first, at 0). ``exclude``:
-    per query, an item left out. ``rows``: the catalog rows by id where the caller holds them
+    per query, an item left out. ``query_side``: the query images' stage features [Q, F],
+    for a pairwise re-ranker that takes them (nearsight.search.rerank.stage_query; rows of
+    item queries are not read). ``rows``: the catalog rows by id where the caller holds them
     in memory (else they are read). ``shown_path``: an item's path as the caller may see it
     (default: the stored path). ``notes``: extended with what the caller should be told about
     the answer, e.g. a recall target a filtered search cannot promise (index.ann.filtered)."""
@@ -179,7 +182,8 @@ def search(
     if rerank.active:
         query_ids = _query_ids(self_ids, exclude, len(queries))
         _, found = reranked_search(gallery, queries, k, rerank, ids=allowed, exclude=exclude,
-                                   info=info, query_ids=query_ids)  # fmt: skip
+                                   info=info, query_ids=query_ids,
+                                   query_side=query_side)  # fmt: skip
     else:
         _, found = gallery.search(queries, k, ids=allowed, exclude=exclude, info=info)
     if notes is not None:

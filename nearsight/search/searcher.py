@@ -31,7 +31,7 @@ from nearsight.search import route
 from nearsight.search.evaluate import evaluate_gallery
 from nearsight.search.labels import query_label
 from nearsight.search.neighbour import Neighbour
-from nearsight.search.rerank.spec import RerankSpec
+from nearsight.search.rerank.spec import NONE, RerankSpec
 from nearsight.search.results import ResultsList, SearchResults
 
 if TYPE_CHECKING:  # typing only: the embedders' modules load onnxruntime
@@ -290,10 +290,12 @@ class Searcher:
         self_ids: Sequence[int | None] | None = None,
         exclude: Sequence[int] | np.ndarray | None = None,
         notes: list[str] | None = None,
+        query_side: np.ndarray | None = None,
     ) -> list[list[Neighbour]]:
         """The route itself, for callers that checked their request already (REST, the page,
         the CLI's batch): unit query vectors [Q, D], a checked ``k``, the allowed ids, a
-        parsed spec; ``self_ids`` / ``exclude`` as in :func:`nearsight.search.route.search`."""
+        parsed spec; ``self_ids`` / ``exclude`` / ``query_side`` as in
+        :func:`nearsight.search.route.search`."""
         return route.search(
             self.gallery,
             vectors,
@@ -302,6 +304,7 @@ class Searcher:
             rerank=rerank,
             self_ids=self_ids,
             exclude=exclude,
+            query_side=query_side,
             rows=self.rows(),
             shown_path=self.shown_path,
             notes=notes,
@@ -334,10 +337,33 @@ class Searcher:
     def query_vector(self, query: QueryImage) -> tuple[np.ndarray, int | None]:
         """One query image's vector, and the gallery item it is when its bytes are an item's
         file (then that item's stored vector: it is searched as that item)."""
+        vector, twin, _ = self.query_embedding(query, NONE)
+        return vector, twin
+
+    def query_embedding(
+        self, query: QueryImage, rerank: RerankSpec
+    ) -> tuple[np.ndarray, int | None, np.ndarray | None]:
+        """:meth:`query_vector`, and the query's stage features [1, F] when ``rerank`` is a
+        pairwise re-ranker that takes them (else None): then the vector and the features
+        come from one run of the gallery's stage model (:meth:`stage_model`)."""
         twin = self.identical_item(query.sha256) if query.sha256 else None
         if twin is not None:
-            return self.item_vector(twin), twin
-        return np.asarray(self.embedder.embed_images([query.image])[0], np.float32), None
+            return self.item_vector(twin), twin, None
+        stage = self.stage_model(rerank)
+        if stage is None:
+            return np.asarray(self.embedder.embed_images([query.image])[0], np.float32), None, None
+        vectors, side = stage.images_with_stage([query.image])
+        return vectors[0], None, side
+
+    def stage_model(self, rerank: RerankSpec):
+        """The gallery's stage model (nearsight.search.rerank.stage_query.StageEmbedder) when
+        ``rerank`` scores query images by a trunk stage's features too, else None; on the
+        embedder's providers. A one-line NearsightError when the gallery cannot give them."""
+        if rerank.method != "pairwise":
+            return None
+        from nearsight.search.rerank.stage_query import stage_query_model
+
+        return stage_query_model(self.gallery, rerank, self.embedder, self._optimization)
 
     def _search_images(
         self,
@@ -352,14 +378,21 @@ class Searcher:
         twins = [self.identical_item(q.sha256) if q.sha256 else None for q in decoded]
         vectors = np.zeros((len(decoded), self.gallery.dim), dtype=np.float32)
         fresh = [n for n, twin in enumerate(twins) if twin is None]
-        if fresh:
+        stage = self.stage_model(spec)  # a re-ranker of stage features: from one run with them
+        side = None
+        if fresh and stage is not None:
+            embedded, features = stage.images_with_stage([decoded[n].image for n in fresh])
+            vectors[fresh] = embedded
+            side = np.zeros((len(decoded), features.shape[1]), dtype=np.float32)
+            side[fresh] = features
+        elif fresh:
             embedded = self.embedder.embed_images([decoded[n].image for n in fresh])
             vectors[fresh] = np.asarray(embedded, dtype=np.float32)
         for n, twin in enumerate(twins):
             if twin is not None:
                 vectors[n] = self.item_vector(twin)
         return self.search_vectors(vectors, k, allowed=allowed, rerank=spec, self_ids=twins,
-                                   notes=notes)  # fmt: skip
+                                   notes=notes, query_side=side)  # fmt: skip
 
     # -- evaluating --------------------------------------------------------------------------
 

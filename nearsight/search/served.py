@@ -146,11 +146,13 @@ class ServedGallery(Searcher):
         self_id: int | None = None,
         exclude_id: int | None = None,
         notes: list[str] | None = None,
+        query_side: np.ndarray | None = None,
     ) -> list[Neighbour]:
         """The k nearest items of one unit query vector, for a request checked already:
         ``self_id`` first at 0 (a query that is a gallery item), ``exclude_id`` left out (the
         page's leave-one-out); ``rerank`` default :attr:`rerank`; ``notes`` collects what the
-        route says of the answer (a filtered search that cannot promise its recall)."""
+        route says of the answer (a filtered search that cannot promise its recall);
+        ``query_side``: a query image's stage features [1, F] (:meth:`query_embedding`)."""
         (found,) = self.search_vectors(
             np.asarray(vector, np.float32).reshape(1, -1),
             k,
@@ -159,6 +161,7 @@ class ServedGallery(Searcher):
             self_ids=None if self_id is None else [self_id],
             exclude=None if exclude_id is None else [exclude_id],
             notes=notes,
+            query_side=query_side,
         )
         return found
 

@@ -108,3 +108,12 @@ def test_pairwise_rerank_loads_no_training_stack(onnx_gallery, tmp_path):
     assert heavy(loaded_modules(RUN_CLI, *argv, "--json")) == []
     argv = ["eval", "--gallery", onnx_gallery.gallery, "--rerank", spec, "--json"]
     assert heavy(loaded_modules(RUN_CLI, *argv)) == []
+
+
+def test_a_stage_reranked_image_search_loads_no_training_stack(staged):
+    """An image query re-ranked by layer3 features: its stage model (written by rerank
+    features) runs in onnxruntime; neither onnx (which wrote it) nor torch is loaded."""
+    for spec in (staged["spec"], staged["trained_spec"]):
+        argv = ["search", "--gallery", staged["gallery"], staged["query"], "--rerank", spec]
+        modules = loaded_modules(RUN_CLI, *argv, "--json")
+        assert "onnxruntime" in modules and heavy(modules) == []

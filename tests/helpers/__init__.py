@@ -19,7 +19,9 @@ from helpers.cli import (
     cli_argv,
     make_product,
     make_shop,
+    make_staged_gallery,
     make_tiny_gallery,
+    random_stage_scorer,
     read_jsonl,
     run,
     tiny_model,
@@ -56,6 +58,8 @@ from helpers.timm import TIMM_CONVNEXT, TIMM_RESNET, TIMM_VIT, write_hub_weights
 from helpers.training import TrainingCrash, crash_training, train_one_and_two_processes
 
 __all__ = [
+    "make_staged_gallery",
+    "random_stage_scorer",
     "disk_mb",
     "address_of",
     "closed_within",

@@ -57,6 +57,71 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def make_staged_gallery(root: Path, model: Path) -> dict:
+    """A gallery of 4 synthetic test classes built with ``model`` (the session's ONNX one),
+    a layer3 re-ranker trained for it on the 4 train classes (rerank train --stage layer3),
+    and the gallery's stored layer3 features (rerank features); ``query``: a train-split
+    image, so not any item's file. ``spec`` re-ranks with ``shuffler``, a layer3 re-ranker of
+    random weights: two epochs on 16 images learn to keep the base order, a random one
+    re-orders by the features it is given, so a test of which features reach it can fail."""
+    from nearsight.app.cli import main
+    from nearsight.data.datasets.synthetic import write_synthetic
+    from nearsight.models.embedder import file_sha256
+    from nearsight.training.pairwise import export_scorer
+
+    data = root / "data"
+    write_synthetic(data, classes=8, per_class=4, size=32, seed=3)
+    gallery = root / "gallery"
+    build = ["index", "build", "--model", str(model), "--dataset", "folder"]
+    assert main([*build, "--root", str(data), "--split", "test", "--out", str(gallery)]) == 0
+    out = root / "staged.onnx"
+    argv = [
+        "rerank",
+        "train",
+        "--model",
+        str(model),
+        "--dataset",
+        "folder",
+        "--root",
+        str(data),
+        "--out",
+        str(out),
+        "--depth",
+        "4",
+        "--epochs",
+        "2",
+        "--stage",
+        "layer3",
+        "--json",
+    ]
+    assert main(argv) == 0
+    assert main(["rerank", "features", "--gallery", str(gallery), "--stage", "layer3"]) == 0
+    shuffler = root / "shuffler.onnx"
+    export_scorer(random_stage_scorer(out, seed=0), shuffler, file_sha256(model),
+                  {"side_stage": "layer3"})  # fmt: skip
+    queries = sorted((data / "train").rglob("*.png"))  # the gallery holds the test split
+    return {"data": data, "gallery": gallery, "reranker": out, "model": model,
+            "shuffler": shuffler, "spec": f"pairwise:model={shuffler},depth=4",
+            "trained_spec": f"pairwise:model={out},depth=4", "query": queries[0],
+            "queries": queries}  # fmt: skip
+
+
+def random_stage_scorer(like: Path, seed: int):
+    """A stage PairScorer of the width of re-ranker file ``like``, its MLP's weights random
+    (an untrained one keeps the base order: its last layer starts at zero)."""
+    import torch
+
+    from nearsight.search.rerank.pairwise import PairwiseReranker
+    from nearsight.training.pairwise import PairScorer
+
+    opened = PairwiseReranker(like)
+    torch.manual_seed(seed)
+    scorer = PairScorer(opened.dim, elementwise=False, side_dim=opened.side_dim)
+    for parameter in scorer.mlp.parameters():
+        torch.nn.init.normal_(parameter, std=1.0)
+    return scorer.eval()
+
+
 @dataclass
 class TinyGallery:
     root: Path

@@ -137,9 +137,9 @@ def test_a_stage_reranker_runs_on_a_gallery_that_stores_its_features(trained, ca
         assert [n.id for n in opened_gallery.search_item(3, k=6, rerank=spec)] == found
         plain = [n.id for n in opened_gallery.search_item(3, k=6, rerank="none")]
         assert found[0] == 3 and set(found) == set(plain) and found[5:] == plain[5:]
-        # a vector's (or an image's) query has no stored features: refused in one line
+        # a vector query has no image, so no stage features: refused in one line
         vector = opened_gallery.gallery.vectors_of([3])[0]
-        with pytest.raises(NearsightError, match="not image or vector queries"):
+        with pytest.raises(NearsightError, match="a vector query has no image"):
             opened_gallery.search_vector(vector, k=3, rerank=spec)
     # a different stage stored: refused, naming the fix
     code, _, err = run(capsys, "rerank", "features", "--gallery", gallery, "--stage", "layer2")

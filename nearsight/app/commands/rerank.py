@@ -53,9 +53,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument(
         "--stage", choices=("layer2", "layer3"), default=None,
         help="also score pairs by this trunk stage's pooled features (read from --model), "
-        "without the elementwise embedding features; such a file runs where the stage "
-        "features are given (Python: evaluate_reranked(..., side=...)); galleries do not "
-        "store them yet, so search and serve refuse it",
+        "without the elementwise embedding features; a gallery runs such a file once "
+        "rerank features has stored its items' stage features (item and image queries; a "
+        "vector query has none and is refused)",
     )  # fmt: skip
     train.add_argument("--batch-size", type=int, default=64, help="images per embedding batch")
     train.add_argument("--workers", type=int, default=0, help="image-decoding threads")
@@ -66,8 +66,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="store a gallery's trunk-stage features (for a re-ranker trained with --stage)",
         description="Embed the gallery's items once more with its own model, keeping the "
         "pooled features of a trunk stage, and store them in the gallery folder (float16, by "
-        "item id), for a re-ranker trained with rerank train --stage. Items added later have "
-        "none until this runs again; compact drops them.",
+        "item id) with the model that gives a query image's (stage_model.onnx), for a "
+        "re-ranker trained with rerank train --stage. Items added later have none until this "
+        "runs again; compact drops them.",
     )
     features.add_argument("--gallery", type=Path, required=True, help="gallery folder")
     features.add_argument("--stage", choices=("layer2", "layer3"), required=True)
@@ -164,7 +165,7 @@ def run_features(args: argparse.Namespace) -> int:
     from nearsight.index.gallery.core import Gallery
     from nearsight.index.gallery.lock import gallery_lock
     from nearsight.models.embedder import file_sha256
-    from nearsight.search.rerank.stage_features import embed_with_stage
+    from nearsight.search.rerank.stage_features import embed_with_stage, stage_output_model
     from nearsight.search.rerank.stage_store import write_stage_store
 
     check_batching(args.batch_size, args.workers)
@@ -189,7 +190,8 @@ def run_features(args: argparse.Namespace) -> int:
             f"{agreement:.4f}): were the images changed? rebuild the gallery first"
         )
     with gallery_lock(folder, exclusive=True):
-        write_stage_store(folder, args.stage, sha, ids, side)
+        # with the model that gives a query image's features (serving has no onnx package)
+        write_stage_store(folder, args.stage, sha, ids, side, stage_output_model(model, args.stage))
     print(f"stored {args.stage} features of {len(ids)} items ({side.shape[1]}-d, float16) in "
           f"{folder}")  # fmt: skip
     return 0

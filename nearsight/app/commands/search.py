@@ -206,6 +206,20 @@ def query_paths(source: Path) -> list[Path]:
     return list_source(source).paths
 
 
+def _with_stage(stage):
+    """The gallery's stage model as an embedder whose rows are [embedding | stage features]
+    (what embed_files runs: one model call per batch gives both)."""
+    import types
+
+    import numpy as np
+
+    def embed(images):
+        return np.concatenate(stage.embed_with_stage(images), axis=1)
+
+    return types.SimpleNamespace(embed=embed, image_size=stage.image_size, resize=stage.resize,
+                                 spec=stage.spec)  # fmt: skip
+
+
 def _run_batch(args: argparse.Namespace, conditions: list) -> int:
     import numpy as np
 
@@ -224,10 +238,15 @@ def _run_batch(args: argparse.Namespace, conditions: list) -> int:
         for note in filtered.notes:
             print(f"nearsight: note: {note}", file=sys.stderr)
         spec = searcher.resolve_rerank(args.rerank)
+        stage = searcher.stage_model(spec)  # a re-ranker of stage features: one run gives both
         result = embed_files(
-            searcher.embedder, paths, batch_size=args.batch_size, workers=args.workers,
-            desc="searching",
+            searcher.embedder if stage is None else _with_stage(stage), paths,
+            batch_size=args.batch_size, workers=args.workers, desc="searching",
         )  # fmt: skip
+        side = None
+        if stage is not None:  # [embedding | stage features] per row, split
+            side = np.ascontiguousarray(result.embeddings[:, gallery.dim :])
+            result.embeddings = result.embeddings[:, : gallery.dim]
         ok = np.asarray(result.ok)
         # a query file with a gallery item's bytes is searched as that item, as `search IMAGE`
         read = [path for path, readable in zip(paths, ok, strict=True) if readable]
@@ -237,7 +256,7 @@ def _run_batch(args: argparse.Namespace, conditions: list) -> int:
             if twin is not None:
                 vectors[row] = searcher.item_vector(twin)
         found = searcher.search_vectors(vectors, args.k, allowed=allowed, rerank=spec,
-                                        self_ids=twins) if read else []  # fmt: skip
+                                        self_ids=twins, query_side=side) if read else []  # fmt: skip
         answers = [[neighbour.as_json() for neighbour in row] for row in found]
     good = iter(answers)
     errors = iter(result.errors)  # in the order of the unreadable paths

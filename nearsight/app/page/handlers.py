@@ -145,8 +145,8 @@ class Page:
             view = self.view(gallery)
             k = self.check_k(DEFAULT_K if k is None else k)
             query = self.read_upload(image, view.embedder)
-            vector, twin = view.query_vector(query)
-            found = view.search_one(vector, k, self_id=twin)
+            vector, twin, side = view.query_embedding(query, view.rerank)
+            found = view.search_one(vector, k, self_id=twin, query_side=side)
             return json.dumps([n.as_json() for n in found])
 
     def image_changed(
@@ -184,7 +184,8 @@ class Page:
                 filtered = view.filtered(filters, self.max_filter_conditions)
             except FilterError as error:  # no stale grid under a filter that was not applied
                 return no_search(error), filter_error(error), {"kind": "upload"}
-            vector, twin = view.query_vector(query)
+            spec = self.rerank_spec(view, rerank)
+            vector, twin, side = view.query_embedding(query, view.rerank if spec is None else spec)
             if twin is not None:
                 twin_label = view.label_of(twin)
                 note = f"identical to gallery item #{twin} ({view.class_name(twin_label)})"
@@ -192,7 +193,7 @@ class Page:
                     label = twin_label
             notes = list(filtered.notes)
             neighbours = view.search_one(vector, k, allowed=filtered.allowed, self_id=twin,
-                                         rerank=self.rerank_spec(view, rerank), notes=notes)  # fmt: skip
+                                         rerank=spec, notes=notes, query_side=side)  # fmt: skip
             card = QueryCard(
                 title="uploaded image",
                 thumbnail=thumbnail_uri(query.image),

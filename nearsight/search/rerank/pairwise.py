@@ -110,8 +110,8 @@ class PairwiseReranker:
         if side is None:
             raise NearsightError(
                 f"re-ranker {self.path} scores by the model's {self.side_stage or 'stage'} "
-                "features too, and these candidates come without them (galleries do not store "
-                "them; use it where they are given: Python's evaluate_reranked(..., side=...))"
+                "features too, and these candidates come without them (a gallery stores them "
+                "with nearsight rerank features; Python: evaluate_reranked(..., side=...))"
             )
         if side[0].shape[-1] != self.side_dim or side[1].shape[-1] != self.side_dim:
             raise NearsightError(
@@ -227,4 +227,4 @@ def pairwise_distances(
         side = (side[0], side[1][:, :depth])
     distances = np.full(valid.shape, np.inf)
     distances[:, :depth] = -reranker.scores(queries, head, side).astype(np.float64)
-    return np.where(valid, distances, np.inf)
+    return distances if valid.all() else np.where(valid, distances, np.inf)

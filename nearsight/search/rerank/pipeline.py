@@ -63,8 +63,12 @@ def rerank(
     if q == 0 or n == 0 or not spec.active:
         raise ValueError("rerank needs candidates and an active spec")
     valid = candidates >= 0
-    vectors = np.zeros((q, n, queries.shape[1]), dtype=np.float32)
-    vectors[valid] = source.vectors_of(candidates[valid])
+    full = bool(valid.all())  # the usual case: no missing candidate to mask (fewer copies)
+    if full:
+        vectors = source.vectors_of(candidates.reshape(-1)).reshape(q, n, queries.shape[1])
+    else:
+        vectors = np.zeros((q, n, queries.shape[1]), dtype=np.float32)
+        vectors[valid] = source.vectors_of(candidates[valid])
     params = spec.params
     if spec.method in ("dba", "dba+aqe"):
         vectors[valid] = _augmented(source, candidates, vectors, valid, exclude, params)
@@ -81,12 +85,11 @@ def rerank(
     else:
         scores = np.einsum("qd,qnd->qn", queries.astype(np.float64), vectors.astype(np.float64))
         distances = np.sqrt(np.maximum(2.0 - 2.0 * scores, 0.0))
-    distances = np.where(valid, distances, np.inf)
+    if not full:
+        distances = np.where(valid, distances, np.inf)
     order = np.argsort(distances, axis=1, kind="stable")
-    return (
-        np.take_along_axis(candidates, order, axis=1),
-        np.take_along_axis(distances, order, axis=1).astype(np.float32),
-    )
+    rows = np.arange(q)[:, None]  # take_along_axis, without its per-call index building
+    return candidates[rows, order], distances[rows, order].astype(np.float32)
 
 
 def _side(
@@ -97,8 +100,11 @@ def _side(
     if query_side is None or side_of is None:
         return None
     found = side_of(candidates[valid])
-    out = np.zeros((*candidates.shape, found.shape[1]), dtype=np.float32)
-    out[valid] = found
+    if valid.all():  # the usual case: no zero rows to place
+        out = found.reshape(*candidates.shape, found.shape[1])
+    else:
+        out = np.zeros((*candidates.shape, found.shape[1]), dtype=np.float32)
+        out[valid] = found
     return np.asarray(query_side, dtype=np.float32), out
 
 

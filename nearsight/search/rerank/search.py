@@ -14,6 +14,7 @@ from nearsight.search.rerank.spec import MAX_DEPTH, RerankSpec
 
 if TYPE_CHECKING:  # the gallery imports the re-ranking layer
     from nearsight.index.gallery.core import Gallery
+    from nearsight.search.rerank.stage_store import StageStore
 
 
 def reranked_search(
@@ -26,15 +27,19 @@ def reranked_search(
     exclude: np.ndarray | Sequence[int] | None = None,
     info: dict | None = None,
     query_ids: np.ndarray | Sequence[int] | None = None,
+    query_side: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(distances, ids) [Q, k'] as :meth:`Gallery.search` gives them, after re-ranking the top
     ``spec.depth`` candidates (at least ``k`` of them, and at most :data:`MAX_DEPTH` whatever
     ``k`` is: past it the base order continues). ``exclude``: per query, an item id left out
     of its answer and of every expansion (leave-one-out for a gallery item used as a query).
     ``query_ids``: per query, the gallery item it is (-1: none), whose stored stage features a
-    pairwise re-ranker of stage features needs (default: ``exclude``)."""
-    query_side = _query_side(gallery, spec, exclude if query_ids is None else query_ids,
-                             len(queries))  # fmt: skip
+    pairwise re-ranker of stage features needs (default: ``exclude``). ``query_side``: the
+    stage features [Q, F] of the queries that are not gallery items (query images, from the
+    gallery's stage model: nearsight.search.rerank.stage_query); rows of item queries are
+    ignored."""
+    query_side, store = _query_side(gallery, spec, exclude if query_ids is None else query_ids,
+                                    len(queries), query_side)  # fmt: skip
     depth = min(max(k, spec.depth), MAX_DEPTH)
     extra = 0 if exclude is None else 1
     _, found = gallery.search(queries, max(k, depth) + extra, ids=ids, info=info)
@@ -44,7 +49,8 @@ def reranked_search(
     if found.shape[1] == 0:
         return np.zeros(found.shape, np.float32), found
     head, tail = found[:, :depth], found[:, depth:k]
-    keys, distances = rerank(spec, GallerySource(gallery), queries, head, exclude, query_side)
+    source = GallerySource(gallery, store)
+    keys, distances = rerank(spec, source, queries, head, exclude, query_side)
     if tail.shape[1]:  # beyond the re-ranked depth: the index's order, after it
         keys = np.concatenate([keys, tail], axis=1)
         distances = np.concatenate([distances, np.full(tail.shape, np.inf, np.float32)], axis=1)
@@ -52,21 +58,39 @@ def reranked_search(
 
 
 def _query_side(
-    gallery: Gallery, spec: RerankSpec, query_ids: np.ndarray | Sequence[int] | None, count: int
-) -> np.ndarray | None:
-    """The queries' stored stage features, for a re-ranker that needs them (else None)."""
+    gallery: Gallery,
+    spec: RerankSpec,
+    query_ids: np.ndarray | Sequence[int] | None,
+    count: int,
+    given: np.ndarray | None,
+) -> tuple[np.ndarray | None, StageStore | None]:
+    """The queries' stage features, for a re-ranker that needs them (else None): an item's
+    stored ones, an image's ``given`` ones; and the gallery's store they come from, checked
+    (the candidates' come from it too)."""
     from nearsight.core.errors import NearsightError
     from nearsight.search.rerank.pairwise import stage_reranker
 
     reranker = stage_reranker(spec)
     if reranker is None:
-        return None
+        return None, None
     store = reranker.check_gallery(gallery.path, gallery.model_sha256)
     ids = np.full(count, -1) if query_ids is None else np.asarray(query_ids, dtype=np.int64)
-    if (ids < 0).any():
+    items = ids >= 0
+    if not items.all() and given is None:
         raise NearsightError(
-            f"re-ranker {reranker.path} scores by stored {reranker.side_stage} features: it "
-            "re-ranks searches by a gallery item (--id, eval, REST by id), not image or vector "
-            "queries"
+            f"re-ranker {reranker.path} scores by the query image's {reranker.side_stage} "
+            "features too, and a vector query has no image: search by an image or a gallery "
+            "item, or re-rank with an embeddings-only re-ranker"
         )
-    return store.side_of(ids)
+    if items.all():  # searches by gallery item: the stored rows
+        return store.side_of(ids), store
+    given = np.asarray(given, dtype=np.float32)
+    if given.shape != (count, store.dim):
+        raise NearsightError(
+            f"re-ranker {reranker.path} takes {store.dim}-d {reranker.side_stage} features "
+            f"of {count} queries, got an array of shape {tuple(given.shape)}"
+        )
+    out = np.array(given, dtype=np.float32)  # a copy: item queries' rows are replaced
+    if items.any():
+        out[items] = store.side_of(ids[items])
+    return out, store

@@ -12,6 +12,11 @@ from nearsight.index.gallery.graph import graph_neighbours
 
 if TYPE_CHECKING:  # the gallery imports the re-ranking layer
     from nearsight.index.gallery.core import Gallery
+    from nearsight.search.rerank.stage_store import StageStore
+
+# GallerySource.vectors_of reads up to this many keys directly; more go through np.unique so
+# that a row wanted by many (DBA's neighbour lists) is read once
+_DIRECT_KEYS = 256
 
 
 class MatrixSource:
@@ -46,19 +51,25 @@ class GallerySource:
     """Items of an open gallery, by id, through its own index (every index type): always the
     gallery as it is now, segments added and removed items left out."""
 
-    def __init__(self, gallery: Gallery) -> None:
+    def __init__(self, gallery: Gallery, stage_store: StageStore | None = None) -> None:
         self.gallery = gallery
         self.model_sha256 = gallery.model_sha256
+        self.stage_store = stage_store  # the one a search checked already (else opened here)
 
     def vectors_of(self, keys: np.ndarray) -> np.ndarray:
-        unique, inverse = np.unique(np.asarray(keys, dtype=np.int64), return_inverse=True)
+        keys = np.asarray(keys, dtype=np.int64)
+        if len(keys) <= _DIRECT_KEYS:  # a query's candidates: read as they are (repeats rare)
+            return self.gallery.vectors_of(keys)
+        unique, inverse = np.unique(keys, return_inverse=True)  # many: each row read once
         return self.gallery.vectors_of(unique)[inverse.reshape(-1)]
 
     def side_of(self, keys: np.ndarray) -> np.ndarray | None:
         """The items' stored stage features (nearsight rerank features), or None."""
-        from nearsight.search.rerank.stage_store import open_stage_store
+        store = self.stage_store
+        if store is None:
+            from nearsight.search.rerank.stage_store import open_stage_store
 
-        store = open_stage_store(self.gallery.path)
+            store = open_stage_store(self.gallery.path)
         return None if store is None else store.side_of(keys)
 
     def neighbours(self, keys: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:

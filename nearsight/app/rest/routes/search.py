@@ -11,7 +11,10 @@ The request is checked once here, then searched through the gallery's Searcher. 
 decoded in the decode box (nearsight.data.decode_box) and embedded by the gallery model's
 :class:`~nearsight.app.serve.batcher.EmbedBatcher` (concurrent requests share one model call); an
 upload with a gallery item's bytes is searched as that item. Filtered and re-ranked searches
-share one small pool, so a plain search and health never wait behind them.
+share one small pool, so a plain search and health never wait behind them. An upload re-ranked
+by a re-ranker of trunk-stage features is embedded in that pool instead, by the gallery's
+stage model (nearsight.search.rerank.stage_query), which gives its embedding and its stage
+features in one run.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from nearsight.app.serve.batcher import BatcherFull
 from nearsight.core.errors import NearsightError
 from nearsight.data.decode_box import fit_bytes
 from nearsight.data.images import ImageLoadError
-from nearsight.search.rerank.spec import request_rerank
+from nearsight.search.rerank.spec import RerankSpec, request_rerank
 from nearsight.search.route import check_vector
 from nearsight.search.served import ServedGallery
 
@@ -91,8 +94,9 @@ async def search(
     except ValueError as error:
         raise ApiError(422, str(error)) from None
     self_id = None  # a query that is a gallery item comes first, at distance 0
+    side = None  # an image's stage features, for a re-ranker that takes them
     if image is not None:
-        query, self_id = await _embed_upload(image, view, state)
+        query, self_id, side = await _embed_upload(image, view, state, spec)
     elif fields.get("id") is not None or fields.get("key") is not None:
         self_id = _item_of(view, fields.get("id"), fields.get("key"))
         query = view.item_vector(self_id)
@@ -108,7 +112,7 @@ async def search(
     def work():
         filtered = view.filtered(filters, state.max_filter_conditions)
         found = view.search_one(query, k, allowed=filtered.allowed, rerank=spec, self_id=self_id,
-                                notes=route_notes)  # fmt: skip
+                                notes=route_notes, query_side=side)  # fmt: skip
         return filtered, found
 
     heavy = bool(filters) or spec.active
@@ -184,9 +188,12 @@ async def _read_body(request: Request) -> tuple[dict[str, Any], UploadFile | Non
 
 
 async def _embed_upload(
-    upload: UploadFile, view: ServedGallery, state: RestState
-) -> tuple[Any, int | None]:
-    """The upload's query vector, and the gallery item it is when its bytes are an item's."""
+    upload: UploadFile, view: ServedGallery, state: RestState, spec: RerankSpec
+) -> tuple[Any, int | None, np.ndarray | None]:
+    """The upload's query vector, the gallery item it is when its bytes are an item's, and
+    its stage features [1, F] when ``spec`` is a re-ranker that takes them (then the vector
+    and the features come from one run of the gallery's stage model, in the pool of
+    re-ranked searches, not the embedding batcher)."""
     max_bytes = state.max_upload_bytes
     data = await upload.read(max_bytes + 1)
     if len(data) > max_bytes:
@@ -195,7 +202,7 @@ async def _embed_upload(
     name = echo(upload.filename or "<upload>")
     twin = view.identical_item(hashlib.sha256(data).hexdigest())
     if twin is not None:  # a gallery item's own file: searched as that item
-        return view.item_vector(twin), twin
+        return view.item_vector(twin), twin, None
 
     def prepare():
         embedder = view.embedder
@@ -207,11 +214,20 @@ async def _embed_upload(
         return embedder.preprocess(fitted.image)
 
     model_input = await state.decoding.run(prepare)
+    if spec.method == "pairwise":
+
+        def with_stage() -> tuple[np.ndarray, np.ndarray] | None:
+            stage = view.stage_model(spec)  # a one-line error (400) when the gallery has none
+            return None if stage is None else stage.embed_with_stage(model_input[None])
+
+        both = await state.heavy.run(with_stage)
+        if both is not None:
+            return both[0][0], None, both[1]
     try:
         future = state.batchers[id(view.embedder)].submit(model_input)
     except BatcherFull as error:
         raise ApiError(503, f"the server is busy ({error}): retry") from None
-    return await asyncio.wrap_future(future), None
+    return await asyncio.wrap_future(future), None, None
 
 
 def _parse_vector(text: str | None) -> Any:
