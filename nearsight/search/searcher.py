@@ -31,6 +31,7 @@ from nearsight.search import route
 from nearsight.search.evaluate import evaluate_gallery
 from nearsight.search.labels import query_label
 from nearsight.search.neighbour import Neighbour
+from nearsight.search.query_embed import embed_queries
 from nearsight.search.rerank.spec import NONE, RerankSpec
 from nearsight.search.results import ResultsList, SearchResults
 
@@ -267,7 +268,7 @@ class Searcher:
         item's class is the query's."""
         if (item_id is None) == (key is None):
             raise NearsightError("search_item takes an item id or a key=, not both")
-        item = self.id_of_key(key) if key is not None else _whole(item_id)
+        item = self.id_of_key(key) if key is not None else route.check_item_id(item_id)
         k, allowed, spec = self._request(k, filters, rerank)
         vector = self.item_vector(item)
         notes: list[str] = []
@@ -346,14 +347,8 @@ class Searcher:
         """:meth:`query_vector`, and the query's stage features [1, F] when ``rerank`` is a
         pairwise re-ranker that takes them (else None): then the vector and the features
         come from one run of the gallery's stage model (:meth:`stage_model`)."""
-        twin = self.identical_item(query.sha256) if query.sha256 else None
-        if twin is not None:
-            return self.item_vector(twin), twin, None
-        stage = self.stage_model(rerank)
-        if stage is None:
-            return np.asarray(self.embedder.embed_images([query.image])[0], np.float32), None, None
-        vectors, side = stage.images_with_stage([query.image])
-        return vectors[0], None, side
+        vectors, twins, side = embed_queries(self, [query], rerank)
+        return vectors[0], twins[0], side
 
     def stage_model(self, rerank: RerankSpec):
         """The gallery's stage model (nearsight.search.rerank.stage_query.StageEmbedder) when
@@ -373,24 +368,9 @@ class Searcher:
         spec: RerankSpec,
         notes: list[str] | None = None,
     ) -> list[list[Neighbour]]:
-        """Decoded query images, embedded together; one whose bytes are a gallery item's is
-        searched as that item (as :meth:`query_vector`)."""
-        twins = [self.identical_item(q.sha256) if q.sha256 else None for q in decoded]
-        vectors = np.zeros((len(decoded), self.gallery.dim), dtype=np.float32)
-        fresh = [n for n, twin in enumerate(twins) if twin is None]
-        stage = self.stage_model(spec)  # a re-ranker of stage features: from one run with them
-        side = None
-        if fresh and stage is not None:
-            embedded, features = stage.images_with_stage([decoded[n].image for n in fresh])
-            vectors[fresh] = embedded
-            side = np.zeros((len(decoded), features.shape[1]), dtype=np.float32)
-            side[fresh] = features
-        elif fresh:
-            embedded = self.embedder.embed_images([decoded[n].image for n in fresh])
-            vectors[fresh] = np.asarray(embedded, dtype=np.float32)
-        for n, twin in enumerate(twins):
-            if twin is not None:
-                vectors[n] = self.item_vector(twin)
+        """Decoded query images searched: embedded together, one whose bytes are a gallery
+        item's searched as that item (nearsight.search.query_embed)."""
+        vectors, twins, side = embed_queries(self, decoded, spec)
         return self.search_vectors(vectors, k, allowed=allowed, rerank=spec, self_ids=twins,
                                    notes=notes, query_side=side)  # fmt: skip
 
@@ -424,17 +404,6 @@ class Searcher:
 
 class FilterNote(UserWarning):
     """A filter value no item holds (the message names the closest values held)."""
-
-
-def _whole(item_id: Any) -> int:
-    """An item id as an int; a one-line error for 3.5, "x" or True."""
-    whole_float = isinstance(item_id, float) and item_id.is_integer()
-    if isinstance(item_id, bool) or not (isinstance(item_id, int | np.integer | str) or whole_float):
-        raise NearsightError(f"an item id is a whole number, got {item_id!r}")
-    try:
-        return int(item_id)
-    except ValueError:
-        raise NearsightError(f"an item id is a whole number, got {item_id!r}") from None
 
 
 def _as_item(item: int, leave_out: bool) -> dict[str, list[int]]:
