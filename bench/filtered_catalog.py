@@ -155,7 +155,8 @@ def catalog_way(searcher, way: str) -> Iterator[None]:  # noqa: ANN001
     column's first filter) or by SQL only (``sql``: never read)."""
     catalog = searcher.gallery._catalog
     kept = catalog._columns
-    catalog._columns = ColumnCache(catalog.path, build_after=1 if way == "arrays" else 2**62)
+    catalog._columns = ColumnCache(catalog.path, build_after=1 if way == "arrays" else 2**62,
+                                   background=False)  # fmt: skip
     try:
         yield
     finally:

@@ -98,7 +98,7 @@ def test_column_arrays_answer_as_the_sql_query(tmp_path, seed):
     rng = np.random.default_rng(seed)
     path = tmp_path / "catalog.db"
     _random_catalog(path, rng, 400)
-    cache = ColumnCache(path, build_after=1)
+    cache = ColumnCache(path, build_after=1, background=False)
     for _ in range(300):
         conditions = _conditions(rng)
         assert supported(conditions), conditions
@@ -116,7 +116,7 @@ def test_a_catalog_without_item_meta_answers_as_the_sql_query(tmp_path):
     with sqlite3.connect(path) as conn:
         conn.execute("DROP TABLE item_meta")
     conn.close()
-    cache = ColumnCache(path, build_after=1)
+    cache = ColumnCache(path, build_after=1, background=False)
     for condition in (Condition("shop", "=", "x"), Condition("shop", "!=", "x"),
                       Condition("shop", "=", None), Condition("shop", "!=", None),
                       Condition("price", "<", 3), Condition("label", "=", 1)):  # fmt: skip
@@ -150,22 +150,27 @@ def _expected(catalog: Catalog, texts: list[str]) -> list[int]:
 def test_filter_ids_uses_the_arrays_from_a_columns_second_filter(tmp_path):
     path = tmp_path / "catalog.db"
     _catalog(path)
+    texts = ["price>=3", "price<6", "shop!=s1"]
     with Catalog.open(path, readonly=True) as catalog:
-        filters = parse_filters(["price>=3", "price<6", "shop!=s1"])
+        filters = parse_filters(texts)
         first = catalog.filter_ids(filters)  # SQL: a one-off search reads no whole column
+        catalog._columns.wait()
         assert catalog._columns._snapshot is None
-        second = catalog.filter_ids(filters)
+        second = catalog.filter_ids(filters)  # SQL, while a thread reads the columns
+        catalog._columns.wait()
         assert set(catalog._columns._snapshot.columns) == {"price", "shop"}
-        assert first.tolist() == second.tolist() == _expected(catalog, ["price>=3", "price<6",
-                                                                         "shop!=s1"])  # fmt: skip
+        third = catalog.filter_ids(filters)
+        assert first.tolist() == second.tolist() == third.tolist() == _expected(catalog, texts)
         with pytest.raises(FilterError, match="took longer than"):
             catalog.filter_ids(filters, time_limit_s=0.0)
 
 
 def _warm(catalog: Catalog, texts: list[str]) -> None:
+    """Filter until the arrays of the catalog's version hold the keys of ``texts``."""
     for _ in range(columns.BUILD_AFTER_USES):
         catalog.filter_ids(parse_filters(texts))
-    assert catalog._columns._snapshot is not None
+        catalog._columns.wait()
+    assert catalog._columns.snapshot([parse_filters(t)[0].key for t in texts]) is not None
 
 
 @pytest.mark.parametrize("change", ["add", "remove", "update", "replace"])
@@ -199,7 +204,7 @@ def test_a_changed_catalog_is_never_answered_from_older_arrays(tmp_path, change)
             os.replace(other, path)
         after = served.filter_ids(parse_filters(texts)).tolist()
         assert after == _expected(served, texts) != before
-        served.filter_ids(parse_filters(texts))  # the new version's arrays
+        _warm(served, texts)  # the new version's arrays
         assert served.filter_ids(parse_filters(texts)).tolist() == after
 
 
@@ -215,4 +220,5 @@ def test_a_catalog_in_wal_mode_is_not_cached(tmp_path):
             assert catalog.filter_ids(parse_filters(["price<2"])).tolist() == _expected(
                 catalog, ["price<2"]
             )
+            catalog._columns.wait()
         assert catalog._columns._snapshot is None

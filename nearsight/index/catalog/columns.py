@@ -105,20 +105,25 @@ class Snapshot:
 class ColumnCache:
     """A catalog's columns read into arrays on demand, dropped when the file changes.
 
-    :meth:`snapshot` gives the columns ``keys`` need, or None: a column is read on its
-    :data:`BUILD_AFTER_USES`-th use within a version (a one-off search, the CLI's, keeps the
-    SQL query, cheaper than reading a whole column), and a catalog the version of which
-    cannot be told (WAL mode) is never cached. Thread-safe; reading runs under a lock of the
-    cache's own, never the catalog's."""
+    :meth:`snapshot` gives the columns ``keys`` need, or None (the caller asks SQL): a column
+    is read on its ``build_after``-th use within a version (a one-off search, the CLI's, keeps
+    the SQL query, cheaper than reading a whole column), by a thread of its own unless
+    ``background`` is False, so that no search waits for it (seconds at 10M items); until it
+    is read, filters on it go to SQL. A catalog whose version cannot be told (WAL mode) is
+    never cached. Thread-safe, under a lock of the cache's own, never the catalog's."""
 
-    def __init__(self, path: Path, build_after: int = BUILD_AFTER_USES):
+    def __init__(
+        self, path: Path, build_after: int = BUILD_AFTER_USES, *, background: bool = True
+    ):
         self.path = path
         self.build_after = build_after
+        self.background = background
         self._lock = threading.Lock()
         self._version: Version | None = None
         self._snapshot: Snapshot | None = None
         self._uses: Counter[str] = Counter()
         self._unreadable: Version | None = None  # a version whose columns could not be read
+        self._reader: threading.Thread | None = None
 
     def snapshot(self, keys: list[str]) -> Snapshot | None:
         version = catalog_version(self.path)
@@ -129,26 +134,48 @@ class ColumnCache:
                 self._version, self._snapshot, self._uses = version, None, Counter()
             have = self._snapshot.columns if self._snapshot is not None else {}
             missing = [key for key in keys if key not in have]
+            if not missing and self._snapshot is not None:
+                return self._snapshot
             self._uses.update(missing)
-            if any(self._uses[key] < self.build_after for key in missing):
+            due = [key for key in missing if self._uses[key] >= self.build_after]
+            if not due or version == self._unreadable or self._reader is not None:
                 return None
-            if version == self._unreadable:
+            if self.background:
+                self._reader = threading.Thread(
+                    target=self._add, args=(version, due), name="catalog-columns", daemon=True
+                )
+                self._reader.start()
                 return None
-            if missing or self._snapshot is None:
-                try:
-                    read_at, snapshot = self._read(missing)
-                except (sqlite3.Error, UnicodeError):  # e.g. text that is not UTF-8: SQL
-                    self._unreadable = version
-                    return None
-                if read_at != version:  # written since the check: start over at the new one
-                    self._version, self._snapshot, self._uses = read_at, None, Counter()
-                    return None
-                self._snapshot = snapshot
-            return self._snapshot
+        self._add(version, due)
+        with self._lock:
+            have = self._snapshot.columns if self._snapshot is not None else {}
+            return self._snapshot if all(key in have for key in keys) else None
 
-    def _read(self, keys: list[str]) -> tuple[Version | None, Snapshot]:
-        """The columns ``keys`` added to the snapshot, read in one read transaction, and the
-        version of the file they were read from."""
+    def wait(self, timeout: float | None = None) -> None:
+        """Until a background read (if any) is done."""
+        reader = self._reader
+        if reader is not None:
+            reader.join(timeout)
+
+    def _add(self, version: Version, keys: list[str]) -> None:
+        """Read ``keys`` and add them to the snapshot of ``version``, unless the file has
+        changed meanwhile (then they are of no use: the next filter starts over)."""
+        with self._lock:
+            base = self._snapshot if self._version == version else None
+        try:
+            read_at, snapshot = self._read(keys, base)
+        except (sqlite3.Error, UnicodeError):  # e.g. text that is not UTF-8: SQL it is
+            read_at, snapshot = None, None
+        with self._lock:
+            if snapshot is None:
+                self._unreadable = version
+            elif read_at == version == self._version and self._snapshot is base:
+                self._snapshot = snapshot
+            self._reader = None
+
+    def _read(self, keys: list[str], base: Snapshot | None) -> tuple[Version | None, Snapshot]:
+        """``base`` (None: a new snapshot) with the columns ``keys``, read in one read
+        transaction, and the version of the file they were read from."""
         uri = f"file:{quote(str(self.path.absolute()))}?mode=ro"
         conn = sqlite3.connect(uri, uri=True, isolation_level=None)
         try:
@@ -157,7 +184,7 @@ class ColumnCache:
                 "SELECT count(*), min(id), max(id) FROM items"
             ).fetchone()
             version = catalog_version(self.path)  # the read lock is held: no write until COMMIT
-            old = self._snapshot
+            old = base
             if old is None:
                 if count and high - low + 1 == count:  # ids low..high, none missing
                     all_ids = np.arange(low, high + 1, dtype=np.int64)
