@@ -126,6 +126,25 @@ def test_a_catalog_without_item_meta_answers_as_the_sql_query(tmp_path):
         assert got.tolist() == want.tolist(), condition
 
 
+def test_a_column_holding_blobs_is_left_to_sql(tmp_path):
+    """No nearsight write stores a blob; a catalog some tool wrote one into is answered by
+    SQL (an item with a blob has a value: not in ``KEY=``)."""
+    path = tmp_path / "catalog.db"
+    _catalog(path)
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE item_meta SET value = x'00' WHERE key = 'shop' AND item_id = 4")
+    conn.close()
+    with Catalog.open(path, readonly=True) as catalog:
+        for texts in (["shop="], ["shop!="], ["price<3"]):
+            for _ in range(columns.BUILD_AFTER_USES + 1):
+                assert catalog.filter_ids(parse_filters(texts)).tolist() == _expected(
+                    catalog, texts
+                )
+                catalog._columns.wait()
+        assert 4 not in catalog.filter_ids(parse_filters(["shop="])).tolist()
+        assert catalog._columns._snapshot is None  # the version was marked unreadable
+
+
 def test_values_sqlite_would_convert_are_left_to_sql():
     assert not supported([Condition("label", "=", "3")])  # INTEGER affinity: '3' -> 3
     assert not supported([Condition("split", "=", 3)])  # TEXT affinity: 3 -> '3'

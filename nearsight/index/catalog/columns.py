@@ -40,6 +40,10 @@ _CHUNK_ROWS = 65_536
 Version = tuple[int, int, int, int, bytes]
 
 
+class Unreadable(Exception):
+    """A column the arrays would not answer as SQL does: filters on it stay in SQL."""
+
+
 def catalog_version(path: Path) -> Version | None:
     """What changes whenever the catalog file does; None for a file whose writes may leave it
     unchanged (WAL mode) or that cannot be read."""
@@ -112,9 +116,7 @@ class ColumnCache:
     is read, filters on it go to SQL. A catalog whose version cannot be told (WAL mode) is
     never cached. Thread-safe, under a lock of the cache's own, never the catalog's."""
 
-    def __init__(
-        self, path: Path, build_after: int = BUILD_AFTER_USES, *, background: bool = True
-    ):
+    def __init__(self, path: Path, build_after: int = BUILD_AFTER_USES, *, background: bool = True):
         self.path = path
         self.build_after = build_after
         self.background = background
@@ -164,7 +166,7 @@ class ColumnCache:
             base = self._snapshot if self._version == version else None
         try:
             read_at, snapshot = self._read(keys, base)
-        except (sqlite3.Error, UnicodeError):  # e.g. text that is not UTF-8: SQL it is
+        except (sqlite3.Error, UnicodeError, Unreadable):  # e.g. text not UTF-8: SQL it is
             read_at, snapshot = None, None
         with self._lock:
             if snapshot is None:
@@ -209,11 +211,17 @@ def _read_column(
     if key in INTEGER_COLUMNS or key in TEXT_COLUMNS:
         source, params = f"SELECT id, {key} FROM items WHERE typeof({key}) = ?", []
         order = f"{key}, id"
+        others = f"SELECT count(*) FROM items WHERE typeof({key}) = 'blob'"
     elif has_meta_table:
         source = "SELECT item_id, value FROM item_meta WHERE key = ? AND typeof(value) = ?"
         params, order = [key], "value, item_id"
+        others = (
+            "SELECT count(*) FROM item_meta WHERE key = ? AND typeof(value) IN ('blob', 'null')"
+        )
     else:
         return Column({})  # an older catalog: no item has a value for the key
+    if conn.execute(others, params).fetchone()[0]:  # none written by nearsight: SQL answers
+        raise Unreadable(f"column {key!r} holds values neither numbers nor text")
     parts: dict[str, Part] = {}
     for storage in STORAGE:
         cursor = conn.execute(f"{source} ORDER BY {order}", [*params, storage])
