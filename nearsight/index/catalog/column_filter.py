@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -51,6 +52,44 @@ def supported(conditions: Sequence[Condition]) -> bool:
     return True
 
 
+# a set of more than 1/MASK_SHARE of the id span is looked up in a bitmap (no sort); the
+# answer's first set is sorted unless over 1/LIST_SHARE of the span (then read off a bitmap)
+MASK_SHARE, LIST_SHARE = 32, 4
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """Disjoint arrays of item ids, each unordered: a set not yet put in order."""
+
+    parts: list[np.ndarray]
+
+    @property
+    def size(self) -> int:
+        return sum(len(block) for block in self.parts)
+
+    def mask(self, low: int, span: int) -> np.ndarray:
+        mask = np.zeros(span, dtype=bool)
+        for block in self.parts:
+            mask[block - low] = True
+        return mask
+
+    def sorted_ids(self, low: int, span: int) -> np.ndarray:
+        """The ids in order (read off a bitmap when they are many)."""
+        if self.size * LIST_SHARE > span:
+            return np.flatnonzero(self.mask(low, span)) + low
+        if len(self.parts) == 1 and (np.diff(self.parts[0]) > 0).all():
+            return self.parts[0]
+        return np.sort(np.concatenate([np.zeros(0, np.int64), *self.parts]))
+
+    def holds(self, candidates: np.ndarray, low: int, span: int) -> np.ndarray:
+        """Which of ``candidates`` (item ids, sorted) are in the set."""
+        if not len(candidates) or not self.size:
+            return np.zeros(len(candidates), dtype=bool)
+        if self.size * MASK_SHARE > span:
+            return self.mask(low, span)[candidates - low]
+        return contains(self.sorted_ids(low, span), candidates)
+
+
 def evaluate(
     conditions: Sequence[Condition], snapshot: Snapshot, check: Callable[[], None]
 ) -> np.ndarray:
@@ -59,51 +98,54 @@ def evaluate(
     by_key: dict[str, list[Condition]] = {}
     for condition in dict.fromkeys(conditions):
         by_key.setdefault(condition.key, []).append(condition)
-    wanted: list[np.ndarray] = []  # every item must be in each
-    unwanted: list[np.ndarray] = []  # no item may be in any
+    all_ids = snapshot.all_ids
+    if not len(all_ids):
+        return all_ids.astype(np.int64, copy=True)
+    low, span = int(all_ids[0]), int(all_ids[-1] - all_ids[0]) + 1
+    wanted: list[Blocks] = []  # every item must be in each
+    unwanted: list[Blocks] = []  # no item may be in any
     for key, on_key in by_key.items():
         column = snapshot.columns[key]
         holds = [c for c in on_key if c.value is not None and c.op != "!="]
         differs = [c for c in on_key if c.value is not None and c.op == "!="]
         if holds:
-            wanted.append(_holding(column, holds))
+            wanted.append(Blocks(_holding(column, holds)))
         if differs:
-            unwanted.append(_sorted(column, [_block(p, s, c) for c in differs
-                                             for s, p in column.parts.items()]))  # fmt: skip
+            unwanted.append(Blocks([_block(p, s, c) for c in differs
+                                    for s, p in column.parts.items()]))  # fmt: skip
         for condition in on_key:
             if condition.value is None:  # KEY= : no value; KEY!= : a value
-                (unwanted if condition.op == "=" else wanted).append(column.has)
+                (unwanted if condition.op == "=" else wanted).append(Blocks([column.has]))
         check()
-    wanted.sort(key=len)
-    found = wanted[0] if wanted else snapshot.all_ids
+    wanted.sort(key=lambda found: found.size)
+    found = wanted[0].sorted_ids(low, span) if wanted else all_ids
     for ids in wanted[1:]:
-        found = found[contains(ids, found)]
+        found = found[ids.holds(found, low, span)]
+        check()
     for ids in unwanted:
-        found = found[~contains(ids, found)]
-    check()
+        found = found[~ids.holds(found, low, span)]
+        check()
     return found.astype(np.int64, copy=False)
 
 
-def _holding(column: Column, holds: list[Condition]) -> np.ndarray:
-    """The ids whose value meets every condition of ``holds`` (``=`` and ranges), sorted."""
+def _holding(column: Column, holds: list[Condition]) -> list[np.ndarray]:
+    """The ids whose value meets every condition of ``holds`` (``=`` and ranges): one block
+    per storage class."""
     blocks = []
     for storage, part in column.parts.items():
         low, high = 0, len(part.ids)
         for condition in holds:
             start, stop = _span(part, storage, condition)
             low, high = max(low, start), min(high, stop)
-        blocks.append(part.ids[low:high] if low < high else part.ids[:0])
-    return np.sort(np.concatenate([column.has[:0], *blocks]))
+        if low < high:
+            blocks.append(part.ids[low:high])
+    return blocks
 
 
 def _block(part: Part, storage: str, condition: Condition) -> np.ndarray:
     """The ids of ``part`` whose value equals ``condition``'s."""
     start, stop = _span(part, storage, Condition(condition.key, "=", condition.value))
     return part.ids[start:stop] if start < stop else part.ids[:0]
-
-
-def _sorted(column: Column, blocks: list[np.ndarray]) -> np.ndarray:
-    return np.sort(np.concatenate(blocks)) if blocks else column.has[:0]
 
 
 def _span(part: Part, storage: str, condition: Condition) -> tuple[int, int]:
