@@ -18,6 +18,9 @@ item columns (``label``, ``class_name``, ``split``, ``width``, ``height``, ``id`
 from ``items``, other keys from ``item_meta`` (one row per item and key, the value stored with
 SQLite's own int/real/text type). :func:`run_filter` runs it on its own read-only connection,
 with a time budget, after refusing keys the gallery does not have (a typo is not "no match").
+A catalog filtered more than once answers from its columns read into arrays instead, with the
+same ids (nearsight/index/catalog/columns.py, column_filter.py); this query is the first
+answer and the reference.
 
 The budget is the filter's own work, the CPU time of the thread running it: past it the filter
 is the client's to narrow (a FilterError). A filter that stays within it but waits for the CPU
