@@ -93,8 +93,11 @@ def _conditions(rng: np.random.Generator) -> list[Condition]:
     return out
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_column_arrays_answer_as_the_sql_query(tmp_path, seed):
+@pytest.mark.parametrize("seed, chunk", [(0, 131_072), (1, 131_072), (2, 7), (3, 7)])
+def test_column_arrays_answer_as_the_sql_query(tmp_path, monkeypatch, seed, chunk):
+    """``chunk``: rows per read transaction (7: every column read in many, text values
+    repeated across their edges)."""
+    monkeypatch.setattr(columns, "CHUNK_ROWS", chunk)
     rng = np.random.default_rng(seed)
     path = tmp_path / "catalog.db"
     _random_catalog(path, rng, 400)
@@ -225,6 +228,35 @@ def test_a_changed_catalog_is_never_answered_from_older_arrays(tmp_path, change)
         assert after == _expected(served, texts) != before
         _warm(served, texts)  # the new version's arrays
         assert served.filter_ids(parse_filters(texts)).tolist() == after
+
+
+def test_a_write_between_two_chunks_of_a_read_discards_it(tmp_path, monkeypatch):
+    """A column is read in short transactions (a writer waits for one at most); a write
+    that commits between two of them makes the read worthless: nothing is kept from it, and
+    the next read is of the new version."""
+    monkeypatch.setattr(columns, "CHUNK_ROWS", 5)
+    path = tmp_path / "catalog.db"
+    _catalog(path)
+    chunk, calls = columns._Reader.chunk, []
+
+    def write_on_the_third(reader, read):
+        calls.append(1)
+        if len(calls) == 3:
+            with sqlite3.connect(path) as conn:
+                conn.execute("UPDATE item_meta SET value = 99 WHERE key = 'price' AND item_id = 7")
+            conn.close()
+        return chunk(reader, read)
+
+    monkeypatch.setattr(columns._Reader, "chunk", write_on_the_third)
+    cache = ColumnCache(path, build_after=1, background=False)
+    assert cache.snapshot(["price"]) is None and len(calls) == 3  # stopped at the change
+    snapshot = cache.snapshot(["price"])
+    conditions = [Condition("price", ">=", 9)]
+    assert (
+        evaluate(conditions, snapshot, budget(10.0)[1]).tolist()
+        == run_filter(path, conditions, True, 10.0).tolist()
+    )
+    assert 7 in run_filter(path, conditions, True, 10.0).tolist()
 
 
 def test_a_catalog_in_wal_mode_is_not_cached(tmp_path):

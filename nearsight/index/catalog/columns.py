@@ -24,18 +24,22 @@ import os
 import sqlite3
 import threading
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import quote
 
 import numpy as np
+
+T = TypeVar("T")
 
 # the built-in columns of ``items`` by declared type (their SQL affinity)
 INTEGER_COLUMNS = ("id", "label", "width", "height")
 TEXT_COLUMNS = ("class_name", "split")
 STORAGE = ("integer", "real", "text")
 BUILD_AFTER_USES = 2  # a column is read into arrays on its 2nd filter of a catalog version
-_CHUNK_ROWS = 65_536
+CHUNK_ROWS = 131_072  # rows per read transaction
 
 Version = tuple[int, int, int, int, bytes]
 
@@ -176,86 +180,171 @@ class ColumnCache:
             self._reader = None
 
     def _read(self, keys: list[str], base: Snapshot | None) -> tuple[Version | None, Snapshot]:
-        """``base`` (None: a new snapshot) with the columns ``keys``, read in one read
-        transaction, and the version of the file they were read from."""
-        uri = f"file:{quote(str(self.path.absolute()))}?mode=ro"
-        conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+        """``base`` (None: a new snapshot) with the columns ``keys``, and the version of the
+        file they were read from (None: it changed while they were read)."""
+        reader = _Reader(self.path)
         try:
-            conn.execute("BEGIN")
-            count, low, high = conn.execute(
-                "SELECT count(*), min(id), max(id) FROM items"
-            ).fetchone()
-            version = catalog_version(self.path)  # the read lock is held: no write until COMMIT
-            old = base
-            if old is None:
-                if count and high - low + 1 == count:  # ids low..high, none missing
-                    all_ids = np.arange(low, high + 1, dtype=np.int64)
-                else:
-                    all_ids = _ids(conn.execute("SELECT id FROM items ORDER BY id"))
-                has_meta = conn.execute(
-                    "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'item_meta'"
-                ).fetchone() is not None  # fmt: skip
-                old = Snapshot(all_ids, has_meta, {})
-            columns = dict(old.columns)
+            fresh = reader.chunk(_new_snapshot)  # and the version the read is of
+            if base is None:
+                base = fresh
+                if base.all_ids is None:  # ids with gaps: read them in order, by chunks
+                    base = Snapshot(_all_ids(reader), base.has_meta_table, {})
+            columns = dict(base.columns)
             for key in keys:
-                columns[key] = _read_column(conn, key, old.all_ids, old.has_meta_table)
-            conn.execute("COMMIT")
+                columns[key] = _read_column(reader, key, base.all_ids, base.has_meta_table)
+        except Changed:
+            return None, Snapshot(np.zeros(0, np.int64), False, {})
         finally:
-            conn.close()
-        return version, Snapshot(old.all_ids, old.has_meta_table, columns)
+            reader.conn.close()
+        return reader.version, Snapshot(base.all_ids, base.has_meta_table, columns)
 
 
-def _read_column(
-    conn: sqlite3.Connection, key: str, all_ids: np.ndarray, has_meta_table: bool
-) -> Column:
-    if key in INTEGER_COLUMNS or key in TEXT_COLUMNS:
-        source, params = f"SELECT id, {key} FROM items WHERE typeof({key}) = ?", []
-        order = f"{key}, id"
-        others = f"SELECT count(*) FROM items WHERE typeof({key}) = 'blob'"
+class Changed(Exception):
+    """The catalog file changed between two chunks of a read."""
+
+
+class _Reader:
+    """Reads a catalog in short read transactions (:data:`CHUNK_ROWS` rows each: a writer
+    waits for one chunk, never for a whole column at 10M items), all of one version of the
+    file: one that sees another raises :class:`Changed`."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        uri = f"file:{quote(str(path.absolute()))}?mode=ro"
+        self.conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+        self.version: Version | None = None
+
+    def chunk(self, read: Callable[[sqlite3.Connection], T]) -> T:
+        self.conn.execute("BEGIN")
+        try:
+            self.conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # the read lock
+            now = catalog_version(self.path)  # while it is held, no write can commit
+            if now is None or (self.version is not None and now != self.version):
+                raise Changed
+            self.version = now
+            return read(self.conn)
+        finally:
+            self.conn.execute("COMMIT")
+
+
+def _new_snapshot(conn: sqlite3.Connection) -> Snapshot:
+    """The snapshot's item ids when they are low..high (else None) and whether it has
+    ``item_meta``."""
+    count, low, high = conn.execute("SELECT count(*), min(id), max(id) FROM items").fetchone()
+    has_meta = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'item_meta'"
+    ).fetchone() is not None  # fmt: skip
+    if not count:
+        return Snapshot(np.zeros(0, np.int64), has_meta, {})
+    whole = high - low + 1 == count
+    return Snapshot(np.arange(low, high + 1, dtype=np.int64) if whole else None, has_meta, {})
+
+
+def _all_ids(reader: _Reader) -> np.ndarray:
+    chunks, last = [], None
+    while True:
+        ids = reader.chunk(lambda conn, after=last: _ids(conn.execute(
+            "SELECT id FROM items WHERE id > ? ORDER BY id LIMIT ?",
+            (-(2**63) if after is None else after, CHUNK_ROWS))))  # fmt: skip
+        chunks.append(ids)
+        if len(ids) < CHUNK_ROWS:
+            return np.concatenate(chunks)
+        last = int(ids[-1])
+
+
+def _read_column(reader: _Reader, key: str, all_ids: np.ndarray, has_meta_table: bool) -> Column:
+    """One column's parts: numbers read by chunks of ids and ordered here; text in value
+    order by chunks of the (key, value) index, or for a built-in column by chunks of ids."""
+    builtin = key in INTEGER_COLUMNS or key in TEXT_COLUMNS
+    # by chunks of the primary key: "+key" keeps SQLite off the (key, value) index, which
+    # would walk every row of the key for each chunk
+    if builtin:
+        table, value, params = "items", key, []
+        where = f"typeof({key}) = ? AND id >= ? AND id < ?"
+        source = f"SELECT id, {key} FROM items WHERE {where}"
     elif has_meta_table:
-        source = "SELECT item_id, value FROM item_meta WHERE key = ? AND typeof(value) = ?"
-        params, order = [key], "value, item_id"
-        others = (
-            "SELECT count(*) FROM item_meta WHERE key = ? AND typeof(value) IN ('blob', 'null')"
-        )
+        table, value, params = "item_meta", "value", [key]
+        where = "+key = ? AND typeof(value) = ? AND item_id >= ? AND item_id < ?"
+        source = f"SELECT item_id, value FROM item_meta WHERE {where}"
     else:
         return Column({})  # an older catalog: no item has a value for the key
-    if conn.execute(others, params).fetchone()[0]:  # none written by nearsight: SQL answers
-        raise Unreadable(f"column {key!r} holds values neither numbers nor text")
-    parts: dict[str, Part] = {}
-    for storage in STORAGE:
-        cursor = conn.execute(f"{source} ORDER BY {order}", [*params, storage])
-        part = _text_part(cursor) if storage == "text" else _number_part(cursor, storage)
-        parts[storage] = _only_items(part, all_ids)
-    return Column(parts)
+    # none written by nearsight (a NULL built-in is an item without a value): SQL answers
+    odd = "'blob'" if builtin else "'blob', 'null'"
+    item = "id" if builtin else "item_id"
+    count = (f"SELECT count(*) FROM {table} WHERE {'' if builtin else '+key = ? AND '}"
+             f"typeof({value}) IN ({odd}) AND {item} >= ? AND {item} < ?")  # fmt: skip
+    rows: dict[str, list] = {storage: [] for storage in STORAGE}
+    bounds = [*all_ids[::CHUNK_ROWS].tolist(), int(all_ids[-1]) + 1] if len(all_ids) else []
+    for low, high in zip(bounds, bounds[1:], strict=False):
+
+        def read(conn: sqlite3.Connection, low: int = low, high: int = high) -> None:
+            if conn.execute(count, [*params, low, high]).fetchone()[0]:
+                raise Unreadable(f"column {key!r} holds values neither numbers nor text")
+            for storage in ("integer", "real"):
+                kind = np.int64 if storage == "integer" else np.float64
+                rows[storage].append(np.fromiter(conn.execute(
+                    source, [*params, storage, low, high]),
+                    dtype=[("id", np.int64), ("value", kind)]))  # fmt: skip
+            if builtin:
+                rows["text"].extend(conn.execute(source, [*params, "text", low, high]))
+
+        reader.chunk(read)
+    parts = {"integer": _number_part(rows["integer"], np.int64),
+             "real": _number_part(rows["real"], np.float64)}  # fmt: skip
+    parts["text"] = _coded_text(rows["text"]) if builtin else _indexed_text(reader, key)
+    return Column({storage: _only_items(part, all_ids) for storage, part in parts.items()})
 
 
 def _ids(cursor: sqlite3.Cursor) -> np.ndarray:
     return np.fromiter(cursor, dtype=[("id", np.int64)])["id"].copy()
 
 
-def _number_part(cursor: sqlite3.Cursor, storage: str) -> Part:
-    kind = np.int64 if storage == "integer" else np.float64
-    rows = np.fromiter(cursor, dtype=[("id", np.int64), ("value", kind)])
-    return Part(rows["id"].copy(), rows["value"].copy())  # ordered by value, then id
+def _number_part(chunks: list[np.ndarray], kind: type) -> Part:
+    rows = np.concatenate(chunks) if chunks else np.zeros(0, [("id", np.int64), ("value", kind)])
+    order = np.lexsort((rows["id"], rows["value"]))  # by value, then id
+    return Part(rows["id"][order], rows["value"][order])
 
 
-def _text_part(cursor: sqlite3.Cursor) -> Part:
+def _indexed_text(reader: _Reader, key: str) -> Part:
+    """A metadata column's text values, read in the (key, value) index's order by chunks."""
     ids: list[np.ndarray] = []
     encoded: list[bytes] = []
     starts: list[int] = []
-    seen, previous = 0, None
-    while rows := cursor.fetchmany(_CHUNK_ROWS):
+    seen, last, previous = 0, None, None
+    select = "SELECT item_id, value FROM item_meta WHERE key = ? AND typeof(value) = 'text'"
+    while True:
+        if last is None:
+            query, params = f"{select} ORDER BY value, item_id LIMIT ?", (key, CHUNK_ROWS)
+        else:
+            query = f"{select} AND (value, item_id) > (?, ?) ORDER BY value, item_id LIMIT ?"
+            params = (key, last[1], last[0], CHUNK_ROWS)
+        rows = reader.chunk(lambda conn, q=query, p=params: conn.execute(q, p).fetchall())
         ids.append(np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows)))
         for offset, (_, value) in enumerate(rows):
-            if value != previous:
+            if previous is None or value != previous:  # the next distinct value
                 encoded.append(value.encode("utf-8", "surrogatepass"))
                 starts.append(seen + offset)
                 previous = value
+        last = rows[-1] if rows else last
         seen += len(rows)
+        if len(rows) < CHUNK_ROWS:
+            break
     starts.append(seen)
-    joined = np.concatenate(ids) if ids else np.zeros(0, np.int64)
-    return Part(joined, TextValues(encoded), np.asarray(starts, dtype=np.int64))
+    return Part(np.concatenate(ids), TextValues(encoded), np.asarray(starts, dtype=np.int64))
+
+
+def _coded_text(rows: list[tuple[int, str]]) -> Part:
+    """A built-in column's text values (few distinct: class names, splits) put in order."""
+    codes: dict[str, int] = {}
+    code = np.fromiter((codes.setdefault(value, len(codes)) for _, value in rows), np.int64,
+                       count=len(rows))  # fmt: skip
+    ids = np.fromiter((item for item, _ in rows), np.int64, count=len(rows))
+    encoded = [value.encode("utf-8", "surrogatepass") for value in codes]
+    rank = np.empty(len(encoded), np.int64)
+    rank[sorted(range(len(encoded)), key=encoded.__getitem__)] = np.arange(len(encoded))
+    order = np.lexsort((ids, rank[code]))
+    starts = np.concatenate([[0], np.cumsum(np.bincount(rank[code], minlength=len(encoded)))])
+    return Part(ids[order], TextValues(sorted(encoded)), starts.astype(np.int64))
 
 
 def _only_items(part: Part, all_ids: np.ndarray) -> Part:
