@@ -12,9 +12,11 @@ order, a range a prefix or a suffix of it. Text values are one UTF-8 buffer with
 The cache is valid for one version of the catalog file: its device, inode, size, mtime and
 SQLite's file change counter (header bytes 24-27, incremented by every committed write in
 rollback-journal mode; a catalog in WAL mode, where the counter is not kept, is not cached).
-The version is read inside the read transaction that reads the columns, so no write can fall
-between the two, and checked again before every use: a changed catalog is never served from
-the arrays of an older one.
+Columns are read in short read transactions (:data:`CHUNK_ROWS` rows: a writer waits for one,
+never for a whole column), each reading the version while it holds SQLite's read lock, so no
+write can fall between the version and the rows; a read whose chunks saw two versions is
+thrown away. The version is checked again before every use: a changed catalog is never
+served from the arrays of an older one.
 """
 
 from __future__ import annotations
