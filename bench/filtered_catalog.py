@@ -2,7 +2,7 @@
 
     python bench/filtered_catalog.py [--items 300000] [--dim 64] [--categories 300]
                                      [--types hnsw ivfpq] [--queries 200] [--json FILE]
-                                     [--workdir DIR]
+                                     [--workdir DIR] [--keep DIR]
 
 --items unit vectors in --categories clusters (a catalog whose categories follow the
 embedding's structure, as a shop's do), written as a .npy and a .csv (``label``, ``path``, a
@@ -25,7 +25,11 @@ Reported per type and filter: recall@10 against a float64 brute force over the a
 of one search_vector call (its filter's SQL and the route: nearsight.index.ann.filtered) as
 shipped, and as an exact search over the allowed items (``exact``, filtered.FORCE, the peer
 in the same run), with ``filter_p50_ms``, the filter's SQL alone (Searcher.filtered): the
-rest is the search. One FAISS thread unless --threads. A script, not a test.
+rest is the search. ``route_sql`` is ``route`` with the catalog answering filters by its SQL
+query, as before its column arrays (nearsight/index/catalog/columns.py): the peer of the
+catalog's part, in the same run (``route`` and ``exact`` use the arrays, read once before
+their timed searches). --keep DIR keeps the imported galleries in DIR and reuses them on the
+next run of the same sizes. One FAISS thread unless --threads. A script, not a test.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ import faiss
 import numpy as np
 
 from nearsight.index.ann import filtered
+from nearsight.index.catalog.columns import ColumnCache
 from nearsight.search.searcher import open_gallery
 
 FILTERS = ("group", "band", "far")
@@ -144,6 +149,20 @@ def forced(way: str | None) -> Iterator[None]:
         filtered.FORCE = None
 
 
+@contextlib.contextmanager
+def catalog_way(searcher, way: str) -> Iterator[None]:  # noqa: ANN001
+    """The catalog answering filters from fresh column arrays (``arrays``: read on a
+    column's first filter) or by SQL only (``sql``: never read)."""
+    catalog = searcher.gallery._catalog
+    kept = catalog._columns
+    catalog._columns = ColumnCache(catalog.path, build_after=1 if way == "arrays" else 2**62,
+                                   background=False)  # fmt: skip
+    try:
+        yield
+    finally:
+        catalog._columns = kept
+
+
 def filter_p50(searcher, per_query: list, name: str) -> float:  # noqa: ANN001
     """p50 ms of the catalog's part of a search alone: the filter checked and run in SQLite
     (Searcher.filtered), which search_vector does before the route."""
@@ -157,20 +176,24 @@ def filter_p50(searcher, per_query: list, name: str) -> float:  # noqa: ANN001
 
 def run_type(index_type: str, files: tuple[Path, Path], data: dict, per_query: list,
              args: argparse.Namespace, folder: Path) -> dict:  # fmt: skip
-    out = folder / f"gallery-{index_type}"
+    out = (args.keep or folder) / f"gallery-{index_type}"
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", CLI, "index", "import", "--vectors", str(files[0]),
-                    "--meta", str(files[1]), "--out", str(out), "--index-type", index_type],
-                   check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+    if not (out / "catalog.db").is_file():
+        subprocess.run([sys.executable, "-c", CLI, "index", "import", "--vectors", str(files[0]),
+                        "--meta", str(files[1]), "--out", str(out), "--index-type", index_type],
+                       check=True, stdout=subprocess.DEVNULL)  # fmt: skip
     built = time.perf_counter() - start
     rows: dict = {}
     searcher = open_gallery(out)
     try:
         for name in FILTERS:
             row: dict = {}
-            for way, force in (("route", None), ("exact", "exact")):
+            ways = (("route", None, "arrays"), ("exact", "exact", "arrays"),
+                    ("route_sql", None, "sql"))  # fmt: skip
+            for way, force, answer in ways:
                 hits, times, went_exact, notes, shares = 0, [], 0, set(), []
-                with forced(force):
+                with forced(force), catalog_way(searcher, answer):
+                    searcher.filtered(list(per_query[0][name][0]))  # the arrays read here
                     for q, query in enumerate(data["queries"]):
                         strings, allowed = per_query[q][name]
                         begin = time.perf_counter()
@@ -183,10 +206,13 @@ def run_type(index_type: str, files: tuple[Path, Path], data: dict, per_query: l
                         went_exact += searcher.gallery._filters.last.get("exact", 0)
                         notes.update(results.notes)
                         shares.append(float(allowed.mean()))
+                with catalog_way(searcher, answer):
+                    searcher.filtered(list(per_query[0][name][0]))
+                    filter_ms = filter_p50(searcher, per_query, name)
                 row[way] = {
                     "recall": round(hits / (args.k * len(data["queries"])), 4),
                     "p50_ms": round(float(np.median(times) * 1000), 3),
-                    "filter_p50_ms": filter_p50(searcher, per_query, name),
+                    "filter_p50_ms": filter_ms,
                     "went_exact": went_exact,
                     "notes": sorted(notes),
                 }
@@ -211,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--workdir", type=Path)
+    parser.add_argument("--keep", type=Path, help="keep (and reuse) the galleries here")
     args = parser.parse_args(argv)
     faiss.omp_set_num_threads(args.threads)
     data = catalog(args.items, args.dim, args.categories, args.queries, seed=0)
@@ -221,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {"items": args.items, "dim": args.dim, "categories": args.categories,
                      "queries": args.queries, "k": args.k, "threads": args.threads,
                      "types": {}}  # fmt: skip
+    if args.keep is not None:
+        args.keep = args.keep / f"{args.items}-{args.dim}-{args.categories}"
+        args.keep.mkdir(parents=True, exist_ok=True)
     try:
         files = write_files(data, folder)
         for index_type in args.types:

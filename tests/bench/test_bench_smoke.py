@@ -48,6 +48,11 @@ SMOKE: dict[str, tuple[list[str], list[str]]] = {
         [r"add of 1 item to a 1000-item, 16-d gallery \(\d+ bytes on disk\): wchar \d+ bytes, "
          r"write_bytes \d+ bytes"],
     ),
+    "catalog_columns.py": (
+        ["--items", "3000", "--repeats", "2", "--workdir", "{workdir}"],
+        [r"category>=100 category<130: \d+ ids, SQL [\d.]+ ms, column read [\d.]+ s, "
+         r"arrays p50 [\d.]+ ms", r"arrays \d+ MB, peak RSS \d+ MB"],
+    ),
     "cli_search.py": (
         ["--items", "50", "--image-size", "32", "--repeats", "1", "--workdir", "{workdir}"],
         [r"before: [\d.]+ s wall", r"after: [\d.]+ s wall, [\d.]+ s CPU, \d+ MB peak RSS",

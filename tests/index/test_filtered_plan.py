@@ -170,3 +170,60 @@ def test_the_tuning_counts_a_group_of_clusters_on_the_queries_outside_it(data):
     nearest = np.argmax(queries @ vectors.T, axis=1)  # each query's nearest item
     for allowed, counted in groups:
         assert counted.any() and not np.isin(nearest[counted], allowed).any()
+
+
+@pytest.mark.parametrize("index_type", ["ivfpq", "hnsw"])
+def test_the_tuning_walks_a_group_only_for_the_queries_outside_it(data, monkeypatch, index_type):
+    """tune_filters counts, for a group of clusters, only the queries tuning_filters marks as
+    outside it: the queries it walks are exactly those whose plan walks and that count. The
+    old tuning counted every query that walked, those inside the group too (an easy case:
+    the query's own neighbours are allowed), and so tuned a narrower rule; here some query
+    inside a group would walk, so counting it would show."""
+    from nearsight.index.ann import filter_tuning
+    from nearsight.index.ann.faiss_index import make_index
+    from nearsight.index.ann.tuning import tune, tuning_sample
+
+    vectors = data["vectors"]
+    ids = np.arange(len(vectors), dtype=np.int64)
+    held_out = tuning_sample(len(ids), index_type)
+    index, params = make_index(vectors, ids, index_type, skip=held_out)
+    params.update(tune(index, index_type, vectors, ids, 0.95, rerank=True, held_out=held_out))
+    counted_by: dict[bytes, np.ndarray] = {}
+    calls: list[tuple[str, bytes, np.ndarray]] = []  # ("plan" | "walk", allowed, queries)
+    tuning_filters, plan_walk, walk_index = (
+        filter_tuning.tuning_filters, filtered.plan_walk, filtered.walk_index
+    )  # fmt: skip
+
+    def spy_filters(*args, **kwargs):
+        out = tuning_filters(*args, **kwargs)
+        counted_by.update((allowed.tobytes(), counted) for allowed, counted in out)
+        return out
+
+    def spy_plan(*args, **kwargs):
+        plan, work = plan_walk(*args, **kwargs)
+        calls.append(("plan", args[5].tobytes(), work > 0))
+        return plan, work
+
+    def spy_walk(*args, **kwargs):
+        calls.append(("walk", args[4].tobytes(), np.array(args[7], copy=True)))
+        return walk_index(*args, **kwargs)
+
+    monkeypatch.setattr(filter_tuning, "tuning_filters", spy_filters)
+    monkeypatch.setattr(filtered, "plan_walk", spy_plan)
+    monkeypatch.setattr(filtered, "walk_index", spy_walk)
+    meta = {"index_type": index_type, **params}
+    filter_tuning.tune_filters(index, index_type, meta, vectors, ids, held_out, 0.95)
+    groups = {key for key, counted in counted_by.items() if not counted.all()}
+    assert len(groups) >= 2
+    inside_would_walk = 0
+    for at, (kind, key, plans) in enumerate(calls):
+        if kind != "plan":
+            continue
+        counts = plans & counted_by[key]  # the plan walks it and it counts
+        after = calls[at + 1] if at + 1 < len(calls) else ("plan", b"", plans[:0])
+        if counts.any():
+            assert after[0] == "walk" and after[1] == key and np.array_equal(after[2], counts)
+        else:
+            assert after[0] == "plan"  # nothing walked for a filter no counted query walks
+        inside_would_walk += int((plans & ~counted_by[key]).sum()) if key in groups else 0
+    assert inside_would_walk > 0  # queries inside a group that the old tuning counted

@@ -18,6 +18,9 @@ item columns (``label``, ``class_name``, ``split``, ``width``, ``height``, ``id`
 from ``items``, other keys from ``item_meta`` (one row per item and key, the value stored with
 SQLite's own int/real/text type). :func:`run_filter` runs it on its own read-only connection,
 with a time budget, after refusing keys the gallery does not have (a typo is not "no match").
+A catalog filtered more than once answers from its columns read into arrays instead, with the
+same ids (nearsight/index/catalog/columns.py, column_filter.py); this query is the first
+answer and the reference.
 
 The budget is the filter's own work, the CPU time of the thread running it: past it the filter
 is the client's to narrow (a FilterError). A filter that stays within it but waits for the CPU
@@ -31,7 +34,7 @@ import math
 import re
 import sqlite3
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -305,6 +308,30 @@ def _builtin_value(condition: Condition) -> MetaValue:
     return condition.value
 
 
+def budget(time_limit_s: float) -> tuple[Callable[[], bool], Callable[[], None]]:
+    """(whether the filter is past its budget, a check that raises if it is): past
+    ``time_limit_s`` of its thread's CPU time a FilterError (the client's to narrow), past
+    :data:`BUSY_FACTOR` times it in wall time :class:`~nearsight.core.errors.Busy`."""
+    work_deadline = time.thread_time() + time_limit_s
+    deadline = time.monotonic() + time_limit_s * BUSY_FACTOR
+
+    def over() -> bool:
+        return time.thread_time() > work_deadline or time.monotonic() > deadline
+
+    def check() -> None:
+        if time.thread_time() > work_deadline:
+            raise FilterError(
+                f"the filter took longer than {time_limit_s:g} s of work: narrow it"
+            ) from None
+        if time.monotonic() > deadline:
+            raise Busy(
+                f"the server is busy: the filter did not finish within "
+                f"{time_limit_s * BUSY_FACTOR:g} s (retry)"
+            ) from None
+
+    return over, check
+
+
 def run_filter(
     path: Path,
     conditions: Sequence[Condition],
@@ -319,25 +346,12 @@ def run_filter(
         conn = sqlite3.connect(uri, uri=True)
     except sqlite3.Error as error:
         raise GalleryError(f"cannot open gallery catalog {path.name}: {error}") from None
-    work_deadline = time.thread_time() + time_limit_s
-    deadline = time.monotonic() + time_limit_s * BUSY_FACTOR
-
-    def stop() -> bool:
-        return time.thread_time() > work_deadline or time.monotonic() > deadline
-
-    conn.set_progress_handler(stop, 10_000)
+    over, raise_over = budget(time_limit_s)
+    conn.set_progress_handler(over, 10_000)
     try:
         rows = conn.execute(sql, params).fetchall()
     except sqlite3.OperationalError as error:
-        if time.thread_time() > work_deadline:
-            raise FilterError(
-                f"the filter took longer than {time_limit_s:g} s of work: narrow it"
-            ) from None
-        if time.monotonic() > deadline:
-            raise Busy(
-                f"the server is busy: the filter did not finish within "
-                f"{time_limit_s * BUSY_FACTOR:g} s (retry)"
-            ) from None
+        raise_over()
         raise FilterError(f"the filter is too complex for the catalog ({error})") from None
     except sqlite3.DatabaseError as error:
         raise GalleryError(f"gallery catalog {path.name} is damaged: {error}") from None

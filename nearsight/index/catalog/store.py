@@ -32,8 +32,10 @@ from urllib.parse import quote
 import numpy as np
 
 from nearsight.data.meta import MetaValue
+from nearsight.index.catalog.column_filter import evaluate, supported
+from nearsight.index.catalog.columns import ColumnCache
 from nearsight.index.catalog.filter_notes import value_notes
-from nearsight.index.catalog.filters import Condition, run_filter, typed_conditions
+from nearsight.index.catalog.filters import Condition, budget, run_filter, typed_conditions
 from nearsight.index.catalog.rows import (
     INSERT_ITEM,
     INSERT_ITEM_META,
@@ -70,6 +72,7 @@ class Catalog:
         self._meta_keys: list[str] | None = None
         self._column_types: dict[str, str] | None = None
         self._class_names: dict[int, str] | None = None
+        self._columns = ColumnCache(path)  # filters' columns, per version of the file
 
     @classmethod
     def open(cls, db_path: str | os.PathLike[str], *, readonly: bool = False) -> Catalog:
@@ -195,8 +198,16 @@ class Catalog:
 
         The query runs on a connection of its own, read-only and outside the catalog's lock, so
         a slow filter never makes other searches of the gallery wait; past ``time_limit_s`` it
-        is stopped with a FilterError."""
+        is stopped with a FilterError.
+
+        From a column's second filter on (per version of the catalog file) the columns are
+        read into arrays once and the filter is evaluated on them
+        (nearsight/index/catalog/column_filter.py), with the SQL query's answer."""
         typed = typed_conditions(conditions, self.column_types(), self.class_names())
+        if supported(typed):
+            snapshot = self._columns.snapshot(list(dict.fromkeys(c.key for c in typed)))
+            if snapshot is not None:  # reading the columns is the catalog's, not the budget's
+                return evaluate(typed, snapshot, budget(time_limit_s)[1])
         return run_filter(self.path, typed, self.has_item_meta(), time_limit_s)
 
     def filter_notes(self, conditions: Sequence[Condition]) -> list[str]:
