@@ -84,6 +84,13 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError("set steps, epochs or time_limit_s")
     if config.time_limit_s is not None and config.time_limit_s <= 0:
         raise ConfigError(f"time_limit_s must be positive, got {config.time_limit_s}")
+    threads = config.cpu_threads
+    if threads not in ("cores", "measured") and not (
+        isinstance(threads, int) and not isinstance(threads, bool) and threads > 0
+    ):
+        raise ConfigError(
+            f"cpu_threads must be cores, measured or a number of threads, got {threads!r}"
+        )
     expected = config.expected_steps_per_s
     if expected is not None and expected <= 0:
         raise ConfigError(f"expected_steps_per_s must be positive, got {expected}")

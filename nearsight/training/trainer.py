@@ -66,6 +66,7 @@ from nearsight.training.progress import TrainProgress
 from nearsight.training.resume import TrainState, load_last, model_extra, save_last
 from nearsight.training.run_files import RunFiles
 from nearsight.training.schedule import LRSchedule, set_learning_rates
+from nearsight.training.thread_probe import ThreadProbe
 
 log = logging.getLogger(__name__)
 clock = time.perf_counter  # the training-time clock (tests replace it with a fake one)
@@ -121,6 +122,7 @@ class Trainer:
             self.model.to(memory_format=torch.channels_last)
         if self.dist.main:
             print(f"precision: {chosen}", file=sys.stderr)
+        self.thread_probe = self._cpu_threads()
         self.sampler = build_train_sampler(config, train.labels)
         if self.sampler.batch_size % self.dist.world:
             raise NearsightError(
@@ -188,6 +190,21 @@ class Trainer:
         barrier(self.dist)
         return state
 
+    def _cpu_threads(self) -> ThreadProbe | None:
+        """Apply ``cpu_threads`` on a CPU; the probe that measures them, for ``measured``
+        (one process: a distributed run keeps one thread per core)."""
+        setting = self.config.cpu_threads
+        if self.cuda or setting == "cores":
+            return None
+        if setting != "measured":
+            torch.set_num_threads(int(setting))
+            return None
+        if self.dist.world > 1:
+            return None
+        from nearsight.core.threads import worker_threads
+
+        return ThreadProbe(worker_threads())
+
     def _budget_done(self, state: TrainState) -> bool:
         """Whether the run's steps (or epochs' batches) are all done."""
         if self.total_batches is not None:
@@ -222,6 +239,8 @@ class Trainer:
             if not critic:
                 set_learning_rates(self.optimizer, self.schedule.factor(state.step, elapsed))
             freeze_trunk = state.step < config.optim.freeze_trunk_steps
+            if self.thread_probe is not None:
+                self.thread_probe.before_step(state.step)
             loss_value = self._train_step(images, labels, critic, state.batch, freeze_trunk)
             state.batch += 1
             state.batch_in_epoch += 1
@@ -229,6 +248,8 @@ class Trainer:
             now = clock()
             batch_seconds = now - started
             state.train_seconds += batch_seconds
+            if self.thread_probe is not None:
+                self.thread_probe.after_step(state.step, batch_seconds)
             self._log_batch(state, loss_value, critic, batch_seconds)
             # the time limit ends a run after an update of the embedding, never a critic batch
             time_up = not critic and self._time_is_up(state)
