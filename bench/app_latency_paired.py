@@ -6,7 +6,9 @@
 bench/app_latency.py measures the model alone first and the server after it, so a VM whose
 speed drifts within minutes (this one's does, by 20%) moves one figure and not the other. Here
 every round sends the same query image, one client at a time, to each path in turn, the order
-rotating from round to round:
+rotating from round to round, with ``--gap-ms`` of idle time before each call (onnxruntime's
+threads spin for a while after a run; without the gap each path would share the cores with the
+one before it):
 
 - ``direct``: in this process, no server: the embedding of the decoded picture plus the FAISS
   search (bench/app_latency.py's yardstick: ``embed_images`` + ``search_one``), timed with and
@@ -49,6 +51,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--queries", type=int, default=60, help="rounds (default 60)")
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--before", type=Path, help="a checkout whose server to compare with")
+    parser.add_argument(
+        "--gap-ms",
+        type=float,
+        default=50.0,
+        help="idle time before each timed call (default 50 ms): onnxruntime's threads spin a "
+        "while after a run, and a call that follows at once shares the cores with them",
+    )
     parser.add_argument("--workdir", type=Path, help="keep the model and gallery here")
     parser.add_argument("--json", type=Path, help="also write the numbers to this file")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks it runs")
@@ -122,7 +131,9 @@ def rest_path(url: str, k: int):
     return client, run
 
 
-def measure(payloads: list[bytes], direct, rests: dict, rounds: int) -> dict[str, list[float]]:
+def measure(
+    payloads: list[bytes], direct, rests: dict, rounds: int, gap_s: float
+) -> dict[str, list[float]]:
     """``rounds`` rounds, each path once per round with the same query, order rotating."""
     names = ["direct", *rests]
     times: dict[str, list[float]] = {"decode": [], "embed": [], "search": []}
@@ -135,6 +146,7 @@ def measure(payloads: list[bytes], direct, rests: dict, rounds: int) -> dict[str
         data = payloads[r % len(payloads)]
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
+            time.sleep(gap_s)  # the previous path's threads stop spinning: each call alone
             if name == "direct":
                 for part, seconds in zip(("decode", "embed", "search"), direct(data), strict=True):
                     times[part].append(seconds)
@@ -187,7 +199,7 @@ def main(argv=None) -> int:
             client, rests[name] = rest_path(url, args.k)
             print(f"{name}: {url} ({tree or 'this tree'})", flush=True)
         load_before = os.getloadavg()
-        report = report_of(measure(payloads, direct, rests, args.queries))
+        report = report_of(measure(payloads, direct, rests, args.queries, args.gap_ms / 1000))
         report["load_average"] = {"before": load_before, "after": os.getloadavg()}
         report["settings"] = {k: str(v) for k, v in vars(args).items()}
         view.close()
