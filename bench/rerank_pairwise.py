@@ -21,8 +21,9 @@ test classes themselves (not a method: it bounds what an embedding-only re-ranke
 gain). ``layer3 alone``: Recall@1 of the layer3 features themselves (centred on the training
 split's mean), what the stage knows by itself.
 
-Cost: a search of a 10,000-item 128-d flat gallery, k = 8, batch 1 and 64, median of 101 calls
-after 20 unmeasured ones, plain against each method at depth 20 (the file's weights do not
+Cost: a search of a 10,000-item 128-d flat gallery, k = 8, batch 1 and 64: each method called
+once a round in turns (1,001 rounds at batch 1, 101 at 64), medians after 20 unmeasured calls,
+plain against each method at depth 20 (the file's weights do not
 change its cost; its size is the default's). ``pairwise+layer3``: a search by item id through
 the gallery with 1024-d layer3 features stored by ``rerank features`` (its file format,
 float16, memory-mapped): the base search, the query's and candidates' features read from the
@@ -48,7 +49,8 @@ CLASSICAL = ("aqe", "dba", "kreciprocal")
 # the same without the elementwise features (what the list context alone can give)
 SOURCES = ("train", "train+layer3", "oracle")
 STAGE = "layer3"
-WARM_UP, REPEATS = 20, 101  # cost: calls before timing, timed calls (the median is reported)
+WARM_UP = 20  # cost: calls of each method before timing
+ROUNDS = {1: 1001, 64: 101}  # cost: rounds by batch size, each method once a round (medians)
 
 
 def _cli(*argv) -> None:
@@ -169,6 +171,23 @@ def staged_search(gallery, queries, spec, query_ids: np.ndarray) -> None:
     reranked_search(gallery, queries, 8, spec, query_ids=query_ids)
 
 
+def interleaved(calls: dict, rounds: int) -> dict[str, float]:
+    """Median milliseconds of each call, timed in turns: every round calls each once, the
+    order rotating, so that a machine whose speed drifts moves every method alike."""
+    for call in calls.values():
+        for _ in range(WARM_UP):  # onnxruntime's first runs allocate its arena
+            call()
+    names = list(calls)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            start = time.perf_counter()
+            calls[name]()
+            times[name].append(time.perf_counter() - start)
+    return {name: float(np.median(values)) * 1000 for name, values in times.items()}
+
+
 def cost(workdir: Path, depth: int = 20, items: int = 10_000) -> dict:
     from nearsight.index.gallery.core import Gallery
     from nearsight.index.gallery.write import write_gallery
@@ -176,7 +195,7 @@ def cost(workdir: Path, depth: int = 20, items: int = 10_000) -> dict:
     from nearsight.training.pairwise import FitSettings, PairScorer, export_scorer
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from rerank import clustered, timed
+    from rerank import clustered
 
     reranker = workdir / "cost-128.onnx"
     export_scorer(PairScorer(128, hidden=FitSettings().hidden), reranker, "0" * 64)
@@ -198,22 +217,21 @@ def cost(workdir: Path, depth: int = 20, items: int = 10_000) -> dict:
         query_ids = rng.choice(gallery.ids, size=64, replace=False)
         methods.insert(2, f"pairwise+{STAGE}")
         for batch in (1, 64):
-            line = []
+            calls = {}
             for method in methods:
                 if method == f"pairwise+{STAGE}":
                     spec = parse_rerank(f"pairwise:model={staged},depth={depth}")
-                    call = lambda q=queries[:batch], r=spec, i=query_ids[:batch]: staged_search(  # noqa: E731
-                        gallery, q, r, i)  # fmt: skip
-                    method = f"{method}:"  # its name in the report
+                    calls[method] = lambda q=queries[:batch], r=spec, i=query_ids[:batch]: (
+                        staged_search(gallery, q, r, i))  # fmt: skip
                 else:
                     spec = parse_rerank(method)
-                    call = lambda q=queries[:batch], r=spec: search(gallery, q, r)  # noqa: E731
-                for _ in range(WARM_UP):  # onnxruntime's first runs allocate its arena
-                    call()
-                ms = timed(call, REPEATS)
-                name = method.split(":")[0]
+                    calls[method.split(":")[0]] = lambda q=queries[:batch], r=spec: search(
+                        gallery, q, r)  # fmt: skip
+            medians = interleaved(calls, ROUNDS[batch])
+            line = []
+            for name, ms in medians.items():
                 report[f"{name}@{batch}_ms"] = ms
-                line.append(f"{name} {ms:.2f} ms ({ms / report[f'none@{batch}_ms']:.2f}x)")
+                line.append(f"{name} {ms:.2f} ms ({ms / medians['none']:.2f}x)")
             print(f"  batch {batch:>2}, depth {depth}: " + "  ".join(line))
     return report
 
@@ -230,7 +248,9 @@ def run_pairwise(args) -> dict:
         for name in ("digits", "synthetic"):
             report[name] = quality(name, workdir, args.seeds, args.depths)
     if "cost" in args.parts:  # timing: under flock /tmp/nearsight-bench.lock
-        print(f"\ncost per query, 10,000 items, 128-d, flat, k=8, median of {REPEATS}:")
+        print(
+            f"\ncost per query, 10,000 items, 128-d, flat, k=8, medians of {ROUNDS} rounds in turns:"
+        )
         report["cost"] = cost(workdir)
     report["seconds"] = time.perf_counter() - start
     return report
