@@ -4,8 +4,10 @@ torch runs one intra-op thread per core by default. When other work holds some o
 those threads wait for each other at every operator's end, and a step can take longer than on
 fewer threads. A run set to ``measured`` times its steps at each candidate count (all the
 cores, half of them, one), keeps the fastest, and measures again every ``every`` steps, as the
-machine's load changes. Every step it times is a real training step: nothing runs twice, and
-the probe's cost is the few steps it runs at the slower counts.
+machine's load changes. The counts take turns step by step, so a drift during the probe (the
+first steps' warm-up, another job starting) weighs on each alike, and fewer threads must be
+clearly faster (``MARGIN``) to be kept. Every step it times is a real training step: nothing
+runs twice, and the probe's cost is the few steps it runs at the slower counts.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import sys
 
 import torch
 
-SKIP_STEPS = 3  # the first steps allocate and warm up: not timed
+SKIP_STEPS = 10  # the first steps allocate and warm up: not timed
+MARGIN = 0.9  # fewer threads are kept only when their median step is under 0.9x of more threads'
 STEPS_EACH = 3  # steps timed at each candidate count (their median counts)
 EVERY = 100  # steps between two probes
 
@@ -37,7 +40,7 @@ class ThreadProbe:
         if self._next_probe is None:
             self._next_probe = step + SKIP_STEPS
         if not self._plan and step >= self._next_probe and len(self.choices) > 1:
-            self._plan = [n for n in self.choices for _ in range(self.steps_each)]
+            self._plan = [n for _ in range(self.steps_each) for n in self.choices]
             self._times = {n: [] for n in self.choices}
         torch.set_num_threads(self._plan[0] if self._plan else self.chosen)
 
@@ -50,7 +53,10 @@ class ThreadProbe:
         if self._plan:
             return
         medians = {n: statistics.median(times) for n, times in self._times.items()}
-        best = min(medians, key=lambda n: (medians[n], -n))  # a tie: the more threads
+        best = self.choices[0]  # from the most threads down: fewer only when clearly faster
+        for n in self.choices[1:]:
+            if medians[n] < MARGIN * medians[best]:
+                best = n
         if best != self.chosen:
             shown = ", ".join(f"{medians[n]:.2f} s at {n}" for n in self.choices)
             why = "again" if best == self.cores else "(other work may hold cores)"
