@@ -164,7 +164,7 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda
     # torch's threads on a CPU: "cores" (one per core, torch's default), a number, or
     # "measured": timed on the run's own steps at all, half and one of the cores, the fastest
-    # kept and timed again every 100 steps (nearsight/training/thread_probe.py)
+    # kept and timed again when the steps' time moves (nearsight/training/thread_probe.py)
     cpu_threads: int | str = "cores"
     # auto: on where the hardware runs bf16 natively (CUDA, AVX512-BF16/AMX CPUs); the losses
     # compute in float32 either way (nearsight/models/hardware.py)
