@@ -65,15 +65,7 @@ def test_a_rerank_flood_leaves_plain_searches_and_health_fast(onnx_gallery, tmp_
     valid requests, as fast as the server answers them (the attack that took every thread of the
     server's pool, and a plain search to a median of 15 s): a plain search's median stays
     within 1.5 s, health answers, and the flood gets answers or 503 (busy), never a 4xx."""
-    from nearsight.app.cli import main
-
-    rng = np.random.default_rng(0)
-    vectors = rng.normal(size=(3000, 8)).astype(np.float32)
-    np.save(tmp_path / "v.npy", vectors / np.linalg.norm(vectors, axis=1, keepdims=True))
-    (tmp_path / "m.csv").write_text("path\n" + "".join(f"/x/{i}.jpg\n" for i in range(3000)))
-    assert main(["index", "import", "--vectors", str(tmp_path / "v.npy"), "--meta",
-                 str(tmp_path / "m.csv"), "--model", str(onnx_gallery.model), "--out",
-                 str(tmp_path / "g"), "--index-type", "flat"]) == 0  # fmt: skip
+    gallery = _big_flat_gallery(onnx_gallery, tmp_path)
     heavy = {"k": "1000", "rerank": "kreciprocal:k1=200,k2=200,depth=400"}
     statuses: list[int] = []
     stop = threading.Event()
@@ -87,7 +79,7 @@ def test_a_rerank_flood_leaves_plain_searches_and_health_fast(onnx_gallery, tmp_
                 data = {**heavy, "id": str((seed * 100 + n) % 3000)}
                 statuses.append(client.post(f"{url}/api/search", data=data).status_code)
 
-    with running_page([tmp_path / "g"], analyse=False) as (url, _):
+    with running_page([gallery], analyse=False) as (url, _):
         url = url.rstrip("/")
         threads = [threading.Thread(target=flood, args=(seed,)) for seed in range(48)]
         for thread in threads:
