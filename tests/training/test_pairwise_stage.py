@@ -156,3 +156,38 @@ def test_stage_features_of_an_exported_model_are_torchs(onnx_gallery):
     assert side.shape == (5, 128) and result.embeddings.shape == (5, embedder.dim)
     with pytest.raises(NearsightError, match="stage must be one of"):
         StageFeaturizer(onnx_gallery.model, "layer9")
+
+
+def test_stage_features_equal_their_definition_on_centred_unit_rows():
+    """side_features takes the stored rows and never forms the centred unit ones; its six
+    numbers must be those of the definition (centre on the mean, a missing row stays zero,
+    normalise, then cosines, ranks and the anchor), here in plain float64 loops."""
+    from nearsight.training.pairwise.scorer import SIDE_TEMPERATURE, side_features
+
+    rng = np.random.default_rng(5)
+    b, n, f = 3, 7, 24
+    mean = rng.uniform(0.5, 1.5, f)
+    query_side = rng.uniform(0, 3, (b, f))
+    candidate_side = rng.uniform(0, 3, (b, n, f))
+    candidate_side[1, 4] = 0.0  # a missing candidate
+    candidate_side[2, 2] = mean + 1e-3 * rng.normal(size=f)  # near the mean: a short row
+
+    def unit(x):
+        return x / max(np.linalg.norm(x), 1e-12)
+
+    expected = np.zeros((b, n, 6))
+    for row in range(b):
+        q = unit(query_side[row] - mean)
+        units = [np.zeros(f) if not c.any() else unit(c - mean) for c in candidate_side[row]]
+        sims = np.array([u @ q for u in units])
+        top = np.exp((sims - sims.max()) / SIDE_TEMPERATURE)
+        top /= top.sum()
+        anchor = sum(t * u for t, u in zip(top, units, strict=True))
+        for i, u in enumerate(units):
+            above = sum(1 / (1 + np.exp(-(s - sims[i]) / SIDE_TEMPERATURE)) for s in sims)
+            expected[row, i] = [sims[i], sims[i] - sims.max(), sims[i] - sims.mean(),
+                                np.log1p(above - 0.5), u @ anchor, sims.max()]  # fmt: skip
+    unit_queries = torch.nn.functional.normalize(torch.from_numpy(query_side - mean), dim=-1)
+    with torch.inference_mode():
+        got = side_features(unit_queries, torch.from_numpy(candidate_side), torch.from_numpy(mean))
+    np.testing.assert_allclose(got.numpy(), expected, rtol=0, atol=1e-9)

@@ -77,20 +77,40 @@ def pair_features(
     return torch.cat([q * candidates, (q - candidates).abs(), listed], dim=2)
 
 
-def side_features(query_side: torch.Tensor, candidate_side: torch.Tensor) -> torch.Tensor:
+def side_features(
+    query_side: torch.Tensor, candidate_side: torch.Tensor, side_mean: torch.Tensor
+) -> torch.Tensor:
     """[B, N, 6] numbers of each candidate in a second space: the trunk stage's features
-    (query_side [B, F], candidate_side [B, N, F], already centred and unit). As Reranking
-    Transformers and STIR compare mid-level feature maps beside the global descriptor, here
-    by the pooled map: its cosine, the gap to the list's best and mean, a soft rank among the
-    candidates, and the same cosine against the query's top candidates' mean."""
-    sims = torch.matmul(candidate_side, query_side.unsqueeze(-1)).squeeze(-1)  # [B, N]
+    (query_side [B, F] already centred and unit; candidate_side [B, N, F] as stored, centred
+    on ``side_mean`` [F] and made unit here, a missing candidate's zero row staying zero). As
+    Reranking Transformers and STIR compare mid-level feature maps beside the global
+    descriptor, here by the pooled map: its cosine, the gap to the list's best and mean, a
+    soft rank among the candidates, and the same cosine against the query's top candidates'
+    mean.
+
+    Each centred unit row ``(c - m) / |c - m|`` is used only through inner products, so they
+    are taken of the rows as given: ``c . x - m . x`` over ``|c - m|`` from ``|c|^2 - 2 c . m +
+    |m|^2``. The [B, N, F] block is read by three products and one norm instead of being
+    centred, masked and divided first (fewer passes over the widest tensor of a search)."""
+    norms = candidate_side.norm(dim=-1)  # [B, N]; a zero row is a missing candidate
+    both = torch.stack([query_side, side_mean.expand_as(query_side)], dim=2)  # [B, F, 2]
+    dots = torch.matmul(candidate_side, both)  # [B, N, 2]: c . q and c . m
+    mean_q = (query_side * side_mean).sum(-1, keepdim=True)  # [B, 1]
+    centred_sq = norms.square() - 2.0 * dots[..., 1] + side_mean.square().sum()
+    present = (norms > 0).to(dots.dtype)
+    inverse = present / centred_sq.clamp_min(0.0).sqrt().clamp_min(1e-12)
+    sims = (dots[..., 0] - mean_q) * inverse  # [B, N]
     best = sims.max(dim=1, keepdim=True).values
     mean = sims.mean(dim=1, keepdim=True)
     above = torch.sigmoid((sims.unsqueeze(1) - sims.unsqueeze(2)) / SIDE_TEMPERATURE).sum(2)
     soft_rank = torch.log1p(above - 0.5)  # j = i contributes sigmoid(0) = 0.5
     top = torch.softmax(sims / SIDE_TEMPERATURE, dim=1)  # the list's likeliest, in this space
-    anchor = torch.matmul(top.unsqueeze(1), candidate_side).squeeze(1)  # [B, F]
+    # the anchor sum_j top_j * unit_j, as (sum_j w_j c_j) - (sum_j w_j) m with w = top / |c - m|
+    weights = top * inverse
+    anchor = torch.matmul(weights.unsqueeze(1), candidate_side).squeeze(1)
+    anchor = anchor - weights.sum(1, keepdim=True) * side_mean  # [B, F]
     to_anchor = torch.matmul(candidate_side, anchor.unsqueeze(-1)).squeeze(-1)
+    to_anchor = (to_anchor - (anchor * side_mean).sum(-1, keepdim=True)) * inverse
     return torch.stack(
         [sims, sims - best, sims - mean, soft_rank, to_anchor, best.expand_as(sims)], dim=2
     )
@@ -162,13 +182,10 @@ class PairScorer(nn.Module):
             return features
         if query_side is None or candidate_side is None:
             raise ValueError("this scorer takes the stage features of query and candidates")
-        unit = nn.functional.normalize
-        query_side = unit(query_side.to(self.side_mean.dtype) - self.side_mean, dim=-1)
-        # a missing candidate (zero vector) stays zero: it is not moved to minus the mean
-        present = (candidate_side.abs().sum(-1, keepdim=True) > 0).to(self.side_mean.dtype)
-        candidate_side = unit((candidate_side.to(self.side_mean.dtype) - self.side_mean) * present,
-                              dim=-1)  # fmt: skip
-        return torch.cat([features, side_features(query_side, candidate_side)], dim=2)
+        mean = self.side_mean
+        query_side = nn.functional.normalize(query_side.to(mean.dtype) - mean, dim=-1)
+        side = side_features(query_side, candidate_side.to(mean.dtype), mean)
+        return torch.cat([features, side], dim=2)
 
     def forward(
         self,
