@@ -211,14 +211,16 @@ def pairwise_distances(
     valid: np.ndarray,
     model_sha256: str | None,
     side: tuple[np.ndarray, np.ndarray] | None = None,
+    reranker: PairwiseReranker | None = None,
 ) -> np.ndarray:
     """[Q, N] distances for :func:`nearsight.search.rerank.pipeline.rerank`: minus the scores
     of the first ``depth`` candidates, inf for the rest (they keep the base order after them)
     and for missing ones. ``model_sha256``: the embedding model of the vectors (None: vectors
     of no recorded model, as in a bench's matrix; not checked). ``side``: the stage features
     of the queries [Q, F] and candidates [Q, N, F] (zeros for missing ones), for a format-2
-    file."""
-    reranker = load_reranker(str(params["model"]))
+    file. ``reranker``: the file of ``params``, when the caller opened it for this search."""
+    if reranker is None:
+        reranker = load_reranker(str(params["model"]))
     reranker.check_for(model_sha256, queries.shape[1])
     reranker.check_side(side)
     depth = min(int(params["depth"]), vectors.shape[1])

@@ -79,7 +79,8 @@ def rerank(
 
         model = getattr(source, "model_sha256", None)
         side = _side(source, candidates, valid, query_side)
-        distances = pairwise_distances(params, queries, vectors, valid, model, side)
+        opened = getattr(source, "reranker", None)  # a search opened it already
+        distances = pairwise_distances(params, queries, vectors, valid, model, side, opened)
     elif spec.method == "kreciprocal":
         distances = _k_reciprocal(queries, vectors, valid, params)
     else:

@@ -14,6 +14,7 @@ from nearsight.search.rerank.spec import MAX_DEPTH, RerankSpec
 
 if TYPE_CHECKING:  # the gallery imports the re-ranking layer
     from nearsight.index.gallery.core import Gallery
+    from nearsight.search.rerank.pairwise import PairwiseReranker
     from nearsight.search.rerank.stage_store import StageStore
 
 
@@ -38,8 +39,9 @@ def reranked_search(
     stage features [Q, F] of the queries that are not gallery items (query images, from the
     gallery's stage model: nearsight.search.rerank.stage_query); rows of item queries are
     ignored."""
-    query_side, store = _query_side(gallery, spec, exclude if query_ids is None else query_ids,
-                                    len(queries), query_side)  # fmt: skip
+    query_side, store, reranker = _query_side(
+        gallery, spec, exclude if query_ids is None else query_ids, len(queries), query_side
+    )
     depth = min(max(k, spec.depth), MAX_DEPTH)
     extra = 0 if exclude is None else 1
     _, found = gallery.search(queries, max(k, depth) + extra, ids=ids, info=info)
@@ -49,7 +51,7 @@ def reranked_search(
     if found.shape[1] == 0:
         return np.zeros(found.shape, np.float32), found
     head, tail = found[:, :depth], found[:, depth:k]
-    source = GallerySource(gallery, store)
+    source = GallerySource(gallery, store, reranker)
     keys, distances = rerank(spec, source, queries, head, exclude, query_side)
     if tail.shape[1]:  # beyond the re-ranked depth: the index's order, after it
         keys = np.concatenate([keys, tail], axis=1)
@@ -63,16 +65,16 @@ def _query_side(
     query_ids: np.ndarray | Sequence[int] | None,
     count: int,
     given: np.ndarray | None,
-) -> tuple[np.ndarray | None, StageStore | None]:
+) -> tuple[np.ndarray | None, StageStore | None, PairwiseReranker | None]:
     """The queries' stage features, for a re-ranker that needs them (else None): an item's
-    stored ones, an image's ``given`` ones; and the gallery's store they come from, checked
-    (the candidates' come from it too)."""
+    stored ones, an image's ``given`` ones; the gallery's store they come from, checked (the
+    candidates' come from it too); and that re-ranker, opened once for the whole search."""
     from nearsight.core.errors import NearsightError
     from nearsight.search.rerank.pairwise import stage_reranker
 
     reranker = stage_reranker(spec)
     if reranker is None:
-        return None, None
+        return None, None, None
     store = reranker.check_gallery(gallery.path, gallery.model_sha256)
     ids = np.full(count, -1) if query_ids is None else np.asarray(query_ids, dtype=np.int64)
     items = ids >= 0
@@ -83,7 +85,7 @@ def _query_side(
             "item, or re-rank with an embeddings-only re-ranker"
         )
     if items.all():  # searches by gallery item: the stored rows
-        return store.side_of(ids), store
+        return store.side_of(ids), store, reranker
     given = np.asarray(given, dtype=np.float32)
     if given.shape != (count, store.dim):
         raise NearsightError(
@@ -93,4 +95,4 @@ def _query_side(
     out = np.array(given, dtype=np.float32)  # a copy: item queries' rows are replaced
     if items.any():
         out[items] = store.side_of(ids[items])
-    return out, store
+    return out, store, reranker

@@ -12,6 +12,7 @@ from nearsight.index.gallery.graph import graph_neighbours
 
 if TYPE_CHECKING:  # the gallery imports the re-ranking layer
     from nearsight.index.gallery.core import Gallery
+    from nearsight.search.rerank.pairwise import PairwiseReranker
     from nearsight.search.rerank.stage_store import StageStore
 
 # GallerySource.vectors_of reads up to this many keys directly; more go through np.unique so
@@ -51,10 +52,16 @@ class GallerySource:
     """Items of an open gallery, by id, through its own index (every index type): always the
     gallery as it is now, segments added and removed items left out."""
 
-    def __init__(self, gallery: Gallery, stage_store: StageStore | None = None) -> None:
+    def __init__(
+        self,
+        gallery: Gallery,
+        stage_store: StageStore | None = None,
+        reranker: PairwiseReranker | None = None,
+    ) -> None:
         self.gallery = gallery
         self.model_sha256 = gallery.model_sha256
         self.stage_store = stage_store  # the one a search checked already (else opened here)
+        self.reranker = reranker  # the pairwise file that search opened (else opened by path)
 
     def vectors_of(self, keys: np.ndarray) -> np.ndarray:
         keys = np.asarray(keys, dtype=np.int64)
