@@ -84,6 +84,8 @@ class VectorStore:
         self.index_type = index_type
         self.base_ids = base_ids  # sorted
         self.base_rows = base_rows
+        # the same rows without np.memmap's Python-level indexing (a search gathers a few)
+        self._base_plain = None if base_rows is None else base_rows.view(np.ndarray)
         self.budget = budget
         self.dim = int(index.d)
         self.segment_ids = np.concatenate([ids for ids, _ in segments] or [np.zeros(0, np.int64)])
@@ -112,6 +114,8 @@ class VectorStore:
     def vectors_of(self, ids: np.ndarray) -> np.ndarray:
         """float32 [len(ids), D]: the vectors of ``ids`` (all held by the gallery), in order."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if self._base_plain is not None and not len(self.segment_ids):  # all in the base file
+            return self._base_plain[np.searchsorted(self.base_ids, ids)].astype(np.float32, copy=False)
         out = np.empty((len(ids), self.dim), np.float32)
         position = np.searchsorted(self.segment_ids, ids)
         in_segment = position < len(self.segment_ids)
