@@ -45,11 +45,13 @@ def rerank(
     candidates: np.ndarray,
     exclude: np.ndarray | None = None,
     query_side: np.ndarray | None = None,
+    query_keys: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Re-order ``candidates`` [Q, N] (keys, -1 for none) of ``queries`` [Q, D] by ``spec``.
 
     ``query_side``: the queries' stage features [Q, F], for a pairwise re-ranker that takes
-    them (the candidates' come from ``source.side_of``).
+    them (the candidates' come from ``source.side_of``); or ``query_keys``: the source's keys
+    whose stored features are the queries' (searches by item).
 
     Returns (keys, distances) [Q, N], nearest first, missing candidates last with key -1 and
     distance inf. Distances: Euclidean between the (expanded) query and the (augmented)
@@ -78,7 +80,7 @@ def rerank(
         from nearsight.search.rerank.pairwise import pairwise_distances
 
         model = getattr(source, "model_sha256", None)
-        side = _side(source, candidates, valid, query_side)
+        side = _side(source, candidates, valid, query_side, query_keys)
         opened = getattr(source, "reranker", None)  # a search opened it already
         distances = pairwise_distances(params, queries, vectors, valid, model, side, opened)
     elif spec.method == "kreciprocal":
@@ -94,13 +96,26 @@ def rerank(
 
 
 def _side(
-    source: RerankSource, candidates: np.ndarray, valid: np.ndarray, query_side: np.ndarray | None
+    source: RerankSource,
+    candidates: np.ndarray,
+    valid: np.ndarray,
+    query_side: np.ndarray | None,
+    query_keys: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """(query, candidate) stage features where the caller and the source both have them."""
     side_of = getattr(source, "side_of", None)
-    if query_side is None or side_of is None:
+    if side_of is None or (query_side is None and query_keys is None):
         return None
-    found = side_of(candidates[valid])
+    if query_side is None:  # the queries are items: their rows and the candidates' in one read
+        keys = np.asarray(query_keys, dtype=np.int64)
+        found = side_of(np.concatenate([keys, candidates[valid]]))
+        if found is None:
+            return None
+        query_side, found = found[: len(keys)], found[len(keys) :]
+    else:
+        found = side_of(candidates[valid])
+        if found is None:
+            return None
     if valid.all():  # the usual case: no zero rows to place
         out = found.reshape(*candidates.shape, found.shape[1])
     else:

@@ -39,7 +39,7 @@ def reranked_search(
     stage features [Q, F] of the queries that are not gallery items (query images, from the
     gallery's stage model: nearsight.search.rerank.stage_query); rows of item queries are
     ignored."""
-    query_side, store, reranker = _query_side(
+    query_side, item_keys, store, reranker = _query_side(
         gallery, spec, exclude if query_ids is None else query_ids, len(queries), query_side
     )
     depth = min(max(k, spec.depth), MAX_DEPTH)
@@ -52,7 +52,7 @@ def reranked_search(
         return np.zeros(found.shape, np.float32), found
     head, tail = found[:, :depth], found[:, depth:k]
     source = GallerySource(gallery, store, reranker)
-    keys, distances = rerank(spec, source, queries, head, exclude, query_side)
+    keys, distances = rerank(spec, source, queries, head, exclude, query_side, item_keys)
     if tail.shape[1]:  # beyond the re-ranked depth: the index's order, after it
         keys = np.concatenate([keys, tail], axis=1)
         distances = np.concatenate([distances, np.full(tail.shape, np.inf, np.float32)], axis=1)
@@ -65,16 +65,18 @@ def _query_side(
     query_ids: np.ndarray | Sequence[int] | None,
     count: int,
     given: np.ndarray | None,
-) -> tuple[np.ndarray | None, StageStore | None, PairwiseReranker | None]:
-    """The queries' stage features, for a re-ranker that needs them (else None): an item's
-    stored ones, an image's ``given`` ones; the gallery's store they come from, checked (the
-    candidates' come from it too); and that re-ranker, opened once for the whole search."""
+) -> tuple[np.ndarray | None, np.ndarray | None, StageStore | None, PairwiseReranker | None]:
+    """For a re-ranker that needs stage features (else Nones): the queries' features (an
+    image's ``given`` ones, an item's stored ones) or, when every query is a gallery item,
+    their ids instead (read with the candidates' rows, in one lookup); the gallery's store
+    they come from, checked (the candidates' come from it too); and that re-ranker, opened
+    once for the whole search."""
     from nearsight.core.errors import NearsightError
     from nearsight.search.rerank.pairwise import stage_reranker
 
     reranker = stage_reranker(spec)
     if reranker is None:
-        return None, None, None
+        return None, None, None, None
     store = reranker.check_gallery(gallery.path, gallery.model_sha256)
     ids = np.full(count, -1) if query_ids is None else np.asarray(query_ids, dtype=np.int64)
     items = ids >= 0
@@ -84,8 +86,8 @@ def _query_side(
             "features too, and a vector query has no image: search by an image or a gallery "
             "item, or re-rank with an embeddings-only re-ranker"
         )
-    if items.all():  # searches by gallery item: the stored rows
-        return store.side_of(ids), store, reranker
+    if items.all():  # searches by gallery item: their stored rows, read with the candidates'
+        return None, ids, store, reranker
     given = np.asarray(given, dtype=np.float32)
     if given.shape != (count, store.dim):
         raise NearsightError(
@@ -95,4 +97,4 @@ def _query_side(
     out = np.array(given, dtype=np.float32)  # a copy: item queries' rows are replaced
     if items.any():
         out[items] = store.side_of(ids[items])
-    return out, store, reranker
+    return out, None, store, reranker
