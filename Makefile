@@ -37,10 +37,13 @@ lint: venv
 # The suite on one pytest-xdist worker per core, at most 4 (most tests wait on a server, a
 # training subprocess or a build); a test file runs whole on one worker: its module fixtures
 # are built once and a document's examples share one namespace. PYTEST_WORKERS=0: one process.
+# One torch / onnxruntime / FAISS thread per worker (and its subprocesses) unless set: with a
+# worker per core, a thread per core in each worker made the training tests wait on each
+# other (tests/training's two slowest files: 163 s on 2 cores, 79 s with one thread each).
 PYTEST_WORKERS ?= auto
 test: venv browser
 	$(BIN)/ruff check .
-	$(BIN)/pytest -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/pytest -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile
 
 # The page's browser tests drive Debian's chromium through Playwright (never `playwright
 # install`: no internet). Installed here when missing; without apt-get they are skipped.
