@@ -110,6 +110,37 @@ def test_the_exact_or_index_switch_is_chosen_by_cost(galleries, data, index_type
     assert info["index"] == len(data["queries"]) and info["exact"] == 0
 
 
+def test_no_walk_is_planned_where_the_plan_and_the_narrowest_walk_cost_more_than_exact(
+    galleries, data, monkeypatch
+):
+    """HNSW plans a walk with an unfiltered probe of the query's neighbourhood; where the
+    exact search costs more than the narrowest walk but less than the probe and that walk
+    together, the old rule probed anyway and paid for it whichever way the query then went.
+    Now nothing is planned there and every query is exact; with a cheap probe it plans."""
+    planned: list[int] = []
+    plan_walk = filtered.plan_walk
+
+    def spy_plan(*args, **kwargs):
+        planned.append(len(args[3]))
+        return plan_walk(*args, **kwargs)
+
+    monkeypatch.setattr(filtered, "plan_walk", spy_plan)
+    # exact 1 ms whatever the count, the narrowest walk 0.5 ms, the probe 0.8 ms
+    dear_probe = Costs(1.0, 0.0, 0.5, 0.0, plan=0.8)
+    ids, info = search(galleries["hnsw"], data, "random", dear_probe)
+    assert planned == [] and info["exact"] == len(data["queries"])
+    truth = brute_force(data["queries"], data["vectors"], data["filters"]["random"])
+    assert (ids == truth).mean() >= 0.99
+    _, info = search(galleries["hnsw"], data, "random", Costs(1.0, 0.0, 0.5, 0.0, plan=0.2))
+    assert planned == [len(data["queries"])] and info["index"] == len(data["queries"])
+
+
+def test_costs_stored_before_the_plan_was_timed_are_measured_again():
+    record = Costs(0.0, 1e-4, 0.0, 0.02, plan=0.4).as_meta()
+    assert Costs.from_meta(record) == Costs(0.0, 1e-4, 0.0, 0.02, plan=0.4)
+    assert Costs.from_meta({k: v for k, v in record.items() if k != "plan_ms"}) is None
+
+
 def test_the_costs_are_stored_at_build_time_and_measured_again_elsewhere(galleries, data):
     with Gallery.open(galleries["hnsw"]) as gallery:
         route = gallery.meta["filter_route"]

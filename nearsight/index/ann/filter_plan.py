@@ -8,9 +8,12 @@ Two stored, measured parts (gallery meta ``filter_route``, written at build time
   filtered walk must be for recall@10 >= the target, as a function of the filter's share *and*
   spread near the query (below), tuned on held-out queries with random and clustered filters;
 - **the costs** (``costs``): milliseconds of one query's exact search as ``a + b x allowed
-  items``, and of a walk as ``a + b x work`` (HNSW: efSearch; IVF: list entries scanned),
-  timed on the machine that built the gallery. A gallery opened on another machine (or one
-  written before this) times them again, once, in memory (:func:`calibrate`).
+  items``, of a walk as ``a + b x work`` (HNSW: efSearch; IVF: list entries scanned), and of
+  planning a walk (HNSW: the unfiltered probe below; IVF: in the walk's own fixed cost, as its
+  quantizer ordering is timed with it), timed on the machine that built the gallery. A gallery
+  opened on another machine (or one written before this) times them again, once, in memory
+  (:func:`calibrate`). A walk is planned only where the plan and the narrowest walk together
+  cost less than the exact search: where they cannot, the plan's own time would be lost.
 
 The spread of a filter near a query (``local share``):
 
@@ -49,7 +52,8 @@ ALPHAS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)  # the tuning's grid
 @dataclass
 class Costs:
     """One query's cost in milliseconds: exact = a + b x allowed, walk = a + b x work + c x
-    allowed (c: the walk's selector bitmap and, for IVF, the allowed items per list)."""
+    allowed (c: the walk's selector bitmap and, for IVF, the allowed items per list), and
+    ``plan``: planning one query's walk before any of it (HNSW's probe)."""
 
     exact_fixed: float
     exact_per_item: float
@@ -57,6 +61,7 @@ class Costs:
     walk_per_unit: float
     host: str = field(default_factory=platform.node)
     walk_per_allowed: float = 0.0
+    plan: float = 0.0
 
     def exact(self, allowed: int | np.ndarray) -> np.ndarray:
         return self.exact_fixed + self.exact_per_item * np.asarray(allowed, np.float64)
@@ -75,13 +80,15 @@ class Costs:
             "walk_fixed_ms": round(self.walk_fixed, 5),
             "walk_ms_per_unit": self.walk_per_unit,
             "walk_ms_per_allowed": self.walk_per_allowed,
+            "plan_ms": round(self.plan, 5),
             "host": self.host,
         }
 
     @classmethod
     def from_meta(cls, record: dict[str, Any] | None) -> Costs | None:
-        """The stored costs, if measured on this machine (else None: measure them)."""
-        if not record or record.get("host") != platform.node():
+        """The stored costs, if measured on this machine (else None: measure them; also for
+        costs stored before the plan's own was timed)."""
+        if not record or record.get("host") != platform.node() or "plan_ms" not in record:
             return None
         return cls(
             float(record["exact_fixed_ms"]),
@@ -90,6 +97,7 @@ class Costs:
             float(record["walk_ms_per_unit"]),
             str(record["host"]),
             float(record.get("walk_ms_per_allowed", 0.0)),
+            float(record["plan_ms"]),
         )
 
 

@@ -120,8 +120,8 @@ def search_allowed(
     if walkable and (total >= filter_plan.MIN_PLAN_ITEMS or FORCE == "index"):
         costs = state.machine_costs()
         exact_ms, count = costs.exact(len(allowed)), len(allowed)
-        if FORCE == "index" or exact_ms > costs.walk(narrowest_walk(index_type, meta, total),
-                                                     count):  # fmt: skip
+        narrowest = costs.plan + costs.walk(narrowest_walk(index_type, meta, total), count)
+        if FORCE == "index" or exact_ms > narrowest:
             plan, work = plan_walk(index, index_type, meta, queries, depth, allowed, total,
                                    state)  # fmt: skip
             walk = (work > 0) & (costs.walk(work, count) < exact_ms)
@@ -154,7 +154,8 @@ def search_allowed(
 
 def narrowest_walk(index_type: str, meta: dict[str, Any], total: int) -> float:
     """The work of the narrowest filtered walk (the unfiltered one's): where the exact search
-    costs less than it, no walk is planned at all (the plan's own cost is saved)."""
+    costs less than planning and taking it, no walk is planned at all (the plan's own cost
+    is saved)."""
     if index_type == "hnsw":
         return float(meta.get("ef_search", 64))
     nlist = max(1, int(meta.get("nlist") or 1))
