@@ -21,7 +21,8 @@ the index, whichever the gallery's cost plan finds cheaper for the recall target
 index.ann.filtered), forced through the index (``index``) and forced exact (``exact``), one
 FAISS thread unless --threads. Reported per way: recall@k against a float64 brute force over
 the allowed items, the share of rows equal to it, whether every row holds min(k, allowed)
-allowed items, and the p50 latency of one query; ``vs_flat``: the route's p50 over flat's
+allowed items, and the p50 latency of one query (the ways timed in turns, query by query);
+``vs_flat``: the route's p50 over flat's
 route p50 at the same filter (the peer in the same run); ``route_vs_exact``: the route's p50
 over the exact search's. Timings on a shared machine are noisy: the ratios are the numbers to
 quote. Last, per type, a line in the NeurIPS'23 big-ann filter track's form: the route's
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import shutil
 import sys
@@ -218,9 +220,9 @@ class PeakMemory:
                 "rss_anon_peak_mb": round(self.anon_peak_mb)}  # fmt: skip
 
 
-def measure(gallery: Gallery, queries: np.ndarray, allowed: np.ndarray, want: np.ndarray,
+def outcome(gallery: Gallery, queries: np.ndarray, allowed: np.ndarray, want: np.ndarray,
             k: int) -> dict:  # fmt: skip
-    """Recall, exactness, counts and the p50 of one query at a time."""
+    """Recall, exactness and counts of one way (the forced one), all queries at once."""
     info: dict = {}
     try:
         _, ids = gallery.search(queries, k, ids=allowed, info=info)
@@ -229,19 +231,36 @@ def measure(gallery: Gallery, queries: np.ndarray, allowed: np.ndarray, want: np
     depth = want.shape[1]
     full = ids.shape == (len(queries), depth) and bool(np.isin(ids, allowed).all())
     hits = [len(set(a) & set(b)) for a, b in zip(ids.tolist(), want.tolist(), strict=True)]
-    times = []
-    for query in queries:
-        start = time.perf_counter()
-        gallery.search(query[None], k, ids=allowed)
-        times.append(time.perf_counter() - start)
     return {
         "recall": round(float(np.sum(hits) / want.size), 4),
         "same_rows": round(float((ids == want).all(axis=1).mean()), 4),
         "full_rows": full,
-        "p50_ms": round(float(np.median(times) * 1000), 3),
-        "total_s": round(float(np.sum(times)), 4),
         **({"went_exact": info["exact"], "notes": info["notes"]} if "exact" in info else {}),
     }
+
+
+def measure(gallery: Gallery, queries: np.ndarray, allowed: np.ndarray, want: np.ndarray,
+            k: int, ways: Sequence[str]) -> dict[str, dict]:  # fmt: skip
+    """Per way: :func:`outcome` and the p50 of one query, timed in turns (each query goes
+    every way before the next query, in each order in turn: every way follows every other
+    equally often, as a long index walk slows whatever comes next), so that a machine whose
+    speed drifts moves every way alike and ``route_vs_exact`` compares like with like."""
+    rows = {}
+    for way in ways:
+        with forced(WAYS[way]):
+            rows[way] = outcome(gallery, queries, allowed, want, k)
+    times: dict[str, list[float]] = {way: [] for way in ways}
+    orders = list(itertools.permutations(ways))
+    for turn, query in enumerate(queries):
+        for way in orders[turn % len(orders)]:
+            with forced(WAYS[way]):
+                start = time.perf_counter()
+                gallery.search(query[None], k, ids=allowed)
+                times[way].append(time.perf_counter() - start)
+    for way in ways:
+        rows[way]["p50_ms"] = round(float(np.median(times[way]) * 1000), 3)
+        rows[way]["total_s"] = round(float(np.sum(times[way])), 4)
+    return rows
 
 
 def make_data(args: argparse.Namespace, workdir: Path) -> Path | np.ndarray:
@@ -291,12 +310,10 @@ def bench(args: argparse.Namespace, workdir: Path, memory: PeakMemory) -> dict:
             # has run a while: a gallery left unread since its build times its disk otherwise
             float(np.asarray(gallery.embeddings[:: max(1, 4096 // (4 * args.dim))]).sum())
             for name, allowed in named.items():
-                row = {"allowed": len(allowed)}
-                for way, force in WAYS.items():
-                    if name == "none" and way != "route":
-                        continue  # unfiltered: the index, whatever the way
-                    with forced(force):
-                        row[way] = measure(gallery, queries, allowed, wants[name], args.k)
+                # unfiltered: the index, whatever the way
+                ways = ["route"] if name == "none" else list(WAYS)
+                row = {"allowed": len(allowed),
+                       **measure(gallery, queries, allowed, wants[name], args.k, ways)}  # fmt: skip
                 rows[name] = row
                 print(index_type, name, json.dumps(row), file=sys.stderr, flush=True)
             results["types"][index_type] = {"build_s": round(built, 1), "filters": rows,
