@@ -135,6 +135,59 @@ def test_no_walk_is_planned_where_the_plan_and_the_narrowest_walk_cost_more_than
     assert planned == [len(data["queries"])] and info["index"] == len(data["queries"])
 
 
+def test_a_filter_whose_plans_save_less_than_they_cost_stops_planning(galleries, data, monkeypatch):
+    """The category filter lies away from the queries: HNSW's probe finds no allowed item near
+    most of them, so planning saves less per query than it costs. After its first search the
+    filter goes exact without the plan (planning again every EXPLORE_EVERY-th search); the
+    random filter, whose every query walks, keeps planning. The answers are the true ones."""
+    from nearsight.index.ann.filter_plan import EXPLORE_EVERY
+
+    planned: list[int] = []
+    plan_walk = filtered.plan_walk
+
+    def spy_plan(*args, **kwargs):
+        planned.append(len(args[3]))
+        return plan_walk(*args, **kwargs)
+
+    monkeypatch.setattr(filtered, "plan_walk", spy_plan)
+    # exact 1 ms, a walk 0.5 ms, the plan 0.49 ms: planning pays only where nearly all walk
+    costs = Costs(1.0, 0.0, 0.5, 0.0, plan=0.49)
+    queries, category = data["queries"], data["filters"]["category"]
+    truth = brute_force(queries, data["vectors"], category)
+    with Gallery.open(galleries["hnsw"]) as gallery:
+        gallery._filters.costs = costs
+        runs = []
+        for _ in range(EXPLORE_EVERY + 1):
+            info: dict = {}
+            _, ids = gallery.search(queries, K, ids=category, info=info)
+            runs.append((len(planned), info["index"]))
+            assert recall(ids, truth) >= 0.95
+        assert runs[0] == (1, runs[0][1]) and runs[0][1] < 0.98 * len(queries)
+        # then no plan (every query exact) until the EXPLORE_EVERY-th skipped search
+        assert [count for count, _ in runs[1:]] == [1] * (EXPLORE_EVERY - 1) + [2]
+        assert all(walked == 0 for _, walked in runs[1:EXPLORE_EVERY])
+        for _ in range(3):  # every query of the random filter walks: planning pays
+            info = {}
+            gallery.search(queries, K, ids=data["filters"]["random"], info=info)
+            assert info["index"] == len(queries)
+    assert len(planned) == 2 + 3
+
+
+def test_the_plan_history_skips_a_filter_only_once_it_knows_it():
+    from nearsight.index.ann.filter_plan import EXPLORE_EVERY, MIN_PLANNED, PlanHistory
+
+    history = PlanHistory()
+    lean, rich = PlanHistory.key(np.arange(0, 900, 3)), PlanHistory.key(np.arange(1, 900, 3))
+    assert lean != rich and history.worth_planning(lean, 0.1)
+    history.record(lean, MIN_PLANNED - 1, 0.0)
+    assert history.worth_planning(lean, 0.1)  # too few queries seen to judge
+    history.record(lean, 1, 0.0)
+    asked = [history.worth_planning(lean, 0.1) for _ in range(2 * EXPLORE_EVERY)]
+    assert asked == ([False] * (EXPLORE_EVERY - 1) + [True]) * 2
+    history.record(rich, MIN_PLANNED, 0.2 * MIN_PLANNED)  # 0.2 ms saved a query > 0.1
+    assert all(history.worth_planning(rich, 0.1) for _ in range(2 * EXPLORE_EVERY))
+
+
 def test_costs_stored_before_the_plan_was_timed_are_measured_again():
     record = Costs(0.0, 1e-4, 0.0, 0.02, plan=0.4).as_meta()
     assert Costs.from_meta(record) == Costs(0.0, 1e-4, 0.0, 0.02, plan=0.4)
@@ -197,7 +250,8 @@ def test_the_tuning_counts_a_group_of_clusters_on_the_queries_outside_it(data):
     inside = np.ones(len(vectors), bool)
     tests = filter_tuning.tuning_filters(vectors, inside, np.arange(len(vectors)), queries, 0)
     groups = [(allowed, counted) for allowed, counted in tests if not counted.all()]
-    assert len(tests) == 8 and len(groups) >= 3  # a group holding no query may count them all
+    # (random, cap, two grains of groups) x 3 shares; a group holding no query counts them all
+    assert len(tests) == 4 * len(filter_tuning.FILTER_SHARES) and len(groups) >= 3
     nearest = np.argmax(queries @ vectors.T, axis=1)  # each query's nearest item
     for allowed, counted in groups:
         assert counted.any() and not np.isin(nearest[counted], allowed).any()

@@ -33,7 +33,9 @@ The spread of a filter near a query (``local share``):
 from __future__ import annotations
 
 import platform
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +49,9 @@ EF_CAP = 4096  # the widest filtered HNSW walk: past it an exact search is cheap
 LOCAL_PROBE = 128  # HNSW: nearest items whose allowed share estimates the spread
 DEFAULT_ALPHA = 2.0  # a gallery built before the rule was tuned
 ALPHAS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)  # the tuning's grid
+MIN_PLANNED = 16  # queries of a filter planned before its history may skip the plan
+EXPLORE_EVERY = 8  # a filter whose plan is skipped plans again every this many searches
+HISTORY_FILTERS = 256  # filters an open gallery remembers (least recently used dropped)
 
 
 @dataclass
@@ -160,3 +165,45 @@ def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
         return 0.0, max(y2, 1e-6) / max(x2, 1.0)
     return max(0.0, y1 - slope * x1), slope
 
+
+
+class PlanHistory:
+    """Per filter (its allowed ids, by a fingerprint): the queries whose walk was planned and
+    the milliseconds their walks saved against the exact search (the costs' estimate).
+
+    Where most of a filter's planned queries go exact anyway (a category away from most
+    queries: HNSW's probe finds no allowed item near them), planning saves less per query
+    than it costs, and every search of that filter would pay the plan for nothing. Once
+    MIN_PLANNED of its queries were planned, a filter whose saving per planned query is
+    below the plan's cost goes exact without the plan, planning again every EXPLORE_EVERY-th
+    search to follow its queries. Only the choice between two ways that both meet the recall
+    target depends on it, never an answer."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._filters: OrderedDict[bytes, list[float]] = OrderedDict()  # planned, saved, skips
+
+    @staticmethod
+    def key(allowed: np.ndarray) -> bytes:
+        """A fingerprint of the sorted allowed ids: their count and every 64th of them."""
+        sample = allowed[:: max(1, len(allowed) // 64)]
+        return len(allowed).to_bytes(8, "little") + sample.tobytes() + allowed[-1:].tobytes()
+
+    def worth_planning(self, key: bytes, plan_ms: float) -> bool:
+        """Whether to plan the walks of this search of the filter ``key``."""
+        with self._lock:
+            entry = self._filters.get(key)
+            if entry is None or entry[0] < MIN_PLANNED or entry[1] / entry[0] > plan_ms:
+                return True
+            entry[2] += 1
+            return entry[2] % EXPLORE_EVERY == 0
+
+    def record(self, key: bytes, planned: int, saved_ms: float) -> None:
+        """``planned`` queries of filter ``key`` were planned; their walks saved ``saved_ms``."""
+        with self._lock:
+            entry = self._filters.setdefault(key, [0.0, 0.0, 0.0])
+            entry[0] += planned
+            entry[1] += saved_ms
+            self._filters.move_to_end(key)
+            while len(self._filters) > HISTORY_FILTERS:
+                self._filters.popitem(last=False)

@@ -1,7 +1,9 @@
 """Search restricted to a set of ids (a filter's matches), on every index type.
 
 Each query goes the cheaper of two ways that meet the recall target (the plan, the stored
-widening rule and the per-machine costs: nearsight.index.ann.filter_plan):
+widening rule and the per-machine costs: nearsight.index.ann.filter_plan; a walk is planned
+only where planning it can pay: its cost and, per filter, what planning saved so far,
+filter_plan.PlanHistory):
 
 - **exact**: the inner products of the query with the allowed items' vectors only
   (``knn_inner_products_by_idx`` on the stored rows, no copy; a gathered copy where the
@@ -71,6 +73,7 @@ class FilterState:
     list_of: np.ndarray | None = None  # list number by id (-1: none)
     list_sizes: np.ndarray | None = None
     last: dict[str, Any] = field(default_factory=dict)
+    history: filter_plan.PlanHistory = field(default_factory=filter_plan.PlanHistory)
 
     def machine_costs(self) -> Costs:
         if self.costs is None:
@@ -117,14 +120,20 @@ def search_allowed(
     walk = np.zeros(len(queries), bool)
     plan: Any = None
     walkable = index_type == "hnsw" or index_type in IVF_TYPES
-    if walkable and (total >= filter_plan.MIN_PLAN_ITEMS or FORCE == "index"):
+    if walkable and FORCE != "exact" and (total >= filter_plan.MIN_PLAN_ITEMS or FORCE):
         costs = state.machine_costs()
         exact_ms, count = costs.exact(len(allowed)), len(allowed)
         narrowest = costs.plan + costs.walk(narrowest_walk(index_type, meta, total), count)
-        if FORCE == "index" or exact_ms > narrowest:
+        key = filter_plan.PlanHistory.key(allowed)
+        if FORCE == "index" or (
+            exact_ms > narrowest and state.history.worth_planning(key, costs.plan)
+        ):
             plan, work = plan_walk(index, index_type, meta, queries, depth, allowed, total,
                                    state)  # fmt: skip
             walk = (work > 0) & (costs.walk(work, count) < exact_ms)
+            if FORCE is None:
+                saved = np.where(walk, exact_ms - costs.walk(work, count), 0.0).sum()
+                state.history.record(key, len(queries), float(saved))
         if FORCE == "index":
             if index_type == "hnsw":
                 plan = work = np.where(work > 0, work, filter_plan.EF_CAP)
