@@ -258,9 +258,10 @@ def local_share(
     search = getattr(index, "search_numpy", index.search)
     probe = min(probe, int(index.ntotal))
     _, near = search(queries, probe, params=faiss.SearchParametersHNSW(efSearch=probe))
-    bits = np.zeros(int(max(allowed[-1], near.max(initial=0))) + 1, bool)
-    bits[allowed] = True
-    return (bits[near] & (near >= 0)).mean(axis=1)
+    # a binary search of the sorted allowed ids, not a bitmap as long as the largest id (ids
+    # of an imported catalog run into the millions: each plan allocated megabytes)
+    at = np.minimum(np.searchsorted(allowed, near), len(allowed) - 1)
+    return ((allowed[at] == near) & (near >= 0)).mean(axis=1)
 
 
 def lists_of(index: faiss.Index, state: FilterState) -> None:
