@@ -215,6 +215,16 @@ def test_openapi_declares_the_key(keyed):
     assert {"APIKey": []} in search["security"] and {"Bearer": []} in search["security"]
 
 
+def test_the_api_is_answered_behind_the_guard_past_gradios_middleware(keyed):
+    # Gradio's Brotli layer compressed this answer when /api went through Gradio's middleware
+    br = {"X-API-Key": KEY, "Accept-Encoding": "br"}
+    schema = httpx.get(f"{keyed}/api/openapi.json", headers=br, timeout=30)
+    assert schema.status_code == 200 and "/search" in schema.json()["paths"]
+    assert "content-encoding" not in schema.headers
+    assert httpx.get(f"{keyed}/api/docs", headers=br, timeout=30).status_code == 200
+    assert httpx.get(f"{keyed}/api/openapi.json", timeout=30).status_code == 401
+
+
 def test_wrong_keys_are_slowed_then_refused_per_client(keyed):
     """Five wrong keys are answered at once, the next ones later and later, and from the 20th
     within a minute the address gets 429 whatever key it sends; another address is not

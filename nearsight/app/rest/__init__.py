@@ -37,6 +37,7 @@ from nearsight.app.rest.deps import (
 from nearsight.app.rest.docs import add_docs
 from nearsight.app.rest.gates import GateFull, WorkGate
 from nearsight.app.rest.routes import health, items, search
+from nearsight.app.rest.upload_limit import UploadLimit
 from nearsight.app.serve.batcher import DEFAULT_MAX_WAITING, EmbedBatcher
 from nearsight.app.serve.galleries import Galleries
 from nearsight.core.errors import Busy, NearsightError
@@ -101,18 +102,11 @@ def make_rest_app(
     app.include_router(search.router, dependencies=keyed)
     _add_error_handlers(app)
 
-    @app.middleware("http")
-    async def _limit_upload(request: Request, call_next):
-        length = request.headers.get("content-length")
-        too_big = length is not None and length.isdigit()
-        if too_big and int(length) > max_upload_bytes + FORM_SLACK_BYTES:
-            limit = max_upload_bytes / 1024 / 1024
-            return JSONResponse(
-                {"error": f"the upload is larger than the server's limit ({limit:g} MB)"},
-                status_code=413,
-            )
-        return await call_next(request)
-
+    app.add_middleware(
+        UploadLimit,
+        limit_bytes=max_upload_bytes + FORM_SLACK_BYTES,
+        max_upload_bytes=max_upload_bytes,
+    )
     return app
 
 

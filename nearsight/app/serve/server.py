@@ -19,6 +19,7 @@ from starlette.middleware import Middleware
 from starlette.routing import Mount
 
 from nearsight.app.rest import API_PREFIX, FORM_SLACK_BYTES, close_rest_app, make_rest_app
+from nearsight.app.serve.api_first import ApiFirst
 from nearsight.app.serve.auth import SESSION_S, Sessions
 from nearsight.app.serve.clients import TrustedProxies
 from nearsight.app.serve.fair_queue import share_fairly
@@ -192,7 +193,7 @@ def launch_app(
     if demo._queue is not None:  # the page's queue, shared fairly between clients
         share_fairly(demo._queue, max(1, demo.max_queue // 4))
         hold_queue_files(demo._queue, settings.uploads)  # runs first: its files held as uploads
-    _guard_outermost(app)
+    _guard_outermost(app, api)
     config = demo.server.config
     connections.attach(config)
     config.limit_concurrency = max_connections  # read by uvicorn for each new connection
@@ -204,11 +205,17 @@ def launch_app(
     return url
 
 
-def _guard_outermost(app: FastAPI) -> None:
+def _guard_outermost(app: FastAPI, api: Mount) -> None:
     """Put the guard in front of the middleware Gradio adds in launch() (its CORS handling
     answers preflight requests itself, and it reflected any Origin with credentials for a
     non-local Host) and rebuild the stack; the one built before keeps serving until the swap,
-    and it has the guard too."""
+    and it has the guard too. Right behind the guard, ``/api`` goes to the REST app
+    (api_first.py), past Gradio's middleware."""
     first = [m for m in app.user_middleware if m.cls is Guard]
     app.user_middleware = first + [m for m in app.user_middleware if m.cls is not Guard]
-    app.middleware_stack = app.build_middleware_stack()
+    stack = layer = app.build_middleware_stack()
+    while layer is not None and not isinstance(layer, Guard):  # Starlette's error (and body)
+        layer = getattr(layer, "app", None)  # layers come first
+    if layer is not None:
+        layer.app = ApiFirst(layer.app, api)
+    app.middleware_stack = stack
