@@ -68,15 +68,18 @@ class Costs:
     walk_per_allowed: float = 0.0
     plan: float = 0.0
 
-    def exact(self, allowed: int | np.ndarray) -> np.ndarray:
-        return self.exact_fixed + self.exact_per_item * np.asarray(allowed, np.float64)
+    # (plain floats for one count: every filtered search asks, and numpy's scalar arithmetic
+    # costs microseconds where the search itself may take a tenth of a millisecond)
+    def exact(self, allowed: int | np.ndarray) -> float | np.ndarray:
+        if isinstance(allowed, np.ndarray):
+            return self.exact_fixed + self.exact_per_item * allowed.astype(np.float64)
+        return self.exact_fixed + self.exact_per_item * float(allowed)
 
-    def walk(self, work: int | np.ndarray, allowed: int = 0) -> np.ndarray:
-        return (
-            self.walk_fixed
-            + self.walk_per_unit * np.asarray(work, np.float64)
-            + self.walk_per_allowed * allowed
-        )
+    def walk(self, work: float | np.ndarray, allowed: int = 0) -> float | np.ndarray:
+        fixed = self.walk_fixed + self.walk_per_allowed * allowed
+        if isinstance(work, np.ndarray):
+            return fixed + self.walk_per_unit * work.astype(np.float64)
+        return fixed + self.walk_per_unit * float(work)
 
     def as_meta(self) -> dict[str, Any]:
         return {
