@@ -55,6 +55,20 @@ def galleries(tmp_path_factory, data) -> dict:
     }  # fmt: skip
 
 
+@pytest.fixture
+def planned(monkeypatch) -> list[int]:
+    """The number of queries of each filtered.plan_walk call from here on (a spy)."""
+    calls: list[int] = []
+    plan_walk = filtered.plan_walk
+
+    def spy_plan(*args, **kwargs):
+        calls.append(len(args[3]))
+        return plan_walk(*args, **kwargs)
+
+    monkeypatch.setattr(filtered, "plan_walk", spy_plan)
+    return calls
+
+
 def brute_force(queries: np.ndarray, vectors: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     scores = queries.astype(np.float64) @ vectors[allowed].astype(np.float64).T
     return allowed[np.argsort(-scores, axis=1, kind="stable")[:, :K]]
@@ -111,20 +125,12 @@ def test_the_exact_or_index_switch_is_chosen_by_cost(galleries, data, index_type
 
 
 def test_no_walk_is_planned_where_the_plan_and_the_narrowest_walk_cost_more_than_exact(
-    galleries, data, monkeypatch
+    galleries, data, planned
 ):
     """HNSW plans a walk with an unfiltered probe of the query's neighbourhood; where the
     exact search costs more than the narrowest walk but less than the probe and that walk
     together, the old rule probed anyway and paid for it whichever way the query then went.
     Now nothing is planned there and every query is exact; with a cheap probe it plans."""
-    planned: list[int] = []
-    plan_walk = filtered.plan_walk
-
-    def spy_plan(*args, **kwargs):
-        planned.append(len(args[3]))
-        return plan_walk(*args, **kwargs)
-
-    monkeypatch.setattr(filtered, "plan_walk", spy_plan)
     # exact 1 ms whatever the count, the narrowest walk 0.5 ms, the probe 0.8 ms
     dear_probe = Costs(1.0, 0.0, 0.5, 0.0, plan=0.8)
     ids, info = search(galleries["hnsw"], data, "random", dear_probe)
@@ -135,21 +141,13 @@ def test_no_walk_is_planned_where_the_plan_and_the_narrowest_walk_cost_more_than
     assert planned == [len(data["queries"])] and info["index"] == len(data["queries"])
 
 
-def test_a_filter_whose_plans_save_less_than_they_cost_stops_planning(galleries, data, monkeypatch):
+def test_a_filter_whose_plans_save_less_than_they_cost_stops_planning(galleries, data, planned):
     """The category filter lies away from the queries: HNSW's probe finds no allowed item near
     most of them, so planning saves less per query than it costs. After its first search the
     filter goes exact without the plan (planning again every EXPLORE_EVERY-th search); the
     random filter, whose every query walks, keeps planning. The answers are the true ones."""
     from nearsight.index.ann.filter_plan import EXPLORE_EVERY
 
-    planned: list[int] = []
-    plan_walk = filtered.plan_walk
-
-    def spy_plan(*args, **kwargs):
-        planned.append(len(args[3]))
-        return plan_walk(*args, **kwargs)
-
-    monkeypatch.setattr(filtered, "plan_walk", spy_plan)
     # exact 1 ms, a walk 0.5 ms, the plan 0.49 ms: planning pays only where nearly all walk
     costs = Costs(1.0, 0.0, 0.5, 0.0, plan=0.49)
     queries, category = data["queries"], data["filters"]["category"]
