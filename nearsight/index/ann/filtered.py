@@ -124,7 +124,7 @@ def search_allowed(
         costs = state.machine_costs()
         exact_ms, count = costs.exact(len(allowed)), len(allowed)
         narrowest = costs.plan + costs.walk(narrowest_walk(index_type, meta, total), count)
-        key = filter_plan.PlanHistory.key(allowed)
+        key = filter_plan.PlanHistory.key(allowed) if exact_ms > narrowest else b""
         if FORCE == "index" or (
             exact_ms > narrowest and state.history.worth_planning(key, costs.plan)
         ):
