@@ -115,7 +115,8 @@ class VectorStore:
         """float32 [len(ids), D]: the vectors of ``ids`` (all held by the gallery), in order."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         if self._base_plain is not None and not len(self.segment_ids):  # all in the base file
-            return self._base_plain[np.searchsorted(self.base_ids, ids)].astype(np.float32, copy=False)
+            rows = self._base_plain[np.searchsorted(self.base_ids, ids)]
+            return rows.astype(np.float32, copy=False)
         out = np.empty((len(ids), self.dim), np.float32)
         position = np.searchsorted(self.segment_ids, ids)
         in_segment = position < len(self.segment_ids)

@@ -169,7 +169,6 @@ def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
     return max(0.0, y1 - slope * x1), slope
 
 
-
 class PlanHistory:
     """Per filter (its allowed ids, by a fingerprint): the queries whose walk was planned and
     the milliseconds their walks saved against the exact search (the costs' estimate).

@@ -5,8 +5,9 @@ time and stored in the gallery meta as ``filter_route``:
   which the filtered walks reach the recall target on held-out queries (index.ann.tuning's
   sample, before it is added) under every tuning filter: random items and items clustered away
   from the query (a cap along a random direction, groups of coarse and of fine k-means
-  clusters counted on the queries outside them), each at 1%, 10% and 50% of the items. Every query whose plan walks counts;
-  one the plan sends to the exact search does not (it gets the true answer).
+  clusters counted on the queries outside them), each at 1%, 10% and 50% of the items. Every
+  query whose plan walks counts; one the plan sends to the exact search does not (it gets the
+  true answer).
 - :func:`calibrate`: this machine's costs of one query's exact search (at two allowed counts)
   and of one filtered walk (at two widths), fitted as ``a + b x size`` and recorded with the
   host's name; a gallery opened elsewhere measures them again in memory on first use.
@@ -94,9 +95,9 @@ def tuning_filters(
     items it would be 5 GB). A group of clusters counts only the queries whose own cluster is
     not in it, nor its nearest item's: the filter away from the query ("category = shoes"
     for the photo of a bag), where a walk must reach furthest (counting the queries inside
-    it too, and one grain of
-    cluster, let a group of categories away from the query reach recall@10 0.926 at 300k
-    items and 0.917 at 50k, where a wider rule gives 0.978 and 0.982)."""
+    it too, and one grain of cluster, let a group of categories away from the query reach
+    recall@10 0.926 at 300k items and 0.917 at 50k, where a wider rule gives 0.978 and
+    0.982)."""
     rng = np.random.default_rng(seed)
     along = (vectors @ rng.standard_normal(vectors.shape[1]).astype(np.float32))[inside]
     every = np.ones(len(queries), bool)

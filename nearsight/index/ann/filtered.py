@@ -124,14 +124,13 @@ def search_allowed(
         costs = state.machine_costs()
         exact_ms, count = costs.exact(len(allowed)), len(allowed)
         narrowest = costs.plan + costs.walk(narrowest_walk(index_type, meta, total), count)
-        key = filter_plan.PlanHistory.key(allowed) if exact_ms > narrowest else b""
-        if FORCE == "index" or (
-            exact_ms > narrowest and state.history.worth_planning(key, costs.plan)
-        ):
+        # the filter's history, where a plan can pay at all (FORCE is None or "index" here)
+        key = filter_plan.PlanHistory.key(allowed) if not FORCE and exact_ms > narrowest else None
+        if FORCE == "index" or (key and state.history.worth_planning(key, costs.plan)):
             plan, work = plan_walk(index, index_type, meta, queries, depth, allowed, total,
                                    state)  # fmt: skip
             walk = (work > 0) & (costs.walk(work, count) < exact_ms)
-            if FORCE is None:
+            if key:
                 saved = np.where(walk, exact_ms - costs.walk(work, count), 0.0).sum()
                 state.history.record(key, len(queries), float(saved))
         if FORCE == "index":

@@ -106,16 +106,14 @@ def _side(
     side_of = getattr(source, "side_of", None)
     if side_of is None or (query_side is None and query_keys is None):
         return None
+    wanted = candidates[valid]
     if query_side is None:  # the queries are items: their rows and the candidates' in one read
-        keys = np.asarray(query_keys, dtype=np.int64)
-        found = side_of(np.concatenate([keys, candidates[valid]]))
-        if found is None:
-            return None
-        query_side, found = found[: len(keys)], found[len(keys) :]
-    else:
-        found = side_of(candidates[valid])
-        if found is None:
-            return None
+        wanted = np.concatenate([np.asarray(query_keys, dtype=np.int64), wanted])
+    found = side_of(wanted)
+    if found is None:
+        return None
+    if query_side is None:
+        query_side, found = found[: len(query_keys)], found[len(query_keys) :]
     if valid.all():  # the usual case: no zero rows to place
         out = found.reshape(*candidates.shape, found.shape[1])
     else:
