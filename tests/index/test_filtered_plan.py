@@ -174,22 +174,97 @@ def test_a_filter_whose_plans_save_less_than_they_cost_stops_planning(galleries,
 def test_the_plan_history_skips_a_filter_only_once_it_knows_it():
     from nearsight.index.ann.filter_plan import EXPLORE_EVERY, MIN_PLANNED, PlanHistory
 
-    history = PlanHistory()
+    history, costs = PlanHistory(), Costs(1.0, 0.0, 0.5, 0.0, plan=0.1)
     lean, rich = PlanHistory.key(np.arange(0, 900, 3)), PlanHistory.key(np.arange(1, 900, 3))
-    assert lean != rich and history.worth_planning(lean, 0.1)
-    history.record(lean, MIN_PLANNED - 1, 0.0)
-    assert history.worth_planning(lean, 0.1)  # too few queries seen to judge
-    history.record(lean, 1, 0.0)
-    asked = [history.worth_planning(lean, 0.1) for _ in range(2 * EXPLORE_EVERY)]
+    assert lean != rich and history.worth_planning(lean)
+    history.record(lean, np.zeros(MIN_PLANNED - 1), costs, None)
+    assert history.worth_planning(lean)  # too few queries seen to judge
+    history.record(lean, np.zeros(1), costs, None)
+    asked = [history.worth_planning(lean) for _ in range(2 * EXPLORE_EVERY)]
     assert asked == ([False] * (EXPLORE_EVERY - 1) + [True]) * 2
-    history.record(rich, MIN_PLANNED, 0.2 * MIN_PLANNED)  # 0.2 ms saved a query > 0.1
-    assert all(history.worth_planning(rich, 0.1) for _ in range(2 * EXPLORE_EVERY))
+    history.record(rich, np.full(MIN_PLANNED, 0.2), costs, None)  # 0.2 ms saved a query > 0.1
+    assert all(history.worth_planning(rich) for _ in range(2 * EXPLORE_EVERY))
+
+
+def test_the_plan_history_probes_gate_misses_only_while_most_repay_it():
+    """The gate's misses (no allowed item among the GATE_PROBE nearest) are probed until
+    MIN_PLANNED of them show what their probes save; then only while more than half of them
+    saved more than their probe cost (the median miss: where a few misses save much, the
+    mean would pay, but most searches of the filter would carry a probe for nothing), and on
+    every EXPLORE_EVERY-th search. The gate's own cost counts as spent."""
+    from nearsight.index.ann.filter_plan import (
+        EXPLORE_EVERY,
+        MIN_PLANNED,
+        Gate,
+        PlanHistory,
+    )
+
+    history, costs = PlanHistory(), Costs(1.0, 0.0, 0.5, 0.0, plan=0.2, gate=0.05)
+    away, near = PlanHistory.key(np.arange(0, 900, 3)), PlanHistory.key(np.arange(1, 900, 3))
+    rare = PlanHistory.key(np.arange(2, 900, 3))
+    hit = np.arange(2 * MIN_PLANNED) % 2 == 0  # half the queries' gates find allowed items
+    everyone = np.ones(len(hit), bool)
+    assert history.probe_misses(away)
+    # away: only the hits walk (0.6 ms saved each); near: the misses too; rare: a quarter of
+    # the misses walk and save 3 ms each (0.75 ms a miss on average, over the 0.2 ms probe)
+    history.record(away, np.where(hit, 0.6, 0.0), costs, Gate(hit, everyone))
+    history.record(near, np.full(len(hit), 0.6), costs, Gate(hit, everyone))
+    quarter = np.arange(len(hit)) % 8 == 1
+    history.record(rare, np.where(hit, 0.6, np.where(quarter, 3.0, 0.0)), costs,
+                   Gate(hit, everyone))  # fmt: skip
+    for skipped in (away, rare):
+        asked = [history.probe_misses(skipped) for _ in range(2 * EXPLORE_EVERY)]
+        assert asked == ([False] * (EXPLORE_EVERY - 1) + [True]) * 2
+    assert all(history.probe_misses(near) for _ in range(2 * EXPLORE_EVERY))
+    # the hits' walks pay for every gate and probe: the filter is still planned
+    assert history.worth_planning(away)
+    dear = Costs(1.0, 0.0, 0.5, 0.0, plan=0.2, gate=0.4)  # now the gates cost more than it saves
+    history.record(away, np.where(hit, 0.6, 0.0), dear, Gate(hit, hit))
+    assert not history.worth_planning(away)
+
+
+def test_gate_misses_go_exact_without_a_probe_once_their_probes_do_not_pay(
+    galleries, data, monkeypatch
+):
+    """The cap lies away from most queries: the gate finds no allowed item near 63 of the
+    100, and the probe finds few near them (a walk would cost about what the exact search
+    does: they save ~0.09 ms a query, under the probe's 0.2), while the 37 hits walk and pay
+    for every gate and probe. The first search probes every query; the next probes only the
+    gate's hits, and the answers stay the true ones. Before the gate every query of every
+    planned search paid the full probe."""
+    from nearsight.index.ann import filter_plan
+
+    probes: list[tuple[int, int]] = []  # (queries, nearest looked at) of each probe
+    local_share = filter_plan.local_share
+
+    def spy(index, queries, allowed, probe):
+        probes.append((len(queries), probe))
+        return local_share(index, queries, allowed, probe)
+
+    monkeypatch.setattr(filter_plan, "local_share", spy)
+    # exact 1 ms; a walk 0.05 ms + 2 us per efSearch (past ef 475 it costs more than exact)
+    costs = Costs(1.0, 0.0, 0.05, 0.002, plan=0.2, gate=0.01)
+    queries, cap = data["queries"], data["filters"]["cap"]
+    truth = brute_force(queries, data["vectors"], cap)
+    with Gallery.open(galleries["hnsw"]) as gallery:
+        gallery._filters.costs = costs
+        for _ in range(2):
+            info: dict = {}
+            _, ids = gallery.search(queries, K, ids=cap, info=info)
+            assert recall(ids, truth) >= 0.95 and info["index"] >= len(queries) // 5
+        hits = int((local_share(gallery._index, queries, cap, filter_plan.GATE_PROBE) > 0).sum())
+        probe = max(int(gallery.meta["ef_search"]), filter_plan.LOCAL_PROBE)
+    gate = (len(queries), filter_plan.GATE_PROBE)
+    assert probes[:3] == [gate, (len(queries), probe), gate]
+    assert 0 < hits < len(queries) // 2
+    assert probes[3:] == [(hits, probe)]  # the hits only
 
 
 def test_costs_stored_before_the_plan_was_timed_are_measured_again():
-    record = Costs(0.0, 1e-4, 0.0, 0.02, plan=0.4).as_meta()
-    assert Costs.from_meta(record) == Costs(0.0, 1e-4, 0.0, 0.02, plan=0.4)
-    assert Costs.from_meta({k: v for k, v in record.items() if k != "plan_ms"}) is None
+    record = Costs(0.0, 1e-4, 0.0, 0.02, plan=0.4, gate=0.1).as_meta()
+    assert Costs.from_meta(record) == Costs(0.0, 1e-4, 0.0, 0.02, plan=0.4, gate=0.1)
+    for timed_later in ("plan_ms", "gate_ms"):
+        assert Costs.from_meta({k: v for k, v in record.items() if k != timed_later}) is None
 
 
 def test_the_costs_are_stored_at_build_time_and_measured_again_elsewhere(galleries, data):

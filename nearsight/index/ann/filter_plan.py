@@ -23,6 +23,14 @@ The spread of a filter near a query (``local share``):
   widened to ``alpha x efSearch / local share``. None allowed among them (the filter's items lie
   away from the query: a category that does not hold the query's cluster) or a widening past
   EF_CAP: the walk cannot promise the target, the search is exact.
+
+  A narrower walk first (the gate: the ``GATE_PROBE`` nearest, a sixth of the probe's cost)
+  asks whether any allowed item is near at all. A query whose gate finds none (a miss) is
+  probed only while most of the filter's probed misses repay their probe (:class:`PlanHistory`):
+  for a category away from most queries nearly every miss goes exact after its probe, and a
+  probe that most misses pay for nothing raises the typical query's latency, even where the
+  few misses that then walk lower the mean. A miss left unprobed is searched exactly, so the
+  gate moves a query's cost, never its recall.
 - IVF types: the allowed items per inverted list (one bincount of the allowed ids' lists).
   The lists holding allowed items are probed nearest first until they hold ``alpha x nprobe x
   mean list size`` allowed items (a random filter of share s: about nprobe / s lists; a filter
@@ -40,6 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import faiss
 import numpy as np
 
 # fewer items: every filtered search is exact (it costs next to nothing, and the answer is the
@@ -47,6 +56,7 @@ import numpy as np
 MIN_PLAN_ITEMS = 1000
 EF_CAP = 4096  # the widest filtered HNSW walk: past it an exact search is cheaper anywhere
 LOCAL_PROBE = 128  # HNSW: nearest items whose allowed share estimates the spread
+GATE_PROBE = 16  # HNSW: nearest items first looked at for any allowed one (the gate)
 DEFAULT_ALPHA = 2.0  # a gallery built before the rule was tuned
 ALPHAS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)  # the tuning's grid
 MIN_PLANNED = 16  # queries of a filter planned before its history may skip the plan
@@ -57,8 +67,9 @@ HISTORY_FILTERS = 256  # filters an open gallery remembers (least recently used 
 @dataclass
 class Costs:
     """One query's cost in milliseconds: exact = a + b x allowed, walk = a + b x work + c x
-    allowed (c: the walk's selector bitmap and, for IVF, the allowed items per list), and
-    ``plan``: planning one query's walk before any of it (HNSW's probe)."""
+    allowed (c: the walk's selector bitmap and, for IVF, the allowed items per list),
+    ``plan``: planning one query's walk before any of it (HNSW's probe), and ``gate``: HNSW's
+    gate before the probe (module docstring)."""
 
     exact_fixed: float
     exact_per_item: float
@@ -67,6 +78,7 @@ class Costs:
     host: str = field(default_factory=platform.node)
     walk_per_allowed: float = 0.0
     plan: float = 0.0
+    gate: float = 0.0
 
     # (plain floats for one count: every filtered search asks, and numpy's scalar arithmetic
     # costs microseconds where the search itself may take a tenth of a millisecond)
@@ -89,14 +101,17 @@ class Costs:
             "walk_ms_per_unit": self.walk_per_unit,
             "walk_ms_per_allowed": self.walk_per_allowed,
             "plan_ms": round(self.plan, 5),
+            "gate_ms": round(self.gate, 5),
             "host": self.host,
         }
 
     @classmethod
     def from_meta(cls, record: dict[str, Any] | None) -> Costs | None:
         """The stored costs, if measured on this machine (else None: measure them; also for
-        costs stored before the plan's own was timed)."""
-        if not record or record.get("host") != platform.node() or "plan_ms" not in record:
+        costs stored before the plan's own, and its gate's, were timed)."""
+        if not record or record.get("host") != platform.node():
+            return None
+        if "plan_ms" not in record or "gate_ms" not in record:
             return None
         return cls(
             float(record["exact_fixed_ms"]),
@@ -106,6 +121,7 @@ class Costs:
             str(record["host"]),
             float(record.get("walk_ms_per_allowed", 0.0)),
             float(record["plan_ms"]),
+            float(record["gate_ms"]),
         )
 
 
@@ -169,21 +185,44 @@ def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
     return max(0.0, y1 - slope * x1), slope
 
 
+@dataclass
+class Gate:
+    """HNSW's gate over a search's queries: ``hit``, an allowed item among the GATE_PROBE
+    nearest; ``probed``, the queries whose spread is probed (the hits, and the misses while
+    misses pay for their probes)."""
+
+    hit: np.ndarray
+    probed: np.ndarray
+
+
+@dataclass
+class _FilterRecord:
+    planned: int = 0  # queries planned
+    saved: float = 0.0  # ms their walks saved against the exact search (the costs' estimate)
+    spent: float = 0.0  # ms their plans cost (gates and probes)
+    skips: int = 0
+    misses: int = 0  # queries whose gate found no allowed item, probed all the same
+    misses_repaid: int = 0  # of them, those whose walk saved more than their probe cost
+    miss_skips: int = 0
+
+
 class PlanHistory:
-    """Per filter (its allowed ids, by a fingerprint): the queries whose walk was planned and
+    """Per filter (its allowed ids, by a fingerprint): what planning its queries cost, and
     the milliseconds their walks saved against the exact search (the costs' estimate).
 
     Where most of a filter's planned queries go exact anyway (a category away from most
-    queries: HNSW's probe finds no allowed item near them), planning saves less per query
-    than it costs, and every search of that filter would pay the plan for nothing. Once
-    MIN_PLANNED of its queries were planned, a filter whose saving per planned query is
-    below the plan's cost goes exact without the plan, planning again every EXPLORE_EVERY-th
-    search to follow its queries. Only the choice between two ways that both meet the recall
-    target depends on it, never an answer."""
+    queries: HNSW's probe finds no allowed item near them), planning saves less than it
+    costs, and every search of that filter would pay the plan for nothing. Once MIN_PLANNED
+    of its queries were planned, a filter whose plans saved less than they cost goes exact
+    without a plan, planning again every EXPLORE_EVERY-th search to follow its queries. The
+    queries whose gate found no allowed item near them are probed while more than half of
+    those probed repaid their probe (:func:`probe_misses`: the median miss, not the mean, as
+    the misses are most of such a filter's queries). Only the choice between two ways that
+    both meet the recall target depends on it, never an answer."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._filters: OrderedDict[bytes, list[float]] = OrderedDict()  # planned, saved, skips
+        self._filters: OrderedDict[bytes, _FilterRecord] = OrderedDict()
 
     @staticmethod
     def key(allowed: np.ndarray) -> bytes:
@@ -191,21 +230,55 @@ class PlanHistory:
         sample = allowed[:: max(1, len(allowed) // 64)]
         return len(allowed).to_bytes(8, "little") + sample.tobytes() + allowed[-1:].tobytes()
 
-    def worth_planning(self, key: bytes, plan_ms: float) -> bool:
+    def worth_planning(self, key: bytes) -> bool:
         """Whether to plan the walks of this search of the filter ``key``."""
         with self._lock:
             entry = self._filters.get(key)
-            if entry is None or entry[0] < MIN_PLANNED or entry[1] / entry[0] > plan_ms:
+            if entry is None or entry.planned < MIN_PLANNED or entry.saved > entry.spent:
                 return True
-            entry[2] += 1
-            return entry[2] % EXPLORE_EVERY == 0
+            entry.skips += 1
+            return entry.skips % EXPLORE_EVERY == 0
 
-    def record(self, key: bytes, planned: int, saved_ms: float) -> None:
-        """``planned`` queries of filter ``key`` were planned; their walks saved ``saved_ms``."""
+    def probe_misses(self, key: bytes) -> bool:
+        """Whether this search probes its queries whose gate found no allowed item near."""
         with self._lock:
-            entry = self._filters.setdefault(key, [0.0, 0.0, 0.0])
-            entry[0] += planned
-            entry[1] += saved_ms
+            entry = self._filters.get(key)
+            if entry is None or entry.misses < MIN_PLANNED:
+                return True
+            if 2 * entry.misses_repaid > entry.misses:
+                return True
+            entry.miss_skips += 1
+            return entry.miss_skips % EXPLORE_EVERY == 0
+
+    def record(self, key: bytes, saving: np.ndarray, costs: Costs, gate: Gate | None) -> None:
+        """One planned search of filter ``key``: per query, the ms its walk saved (0: exact),
+        and the gate, if any (its cost, and its probed misses' savings, are counted)."""
+        spent = len(saving) * costs.plan
+        if gate is not None:
+            spent = len(saving) * costs.gate + int(gate.probed.sum()) * costs.plan
+        with self._lock:
+            entry = self._filters.setdefault(key, _FilterRecord())
+            entry.planned += len(saving)
+            entry.saved += float(saving.sum())
+            entry.spent += spent
+            if gate is not None:
+                misses = gate.probed & ~gate.hit
+                entry.misses += int(misses.sum())
+                entry.misses_repaid += int((saving[misses] > costs.plan).sum())
             self._filters.move_to_end(key)
             while len(self._filters) > HISTORY_FILTERS:
                 self._filters.popitem(last=False)
+
+
+def local_share(
+    index: faiss.Index, queries: np.ndarray, allowed: np.ndarray, probe: int
+) -> np.ndarray:
+    """Per query, the share of allowed items among its ``probe`` nearest (an unfiltered
+    HNSW walk)."""
+    search = getattr(index, "search_numpy", index.search)
+    probe = min(probe, int(index.ntotal))
+    _, near = search(queries, probe, params=faiss.SearchParametersHNSW(efSearch=probe))
+    # a binary search of the sorted allowed ids, not a bitmap as long as the largest id (ids
+    # of an imported catalog run into the millions: each plan allocated megabytes)
+    at = np.minimum(np.searchsorted(allowed, near), len(allowed) - 1)
+    return ((allowed[at] == near) & (near >= 0)).mean(axis=1)

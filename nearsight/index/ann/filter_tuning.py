@@ -231,15 +231,19 @@ def calibrate(
             lambda q, allowed=allowed: filtered.exact_search(q, vectors_of, allowed, TUNING_K,
                                                              rows_of), queries)))  # fmt: skip
     exact = filter_plan.fit(points)
-    walk, per_allowed, plan = (0.0, 0.0), 0.0, 0.0
+    walk, per_allowed, plan, gate = (0.0, 0.0), 0.0, 0.0, 0.0
     if index_type == "hnsw" or index_type in IVF_TYPES:
         walk = filter_plan.fit(_walk_points(index, index_type, meta, ids, vectors_of, queries))
         per_allowed = _per_allowed(index, index_type, ids)
     if index_type == "hnsw":  # its probe (IVF's plan is in the walk's fixed cost)
         probe = max(int(meta.get("ef_search", 64)), filter_plan.LOCAL_PROBE)
         allowed = np.sort(rng.choice(ids, max(1, len(ids) // 10), replace=False))
-        plan = _per_query(lambda q: filtered.local_share(index, q, allowed, probe), queries)
-    return Costs(exact[0], exact[1], walk[0], walk[1], walk_per_allowed=per_allowed, plan=plan)
+        plan = _per_query(lambda q: filter_plan.local_share(index, q, allowed, probe), queries)
+        gate = _per_query(
+            lambda q: filter_plan.local_share(index, q, allowed, filter_plan.GATE_PROBE), queries
+        )
+    return Costs(exact[0], exact[1], walk[0], walk[1], walk_per_allowed=per_allowed, plan=plan,
+                 gate=gate)  # fmt: skip
 
 
 def _per_allowed(index: faiss.Index, index_type: str, ids: np.ndarray) -> float:

@@ -123,16 +123,21 @@ def search_allowed(
     if walkable and FORCE != "exact" and (total >= filter_plan.MIN_PLAN_ITEMS or FORCE):
         costs = state.machine_costs()
         exact_ms, count = costs.exact(len(allowed)), len(allowed)
-        narrowest = costs.plan + costs.walk(narrowest_walk(index_type, meta, total), count)
+        narrowest = costs.gate + costs.plan + costs.walk(narrowest_walk(index_type, meta, total),
+                                                         count)  # fmt: skip
         # the filter's history, where a plan can pay at all (FORCE is None or "index" here)
         key = filter_plan.PlanHistory.key(allowed) if not FORCE and exact_ms > narrowest else None
-        if FORCE == "index" or (key and state.history.worth_planning(key, costs.plan)):
+        if FORCE == "index" or (key and state.history.worth_planning(key)):
+            gate = None
+            if index_type == "hnsw" and key:
+                hit = filter_plan.local_share(index, queries, allowed, filter_plan.GATE_PROBE) > 0
+                gate = filter_plan.Gate(hit, hit | state.history.probe_misses(key))
             plan, work = plan_walk(index, index_type, meta, queries, depth, allowed, total,
-                                   state)  # fmt: skip
+                                   state, probed=None if gate is None else gate.probed)  # fmt: skip
             walk = (work > 0) & (costs.walk(work, count) < exact_ms)
             if key:
-                saved = np.where(walk, exact_ms - costs.walk(work, count), 0.0).sum()
-                state.history.record(key, len(queries), float(saved))
+                saving = np.where(walk, exact_ms - costs.walk(work, count), 0.0)
+                state.history.record(key, saving, costs, gate)
         if FORCE == "index":
             if index_type == "hnsw":
                 plan = work = np.where(work > 0, work, filter_plan.EF_CAP)
@@ -179,13 +184,19 @@ def plan_walk(
     allowed: np.ndarray,
     total: int,
     state: FilterState,
+    probed: np.ndarray | None = None,
 ) -> tuple[Any, np.ndarray]:
     """(the walk's plan, its work per query: HNSW efSearch or IVF list entries; 0: no walk
-    promises the target)."""
+    promises the target). ``probed``: HNSW's queries whose spread is probed (None: all; the
+    others are searched exactly)."""
     rule = Rule.from_meta(meta)
     if index_type == "hnsw":
         ef = int(meta.get("ef_search", 64))
-        local = local_share(index, queries, allowed, max(ef, filter_plan.LOCAL_PROBE))
+        probed = np.ones(len(queries), bool) if probed is None else probed
+        local = np.zeros(len(queries))
+        if probed.any():
+            local[probed] = filter_plan.local_share(index, queries[probed], allowed,
+                                                    max(ef, filter_plan.LOCAL_PROBE))  # fmt: skip
         efs = filter_plan.hnsw_ef(ef, local, rule.alpha, depth)
         return efs, efs
     lists_of(index, state)
@@ -247,20 +258,6 @@ def walk_index(
     if rerank:
         return refine(queries[picked], found, vectors_of, depth)
     return inner, found
-
-
-def local_share(
-    index: faiss.Index, queries: np.ndarray, allowed: np.ndarray, probe: int
-) -> np.ndarray:
-    """Per query, the share of allowed items among its ``probe`` nearest (an unfiltered
-    HNSW walk)."""
-    search = getattr(index, "search_numpy", index.search)
-    probe = min(probe, int(index.ntotal))
-    _, near = search(queries, probe, params=faiss.SearchParametersHNSW(efSearch=probe))
-    # a binary search of the sorted allowed ids, not a bitmap as long as the largest id (ids
-    # of an imported catalog run into the millions: each plan allocated megabytes)
-    at = np.minimum(np.searchsorted(allowed, near), len(allowed) - 1)
-    return ((allowed[at] == near) & (near >= 0)).mean(axis=1)
 
 
 def lists_of(index: faiss.Index, state: FilterState) -> None:
