@@ -189,15 +189,15 @@ def plan_walk(
     """(the walk's plan, its work per query: HNSW efSearch or IVF list entries; 0: no walk
     promises the target). ``probed``: HNSW's queries whose spread is probed (None: all; the
     others are searched exactly)."""
-    rule = Rule.from_meta(meta)
     if index_type == "hnsw":
+        if probed is not None and not probed.any():  # every query exact: nothing to plan
+            return None, np.zeros(len(queries), np.int64)
         ef = int(meta.get("ef_search", 64))
         probed = np.ones(len(queries), bool) if probed is None else probed
         local = np.zeros(len(queries))
-        if probed.any():
-            local[probed] = filter_plan.local_share(index, queries[probed], allowed,
-                                                    max(ef, filter_plan.LOCAL_PROBE))  # fmt: skip
-        efs = filter_plan.hnsw_ef(ef, local, rule.alpha, depth)
+        local[probed] = filter_plan.local_share(index, queries[probed], allowed,
+                                                max(ef, filter_plan.LOCAL_PROBE))  # fmt: skip
+        efs = filter_plan.hnsw_ef(ef, local, Rule.from_meta(meta).alpha, depth)
         return efs, efs
     lists_of(index, state)
     assert state.list_of is not None and state.list_sizes is not None
@@ -207,7 +207,7 @@ def plan_walk(
     scores, order = ivf.quantizer.search(rotated, int(ivf.nlist))
     mean_list = max(1.0, total / ivf.nlist)
     nprobe = int(meta.get("nprobe", 8))
-    lists = filter_plan.ivf_lists(order, held, nprobe, mean_list, rule.alpha)
+    lists = filter_plan.ivf_lists(order, held, nprobe, mean_list, Rule.from_meta(meta).alpha)
     work = np.array([state.list_sizes[chosen].sum() for chosen in lists], np.int64)
     return (rotated, scores, order, lists), np.maximum(work, 1)
 
