@@ -56,7 +56,7 @@ TRUSTED_ENV = "NEARSIGHT_TRUSTED_IMAGES"
 WORKER_LOG_ENV = "NEARSIGHT_DECODE_WORKER_LOG"
 PIPE_BYTES = 1 << 20  # Linux's largest pipe buffer for an unprivileged process
 MALLOC_MMAP_BYTES = 4 << 20  # a worker's allocations below this come from its heap
-MALLOC_TRIM_BYTES = 16 << 20  # free heap kept mapped (glibc's default adapts, and trims less)
+MALLOC_TRIM_BYTES = 16 << 20  # at most this much freed heap stays mapped
 
 
 @dataclass(frozen=True)
@@ -109,8 +109,9 @@ def _worker_env() -> dict[str, str]:
         env[name] = "1"
     env["MALLOC_ARENA_MAX"] = "1"
     # each image's buffers (a few hundred KB) are reused from the heap, not mapped and unmapped
-    # again (page faults on every request); larger ones are still given back when freed, and
-    # at most the trim threshold stays mapped: the memory limit loses nothing to note
+    # again (page faults on every request; glibc's default thresholds adapt to each free);
+    # larger ones are still given back when freed, and at most 16 MB of freed heap stays
+    # mapped against the worker's memory limit
     env["MALLOC_MMAP_THRESHOLD_"] = str(MALLOC_MMAP_BYTES)
     env["MALLOC_TRIM_THRESHOLD_"] = str(MALLOC_TRIM_BYTES)
     return env

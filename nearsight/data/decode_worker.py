@@ -50,14 +50,11 @@ def _read_exactly(fd: int, count: int) -> bytes:
 def _write_all(fd: int, *parts: bytes) -> None:
     """``parts`` back to back, in one ``writev`` where the pipe has room (one wake-up for
     the box)."""
+    from nearsight.data.pipe_io import advance
+
     views = [memoryview(part) for part in parts if part]
     while views:
-        written = os.writev(fd, views)
-        while written:
-            if written >= views[0].nbytes:
-                written -= views.pop(0).nbytes
-            else:
-                views[0], written = views[0][written:], 0
+        advance(views, os.writev(fd, views))
 
 
 def address_space_bytes() -> int:
@@ -139,6 +136,7 @@ def main(argv: list[str]) -> int:
     from PIL import Image, TiffImagePlugin, WebPImagePlugin  # noqa: F401
 
     import nearsight.data.images  # noqa: F401
+    import nearsight.data.pipe_io  # noqa: F401
     import nearsight.models.preprocess  # noqa: F401
 
     Image.init()

@@ -28,13 +28,18 @@ def send_by(fd: int, data: bytes | Sequence[bytes], deadline: float) -> None:
         try:
             written = os.writev(fd, views)
         except BlockingIOError:  # the pipe is full: wait for room, at most until the deadline
-            _, writable, _ = select.select([], [fd], [], max(0.0, deadline - time.monotonic()))
+            select.select([], [fd], [], max(0.0, deadline - time.monotonic()))
             continue
-        while written:
-            if written >= views[0].nbytes:
-                written -= views.pop(0).nbytes
-            else:
-                views[0], written = views[0][written:], 0
+        advance(views, written)
+
+
+def advance(views: list[memoryview], written: int) -> None:
+    """Drop the first ``written`` bytes of ``views`` (what a ``writev`` took)."""
+    while written:
+        if written >= views[0].nbytes:
+            written -= views.pop(0).nbytes
+        else:
+            views[0], written = views[0][written:], 0
 
 
 def receive_by(fd: int, count: int, deadline: float) -> bytes:
