@@ -47,10 +47,14 @@ def _read_exactly(fd: int, count: int) -> bytes:
     return b"".join(chunks)
 
 
-def _write_all(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+def _write_all(fd: int, *parts: bytes) -> None:
+    """``parts`` back to back, in one ``writev`` where the pipe has room (one wake-up for
+    the box)."""
+    from nearsight.data.pipe_io import advance
+
+    views = [memoryview(part) for part in parts if part]
+    while views:
+        advance(views, os.writev(fd, views))
 
 
 def address_space_bytes() -> int:
@@ -110,8 +114,7 @@ def _serve(read_fd: int, write_fd: int, cpu_seconds: float) -> None:
             pixels = fitted.tobytes()
             answer = b"P" + PIXELS_HEAD.pack(*fitted.size, *loaded)
             del fitted
-            _write_all(write_fd, answer)
-            _write_all(write_fd, pixels)
+            _write_all(write_fd, answer, pixels)
             del pixels
         except ImageLoadError as error:
             if error.reason == "not enough memory to decode it":
@@ -133,6 +136,7 @@ def main(argv: list[str]) -> int:
     from PIL import Image, TiffImagePlugin, WebPImagePlugin  # noqa: F401
 
     import nearsight.data.images  # noqa: F401
+    import nearsight.data.pipe_io  # noqa: F401
     import nearsight.models.preprocess  # noqa: F401
 
     Image.init()

@@ -6,26 +6,40 @@ from __future__ import annotations
 import os
 import select
 import time
+from collections.abc import Sequence
+
+MAX_CHUNK = 1 << 20  # the most one read asks for (the box sets its pipes to this size)
 
 
 class Late(Exception):
     """The deadline passed before the whole transfer."""
 
 
-def send_by(fd: int, data: bytes, deadline: float) -> None:
-    """All of ``data`` written to the non-blocking ``fd`` by ``deadline`` (time.monotonic()),
-    else :class:`Late`."""
-    view = memoryview(data)
-    while view:
-        left = deadline - time.monotonic()
-        if left <= 0:
+def send_by(fd: int, data: bytes | Sequence[bytes], deadline: float) -> None:
+    """All of ``data`` (bytes, or several buffers sent back to back) written to the
+    non-blocking ``fd`` by ``deadline`` (time.monotonic()), else :class:`Late`. Each write
+    takes as much as the pipe has room for (the buffers in one ``writev``, not copied into
+    one): the reader wakes once for a message the pipe holds whole, not once per piece."""
+    parts = [data] if isinstance(data, (bytes, bytearray, memoryview)) else list(data)
+    views = [view for view in map(memoryview, parts) if view.nbytes]
+    while views:
+        if deadline - time.monotonic() <= 0:
             raise Late
-        _, writable, _ = select.select([], [fd], [], left)
-        if writable:
-            try:
-                view = view[os.write(fd, view[: 1 << 16]) :]
-            except BlockingIOError:
-                continue
+        try:
+            written = os.writev(fd, views)
+        except BlockingIOError:  # the pipe is full: wait for room, at most until the deadline
+            select.select([], [fd], [], max(0.0, deadline - time.monotonic()))
+            continue
+        advance(views, written)
+
+
+def advance(views: list[memoryview], written: int) -> None:
+    """Drop the first ``written`` bytes of ``views`` (what a ``writev`` took)."""
+    while written:
+        if written >= views[0].nbytes:
+            written -= views.pop(0).nbytes
+        else:
+            views[0], written = views[0][written:], 0
 
 
 def receive_by(fd: int, count: int, deadline: float) -> bytes:
@@ -33,15 +47,12 @@ def receive_by(fd: int, count: int, deadline: float) -> bytes:
     :class:`Late` (EOFError when the writer closes first)."""
     chunks, left = [], count
     while left:
-        wait = deadline - time.monotonic()
-        if wait <= 0:
+        if deadline - time.monotonic() <= 0:
             raise Late
-        readable, _, _ = select.select([fd], [], [], wait)
-        if not readable:
-            continue
         try:
-            chunk = os.read(fd, min(left, 1 << 20))
-        except BlockingIOError:
+            chunk = os.read(fd, min(left, MAX_CHUNK))
+        except BlockingIOError:  # nothing yet: wait for it, at most until the deadline
+            select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
             continue
         if not chunk:
             raise EOFError

@@ -57,7 +57,9 @@ class RestState:
             raise ApiError(404, str(error)) from None
 
 
-def rest_state(request: Request) -> RestState:
+# The dependencies are coroutines: FastAPI runs a plain ``def`` dependency in its thread pool,
+# two thread hops a request for an attribute read and a header check.
+async def rest_state(request: Request) -> RestState:
     return request.app.state.rest
 
 
@@ -66,14 +68,14 @@ _KEY_HEADER = APIKeyHeader(name=API_KEY_HEADER, auto_error=False, scheme_name="A
 _BEARER = HTTPBearer(auto_error=False, scheme_name="Bearer")
 
 
-def require_key(
+async def require_key(
     request: Request,
     _header: Annotated[str | None, Security(_KEY_HEADER)] = None,
     _bearer: Annotated[Any, Security(_BEARER)] = None,
 ) -> None:
     """The key checked as the guard checks it (nearsight/app/serve/auth.py), and declared in the
     OpenAPI schema (X-API-Key, or a bearer token); routers take it only when there is a key."""
-    api_key = rest_state(request).api_key
+    api_key = request.app.state.rest.api_key
     if api_key and not key_matches(presented_key(request.scope["headers"]), api_key):
         raise ApiError(401, f"missing or wrong API key (send it in the {API_KEY_HEADER} header)")
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+from concurrent.futures import Future
 from typing import Annotated, Any
 
 import numpy as np
@@ -32,7 +33,7 @@ from starlette.datastructures import UploadFile
 
 from nearsight.app.rest.deps import ApiError, RestState, echo, one_line, rest_state
 from nearsight.app.rest.models import ERRORS, SearchAnswer, SearchJson
-from nearsight.app.serve.batcher import BatcherFull
+from nearsight.app.serve.batcher import BatcherFull, EmbedBatcher
 from nearsight.core.errors import NearsightError
 from nearsight.data.decode_box import fit_bytes
 from nearsight.data.images import ImageLoadError
@@ -204,17 +205,29 @@ async def _embed_upload(
     if twin is not None:  # a gallery item's own file: searched as that item
         return view.item_vector(twin), twin, None
 
-    def prepare():
+    batcher = state.batchers[id(view.embedder)]
+    pairwise = spec.method == "pairwise"
+    submitted: list[Future] = []
+
+    def prepare() -> np.ndarray:
         embedder = view.embedder
         try:
             # in the decode box: this process only ever holds the fitted pixels
             fitted = fit_bytes(data, name, embedder.resize, embedder.spec.interpolation)
         except ImageLoadError as error:
             raise ApiError(415, one_line(str(error))) from None
-        return embedder.preprocess(fitted.image)
+        model_input = embedder.preprocess(fitted.image)
+        if not pairwise:  # to the model from this thread: no trip through the event loop first
+            submitted.append(_submit(batcher, model_input))
+        return model_input
 
-    model_input = await state.decoding.run(prepare)
-    if spec.method == "pairwise":
+    try:
+        model_input = await state.decoding.run(prepare)
+    except BaseException:  # cancelled (a deadline, a client gone) after the thread submitted
+        for future in submitted:
+            future.cancel()  # the batcher skips it
+        raise
+    if pairwise:
 
         def with_stage() -> tuple[np.ndarray, np.ndarray] | None:
             stage = view.stage_model(spec)  # a one-line error (400) when the gallery has none
@@ -223,11 +236,15 @@ async def _embed_upload(
         both = await state.heavy.run(with_stage)
         if both is not None:
             return both[0][0], None, both[1]
+        submitted.append(_submit(batcher, model_input))
+    return await asyncio.wrap_future(submitted[0]), None, None
+
+
+def _submit(batcher: EmbedBatcher, model_input: np.ndarray) -> Future:
     try:
-        future = state.batchers[id(view.embedder)].submit(model_input)
+        return batcher.submit(model_input)
     except BatcherFull as error:
         raise ApiError(503, f"the server is busy ({error}): retry") from None
-    return await asyncio.wrap_future(future), None, None
 
 
 def _parse_vector(text: str | None) -> Any:
