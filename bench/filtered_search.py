@@ -23,8 +23,8 @@ FAISS thread unless --threads. Reported per way: recall@k against a float64 brut
 the allowed items, the share of rows equal to it, whether every row holds min(k, allowed)
 allowed items, and the p50 latency of one query (the ways timed in turns, query by query);
 ``vs_flat``: the route's p50 over flat's route p50 at the same filter (the peer in the same
-run); ``route_vs_exact``: the route's p50 over the exact search's. Timings on a shared machine are noisy: the ratios are the numbers to
-quote. Last, per type, a line in the NeurIPS'23 big-ann filter track's form: the route's
+run); ``route_vs_exact``: the route's p50 over the exact search's. Timings on a shared
+machine are noisy: the ratios are the numbers to quote. Last, per type, a line in the NeurIPS'23 big-ann filter track's form: the route's
 recall@k and its queries per second over every filtered query of the run, one at a time.
 A script, not a test.
 """

@@ -227,20 +227,20 @@ def run_latency(args) -> dict:
 
 
 def run_rest(args) -> dict:
+    workdir = Path(tempfile.mkdtemp(prefix="nearsight-rerank-rest-"))
+    try:
+        return _rest_report(args, workdir)
+    finally:  # its model and gallery: 170 MB a run (the suite runs it)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _rest_report(args, workdir: Path) -> dict:
     import httpx
 
     sys.path.insert(0, str(Path(__file__).parent))
     import app_latency
 
     options = app_latency.parse_args(["--items", str(args.items), "--image-size", "64"])
-    workdir = Path(tempfile.mkdtemp(prefix="nearsight-rerank-rest-"))
-    try:
-        return _rest_report(args, options, workdir, httpx, app_latency)
-    finally:  # its model and gallery: 170 MB a run (the suite runs it)
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _rest_report(args, options, workdir: Path, httpx, app_latency) -> dict:
     model, _ = app_latency.make_model(workdir, options)
     images = app_latency.make_images(workdir)
     gallery, _ = app_latency.make_gallery(workdir, model, images, options)

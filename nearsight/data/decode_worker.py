@@ -28,6 +28,8 @@ import resource
 import struct
 import sys
 
+from nearsight.data.pipe_io import MAX_CHUNK, advance
+
 REQUEST_HEAD = struct.Struct("<I")
 PAYLOAD_HEAD = struct.Struct("<Q")
 PIXELS_HEAD = struct.Struct("<IIII")
@@ -39,7 +41,7 @@ MAX_HEADER_BYTES = 64 * 1024
 def _read_exactly(fd: int, count: int) -> bytes:
     chunks, left = [], count
     while left:
-        chunk = os.read(fd, min(left, 1 << 20))
+        chunk = os.read(fd, min(left, MAX_CHUNK))
         if not chunk:
             raise EOFError
         chunks.append(chunk)
@@ -50,8 +52,6 @@ def _read_exactly(fd: int, count: int) -> bytes:
 def _write_all(fd: int, *parts: bytes) -> None:
     """``parts`` back to back, in one ``writev`` where the pipe has room (one wake-up for
     the box)."""
-    from nearsight.data.pipe_io import advance
-
     views = [memoryview(part) for part in parts if part]
     while views:
         advance(views, os.writev(fd, views))
@@ -136,7 +136,6 @@ def main(argv: list[str]) -> int:
     from PIL import Image, TiffImagePlugin, WebPImagePlugin  # noqa: F401
 
     import nearsight.data.images  # noqa: F401
-    import nearsight.data.pipe_io  # noqa: F401
     import nearsight.models.preprocess  # noqa: F401
 
     Image.init()

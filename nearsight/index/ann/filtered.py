@@ -134,10 +134,10 @@ def search_allowed(
                 gate = filter_plan.Gate(hit, hit | state.history.probe_misses(key))
             plan, work = plan_walk(index, index_type, meta, queries, depth, allowed, total,
                                    state, probed=None if gate is None else gate.probed)  # fmt: skip
-            walk = (work > 0) & (costs.walk(work, count) < exact_ms)
+            walk_ms = costs.walk(work, count)
+            walk = (work > 0) & (walk_ms < exact_ms)
             if key:
-                saving = np.where(walk, exact_ms - costs.walk(work, count), 0.0)
-                state.history.record(key, saving, costs, gate)
+                state.history.record(key, np.where(walk, exact_ms - walk_ms, 0.0), costs, gate)
         if FORCE == "index":
             if index_type == "hnsw":
                 plan = work = np.where(work > 0, work, filter_plan.EF_CAP)
