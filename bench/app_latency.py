@@ -19,6 +19,10 @@ Setup (timed, not measured as latency):
    is left out by default, as /search never needs it; with ``--analysis`` the server computes
    it at start as `nearsight serve` does, and the bench times it and measures after it.
 
+The query images are 320-px PNGs of noisy synthetic textures, which barely compress: the
+slowest decode a small upload asks for (3-4 ms here). ``--query-format jpeg`` writes the same
+pictures as JPEGs (quality 90), what a camera or a shop's photo gives (about 1 ms to decode).
+
 Measured: the same query images uploaded (k = ``--k``) by N concurrent clients (each a thread
 with its own connection; default N = 1 and 4), every client sending ``--queries`` queries back
 to back: p50/p95 per query and the throughput, for ``POST /api/search`` (httpx, multipart) and
@@ -58,6 +62,8 @@ from pathlib import Path
 import numpy as np
 
 READY = "NEARSIGHT-BENCH-READY"
+QUERY_FORMATS = ("png", "jpeg")
+MIME = {".png": "image/png", ".jpg": "image/jpeg"}
 BENCH_KEY = "bench-key"  # the server runs as it would when exposed: with an API key
 
 
@@ -72,6 +78,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--concurrency", type=int, default=2, help="server's embedding limit")
     parser.add_argument("--k", type=int, default=8)
+    parser.add_argument(
+        "--query-format",
+        choices=QUERY_FORMATS,
+        default="png",
+        help="the query pictures as PNG (as written: the slow decode) or JPEG (quality 90)",
+    )
     parser.add_argument("--workdir", type=Path, help="keep the model and gallery here")
     parser.add_argument(
         "--analysis",
@@ -155,12 +167,23 @@ def make_model(workdir: Path, args: argparse.Namespace) -> tuple[Path, dict]:
     return model, timings
 
 
-def make_images(workdir: Path, name: str = "images", seed: int = 0) -> list[Path]:
+def make_images(
+    workdir: Path, name: str = "images", seed: int = 0, query_format: str = "png"
+) -> list[Path]:
+    """16 synthetic 320-px pictures, as PNG files or (``query_format`` "jpeg") JPEG files."""
     from nearsight.data.datasets.synthetic import write_synthetic
 
     data = workdir / name
     write_synthetic(data, classes=4, per_class=4, size=320, seed=seed)
-    return sorted(data.rglob("*.png"))
+    paths = sorted(data.rglob("*.png"))
+    if query_format == "png":
+        return paths
+    from PIL import Image
+
+    for path in paths:
+        with Image.open(path) as image:
+            image.convert("RGB").save(path.with_suffix(".jpg"), "JPEG", quality=90)
+    return [path.with_suffix(".jpg") for path in paths]
 
 
 def make_gallery(workdir: Path, model: Path, images: list[Path], args) -> tuple[Path, float]:
@@ -252,7 +275,7 @@ def rest_latency(url: str, images: list[Path], clients: int, args) -> dict:
         return httpx.Client(timeout=120, headers={"X-API-Key": BENCH_KEY})
 
     def query(client, path: Path) -> int:
-        files = {"image": (path.name, payloads[path], "image/png")}
+        files = {"image": (path.name, payloads[path], MIME[path.suffix])}
         answer = client.post(endpoint, files=files, data={"k": str(args.k)})
         answer.raise_for_status()
         return len(answer.json()["neighbours"])
@@ -351,7 +374,7 @@ def main(argv=None) -> int:
         )
         model, timings = make_model(workdir, args)
         gallery, build_s = make_gallery(workdir, model, make_images(workdir, "images", 0), args)
-        images = make_images(workdir, "queries", 1)  # not the gallery's files
+        images = make_images(workdir, "queries", 1, args.query_format)  # not the gallery's
         timings["gallery_build_s"] = build_s
         report["setup"] = timings
         print("  " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()), flush=True)

@@ -1,7 +1,8 @@
 """REST search latency beside its yardsticks, measured query by query in turns, in one run.
 
     python bench/app_latency_paired.py [--items 10000] [--queries 60] [--k 8]
-                                       [--before TREE] [--json FILE] [--workdir DIR] [--smoke]
+                                       [--query-format png|jpeg] [--before TREE]
+                                       [--json FILE] [--workdir DIR] [--smoke]
 
 bench/app_latency.py measures the model alone first and the server after it, so a VM whose
 speed drifts within minutes (this one's does, by 20%) moves one figure and not the other. Here
@@ -22,6 +23,9 @@ one before it):
 - ``before`` (``--before TREE``): the same request to a server started from another checkout
   (TREE's own bench/app_latency.py ``--serve``), on the same gallery: a before/after whose two
   sides share every minute of the run.
+
+The query pictures are bench/app_latency.py's (``--query-format``: its PNGs of noisy textures,
+the slowest decode a small upload asks for, or the same pictures as JPEGs).
 
 Figures: p50/p95 of each path; the issue's goals as ratios of p50s (REST over direct embed +
 search <= 1.2; REST over before <= 1.1), and the median of the per-round ratios (each round's
@@ -60,6 +64,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=50.0,
         help="idle time before each timed call (default 50 ms): onnxruntime's threads spin a "
         "while after a run, and a call that follows at once shares the cores with them",
+    )
+    parser.add_argument(
+        "--query-format",
+        choices=app_latency.QUERY_FORMATS,
+        default="png",
+        help="the query pictures as PNG (as written: the slow decode) or JPEG (quality 90)",
     )
     parser.add_argument("--workdir", type=Path, help="keep the model and gallery here")
     parser.add_argument("--json", type=Path, help="also write the numbers to this file")
@@ -106,7 +116,7 @@ def direct_paths(gallery: Path, k: int):
 
     def run(data: bytes) -> tuple[float, float, float]:
         start = time.perf_counter()
-        picture, _ = load_image_sized(data, "query.png", view.embedder.resize)
+        picture, _ = load_image_sized(data, "query", view.embedder.resize)
         decoded = time.perf_counter()
         vector = view.embedder.embed_images([picture])[0]
         embedded = time.perf_counter()
@@ -117,15 +127,16 @@ def direct_paths(gallery: Path, k: int):
     return view, run
 
 
-def rest_path(url: str, k: int):
+def rest_path(url: str, k: int, name: str):
     import httpx
 
     client = httpx.Client(timeout=120, headers={"X-API-Key": app_latency.BENCH_KEY})
     endpoint = url.rstrip("/") + "/api/search"
+    mime = app_latency.MIME[Path(name).suffix]
 
     def run(data: bytes) -> float:
         start = time.perf_counter()
-        answer = client.post(endpoint, files={"image": ("query.png", data, "image/png")},
+        answer = client.post(endpoint, files={"image": (name, data, mime)},
                              data={"k": str(k)})  # fmt: skip
         answer.raise_for_status()
         assert len(answer.json()["neighbours"]) == k
@@ -134,7 +145,7 @@ def rest_path(url: str, k: int):
     return client, run
 
 
-def lean_rest_path(url: str, k: int):
+def lean_rest_path(url: str, k: int, name: str):
     """``rest_path``'s request from the standard library's ``http.client``, one kept-alive
     connection, the multipart body joined per call: httpx's own work (its multipart encoder,
     its transport layers: about 1.7 ms a round trip) is the client's, not the server's."""
@@ -146,7 +157,8 @@ def lean_rest_path(url: str, k: int):
     boundary = "nearsight-bench-boundary"
     head = (f'--{boundary}\r\nContent-Disposition: form-data; name="k"\r\n\r\n{k}\r\n'
             f'--{boundary}\r\nContent-Disposition: form-data; name="image"; '
-            'filename="query.png"\r\nContent-Type: image/png\r\n\r\n').encode()  # fmt: skip
+            f'filename="{name}"\r\nContent-Type: {app_latency.MIME[Path(name).suffix]}\r\n'
+            '\r\n').encode()  # fmt: skip
     headers = {"X-API-Key": app_latency.BENCH_KEY,
                "Content-Type": f"multipart/form-data; boundary={boundary}"}  # fmt: skip
 
@@ -229,7 +241,8 @@ def main(argv=None) -> int:
         model, _ = app_latency.make_model(workdir, args)
         images = app_latency.make_images(workdir, "images", 0)
         gallery, _ = app_latency.make_gallery(workdir, model, images, args)
-        payloads = [p.read_bytes() for p in app_latency.make_images(workdir, "queries", 1)]
+        queries = app_latency.make_images(workdir, "queries", 1, args.query_format)
+        payloads = [path.read_bytes() for path in queries]
         view, direct = direct_paths(gallery, args.k)
         rests = {}
         for name, tree in (("rest", None), ("before", args.before)):
@@ -237,10 +250,10 @@ def main(argv=None) -> int:
                 continue
             server, url = start_server(gallery, args, tree)
             servers.append(server)
-            client, rests[name] = rest_path(url, args.k)
+            client, rests[name] = rest_path(url, args.k, queries[0].name)
             print(f"{name}: {url} ({tree or 'this tree'})", flush=True)
             if name == "rest":
-                _, rests["rest_lean"] = lean_rest_path(url, args.k)
+                _, rests["rest_lean"] = lean_rest_path(url, args.k, queries[0].name)
         load_before = os.getloadavg()
         report = report_of(measure(payloads, direct, rests, args.queries, args.gap_ms / 1000))
         report["load_average"] = {"before": load_before, "after": os.getloadavg()}

@@ -39,7 +39,7 @@ SMOKE: dict[str, tuple[list[str], list[str]]] = {
          r"rest_qps_4_clients_over_direct_rate: [\d.]+"],
     ),
     "app_latency_paired.py": (
-        ["--smoke", "--workdir", "{workdir}"],
+        ["--smoke", "--query-format", "jpeg", "--workdir", "{workdir}"],
         [r"rest +: p50 +[\d.]+ ms", r"decode\+embed\+search +: p50 +[\d.]+ ms",
          r"rest_over_embed\+search_p50: [\d.]+", r"rest_over_embed\+search_round_median: [\d.]+"],
     ),
