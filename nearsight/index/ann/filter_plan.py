@@ -198,8 +198,7 @@ class Gate:
 @dataclass
 class _FilterRecord:
     planned: int = 0  # queries planned
-    saved: float = 0.0  # ms their walks saved against the exact search (the costs' estimate)
-    spent: float = 0.0  # ms their plans cost (gates and probes)
+    repaid: int = 0  # of them, those whose walk saved more than their plan cost (gate, probe)
     skips: int = 0
     misses: int = 0  # queries whose gate found no allowed item, probed all the same
     misses_repaid: int = 0  # of them, those whose walk saved more than their probe cost
@@ -207,18 +206,19 @@ class _FilterRecord:
 
 
 class PlanHistory:
-    """Per filter (its allowed ids, by a fingerprint): what planning its queries cost, and
-    the milliseconds their walks saved against the exact search (the costs' estimate).
+    """Per filter (its allowed ids, by a fingerprint): how many of its planned queries
+    repaid their plan, their walk saving more than the plan cost them (the costs' estimate).
 
     Where most of a filter's planned queries go exact anyway (a category away from most
-    queries: HNSW's probe finds no allowed item near them), planning saves less than it
-    costs, and every search of that filter would pay the plan for nothing. Once MIN_PLANNED
-    of its queries were planned, a filter whose plans saved less than they cost goes exact
-    without a plan, planning again every EXPLORE_EVERY-th search to follow its queries. The
-    queries whose gate found no allowed item near them are probed while more than half of
-    those probed repaid their probe (:func:`probe_misses`: the median miss, not the mean, as
-    the misses are most of such a filter's queries). Only the choice between two ways that
-    both meet the recall target depends on it, never an answer."""
+    queries: HNSW's probe finds no allowed item near them), most of its searches would pay a
+    plan for nothing, and its typical search would be slower than the exact search alone,
+    even where the few walks lower the mean. So a filter is planned while more than half of
+    its planned queries repaid their plan (the median query, not the mean, is what a plan must
+    not slow down); once MIN_PLANNED of its queries were planned, a filter that fails this
+    goes exact without a plan, planning again every EXPLORE_EVERY-th search to follow its
+    queries. The same rule, on the queries whose gate found no allowed item near them, decides
+    whether such misses are probed (:func:`probe_misses`). Only the choice between two ways
+    that both meet the recall target depends on it, never an answer."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -234,7 +234,7 @@ class PlanHistory:
         """Whether to plan the walks of this search of the filter ``key``."""
         with self._lock:
             entry = self._filters.get(key)
-            if entry is None or entry.planned < MIN_PLANNED or entry.saved > entry.spent:
+            if entry is None or entry.planned < MIN_PLANNED or 2 * entry.repaid > entry.planned:
                 return True
             entry.skips += 1
             return entry.skips % EXPLORE_EVERY == 0
@@ -252,15 +252,14 @@ class PlanHistory:
 
     def record(self, key: bytes, saving: np.ndarray, costs: Costs, gate: Gate | None) -> None:
         """One planned search of filter ``key``: per query, the ms its walk saved (0: exact),
-        and the gate, if any (its cost, and its probed misses' savings, are counted)."""
-        spent = len(saving) * costs.plan
+        and the gate, if any (each query paid the gate, and the probe where it was probed)."""
+        spent = np.full(len(saving), costs.plan)
         if gate is not None:
-            spent = len(saving) * costs.gate + int(gate.probed.sum()) * costs.plan
+            spent = costs.gate + np.where(gate.probed, costs.plan, 0.0)
         with self._lock:
             entry = self._filters.setdefault(key, _FilterRecord())
             entry.planned += len(saving)
-            entry.saved += float(saving.sum())
-            entry.spent += spent
+            entry.repaid += int((saving > spent).sum())
             if gate is not None:
                 misses = gate.probed & ~gate.hit
                 entry.misses += int(misses.sum())

@@ -2,8 +2,8 @@
 
 Each query goes the cheaper of two ways that meet the recall target (the plan, the stored
 widening rule and the per-machine costs: nearsight.index.ann.filter_plan; a walk is planned
-only where planning it can pay: its cost and, per filter, what planning saved so far,
-filter_plan.PlanHistory):
+only where planning it can pay: its cost and, per filter, whether most of its planned queries
+repaid their plan so far, filter_plan.PlanHistory):
 
 - **exact**: the inner products of the query with the allowed items' vectors only
   (``knn_inner_products_by_idx`` on the stored rows, no copy; a gathered copy where the
