@@ -22,13 +22,15 @@ three filters, each away from the query:
 
 Reported per type and filter: recall@10 against a float64 brute force over the allowed items
 (found here from the .csv's columns, not through the catalog), the allowed share, and the p50
-of one search_vector call (its filter's SQL and the route: nearsight.index.ann.filtered) as
-shipped, and as an exact search over the allowed items (``exact``, filtered.FORCE, the peer
-in the same run), with ``filter_p50_ms``, the filter's SQL alone (Searcher.filtered): the
-rest is the search. ``route_sql`` is ``route`` with the catalog answering filters by its SQL
-query, as before its column arrays (nearsight/index/catalog/columns.py): the peer of the
-catalog's part, in the same run (``route`` and ``exact`` use the arrays, read once before
-their timed searches). --keep DIR keeps the imported galleries in DIR and reuses them on the
+and p95 of one search_vector call (its filter's SQL and the route: nearsight.index.ann.filtered)
+as shipped, and as an exact search over the allowed items (``exact``, filtered.FORCE, the peer
+in the same run; ``route_vs_exact``: the ratio of their p50s), with ``filter_p50_ms``, the
+filter's SQL alone (Searcher.filtered): the rest is the search. ``route_sql`` is ``route``
+with the catalog answering filters by its SQL query, as before its column arrays
+(nearsight/index/catalog/columns.py): the peer of the catalog's part, in the same run
+(``route`` and ``exact`` use the arrays, read once before their timed searches). The three
+ways are timed in turns, query by query, in every order in turn, so that a machine whose
+speed drifts moves them alike. Each query's filters are its own: a filter is seen once. --keep DIR keeps the imported galleries in DIR and reuses them on the
 next run of the same sizes. One FAISS thread unless --threads. A script, not a test.
 """
 
@@ -37,6 +39,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import itertools
 import json
 import shutil
 import subprocess
@@ -150,17 +153,22 @@ def forced(way: str | None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def catalog_way(searcher, way: str) -> Iterator[None]:  # noqa: ANN001
-    """The catalog answering filters from fresh column arrays (``arrays``: read on a
-    column's first filter) or by SQL only (``sql``: never read)."""
+def catalog_way(searcher, caches: dict, way: str) -> Iterator[None]:  # noqa: ANN001
+    """The catalog answering filters from its column arrays (``arrays``: read on a column's
+    first filter) or by SQL only (``sql``: never read): ``caches[way]``, kept across calls."""
     catalog = searcher.gallery._catalog
     kept = catalog._columns
-    catalog._columns = ColumnCache(catalog.path, build_after=1 if way == "arrays" else 2**62,
-                                   background=False)  # fmt: skip
+    catalog._columns = caches[way]
     try:
         yield
     finally:
         catalog._columns = kept
+
+
+def column_caches(searcher) -> dict:  # noqa: ANN001
+    path = searcher.gallery._catalog.path
+    return {"arrays": ColumnCache(path, build_after=1, background=False),
+            "sql": ColumnCache(path, build_after=2**62, background=False)}  # fmt: skip
 
 
 def filter_p50(searcher, per_query: list, name: str) -> float:  # noqa: ANN001
@@ -185,38 +193,45 @@ def run_type(index_type: str, files: tuple[Path, Path], data: dict, per_query: l
     built = time.perf_counter() - start
     rows: dict = {}
     searcher = open_gallery(out)
+    ways = {"route": (None, "arrays"), "exact": ("exact", "arrays"), "route_sql": (None, "sql")}
+    orders = list(itertools.permutations(ways))
     try:
         for name in FILTERS:
-            row: dict = {}
-            ways = (("route", None, "arrays"), ("exact", "exact", "arrays"),
-                    ("route_sql", None, "sql"))  # fmt: skip
-            for way, force, answer in ways:
-                hits, times, went_exact, notes, shares = 0, [], 0, set(), []
-                with forced(force), catalog_way(searcher, answer):
-                    searcher.filtered(list(per_query[0][name][0]))  # the arrays read here
-                    for q, query in enumerate(data["queries"]):
-                        strings, allowed = per_query[q][name]
+            caches = column_caches(searcher)
+            with catalog_way(searcher, caches, "arrays"):
+                searcher.filtered(list(per_query[0][name][0]))  # the arrays read here
+            tally = {way: {"hits": 0, "times": [], "exact": 0, "notes": set()} for way in ways}
+            shares = []
+            for q, query in enumerate(data["queries"]):
+                strings, allowed = per_query[q][name]
+                want = set(truth(query, data["vectors"], allowed, args.k).tolist())
+                shares.append(float(allowed.mean()))
+                for way in orders[q % len(orders)]:  # in turns: the VM's drift moves all alike
+                    force, answer = ways[way]
+                    with forced(force), catalog_way(searcher, caches, answer):
                         begin = time.perf_counter()
                         results = searcher.search_vector(query, k=args.k, filters=list(strings))
-                        times.append(time.perf_counter() - begin)
-                        found = [hit.id for hit in results]
-                        want = truth(query, data["vectors"], allowed, args.k)
-                        assert allowed[found].all(), (name, strings)  # the filter held
-                        hits += len(set(found) & set(want.tolist()))
-                        went_exact += searcher.gallery._filters.last.get("exact", 0)
-                        notes.update(results.notes)
-                        shares.append(float(allowed.mean()))
-                with catalog_way(searcher, answer):
-                    searcher.filtered(list(per_query[0][name][0]))
+                        tally[way]["times"].append(time.perf_counter() - begin)
+                    found = [hit.id for hit in results]
+                    assert allowed[found].all(), (name, strings)  # the filter held
+                    tally[way]["hits"] += len(set(found) & want)
+                    tally[way]["exact"] += searcher.gallery._filters.last.get("exact", 0)
+                    tally[way]["notes"].update(results.notes)
+            row: dict = {}
+            for way, (_, answer) in ways.items():
+                with catalog_way(searcher, caches, answer):
                     filter_ms = filter_p50(searcher, per_query, name)
+                times = np.asarray(tally[way]["times"]) * 1000
                 row[way] = {
-                    "recall": round(hits / (args.k * len(data["queries"])), 4),
-                    "p50_ms": round(float(np.median(times) * 1000), 3),
+                    "recall": round(tally[way]["hits"] / (args.k * len(data["queries"])), 4),
+                    "p50_ms": round(float(np.median(times)), 3),
+                    "p95_ms": round(float(np.percentile(times, 95)), 3),
                     "filter_p50_ms": filter_ms,
-                    "went_exact": went_exact,
-                    "notes": sorted(notes),
+                    "went_exact": tally[way]["exact"],
+                    "notes": sorted(tally[way]["notes"]),
                 }
-                row["allowed_share"] = round(float(np.mean(shares)), 4)
+            row["allowed_share"] = round(float(np.mean(shares)), 4)
+            row["route_vs_exact"] = round(row["route"]["p50_ms"] / row["exact"]["p50_ms"], 2)
             rows[name] = row
             print(index_type, name, json.dumps(row), file=sys.stderr, flush=True)
         meta = {key: searcher.gallery.meta.get(key)
