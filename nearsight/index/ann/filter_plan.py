@@ -40,13 +40,14 @@ The spread of a filter near a query (``local share``):
 
 from __future__ import annotations
 
+import math
 import platform
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import faiss
 import numpy as np
@@ -204,6 +205,20 @@ class _FilterRecord:
     misses_repaid: int = 0  # of them, those whose walk saved more than their probe cost
     miss_skips: int = 0
 
+    def add(self, planned: int, repaid: int, misses: int, misses_repaid: int) -> None:
+        self.planned += planned
+        self.repaid += repaid
+        self.misses += misses
+        self.misses_repaid += misses_repaid
+
+
+class FilterKey(NamedTuple):
+    """A filter as the history knows it: ``own``, a fingerprint of its allowed ids, and
+    ``family``, its share of the gallery by powers of 2 (None: no family)."""
+
+    own: bytes
+    family: int | None
+
 
 class PlanHistory:
     """Per filter (its allowed ids, by a fingerprint): how many of its planned queries
@@ -217,56 +232,81 @@ class PlanHistory:
     not slow down); once MIN_PLANNED of its queries were planned, a filter that fails this
     goes exact without a plan, planning again every EXPLORE_EVERY-th search to follow its
     queries. The same rule, on the queries whose gate found no allowed item near them, decides
-    whether such misses are probed (:func:`probe_misses`). Only the choice between two ways
-    that both meet the recall target depends on it, never an answer."""
+    whether such misses are probed (:func:`probe_misses`).
+
+    A filter whose own queries are too few to judge it, searched a few queries at a time (a
+    shop whose every search combines its own filters sees each one once), is judged by its
+    family: every filter of about its share of the gallery (within a factor of 2), whose
+    record sums its members' (and explores on its own count). A search of MIN_PLANNED queries
+    or more judges its new filter itself, by planning it. Only the choice between two ways
+    that both meet the recall target depends on any of this, never an answer."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._filters: OrderedDict[bytes, _FilterRecord] = OrderedDict()
+        self._families: dict[int, _FilterRecord] = {}  # a few dozen shares at most
 
     @staticmethod
-    def key(allowed: np.ndarray) -> bytes:
-        """A fingerprint of the sorted allowed ids: their count and every 64th of them."""
+    def key(allowed: np.ndarray, total: int | None = None) -> FilterKey:
+        """The sorted allowed ids' fingerprint (their count and every 64th of them) and, given
+        the gallery's ``total`` items, their family."""
         sample = allowed[:: max(1, len(allowed) // 64)]
-        return len(allowed).to_bytes(8, "little") + sample.tobytes() + allowed[-1:].tobytes()
+        own = len(allowed).to_bytes(8, "little") + sample.tobytes() + allowed[-1:].tobytes()
+        family = None
+        if total and len(allowed):
+            family = math.floor(math.log2(len(allowed) / total))
+        return FilterKey(own, family)
 
-    def worth_planning(self, key: bytes) -> bool:
-        """Whether to plan the walks of this search of the filter ``key``."""
+    def _judge(
+        self, key: FilterKey, queries: int, enough: Callable[[_FilterRecord], bool]
+    ) -> _FilterRecord | None:
+        """The record that judges a search of ``queries`` queries of filter ``key``: its own
+        once ``enough``; else none where the search alone holds enough queries to judge it
+        (plan, to learn); else its family's once that is ``enough``."""
+        own = self._filters.get(key.own)
+        if own is not None and enough(own):
+            return own
+        if queries >= MIN_PLANNED:
+            return None
+        family = self._families.get(key.family) if key.family is not None else None
+        return family if family is not None and enough(family) else None
+
+    def worth_planning(self, key: FilterKey, queries: int = 1) -> bool:
+        """Whether to plan the walks of this search (of ``queries`` queries) of filter ``key``."""
         with self._lock:
-            entry = self._filters.get(key)
-            if entry is None or entry.planned < MIN_PLANNED or 2 * entry.repaid > entry.planned:
+            judge = self._judge(key, queries, lambda record: record.planned >= MIN_PLANNED)
+            if judge is None or 2 * judge.repaid > judge.planned:
                 return True
-            entry.skips += 1
-            return entry.skips % EXPLORE_EVERY == 0
+            judge.skips += 1
+            return judge.skips % EXPLORE_EVERY == 0
 
-    def probe_misses(self, key: bytes) -> bool:
-        """Whether this search probes its queries whose gate found no allowed item near."""
+    def probe_misses(self, key: FilterKey, queries: int = 1) -> bool:
+        """Whether this search (of ``queries`` queries) probes its queries whose gate found no
+        allowed item near."""
         with self._lock:
-            entry = self._filters.get(key)
-            if entry is None or entry.misses < MIN_PLANNED:
+            judge = self._judge(key, queries, lambda record: record.misses >= MIN_PLANNED)
+            if judge is None or 2 * judge.misses_repaid > judge.misses:
                 return True
-            if 2 * entry.misses_repaid > entry.misses:
-                return True
-            entry.miss_skips += 1
-            return entry.miss_skips % EXPLORE_EVERY == 0
+            judge.miss_skips += 1
+            return judge.miss_skips % EXPLORE_EVERY == 0
 
-    def record(self, key: bytes, saving: np.ndarray, costs: Costs, gate: Gate | None) -> None:
+    def record(self, key: FilterKey, saving: np.ndarray, costs: Costs, gate: Gate | None) -> None:
         """One planned search of filter ``key``: per query, the ms its walk saved (0: exact),
         and the gate, if any (each query paid the gate, and the probe where it was probed)."""
         spent = np.full(len(saving), costs.plan)
+        misses = np.zeros(len(saving), bool)
         if gate is not None:
             spent = costs.gate + np.where(gate.probed, costs.plan, 0.0)
+            misses = gate.probed & ~gate.hit
+        counts = (len(saving), int((saving > spent).sum()), int(misses.sum()),
+                  int((saving[misses] > costs.plan).sum()))  # fmt: skip
         with self._lock:
-            entry = self._filters.setdefault(key, _FilterRecord())
-            entry.planned += len(saving)
-            entry.repaid += int((saving > spent).sum())
-            if gate is not None:
-                misses = gate.probed & ~gate.hit
-                entry.misses += int(misses.sum())
-                entry.misses_repaid += int((saving[misses] > costs.plan).sum())
-            self._filters.move_to_end(key)
+            self._filters.setdefault(key.own, _FilterRecord()).add(*counts)
+            self._filters.move_to_end(key.own)
             while len(self._filters) > HISTORY_FILTERS:
                 self._filters.popitem(last=False)
+            if key.family is not None:
+                self._families.setdefault(key.family, _FilterRecord()).add(*counts)
 
 
 def local_share(

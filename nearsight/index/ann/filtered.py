@@ -126,12 +126,13 @@ def search_allowed(
         narrowest = costs.gate + costs.plan + costs.walk(narrowest_walk(index_type, meta, total),
                                                          count)  # fmt: skip
         # the filter's history, where a plan can pay at all (FORCE is None or "index" here)
-        key = filter_plan.PlanHistory.key(allowed) if not FORCE and exact_ms > narrowest else None
-        if FORCE == "index" or (key and state.history.worth_planning(key)):
+        key = (filter_plan.PlanHistory.key(allowed, total)
+               if not FORCE and exact_ms > narrowest else None)  # fmt: skip
+        if FORCE == "index" or (key and state.history.worth_planning(key, len(queries))):
             gate = None
             if index_type == "hnsw" and key:
                 hit = filter_plan.local_share(index, queries, allowed, filter_plan.GATE_PROBE) > 0
-                gate = filter_plan.Gate(hit, hit | state.history.probe_misses(key))
+                gate = filter_plan.Gate(hit, hit | state.history.probe_misses(key, len(queries)))
             plan, work = plan_walk(index, index_type, meta, queries, depth, allowed, total,
                                    state, probed=None if gate is None else gate.probed)  # fmt: skip
             walk_ms = costs.walk(work, count)
