@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import assert_one_line_error, run, started
+from helpers import assert_one_line_error, run, started, torchrun
 
 from nearsight.app.reproduce.run import Reproduction
 from nearsight.app.reproduce.table import render
@@ -219,14 +219,8 @@ def test_reproduce_under_torchrun_with_the_honest_selection(cub, tmp_path):
     process 0's report; best.pt chosen on a held-out training class, with the papers' choice
     (the best test evaluation) beside it."""
     out = tmp_path / "ddp"
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
     command = reproduce(cub, out, "--selection", "val", "--set", "data.val_classes=1")
-    done = subprocess.run(
-        [torchrun, "--standalone", "--nproc_per_node", "2", *command[1:]],
-        env=ENV,
-        capture_output=True,
-        text=True,
-    )
+    done = torchrun(command[1:], tmp_path / "tmp", env=ENV, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((out / "reproduction.json").read_text())
     assert report["processes"] == 2 and report["queries"] == 16

@@ -52,6 +52,7 @@ from helpers.processes import (
     serve_process,
     started,
     stop_process,
+    torchrun,
 )
 from helpers.sockets import address_of, closed_within, connect_from, read_response
 from helpers.timm import TIMM_CONVNEXT, TIMM_RESNET, TIMM_VIT, write_hub_weights
@@ -78,6 +79,7 @@ __all__ = [
     "running_page",
     "stop_process",
     "started",
+    "torchrun",
     "serve_process",
     "process_mb",
     "TrainingCrash",

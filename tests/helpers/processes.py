@@ -1,5 +1,5 @@
 """Processes the tests start: the page and `nearsight serve` in subprocesses, stopped and
-measured; a wheel of the checkout."""
+measured; a wheel of the checkout; torchrun."""
 
 from __future__ import annotations
 
@@ -22,6 +22,19 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def torchrun(
+    args: list[str], scratch: Path, *, env: dict[str, str] | None = None, **run: Any
+) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc_per_node 2 *args`` (CPU processes, gloo), its temporary
+    files under ``scratch`` (a test's tmp_path): torchelastic leaves a run folder in TMPDIR
+    each time, which would pile up in /tmp."""
+    launcher = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
+    scratch.mkdir(parents=True, exist_ok=True)
+    env = {**(os.environ if env is None else env), "TMPDIR": str(scratch)}
+    command = [launcher, "--standalone", "--nproc_per_node", "2", *args]
+    return subprocess.run(command, env=env, **run)
 
 
 def build_wheel(out: Path) -> Path:

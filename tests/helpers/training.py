@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from helpers.processes import torchrun
 
 
 class TrainingCrash(Exception):
@@ -29,14 +30,8 @@ def train_one_and_two_processes(args: list[str], out: Path) -> tuple[Path, Path]
         env=env,
         capture_output=True,
     )
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
-    result = subprocess.run(
-        [torchrun, "--standalone", "--nproc_per_node", "2", "-m", "nearsight.app.cli", "train",
-         *args, "--out", str(ddp)],
-        env=env,
-        capture_output=True,
-        text=True,
-    )  # fmt: skip
+    result = torchrun(["-m", "nearsight.app.cli", "train", *args, "--out", str(ddp)],
+                      out / "tmp", env=env, capture_output=True, text=True)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     return single, ddp
 

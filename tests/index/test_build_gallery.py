@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import torchrun as launch_torchrun
 
 from nearsight.core.errors import NearsightError
 from nearsight.index.gallery.build import BuildReport, build_gallery, import_gallery
@@ -57,12 +57,10 @@ BUILD_SCRIPT = textwrap.dedent(
 def _run_script(tmp_path: Path, args: list[str], env: dict[str, str], torchrun: bool = False):
     script = tmp_path / "build_script.py"
     script.write_text(BUILD_SCRIPT)
-    command = [sys.executable, str(script), *args]
+    run = {"env": {**os.environ, **env}, "capture_output": True, "text": True, "timeout": 600}
     if torchrun:
-        launcher = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
-        command = [launcher, "--standalone", "--nproc_per_node", "2", str(script), *args]
-    return subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+        return launch_torchrun([str(script), *args], tmp_path / "tmp", **run)
+    return subprocess.run([sys.executable, str(script), *args], **run)
 
 
 def _contents(folder: Path) -> tuple[list[str], np.ndarray]:
