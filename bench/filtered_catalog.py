@@ -22,16 +22,17 @@ three filters, each away from the query:
 
 Reported per type and filter: recall@10 against a float64 brute force over the allowed items
 (found here from the .csv's columns, not through the catalog), the allowed share, and the p50
-and p95 of one search_vector call (its filter's SQL and the route: nearsight.index.ann.filtered)
-as shipped, and as an exact search over the allowed items (``exact``, filtered.FORCE, the peer
-in the same run; ``route_vs_exact``: the ratio of their p50s), with ``filter_p50_ms``, the
-filter's SQL alone (Searcher.filtered): the rest is the search. ``route_sql`` is ``route``
-with the catalog answering filters by its SQL query, as before its column arrays
-(nearsight/index/catalog/columns.py): the peer of the catalog's part, in the same run
-(``route`` and ``exact`` use the arrays, read once before their timed searches). The three
-ways are timed in turns, query by query, in every order in turn, so that a machine whose
-speed drifts moves them alike. Each query's filters are its own: a filter is seen once. --keep DIR keeps the imported galleries in DIR and reuses them on the
-next run of the same sizes. One FAISS thread unless --threads. A script, not a test.
+and p95 of one search_vector call (its filter's SQL and the route:
+nearsight.index.ann.filtered) as shipped, and as an exact search over the allowed items
+(``exact``, filtered.FORCE, the peer in the same run; ``route_vs_exact``: the ratio of their
+p50s), with ``filter_p50_ms``, the filter's SQL alone (Searcher.filtered): the rest is the
+search. ``route_sql`` is ``route`` with the catalog answering filters by its SQL query, as
+before its column arrays (nearsight/index/catalog/columns.py): the peer of the catalog's part,
+in the same run (``route`` and ``exact`` use the arrays, read once before their timed
+searches). The three ways are timed in turns, query by query, in every order in turn, so that a
+machine whose speed drifts moves them alike. Each query's filters are its own: a filter is seen
+once. --keep DIR keeps the imported galleries in DIR and reuses them on the next run of the
+same sizes. One FAISS thread unless --threads. A script, not a test.
 """
 
 from __future__ import annotations

@@ -22,13 +22,12 @@ index.ann.filtered), forced through the index (``index``) and forced exact (``ex
 FAISS thread unless --threads. Reported per way: recall@k against a float64 brute force over
 the allowed items, the share of rows equal to it, whether every row holds min(k, allowed)
 allowed items, and the p50 and p95 latency of one query (the ways timed in turns, query by
-query);
-``vs_flat``: the route's p50 over flat's route p50 at the same filter (the peer in the same
-run); ``route_vs_exact``: the route's p50 over the exact search's (``route_vs_exact_p95``:
-the same at the p95). Timings on a shared
-machine are noisy: the ratios are the numbers to quote. Last, per type, a line in the NeurIPS'23 big-ann filter track's form: the route's
-recall@k and its queries per second over every filtered query of the run, one at a time.
-A script, not a test.
+query); ``vs_flat``: the route's p50 over flat's route p50 at the same filter (the peer in the
+same run); ``route_vs_exact``: the route's p50 over the exact search's (``route_vs_exact_p95``:
+the same at the p95). Timings on a shared machine are noisy: the ratios are the numbers to
+quote. Last, per type, a line in the NeurIPS'23 big-ann filter track's form: the route's
+recall@k and its queries per second over every filtered query of the run, one at a time. A
+script, not a test.
 """
 
 from __future__ import annotations
