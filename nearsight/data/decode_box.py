@@ -34,7 +34,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -177,13 +177,19 @@ class DecodeBox:
     # -- decoding ---------------------------------------------------------------------------
 
     def decode_bytes(
-        self, data: bytes, name: str, short: int, interpolation: str = "bilinear"
+        self,
+        data: bytes,
+        name: str,
+        short: int,
+        interpolation: str = "bilinear",
+        meanwhile: Callable[[], None] | None = None,
     ) -> Fitted:
         """An uploaded file's bytes, decoded in a worker and fitted to ``short`` (the model's
-        resize); ``name`` is what an error calls it."""
+        resize); ``name`` is what an error calls it. ``meanwhile()`` runs in this thread while
+        the worker decodes."""
         if not data:
             raise ImageLoadError.for_file(name, "the file is empty")
-        return self._run({"name": name}, data, name, short, interpolation)
+        return self._run({"name": name}, data, name, short, interpolation, meanwhile)
 
     def decode_file(
         self, path: str | os.PathLike[str], short: int, interpolation: str = "bilinear"
@@ -193,7 +199,8 @@ class DecodeBox:
         header = {"name": name, "path": os.path.abspath(name)}
         return self._run(header, b"", name, short, interpolation)
 
-    def _run(self, header: dict, data: bytes, name: str, short: int, interpolation: str) -> Fitted:
+    def _run(self, header: dict, data: bytes, name: str, short: int, interpolation: str,
+             meanwhile: Callable[[], None] | None = None) -> Fitted:  # fmt: skip
         if self._closed:
             raise NearsightError("the decode box is closed")
         header = {**header, "short": int(short), "interpolation": interpolation}
@@ -203,6 +210,8 @@ class DecodeBox:
             message = json.dumps(header).encode()
             head = wire.REQUEST_HEAD.pack(len(message)) + message + wire.PAYLOAD_HEAD.pack(len(data))
             send_by(worker.to_worker, (head, data), deadline)  # one message: one wake-up
+            if meanwhile is not None:
+                meanwhile()
             fitted = self._answer(worker, name, short, deadline)
         except Late:
             self._replace(worker)
@@ -364,12 +373,21 @@ def close_shared_box() -> None:
         box.close()
 
 
-def fit_bytes(data: bytes, name: str, short: int, interpolation: str = "bilinear") -> Fitted:
+def fit_bytes(
+    data: bytes,
+    name: str,
+    short: int,
+    interpolation: str = "bilinear",
+    meanwhile: Callable[[], None] | None = None,
+) -> Fitted:
     """An untrusted file's bytes decoded and fitted to ``short``: in the shared box, or in
-    this process where images are trusted. The same pixels either way."""
+    this process where images are trusted. The same pixels either way. ``meanwhile()`` runs
+    in this thread while the box decodes (first, where there is no box)."""
     box = shared_box()
     if box is not None:
-        return box.decode_bytes(data, name, short, interpolation)
+        return box.decode_bytes(data, name, short, interpolation, meanwhile)
+    if meanwhile is not None:
+        meanwhile()
     image, size = load_image_sized(data, name, short)
     return Fitted(fit_short_side(image, short, interpolation), size)
 

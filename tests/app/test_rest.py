@@ -65,8 +65,11 @@ def test_health_lists_the_galleries(api, product):  # noqa: F811
 
 
 def test_search_by_file_returns_neighbours_with_meta(api, product):  # noqa: F811
-    url, _ = api
+    url, demo = api
+    batcher = next(iter(served_app(demo).rest.state.rest.batchers.values()))
+    calls = batcher.calls
     answer = _search(url, product["images"][3], k=5)
+    assert batcher.calls == calls  # a gallery file is searched as its item: nothing embedded
     assert answer.status_code == 200, answer.text
     body = answer.json()
     assert body["k"] == 5 and len(body["neighbours"]) == 5
@@ -183,6 +186,61 @@ def test_batcher_embeds_waiting_requests_in_one_call():
         assert first.result(10).tolist() == [2, 2, 2]
         assert [f.result(10)[0] for f in rest] == [2.0 * i for i in range(7)]
         assert sizes == [1, 7]
+    finally:
+        batcher.close()
+
+
+def test_a_lone_upload_is_embedded_once_and_searched(api, product, tmp_path):  # noqa: F811
+    url, demo = api
+    batcher = next(iter(served_app(demo).rest.state.rest.batchers.values()))
+    calls, embedded = batcher.calls, batcher.embedded
+    answer = _search(url, reencoded(product["images"][5], tmp_path), k=3)
+    assert answer.status_code == 200, answer.text
+    assert (batcher.calls - calls, batcher.embedded - embedded) == (1, 1)
+    assert str(product["images"][5]).endswith("/" + answer.json()["neighbours"][0]["path"])
+
+
+def test_batcher_embeds_a_lone_input_in_the_callers_thread():
+    threads = []
+
+    def embed(batch):
+        threads.append(threading.current_thread())
+        return batch * 2.0
+
+    batcher = EmbedBatcher(embed)
+    try:
+        vector = batcher.embed_now(np.ones(3, np.float32))
+        assert vector is not None and vector.tolist() == [2, 2, 2] and vector.dtype == np.float32
+        assert threads == [threading.current_thread()]
+        assert (batcher.calls, batcher.embedded) == (1, 1)
+    finally:
+        batcher.close()
+
+
+def test_embed_now_gives_way_to_waiting_inputs_which_stay_one_batch():
+    started, release = threading.Event(), threading.Event()
+    sizes = []
+
+    def embed(batch):
+        sizes.append(len(batch))
+        started.set()
+        release.wait(10)
+        return batch * 2.0
+
+    batcher = EmbedBatcher(embed, max_batch=16)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            inline = pool.submit(batcher.embed_now, np.ones(3, np.float32))
+            assert started.wait(10)  # the model is busy with a caller's own input ...
+            assert batcher.embed_now(np.ones(3, np.float32)) is None  # ... so this one queues
+            queued = [batcher.submit(np.full(3, i, np.float32)) for i in range(4)]
+            time.sleep(0.05)
+            assert batcher.embed_now(np.ones(3, np.float32)) is None  # inputs wait: they go first
+            release.set()
+            assert inline.result(10).tolist() == [2, 2, 2]
+        assert [f.result(10)[0] for f in queued] == [2.0 * i for i in range(4)]
+        assert sizes == [1, 4]  # the four that waited for the model shared its next call
+        assert batcher.embed_now(np.ones(3, np.float32)) is not None and sizes == [1, 4, 1]
     finally:
         batcher.close()
 

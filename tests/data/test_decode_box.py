@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -60,6 +61,16 @@ def test_the_box_gives_the_pixels_the_model_would_get_in_process(box, size, orie
     np.testing.assert_array_equal(transform(fitted.image), expected)
     assert min(fitted.image.size) == 64
     assert fitted.loaded_size == load_image_bytes(data, "photo").size  # upright, full size
+
+
+@pytest.mark.parametrize("trusted", [False, True])
+def test_meanwhile_runs_once_in_the_callers_thread_beside_the_decoding(trusted):
+    calls = []
+    with decode_box.trusting(trusted):
+        fitted = decode_box.fit_bytes(
+            _photo(), "photo.jpg", 32, meanwhile=lambda: calls.append(threading.current_thread())
+        )
+    assert calls == [threading.current_thread()] and min(fitted.image.size) == 32
 
 
 def test_a_file_path_is_read_and_decoded_by_the_worker(box, tmp_path):

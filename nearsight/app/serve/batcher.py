@@ -6,6 +6,11 @@ whatever inputs are waiting, up to ``max_batch``, and embeds them in one call. N
 for a batch to fill: a lone request is embedded at once (no added latency at one client), and
 requests that arrive while the model is busy are embedded together in the next call, so the
 model's per-call overhead is shared and throughput grows with load.
+
+A request that finds the model idle and nobody waiting embeds in its own thread instead
+(:meth:`EmbedBatcher.embed_now`): the trip to the worker thread and back to the caller is the
+largest fixed cost of a lone search after the model itself, and there is nothing to batch it
+with. One lock keeps the model to one call at a time either way.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ class EmbedBatcher:
         self.max_waiting = max_waiting
         self._queue: queue.SimpleQueue[tuple[Any, Future] | None] = queue.SimpleQueue()
         self._closed = False
+        self._model = threading.Lock()  # one embedding call at a time, batched or not
+        self._batching = False  # the worker holds a batch: embed_now gives way to it
         self.calls = 0  # embedding calls made (the tests and the bench read these)
         self.embedded = 0
         self._thread = threading.Thread(target=self._work, name="nearsight-embed", daemon=True)
@@ -58,6 +65,24 @@ class EmbedBatcher:
         future: Future = Future()
         self._queue.put((model_input, future))
         return future
+
+    def embed_now(self, model_input: Any) -> np.ndarray | None:
+        """The input's embedding [D] (float32), computed in the calling thread when the model
+        is idle and no input waits for it; None otherwise (then :meth:`submit` it)."""
+        if self._closed or self._waiting_for_model() or not self._model.acquire(blocking=False):
+            return None
+        try:
+            if self._waiting_for_model():  # one arrived meanwhile: it goes first
+                return None
+            vectors = np.asarray(self._embed(np.stack([model_input])), dtype=np.float32)
+            self.calls += 1
+            self.embedded += 1
+            return vectors[0]
+        finally:
+            self._model.release()
+
+    def _waiting_for_model(self) -> bool:
+        return self._batching or self._queue.qsize() > 0
 
     @property
     def waiting(self) -> int:
@@ -75,18 +100,23 @@ class EmbedBatcher:
             first = self._queue.get()
             if first is None:
                 return
-            batch = [first]
-            stop = False
-            while len(batch) < self.max_batch:
-                try:
-                    waiting = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if waiting is None:
-                    stop = True
-                    break
-                batch.append(waiting)
-            self._run(batch)
+            self._batching = True
+            try:
+                with self._model:  # the batch is what waits once the model is free
+                    batch = [first]
+                    stop = False
+                    while len(batch) < self.max_batch:
+                        try:
+                            waiting = self._queue.get_nowait()
+                        except queue.Empty:
+                            break
+                        if waiting is None:
+                            stop = True
+                            break
+                        batch.append(waiting)
+                    self._run(batch)
+            finally:
+                self._batching = False
             if stop:
                 return
 

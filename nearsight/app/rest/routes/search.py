@@ -9,8 +9,9 @@ the closest values its column does hold.
 
 The request is checked once here, then searched through the gallery's Searcher. Uploads are
 decoded in the decode box (nearsight.data.decode_box) and embedded by the gallery model's
-:class:`~nearsight.app.serve.batcher.EmbedBatcher` (concurrent requests share one model call); an
-upload with a gallery item's bytes is searched as that item. Filtered and re-ranked searches
+:class:`~nearsight.app.serve.batcher.EmbedBatcher` (concurrent requests share one model call;
+a lone upload of a plain search is embedded and searched by the thread that decoded it, with no
+further trip between threads); an upload with a gallery item's bytes is searched as that item. Filtered and re-ranked searches
 share one small pool, so a plain search and health never wait behind them. An upload re-ranked
 by a re-ranker of trunk-stage features is embedded in that pool instead, by the gallery's
 stage model (nearsight.search.rerank.stage_query), which gives its embedding and its stage
@@ -22,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Annotated, Any
 
@@ -94,10 +96,22 @@ async def search(
         spec = view.rerank if rerank is None else request_rerank(rerank, view.rerank)
     except ValueError as error:
         raise ApiError(422, str(error)) from None
+    filters = fields.get("filter")
+    heavy = bool(filters) or spec.active
+    route_notes: list[str] = []  # what the route says of its answer (a recall it can't promise)
+
+    def work(query: Any, self_id: int | None, side: np.ndarray | None) -> tuple[Any, Any]:
+        filtered = view.filtered(filters, state.max_filter_conditions)
+        found = view.search_one(query, k, allowed=filtered.allowed, rerank=spec, self_id=self_id,
+                                notes=route_notes, query_side=side)  # fmt: skip
+        return filtered, found
+
     self_id = None  # a query that is a gallery item comes first, at distance 0
     side = None  # an image's stage features, for a re-ranker that takes them
+    done = None  # work() already run, by the thread that embedded the upload
     if image is not None:
-        query, self_id, side = await _embed_upload(image, view, state, spec)
+        then = None if heavy else work
+        query, self_id, side, done = await _embed_upload(image, view, state, spec, then)
     elif fields.get("id") is not None or fields.get("key") is not None:
         self_id = _item_of(view, fields.get("id"), fields.get("key"))
         query = view.item_vector(self_id)
@@ -106,18 +120,11 @@ async def search(
             query = check_vector(view.gallery, fields["vector"])
         except NearsightError as error:  # the wrong length, zeros: a bad field
             raise ApiError(422, f"vector: {error}") from None
-    filters = fields.get("filter")
-
-    route_notes: list[str] = []  # what the route says of its answer (a recall it can't promise)
-
-    def work():
-        filtered = view.filtered(filters, state.max_filter_conditions)
-        found = view.search_one(query, k, allowed=filtered.allowed, rerank=spec, self_id=self_id,
-                                notes=route_notes, query_side=side)  # fmt: skip
-        return filtered, found
-
-    heavy = bool(filters) or spec.active
-    filtered, found = await (state.heavy.run(work) if heavy else run_in_threadpool(work))
+    if done is None:
+        args = (query, self_id, side)
+        done = await (state.heavy.run(lambda: work(*args)) if heavy
+                      else run_in_threadpool(work, *args))  # fmt: skip
+    filtered, found = done
     return {
         "gallery": view.name,
         "k": k,
@@ -189,45 +196,69 @@ async def _read_body(request: Request) -> tuple[dict[str, Any], UploadFile | Non
 
 
 async def _embed_upload(
-    upload: UploadFile, view: ServedGallery, state: RestState, spec: RerankSpec
-) -> tuple[Any, int | None, np.ndarray | None]:
-    """The upload's query vector, the gallery item it is when its bytes are an item's, and
-    its stage features [1, F] when ``spec`` is a re-ranker that takes them (then the vector
-    and the features come from one run of the gallery's stage model, in the pool of
-    re-ranked searches, not the embedding batcher)."""
+    upload: UploadFile,
+    view: ServedGallery,
+    state: RestState,
+    spec: RerankSpec,
+    then: Callable[[Any, int | None, None], Any] | None = None,
+) -> tuple[Any, int | None, np.ndarray | None, Any]:
+    """The upload's query vector, the gallery item it is when its bytes are an item's, its
+    stage features [1, F] when ``spec`` is a re-ranker that takes them (then the vector and
+    the features come from one run of the gallery's stage model, in the pool of re-ranked
+    searches, not the embedding batcher), and ``then(vector, item, None)``'s answer when the
+    decoding thread found the model idle, embedded the upload itself and so ran ``then`` too
+    (None otherwise: the caller runs it)."""
     max_bytes = state.max_upload_bytes
     data = await upload.read(max_bytes + 1)
     if len(data) > max_bytes:
         limit = max_bytes / 1024 / 1024
         raise ApiError(413, f"the upload is larger than the server's limit ({limit:g} MB)")
     name = echo(upload.filename or "<upload>")
-    twin = view.identical_item(hashlib.sha256(data).hexdigest())
-    if twin is not None:  # a gallery item's own file: searched as that item
-        return view.item_vector(twin), twin, None
-
     batcher = state.batchers[id(view.embedder)]
     pairwise = spec.method == "pairwise"
     submitted: list[Future] = []
 
-    def prepare() -> np.ndarray:
+    def prepare() -> tuple[Any, int | None, np.ndarray | None, Any]:
+        twins: list[int | None] = []
+
+        def find_twin() -> None:  # while the box decodes: the hash is off the critical path
+            twins.append(view.identical_item(hashlib.sha256(data).hexdigest()))
+
         embedder = view.embedder
         try:
             # in the decode box: this process only ever holds the fitted pixels
-            fitted = fit_bytes(data, name, embedder.resize, embedder.spec.interpolation)
+            fitted = fit_bytes(
+                data, name, embedder.resize, embedder.spec.interpolation, meanwhile=find_twin
+            )
         except ImageLoadError as error:
-            raise ApiError(415, one_line(str(error))) from None
+            fitted, failed = None, error
+        if not twins:
+            find_twin()
+        if twins[0] is not None:  # a gallery item's own file: searched as that item
+            twin = twins[0]
+            vector = view.item_vector(twin)
+            return vector, twin, None, None if then is None else then(vector, twin, None)
+        if fitted is None:
+            raise ApiError(415, one_line(str(failed))) from None
         model_input = embedder.preprocess(fitted.image)
-        if not pairwise:  # to the model from this thread: no trip through the event loop first
-            submitted.append(_submit(batcher, model_input))
-        return model_input
+        if pairwise:
+            return model_input, None, None, None
+        vector = batcher.embed_now(model_input)  # a lone request: no trip to the batcher
+        if vector is not None:
+            return vector, None, None, None if then is None else then(vector, None, None)
+        submitted.append(_submit(batcher, model_input))  # straight from this thread
+        return model_input, None, None, None
 
     try:
-        model_input = await state.decoding.run(prepare)
+        query, twin, _, done = await state.decoding.run(prepare)
     except BaseException:  # cancelled (a deadline, a client gone) after the thread submitted
         for future in submitted:
             future.cancel()  # the batcher skips it
         raise
+    if twin is not None or (not submitted and not pairwise):
+        return query, twin, None, done
     if pairwise:
+        model_input = query
 
         def with_stage() -> tuple[np.ndarray, np.ndarray] | None:
             stage = view.stage_model(spec)  # a one-line error (400) when the gallery has none
@@ -235,9 +266,9 @@ async def _embed_upload(
 
         both = await state.heavy.run(with_stage)
         if both is not None:
-            return both[0][0], None, both[1]
+            return both[0][0], None, both[1], None
         submitted.append(_submit(batcher, model_input))
-    return await asyncio.wrap_future(submitted[0]), None, None
+    return await asyncio.wrap_future(submitted[0]), None, None, None
 
 
 def _submit(batcher: EmbedBatcher, model_input: np.ndarray) -> Future:
