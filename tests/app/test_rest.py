@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from helpers import assert_one_line_error, run, running_page
+from helpers import HeldModel, assert_one_line_error, run, running_page
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
@@ -167,25 +167,17 @@ def test_concurrent_requests_all_answered_correctly(api, product, tmp_path):  # 
 
 
 def test_batcher_embeds_waiting_requests_in_one_call():
-    started, release = threading.Event(), threading.Event()
-    sizes = []
-
-    def embed(batch):
-        sizes.append(len(batch))
-        started.set()
-        release.wait(10)
-        return batch * 2.0
-
-    batcher = EmbedBatcher(embed, max_batch=16)
+    model = HeldModel()
+    batcher = EmbedBatcher(model.embed, max_batch=16)
     try:
         first = batcher.submit(np.ones(3, np.float32))
-        assert started.wait(10)  # the model is busy with the first request ...
+        assert model.started.wait(10)  # the model is busy with the first request ...
         rest = [batcher.submit(np.full(3, i, np.float32)) for i in range(7)]
         time.sleep(0.05)
-        release.set()  # ... the seven that arrived meanwhile share the next call
+        model.release.set()  # ... the seven that arrived meanwhile share the next call
         assert first.result(10).tolist() == [2, 2, 2]
         assert [f.result(10)[0] for f in rest] == [2.0 * i for i in range(7)]
-        assert sizes == [1, 7]
+        assert model.sizes == [1, 7]
     finally:
         batcher.close()
 
@@ -218,29 +210,22 @@ def test_batcher_embeds_a_lone_input_in_the_callers_thread():
 
 
 def test_embed_now_gives_way_to_waiting_inputs_which_stay_one_batch():
-    started, release = threading.Event(), threading.Event()
-    sizes = []
-
-    def embed(batch):
-        sizes.append(len(batch))
-        started.set()
-        release.wait(10)
-        return batch * 2.0
-
-    batcher = EmbedBatcher(embed, max_batch=16)
+    model = HeldModel()
+    batcher = EmbedBatcher(model.embed, max_batch=16)
     try:
         with ThreadPoolExecutor(1) as pool:
             inline = pool.submit(batcher.embed_now, np.ones(3, np.float32))
-            assert started.wait(10)  # the model is busy with a caller's own input ...
+            assert model.started.wait(10)  # the model is busy with a caller's own input ...
             assert batcher.embed_now(np.ones(3, np.float32)) is None  # ... so this one queues
             queued = [batcher.submit(np.full(3, i, np.float32)) for i in range(4)]
             time.sleep(0.05)
             assert batcher.embed_now(np.ones(3, np.float32)) is None  # inputs wait: they go first
-            release.set()
+            model.release.set()
             assert inline.result(10).tolist() == [2, 2, 2]
         assert [f.result(10)[0] for f in queued] == [2.0 * i for i in range(4)]
-        assert sizes == [1, 4]  # the four that waited for the model shared its next call
-        assert batcher.embed_now(np.ones(3, np.float32)) is not None and sizes == [1, 4, 1]
+        assert model.sizes == [1, 4]  # the four that waited for the model shared its next call
+        assert batcher.embed_now(np.ones(3, np.float32)) is not None
+        assert model.sizes == [1, 4, 1]
     finally:
         batcher.close()
 

@@ -55,10 +55,12 @@ from helpers.processes import (
     torchrun,
 )
 from helpers.sockets import address_of, closed_within, connect_from, read_response
+from helpers.threads import HeldModel
 from helpers.timm import TIMM_CONVNEXT, TIMM_RESNET, TIMM_VIT, write_hub_weights
 from helpers.training import TrainingCrash, crash_training, train_one_and_two_processes
 
 __all__ = [
+    "HeldModel",
     "make_staged_gallery",
     "random_stage_scorer",
     "disk_mb",
