@@ -67,6 +67,8 @@ def main() -> None:
         build = ["index", "build", "--model", str(root / "model.onnx"), "--dataset", "folder",
                  "--root", str(root / "data"), "--split", "all"]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS",)}
+        env["TMPDIR"] = str(root / "tmp")  # torchrun's torchelastic_* folder goes with the rest
+        (root / "tmp").mkdir()
         one = timed([sys.executable, "-m", "nearsight.app.cli", *build, "--out",
                      str(root / "one")], env)  # fmt: skip
         torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
