@@ -10,12 +10,13 @@ the closest values its column does hold.
 The request is checked once here, then searched through the gallery's Searcher. Uploads are
 decoded in the decode box (nearsight.data.decode_box) and embedded by the gallery model's
 :class:`~nearsight.app.serve.batcher.EmbedBatcher` (concurrent requests share one model call;
-a lone upload of a plain search is embedded and searched by the thread that decoded it, with no
-further trip between threads); an upload with a gallery item's bytes is searched as that item. Filtered and re-ranked searches
-share one small pool, so a plain search and health never wait behind them. An upload re-ranked
-by a re-ranker of trunk-stage features is embedded in that pool instead, by the gallery's
-stage model (nearsight.search.rerank.stage_query), which gives its embedding and its stage
-features in one run.
+a lone upload of a plain search is embedded and searched by the thread that decoded it, with
+no further trip between threads); an upload with a gallery item's bytes is searched as that
+item. Filtered and re-ranked searches share one small pool, so a plain search and health
+never wait behind them. An upload re-ranked by a re-ranker of trunk-stage features is
+embedded in that pool instead, by the gallery's stage model
+(nearsight.search.rerank.stage_query), which gives its embedding and its stage features in one
+run.
 """
 
 from __future__ import annotations
