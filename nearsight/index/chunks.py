@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from nearsight.core.arrays import load_array
 from nearsight.core.errors import NearsightError
 from nearsight.core.extras import EXTRA_MODULES
 from nearsight.data.meta import (
@@ -160,7 +161,7 @@ def _column_kind(found: set[str]) -> str:
 
 def _load_npy(file: Path) -> np.ndarray:
     try:
-        array = np.load(file, mmap_mode="r", allow_pickle=False)
+        array = load_array(file, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError, EOFError) as error:
         raise NearsightError(f"{file} is not a readable .npy file ({error})") from None
     if array.ndim != 2 or array.shape[1] == 0 or array.dtype.kind != "f":

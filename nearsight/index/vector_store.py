@@ -32,6 +32,7 @@ from typing import Any
 import faiss
 import numpy as np
 
+from nearsight.core.arrays import load_array
 from nearsight.core.errors import NearsightError
 
 EMBEDDINGS_CHOICES = ("auto", "keep", "drop")
@@ -63,7 +64,7 @@ def describe_source(path: str | os.PathLike[str]) -> dict[str, Any]:
     files = sorted(folder.glob("*.npy")) if folder.is_dir() else [folder]
     return {
         "path": str(folder),
-        "files": [[file.name, int(np.load(file, mmap_mode="r").shape[0])] for file in files],
+        "files": [[file.name, int(load_array(file, mmap_mode="r").shape[0])] for file in files],
     }
 
 
@@ -184,7 +185,7 @@ class _Source:
                 arrays.append(np.zeros((0, self.dim), np.float32))
                 continue
             try:
-                array = np.load(path, mmap_mode="r", allow_pickle=False)
+                array = load_array(path, mmap_mode="r", allow_pickle=False)
             except (OSError, ValueError, EOFError):
                 return False
             if array.shape != (size, self.dim):

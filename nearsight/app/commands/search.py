@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from nearsight.app.commands.rerank_option import add_rerank_option
+from nearsight.core.arrays import load_array
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -154,7 +155,7 @@ def _vector_file(path: Path, dim: int):
     from nearsight.core.errors import NearsightError
 
     try:
-        vector = np.load(path, allow_pickle=False)
+        vector = load_array(path, allow_pickle=False)
     except (OSError, ValueError, EOFError) as error:
         raise NearsightError(f"cannot read query vector {path}: {error}") from None
     shape = tuple(vector.shape)

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from nearsight.core.arrays import load_array
 from nearsight.core.errors import NearsightError, closest_names
 from nearsight.data.embed import check_batching, embed_files
 from nearsight.data.images import describe_image_file
@@ -334,7 +335,7 @@ def _read_all(
     for name in names:
         if not (folder / f"{name}.csv").is_file():
             raise NearsightError(f"chunk {folder / name} is missing: a process did not finish")
-        part = np.load(folder / f"{name}.npy", allow_pickle=False)
+        part = load_array(folder / f"{name}.npy", allow_pickle=False)
         rows = read_meta(folder / f"{name}.csv", meta_types)
         if len(rows) != len(part):
             raise NearsightError(f"chunk {folder / name} is damaged: rows and vectors differ")

@@ -25,6 +25,7 @@ from typing import Any
 import faiss
 import numpy as np
 
+from nearsight.core.arrays import load_array
 from nearsight.core.atomic import atomic_dir, recover_dir
 from nearsight.index.ann.faiss_index import METRIC, index_ids
 from nearsight.index.catalog.create import create_catalog
@@ -74,7 +75,7 @@ def open_catalog_dir(gallery_dir: str | os.PathLike[str], *, readonly: bool = Fa
 
 def read_embeddings(path: Path) -> np.ndarray:
     try:
-        array = np.load(path, mmap_mode="r", allow_pickle=False)
+        array = load_array(path, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError, EOFError) as error:
         raise GalleryError(f"{path} is not a readable embeddings file ({error})") from None
     if array.ndim != 2 or array.dtype != np.float32:

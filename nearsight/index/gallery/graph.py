@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from nearsight.core.arrays import load_array
 from nearsight.index.catalog.store import GalleryError
 
 GRAPH_FILE = "neighbours.npy"
@@ -78,8 +79,8 @@ def read_graph(
             "--neighbour-graph`"
         )
     try:
-        neighbours = np.load(folder / GRAPH_FILE, mmap_mode="r", allow_pickle=False)
-        sims = np.load(folder / GRAPH_SIMS_FILE, mmap_mode="r", allow_pickle=False)
+        neighbours = load_array(folder / GRAPH_FILE, mmap_mode="r", allow_pickle=False)
+        sims = load_array(folder / GRAPH_SIMS_FILE, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError) as error:
         raise GalleryError(f"gallery {folder} has a damaged neighbour graph: {error}") from None
     if neighbours.shape != sims.shape or neighbours.shape[0] != len(base_ids):

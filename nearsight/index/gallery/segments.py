@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from nearsight.core.arrays import load_arrays
 from nearsight.index.catalog.store import GalleryError
 
 SEGMENT_PATTERN = re.compile(r"segment-\d{12}\.npz")
@@ -55,8 +56,7 @@ def read_segment(folder: Path, name: str, dim: int) -> tuple[np.ndarray, np.ndar
     if not SEGMENT_PATTERN.fullmatch(name):
         raise GalleryError(f"gallery {folder} is damaged: its catalog lists segment {name!r}")
     try:
-        with np.load(path, allow_pickle=False) as data:
-            ids, vectors = data["ids"], data["vectors"]
+        ids, vectors = load_arrays(path, ("ids", "vectors"), allow_pickle=False)
     except FileNotFoundError:
         raise GalleryError(f"gallery {folder} is incomplete: it has no {name}") from None
     except (OSError, ValueError, KeyError, EOFError) as error:

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from nearsight.core.arrays import load_array
 from nearsight.core.errors import NearsightError
 
 FEATURES, IDS, META = "stage_features.npy", "stage_features_ids.npy", "stage_features.json"
@@ -49,8 +50,8 @@ class StageStore:
         self.stage_model_sha256 = str(meta.get("stage_model_sha256", ""))
         self._query_models: dict[tuple, Any] = {}
         self._query_lock = threading.Lock()
-        self.features = np.load(folder / FEATURES, mmap_mode="r")
-        self.ids = np.load(folder / IDS)
+        self.features = load_array(folder / FEATURES, mmap_mode="r")
+        self.ids = load_array(folder / IDS)
         # the same memory map as a plain ndarray: its fancy indexing skips np.memmap's
         # Python-level __getitem__ (a search gathers a few rows per call)
         self._table = self.features.view(np.ndarray)
