@@ -17,6 +17,10 @@ from typing import Any
 
 import numpy as np
 
+# np.unique imports numpy.ma lazily, and that import parses signatures with ast too: it is done
+# once, here, rather than in a thread beside another thread's load
+import numpy.ma  # noqa: F401
+
 _READING = threading.Lock()
 
 
