@@ -335,8 +335,8 @@ def in_turns(gallery: Path, images: list[Path], url: str, args) -> dict:
     client, rest = paired.rest_path(url, args.k, images[0].name)
     try:
         payloads = [path.read_bytes() for path in images]
-        return paired.report_of(paired.measure(payloads, direct, {"rest": rest}, args.queries,
-                                               gap_s=0.05))  # fmt: skip
+        times = paired.measure(payloads, direct, {"rest": rest}, args.queries, paired.GAP_MS / 1000)
+        return paired.report_of(times)
     finally:
         client.close()
         view.close()

@@ -51,6 +51,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import app_latency  # noqa: E402  (the setup, the server and the summaries are its)
 
+GAP_MS = 50.0  # idle time before each timed call (--gap-ms)
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -61,7 +63,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--gap-ms",
         type=float,
-        default=50.0,
+        default=GAP_MS,
         help="idle time before each timed call (default 50 ms): onnxruntime's threads spin a "
         "while after a run, and a call that follows at once shares the cores with them",
     )
