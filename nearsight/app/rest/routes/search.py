@@ -219,7 +219,8 @@ async def _embed_upload(
     pairwise = spec.method == "pairwise"
     submitted: list[Future] = []
 
-    def prepare() -> tuple[Any, int | None, np.ndarray | None, Any]:
+    def prepare() -> tuple[Any, int | None, Any]:
+        """(vector, twin, then's answer) or, not yet embedded, (model input, None, None)."""
         twins: list[int | None] = []
 
         def find_twin() -> None:  # while the box decodes: the hash is off the critical path
@@ -238,20 +239,20 @@ async def _embed_upload(
         if twins[0] is not None:  # a gallery item's own file: searched as that item
             twin = twins[0]
             vector = view.item_vector(twin)
-            return vector, twin, None, None if then is None else then(vector, twin, None)
+            return vector, twin, None if then is None else then(vector, twin, None)
         if fitted is None:
             raise ApiError(415, one_line(str(failed))) from None
         model_input = embedder.preprocess(fitted.image)
         if pairwise:
-            return model_input, None, None, None
+            return model_input, None, None
         vector = batcher.embed_now(model_input)  # a lone request: no trip to the batcher
         if vector is not None:
-            return vector, None, None, None if then is None else then(vector, None, None)
+            return vector, None, None if then is None else then(vector, None, None)
         submitted.append(_submit(batcher, model_input))  # straight from this thread
-        return model_input, None, None, None
+        return model_input, None, None
 
     try:
-        query, twin, _, done = await state.decoding.run(prepare)
+        query, twin, done = await state.decoding.run(prepare)
     except BaseException:  # cancelled (a deadline, a client gone) after the thread submitted
         for future in submitted:
             future.cancel()  # the batcher skips it
