@@ -29,6 +29,7 @@ Design decisions
 - ``freeze_bn``: every BatchNorm2d of the trunk stays in eval mode (running statistics frozen,
   batch statistics unused) even under ``model.train()``; their affine weights still train.
   Small per-class batches make BatchNorm statistics noisy, which is why DML code freezes them.
+  While training they compute their affine map directly (:mod:`nearsight.models.frozen_norm`).
 - Multi-level heads (``heads``, the RLL and ICE papers' "L, M, H" embeddings): each listed
   trunk stage gets its own global pooling, ``feature_norm`` and linear head of ``dim``, all
   trained under the loss at once (nearsight/training/trainer.py sums the loss over them). The default
@@ -70,6 +71,7 @@ from nearsight.models.embedding_config import (  # noqa: F401  (re-exported: the
     stage_width,
     trunk_width,
 )
+from nearsight.models.frozen_norm import freeze_batch_norms
 from nearsight.models.pooling import pool_map
 from nearsight.models.preprocess import IMAGENET_MEAN, IMAGENET_STD
 from nearsight.models.timm_trunk import create_trunk, is_timm, timm_info, trunk_features
@@ -190,10 +192,8 @@ class EmbeddingNet(nn.Module):
 
     def train(self, mode: bool = True) -> EmbeddingNet:
         super().train(mode)
-        if mode and self.config.freeze_bn:
-            for module in self.trunk.modules():
-                if isinstance(module, nn.BatchNorm2d):
-                    module.eval()
+        if self.config.freeze_bn:
+            freeze_batch_norms(self.trunk, training=mode)
         return self
 
 
