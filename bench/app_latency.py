@@ -116,7 +116,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def serve(args: argparse.Namespace) -> int:
     from nearsight.app.page.layout import build_app
     from nearsight.app.serve.run import stop_on_sigterm
-    from nearsight.app.serve.server import launch_app, stop_app
+    from nearsight.app.serve.settings import Settings
+    from nearsight.app.server_app import launch_app, served, stop_app
 
     start = time.perf_counter()
     demo = build_app(
@@ -128,15 +129,18 @@ def serve(args: argparse.Namespace) -> int:
     )
     opened = time.perf_counter() - start
     # as exposed: the key on every route, the default limits, live galleries watched
-    url = launch_app(demo, port=args.port, prevent_thread_lock=True, quiet=True,
-                     api_key=BENCH_KEY, watch_interval=1.0)  # fmt: skip
+    settings = Settings(port=args.port, api_key=BENCH_KEY, watch_interval=1.0,
+                        concurrency=args.concurrency, max_queue=256, access_log=False)  # fmt: skip
+    url = launch_app(demo, settings)
     start = time.perf_counter()
     demo.nearsight.wait_analysis()
     analysed = time.perf_counter() - start if args.analysis else float("nan")
     print(f"{READY} {url} {opened:.2f} {analysed:.2f}", flush=True)
     try:
         with stop_on_sigterm():  # the bench stops it with SIGTERM
-            demo.block_thread()
+            served(demo).thread.join()
+    except KeyboardInterrupt:
+        pass
     finally:
         stop_app(demo)
     return 0

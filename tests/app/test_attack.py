@@ -27,7 +27,7 @@ def test_a_kept_alive_connection_trickling_its_next_headers_is_closed(onnx_galle
     header timeout (1 s here) covers that request too, so the server closes the connection
     (before, any byte cancelled the idle timer and nothing else applied: it stayed open)."""
     with (
-        running_page([onnx_gallery.gallery], analyse=False, header_timeout_s=1.0) as (url, _),
+        running_page([onnx_gallery.gallery], analyse=False, header_timeout=1.0) as (url, _),
         socket.create_connection(address_of(url), timeout=10) as sock,
     ):
         sock.sendall(b"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
@@ -50,7 +50,7 @@ def test_a_kept_alive_connection_trickling_its_next_headers_is_closed(onnx_galle
 
 def test_an_idle_kept_alive_connection_is_closed(onnx_gallery):
     with (
-        running_page([onnx_gallery.gallery], analyse=False, keep_alive_s=1.0) as (url, _),
+        running_page([onnx_gallery.gallery], analyse=False, keep_alive=1.0) as (url, _),
         socket.create_connection(address_of(url), timeout=10) as sock,
     ):
         sock.sendall(b"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
@@ -101,7 +101,7 @@ def test_trickled_sign_ins_from_many_addresses_are_closed_and_keyed_clients_serv
     the rest are answered 503 at once; a keyed client at a fifth address is served while they
     are held (before: the deadline ran between reads, every connection stayed open for as long
     as it trickled, and every other client got 503)."""
-    options = {"api_key": KEY, "max_connections": 32, "sign_in_timeout_s": 3.0,
+    options = {"api_key": KEY, "max_connections": 32, "sign_in_timeout": 3.0,
                "max_unauthenticated": 8}  # fmt: skip
     with running_page([onnx_gallery.gallery], analyse=False, **options) as (url, _):
         address = address_of(url)
@@ -297,8 +297,8 @@ def test_a_trickled_body_is_cut_at_its_total_deadline_on_every_route(onnx_galler
     the route reads the body, else with its own answer. The header timeout (30 s here) is not
     what ends them (before: a route that answered without reading the body left its
     connection reading the rest until the next request's header timeout)."""
-    options = {"api_key": KEY, "body_timeout_s": 2.0, "sign_in_timeout_s": 2.0,
-               "header_timeout_s": 30.0}  # fmt: skip
+    options = {"api_key": KEY, "body_timeout": 2.0, "sign_in_timeout": 2.0,
+               "header_timeout": 30.0}  # fmt: skip
     results: dict[str, tuple[bytes, float]] = {}
     with running_page([onnx_gallery.gallery], analyse=False, **options) as (url, _):
         address = address_of(url)

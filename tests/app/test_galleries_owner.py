@@ -13,11 +13,11 @@ from helpers import free_port, running_page
 
 
 def test_the_page_and_rest_read_one_owner(product):
-    from nearsight.app.serve.server import served
+    from nearsight.app.server_app import served
 
     with running_page([product["gallery"]], analyse=False) as (url, demo):
         owner = served(demo).galleries
-        assert owner is demo.galleries is demo.nearsight.galleries
+        assert owner is demo.nearsight.galleries
         assert served(demo).rest.state.rest.galleries is owner
         # a reload swaps the entry once, and both faces see the new view on their next request
         (name,) = owner.names

@@ -1,4 +1,4 @@
-"""The REST API's work gates (nearsight/app/rest/gates.py): fair shares between clients."""
+"""The REST API's work gates (nearsight/app/serve/gates.py): fair shares between clients."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from nearsight.app.rest.gates import GateFull, WorkGate
+from nearsight.app.serve.gates import GateFull, WorkGate
 
 
 def _run_flood(gate: WorkGate, flood: int, victims: list[str]) -> list[str]:
@@ -90,51 +90,73 @@ def test_a_cancelled_wait_gives_its_turn_away():
     assert gate.running == 0 and gate.waiting == 0
 
 
-# -- the page's queue (nearsight/app/serve/fair_queue.py) ---------------------------------------
+# -- the page's searches through the gates (nearsight/app/page/gated.py) ----------------------------
 
 
-def _event(client: str, name: str) -> SimpleNamespace:
-    return SimpleNamespace(request=SimpleNamespace(client=SimpleNamespace(host=client)), _id=name)
+def test_a_gated_page_handler_shows_gradio_its_own_parameters_after_the_request():
+    """Gradio fills parameters by their annotations (gr.Request, gr.EventData): the gated
+    handler declares the request first, then the handler's own, and runs it with them."""
+    import inspect
+
+    import gradio as gr
+
+    from nearsight.app.page.gated import PageGates
+    from nearsight.app.serve.gates import WorkGate
+
+    seen = []
+
+    def handler(gallery: str, k: int, event: gr.EventData) -> str:
+        seen.append((gallery, k, event))
+        return f"{gallery}:{k}"
+
+    gated = PageGates.through(WorkGate(1, 4), handler)
+    parameters = list(inspect.signature(gated).parameters.values())
+    assert [p.name for p in parameters] == ["nearsight_request", "gallery", "k", "event"]
+    assert gated.__annotations__["nearsight_request"] is gr.Request
+    from nearsight.app.page.handlers import Page  # a module with gradio imported at the top
+
+    clicked = PageGates.through(WorkGate(1, 4), Page.clicked)
+    assert clicked.__annotations__["event"] is gr.EventData
+    assert inspect.iscoroutinefunction(gated)
+    request = SimpleNamespace(client=SimpleNamespace(host="127.0.0.2"))
+    assert asyncio.run(gated(request, "g", 3, "data")) == "g:3"
+    assert seen == [("g", 3, "data")]
 
 
-def test_the_page_queue_places_a_new_client_in_turn():
-    """Gradio runs a group's events from the front of its list: a victim's event goes after
-    the flood's first waiting one, not after all of them; the flood's next goes last."""
-    from nearsight.app.serve.fair_queue import fair_position
+def test_a_gated_page_handler_waits_its_turn_and_a_flood_gets_one_line():
+    """One client's events past its share of the gate are refused with a gr.Error at once;
+    another client's event goes before the flood's waiting ones."""
+    import gradio as gr
 
-    waiting = [_event("A", f"a{n}") for n in range(10)]
-    assert fair_position(waiting, "B") == 1
-    waiting.insert(1, _event("B", "b0"))
-    assert fair_position(waiting, "C") == 2  # after A's and B's first
-    assert fair_position(waiting, "A") == len(waiting)
-    assert fair_position(waiting, "B") == 3  # B's second: after A's second
+    from nearsight.app.page.gated import PageGates
+    from nearsight.app.serve.gates import WorkGate
 
+    order: list[str] = []
+    release = threading.Event()
 
-def test_the_page_queue_caps_each_client_and_reorders_what_gradio_appended():
-    from nearsight.app.serve.fair_queue import share_fairly
+    def handler(name: str) -> str:
+        if name == "a0":
+            release.wait(10)
+        order.append(name)
+        return name
 
-    group = SimpleNamespace(queue=[])
-    queue = SimpleNamespace(event_queue_per_concurrency_id={"search": group})
-
-    async def push(body, request, username):  # Gradio's: appends the event, names it
-        group.queue.append(SimpleNamespace(request=request, _id=body))
-        return True, body, "success"
-
-    queue.push = push
-    share_fairly(queue, per_client=4)
+    gated = PageGates.through(WorkGate(1, 16, "searches", per_client=3), handler)
 
     def from_(client: str) -> SimpleNamespace:
         return SimpleNamespace(client=SimpleNamespace(host=client))
 
     async def main() -> list:
-        answers = [await queue.push(f"a{n}", from_("A"), None) for n in range(6)]
-        answers.append(await queue.push("b0", from_("B"), None))
-        return answers
+        flood = [asyncio.create_task(gated(from_("A"), f"a{n}")) for n in range(5)]
+        await asyncio.sleep(0.05)
+        victim = asyncio.create_task(gated(from_("B"), "b0"))
+        await asyncio.sleep(0.05)
+        release.set()
+        return await asyncio.gather(*flood, victim, return_exceptions=True)
 
     answers = asyncio.run(main())
-    assert [ok for ok, _, _ in answers] == [True] * 4 + [False, False] + [True]
-    assert answers[4][2] == "queue_full" and "at most 4 per client" in answers[4][1]
-    assert [event._id for event in group.queue] == ["a0", "b0", "a1", "a2", "a3"]
+    refused = [a for a in answers if isinstance(a, gr.Error)]
+    assert len(refused) == 1 and "limit per client is 3" in str(refused[0])
+    assert order == ["a0", "b0", "a1", "a2", "a3"]
 
 
 # -- files in the page's queue payloads (nearsight/app/serve/queue_files.py) -------------------

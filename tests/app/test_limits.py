@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from helpers import running_page, started
 
-from nearsight.app.rest.gates import GateFull, WorkGate
 from nearsight.app.serve.batcher import BatcherFull, EmbedBatcher
+from nearsight.app.serve.gates import GateFull, WorkGate
 from nearsight.data.meta import FilterError
 from nearsight.index.catalog.create import create_catalog
 from nearsight.index.catalog.filters import (

@@ -14,7 +14,7 @@ import pytest
 
 from nearsight.app.page.layout import build_app
 from nearsight.app.serve.live import GalleryWatcher, fingerprint
-from nearsight.app.serve.server import launch_app, stop_app
+from nearsight.app.server_app import launch_app, stop_app
 
 WATCH_S = 0.2
 VISIBLE_WITHIN_S = 5.0
@@ -40,11 +40,10 @@ def wait_for(predicate, timeout: float = VISIBLE_WITHIN_S) -> float:
 def served(onnx_gallery, tmp_path):
     gallery = tmp_path / "gallery"
     shutil.copytree(onnx_gallery.gallery, gallery)
-    from helpers import free_port
+    from helpers import server_settings
 
     demo = build_app([gallery], device="cpu", analyse=False)
-    url = launch_app(demo, port=free_port(), prevent_thread_lock=True, quiet=True,
-                     watch_interval=WATCH_S)  # fmt: skip
+    url = launch_app(demo, server_settings(watch_interval=WATCH_S))
     try:
         yield url.rstrip("/") + "/api", gallery
     finally:

@@ -74,7 +74,7 @@ def test_card_fields_chosen_by_the_operator(shop):
         grid, _, _ = demo.nearsight.item_grid(None, 0, 4)
         assert all(cell["shown"][:2] == ["price", "shop"] for cell in cells(grid))
     finally:
-        demo.galleries.close()
+        demo.nearsight.galleries.close()
     with pytest.raises(NearsightError, match="no column 'nosuch'"):
         build_app([shop["gallery"]], device="cpu", analyse=False, card_fields=["nosuch"])
 
@@ -108,7 +108,7 @@ def test_gallery_choice_updates_the_filter_help_and_item_box(served, product, sh
         assert "added (date)" in help_shop["info"] and "added" not in help_product["info"]
         assert box_shop["label"] == "Item id or sku" and box_product["label"] == "Item id"
     finally:
-        demo.galleries.close()
+        demo.nearsight.galleries.close()
 
 
 def test_random_item_clears_the_upload_and_the_map_has_a_legend(served):

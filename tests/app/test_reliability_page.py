@@ -271,12 +271,14 @@ def test_sessions_kept_by_the_server_are_capped(server, monkeypatch):
     """Each plain-HTTP call of the API is a new Gradio session holding a copy of the page's
     config (~80 KB, measured): the server keeps the STATE_SESSIONS most recent ones, not
     Gradio's default 10000. Here with the cap lowered to 10, in a server of this process."""
+    from helpers import server_settings
+
     import nearsight.app.page.layout as page_module
-    import nearsight.app.serve.server as server_module
+    import nearsight.app.server_app as server_module
 
     monkeypatch.setattr(server_module, "STATE_SESSIONS", 10)
     demo = page_module.build_app([server.gallery], device="cpu", analyse=False)
-    url = server_module.launch_app(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
+    url = server_module.launch_app(demo, server_settings())
     try:
         with httpx.Client(timeout=60) as http:
             for item in server.items[:25]:

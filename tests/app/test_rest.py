@@ -19,7 +19,7 @@ from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
 from nearsight.app.serve.batcher import EmbedBatcher
-from nearsight.app.serve.server import served as served_app
+from nearsight.app.server_app import served as served_app
 from nearsight.index.gallery.core import Gallery
 
 MAX_UPLOAD_MB = 0.25
@@ -266,19 +266,14 @@ def test_serving_beyond_localhost_needs_a_key(capsys, product, monkeypatch):  # 
 
 
 def test_api_key_comes_from_the_flag_or_the_environment(monkeypatch):
-    import argparse
-
-    from nearsight.app.commands.serve import _api_key
+    from nearsight.app.serve.run import resolve_api_key
 
     monkeypatch.setenv("NEARSIGHT_API_KEY", "from-env-16-chars")
-    env = _api_key(argparse.Namespace(api_key=None, api_key_file=None, host="0.0.0.0"))
-    assert env == "from-env-16-chars"
-    flag = _api_key(argparse.Namespace(api_key="flag-of-16-chars", api_key_file=None, host="0.0.0.0"))
-    assert flag == "flag-of-16-chars"
+    assert resolve_api_key(None, None, "0.0.0.0") == "from-env-16-chars"
+    assert resolve_api_key("flag-of-16-chars", None, "0.0.0.0") == "flag-of-16-chars"
     monkeypatch.delenv("NEARSIGHT_API_KEY")
-    assert _api_key(argparse.Namespace(api_key=None, api_key_file=None, host="127.0.0.1")) is None
-    assert _api_key(argparse.Namespace(api_key=None, api_key_file=None, host="::1")) is None
-    assert _api_key(argparse.Namespace(api_key=None, api_key_file=None, host="localhost")) is None
+    for host in ("127.0.0.1", "::1", "localhost"):
+        assert resolve_api_key(None, None, host) is None
 
 
 @pytest.mark.slow

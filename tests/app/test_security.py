@@ -14,10 +14,10 @@ from multiprocessing.pool import ThreadPool
 import httpx
 import pytest
 from gradio_client import Client, handle_file
-from helpers import free_port, serve_process
+from helpers import free_port, serve_process, server_settings
 
 from nearsight.app.page.layout import build_app
-from nearsight.app.serve.server import launch_app, stop_app
+from nearsight.app.server_app import launch_app, stop_app
 
 KEY = "s3cret-key-for-tests"
 MAX_UPLOAD_MB = 1.0
@@ -26,8 +26,7 @@ MAX_UPLOAD_MB = 1.0
 @contextlib.contextmanager
 def serving(galleries, show_paths: bool = False, **options):
     demo = build_app(galleries, device="cpu", analyse=False, show_paths=show_paths)
-    url = launch_app(demo, port=free_port(), prevent_thread_lock=True, quiet=True,
-                     max_upload_mb=MAX_UPLOAD_MB, **options)  # fmt: skip
+    url = launch_app(demo, server_settings(max_upload_mb=MAX_UPLOAD_MB, **options))
     try:
         yield url.rstrip("/")
     finally:
@@ -158,7 +157,7 @@ def test_slow_headers_and_stalled_bodies_are_cut_off(onnx_gallery):
     import socket
     from urllib.parse import urlsplit
 
-    with serving([onnx_gallery.gallery], header_timeout_s=1.0, body_timeout_s=1.0) as url:
+    with serving([onnx_gallery.gallery], header_timeout=1.0, body_timeout=1.0) as url:
         address = urlsplit(url)
         with socket.create_connection((address.hostname, address.port), timeout=15) as slow:
             slow.sendall(b"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # and never the rest
@@ -201,7 +200,7 @@ def test_other_hosts_and_origins_are_refused_before_any_route(onnx_gallery):
             assert httpx.get(f"{url}/api/health", headers={"Host": host}).status_code == 200
         same = httpx.get(f"{url}/config", headers={"Origin": f"http://localhost:{port}"})
         assert same.status_code == 200
-    with serving([onnx_gallery.gallery], allowed_hosts=["search.example"]) as url:
+    with serving([onnx_gallery.gallery], allowed_hosts="search.example") as url:
         named = httpx.get(f"{url}/api/health", headers={"Host": "search.example"})
         assert named.status_code == 200
 
@@ -260,7 +259,7 @@ def _guess(url: str, number: int) -> int:
 
 def test_the_session_cookie_expires_and_dies_with_the_key(onnx_gallery):
     with (
-        serving([onnx_gallery.gallery], api_key=KEY, session_s=2) as url,
+        serving([onnx_gallery.gallery], api_key=KEY, session_s=2.0) as url,
         httpx.Client(base_url=url, timeout=30) as browser,
     ):
         signed = browser.post("/login", data={"key": KEY})
@@ -281,7 +280,7 @@ def test_a_stalled_sign_in_form_is_a_408_not_a_traceback(onnx_gallery, capfd):
     import socket
     from urllib.parse import urlsplit
 
-    with serving([onnx_gallery.gallery], api_key=KEY, body_timeout_s=1.0) as url:
+    with serving([onnx_gallery.gallery], api_key=KEY, body_timeout=1.0) as url:
         address = urlsplit(url)
         with socket.create_connection((address.hostname, address.port), timeout=15) as stall:
             stall.sendall(b"POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 40\r\n"

@@ -124,7 +124,7 @@ def test_rest_json_body_queries_by_id_key_and_vector(api, shop, catalog):
     assert both.status_code == 422 and "exactly one of" in both.json()["error"]
     missing = httpx.post(f"{url}/search", json={"key": "nope"}, timeout=30)
     assert missing.status_code == 404 and missing.json() == {
-        "error": f"gallery {demo.galleries.names[0]} has no item with that key"
+        "error": f"gallery {demo.nearsight.galleries.names[0]} has no item with that key"
     }
     typo = httpx.post(f"{url}/search", json={"id": 1, "filter": "shop==Café"}, timeout=30)
     assert typo.status_code == 400 and "typo" in typo.json()["error"]
@@ -141,7 +141,7 @@ def test_rest_galleries_are_the_facts_of_index_info(api, shop, capsys):
     url, demo = api
     answer = httpx.get(f"{url}/galleries", timeout=30).json()["galleries"]
     _, out, _ = run(capsys, "index", "info", "--gallery", shop["gallery"], "--json")
-    assert answer == [{"name": demo.galleries.names[0], "generation": 0, **json.loads(out)}]
+    assert answer == [{"name": demo.nearsight.galleries.names[0], "generation": 0, **json.loads(out)}]
     health = httpx.get(f"{url}/health", timeout=30).json()
     assert health == {"status": "ok", "galleries": answer}
     item = httpx.get(f"{url}/items/by-key", params={"key": KEY}, timeout=30).json()

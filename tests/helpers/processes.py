@@ -65,18 +65,28 @@ def build_wheel(out: Path) -> Path:
 def running_page(galleries: list[Path], *, analyse: bool = True, **options):
     """The page and its REST API served on a free port for a test: yields (url, app), then
     stops the server, the API's batcher and the page's analysis threads. ``analyse``: wait for
-    the galleries' analysis first (False: start none); ``options`` go to ``launch_app``."""
+    the galleries' analysis first (False: start none); ``options`` are fields of the server's
+    Settings (no access log and no watching unless given)."""
     from nearsight.app.page.layout import build_app
-    from nearsight.app.serve.server import launch_app, stop_app
+    from nearsight.app.server_app import launch_app, stop_app
 
     demo = build_app(galleries, device="cpu", analyse=analyse)
-    url = launch_app(demo, port=free_port(), prevent_thread_lock=True, quiet=True, **options)
+    url = launch_app(demo, server_settings(**options))
     try:
         if analyse:
             assert demo.nearsight.wait_analysis(timeout=120)
         yield url, demo
     finally:
         stop_app(demo)
+
+
+def server_settings(**options: Any) -> Any:
+    """The server's Settings for a test: a free port of 127.0.0.1, no access log, no watching
+    of the galleries' files, and ``options``."""
+    from nearsight.app.serve.settings import Settings
+
+    defaults = {"port": free_port(), "access_log": False, "watch_interval": 0.0}
+    return Settings(**{**defaults, **options})
 
 
 def stop_process(process: subprocess.Popen, timeout: float = 30) -> int:

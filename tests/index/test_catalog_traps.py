@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from helpers import FAST, assert_one_line_error, free_port, run, tiny_model
+from helpers import FAST, assert_one_line_error, run, server_settings, tiny_model
 
 from nearsight.data.datasets.synthetic import write_synthetic
 from nearsight.index.gallery.core import Gallery
@@ -224,10 +224,10 @@ def test_keys_upsert_remove_and_serve(shop, catalog, tmp_path, capsys):
     code, _, err = run(capsys, "index", "remove", "--gallery", folder, "--keys", "nope")
     assert_one_line_error(code, err, "no item with key 'nope'")
     from nearsight.app.page.layout import build_app
-    from nearsight.app.serve.server import launch_app, stop_app
+    from nearsight.app.server_app import launch_app, stop_app
 
     demo = build_app([folder], device="cpu", analyse=False)
-    url = launch_app(demo, port=free_port(), prevent_thread_lock=True, quiet=True).rstrip("/")
+    url = launch_app(demo, server_settings()).rstrip("/")
     try:
         found = httpx.get(f"{url}/api/items/by-key/K7", timeout=30)
         assert found.status_code == 200 and found.json()["id"] == new["id"]

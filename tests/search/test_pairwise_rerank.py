@@ -9,7 +9,7 @@ import shutil
 import subprocess
 
 import pytest
-from helpers import assert_one_line_error, cli_argv, free_port, run
+from helpers import assert_one_line_error, cli_argv, free_port, run, server_settings
 
 from nearsight.core.errors import NearsightError
 from nearsight.search.rerank.spec import parse_rerank, request_rerank
@@ -197,12 +197,11 @@ def test_rest_reranks_with_the_servers_file_and_refuses_a_named_one(trained, tmp
     import httpx
 
     from nearsight.app.page.layout import build_app
-    from nearsight.app.serve.server import launch_app, stop_app
+    from nearsight.app.server_app import launch_app, stop_app
 
     spec = parse_rerank(f"pairwise:model={trained['reranker']},depth=4")
     demo = build_app([trained["gallery"]], device="cpu", analyse=False, rerank=spec)
-    url = launch_app(demo, host="127.0.0.1", port=free_port(), prevent_thread_lock=True,
-                     quiet=True)  # fmt: skip
+    url = launch_app(demo, server_settings())
     try:
         endpoint = url.rstrip("/") + "/api/search"
         answer = httpx.post(endpoint, data={"id": "2", "k": "5"}, timeout=60)

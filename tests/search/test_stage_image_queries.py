@@ -11,7 +11,7 @@ import shutil
 
 import numpy as np
 import pytest
-from helpers import assert_one_line_error, free_port, run
+from helpers import assert_one_line_error, run, server_settings
 
 from nearsight.core.errors import NearsightError
 
@@ -87,14 +87,13 @@ def test_rest_and_the_page_give_the_ids_python_does(staged):
     import httpx
 
     from nearsight.app.page.layout import build_app
-    from nearsight.app.serve.server import launch_app, stop_app
+    from nearsight.app.server_app import launch_app, stop_app
     from nearsight.search.rerank.spec import parse_rerank
 
     expected = reference_ids(staged, staged["query"])
     demo = build_app([staged["gallery"]], device="cpu", analyse=False,
                      rerank=parse_rerank(staged["spec"]))  # fmt: skip
-    url = launch_app(demo, host="127.0.0.1", port=free_port(), prevent_thread_lock=True,
-                     quiet=True)  # fmt: skip
+    url = launch_app(demo, server_settings())
     try:
         endpoint = url.rstrip("/") + "/api/search"
         with open(staged["query"], "rb") as handle:

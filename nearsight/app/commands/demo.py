@@ -7,7 +7,7 @@ eval -> serve both galleries. Each step says what it does and how long it took; 
 is reused, so a second run opens the page in seconds. Every step calls the typed function its
 own subcommand calls (nearsight.training.run.train, nearsight.models.export.export_onnx,
 nearsight.index.gallery.build.build_gallery, nearsight.search.evaluate.evaluate_gallery,
-nearsight.app.serve.run.serve), never the command line.
+nearsight.app.server_app.serve), never the command line.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nearsight.app.serve.run import DEFAULT_HOST, DEFAULT_PORT, serve
+from nearsight.app.serve.settings import Settings
 from nearsight.core.errors import NearsightError
 
 DONE_MARKER = "demo-done.json"
@@ -37,8 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--workdir are reused.",
     )
     parser.add_argument("--workdir", type=Path, default=Path("runs/demo"))
-    parser.add_argument("--host", default=DEFAULT_HOST)
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--host", default=Settings.host)
+    parser.add_argument("--port", type=int, default=Settings.port)
     parser.add_argument(
         "--no-launch", action="store_true", help="stop after the gallery and print its Recall@k"
     )
@@ -232,7 +232,10 @@ def run_demo(args: argparse.Namespace) -> int:
 
     # 6. the page: both galleries, so a query's neighbours can be compared before and after
     print(f"[6/{total}] serving the page (Ctrl-C to stop)")
-    serve([galleries["trained"], galleries["untrained"]], host=args.host, port=args.port)
+    from nearsight.app.server_app import serve
+
+    serve(Settings(galleries=[galleries["trained"], galleries["untrained"]], host=args.host,
+                   port=args.port))  # fmt: skip
     return 0
 
 

@@ -5,13 +5,14 @@ read its Recall@k and its pair-distance distributions.
 This module is the page's layout; its handlers are in nearsight/app/page/handlers.py, its tables in
 nearsight/app/page/tables.py, the galleries it shows in nearsight/app/page/view.py.
 
-Build with :func:`build_app`, start with :func:`nearsight.app.serve.server.launch_app` (which applies the safety settings:
-upload size limit, no file serving beyond Gradio's own upload cache, no analytics, a system-font
-theme so that the page fetches nothing from the internet, a queue with a concurrency limit).
+Build with :func:`build_app`, start with :func:`nearsight.app.server_app.launch_app` (which mounts
+it into nearsight's own app with the safety settings: upload size limit, no file serving beyond
+Gradio's own upload cache, no analytics, a system-font theme so that the page fetches nothing
+from the internet). Its searches wait their turn in fair gates (nearsight/app/page/gated.py).
 
 Endpoint for gradio_client: ``/search`` (image file, k, gallery name) -> JSON text of the list
 of the k nearest items, ``{"id", "path", "label", "class_name", "distance", "meta"}``, nearest
-first (the JSON routes under ``/api`` are nearsight/app/rest/, mounted by ``launch_app``)::
+first (the JSON routes under ``/api`` are nearsight/app/rest/, mounted beside it)::
 
     neighbours = json.loads(Client(url).predict(handle_file("q.jpg"), api_name="/search"))
 
@@ -36,6 +37,7 @@ from typing import Any
 
 import gradio as gr
 
+from nearsight.app.page.gated import PageGates
 from nearsight.app.page.handlers import ANY_CLASS, DEFAULT_K, MAX_K, UNKNOWN_CLASS, Page
 from nearsight.app.page.html import CLICK_JS, message_html
 from nearsight.app.page.inputs import filter_help, item_box_label
@@ -85,15 +87,10 @@ def query_image_input(**options: Any) -> gr.Image:
 
 
 class PageBlocks(gr.Blocks):
-    """The page's Blocks, with what :func:`launch_app` serves declared: ``galleries`` the
-    open galleries' owner (nearsight/app/serve/galleries.py), which the page and the REST API
-    both read; ``concurrency`` and ``max_queue`` the page's queue settings; ``nearsight`` the
-    :class:`Page` (its handlers), ``nearsight_maps`` the Map tab. Once launched, the server's
-    state lives on ``demo.app.state.nearsight``."""
+    """The page's Blocks, with its parts declared: ``nearsight`` the :class:`Page` (its
+    handlers and the open galleries' owner, ``nearsight.galleries``, which the REST API reads
+    too), ``nearsight_maps`` the Map tab."""
 
-    galleries: Galleries[GalleryView]
-    concurrency: int
-    max_queue: int
     nearsight: Page
     nearsight_maps: MapTab
 
@@ -116,8 +113,8 @@ def build_app(
     ``analyse``: start the leave-one-out analysis in the background now (otherwise on first
     use); galleries with more than ``analysis_max_items`` labelled items are not analysed.
     ``card_fields``: the metadata fields result cards lead with (default: the gallery's key
-    column). The returned Blocks has ``.galleries`` and ``.nearsight``
-    (the :class:`Page`); start it with :func:`launch_app`."""
+    column). The returned Blocks has ``.nearsight`` (the :class:`Page`); serve it with
+    nearsight.app.server_app."""
     if isinstance(galleries, Galleries):
         owner = galleries
     elif galleries and isinstance(galleries[0], GalleryView):
@@ -281,12 +278,21 @@ def build_app(
             api_result = gr.Textbox(label="neighbours (JSON)")
             api_button = gr.Button("search")
 
-        embed_limits = {"concurrency_id": "embed", "concurrency_limit": concurrency}
+        gates = PageGates(concurrency, max_queue)
+        embed_limits = {"concurrency_id": "embed", **gates.limits}
         private = {"api_visibility": "undocumented"}
+
+        def embedding(handler: Any) -> Any:  # an upload's search: the embed gate
+            return gates.through(gates.embed, handler)
+
+        def searching(handler: Any) -> Any:  # a gallery item's search: the search gate
+            return gates.through(gates.search, handler)
+
+        search_limits = {**private, **gates.limits}
         grid_out = [results, status, state]
 
         api_button.click(
-            page.api_search,
+            embedding(page.api_search),
             [api_image, api_k, api_gallery],
             api_result,
             api_name="search",
@@ -299,7 +305,7 @@ def build_app(
         ]  # fmt: skip
         # change, not upload: a pasted image counts too; clearing the image changes nothing
         query_image.change(
-            page.image_changed,
+            embedding(page.image_changed),
             upload_inputs,
             grid_out,
             api_name="image_changed",
@@ -307,7 +313,7 @@ def build_app(
             **embed_limits,
         )
         search_button.click(
-            page.upload_grid,
+            embedding(page.upload_grid),
             upload_inputs,
             grid_out,
             api_name="search_grid",
@@ -317,28 +323,30 @@ def build_app(
         rerun_inputs = [
             gallery_choice, state, query_image, k_slider, query_class, filter_box, rerank_box,
         ]  # fmt: skip
-        rerank_box.input(page.rerun, rerun_inputs, grid_out, api_name="rerun_rerank", **private)
-        k_slider.release(page.rerun, rerun_inputs, grid_out, api_name="rerun_k", **private)
-        filter_box.submit(page.rerun, rerun_inputs, grid_out, api_name="rerun_filter", **private)
-        query_class.input(page.rerun, rerun_inputs, grid_out, api_name="rerun_class", **private)
+        rerun = searching(page.rerun)
+        rerank_box.input(rerun, rerun_inputs, grid_out, api_name="rerun_rerank", **search_limits)
+        k_slider.release(rerun, rerun_inputs, grid_out, api_name="rerun_k", **search_limits)
+        filter_box.submit(rerun, rerun_inputs, grid_out, api_name="rerun_filter", **search_limits)
+        query_class.input(rerun, rerun_inputs, grid_out, api_name="rerun_class", **search_limits)
         # a gallery item as the query: the previous upload leaves the query box
         random_button.click(
-            page.random_item,
+            searching(page.random_item),
             [gallery_choice, pick_class, k_slider, filter_box, rerank_box],
             [*grid_out, item_id, query_image],
             api_name="random_item",
-            **private,
+            **search_limits,
         )
         open_inputs = [gallery_choice, item_id, k_slider, filter_box, rerank_box]
         open_out = [*grid_out, query_image]
-        open_button.click(page.opened, open_inputs, open_out, api_name="item_grid", **private)
-        item_id.submit(page.opened, open_inputs, open_out, api_name="item_submit", **private)
+        opened = searching(page.opened)
+        open_button.click(opened, open_inputs, open_out, api_name="item_grid", **search_limits)
+        item_id.submit(opened, open_inputs, open_out, api_name="item_submit", **search_limits)
         results.click(
-            page.clicked,
+            searching(page.clicked),
             [gallery_choice, k_slider, filter_box, rerank_box],
             [*grid_out, item_id, query_image],
             api_name="neighbour_clicked",
-            **private,
+            **search_limits,
         )
 
         gallery_outputs = [
@@ -389,11 +397,10 @@ def build_app(
             **private,
         )
 
-    # api_open=False: Gradio's /run/ routes would run a queued event at once, past the queue's
-    # limits and its fair shares (nearsight/app/serve/fair_queue.py); every client joins it
+    # api_open=False: Gradio's /run/ routes would run a queued event at once, past the gates;
+    # every client joins the queue. Its size bounds what no gate holds (the gated events move
+    # on at once: their turn is kept by the gates); a client's share of those is the gates'.
     demo.queue(default_concurrency_limit=concurrency, max_size=max_queue, api_open=False)
-    demo.galleries = owner
-    demo.concurrency, demo.max_queue = concurrency, max_queue
     demo.nearsight = page
     demo.nearsight_maps = maps
     if analyse:

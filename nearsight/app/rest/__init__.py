@@ -35,11 +35,11 @@ from nearsight.app.rest.deps import (
     require_key,
 )
 from nearsight.app.rest.docs import add_docs
-from nearsight.app.rest.gates import GateFull, WorkGate
 from nearsight.app.rest.routes import health, items, search
 from nearsight.app.rest.upload_limit import UploadLimit
 from nearsight.app.serve.batcher import DEFAULT_MAX_WAITING, EmbedBatcher
 from nearsight.app.serve.galleries import Galleries
+from nearsight.app.serve.gates import GateFull, WorkGate
 from nearsight.core.errors import Busy, NearsightError
 from nearsight.search.served import ServedGallery
 

@@ -10,10 +10,10 @@ from typing import Annotated, Any
 from fastapi import Request, Security
 from fastapi.security import APIKeyHeader, HTTPBearer
 
-from nearsight.app.rest.gates import WorkGate
 from nearsight.app.serve.auth import API_KEY_HEADER, key_matches, presented_key
 from nearsight.app.serve.batcher import EmbedBatcher
 from nearsight.app.serve.galleries import Galleries, UnknownGallery
+from nearsight.app.serve.gates import WorkGate
 from nearsight.search.served import ServedGallery
 
 MAX_ECHO_CHARS = 200  # an error message quoting a request's input is cut to this

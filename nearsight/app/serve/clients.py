@@ -9,9 +9,8 @@ proxy, and only if it is an IP address), with its scheme from ``X-Forwarded-Prot
 default: a header is a claim, and anyone can send one.
 
 uvicorn (under Gradio) trusts ``X-Forwarded-For`` from 127.0.0.1 by default and rewrites
-``scope["client"]`` before any middleware sees it; :func:`without_uvicorn_proxy_headers`
-takes its proxy middleware off a server's app so that the guard decides (it is called for each
-connection as it opens: nearsight/app/serve/slow_clients.py).
+``scope["client"]`` before any middleware sees it, so the server runs it with
+``proxy_headers=False`` (nearsight/app/serve/slow_clients.py) and the guard decides.
 
 The guard (nearsight/app/serve/guard.py) sets the identity on the scope and in
 :data:`CURRENT_CLIENT` for the rest of the request (the work gates read it there).
@@ -103,20 +102,6 @@ def identify(scope: dict[str, Any], trusted: TrustedProxies) -> tuple[str, str |
         if not trusted.trusts(client):
             break
     return client, proto if proto in ("http", "https") else None
-
-
-def without_uvicorn_proxy_headers(config: Any) -> None:
-    """Take uvicorn's ProxyHeadersMiddleware off ``config``'s loaded app (it trusts
-    ``X-Forwarded-For`` from 127.0.0.1 unless told otherwise, and Gradio does not tell it)."""
-    try:
-        from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
-    except ImportError:  # pragma: no cover - uvicorn without the middleware
-        return
-    config.proxy_headers = False
-    app = getattr(config, "loaded_app", None)
-    while isinstance(app, ProxyHeadersMiddleware):
-        app = app.app
-        config.loaded_app = app
 
 
 def log_field(text: str, limit: int = 200) -> str:

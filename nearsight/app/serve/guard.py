@@ -75,9 +75,6 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 OPEN_PATHS = frozenset({"/api/health"})
-# Gradio's launch() calls this on its own server once; it runs the startup events (idempotent)
-LOOPBACK_ONLY_PATHS = frozenset({"/gradio_api/startup-events"})
-LOOPBACK = ("127.0.0.1", "::1")
 METRICS_PATH = "/metrics"
 LOGIN_MAX_BYTES = 4096
 DEFAULT_BODY_TIMEOUT_S = 30.0  # a whole request body, from its headers to its last byte
@@ -225,9 +222,6 @@ class Guard:
         """"ok" (no key needed, or the right one), "missing" or "wrong"."""
         settings = self.settings
         if not settings.api_key or scope.get("path") in OPEN_PATHS:
-            return "ok"
-        peer = scope.get("nearsight.peer", _client(scope))  # the socket's: no header makes it
-        if scope.get("path") in LOOPBACK_ONLY_PATHS and peer in LOOPBACK:
             return "ok"
         given = presented_key(scope.get("headers", ()))
         if given:

@@ -5,8 +5,8 @@ An event's data can carry a file three ways: a path Gradio's upload route gave t
 an http(s) URL as its path, for the server to fetch. A ``data:`` URL was bounded only by the
 body limit and was then kept whole in the session's state (Gradio stores each input's value,
 for up to ``STATE_SESSIONS`` sessions: ~10 MB each, outside the upload budget); a URL made the
-server download whatever it named. :func:`hold_queue_files` wraps the queue's ``push`` so that,
-before an event is queued:
+server download whatever it named. so that,
+before an event is queued (:class:`QueueJoinFiles`, in front of Gradio's join route):
 
 - a ``data:`` URL's bytes are held to an upload's rules (within the upload limit, beginning as
   an image, within the client's share and the whole of the disk budget:
@@ -22,11 +22,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import json
 from typing import Any
 
-from nearsight.app.serve.fair_queue import host_of
 from nearsight.app.serve.uploads import UploadBudget, UploadRefused, is_image_start
 
+JOIN_PATH = "/gradio_api/queue/join"
 PASTED_NAME = "pasted.png"  # the name a pasted image's file gets (its bytes say its format)
 
 
@@ -99,19 +100,63 @@ async def hold_files(data: Any, client: str, budget: UploadBudget) -> None:
             file["meta"] = {"_type": "gradio.FileData"}
 
 
-def hold_queue_files(queue: Any, budget: UploadBudget) -> None:
-    """Wrap ``queue.push`` (a gradio.queueing.Queue) as the module docstring says."""
-    if getattr(queue, "_nearsight_files", False):
-        return
-    original = queue.push
+class QueueJoinFiles:
+    """ASGI middleware in front of Gradio's app: the body of ``POST /gradio_api/queue/join``
+    (an event's data) is read (the guard has bounded its size and time already), parsed in a
+    worker thread, its files held to the rules (the module docstring) and handed on rewritten;
+    a refused file is answered 400 with one line, as Gradio answers a bad event."""
 
-    async def push(body: Any, request: Any, username: str | None) -> tuple[bool, Any, str]:
-        if budget.upload_dir is not None:
+    def __init__(self, app: Any, budget: UploadBudget) -> None:
+        self.app = app
+        self.budget = budget
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if (scope["type"] != "http" or scope.get("method") != "POST"
+                or not scope.get("path", "").endswith(JOIN_PATH)
+                or self.budget.upload_dir is None):  # fmt: skip
+            await self.app(scope, receive, send)
+            return
+        chunks = []
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client left
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        body = b"".join(chunks)
+        try:
+            event = await asyncio.to_thread(json.loads, body) if body else None
+        except (ValueError, RecursionError):
+            event = None  # Gradio answers it as it does any malformed event
+        if isinstance(event, dict) and files_in(event.get("data")):
             try:
-                await hold_files(getattr(body, "data", None), host_of(request), budget)
+                await hold_files(event.get("data"), host_of(scope), self.budget)
             except QueueFileRefused as refused:
-                return False, str(refused), "error"
-        return await original(body, request, username)
+                await _answer(send, 400, {"detail": str(refused)})
+                return
+            body = (await asyncio.to_thread(json.dumps, event)).encode()
+            scope = {**scope, "headers": [
+                (name, str(len(body)).encode() if name == b"content-length" else value)
+                for name, value in scope.get("headers", ())
+            ]}  # fmt: skip
+        given = {"sent": False}
 
-    queue.push = push
-    queue._nearsight_files = True
+        async def replay() -> dict:
+            if not given["sent"]:
+                given["sent"] = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def host_of(scope: dict) -> str:
+    return (scope.get("client") or ("", 0))[0] or ""
+
+
+async def _answer(send: Any, status: int, payload: dict) -> None:
+    body = json.dumps(payload).encode()
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
