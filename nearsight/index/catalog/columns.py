@@ -99,6 +99,7 @@ class Part:
     ids: np.ndarray
     values: np.ndarray | TextValues
     starts: np.ndarray | None = None
+    rank: np.ndarray | None = None  # by id from the snapshot's first: position in ``ids``
 
 
 @dataclass

@@ -6,8 +6,9 @@ then the arrays, each at an offset that is a multiple of :data:`ALIGN`. The mani
 per column, the ids that have a value (``has``, sorted) and one part per SQLite storage class
 (``integer``, ``real``, ``text``): the item ids ordered by value (ties by id) beside the sorted
 values (int64, float64), or for text the distinct values as one UTF-8 buffer with offsets and
-where each value's ids begin (``starts``). A text value's ids are one slice of ``ids``, sorted;
-a range of numbers is one slice too, found by two binary searches.
+where each value's ids begin (``starts``), and each id's position in ``ids`` (``rank``, by id
+from the first item's: the test of a condition on a few candidates). A text value's ids are
+one slice of ``ids``, sorted; a range of numbers is one slice too, found by two binary searches.
 
 The built-in column ``id`` is not stored: its part is the item ids themselves.
 """
@@ -36,6 +37,7 @@ from nearsight.index.catalog.columns import (
     _new_snapshot,
     _read_column,
 )
+from nearsight.index.catalog.payload_eval import part_rank
 
 T = TypeVar("T")
 
@@ -69,12 +71,17 @@ def write_payload(path: Path, snapshot: Snapshot) -> None:
         "all_ids": ref(np.asarray(snapshot.all_ids, np.int64)),
         "columns": columns,
     }
+    all_ids = snapshot.all_ids
+    low = int(all_ids[0]) if len(all_ids) else 0
+    span = int(all_ids[-1]) - low + 1 if len(all_ids) else 0
     for key, column in snapshot.columns.items():
         if key == ID_COLUMN:
             continue
         parts: dict[str, Any] = {}
         for storage, part in column.parts.items():
             entry = {"ids": ref(np.asarray(part.ids, np.int64))}
+            if len(part.ids):
+                entry["rank"] = ref(part_rank(part, low, span))
             if isinstance(part.values, TextValues):
                 entry["buffer"] = ref(np.frombuffer(bytes(part.values.buffer), np.uint8))
                 entry["offsets"] = ref(part.values.offsets)
@@ -124,11 +131,12 @@ def read_payload(path: Path) -> Snapshot:
         for key, entry in manifest["columns"].items():
             parts: dict[str, Part] = {}
             for storage, stored in entry["parts"].items():
+                rank = array(stored["rank"]) if "rank" in stored else None
                 if "buffer" in stored:
                     text = TextValues.from_arrays(array(stored["buffer"]), array(stored["offsets"]))
-                    parts[storage] = Part(array(stored["ids"]), text, array(stored["starts"]))
+                    parts[storage] = Part(array(stored["ids"]), text, array(stored["starts"]), rank)
                 else:
-                    parts[storage] = Part(array(stored["ids"]), array(stored["values"]))
+                    parts[storage] = Part(array(stored["ids"]), array(stored["values"]), None, rank)
             columns[key] = Column(parts, array(entry["has"]))
     except (KeyError, TypeError, ValueError) as error:
         raise PayloadFileError(f"{path.name} is damaged ({error})") from None

@@ -16,10 +16,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from nearsight.index.catalog.column_filter import evaluate
 from nearsight.index.catalog.columns import Column, Snapshot, contains
 from nearsight.index.catalog.filter_notes import MAX_VALUES, notes_on
 from nearsight.index.catalog.filters import FILTERABLE_BUILTINS, Condition
+from nearsight.index.catalog.payload_eval import Ranks, evaluate_ranked, part_rank
 
 EMPTY = Column({})
 
@@ -38,6 +38,7 @@ class PayloadIndex:
             for key in keys - set(snapshot.columns):
                 snapshot.columns[key] = EMPTY
         self.keys = sorted(keys)
+        self._made: dict[tuple[int, str, str], np.ndarray] = {}  # ranks not in the file
 
     def meta_keys(self) -> list[str]:
         """The metadata columns (not the built-in ones) some item has a value for."""
@@ -67,12 +68,29 @@ class PayloadIndex:
     def filter_ids(self, typed: Sequence[Condition], check: Callable[[], None]) -> np.ndarray:
         """Sorted int64 ids of the live items meeting every condition (typed by their
         columns, column_filter.supported); ``check`` raises past the time budget."""
-        found = evaluate(typed, self.base, check)
+        found = evaluate_ranked(typed, self.base, self._ranks(self.base), check)
         if len(self.removed) and len(found):
             found = found[~contains(self.removed, found)]
         if self.added is not None:  # its ids all follow the base's: the order holds
-            found = np.concatenate([found, evaluate(typed, self.added, check)])
+            more = evaluate_ranked(typed, self.added, self._ranks(self.added), check)
+            found = np.concatenate([found, more])
         return found
+
+    def _ranks(self, snapshot: Snapshot) -> Ranks:
+        """(key, storage) -> the part's rank by id: stored in the file, else made once."""
+        low = int(snapshot.all_ids[0]) if len(snapshot.all_ids) else 0
+        span = int(snapshot.all_ids[-1]) - low + 1 if len(snapshot.all_ids) else 0
+
+        def ranks(key: str, storage: str) -> np.ndarray:
+            part = snapshot.columns[key].parts[storage]
+            if part.rank is not None and len(part.rank) == span:
+                return part.rank
+            made = self._made.get((id(snapshot), key, storage))
+            if made is None:  # a race makes it twice, the same
+                made = self._made[(id(snapshot), key, storage)] = part_rank(part, low, span)
+            return made
+
+        return ranks
 
     def value_ids(self, key: str, value: object) -> np.ndarray:
         """The sorted ids of the live items whose ``key`` equals ``value``: one value's set."""

@@ -32,6 +32,7 @@ from nearsight.data.metrics.exclude import without_keys
 from nearsight.index.ann import filtered
 from nearsight.index.ann.faiss_index import (
     HNSW_EF_SEARCH,
+    IVF_TYPES,
     PQ_TYPES,
     apply_search_parameters,
     to_gpu,
@@ -138,6 +139,8 @@ class Gallery:
         )
         # a writer's private read (locked) is never searched: no GPU copy for it
         self._gpu_index = None if locked else to_gpu(index, self.index_type)
+        if self.index_type in IVF_TYPES and not locked:  # each list's ids, before any search
+            filtered.lists_of(index, self._filters)
 
     def model_path(self, override: str | os.PathLike[str] | None = None) -> Path:
         """The model to embed queries with: ``override``, else the one the gallery records
