@@ -98,9 +98,9 @@ def evaluate_ranked(
         costs.append(None if count is None else count * (UNSORTED_PENALTY if unsorted else 1))
     order = sorted(range(len(tests)), key=lambda i: (costs[i] is None, costs[i] or 0))
     first = tests[order[0]] if costs[order[0]] is not None else None
-    if first is None:
-        candidates = np.asarray(all_ids, np.int64)
-    elif first.spans is not None:
+    if first is None:  # != and KEY= only: every item but those of a few sets
+        return _all_but(tests, snapshot, low, span)
+    if first.spans is not None:
         parts = snapshot.columns[first.key].parts
         blocks = Blocks([parts[s].ids[a:b] for s, (a, b) in first.spans.items()])
         candidates = blocks.sorted_ids(low, span)
@@ -114,6 +114,22 @@ def evaluate_ranked(
         candidates = candidates[_passes(test, test is first, candidates - low, snapshot, ranks)]
         check()
     return candidates.astype(np.int64, copy=False)
+
+
+def _all_but(tests: list[KeyTest], snapshot: Snapshot, low: int, span: int) -> np.ndarray:
+    """The items outside every test's excluded spans (and without a value where KEY=)."""
+    all_ids = snapshot.all_ids
+    keep = np.ones(span, bool)
+    if len(all_ids) != span:  # ids with gaps
+        keep[:] = False
+        keep[np.asarray(all_ids) - low] = True
+    for test in tests:
+        parts = snapshot.columns[test.key].parts
+        for storage, start, stop in test.excluded:
+            keep[np.asarray(parts[storage].ids[start:stop]) - low] = False
+        if test.no_value:
+            keep[np.asarray(snapshot.columns[test.key].has) - low] = False
+    return np.flatnonzero(keep) + low
 
 
 def _passes(
