@@ -100,7 +100,10 @@ def evaluate_ranked(
     first = tests[order[0]] if costs[order[0]] is not None else None
     if first is None:  # != and KEY= only: every item but those of a few sets
         return _all_but(tests, snapshot, low, span)
-    if first.spans is not None:
+    if first.spans is not None and list(first.spans) == ["text"]:  # one slice, in id order
+        start, stop = first.spans["text"]
+        candidates = np.asarray(snapshot.columns[first.key].parts["text"].ids[start:stop])
+    elif first.spans is not None:
         parts = snapshot.columns[first.key].parts
         blocks = Blocks([parts[s].ids[a:b] for s, (a, b) in first.spans.items()])
         candidates = blocks.sorted_ids(low, span)
