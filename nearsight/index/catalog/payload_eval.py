@@ -100,7 +100,7 @@ def evaluate_ranked(
     first = tests[order[0]] if costs[order[0]] is not None else None
     if first is None:  # != and KEY= only: every item but those of a few sets
         return _all_but(tests, snapshot, low, span)
-    if first.spans is not None and list(first.spans) == ["text"]:  # one slice, in id order
+    if first.spans is not None and _one_value(first, snapshot):  # one slice, in id order
         start, stop = first.spans["text"]
         candidates = np.asarray(snapshot.columns[first.key].parts["text"].ids[start:stop])
     elif first.spans is not None:
@@ -117,6 +117,19 @@ def evaluate_ranked(
         candidates = candidates[_passes(test, test is first, candidates - low, snapshot, ranks)]
         check()
     return candidates.astype(np.int64, copy=False)
+
+
+def _one_value(test: KeyTest, snapshot: Snapshot) -> bool:
+    """Whether ``test``'s span is one text value's ids (sorted by id; a range of text values
+    is sorted by value first)."""
+    if test.spans is None or list(test.spans) != ["text"]:
+        return False
+    starts = snapshot.columns[test.key].parts["text"].starts
+    if starts is None:
+        return False
+    start, stop = test.spans["text"]
+    value = int(np.searchsorted(starts, start, side="right")) - 1
+    return stop <= int(starts[value + 1])
 
 
 def _all_but(tests: list[KeyTest], snapshot: Snapshot, low: int, span: int) -> np.ndarray:
