@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from nearsight.index.catalog.column_filter import Blocks, _span
+from nearsight.index.catalog.column_filter import LIST_SHARE, Blocks, _span
 from nearsight.index.catalog.columns import Column, Part, Snapshot
 from nearsight.index.catalog.filters import Condition
 
@@ -103,10 +103,16 @@ def evaluate_ranked(
     if first.spans is not None and _one_value(first, snapshot):  # one slice, in id order
         start, stop = first.spans["text"]
         candidates = np.asarray(snapshot.columns[first.key].parts["text"].ids[start:stop])
-    elif first.spans is not None:
+    elif first.spans is not None:  # ids in value order: a bitmap when many, else sorted
         parts = snapshot.columns[first.key].parts
-        blocks = Blocks([parts[s].ids[a:b] for s, (a, b) in first.spans.items()])
-        candidates = blocks.sorted_ids(low, span)
+        blocks = [np.asarray(parts[s].ids[a:b]) for s, (a, b) in first.spans.items()]
+        size = sum(len(block) for block in blocks)
+        if not blocks:
+            return np.zeros(0, np.int64)
+        if size * LIST_SHARE > span:
+            candidates = Blocks(blocks).sorted_ids(low, span)
+        else:
+            candidates = np.sort(np.concatenate(blocks) if len(blocks) > 1 else blocks[0])
     else:  # KEY!= only: the ids having a value
         candidates = np.asarray(snapshot.columns[first.key].has, np.int64)
     check()
@@ -114,6 +120,8 @@ def evaluate_ranked(
         test = tests[position]
         if not len(candidates):
             break
+        if test is first and not test.excluded and not test.no_value:
+            continue  # its spans gave the candidates: nothing of it is left to test
         candidates = candidates[_passes(test, test is first, candidates - low, snapshot, ranks)]
         check()
     return candidates.astype(np.int64, copy=False)
