@@ -36,6 +36,7 @@ import argparse
 import contextlib
 import itertools
 import json
+import re
 import shutil
 import sys
 import tempfile
@@ -65,43 +66,97 @@ from nearsight.index.catalog.sqlite_db import Database  # noqa: E402
 from nearsight.index.gallery import write as gallery_write  # noqa: E402
 from nearsight.index.gallery.core import Gallery  # noqa: E402
 from nearsight.index.gallery.write import write_gallery  # noqa: E402
+from nearsight.search.searcher import Searcher, open_gallery  # noqa: E402
 
 TYPES = ("flat", "ivf", "hnsw", "ivfpq", "opq")
 SHARES = (0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5)
-SHAPES = ("random", "cap", "category")
+SHAPES = ("random", "equal", "cap", "category")
 WAYS = {"route": None, "index": "index", "exact": "exact"}  # filtered.FORCE
 CATEGORIES = 256  # k-means clusters standing in for a catalog's categories
 BLOCK = 131_072  # items per block of the data's checks and catalog inserts
+EVALUATIONS = 50  # evaluations of each filter alone, timed
 IN_MEMORY_BYTES = 1 << 30  # larger data lives in a .npy file in the work folder (mapped)
 
 
-def filters(vectors: np.ndarray, queries: np.ndarray, shares: list[float], shapes: list[str],
-            seed: int) -> dict[str, np.ndarray]:  # fmt: skip
-    """name -> sorted allowed ids, for each shape and share; ``none``: every item (the
-    unfiltered search, for reference)."""
+def columns(vectors: np.ndarray, queries: np.ndarray, shares: list[float], seed: int,
+            categories: bool = True) -> tuple[dict[str, np.ndarray], dict[str, tuple[str, ...]]]:  # fmt: skip
+    """The catalog's filterable columns (name -> one value per item) and the filters on them
+    (name -> filter strings), each filter a shape at a share of the items:
+
+    - ``random s``: ``rnd<s``, a uniform number per item (items drawn at random);
+    - ``equal s``: ``shop=...``, a text value held by a share s of the items, at random;
+    - ``cap s``: ``along>=T``, the items furthest along one random direction, a region of the
+      space that most queries lie outside (the hard case for graph and list indexes);
+    - ``category s``: ``cat<G``, whole k-means clusters (a catalog's categories) none of which
+      holds a query's own cluster, as "category = shoes" for the photo of a bag; ``far``:
+      one such category by its name (``cname=c000``);
+    - ``and s``: two independent text columns at once (``kw`` of 10 values, ``kw2`` of shares
+      10-40%), 1-4% of the items, as in Qdrant's filtered benchmark; ``and category``: a
+      category group of 10% and ``kw``, 1%, clustered;
+    - ``none``: no filter (the unfiltered search, for reference).
+    """
     rng = np.random.default_rng(seed)
+    count = len(vectors)
     direction = rng.standard_normal(vectors.shape[1]).astype(np.float32)
-    along = vectors @ direction
-    if "category" in shapes:
+    out: dict[str, np.ndarray] = {
+        "rnd": np.round(rng.random(count), 6),
+        "along": (vectors @ direction).astype(np.float64),
+        "kw": np.char.add("a", rng.integers(0, 10, count).astype(str)),
+        "kw2": np.char.add("b", np.searchsorted([0.1, 0.3, 0.6], rng.random(count),
+                                                side="right").astype(str)),
+    }  # fmt: skip
+    shop = np.full(count, "s0", dtype=object)
+    order, taken = rng.permutation(count), 0
+    for share in shares:
+        size = max(1, round(share * count))
+        if taken + size <= count:
+            shop[order[taken : taken + size]] = f"s{share:g}"
+            taken += size
+    out["shop"] = shop.astype(str)
+    named: dict[str, tuple[str, ...]] = {"none": ()}
+    if categories:  # whole clusters, ranked so that the clusters away from every query come first
         kmeans = faiss.Kmeans(vectors.shape[1], CATEGORIES, niter=10, seed=seed, spherical=True,
                               max_points_per_centroid=64)  # fmt: skip
-        kmeans.train(vectors)
-        label = kmeans.index.search(vectors, 1)[1][:, 0]
+        kmeans.train(np.ascontiguousarray(vectors[:: max(1, count // (CATEGORIES * 64))]))
+        label = np.concatenate([kmeans.index.search(np.ascontiguousarray(vectors[s : s + BLOCK]),
+                                                    1)[1][:, 0]
+                                for s in range(0, count, BLOCK)])  # fmt: skip
         own = set(kmeans.index.search(queries, 1)[1][:, 0].tolist())
-        sizes = np.bincount(label, minlength=CATEGORIES)
         away = [c for c in rng.permutation(CATEGORIES) if c not in own]
-    out = {"none": np.arange(len(vectors))}
+        ranked = [*away, *(c for c in range(CATEGORIES) if c in own)]
+        rank = np.empty(CATEGORIES, np.int64)
+        rank[ranked] = np.arange(CATEGORIES)
+        out["cat"] = rank[label]
+        out["cname"] = np.char.add("c", np.char.zfill(out["cat"].astype(str), 3))
+        sizes = np.bincount(out["cat"], minlength=CATEGORIES)
+        named["far"] = ("cname=c000",)
+    ordered = np.sort(out["along"])[::-1]
     for share in shares:
-        count = max(1, round(share * len(vectors)))
-        if "random" in shapes:
-            out[f"random {share:g}"] = np.sort(rng.choice(len(vectors), count, replace=False))
-        if "cap" in shapes:
-            out[f"cap {share:g}"] = np.sort(np.argsort(-along, kind="stable")[:count])
-        if "category" in shapes:  # whole clusters away from every query, about count items
-            taken = np.cumsum(sizes[away])
-            group = away[: int(np.searchsorted(taken, count)) + 1]
-            out[f"category {share:g}"] = np.flatnonzero(np.isin(label, group))
-    return out
+        size = max(1, round(share * count))
+        named[f"random {share:g}"] = (f"rnd<{share!r}",)
+        named[f"equal {share:g}"] = (f"shop=s{share:g}",)
+        named[f"cap {share:g}"] = (f"along>={float(ordered[size - 1])!r}",)
+        if categories:
+            group = int(np.searchsorted(np.cumsum(sizes[: len(away)]), size)) + 1
+            named[f"category {share:g}"] = (f"cat<{min(group, len(away))}",)
+    named["and 0.01"] = ("kw=a1", "kw2=b0")
+    named["and 0.02"] = ("kw=a2", "kw2=b1")
+    named["and 0.04"] = ("kw=a3", "kw2=b3")
+    if categories:
+        group = int(np.searchsorted(np.cumsum(sizes[: len(away)]), 0.1 * count)) + 1
+        named["and category"] = (f"cat<{min(group, len(away))}", "kw=a4")
+    return out, named
+
+
+def allowed_by(values: dict[str, np.ndarray], strings: tuple[str, ...]) -> np.ndarray:
+    """The sorted ids a filter allows, found from the columns here (not through the gallery)."""
+    mask = np.ones(len(next(iter(values.values()))), bool)
+    for text in strings:
+        key, op, raw = re.fullmatch(r"(\w+)(>=|<|=)(.*)", text).groups()
+        column = values[key]
+        value = raw if column.dtype.kind == "U" else float(raw)
+        mask &= {"=": column == value, "<": column < value, ">=": column >= value}[op]
+    return np.flatnonzero(mask)
 
 
 @contextlib.contextmanager
@@ -133,11 +188,12 @@ def truth(queries: np.ndarray, vectors: np.ndarray, allowed: np.ndarray, k: int)
 
 
 class Items(Sequence):
-    """The catalog rows ``{"path": ...}`` of the gallery, made when read (10M dicts held at
-    once are ~2.7 GB)."""
+    """The catalog rows ``{"path": ..., "meta": {...}}`` of the gallery, made when read (10M
+    dicts held at once are ~2.7 GB); ``values``: each column's value per item."""
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, values: dict[str, np.ndarray]) -> None:
         self.count = count
+        self.values = values
 
     def __len__(self) -> int:
         return self.count
@@ -148,7 +204,8 @@ class Items(Sequence):
         index = index + self.count if index < 0 else index
         if not 0 <= index < self.count:
             raise IndexError(index)
-        return {"path": f"/bench/{index}.jpg"}
+        meta = {key: column[index].item() for key, column in self.values.items()}
+        return {"path": f"/bench/{index}.jpg", "meta": meta}
 
 
 def check_in_blocks(vectors: np.ndarray, count: int, dim: int | None = None) -> np.ndarray:
@@ -284,15 +341,75 @@ def opened(data: Path | np.ndarray) -> np.ndarray:
     return np.load(data, mmap_mode="r") if isinstance(data, Path) else data
 
 
+def end_to_end(searcher: Searcher, queries: np.ndarray, strings: tuple[str, ...],
+               want: np.ndarray, k: int) -> dict:  # fmt: skip
+    """The whole ``search_vector`` call per query (the filter parsed, typed and evaluated from
+    the payload index, then the route), the filter's first search apart; recall@k against
+    the float64 brute force; and the filter's evaluation alone (``Searcher.filtered``)."""
+    filters = list(strings) or None
+    times, cpu, hits, exact = [], [], 0, 0
+    for query, wanted in zip(queries, want.tolist(), strict=True):
+        start, work = time.perf_counter(), time.thread_time()
+        found = searcher.search_vector(query, k=k, filters=filters)
+        times.append(time.perf_counter() - start)
+        cpu.append(time.thread_time() - work)
+        hits += len({hit.id for hit in found} & set(wanted))
+        exact += searcher.gallery._filters.last.get("exact", 0) if filters else 0
+    evaluation, evaluation_cpu = [], []
+    for _ in range(EVALUATIONS if filters else 0):
+        start, work = time.perf_counter(), time.thread_time()
+        searcher.filtered(filters)
+        evaluation.append(time.perf_counter() - start)
+        evaluation_cpu.append(time.thread_time() - work)
+    ms, cpu_ms = np.asarray(times) * 1000, np.asarray(cpu) * 1000
+    return {
+        "recall": round(hits / max(1, want.size), 4),
+        "first_ms": round(float(ms[0]), 3),
+        "p50_ms": round(float(np.median(ms)), 3),
+        "p99_ms": round(float(np.percentile(ms, 99)), 3),
+        "max_ms": round(float(ms.max()), 3),
+        "rest_p99_ms": round(float(np.percentile(ms[1:], 99)), 3) if len(ms) > 1 else None,
+        # the thread's own CPU time: what a machine no other process waits on would show
+        "cpu_first_ms": round(float(cpu_ms[0]), 3),
+        "cpu_p50_ms": round(float(np.median(cpu_ms)), 3),
+        "cpu_p99_ms": round(float(np.percentile(cpu_ms, 99)), 3),
+        "went_exact": exact,
+        **({"eval_p50_ms": round(float(np.median(evaluation) * 1000), 3),
+            "eval_max_ms": round(float(np.max(evaluation) * 1000), 3),
+            "eval_cpu_max_ms": round(float(np.max(evaluation_cpu) * 1000), 3)}
+           if evaluation else {}),
+    }  # fmt: skip
+
+
+def truths(queries: np.ndarray, data: Path | np.ndarray, items: int, named: dict,
+           allowed: dict, k: int, cache: Path | None) -> dict[str, np.ndarray]:  # fmt: skip
+    """Each filter's true top-k per query, kept in ``cache`` (a .npz) when given."""
+    if cache is not None and cache.is_file():
+        with np.load(cache) as stored:
+            if set(stored.files) == set(named):
+                return {name: stored[name] for name in named}
+    vectors = opened(data)[:items]
+    found = {name: truth(queries, vectors, allowed[name], k) for name in named}
+    if cache is not None:
+        np.savez(cache, **found)
+    return found
+
+
 def bench(args: argparse.Namespace, workdir: Path, memory: PeakMemory) -> dict:
     data = make_data(args, workdir)
     vectors = opened(data)[: args.items]
     queries = np.array(opened(data)[args.items :])
-    named = filters(vectors, queries, args.shares, args.shapes, seed=1)
-    wants = {name: truth(queries, vectors, allowed, args.k) for name, allowed in named.items()}
+    values, named = columns(vectors, queries, args.shares, seed=1,
+                            categories="category" in args.shapes)  # fmt: skip
+    named = {name: strings for name, strings in named.items()
+             if name.split()[0] in (*args.shapes, "none", "and", "far")}  # fmt: skip
+    allowed = {name: allowed_by(values, strings) if strings else np.arange(args.items)
+               for name, strings in named.items()}  # fmt: skip
     del vectors  # unmapped: its pages leave this process (still in the page cache)
+    cache = None if args.reuse is None else args.reuse / f"truth-{args.items}-{args.dim}.npz"
+    wants = truths(queries, data, args.items, named, allowed, args.k, cache)
     print("truths made", json.dumps(memory.report()), file=sys.stderr, flush=True)
-    items = Items(args.items)
+    items = Items(args.items, values)
     if isinstance(data, Path):
         gallery_write._check_vectors = check_in_blocks
         gallery_write.create_catalog = catalog_in_blocks
@@ -305,19 +422,28 @@ def bench(args: argparse.Namespace, workdir: Path, memory: PeakMemory) -> dict:
             write_gallery(folder, opened(data)[: args.items], items, model_sha256="b" * 64,
                           index_type=index_type, embeddings="keep")  # fmt: skip
         built = time.perf_counter() - start
+        if args.build_only:
+            print(index_type, "built in", round(built, 1), "s", file=sys.stderr, flush=True)
+            continue
         rows = {}
-        with Gallery.open(folder) as gallery:
+        start = time.perf_counter()
+        with open_gallery(folder) as searcher:
+            opened_s = time.perf_counter() - start
+            gallery = searcher.gallery
             # the vectors read once before timing (into the page cache), as in a server that
             # has run a while: a gallery left unread since its build times its disk otherwise
             float(np.asarray(gallery.embeddings[:: max(1, 4096 // (4 * args.dim))]).sum())
-            for name, allowed in named.items():
-                # unfiltered: the index, whatever the way
-                ways = ["route"] if name == "none" else list(WAYS)
-                row = {"allowed": len(allowed),
-                       **measure(gallery, queries, allowed, wants[name], args.k, ways)}  # fmt: skip
+            for name, strings in named.items():
+                row = {"filter": ";".join(strings), "allowed": len(allowed[name]),
+                       "search_vector": end_to_end(searcher, queries, strings, wants[name],
+                                                   args.k)}  # fmt: skip
+                if args.compare and strings:  # the route's two ways, given the allowed ids
+                    row.update(measure(gallery, queries, allowed[name], wants[name], args.k,
+                                       list(WAYS)))  # fmt: skip
                 rows[name] = row
                 print(index_type, name, json.dumps(row), file=sys.stderr, flush=True)
-            results["types"][index_type] = {"build_s": round(built, 1), "filters": rows,
+            results["types"][index_type] = {"build_s": round(built, 1), "open_s": round(opened_s, 2),
+                                            "filters": rows,
                                             "meta": {key: gallery.meta.get(key) for key in
                                                      ("nlist", "nprobe", "ef_search",
                                                       "filter_route")}}  # fmt: skip
@@ -328,31 +454,22 @@ def bench(args: argparse.Namespace, workdir: Path, memory: PeakMemory) -> dict:
             shutil.rmtree(folder)
         if args.json:  # what is done so far, should a long run stop before its end
             args.json.write_text(json.dumps(results, indent=1) + "\n")
-    flat = results["types"].get("flat")
     for index_type, entry in results["types"].items():
-        filtered_rows = [row for name, row in entry["filters"].items() if name != "none"]
-        for name, row in entry["filters"].items():
-            if flat:
-                row["vs_flat"] = round(
-                    row["route"]["p50_ms"] / flat["filters"][name]["route"]["p50_ms"], 2
-                )
-            if "exact" in row:
-                row["route_vs_exact"] = round(row["route"]["p50_ms"] / row["exact"]["p50_ms"], 2)
-                row["route_vs_exact_p95"] = round(
-                    row["route"]["p95_ms"] / row["exact"]["p95_ms"], 2
-                )
-        if filtered_rows:  # the big-ann filter track's form: recall@k at queries per second
-            seconds = sum(row["route"]["total_s"] for row in filtered_rows)
-            recall = float(np.mean([row["route"]["recall"] for row in filtered_rows]))
-            worst = min(row["route"]["recall"] for row in filtered_rows)
-            entry["qps_at_recall"] = {
-                "recall": round(recall, 4), "worst_filter_recall": worst,
-                "qps": round(len(filtered_rows) * args.queries / seconds, 1),
-                "threads": args.threads,
+        filtered_rows = [row["search_vector"] for name, row in entry["filters"].items()
+                         if name != "none"]  # fmt: skip
+        if filtered_rows:
+            entry["summary"] = {
+                "recall_min": min(row["recall"] for row in filtered_rows),
+                "p50_ms_max": max(row["p50_ms"] for row in filtered_rows),
+                "p99_ms_max": max(row["p99_ms"] for row in filtered_rows),
+                "first_ms_max": max(row["first_ms"] for row in filtered_rows),
+                "eval_max_ms": max(row.get("eval_max_ms", 0.0) for row in filtered_rows),
+                "eval_p50_ms_max": max(row.get("eval_p50_ms", 0.0) for row in filtered_rows),
+                "cpu_p50_ms_max": max(row["cpu_p50_ms"] for row in filtered_rows),
+                "cpu_p99_ms_max": max(row["cpu_p99_ms"] for row in filtered_rows),
+                "eval_cpu_max_ms": max(row.get("eval_cpu_max_ms", 0.0) for row in filtered_rows),
             }  # fmt: skip
-            print(f"{index_type}: filtered recall@{args.k} {recall:.3f} (worst filter {worst}) "
-                  f"at {entry['qps_at_recall']['qps']} QPS, {args.threads} thread(s), one "
-                  f"query at a time", file=sys.stderr)  # fmt: skip
+            print(index_type, "summary", json.dumps(entry["summary"]), file=sys.stderr)
     return results
 
 
@@ -374,6 +491,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--workdir", type=Path)
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="also time the route's ways (as shipped, forced through the "
+        "index, forced exact) given the allowed ids, through Gallery.search",
+    )
+    parser.add_argument(
+        "--build-only", action="store_true", help="build the galleries (into --reuse) and stop"
+    )
     parser.add_argument(
         "--reuse",
         type=Path,

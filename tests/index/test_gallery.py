@@ -28,6 +28,7 @@ from nearsight.index.catalog.store import CATALOG_FILE, Catalog, GalleryError
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.gallery.files import EMBEDDINGS_FILE, INDEX_FILE
 from nearsight.index.gallery.lock import lock_path
+from nearsight.index.gallery.payload import PAYLOAD_FILE
 from nearsight.index.gallery.write import write_gallery
 from nearsight.search.evaluate import default_ks, evaluate_gallery
 
@@ -89,7 +90,7 @@ def test_build_writes_the_three_files_and_meta(tmp_path, vectors):
         tmp_path / "g", vectors, items_for(300), model_sha256=SHA, meta={"dataset": "cub"}
     )
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        [CATALOG_FILE, INDEX_FILE, EMBEDDINGS_FILE]
+        [CATALOG_FILE, INDEX_FILE, EMBEDDINGS_FILE, PAYLOAD_FILE]
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == [".g.lock", "g"]  # no temp folder left
     with Gallery.open(out) as gallery:
@@ -393,7 +394,8 @@ def test_a_failed_write_leaves_the_previous_gallery(flat, monkeypatch, writer):
     monkeypatch.undo()
     assert_same_state(gallery_state(flat), before)
     assert sorted(p.name for p in flat.parent.iterdir()) == [".g.lock", "g"]
-    assert sorted(p.name for p in flat.iterdir()) == [CATALOG_FILE, EMBEDDINGS_FILE, INDEX_FILE]
+    assert sorted(p.name for p in flat.iterdir()) == [CATALOG_FILE, EMBEDDINGS_FILE, INDEX_FILE,
+                                                     PAYLOAD_FILE]
 
 
 KILL_MID_WRITE = """
@@ -455,7 +457,8 @@ def test_sigkill_mid_compact_leaves_the_previous_gallery(flat, tmp_path):
         gallery.compact()
     names = sorted(p.name for p in flat.parent.iterdir() if p.name.endswith(".tmp"))
     assert names == [other.name]
-    assert sorted(p.name for p in flat.iterdir()) == [CATALOG_FILE, EMBEDDINGS_FILE, INDEX_FILE]
+    assert sorted(p.name for p in flat.iterdir()) == [CATALOG_FILE, EMBEDDINGS_FILE, INDEX_FILE,
+                                                     PAYLOAD_FILE]
     assert_same_state(gallery_state(flat), state)
     assert len(before[0]) == 302
 

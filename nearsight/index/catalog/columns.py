@@ -27,7 +27,7 @@ import sqlite3
 import threading
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 from urllib.parse import quote
@@ -68,15 +68,26 @@ class TextValues:
     """Sorted distinct UTF-8 strings as one buffer and offsets; indexable (bytes) for bisect."""
 
     def __init__(self, encoded: list[bytes]):
-        self.buffer = b"".join(encoded)
+        self.buffer: bytes | np.ndarray = b"".join(encoded)
         self.offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
         np.cumsum([len(one) for one in encoded], out=self.offsets[1:])
+
+    @classmethod
+    def from_arrays(cls, buffer: np.ndarray, offsets: np.ndarray) -> TextValues:
+        """Values stored elsewhere (a payload file's mapped uint8 buffer and its offsets)."""
+        values = cls([])
+        values.buffer, values.offsets = buffer, offsets
+        return values
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
     def __getitem__(self, index: int) -> bytes:
-        return self.buffer[int(self.offsets[index]) : int(self.offsets[index + 1])]
+        return bytes(self.buffer[int(self.offsets[index]) : int(self.offsets[index + 1])])
+
+    def decoded(self) -> list[str]:
+        """Every value as text, in order."""
+        return [self[i].decode("utf-8", "surrogatepass") for i in range(len(self))]
 
 
 @dataclass(frozen=True)
@@ -88,6 +99,7 @@ class Part:
     ids: np.ndarray
     values: np.ndarray | TextValues
     starts: np.ndarray | None = None
+    rank: np.ndarray | None = None  # by id from the snapshot's first: position in ``ids``
 
 
 @dataclass
@@ -95,12 +107,13 @@ class Column:
     """One filterable column: its parts by storage class, and the ids having any value."""
 
     parts: dict[str, Part]
-    has: np.ndarray = field(init=False)
+    has: np.ndarray = None  # type: ignore[assignment]  # sorted; None: found from the parts
 
     def __post_init__(self) -> None:
-        self.has = np.sort(
-            np.concatenate([np.zeros(0, np.int64)] + [p.ids for p in self.parts.values()])
-        )
+        if self.has is None:
+            self.has = np.sort(
+                np.concatenate([np.zeros(0, np.int64)] + [p.ids for p in self.parts.values()])
+            )
 
 
 @dataclass(frozen=True)
@@ -254,9 +267,12 @@ def _all_ids(reader: _Reader) -> np.ndarray:
         last = int(ids[-1])
 
 
-def _read_column(reader: _Reader, key: str, all_ids: np.ndarray, has_meta_table: bool) -> Column:
+def _read_column(
+    reader: _Reader, key: str, all_ids: np.ndarray, has_meta_table: bool, by_ids: bool = False
+) -> Column:
     """One column's parts: numbers read by chunks of ids and ordered here; text in value
-    order by chunks of the (key, value) index, or for a built-in column by chunks of ids."""
+    order by chunks of the (key, value) index, or for a built-in column (or ``by_ids``: the
+    items ``all_ids`` are a few of the catalog's) by chunks of ids."""
     builtin = key in INTEGER_COLUMNS or key in TEXT_COLUMNS
     # by chunks of the primary key: "+key" keeps SQLite off the (key, value) index, which
     # would walk every row of the key for each chunk
@@ -287,13 +303,14 @@ def _read_column(reader: _Reader, key: str, all_ids: np.ndarray, has_meta_table:
                 rows[storage].append(np.fromiter(conn.execute(
                     source, [*params, storage, low, high]),
                     dtype=[("id", np.int64), ("value", kind)]))  # fmt: skip
-            if builtin:
+            if builtin or by_ids:
                 rows["text"].extend(conn.execute(source, [*params, "text", low, high]))
 
         reader.chunk(read)
     parts = {"integer": _number_part(rows["integer"], np.int64),
              "real": _number_part(rows["real"], np.float64)}  # fmt: skip
-    parts["text"] = _coded_text(rows["text"]) if builtin else _indexed_text(reader, key)
+    by_value = not builtin and not by_ids
+    parts["text"] = _indexed_text(reader, key) if by_value else _coded_text(rows["text"])
     return Column({storage: _only_items(part, all_ids) for storage, part in parts.items()})
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 import sqlite3
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from nearsight.data.meta import _short
 from nearsight.index.catalog.filters import FILTERABLE_BUILTINS, Condition
@@ -45,7 +45,27 @@ def value_notes(
     conn: sqlite3.Connection, typed: Sequence[Condition], column_types: dict[str, str]
 ) -> list[str]:
     """One note per ``=``/``!=`` condition on a text metadata column whose value no item has
-    (``typed``: conditions typed by their columns)."""
+    (``typed``: conditions typed by their columns), read by SQL."""
+
+    def holds(key: str, value: str) -> bool:
+        return conn.execute("SELECT 1 FROM item_meta WHERE key = ? AND value = ? LIMIT 1",
+                            (key, value)).fetchone() is not None  # fmt: skip
+
+    def values(key: str) -> list[str]:
+        return [str(row[0]) for row in conn.execute(
+            "SELECT DISTINCT value FROM item_meta WHERE key = ? LIMIT ?", (key, MAX_VALUES))]  # fmt: skip
+
+    return notes_on(typed, column_types, holds, values)
+
+
+def notes_on(
+    typed: Sequence[Condition],
+    column_types: dict[str, str],
+    holds: Callable[[str, str], bool],
+    held_values: Callable[[str], list[str]],
+) -> list[str]:
+    """:func:`value_notes` given ``holds(key, value)`` (whether some item has it) and
+    ``held_values(key)`` (the column's distinct values), from SQL or from the payload index."""
     notes = []
     for condition in typed:
         if (
@@ -56,17 +76,9 @@ def value_notes(
         ):
             continue
         key, value = condition.key, str(condition.value)
-        held = conn.execute(
-            "SELECT 1 FROM item_meta WHERE key = ? AND value = ? LIMIT 1", (key, value)
-        ).fetchone()
-        if held:
+        if holds(key, value):
             continue
-        values = [
-            str(row[0])
-            for row in conn.execute(
-                "SELECT DISTINCT value FROM item_meta WHERE key = ? LIMIT ?", (key, MAX_VALUES)
-            )
-        ]
+        values = held_values(key)
         close = closest_values(value, values)
         if close:
             hint = "the closest values it holds: " + ", ".join(repr(_short(v)) for v in close)

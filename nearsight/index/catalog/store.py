@@ -33,9 +33,10 @@ import numpy as np
 
 from nearsight.data.meta import MetaValue
 from nearsight.index.catalog.column_filter import evaluate, supported
-from nearsight.index.catalog.columns import ColumnCache
+from nearsight.index.catalog.columns import ColumnCache, Snapshot
 from nearsight.index.catalog.filter_notes import value_notes
 from nearsight.index.catalog.filters import Condition, budget, run_filter, typed_conditions
+from nearsight.index.catalog.payload_file import read_snapshot
 from nearsight.index.catalog.rows import (
     INSERT_ITEM,
     INSERT_ITEM_META,
@@ -209,6 +210,12 @@ class Catalog:
             if snapshot is not None:  # reading the columns is the catalog's, not the budget's
                 return evaluate(typed, snapshot, budget(time_limit_s)[1])
         return run_filter(self.path, typed, self.has_item_meta(), time_limit_s)
+
+    def payload_snapshot(self, after: int | None = None) -> Snapshot:
+        """Every filterable column as arrays (``after``: of the items after that id only),
+        for the payload index (nearsight/index/catalog/payload_file.py)."""
+        with self._guard():
+            return read_snapshot(self._db.conn, after)
 
     def filter_notes(self, conditions: Sequence[Condition]) -> list[str]:
         """Notes on text values no item holds, naming the closest ones held

@@ -32,6 +32,7 @@ from nearsight.data.metrics.exclude import without_keys
 from nearsight.index.ann import filtered
 from nearsight.index.ann.faiss_index import (
     HNSW_EF_SEARCH,
+    IVF_TYPES,
     PQ_TYPES,
     apply_search_parameters,
     to_gpu,
@@ -44,6 +45,7 @@ from nearsight.index.ann.tuning import refine, refine_candidates
 from nearsight.index.catalog.filters import Condition, parse_filter
 from nearsight.index.catalog.store import Catalog, GalleryError
 from nearsight.index.gallery import model as gallery_model
+from nearsight.index.gallery import payload as gallery_payload
 from nearsight.index.gallery import write as gallery_write
 from nearsight.index.gallery.load import read_folder
 from nearsight.index.vector_store import VectorStore
@@ -95,6 +97,8 @@ class Gallery:
         segments, removed, graph = read.segments, read.removed, read.graph
         self.close()
         self._catalog = catalog
+        self._payload = read.payload  # None: filters in SQL (nearsight/index/gallery/payload.py)
+        self._column_types = gallery_payload.column_types(read.payload, catalog, meta)
         self.meta: dict[str, Any] = meta
         self.ids: np.ndarray = ids  # catalog ids in order; row i of embeddings is ids[i]
         self.labels: np.ndarray = labels  # -1 where unlabelled
@@ -135,6 +139,8 @@ class Gallery:
         )
         # a writer's private read (locked) is never searched: no GPU copy for it
         self._gpu_index = None if locked else to_gpu(index, self.index_type)
+        if self.index_type in IVF_TYPES and not locked:  # each list's ids, before any search
+            filtered.lists_of(index, self._filters)
 
     def model_path(self, override: str | os.PathLike[str] | None = None) -> Path:
         """The model to embed queries with: ``override``, else the one the gallery records
@@ -279,12 +285,14 @@ class Gallery:
             for f in ([filters] if isinstance(filters, str) else filters)
         ]
         assert self._catalog is not None
-        return self._catalog.filter_ids(conditions)
+        return gallery_payload.filter_ids(self._payload, self._catalog, conditions,
+                                          self._column_types)  # fmt: skip
 
     def filter_notes(self, filters: Sequence[Condition]) -> list[str]:
         """Notes on filter values no item holds (index.catalog.filter_notes)."""
         assert self._catalog is not None
-        return self._catalog.filter_notes(filters)
+        return gallery_payload.filter_notes(self._payload, self._catalog, filters,
+                                            self._column_types)  # fmt: skip
 
     def class_names(self) -> dict[int, str]:
         """label -> class name for the labels that have one (read once per open gallery)."""
@@ -300,12 +308,13 @@ class Gallery:
     def meta_keys(self) -> list[str]:
         """The names of the items' extra columns (metadata), sorted."""
         assert self._catalog is not None
+        if self._payload is not None:
+            return self._payload.meta_keys()
         return self._catalog.meta_keys()
 
     def column_types(self) -> dict[str, str]:
         """Each metadata column's type (``int``, ``float``, ``str``, ``date``, ``datetime``)."""
-        assert self._catalog is not None
-        return self._catalog.column_types()
+        return dict(self._column_types)
 
     def _search_index(self, queries: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
         if self.index_type not in PQ_TYPES:

@@ -8,6 +8,9 @@ Layout (DESIGN.md)::
     GALLERY/embeddings.npy  float32 [N, D], L2-normalised, row i = the i-th catalog id in order
                             (optional past the memory budget: meta ``embeddings_kept``,
                             nearsight/index/vector_store.py)
+    GALLERY/payload.idx     the payload index: the filterable columns as sorted arrays, mapped
+                            (nearsight/index/gallery/payload.py; rebuilt from the catalog when
+                            missing)
 
 A gallery folder is written whole into a temporary folder and renamed into place
 (:func:`gallery_writer`); the catalog, the FAISS index and the embeddings are all written into

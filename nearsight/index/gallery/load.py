@@ -12,6 +12,7 @@ import faiss
 import numpy as np
 
 from nearsight.index.ann.faiss_index import read_index
+from nearsight.index.catalog.payload_index import PayloadIndex
 from nearsight.index.catalog.store import CATALOG_FILE, Catalog, GalleryError
 from nearsight.index.gallery.files import (
     EMBEDDINGS_FILE,
@@ -21,6 +22,7 @@ from nearsight.index.gallery.files import (
 )
 from nearsight.index.gallery.graph import read_graph
 from nearsight.index.gallery.lock import gallery_lock, previous_path, recover
+from nearsight.index.gallery.payload import open_payload
 from nearsight.index.gallery.segments import read_segment
 
 MMAP_MIN_BYTES = 1 << 30  # an index file this large is memory-mapped where FAISS can
@@ -42,6 +44,7 @@ class GalleryFiles:
     segments: list[tuple[np.ndarray, np.ndarray]]
     removed: np.ndarray
     graph: Any
+    payload: PayloadIndex | None = None
 
 
 def read_folder(folder: Path, *, locked: bool = False) -> GalleryFiles:
@@ -82,8 +85,10 @@ def read_folder(folder: Path, *, locked: bool = False) -> GalleryFiles:
             removed = np.sort(np.asarray(meta.get("removed", []), dtype=np.int64))
             base_ids = check_consistent(folder, meta, ids, index, embeddings, segments, removed)
             graph = read_graph(folder, meta, base_ids)
+            # a writer's private read is never filtered: no payload index for it
+            payload = None if locked else open_payload(folder, catalog, ids, removed)
         except BaseException:
             catalog.close()
             raise
     return GalleryFiles(catalog, meta, ids, labels, index, base_ids, embeddings, segments,
-                        removed, graph)  # fmt: skip
+                        removed, graph, payload)  # fmt: skip

@@ -49,6 +49,7 @@ from nearsight.index.gallery.files import (
 )
 from nearsight.index.gallery.graph import GRAPH_FILES, GRAPH_VERSION, compute_graph, write_graph
 from nearsight.index.gallery.lock import gallery_lock, sweep_temporaries
+from nearsight.index.gallery.payload import write_payload_into
 from nearsight.index.gallery.segments import sweep_unlisted, write_segment
 from nearsight.index.vector_store import describe_source, keep_embeddings
 
@@ -146,6 +147,7 @@ def write_gallery(
             }
             rows = [{**item, "id": int(i)} for i, item in zip(ids, items, strict=True)]
             create_catalog(tmp / CATALOG_FILE, rows, full_meta)
+            write_payload_into(tmp)
             _write_arrays(tmp, index, array if keep else None)
             if neighbour_graph:
                 _write_graph(tmp, index, full_meta, array, ids)
@@ -362,6 +364,7 @@ def _rewrite(gallery: Gallery, change) -> None:
                 finally:
                     catalog.close()
                 check_consistent(folder, meta, ids, index, embeddings, [], ids[:0])
+                write_payload_into(tmp)
                 _write_arrays(tmp, index, embeddings)
                 if meta.get("neighbour_graph"):
                     vectors = current.vector_rows(ids) if embeddings is None else embeddings
