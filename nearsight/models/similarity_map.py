@@ -16,15 +16,11 @@ from __future__ import annotations
 import copy
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from nearsight.core.errors import NearsightError
 from nearsight.models.spec import ModelSpec, is_timm
-
-if TYPE_CHECKING:
-    from PIL import Image
 
 
 @dataclass
@@ -64,14 +60,13 @@ class SimilarityMapper:
         if reason is not None:
             raise NearsightError(f"no similarity map: {reason}")
 
-    def maps(self, image_a: Image.Image, image_b: Image.Image) -> SimilarityMaps:
-        """The maps of two decoded images, each preprocessed as the gallery's images were."""
+    def maps(self, pixels_a: np.ndarray, pixels_b: np.ndarray) -> SimilarityMaps:
+        """The maps of two images as the model's input ([3, S, S] in [0, 1], test-transformed
+        as the gallery's images were)."""
         import torch
 
         net = self.embedder.net
-        batch = torch.as_tensor(
-            np.stack([self.embedder.preprocess(image_a), self.embedder.preprocess(image_b)])
-        )
+        batch = torch.as_tensor(np.stack([pixels_a, pixels_b]), dtype=torch.float32)
         with torch.inference_mode():
             x = (batch - net.mean) / net.std
             for layer in net.trunk.children():

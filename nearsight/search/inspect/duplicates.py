@@ -43,7 +43,8 @@ HASH_SIDE = 64  # images are decoded at least this large to be hashed
 class Duplicates:
     """The confirmed pairs and what each step found."""
 
-    pairs: pd.DataFrame = field(repr=False)
+    pairs: pd.DataFrame = field(repr=False)  # the confirmed candidates
+    candidate_pairs: pd.DataFrame = field(repr=False)  # every candidate, column "confirmed"
     threshold: float  # the embedding distance below which pairs were candidates
     candidates: int  # pairs the embedding proposed (and equal-bytes pairs)
     confirmed: int
@@ -91,7 +92,7 @@ def find_duplicates(
         candidates.setdefault(pair, 0.0)
     hashes_a = _Hashes(items_a)
     hashes_b = hashes_a if same else _Hashes(items_b)
-    confirmed: list[tuple[int, int, float, int, bool]] = []
+    checked: list[tuple[int, int, float, int, bool, bool]] = []
     unreadable = 0
     for (row_a, row_b), dist in sorted(candidates.items()):
         same_bytes = items_a.sha256[row_a] is not None and (
@@ -103,13 +104,16 @@ def find_duplicates(
             bits = -1
         else:
             bits = int(hash_a - hash_b)
-        if same_bytes or 0 <= bits <= hash_distance:
-            confirmed.append((row_a, row_b, dist, bits, same_bytes))
+        confirmed = same_bytes or 0 <= bits <= hash_distance
+        checked.append((row_a, row_b, dist, bits, same_bytes, confirmed))
+    frame = _pairs_frame(items_a, items_b, checked)
+    pairs = frame[frame["confirmed"]].drop(columns="confirmed").reset_index(drop=True)
     return Duplicates(
-        pairs=_pairs_frame(items_a, items_b, confirmed),
+        pairs=pairs,
+        candidate_pairs=frame,
         threshold=float(threshold),
         candidates=len(candidates),
-        confirmed=len(confirmed),
+        confirmed=len(pairs),
         unreadable=unreadable,
     )
 
@@ -176,19 +180,20 @@ class _Hashes:
 
 
 def _pairs_frame(
-    items_a: Items, items_b: Items, confirmed: list[tuple[int, int, float, int, bool]]
+    items_a: Items, items_b: Items, checked: list[tuple[int, int, float, int, bool, bool]]
 ) -> pd.DataFrame:
     import pandas as pd
 
-    rows_a = np.array([c[0] for c in confirmed], dtype=np.int64)
-    rows_b = np.array([c[1] for c in confirmed], dtype=np.int64)
+    rows_a = np.array([c[0] for c in checked], dtype=np.int64)
+    rows_b = np.array([c[1] for c in checked], dtype=np.int64)
     frame = pd.DataFrame(
         {
             **items_a.describe(rows_a, "a_"),
             **items_b.describe(rows_b, "b_"),
-            "distance": [round(c[2], 6) for c in confirmed],
-            "hash_bits": [None if c[3] < 0 else c[3] for c in confirmed],
-            "same_bytes": [c[4] for c in confirmed],
+            "distance": [round(c[2], 6) for c in checked],
+            "hash_bits": pd.array([None if c[3] < 0 else c[3] for c in checked], dtype="Int64"),
+            "same_bytes": np.array([c[4] for c in checked], dtype=bool),
+            "confirmed": np.array([c[5] for c in checked], dtype=bool),
         }
     )
     return frame.sort_values(["distance", "a_id", "b_id"], kind="stable", ignore_index=True)

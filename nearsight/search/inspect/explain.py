@@ -15,7 +15,7 @@ from PIL import Image, ImageDraw
 
 from nearsight.core.atomic import atomic_file
 from nearsight.core.errors import NearsightError
-from nearsight.data.images import load_image
+from nearsight.data.embed import ImagePaths
 from nearsight.index.gallery.core import Gallery
 from nearsight.models.similarity_map import SimilarityMaps, no_map_reason
 from nearsight.models.spec import spec_from_gallery_meta
@@ -55,10 +55,19 @@ def explain_pair(
         rows = open_gallery.items([id_a, id_b])
         source = find_checkpoint(open_gallery, checkpoint)
     mapper = SimilarityMapper(source)
-    images = [load_image(row["path"]) for row in rows]
-    maps = mapper.maps(images[0], images[1])
-    crops = tuple(_as_image(mapper.embedder.preprocess(image)) for image in images)
-    return Explanation(ids=(int(id_a), int(id_b)), maps=maps, images=(crops[0], crops[1]))
+    embedder = mapper.embedder
+    # decoded, fitted and transformed as the gallery's build did (data.embed)
+    inputs = ImagePaths([row["path"] for row in rows], embedder.image_size, embedder.resize,
+                        embedder.spec.interpolation)  # fmt: skip
+    pixels = []
+    for index in range(2):
+        _, array, error, _ = inputs[index]
+        if array is None:
+            raise NearsightError(error)
+        pixels.append(array)
+    maps = mapper.maps(pixels[0], pixels[1])
+    crops = (_as_image(pixels[0]), _as_image(pixels[1]))
+    return Explanation(ids=(int(id_a), int(id_b)), maps=maps, images=crops)
 
 
 def find_checkpoint(gallery: Gallery, given: str | os.PathLike[str] | None) -> Path:
