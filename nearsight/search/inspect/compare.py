@@ -2,7 +2,9 @@
 query by query: which leave-one-out queries the second one fixed, which it broke, which both
 get wrong; Recall@1 of each and a paired bootstrap interval on the difference.
 
-Items are matched by key when both galleries have a key column, else by path. Each gallery is
+Items are matched by key when both galleries have a key column, else by path (within the
+dataset folder each was built from, when both record one: the same dataset copied to another
+place still matches). Each gallery is
 searched over the matched labelled items only (exactly, leave-one-out), so both answer the same
 queries over the same candidates; each judges correctness by its own labels. Then, exactly,
 ``fixed - broken == (recall@1 of the gallery - recall@1 of the baseline) * queries``.
@@ -110,8 +112,12 @@ def compare_galleries(
 
 def match_rows(items_a: Items, items_b: Items, by: str) -> tuple[np.ndarray, np.ndarray]:
     """Positions (in each gallery) of the labelled items both hold, in ``items_a``'s order."""
-    names_a = items_a.identity() if by == "key" else items_a.paths
-    names_b = items_b.identity() if by == "key" else items_b.paths
+    if by == "key":
+        names_a, names_b = items_a.identity(), items_b.identity()
+    else:  # by path: within each dataset folder when both record one
+        both = items_a.root is not None and items_b.root is not None
+        names_a = [items_a.relative_path(p) if both else p for p in items_a.paths]
+        names_b = [items_b.relative_path(p) if both else p for p in items_b.paths]
     where_b = {name: row for row, name in enumerate(names_b) if items_b.labels[row] >= 0}
     pairs = [
         (row, where_b[name])

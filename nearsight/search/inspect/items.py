@@ -54,12 +54,22 @@ class Items:
             return None
         return self.class_names.get(int(label), str(int(label)))
 
+    root: str | None = None  # the dataset folder the gallery was built from, if recorded
+
     def identity(self) -> list[str]:
         """How an item is matched to the same item in another gallery: its key, else its
-        path."""
+        path within the dataset folder the gallery was built from (the same dataset copied
+        elsewhere still matches), else its path."""
         if self.key_column is not None:
             return [str(key) for key in self.keys]
-        return list(self.paths)
+        return [self.relative_path(path) for path in self.paths]
+
+    def relative_path(self, path: str) -> str:
+        """``path`` within the dataset folder (itself when outside it or none is recorded)."""
+        if self.root is None:
+            return path
+        relative = os.path.relpath(path, self.root)
+        return path if relative.startswith("..") else relative
 
     def describe(self, rows: np.ndarray, prefix: str = "") -> dict[str, list]:
         """Columns ``{prefix}id``, ``{prefix}key``, ``{prefix}path`` of ``rows`` (positions;
@@ -97,6 +107,9 @@ def gallery_items(gallery: Gallery) -> Items:
     rows = {row["id"]: row for row in gallery.all_items()}
     ordered = [rows[int(item_id)] for item_id in gallery.ids]
     column = key_column(gallery)
+    root = gallery.meta.get("root")
+    if root and os.path.isfile(str(root)):  # a CSV's rows are relative to its folder
+        root = os.path.dirname(str(root))
     keys = [None if column is None else (row.get("meta") or {}).get(column) for row in ordered]
     return Items(
         ids=np.asarray(gallery.ids, dtype=np.int64),
@@ -106,6 +119,7 @@ def gallery_items(gallery: Gallery) -> Items:
         class_names=gallery.class_names(),
         sha256=[row.get("sha256") for row in ordered],
         key_column=column,
+        root=str(root) if root else None,
     )
 
 
