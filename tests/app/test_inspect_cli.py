@@ -178,3 +178,33 @@ def test_bad_input_is_one_line_and_exit_2(capsys, keyed, tmp_path, argv, fragmen
     names = {"first": first, "missing": tmp_path / "missing", "tmp": tmp_path}
     code, _, err = run(capsys, "inspect", *[arg.format(**names) for arg in argv])
     assert_one_line_error(code, err, fragment)
+
+
+RUN_CLI = """
+import json, sys
+from nearsight.app.cli import main
+code = main(sys.argv[1:])
+print(json.dumps({"code": code, "modules": sorted(m for m in sys.modules if "." not in m)}))
+"""
+
+
+@pytest.mark.parametrize("action", ["failures", "compare", "report", "duplicates"])
+def test_inspecting_an_onnx_gallery_loads_no_torch(onnx_gallery, tmp_path, action):
+    """The serving path never imports torch: only `inspect explain` needs it."""
+    import subprocess
+    import sys
+
+    gallery = onnx_gallery.gallery
+    extra = {
+        "failures": ["--json"],
+        "compare": ["--against", gallery, "--json"],
+        "report": ["--out", tmp_path / "r.html"],
+        "duplicates": ["--json"],
+    }[action]
+    argv = ["inspect", action, "--gallery", gallery, *extra]
+    done = subprocess.run([sys.executable, "-c", RUN_CLI, *map(str, argv)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["code"] == 0
+    assert not {"torch", "torchvision", "onnx", "tensorboard"} & set(report["modules"])
