@@ -175,6 +175,7 @@ def _items_frame(
             **items_a.describe(rows_a[top_a], "top1_"),
             "top1_class": [items_a.class_name(int(items_a.labels[r])) for r in rows_a[top_a]],
             "top1_distance": np.round(distance(sim_a), 6),
+            **items_b.describe(rows_b, "baseline_"),  # the same item in the baseline
             **items_b.describe(rows_b[top_b], "baseline_top1_"),
             "baseline_top1_class": [
                 items_b.class_name(int(items_b.labels[r])) for r in rows_b[top_b]
