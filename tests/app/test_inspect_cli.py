@@ -70,6 +70,13 @@ def test_failures_as_text_json_and_csv(capsys, keyed, tmp_path):
     assert out.startswith(f"{len(failures)} of ")
     assert failures[0]["class"] in out
 
+    code, out, err = run(capsys, "inspect", "failures", "--gallery", gallery,
+                         "--html", tmp_path / "f.html")  # fmt: skip
+    assert code == 0, err
+    page = (tmp_path / "f.html").read_text()
+    assert page.count("data-query=") == min(len(failures), 50)
+    assert failures[0]["key"] in page  # the cells name items by key
+
 
 def test_compare_prints_counts_that_add_up(capsys, keyed):
     first, second = keyed

@@ -209,11 +209,11 @@ def write_csv(frame: pd.DataFrame, path: Path) -> None:
         frame.to_csv(handle, index=False)
 
 
-def print_table(frame: pd.DataFrame, rows: int = TEXT_ROWS) -> None:
+def print_table(frame: pd.DataFrame, rows: int = TEXT_ROWS, every: str = "--json or --csv") -> None:
     """The first ``rows`` rows as text, the empty columns left out."""
     if frame.empty:
         return
     shown = frame.head(rows).dropna(axis=1, how="all")
     print(shown.to_string(index=False, float_format=lambda value: f"{value:.4f}"))
     if len(frame) > rows:
-        print(f"... {len(frame) - rows} more (--json or --csv for every row)")
+        print(f"... {len(frame) - rows} more ({every} for every row)")

@@ -73,7 +73,7 @@ def run_duplicates(args: argparse.Namespace) -> int:
         f"pairs, {found.confirmed} confirmed on the pixels{unreadable}"
     )
     print_table(found.pairs[["a_id", "a_key", "a_path", "b_id", "b_key", "b_path", "distance",
-                             "hash_bits", "same_bytes"]])  # fmt: skip
+                             "hash_bits", "same_bytes"]], every="--json")  # fmt: skip
     return 0
 
 
