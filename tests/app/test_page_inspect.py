@@ -93,3 +93,24 @@ def test_suspected_labels_list_with_a_suggested_class(tab, two):
     assert tab.locator("#ns-labels-table [data-testid='cell-0-2'] img").count() == 1
     first_id.click()
     tab.locator(f".ns-result[data-id='{int(expected.iloc[0]['id'])}']").last.wait_for()
+
+
+def test_the_failures_export_as_csv_and_as_the_report(tab, two):
+    tab.get_by_role("tab", name="Inspect").click()
+    for button, suffix in (
+        ("#ns-export-csv", "-failures.csv"),
+        ("#ns-export-report", "-report.html"),
+    ):
+        tab.click(button)
+        link = tab.locator(
+            f"#ns-export-file a[download*='{suffix}'], #ns-export-file a[href*='{suffix}']"
+        )
+        link.first.wait_for()
+        with tab.expect_download() as download:
+            link.first.click()
+        saved = Path(download.value.path())
+        text = saved.read_text()
+        if suffix.endswith(".csv"):
+            assert text.startswith("id,key,path,class,top1_id")
+        else:
+            assert text.startswith("<!DOCTYPE html>") and "://" not in text

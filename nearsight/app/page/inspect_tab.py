@@ -1,11 +1,15 @@
 """The page's Inspect tab, over nearsight/search/inspect/: the gallery compared with another
-one of the same items (the queries it fixed and broke; one query's two grids side by side)
-and its suspected wrong labels (select one to see its grid). Built and wired by
-:func:`inspect_tab` inside the page's ``gr.Tabs``."""
+one of the same items (the queries it fixed and broke; one query's two grids side by side),
+its suspected wrong labels (select one to see its grid), and its failures exported as a CSV
+file or the self-contained HTML report. Built and wired by :func:`inspect_tab` inside the
+page's ``gr.Tabs``."""
 
 from __future__ import annotations
 
+import re
+import tempfile
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import gradio as gr
@@ -34,6 +38,24 @@ class InspectTab:
         self._comparisons: dict[tuple[str, str, int, int], Comparison] = {}
         self._labels: dict[tuple[str, int], pd.DataFrame] = {}
         self._lock = threading.Lock()
+        self._exports = Path(tempfile.mkdtemp(prefix="nearsight-exports-"))  # Gradio copies them
+
+    def export(self, gallery: str, kind: str) -> str:
+        """The gallery's failures as a CSV file or the HTML report: the file's path, which
+        Gradio copies into its own cache and offers for download."""
+        from nearsight.search.inspect.failures import inspect_failures
+        from nearsight.search.inspect.report import write_report
+
+        view = self.page.view(gallery)
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", gallery)
+        with page_errors():
+            if kind == "csv":
+                out = self._exports / f"{name}-failures.csv"
+                inspect_failures(view.gallery).failures.to_csv(out, index=False)
+            else:
+                out = self._exports / f"{name}-report.html"
+                write_report(view.gallery, out)
+        return str(out)
 
     def _image(self, gallery: str, item_id: int | None) -> str:
         if item_id is None:
@@ -172,6 +194,11 @@ def inspect_tab(page: Page, gallery_choice: Any, k_slider: Any) -> InspectTab:
                 interactive=False, max_height=320, wrap=True, elem_id="ns-labels-table",
             )  # fmt: skip
             labels_grid = gr.HTML(message_html("Select a row to see its grid."))
+        with gr.Accordion("Export the failures", open=True):
+            with gr.Row():
+                csv_button = gr.Button("Failures (CSV)", elem_id="ns-export-csv")
+                report_button = gr.Button("Report (one HTML file)", elem_id="ns-export-report")
+            exported = gr.File(label="Download", interactive=False, elem_id="ns-export-file")
     compare_button.click(tab.compare, [gallery_choice, against], [compare_table, compare_info],
                          api_name="compare", **private)  # fmt: skip
     compare_table.select(tab.compare_selected, [gallery_choice, against, k_slider],
@@ -180,4 +207,8 @@ def inspect_tab(page: Page, gallery_choice: Any, k_slider: Any) -> InspectTab:
                         api_name="labels", **private)  # fmt: skip
     labels_table.select(tab.label_selected, [gallery_choice, k_slider], labels_grid,
                         api_name="label_selected", **private)  # fmt: skip
+    csv_button.click(lambda gallery: tab.export(gallery, "csv"), gallery_choice, exported,
+                     api_name="export_csv", **private)  # fmt: skip
+    report_button.click(lambda gallery: tab.export(gallery, "html"), gallery_choice, exported,
+                        api_name="export_report", **private)  # fmt: skip
     return tab
