@@ -114,3 +114,17 @@ def test_the_failures_export_as_csv_and_as_the_report(tab, two):
             assert text.startswith("id,key,path,class,top1_id")
         else:
             assert text.startswith("<!DOCTYPE html>") and "://" not in text
+
+
+def test_why_a_match_draws_the_similarity_map(tab, two):
+    tab.get_by_role("tab", name="Inspect").click()
+    tab.get_by_text("Why a match").click()
+    tab.locator("#ns-explain-a input").fill("0")
+    tab.locator("#ns-explain-b input").fill("1")
+    tab.click("#ns-explain")
+    note = tab.locator("#ns-explain-note")
+    note.get_by_text("Similarity").wait_for()
+    shares = re.findall(r"sum to (-?[0-9.]+) and (-?[0-9.]+)", note.inner_text())[0]
+    similarity = float(re.search(r"Similarity (-?[0-9.]+)", note.inner_text()).group(1))
+    assert abs(float(shares[0]) - similarity) <= 1e-4 and abs(float(shares[1]) - similarity) <= 1e-4
+    tab.locator("#ns-explain-map img").wait_for()

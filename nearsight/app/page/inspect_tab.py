@@ -123,6 +123,34 @@ class InspectTab:
             self.page.item_grid(against, other, k)[0],
         )
 
+    def explain(self, gallery: str, first: Any, second: Any):
+        """Where the similarity of two gallery items comes from (needs torch: [train])."""
+        from nearsight.core.extras import missing_extra
+
+        with page_errors():
+            ids = []
+            for value in (first, second):
+                try:
+                    ids.append(int(value))
+                except (TypeError, ValueError):
+                    raise PageError(f"an item id is a whole number, got {value!r}") from None
+            try:
+                from nearsight.search.inspect.explain import explain_pair, picture
+
+                explanation = explain_pair(self.page.view(gallery).gallery, ids[0], ids[1])
+            except ModuleNotFoundError as error:
+                line = missing_extra(error)
+                if line is None:
+                    raise
+                raise PageError(f"why a match: {line}") from None
+        maps = explanation.maps
+        note = (
+            f"Similarity **{maps.similarity:.4f}**; the shares of the {maps.map_a.size} "
+            f"locations of each feature map sum to {maps.map_a.sum():.4f} and "
+            f"{maps.map_b.sum():.4f} (red adds to it, blue takes from it)."
+        )
+        return picture(explanation), note
+
     def labels(self, gallery: str):
         """The suspected labels of the gallery, most suspicious first."""
         import pandas as pd
@@ -194,6 +222,15 @@ def inspect_tab(page: Page, gallery_choice: Any, k_slider: Any) -> InspectTab:
                 interactive=False, max_height=320, wrap=True, elem_id="ns-labels-table",
             )  # fmt: skip
             labels_grid = gr.HTML(message_html("Select a row to see its grid."))
+        with gr.Accordion("Why a match", open=False):
+            with gr.Row():
+                first_id = gr.Number(label="Item id", precision=0, elem_id="ns-explain-a")
+                second_id = gr.Number(label="Other item id", precision=0, elem_id="ns-explain-b")
+                explain_button = gr.Button("Explain", elem_id="ns-explain")
+            explain_note = gr.Markdown(elem_id="ns-explain-note")
+            explain_image = gr.Image(
+                type="pil", format="png", interactive=False, buttons=[], elem_id="ns-explain-map"
+            )
         with gr.Accordion("Export the failures", open=True):
             with gr.Row():
                 csv_button = gr.Button("Failures (CSV)", elem_id="ns-export-csv")
@@ -207,6 +244,8 @@ def inspect_tab(page: Page, gallery_choice: Any, k_slider: Any) -> InspectTab:
                         api_name="labels", **private)  # fmt: skip
     labels_table.select(tab.label_selected, [gallery_choice, k_slider], labels_grid,
                         api_name="label_selected", **private)  # fmt: skip
+    explain_button.click(tab.explain, [gallery_choice, first_id, second_id],
+                         [explain_image, explain_note], api_name="explain", **private)  # fmt: skip
     csv_button.click(lambda gallery: tab.export(gallery, "csv"), gallery_choice, exported,
                      api_name="export_csv", **private)  # fmt: skip
     report_button.click(lambda gallery: tab.export(gallery, "html"), gallery_choice, exported,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from nearsight.search.inspect.compare import Comparison, compare_galleries
 from nearsight.search.inspect.duplicates import Duplicates, find_duplicates
-from nearsight.search.inspect.explain import Explanation, draw, explain_pair
+from nearsight.search.inspect.explain import Explanation, draw, explain_pair, picture
 from nearsight.search.inspect.failures import FailureReport, inspect_failures
 from nearsight.search.inspect.labels import suspected_labels
 from nearsight.search.inspect.report import write_report
@@ -23,6 +23,7 @@ __all__ = [
     "explain_pair",
     "find_duplicates",
     "inspect_failures",
+    "picture",
     "suspected_labels",
     "write_report",
 ]

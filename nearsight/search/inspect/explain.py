@@ -93,6 +93,12 @@ def find_checkpoint(gallery: Gallery, given: str | os.PathLike[str] | None) -> P
 
 
 def draw(explanation: Explanation, out: str | os.PathLike[str]) -> None:
+    """Write :func:`picture` as a PNG file."""
+    with atomic_file(out, "wb") as handle:
+        picture(explanation).save(handle, format="PNG")
+
+
+def picture(explanation: Explanation) -> Image.Image:
     """Both images side by side, each location tinted by its share of the similarity (red:
     adds to it, blue: takes from it; one scale for both), the similarity written below."""
     maps = explanation.maps
@@ -110,8 +116,7 @@ def draw(explanation: Explanation, out: str | os.PathLike[str]) -> None:
         f"(red adds, blue takes; sums {maps.map_a.sum():.4f} / {maps.map_b.sum():.4f})"
     )
     ImageDraw.Draw(canvas).text((6, PANEL_SIDE + 10), caption, fill=(30, 30, 30))
-    with atomic_file(out, "wb") as handle:
-        canvas.save(handle, format="PNG")
+    return canvas
 
 
 def _tinted(image: Image.Image, values: np.ndarray, scale: float) -> Image.Image:
