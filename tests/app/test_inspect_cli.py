@@ -215,3 +215,48 @@ def test_inspecting_an_onnx_gallery_loads_no_torch(onnx_gallery, tmp_path, actio
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["code"] == 0
     assert not {"torch", "torchvision", "onnx", "tensorboard"} & set(report["modules"])
+
+
+BLOCKER = """
+import runpy, sys
+from importlib.abc import MetaPathFinder
+
+class Blocker(MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {blocked!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+        return None
+
+sys.meta_path.insert(0, Blocker())
+sys.argv = ["nearsight", *{argv!r}]
+runpy.run_module("nearsight.app.cli", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize(
+    ("action", "blocked", "extra"),
+    [
+        ("labels", ["cleanlab", "sklearn"], "inspect"),
+        ("duplicates", ["imagehash"], "inspect"),
+        ("explain", ["torch", "torchvision"], "train"),
+    ],  # fmt: skip
+)
+def test_an_action_without_its_extra_names_it(
+    keyed, onnx_gallery, tmp_path, action, blocked, extra
+):
+    import subprocess
+    import sys
+
+    gallery = onnx_gallery.gallery
+    argv = {
+        "labels": ["inspect", "labels", "--gallery", gallery],
+        "duplicates": ["inspect", "duplicates", "--gallery", gallery],
+        "explain": ["inspect", "explain", "--gallery", gallery, "--id", "0", "--id", "1",
+                    "--out", tmp_path / "w.png"],
+    }[action]  # fmt: skip
+    code = BLOCKER.format(blocked=blocked, argv=[str(arg) for arg in argv])
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr[-2000:]
+    assert f"pip install 'nearsight[{extra}]'" in lines[0]
