@@ -35,8 +35,10 @@ class InspectTab:
 
     def __init__(self, page: Page) -> None:
         self.page = page
-        self._comparisons: dict[tuple[str, str, int, int], Comparison] = {}
-        self._labels: dict[tuple[str, int], pd.DataFrame] = {}
+        # the latest result per gallery (pair), with the generations it was computed on: a
+        # reloaded gallery is computed again, and the old result dropped
+        self._comparisons: dict[tuple[str, str], tuple[tuple[int, int], Comparison]] = {}
+        self._labels: dict[str, tuple[int, pd.DataFrame]] = {}
         self._lock = threading.Lock()
         self._exports = Path(tempfile.mkdtemp(prefix="nearsight-exports-"))  # Gradio copies them
 
@@ -67,11 +69,13 @@ class InspectTab:
         from nearsight.search.inspect.compare import compare_galleries
 
         first, second = self.page.view(gallery), self.page.view(against)
-        key = (gallery, against, first.generation, second.generation)
+        generations = (first.generation, second.generation)
         with self._lock:
-            if key not in self._comparisons:
-                self._comparisons[key] = compare_galleries(first.gallery, second.gallery)
-            return self._comparisons[key]
+            kept = self._comparisons.get((gallery, against))
+            if kept is None or kept[0] != generations:
+                kept = (generations, compare_galleries(first.gallery, second.gallery))
+                self._comparisons[(gallery, against)] = kept
+            return kept[1]
 
     def compare(self, gallery: str, against: str | None):
         """The queries --gallery fixed and broke against the baseline, and the numbers."""
@@ -159,11 +163,12 @@ class InspectTab:
 
         view = self.page.view(gallery)
         with page_errors():
-            key = (gallery, view.generation)
             with self._lock:
-                if key not in self._labels:
-                    self._labels[key] = suspected_labels(view.gallery, top=TABLE_ROWS)
-            found = self._labels[key]
+                kept = self._labels.get(gallery)
+                if kept is None or kept[0] != view.generation:
+                    kept = (view.generation, suspected_labels(view.gallery, top=TABLE_ROWS))
+                    self._labels[gallery] = kept
+            found = kept[1]
         rows = [
             (
                 row["rank"],
