@@ -69,7 +69,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Compare --gallery with the baseline --against on the items both hold "
         "(matched by key, else by path): leave-one-out top-1 in each, over those items only. "
         "fixed: right in --gallery, wrong in --against; broken: the reverse. Recall@1 of "
-        "each and a 95%% paired bootstrap interval on the difference.",
+        "each and a 95% paired bootstrap interval on the difference.",
     )
     _gallery(compare)
     compare.add_argument(

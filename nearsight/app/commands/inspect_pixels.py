@@ -17,7 +17,7 @@ def register_pixels(
         "duplicates",
         help="pairs of items that are the same picture (equal bytes, resized, recompressed)",
         description="Find same-picture pairs: candidates are items closer in the embedding "
-        "than a threshold chosen from the gallery's own distances (the 1%% quantile of random "
+        "than a threshold chosen from the gallery's own distances (the 1% quantile of random "
         "pairs; printed), each confirmed on the pixels by a perceptual hash; items with equal "
         "bytes always pair. With --against, pairs across the two galleries (same model).",
     )
