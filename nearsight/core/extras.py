@@ -17,6 +17,8 @@ EXTRA_MODULES = {
     "timm": "train",
     "safetensors": "train",
     "umap": "map",
+    "cleanlab": "inspect",  # inspect labels
+    "imagehash": "inspect",  # inspect duplicates
 }
 
 

@@ -41,6 +41,7 @@ class Failure:
     top1_distance: float
     # distance to the nearest other item of the query's class (None: the class has no other)
     positive_distance: float | None
+    positive_id: int | None = None  # that item (None: the class has no other)
 
     @property
     def margin(self) -> float | None:
@@ -141,7 +142,7 @@ def leave_one_out_failures(
     wrong = found & (top_labels >= 0) & (top_labels != own_labels)
 
     wrong_positions = positions[wrong]
-    positive = nearest_same_class_distance(embeddings, labels, wrong_positions)
+    positive, positive_rows = nearest_same_class(embeddings, labels, wrong_positions)
     failures = [
         Failure(
             id=int(ids[p]),
@@ -150,13 +151,15 @@ def leave_one_out_failures(
             top1_label=int(tl),
             top1_distance=float(d),
             positive_distance=None if not math.isfinite(pd) else float(pd),
+            positive_id=None if pr < 0 else int(ids[pr]),
         )
-        for p, t, tl, d, pd in zip(
+        for p, t, tl, d, pd, pr in zip(
             wrong_positions,
             top_ids[wrong],
             top_labels[wrong],
             top_distances[wrong],
             positive,
+            positive_rows,
             strict=True,
         )
     ]
@@ -169,18 +172,30 @@ def nearest_same_class_distance(
 ) -> np.ndarray:
     """For each query position, the distance to the nearest other item of its class (inf when
     it has none), one matrix product per class."""
+    return nearest_same_class(embeddings, labels, queries)[0]
+
+
+def nearest_same_class(
+    embeddings: np.ndarray, labels: np.ndarray, queries: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """For each query position, the distance to the nearest other item of its class and that
+    item's position (inf and -1 when it has none), one matrix product per class."""
     result = np.full(len(queries), np.inf, dtype=np.float32)
+    nearest = np.full(len(queries), -1, dtype=np.int64)
     if not len(queries):
-        return result
+        return result, nearest
     query_labels = labels[queries]
     for label in np.unique(query_labels):
         rows = np.flatnonzero(query_labels == label)
         members = np.flatnonzero(labels == label)
         inner = embeddings[queries[rows]] @ embeddings[members].T  # [q, m]
         inner[queries[rows][:, None] == members[None, :]] = -np.inf  # not itself
-        best = inner.max(axis=1)
-        result[rows] = np.where(np.isfinite(best), unit_distance(np.maximum(best, -1.0)), np.inf)
-    return result
+        best_column = inner.argmax(axis=1)
+        best = inner[np.arange(len(rows)), best_column]
+        found = np.isfinite(best)
+        result[rows] = np.where(found, unit_distance(np.maximum(best, -1.0)), np.inf)
+        nearest[rows] = np.where(found, members[best_column], -1)
+    return result, nearest
 
 
 def confused_pairs(failures: Sequence[Failure], limit: int = 50) -> list[tuple[int, int, int]]:

@@ -35,6 +35,13 @@ from helpers.galleries import (
     make_onnx_gallery,
     write_digits,
 )
+from helpers.inspect_data import (
+    clustered_vectors,
+    flip_labels,
+    import_vectors,
+    plant_copies,
+    top1_correct,
+)
 from helpers.losses import (
     assert_float32_agrees_with_float64,
     assert_no_python_loop_over_anchors,
@@ -121,4 +128,9 @@ __all__ = [
     "tiff_tag_bomb",
     "tag_bomb",
     "jpeg_scan_bomb",
+    "clustered_vectors",
+    "flip_labels",
+    "import_vectors",
+    "plant_copies",
+    "top1_correct",
 ]

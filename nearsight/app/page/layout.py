@@ -41,10 +41,12 @@ from nearsight.app.page.gated import PageGates
 from nearsight.app.page.handlers import ANY_CLASS, DEFAULT_K, MAX_K, UNKNOWN_CLASS, Page
 from nearsight.app.page.html import CLICK_JS, message_html
 from nearsight.app.page.inputs import filter_help, item_box_label
+from nearsight.app.page.inspect_tab import inspect_tab
 from nearsight.app.page.map_tab import MapTab, map_tab_layout, wire_map_tab
 from nearsight.app.page.tables import (
     CHANGE_COLUMNS,
     FAILURE_COLUMNS,
+    FAILURE_TYPES,
     PAIR_COLUMNS,
     gallery_header,
 )
@@ -213,6 +215,7 @@ def build_app(
                 failure_info = gr.Markdown("Computing the leave-one-out failures...")
                 failure_table = gr.Dataframe(
                     headers=FAILURE_COLUMNS,
+                    datatype=FAILURE_TYPES,
                     interactive=False,
                     label="Queries whose top-1 is of another class (leave-one-out)",
                     max_height=360,
@@ -249,6 +252,7 @@ def build_app(
                 )
 
             map_parts = map_tab_layout()
+            inspect_tab(page, gallery_choice, k_slider)
 
             with gr.Tab("Summary", id="summary"):
                 summary = gr.Markdown("Computing the leave-one-out evaluation...")

@@ -16,15 +16,23 @@ if TYPE_CHECKING:
     import pandas as pd
 
 FAILURE_ROWS = 1000  # rows of the failure table sent to the browser (worst first)
+THUMBNAIL_ROWS = 50  # of those, the first rows shown with thumbnails
 FAILURE_COLUMNS = [
     "id",
+    "image",
+    "key",
     "class",
     "top-1 id",
+    "top-1 image",
+    "top-1 key",
     "top-1 class",
     "top-1 distance",
     "nearest same-class distance",
     "margin",
 ]
+FAILURE_TYPES = ["number", "markdown", "str", "str", "number", "markdown", "str", "str",
+                 "number", "number", "number"]  # fmt: skip
+TABLE_THUMBNAIL_PX = 56
 PAIR_COLUMNS = ["class a", "class b", "failures"]
 
 
@@ -129,19 +137,33 @@ def distance_frame(analysis: Analysis) -> pd.DataFrame:
 
 
 def failure_frame(view: GalleryView, failures: list[Failure]) -> pd.DataFrame:
+    """The failures with the items' keys, and thumbnails on the first rows (markdown cells:
+    ``FAILURE_TYPES``)."""
     import pandas as pd
+
+    def image(item_id: int, row: int) -> str:
+        uri = view.thumbnail(item_id) if row < THUMBNAIL_ROWS else None
+        return f'<img src="{uri}" alt="#{item_id}" height="{TABLE_THUMBNAIL_PX}">' if uri else ""
+
+    def key(item_id: int) -> str:
+        column = view.key_column
+        return str((view.row(item_id).get("meta") or {}).get(column, "")) if column else ""
 
     rows = [
         (
             f.id,
+            image(f.id, number),
+            key(f.id),
             view.class_name(f.label),
             f.top1_id,
+            image(f.top1_id, number),
+            key(f.top1_id),
             view.class_name(f.top1_label),
             round(f.top1_distance, 4),
             None if f.positive_distance is None else round(f.positive_distance, 4),
             None if f.margin is None else round(f.margin, 4),
         )
-        for f in failures
+        for number, f in enumerate(failures)
     ]
     return pd.DataFrame(rows, columns=FAILURE_COLUMNS)
 
