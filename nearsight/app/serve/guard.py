@@ -42,9 +42,9 @@ from nearsight.app.serve.auth import (
     API_KEY_HEADER,
     LOGIN_PATH,
     SESSION_COOKIE,
+    ApiKeys,
     FailedAttempts,
     Sessions,
-    key_matches,
     login_page,
     presented_key,
 )
@@ -100,10 +100,13 @@ class GuardSettings:
     max_unauthenticated: int = DEFAULT_MAX_UNAUTHENTICATED
     signing_in: int = 0  # sign-in forms being read now (touched only on the event loop)
     uploads: UploadBudget | None = None  # Gradio's upload route (nearsight/app/serve/uploads.py)
+    keys: ApiKeys | None = None  # the named keys (api_key alone: one key, named "key")
 
     def __post_init__(self) -> None:
-        if self.api_key and self.sessions is None:
-            self.sessions = Sessions(self.api_key)
+        if self.keys is None and self.api_key:
+            self.keys = ApiKeys.of(self.api_key)
+        if self.keys and self.sessions is None:
+            self.sessions = Sessions(self.keys.secret)
 
 
 class Guard:
@@ -140,7 +143,10 @@ class Guard:
             if self.settings.metrics is not None:
                 self.settings.metrics.observe(path, status["code"], seconds)
             if self.settings.access_log:
-                print(f"nearsight: {log_field(_client(scope))} "
+                who = _client(scope)
+                if "nearsight.identity" in scope:  # a named key's holder
+                    who = f"{scope['nearsight.key']}@{who}"
+                print(f"nearsight: {log_field(who)} "
                       f"{log_field(scope.get('method', '?'), 20)} {log_field(path)} "
                       f"{status['code']} {seconds * 1000:.1f} ms",
                       file=sys.stderr, flush=True)  # fmt: skip
@@ -176,7 +182,7 @@ class Guard:
             return
         settings = self.settings
         path = scope.get("path", "")
-        if settings.api_key and path not in OPEN_PATHS:
+        if settings.keys and path not in OPEN_PATHS:
             wait = settings.attempts.locked_for(_client(scope))
             if wait > 0:
                 await _send_json(send, 429, "too many wrong API keys from this address: retry "
@@ -221,14 +227,21 @@ class Guard:
     def _key_state(self, scope: Scope) -> str:
         """"ok" (no key needed, or the right one), "missing" or "wrong"."""
         settings = self.settings
-        if not settings.api_key or scope.get("path") in OPEN_PATHS:
+        if not settings.keys or scope.get("path") in OPEN_PATHS:
             return "ok"
         given = presented_key(scope.get("headers", ()))
         if given:
-            return "ok" if key_matches(given, settings.api_key) else "wrong"
-        cookie = _cookie(scope, SESSION_COOKIE)
-        if cookie and settings.sessions is not None and settings.sessions.valid(cookie):
+            name = settings.keys.match(given)
+            if name is None:
+                return "wrong"
+            _holder(scope, name, settings.keys)
             return "ok"
+        cookie = _cookie(scope, SESSION_COOKIE)
+        if cookie and settings.sessions is not None:
+            name = settings.sessions.holder(cookie)
+            if name is not None and name in settings.keys.keys:
+                _holder(scope, name, settings.keys)
+                return "ok"
         return "missing"
 
     async def _unauthorized(self, scope: Scope, send: Send, *, wrong: bool) -> None:
@@ -269,12 +282,14 @@ class Guard:
         finally:
             settings.signing_in -= 1
         given = parse_qs(body.decode("utf-8", "replace")).get("key", [""])[0]
-        sessions = self.settings.sessions
-        if sessions is None or not key_matches(given, self.settings.api_key or ""):
+        sessions, keys = self.settings.sessions, self.settings.keys
+        name = keys.match(given) if keys else None
+        if sessions is None or name is None:
             await self._failed(scope)
             await _send_html(send, 401, login_page("wrong key"))
             return
-        cookie = sessions.set_cookie(sessions.issue(), https=scope.get("scheme") == "https")
+        token = sessions.issue(name=name)
+        cookie = sessions.set_cookie(token, https=scope.get("scheme") == "https")
         await send({"type": "http.response.start", "status": 303,
                     "headers": [(b"location", b"/"), (b"set-cookie", cookie.encode()),
                                 (b"content-length", b"0")]})  # fmt: skip
@@ -338,7 +353,7 @@ def _identify(scope: Scope, trusted: TrustedProxies) -> None:
     or the one a trusted proxy forwards; every later reader of ``scope["client"]`` (Gradio,
     the REST API, the work gates through CURRENT_CLIENT) sees the same."""
     if "nearsight.peer" in scope:  # identified already (a mounted app's scope is a copy)
-        CURRENT_CLIENT.set(_client(scope))
+        CURRENT_CLIENT.set(identity_of(scope))
         return
     peer = socket_address(scope)
     scope["nearsight.peer"] = peer
@@ -348,6 +363,20 @@ def _identify(scope: Scope, trusted: TrustedProxies) -> None:
     if scheme is not None:
         scope["scheme"] = scheme if scope["type"] == "http" else scheme.replace("http", "ws")
     CURRENT_CLIENT.set(client)
+
+
+def _holder(scope: Scope, name: str, keys: ApiKeys) -> None:
+    """The request comes from the holder of the key ``name``: with named keys, that is its
+    identity from here on (the fair shares, the log), wherever it connects from."""
+    scope["nearsight.key"] = name
+    if keys.named:
+        scope["nearsight.identity"] = f"key:{name}"
+        CURRENT_CLIENT.set(f"key:{name}")
+
+
+def identity_of(scope: Scope) -> str:
+    """Who a request is for the fair shares: its key's holder (named keys), else its client."""
+    return scope.get("nearsight.identity") or _client(scope)
 
 
 def _client(scope: Scope) -> str:
