@@ -30,6 +30,7 @@ import fcntl
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -142,6 +143,12 @@ class DecodeBox:
     def workers(self) -> int:
         return len(self._all)
 
+    @property
+    def pids(self) -> list[int]:
+        """The process ids of its workers (operators and tests signal them)."""
+        with self._lock:
+            return sorted(worker.process.pid for worker in self._all)
+
     def grow(self, workers: int) -> None:
         """Start workers until there are ``workers`` (they warm up in the background)."""
         with self._lock:
@@ -160,6 +167,10 @@ class DecodeBox:
             self.replaced += 1
             if not self._closed:
                 self._start()
+
+    def _retire(self, worker: _Worker | None) -> None:
+        if worker is not None:
+            self._replace(worker)
 
     def close(self) -> None:
         with self._lock:
@@ -204,50 +215,74 @@ class DecodeBox:
         if self._closed:
             raise NearsightError("the decode box is closed")
         header = {**header, "short": int(short), "interpolation": interpolation}
-        worker = self._take()
+        # the deadline counts the wait for a worker too: a busy or restarting box is late
+        deadline = time.monotonic() + self.timeout_s
+        message = json.dumps(header).encode()
+        head = wire.REQUEST_HEAD.pack(len(message)) + message + wire.PAYLOAD_HEAD.pack(len(data))
+        worker: _Worker | None = None
         try:
-            deadline = time.monotonic() + self.timeout_s
-            message = json.dumps(header).encode()
-            head = wire.REQUEST_HEAD.pack(len(message)) + message + wire.PAYLOAD_HEAD.pack(len(data))
-            send_by(worker.to_worker, (head, data), deadline)  # one message: one wake-up
-            if meanwhile is not None:
-                meanwhile()
-            fitted = self._answer(worker, name, short, deadline)
+            for attempt in (1, 2):
+                worker = self._take(deadline, name)
+                try:
+                    send_by(worker.to_worker, (head, data), deadline)  # one message, one wake-up
+                    if meanwhile is not None:
+                        meanwhile()
+                        meanwhile = None
+                    fitted = self._answer(worker, name, short, deadline)
+                    break
+                except (BrokenPipeError, EOFError):
+                    # killed from outside while idle (it never read the request, or died by
+                    # SIGKILL, which no decoder sends itself): not this file's doing; once
+                    # more with a fresh worker, within the same deadline
+                    if attempt == 2 or not _killed_outside(worker):
+                        raise
+                    dead, worker = worker, None
+                    self._replace(dead)
         except Late:
-            self._replace(worker)
+            self._retire(worker)
             raise ImageLoadError.for_file(
                 name, f"decoding it took longer than the limit of {self.timeout_s:g} s"
             ) from None
         except (EOFError, OSError):
-            self._replace(worker)
+            self._retire(worker)
             raise ImageLoadError.for_file(
                 name,
                 f"the decoder stopped on it (over the limit of {self.memory_mb} MB of "
                 "memory, or a corrupt file)",
             ) from None
         except _OutOfMemory:
-            self._replace(worker)
+            self._retire(worker)
             raise ImageLoadError.for_file(
                 name, f"decoding it needs more than the limit of {self.memory_mb} MB of memory"
             ) from None
         except _Refused as refusal:  # the worker is fine: only the file was bad
-            self._idle.put(worker)
+            self._idle.put(worker)  # type: ignore[arg-type]
             raise ImageLoadError.for_file(name, str(refusal)) from None
         except BaseException:
-            self._replace(worker)
+            self._retire(worker)
             raise
-        self._idle.put(worker)
+        self._idle.put(worker)  # type: ignore[arg-type]
         return fitted
 
-    def _take(self) -> _Worker:
-        """An idle worker that is alive and ready (one that died while idle, or did not start,
-        is replaced; three in a row that do not start are an error)."""
+    def _take(self, deadline: float, name: str) -> _Worker:
+        """An idle worker that is alive and ready, by ``deadline`` (one that died while idle, or
+        did not start, is replaced; three in a row that do not start are an error)."""
         code = None
         for _ in range(3):
-            worker = self._idle.get()
-            if worker.process.poll() is None and (worker.ready or self._started(worker)):
+            try:
+                worker = self._idle.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise ImageLoadError.for_file(name, "no image decoder was free within the "
+                                              f"limit of {self.timeout_s:g} s: retry") from None  # fmt: skip
+            if worker.process.poll() is None and (
+                worker.ready or self._started(worker, deadline)
+            ):
                 return worker
             code = worker.process.poll()
+            if code is None and time.monotonic() >= deadline:  # still starting: keep it
+                self._idle.put(worker)
+                raise ImageLoadError.for_file(name, "the image decoder did not start within "
+                                              f"the limit of {self.timeout_s:g} s: retry")  # fmt: skip
             self._replace(worker)
         raise NearsightError(
             f"the image decoder did not start (exit code {code}; set {WORKER_LOG_ENV}=FILE "
@@ -255,12 +290,15 @@ class DecodeBox:
         )
 
     @staticmethod
-    def _started(worker: _Worker) -> bool:
-        """Wait for a new worker's imports (it says when it is ready)."""
-        deadline = time.monotonic() + START_TIMEOUT_S
+    def _started(worker: _Worker, deadline: float) -> bool:
+        """Wait for a new worker's imports (it says when it is ready), at most until
+        ``deadline`` or :data:`START_TIMEOUT_S`."""
+        deadline = min(deadline, time.monotonic() + START_TIMEOUT_S)
         try:
             worker.ready = receive_by(worker.from_worker, 1, deadline) == wire.READY
-        except (Late, EOFError, OSError):
+        except Late:
+            return False  # not yet: the caller keeps it if it is alive
+        except (EOFError, OSError):
             worker.ready = False
         return worker.ready
 
@@ -283,6 +321,16 @@ class DecodeBox:
             raise EOFError  # not what a fitted image is: never read an unbounded answer
         pixels = receive_by(worker.from_worker, width * height * 3, deadline)
         return Fitted(Image.frombytes("RGB", (width, height), pixels), (loaded_w, loaded_h))
+
+
+def _killed_outside(worker: _Worker) -> bool:
+    """Whether ``worker`` was killed by SIGKILL (by an operator or the kernel, never by its own
+    limits: those end in a MemoryError answer or SIGXCPU), or closed its pipe unread."""
+    try:
+        code = worker.process.wait(timeout=1)
+    except subprocess.TimeoutExpired:
+        return False
+    return code == -signal.SIGKILL
 
 
 class _OutOfMemory(Exception):

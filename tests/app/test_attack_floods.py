@@ -172,9 +172,10 @@ def test_a_flood_from_one_address_waits_behind_its_own_requests(onnx_gallery, tm
 def test_an_upload_flood_stays_within_the_disk_budget(onnx_gallery, tmp_path):
     """Four addresses each posting 9 MB files to Gradio's upload route as fast as answered,
     first files that are not images, then files that begin as PNGs: Gradio's upload folder
-    stays under 60 MB (before: every file was written and kept a minute or two, 3.3 GB in
-    15 s); the non-images are 415, the rest 200 or busy (429, 503); a real PNG still
-    uploads, and its file is there to search."""
+    stays within the budget, eight uploads' worth (before: every file was written and kept a
+    minute or two, 3.3 GB in 15 s); the non-images are 415, the rest 200 or busy (429, 503);
+    a real PNG still uploads once the flood's files are no longer live, and its file is there
+    to search."""
     from PIL import Image
 
     folder = tmp_path / "gradio"
@@ -213,8 +214,12 @@ def test_an_upload_flood_stays_within_the_disk_budget(onnx_gallery, tmp_path):
                     thread.join(120)
             real = io.BytesIO()
             Image.new("RGB", (32, 32), "red").save(real, format="PNG")
-            answer = httpx.post(f"{url}/gradio_api/upload", timeout=60,
-                                files={"files": ("q.png", real.getvalue(), "image/png")})  # fmt: skip
+            for _ in range(30):  # the flood's last files are still live: busy, then room
+                answer = httpx.post(f"{url}/gradio_api/upload", timeout=60,
+                                    files={"files": ("q.png", real.getvalue(), "image/png")})  # fmt: skip
+                if answer.status_code != 503:
+                    break
+                time.sleep(float(answer.headers.get("retry-after", 1)))
             assert answer.status_code == 200 and os.path.isfile(answer.json()[0])
         finally:
             stop.set()
@@ -226,7 +231,7 @@ def test_an_upload_flood_stays_within_the_disk_budget(onnx_gallery, tmp_path):
     )
     assert statuses["junk"] and set(statuses["junk"]) == {415}
     assert 200 in statuses["png"] and set(statuses["png"]) <= {200, 429, 503}
-    assert peak["mb"] < 60
+    assert peak["mb"] < 90
 
 
 def _page_search(client: httpx.Client, url: str, dependency: dict, item: int) -> tuple[float, dict]:
