@@ -51,6 +51,7 @@ API_PREFIX = "/api"
 FORM_SLACK_BYTES = 64 * 1024  # the multipart envelope and the small fields around the file
 # filtered or re-ranked searches at once: one core stays free for plain searches and health
 HEAVY_CONCURRENCY = 1
+PLAIN_CONCURRENCY = 2  # plain searches at once (each a FAISS search, ms): shared fairly too
 
 
 def make_rest_app(
@@ -94,6 +95,7 @@ def make_rest_app(
         batchers=batchers,
         decoding=WorkGate(concurrency, max_waiting, "uploads"),
         heavy=WorkGate(HEAVY_CONCURRENCY, max_waiting, "filtered or re-ranked searches"),
+        plain=WorkGate(max(PLAIN_CONCURRENCY, concurrency), max_waiting, "searches"),
         keys=keys if keys is not None else ApiKeys.of(api_key),
         max_upload_bytes=max_upload_bytes,
     )

@@ -38,6 +38,7 @@ class RestState:
     batchers: dict[int, EmbedBatcher]
     decoding: WorkGate  # uploads decoded at once
     heavy: WorkGate  # filtered or re-ranked searches at once
+    plain: WorkGate  # plain searches by item or vector at once
     keys: ApiKeys | None
     max_upload_bytes: int
 

@@ -76,6 +76,20 @@ def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
         return None
 
 
+IDENTITY_HEADER = b"x-nearsight-identity"  # set by the guard (a client's own is dropped)
+
+
+def network_of(address: str) -> str:
+    """Who an address is for the fair shares and the connection caps: its network, /24 for
+    IPv4 and /64 for IPv6 (one machine or site holds many addresses of one network, rarely
+    many networks); the text itself when it is not an address."""
+    ip = _ip(address)
+    if ip is None:
+        return address
+    prefix = 24 if ip.version == 4 else 64
+    return str(ipaddress.ip_network(f"{ip}/{prefix}", strict=False))
+
+
 def socket_address(scope: dict[str, Any]) -> str:
     return (scope.get("client") or ("", 0))[0] or ""
 

@@ -30,6 +30,7 @@ In order, for every request:
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import sys
 import time
@@ -58,9 +59,11 @@ from nearsight.app.serve.bodies import (
 )
 from nearsight.app.serve.clients import (
     CURRENT_CLIENT,
+    IDENTITY_HEADER,
     TrustedProxies,
     identify,
     log_field,
+    network_of,
     socket_address,
 )
 from nearsight.app.serve.hosts import AllowedHosts
@@ -80,6 +83,7 @@ LOGIN_MAX_BYTES = 4096
 DEFAULT_BODY_TIMEOUT_S = 30.0  # a whole request body, from its headers to its last byte
 DEFAULT_SIGN_IN_TIMEOUT_S = 5.0  # a whole sign-in form
 DEFAULT_MAX_UNAUTHENTICATED = 64  # connections waiting without the key (a quarter of 256)
+SIGN_IN_SHARES = 8  # one identity reads at most this share of the sign-in slots at once
 
 
 @dataclass
@@ -99,6 +103,7 @@ class GuardSettings:
     sign_in_timeout_s: float = DEFAULT_SIGN_IN_TIMEOUT_S
     max_unauthenticated: int = DEFAULT_MAX_UNAUTHENTICATED
     signing_in: int = 0  # sign-in forms being read now (touched only on the event loop)
+    signing_in_by: collections.Counter[str] = field(default_factory=collections.Counter)
     uploads: UploadBudget | None = None  # Gradio's upload route (nearsight/app/serve/uploads.py)
     keys: ApiKeys | None = None  # the named keys (api_key alone: one key, named "key")
 
@@ -120,7 +125,7 @@ class Guard:
         if scope["type"] in ("http", "websocket"):
             _identify(scope, self.settings.trusted_proxies)
         if scope["type"] == "websocket":
-            locked = self.settings.attempts.locked_for(_client(scope)) > 0
+            locked = self.settings.attempts.locked_for(identity_of(scope)) > 0
             if not locked and self._refusal(scope) is None and self._key_state(scope) == "ok":
                 await self.app(scope, receive, send)
             else:
@@ -144,7 +149,7 @@ class Guard:
                 self.settings.metrics.observe(path, status["code"], seconds)
             if self.settings.access_log:
                 who = _client(scope)
-                if "nearsight.identity" in scope:  # a named key's holder
+                if scope.get("nearsight.identity", "").startswith("key:"):  # a named key's
                     who = f"{scope['nearsight.key']}@{who}"
                 print(f"nearsight: {log_field(who)} "
                       f"{log_field(scope.get('method', '?'), 20)} {log_field(path)} "
@@ -183,7 +188,7 @@ class Guard:
         settings = self.settings
         path = scope.get("path", "")
         if settings.keys and path not in OPEN_PATHS:
-            wait = settings.attempts.locked_for(_client(scope))
+            wait = settings.attempts.locked_for(identity_of(scope))
             if wait > 0:
                 await _send_json(send, 429, "too many wrong API keys from this address: retry "
                                  f"in {wait:.0f} s", retry_after=int(wait) + 1)  # fmt: skip
@@ -201,7 +206,7 @@ class Guard:
             return
         if path == UPLOAD_PATH and scope.get("method") == "POST" and settings.uploads:
             try:
-                await settings.uploads.handle(self.app, scope, receive, send, _client(scope))
+                await settings.uploads.handle(self.app, scope, receive, send, identity_of(scope))
             except UploadRefused as refused:  # plain text, as Gradio's own route answers
                 await _send(send, refused.status, refused.message.encode(),
                             "text/plain; charset=utf-8", refused.retry_after)  # fmt: skip
@@ -255,7 +260,7 @@ class Guard:
 
     async def _failed(self, scope: Scope) -> None:
         """Count a wrong key and hold the answer back as long as the count says."""
-        attempts, client = self.settings.attempts, _client(scope)
+        attempts, client = self.settings.attempts, identity_of(scope)
         delay = attempts.failed(client)
         if attempts.count(client) == attempts.lock_after:
             print(f"nearsight: {attempts.lock_after} wrong API keys from {log_field(client)} "
@@ -269,10 +274,17 @@ class Guard:
             await _send_html(send, 200, login_page())
             return
         settings = self.settings
+        who = identity_of(scope)
+        share = max(1, settings.max_unauthenticated // SIGN_IN_SHARES)
         if settings.signing_in >= settings.max_unauthenticated:
             await _send_json(send, 503, "too many sign-ins at once: retry", retry_after=1)
             return
+        if settings.signing_in_by[who] >= share:  # one network cannot take every slot
+            await _send_json(send, 429, f"too many sign-ins at once from your network (at most "
+                             f"{share}): retry", retry_after=1)  # fmt: skip
+            return
         settings.signing_in += 1
+        settings.signing_in_by[who] += 1
         try:
             body = await read_small_body(scope, receive, LOGIN_MAX_BYTES,
                                           settings.sign_in_timeout_s)  # fmt: skip
@@ -281,6 +293,9 @@ class Guard:
             return
         finally:
             settings.signing_in -= 1
+            settings.signing_in_by[who] -= 1
+            if settings.signing_in_by[who] <= 0:
+                del settings.signing_in_by[who]
         given = parse_qs(body.decode("utf-8", "replace")).get("key", [""])[0]
         sessions, keys = self.settings.sessions, self.settings.keys
         name = keys.match(given) if keys else None
@@ -362,7 +377,17 @@ def _identify(scope: Scope, trusted: TrustedProxies) -> None:
         scope["client"] = (client, 0)
     if scheme is not None:
         scope["scheme"] = scheme if scope["type"] == "http" else scheme.replace("http", "ws")
-    CURRENT_CLIENT.set(client)
+    _set_identity(scope, network_of(client))
+
+
+def _set_identity(scope: Scope, identity: str) -> None:
+    """Who the request is for the fair shares from here on: in CURRENT_CLIENT (the REST
+    gates) and in a header of its own (the page's gates read it on Gradio's request); a
+    header of that name the client sent is dropped."""
+    scope["nearsight.identity"] = identity
+    headers = [(n, v) for n, v in scope.get("headers", ()) if n != IDENTITY_HEADER]
+    scope["headers"] = [*headers, (IDENTITY_HEADER, identity.encode("latin-1", "replace"))]
+    CURRENT_CLIENT.set(identity)
 
 
 def _holder(scope: Scope, name: str, keys: ApiKeys) -> None:
@@ -370,13 +395,13 @@ def _holder(scope: Scope, name: str, keys: ApiKeys) -> None:
     identity from here on (the fair shares, the log), wherever it connects from."""
     scope["nearsight.key"] = name
     if keys.named:
-        scope["nearsight.identity"] = f"key:{name}"
-        CURRENT_CLIENT.set(f"key:{name}")
+        _set_identity(scope, f"key:{name}")
 
 
 def identity_of(scope: Scope) -> str:
-    """Who a request is for the fair shares: its key's holder (named keys), else its client."""
-    return scope.get("nearsight.identity") or _client(scope)
+    """Who a request is for the fair shares: its key's holder (named keys), else its client's
+    network (nearsight/app/serve/clients.py: network_of)."""
+    return scope.get("nearsight.identity") or network_of(_client(scope))
 
 
 def _client(scope: Scope) -> str:

@@ -125,8 +125,8 @@ async def search(
             raise ApiError(422, f"vector: {error}") from None
     if done is None:
         args = (query, self_id, side)
-        done = await (state.heavy.run(lambda: work(*args)) if heavy
-                      else run_in_threadpool(work, *args))  # fmt: skip
+        gate = state.heavy if heavy else state.plain  # every search waits its turn, fairly
+        done = await gate.run(lambda: work(*args))
     filtered, found = done
     return {
         "gallery": view.name,
