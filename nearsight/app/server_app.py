@@ -170,7 +170,9 @@ def launch_app(page: PageBlocks, settings: Settings) -> str:
     :func:`stop_app` to stop). ``settings.api_key`` is used as given (:func:`serve` resolves
     it from a file or the environment)."""
     galleries = page.nearsight.galleries
-    shared_box(settings.concurrency)  # uploads are decoded there: warm before the first one
+    box = shared_box(settings.concurrency)  # uploads are decoded there: warm before the first
+    if box is not None:
+        box.warm()
     app, parts = build_server_app(page, settings)
     listener = _listen(settings.host, settings.port)
     port = listener.getsockname()[1]

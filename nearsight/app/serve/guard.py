@@ -58,13 +58,12 @@ from nearsight.app.serve.bodies import (
     stalled,
 )
 from nearsight.app.serve.clients import (
-    CURRENT_CLIENT,
-    IDENTITY_HEADER,
     TrustedProxies,
-    identify,
+    client_of,
+    identify_scope,
+    identity_of,
     log_field,
-    network_of,
-    socket_address,
+    set_identity,
 )
 from nearsight.app.serve.hosts import AllowedHosts
 from nearsight.app.serve.metrics import ServerMetrics
@@ -123,7 +122,7 @@ class Guard:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("http", "websocket"):
-            _identify(scope, self.settings.trusted_proxies)
+            identify_scope(scope, self.settings.trusted_proxies)
         if scope["type"] == "websocket":
             locked = self.settings.attempts.locked_for(identity_of(scope)) > 0
             if not locked and self._refusal(scope) is None and self._key_state(scope) == "ok":
@@ -148,7 +147,7 @@ class Guard:
             if self.settings.metrics is not None:
                 self.settings.metrics.observe(path, status["code"], seconds)
             if self.settings.access_log:
-                who = _client(scope)
+                who = client_of(scope)
                 if scope.get("nearsight.identity", "").startswith("key:"):  # a named key's
                     who = f"{scope['nearsight.key']}@{who}"
                 print(f"nearsight: {log_field(who)} "
@@ -363,49 +362,12 @@ class Guard:
                 f"({self.settings.max_body_bytes} bytes)")  # fmt: skip
 
 
-def _identify(scope: Scope, trusted: TrustedProxies) -> None:
-    """The request's client from here on (nearsight/app/serve/clients.py): its socket's address,
-    or the one a trusted proxy forwards; every later reader of ``scope["client"]`` (Gradio,
-    the REST API, the work gates through CURRENT_CLIENT) sees the same."""
-    if "nearsight.peer" in scope:  # identified already (a mounted app's scope is a copy)
-        CURRENT_CLIENT.set(identity_of(scope))
-        return
-    peer = socket_address(scope)
-    scope["nearsight.peer"] = peer
-    client, scheme = identify(scope, trusted)
-    if client != peer:
-        scope["client"] = (client, 0)
-    if scheme is not None:
-        scope["scheme"] = scheme if scope["type"] == "http" else scheme.replace("http", "ws")
-    _set_identity(scope, network_of(client))
-
-
-def _set_identity(scope: Scope, identity: str) -> None:
-    """Who the request is for the fair shares from here on: in CURRENT_CLIENT (the REST
-    gates) and in a header of its own (the page's gates read it on Gradio's request); a
-    header of that name the client sent is dropped."""
-    scope["nearsight.identity"] = identity
-    headers = [(n, v) for n, v in scope.get("headers", ()) if n != IDENTITY_HEADER]
-    scope["headers"] = [*headers, (IDENTITY_HEADER, identity.encode("latin-1", "replace"))]
-    CURRENT_CLIENT.set(identity)
-
-
 def _holder(scope: Scope, name: str, keys: ApiKeys) -> None:
     """The request comes from the holder of the key ``name``: with named keys, that is its
     identity from here on (the fair shares, the log), wherever it connects from."""
     scope["nearsight.key"] = name
     if keys.named:
-        _set_identity(scope, f"key:{name}")
-
-
-def identity_of(scope: Scope) -> str:
-    """Who a request is for the fair shares: its key's holder (named keys), else its client's
-    network (nearsight/app/serve/clients.py: network_of)."""
-    return scope.get("nearsight.identity") or network_of(_client(scope))
-
-
-def _client(scope: Scope) -> str:
-    return (scope.get("client") or ("", 0))[0]
+        set_identity(scope, f"key:{name}")
 
 
 def _cookie(scope: Scope, name: str) -> str:
