@@ -22,7 +22,7 @@ connection:
 - one client holds at most ``max_per_client`` connections at once: the next one is answered
   429 and closed at once, so that one client cannot take the whole ``--max-connections`` (a
   trusted proxy's connections count only towards the whole). A client is its socket's
-  address.
+  address's network (nearsight/app/serve/clients.py: network_of, /24 or /64).
 
 The settings of a server are a :class:`ConnectionPolicy` on its :class:`PolicedConfig`; a
 request's body is bounded by the guard (nearsight/app/serve/guard.py).
@@ -39,6 +39,8 @@ from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from nearsight.app.serve.clients import network_of
 
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 KEEP_ALIVE_S = 5.0
@@ -85,7 +87,7 @@ class PolicedH11Protocol(H11Protocol):
         policy: ConnectionPolicy = getattr(self.config, "policy", None) or ConnectionPolicy()
         self.policy = policy
         self.peer = self.client[0] if self.client else ""
-        self.identity = self.peer
+        self.identity = network_of(self.peer)
         self.seen: Any = None  # the request whose headers were last seen complete
         self.timer: asyncio.TimerHandle | None = None
         self.write_timer: asyncio.TimerHandle | None = None

@@ -46,7 +46,9 @@ from nearsight.search.served import ServedGallery
 
 DEFAULT_K = 8
 MAX_K = 1000
-MAX_VECTOR_CHARS = 64 * 1024 * 1024
+# a JSON body, and a form's vector text: a 65,536-number vector is about 1.3 MB as JSON
+MAX_JSON_BYTES = 2 * 1024 * 1024
+MAX_VECTOR_CHARS = MAX_JSON_BYTES
 QUERY_FIELDS = ("image", "id", "key", "vector")
 
 router = APIRouter(tags=["search"])
@@ -123,8 +125,8 @@ async def search(
             raise ApiError(422, f"vector: {error}") from None
     if done is None:
         args = (query, self_id, side)
-        done = await (state.heavy.run(lambda: work(*args)) if heavy
-                      else run_in_threadpool(work, *args))  # fmt: skip
+        gate = state.heavy if heavy else state.plain  # every search waits its turn, fairly
+        done = await gate.run(lambda: work(*args))
     filtered, found = done
     return {
         "gallery": view.name,
@@ -156,12 +158,9 @@ async def _read_body(request: Request) -> tuple[dict[str, Any], UploadFile | Non
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     image = None
     if kind == "application/json":
-        try:
-            raw: Any = json.loads(await request.body() or b"null")
-        except (ValueError, RecursionError):
-            raise ApiError(422, "body: not valid JSON") from None
-        if not isinstance(raw, dict):
-            raise ApiError(422, "body: a JSON object of id, key or vector, k, filter, ...")
+        body = await _json_body(request)
+        # parsed and checked in a worker thread: a big object holds no other request
+        return await run_in_threadpool(_json_fields, body), None
     elif kind in ("multipart/form-data", "application/x-www-form-urlencoded"):
         try:
             form = await request.form(max_files=1, max_fields=16)
@@ -178,13 +177,43 @@ async def _read_body(request: Request) -> tuple[dict[str, Any], UploadFile | Non
             elif value != "" or name in ("key",):
                 raw[name] = value
         if "vector" in raw:
-            raw["vector"] = _parse_vector(raw["vector"])
+            raw["vector"] = await run_in_threadpool(_parse_vector, raw["vector"])
     elif not kind and not await request.body():
         raw = {}  # nothing sent: the message below says what to send
     else:
         raise ApiError(
             415, "send the query as application/json or as a multipart/form-data form"
         )
+    return _checked(raw), image
+
+
+async def _json_body(request: Request) -> bytes:
+    """A JSON body of at most :data:`MAX_JSON_BYTES`, or 413 (from its Content-Length at
+    once, else as soon as it passes the limit while it streams)."""
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > MAX_JSON_BYTES:
+        raise ApiError(413, f"body: a JSON body is at most {MAX_JSON_BYTES} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_JSON_BYTES:
+            raise ApiError(413, f"body: a JSON body is at most {MAX_JSON_BYTES} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _json_fields(body: bytes) -> dict[str, Any]:
+    try:
+        raw: Any = json.loads(body or b"null")
+    except (ValueError, RecursionError):
+        raise ApiError(422, "body: not valid JSON") from None
+    if not isinstance(raw, dict):
+        raise ApiError(422, "body: a JSON object of id, key or vector, k, filter, ...")
+    return _checked(raw)
+
+
+def _checked(raw: dict[str, Any]) -> dict[str, Any]:
+    """The request's fields checked by :class:`SearchJson` (``k`` defaulted)."""
     try:
         fields = SearchJson.model_validate(raw).model_dump()
     except ValidationError as error:
@@ -193,7 +222,7 @@ async def _read_body(request: Request) -> tuple[dict[str, Any], UploadFile | Non
         raise ApiError(422, one_line(f"{where}: {first.get('msg', 'invalid')}")) from None
     if isinstance(fields.get("filter"), list):
         fields["filter"] = [str(part) for part in fields["filter"]]
-    return fields, image
+    return fields
 
 
 async def _embed_upload(
