@@ -43,6 +43,12 @@ from helpers.losses import (
     random_batch,
 )
 from helpers.paths import ROOT
+from helpers.photo_shop import (
+    PHOTO_SHOP_DIM,
+    PHOTO_SHOP_INDEX_TYPES,
+    PHOTO_SHOP_ITEMS,
+    make_photo_shop,
+)
 from helpers.processes import (
     build_wheel,
     disk_mb,
@@ -119,4 +125,8 @@ __all__ = [
     "tiff_tag_bomb",
     "tag_bomb",
     "jpeg_scan_bomb",
+    "PHOTO_SHOP_DIM",
+    "PHOTO_SHOP_INDEX_TYPES",
+    "PHOTO_SHOP_ITEMS",
+    "make_photo_shop",
 ]

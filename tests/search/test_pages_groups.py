@@ -11,61 +11,27 @@ re-ranking, against a float64 brute force and against one long search.
 
 from __future__ import annotations
 
-import csv
 import json
 
 import numpy as np
 import pytest
+from helpers import PHOTO_SHOP_DIM, PHOTO_SHOP_INDEX_TYPES, PHOTO_SHOP_ITEMS, make_photo_shop
 
 from nearsight.app.cli import main
 from nearsight.core.errors import NearsightError
 from nearsight.search import route
 from nearsight.search.searcher import open_gallery
 
-INDEX_TYPES = ("flat", "ivf", "hnsw", "ivfpq", "opq")
-ITEMS, DIM, PRODUCTS = 400, 8, 90
-SHOPS = ("north", "süd", "west end")
+INDEX_TYPES = PHOTO_SHOP_INDEX_TYPES
+ITEMS, DIM = PHOTO_SHOP_ITEMS, PHOTO_SHOP_DIM
 RERANK = "dba+aqe:k=2,alpha=3,depth=30"
 FILTERS = ([], ["shop=north"], ["price>=5", "shop!=süd"])
 
 
 @pytest.fixture(scope="module")
 def catalog(onnx_gallery, tmp_path_factory) -> dict:
-    """A shop of ``PRODUCTS`` products with 1 to 8 photos each (a photo's vector near its
-    product's), some photos without a SKU, imported as a gallery of every index type."""
-    rng = np.random.default_rng(7)
-    sizes = rng.integers(1, 9, PRODUCTS)
-    product = np.repeat(np.arange(PRODUCTS), sizes)[:ITEMS]
-    product = np.concatenate([product, rng.integers(0, PRODUCTS, ITEMS - len(product))])
-    centres = rng.normal(size=(PRODUCTS, DIM))
-    vectors = centres[product] + 0.6 * rng.normal(size=(ITEMS, DIM))
-    vectors[5] = vectors[4]  # a byte-identical duplicate
-    vectors = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
-    rows = [
-        {
-            "path": f"/shop/{i}.jpg",
-            "sku": "" if rng.random() < 0.05 else f"P{product[i]:03d}",
-            "price": str(round(float(rng.uniform(1, 20)), 2)),
-            "shop": SHOPS[int(rng.integers(len(SHOPS)))],
-        }
-        for i in range(ITEMS)
-    ]
-    root = tmp_path_factory.mktemp("pages")
-    np.save(root / "vectors.npy", vectors)
-    with open(root / "meta.csv", "w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, ["path", "sku", "price", "shop"])
-        writer.writeheader()
-        writer.writerows(rows)
-    galleries = {}
-    for index_type in INDEX_TYPES:
-        out = root / index_type
-        code = main(["index", "import", "--vectors", str(root / "vectors.npy"), "--meta",
-                     str(root / "meta.csv"), "--out", str(out), "--model",
-                     str(onnx_gallery.model), "--index-type", index_type, "--meta-types",
-                     "sku=str", "--group-column", "sku"])  # fmt: skip
-        assert code == 0
-        galleries[index_type] = out
-    return {"vectors": vectors, "rows": rows, "galleries": galleries, "root": root}
+    """:func:`helpers.make_photo_shop`: every index type."""
+    return make_photo_shop(tmp_path_factory.mktemp("pages"), onnx_gallery.model)
 
 
 def _allowed(rows: list[dict], filters: list[str]) -> np.ndarray:

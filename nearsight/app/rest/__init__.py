@@ -36,7 +36,7 @@ from nearsight.app.rest.deps import (
 )
 from nearsight.app.rest.docs import add_docs
 from nearsight.app.rest.gates import GateFull, WorkGate
-from nearsight.app.rest.routes import health, items, search
+from nearsight.app.rest.routes import health, images, items, search
 from nearsight.app.rest.upload_limit import UploadLimit
 from nearsight.app.serve.batcher import DEFAULT_MAX_WAITING, EmbedBatcher
 from nearsight.app.serve.galleries import Galleries
@@ -99,6 +99,7 @@ def make_rest_app(
     app.include_router(health.router)
     app.include_router(health.galleries_router, dependencies=keyed)
     app.include_router(items.router, dependencies=keyed)
+    app.include_router(images.router, dependencies=keyed)
     app.include_router(search.router, dependencies=keyed)
     _add_error_handlers(app)
 
