@@ -11,6 +11,7 @@ from nearsight.app.commands import (
     eval,
     export,
     index,
+    models,
     reproduce,
     rerank,
     search,
@@ -18,4 +19,4 @@ from nearsight.app.commands import (
     train,
 )
 
-COMMANDS = [demo, data, train, export, index, eval, search, serve, reproduce, rerank]
+COMMANDS = [demo, data, train, export, index, eval, search, serve, models, reproduce, rerank]
