@@ -191,6 +191,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help=f"seconds an upload's decoding may take (default {serving.DEFAULT_DECODE_TIMEOUT_S:g})",
     )
+    parser.add_argument(
+        "--allow-writes",
+        action="store_true",
+        help="let REST clients add, update and delete items (POST /api/items, PATCH and DELETE "
+        "/api/items/by-key; with the API key where there is one); off by default",
+    )
     add_rerank_option(parser)
     parser.set_defaults(func=run_serve)
 
@@ -225,6 +231,7 @@ def run_serve(args: argparse.Namespace) -> int:
         max_unauthenticated=args.max_unauthenticated,
         decode_memory_mb=args.decode_memory_mb,
         decode_timeout=args.decode_timeout,
+        allow_writes=args.allow_writes,
     )
     return 0
 

@@ -157,6 +157,7 @@ ERRORS = {
     for status, description in {
         400: "bad input (a filter, a metadata value)",
         401: "missing or wrong API key",
+        403: "writes are off on this server (serve --allow-writes turns them on)",
         404: "no such gallery or item",
         413: "the request is too large",
         415: "the upload is not an image",

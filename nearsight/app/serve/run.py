@@ -66,6 +66,7 @@ def serve(
     max_unauthenticated: int = DEFAULT_MAX_UNAUTHENTICATED,
     decode_memory_mb: int | None = None,
     decode_timeout: float | None = None,
+    allow_writes: bool = False,
 ) -> None:
     """Serve the page and the REST API over ``galleries`` at ``host``:``port`` until Ctrl-C or
     SIGTERM (:func:`stop_on_sigterm`).
@@ -105,7 +106,8 @@ def serve(
                          access_log=access_log, secure_cookie=secure_cookie,
                          forwarded_allow_ips=forwarded_allow_ips,
                          sign_in_timeout_s=sign_in_timeout,
-                         max_unauthenticated=max_unauthenticated)  # fmt: skip
+                         max_unauthenticated=max_unauthenticated,
+                         allow_writes=allow_writes)  # fmt: skip
     except OSError as error:  # the port is taken, or the address is not ours
         demo.galleries.close()
         reason = (

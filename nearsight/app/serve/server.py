@@ -114,6 +114,7 @@ def launch_app(
     forwarded_allow_ips: str = "",
     sign_in_timeout_s: float = DEFAULT_SIGN_IN_TIMEOUT_S,
     max_unauthenticated: int = DEFAULT_MAX_UNAUTHENTICATED,
+    allow_writes: bool = False,
 ) -> str:
     """Start the server with the safety settings and the REST API (nearsight/app/rest/) mounted at
     ``/api``; returns the local URL. ``watch_interval``: seconds between looks for other
@@ -135,6 +136,7 @@ def launch_app(
         api_key=api_key,
         concurrency=demo.concurrency,
         max_waiting=demo.max_queue,
+        allow_writes=allow_writes,
     )
     batchers = rest.state.rest.batchers.values()
     metrics = ServerMetrics(
