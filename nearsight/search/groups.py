@@ -6,8 +6,8 @@ value each item holds in the column: the groups in the order of their best item,
 best ``group_size`` items in ranking order, ``k`` groups from ``offset`` on. Items without a
 value in the column are left out. The ranking is read deeper and deeper until the groups asked
 for are complete (each holds ``group_size`` items, or every allowed item of its value) or every
-allowed item is ranked, so on a flat gallery the answer equals grouping the exact ranking of
-all the allowed items. Each hit keeps its rank in that ranking.
+allowed item is ranked (at most :data:`MAX_DEPTH`), so on a flat gallery the answer equals
+grouping the exact ranking of all the allowed items. Each hit keeps its rank in that ranking.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from nearsight.search.rerank.spec import RerankSpec
 GROUP_COLUMN_META = "group_column"  # the catalog meta key of a gallery's default group column
 ROW_COLUMNS = ("label", "class_name", "split")  # columns of the row itself, not of its meta
 FIRST_DEPTH = 64  # the first ranking read; each further one is four times deeper
+MAX_DEPTH = 65_536  # the deepest ranking read: past it, the groups found so far are the answer
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ def search_groups(
     ``group_by`` (module docstring); the other arguments as :func:`route.search`'s."""
     total = len(gallery) if allowed is None else len(allowed)
     need = offset + k
-    depth = min(total, max(FIRST_DEPTH, 4 * need * group_size))
+    depth = min(total, MAX_DEPTH, max(FIRST_DEPTH, 4 * need * group_size))
     counts: dict[MetaValue, int] = {}
 
     def count(value: MetaValue) -> int:  # the allowed items holding ``value``, read once
@@ -125,9 +126,11 @@ def search_groups(
                                notes=said)  # fmt: skip
         held = _rows(gallery, ranked, rows)
         grouped = [_grouped(ids, held, group_by) for ids, _ in ranked]
-        if depth >= total or all(_complete(g, need, group_size, count) for g in grouped):
+        if depth >= min(total, MAX_DEPTH) or all(
+            _complete(g, need, group_size, count) for g in grouped
+        ):
             break
-        depth = min(total, depth * 4)
+        depth = min(total, MAX_DEPTH, depth * 4)
     if notes is not None:
         notes.extend(note for note in said if note not in notes)
     column = key_column(gallery)

@@ -195,7 +195,7 @@ class Searcher:
         decoded = self._read(image)
         notes: list[str] = []
         (found,) = self._search_images([decoded], k, allowed, spec, notes, page)
-        return self._results(found, query=image, label=wanted, notes=notes)
+        return self._results(found, page, query=image, label=wanted, notes=notes)
 
     def search_many(
         self,
@@ -244,8 +244,8 @@ class Searcher:
             found = self._search_images(decoded, k, allowed, spec, notes, page) if decoded else []
             for position, neighbours in zip(positions, found, strict=True):
                 label = wanted[start + position]
-                entries[position] = self._results(neighbours, query=chunk[position], label=label,
-                                                  notes=notes)  # fmt: skip
+                entries[position] = self._results(neighbours, page, query=chunk[position],
+                                                  label=label, notes=notes)  # fmt: skip
             results.extend(entries)
         return results
 
@@ -270,7 +270,7 @@ class Searcher:
         vectors = route.check_vector(self.gallery, vector)[:1]
         notes: list[str] = []
         (found,) = self.search_page(vectors, k, page, allowed=allowed, rerank=spec, notes=notes)
-        return self._results(found, query=vector, label=wanted, notes=notes)
+        return self._results(found, page, query=vector, label=wanted, notes=notes)
 
     def search_item(
         self,
@@ -299,19 +299,18 @@ class Searcher:
         found = self.search_page(vector[None, :], k, page, allowed=allowed, rerank=spec,
                                  notes=notes, **_as_item(item, leave_out))  # fmt: skip
         label = self.gallery.items([item])[0]["label"]
-        return self._results(found[0], query=item, label=label, notes=notes)
+        return self._results(found[0], page, query=item, label=label, notes=notes)
 
     def _class_name(self, label: int | None) -> str | None:
         return None if label is None else self.gallery.class_names().get(int(label))
 
     def _results(
-        self, found: list[Neighbour] | list[Group], *, query: Any, label: int | None,
-        notes: list[str],
+        self, found: list[Neighbour] | list[Group], page: Page, *, query: Any,
+        label: int | None, notes: list[str],
     ) -> SearchResults:  # fmt: skip
         """One query's answer: its neighbours, or its groups and their hits in order."""
-        grouped = bool(found) and isinstance(found[0], Group)
-        groups = [g for g in found if isinstance(g, Group)] if grouped else None
-        hits = [hit for g in groups for hit in g.neighbours] if groups is not None else found
+        groups = None if page.group_by is None else [g for g in found if isinstance(g, Group)]
+        hits = found if groups is None else [hit for g in groups for hit in g.neighbours]
         return SearchResults(hits, query=query, query_label=label, notes=notes, groups=groups,
                              query_class=self._class_name(label))  # fmt: skip
 

@@ -183,3 +183,13 @@ def test_the_cli_pages_and_groups_as_python(catalog, capsys):
     assert "offset" in capsys.readouterr().err
     assert main([*base, "--group-by", "nope"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_a_grouped_search_with_no_group_says_so(catalog):
+    with open_gallery(catalog["galleries"]["flat"]) as gallery:
+        query = catalog["vectors"][0]
+        empty = gallery.search_vector(query, 3, filters="price>100", group_by="sku")
+        assert empty.groups == [] and list(empty) == []
+        assert gallery.search_vector(query, 3).groups is None
+        far = gallery.search_vector(query, 3, group_by="sku", offset=10_000)
+        assert far.groups == []
