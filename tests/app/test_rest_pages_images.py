@@ -97,3 +97,14 @@ def test_image_urls_serve_the_items_images(served):
     spec = httpx.get(f"{served['url']}/api/openapi.json", headers={"X-API-Key": KEY},
                      timeout=30).json()  # fmt: skip
     assert "/items/{item_id}/image" in spec["paths"]
+
+
+def test_only_image_files_are_sent_as_images():
+    from nearsight.app.rest.routes.images import image_kind
+
+    png = io.BytesIO()
+    Image.new("RGB", (4, 4)).save(png, format="PNG")
+    assert image_kind(png.getvalue()) == ("image/png", ".png")
+    assert image_kind(b"RIFF\x00\x00\x00\x00WEBPVP8 ") == ("image/webp", ".webp")
+    for other in (b"", b"root:x:0:0:root:/root:/bin/bash\n", b"%PDF-1.7"):
+        assert image_kind(other) is None

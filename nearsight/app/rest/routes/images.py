@@ -3,14 +3,14 @@ longer side is at most N pixels), behind the API key like every route.
 
 The file is the one the item's catalog row names; no request names a file, and no answer or
 error shows a server path. A thumbnail is decoded in the decode box (as an upload is), the
-whole image is sent as its bytes, typed by its format. Each REST neighbour carries this route
+whole image is sent as its bytes, typed by its signature (a file that is not an image is
+never sent). Each REST neighbour carries this route
 as its ``image_url`` (:func:`image_url`).
 """
 
 from __future__ import annotations
 
 import io
-import mimetypes
 import os
 from typing import Annotated
 from urllib.parse import quote
@@ -26,9 +26,20 @@ from nearsight.data.decode_box import fit_file
 from nearsight.search.served import ServedGallery
 
 MIN_SIZE, MAX_SIZE = 16, 1024  # a thumbnail's longer side, in pixels
-IMAGE_TYPES = {".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".png": "image/png",
-               ".webp": "image/webp", ".gif": "image/gif", ".bmp": "image/bmp",
-               ".tif": "image/tiff", ".tiff": "image/tiff"}  # fmt: skip
+# an image file's first bytes -> (its media type, its usual suffix)
+IMAGE_MAGIC = ((b"\xff\xd8\xff", "image/jpeg", ".jpg"), (b"\x89PNG\r\n\x1a\n", "image/png", ".png"),
+               (b"GIF8", "image/gif", ".gif"), (b"BM", "image/bmp", ".bmp"),
+               (b"II*\x00", "image/tiff", ".tif"), (b"MM\x00*", "image/tiff", ".tif"))  # fmt: skip
+
+
+def image_kind(data: bytes) -> tuple[str, str] | None:
+    """(media type, suffix) of an image file's bytes by their signature, None when they are
+    not a JPEG, PNG, WebP, GIF, BMP or TIFF file."""
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp", ".webp"
+    return next(((kind, suffix) for magic, kind, suffix in IMAGE_MAGIC if data.startswith(magic)),
+                None)  # fmt: skip
+
 
 router = APIRouter(
     tags=["items"],
@@ -63,9 +74,11 @@ async def item_image(
     path = str(view.row(item_id)["path"])
     if size is None:
         data = await run_in_threadpool(_read, view, item_id, path)
-        kind = IMAGE_TYPES.get(os.path.splitext(path)[1].lower())
-        kind = kind or mimetypes.guess_type(path)[0] or "application/octet-stream"
-        return Response(data, media_type=kind, headers=_HEADERS)
+        kind = image_kind(data)
+        if kind is None:  # served only as what it is: never another file's bytes
+            raise ApiError(415, f"item {item_id} of gallery {view.name}: its file is not an "
+                                "image this server sends")  # fmt: skip
+        return Response(data, media_type=kind[0], headers=_HEADERS)
     data = await state.decoding.run(lambda: _thumbnail(view, item_id, path, size))
     return Response(data, media_type="image/jpeg", headers=_HEADERS)
 

@@ -27,7 +27,7 @@ from starlette.datastructures import UploadFile
 
 from nearsight.app.rest.deps import ApiError, RestState, echo, one_line, rest_state
 from nearsight.app.rest.models import ERRORS, Item, MetaValue
-from nearsight.app.rest.routes.images import image_url
+from nearsight.app.rest.routes.images import image_kind, image_url
 from nearsight.core.atomic import atomic_file
 from nearsight.core.errors import NearsightError
 from nearsight.data.decode_box import fit_bytes
@@ -38,8 +38,6 @@ from nearsight.search.served import ServedGallery
 
 UPLOADS_SUFFIX = ".images"  # GALLERY.images/: the files of items posted over REST
 CHECK_SIDE = 32  # the upload is decoded at this size to check it is an image
-_MAGIC = ((b"\xff\xd8\xff", ".jpg"), (b"\x89PNG\r\n\x1a\n", ".png"), (b"GIF8", ".gif"),
-          (b"BM", ".bmp"), (b"II*\x00", ".tif"), (b"MM\x00*", ".tif"))  # fmt: skip
 _WRITING = threading.Lock()  # one write at a time: each reopens the gallery it changed
 
 router = APIRouter(
@@ -241,7 +239,7 @@ def _meta(text: str | None) -> dict[str, Any]:
 def _check_image(data: bytes, name: str) -> None:
     """The upload decoded in the decode box (a bomb or a non-image never reaches the
     catalog): 415 when it is not an image this server reads."""
-    if not any(data.startswith(magic) for magic, _ in _MAGIC) and not _webp(data):
+    if image_kind(data) is None:
         raise ApiError(415, f"{name}: not a JPEG, PNG, WebP, GIF, BMP or TIFF image")
     try:
         fit_bytes(data, name, CHECK_SIDE)
@@ -249,13 +247,9 @@ def _check_image(data: bytes, name: str) -> None:
         raise ApiError(415, one_line(str(error))) from None
 
 
-def _webp(data: bytes) -> bool:
-    return data[:4] == b"RIFF" and data[8:12] == b"WEBP"
-
-
 def _keep(view: ServedGallery, data: bytes) -> Path:
     """The upload stored (atomically) beside the gallery, named by its SHA-256."""
-    suffix = ".webp" if _webp(data) else next(s for magic, s in _MAGIC if data.startswith(magic))
+    suffix = image_kind(data)[1]  # type: ignore[index]  # checked by _check_image
     folder = Path(str(view.gallery.path) + UPLOADS_SUFFIX)
     path = folder / f"{hashlib.sha256(data).hexdigest()}{suffix}"
     if not path.exists():
