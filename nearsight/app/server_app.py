@@ -101,7 +101,8 @@ def build_server_app(page: PageBlocks, settings: Settings) -> tuple[FastAPI, dic
     keys = ApiKeys.of(settings.api_key, settings.keys_file)
     rest = make_rest_app(galleries, max_upload_bytes=max_bytes, keys=keys,
                          concurrency=settings.concurrency,
-                         max_waiting=settings.max_queue)  # fmt: skip
+                         max_waiting=settings.max_queue,
+                         allow_writes=settings.allow_writes)  # fmt: skip
     batchers = rest.state.rest.batchers.values()
     metrics = ServerMetrics(
         lambda: [(v.name, len(v), v.generation) for v in galleries],

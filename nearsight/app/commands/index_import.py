@@ -55,7 +55,11 @@ def register(actions: argparse._SubParsersAction, index_types: list[str]) -> Non
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from nearsight.app.commands.catalog_options import declared_types
+    from nearsight.app.commands.catalog_options import (
+        check_group_column,
+        declared_types,
+        record_group_column,
+    )
     from nearsight.core.errors import NearsightError
     from nearsight.index.chunks import read_meta, read_vectors
     from nearsight.index.gallery.build import import_gallery
@@ -72,6 +76,7 @@ def run_import(args: argparse.Namespace) -> int:
         raise NearsightError(
             f"{args.meta} has {len(rows)} rows but {args.vectors} has {len(vectors)} vectors"
         )
+    check_group_column(args.group_column, rows)
     embedder = None
     if args.model is not None:
         from nearsight.app.commands.model_options import load_index_model
@@ -90,6 +95,7 @@ def run_import(args: argparse.Namespace) -> int:
         embeddings=args.embeddings,
         neighbour_graph=args.neighbour_graph,
     )
+    record_group_column(args.group_column, report.out)
     print(
         f"imported gallery {report.out}: {report.items} items, {report.index_type} index, dim "
         f"{report.dim}{'' if args.model else ', no model'}, in {report.seconds:.1f}s"

@@ -12,7 +12,7 @@ from typing import Any
 
 import gradio as gr
 
-from nearsight.app.page.html import QueryCard, message_html, result_html
+from nearsight.app.page.html import QueryCard, message_html, result_html, title_columns
 from nearsight.app.page.inputs import (
     UNKNOWN_CLASS,
     PageError,
@@ -249,6 +249,7 @@ class Page:
             matching=None if filtered.allowed is None else len(filtered.allowed),
             lead_fields=view.shown_fields(),
             filtered_fields=filtered.keys,
+            title_fields=title_columns(view.gallery.column_types()),
         )
 
     def random_item(

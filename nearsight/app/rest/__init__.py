@@ -35,7 +35,7 @@ from nearsight.app.rest.deps import (
     require_key,
 )
 from nearsight.app.rest.docs import add_docs
-from nearsight.app.rest.routes import health, items, search
+from nearsight.app.rest.routes import health, images, items, search, writes
 from nearsight.app.rest.upload_limit import UploadLimit
 from nearsight.app.serve.auth import ApiKeys
 from nearsight.app.serve.batcher import DEFAULT_MAX_WAITING, EmbedBatcher
@@ -64,6 +64,7 @@ def make_rest_app(
     concurrency: int = 2,
     max_waiting: int = DEFAULT_MAX_WAITING,
     max_filter_conditions: int | None = None,
+    allow_writes: bool = False,
 ) -> FastAPI:
     """The ``/api`` application over the open galleries (mount it at :data:`API_PREFIX`).
 
@@ -99,10 +100,13 @@ def make_rest_app(
         keys=keys if keys is not None else ApiKeys.of(api_key),
         max_upload_bytes=max_upload_bytes,
     )
+    app.state.allow_writes = allow_writes  # serve --allow-writes: routes/writes.py
     keyed = [Depends(require_key)] if app.state.rest.keys else []
     app.include_router(health.router)
     app.include_router(health.galleries_router, dependencies=keyed)
     app.include_router(items.router, dependencies=keyed)
+    app.include_router(images.router, dependencies=keyed)
+    app.include_router(writes.router, dependencies=keyed)
     app.include_router(search.router, dependencies=keyed)
     _add_error_handlers(app)
 

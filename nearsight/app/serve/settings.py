@@ -129,6 +129,10 @@ class Settings:
         False, "show the galleries' absolute folder paths on the Summary tab (default: folder "
         "names only)",
     )  # fmt: skip
+    allow_writes: bool = option(
+        False, "let REST clients add, update and delete items (POST /api/items, PATCH and "
+        "DELETE /api/items/by-key; with the API key where there is one)",
+    )  # fmt: skip
     card_fields: str = option(
         "", "the metadata fields each result card leads with, in order (e.g. sku,shop,price); "
         "default: the gallery's key column", metavar="F1,F2,...",

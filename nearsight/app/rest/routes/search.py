@@ -36,10 +36,12 @@ from starlette.datastructures import UploadFile
 
 from nearsight.app.rest.deps import ApiError, RestState, echo, one_line, rest_state
 from nearsight.app.rest.models import ERRORS, SearchAnswer, SearchJson
+from nearsight.app.rest.routes.images import image_url
 from nearsight.app.serve.batcher import BatcherFull, EmbedBatcher
 from nearsight.core.errors import NearsightError
 from nearsight.data.decode_box import fit_bytes
 from nearsight.data.images import ImageLoadError
+from nearsight.search.paging import FIRST_PAGE, check_page
 from nearsight.search.rerank.spec import RerankSpec, request_rerank
 from nearsight.search.route import check_vector
 from nearsight.search.served import ServedGallery
@@ -100,11 +102,19 @@ async def search(
     except ValueError as error:
         raise ApiError(422, str(error)) from None
     filters = fields.get("filter")
-    heavy = bool(filters) or spec.active
+    page = check_page(view.gallery, fields["offset"], fields["group_by"], fields["group_size"])
+    heavy = bool(filters) or spec.active or page.group_by is not None
     route_notes: list[str] = []  # what the route says of its answer (a recall it can't promise)
 
     def work(query: Any, self_id: int | None, side: np.ndarray | None) -> tuple[Any, Any]:
         filtered = view.filtered(filters, state.max_filter_conditions)
+        if page != FIRST_PAGE:
+            (found,) = view.search_page(
+                np.asarray(query, np.float32).reshape(1, -1), k, page, allowed=filtered.allowed,
+                rerank=spec, self_ids=None if self_id is None else [self_id], notes=route_notes,
+                query_side=side,
+            )  # fmt: skip
+            return filtered, found
         found = view.search_one(query, k, allowed=filtered.allowed, rerank=spec, self_id=self_id,
                                 notes=route_notes, query_side=side)  # fmt: skip
         return filtered, found
@@ -128,12 +138,24 @@ async def search(
         gate = state.heavy if heavy else state.plain  # every search waits its turn, fairly
         done = await gate.run(lambda: work(*args))
     filtered, found = done
+
+    def shown(hit: Any) -> dict[str, Any]:
+        return hit.as_json() | {"image_url": image_url(request, view.name, hit.id)}
+
+    groups = None
+    if page.group_by is not None:
+        groups = [{"value": g.value, "count": g.count,
+                   "neighbours": [shown(hit) for hit in g.neighbours]} for g in found]  # fmt: skip
+        found = [hit for g in found for hit in g.neighbours]
     return {
         "gallery": view.name,
         "k": k,
         "rerank": spec.shown,
         "notes": [*filtered.notes, *route_notes],
-        "neighbours": [n.as_json() for n in found],
+        "offset": page.offset,
+        "group_by": page.group_by,
+        "groups": groups,
+        "neighbours": [shown(n) for n in found],
     }
 
 
