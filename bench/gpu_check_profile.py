@@ -35,23 +35,34 @@ class StepProfiler:
         if self.cuda:
             torch.cuda.synchronize()
 
+    def _begin(self) -> None:
+        activities = [ProfilerActivity.CPU]
+        if self.cuda:
+            activities.append(ProfilerActivity.CUDA)
+        self._sync()
+        self._profile = profile(activities=activities)
+        self._profile.__enter__()
+        self._began = time.perf_counter()
+
+    def _end(self) -> None:
+        assert self._profile is not None
+        self._sync()
+        wall = time.perf_counter() - self._began
+        self._profile.__exit__(None, None, None)
+        self.result = breakdown(self._profile, wall, self.batches, self.cuda)
+        self._profile = None
+
     def wrap(self, step: Callable[..., Any]) -> Callable[..., Any]:
         def profiled_step(trainer: Any, *args: Any, **kwargs: Any) -> Any:
             self.calls += 1
-            if self.calls == self.start:
-                activities = [ProfilerActivity.CPU]
-                if self.cuda:
-                    activities.append(ProfilerActivity.CUDA)
-                self._sync()
-                self._profile = profile(activities=activities)
-                self._profile.__enter__()
-                self._began = time.perf_counter()
-            elif self.calls == self.start + self.batches and self._profile is not None:
-                self._sync()
-                wall = time.perf_counter() - self._began
-                self._profile.__exit__(None, None, None)
-                self.result = breakdown(self._profile, wall, self.batches, self.cuda)
+            try:  # a profiler that cannot start or read its trace costs the profile only
+                if self.calls == self.start:
+                    self._begin()
+                elif self.calls == self.start + self.batches and self._profile is not None:
+                    self._end()
+            except Exception as error:
                 self._profile = None
+                self.result = {"error": f"{type(error).__name__}: {error}"[:300]}
             return step(trainer, *args, **kwargs)
 
         return profiled_step
@@ -123,7 +134,8 @@ def breakdown(prof: profile, wall_s: float, batches: int, cuda: bool) -> dict[st
         if host_us.get(phase) or device_us[phase]
     }
     kernels = [(e.time_range.start, e.time_range.end) for e in events if _is_kernel(e)]
-    busy_ms = _busy_us(kernels) / 1000 / batches if cuda else None
+    # no kernel in the trace on CUDA: the profiler saw no device activity (CUPTI unavailable)
+    busy_ms = _busy_us(kernels) / 1000 / batches if cuda and kernels else None
     by_device = "self_device_time_total" if cuda else "self_cpu_time_total"
     averages = sorted(
         prof.key_averages(), key=lambda a: getattr(a, by_device, 0.0) or 0.0, reverse=True
@@ -155,6 +167,8 @@ def describe(profile_result: dict[str, Any] | None) -> str:
     """One line for the table: each phase's share of the batch and the device's idle share."""
     if not profile_result:
         return "no profile"
+    if "error" in profile_result:
+        return f"no profile ({profile_result['error']})"
     shares = [
         f"{p} {profile_result[f'{p}_share']:.0%}"
         for p in (*PHASES, "other")

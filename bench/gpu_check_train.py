@@ -33,6 +33,15 @@ PROXY_BASELINE = "proxyanchor"
 PROXY_DESIGN = (60, 3)
 
 
+def train_workers(ctx: Context) -> int:
+    """DataLoader workers for the trainer: one per core but two, left to the process that
+    launches the step's kernels and to its pin-memory thread (a worker on every core starves
+    them; the data part shows the loader alone far above the step's rate)."""
+    if ctx.smoke or ctx.workers <= 2:
+        return ctx.workers
+    return max(2, min(ctx.workers, ctx.cores - 2))
+
+
 def loss_config(ctx: Context, loss: str, root: Path, out_steps: int, **extra: Any):
     """The paper's CUB configuration of ``loss`` (batch design, optimiser, dim) on the
     synthetic JPEGs at the check's image size, from scratch, on the check's device."""
@@ -41,7 +50,7 @@ def loss_config(ctx: Context, loss: str, root: Path, out_steps: int, **extra: An
         "data.dataset": "folder",
         "data.root": str(root),
         "data.image_size": ctx.sizes.image_size,
-        "data.workers": ctx.workers,
+        "data.workers": train_workers(ctx),
         "data.eval_batch_size": 256 if ctx.cuda else 16,
         "model.pretrained": "none",
         "loss.name": loss,
@@ -121,7 +130,8 @@ def train_once(ctx: Context, loss: str, step: str, config) -> dict[str, Any]:
 
     from nearsight.training.run import train
 
-    out = ctx.workdir / "train" / f"{loss}-{step}"
+    # the first variant's run is train/LOSS: the export part serves train/ice/best.pt
+    out = ctx.workdir / "train" / (loss if step == ctx.train_steps[0] else f"{loss}-{step}")
     if ctx.cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
