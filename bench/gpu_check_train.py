@@ -93,6 +93,9 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 PROFILED_BATCHES = 3  # after the timed steps, outside their median
+# the runs of the train part stop starting after this (each run's time, compiling included,
+# is known from the longest so far): the whole check must fit a lent machine's 10 minutes
+TRAIN_BUDGET_S = 420
 # --cpu-smoke's compiled runs: a whole-graph loss on three heads, and a loss run eagerly
 # beside the compiled network (with RankMI's critic batches)
 SMOKE_COMPILED = ("ice", "rankmi")
@@ -169,10 +172,10 @@ def run_train(ctx: Context, part: Part) -> None:
     # timed steps, then the profiled batches (RankMI: twice as many batches, a critic batch
     # after each step) and one to end the profile
     steps = ctx.sizes.train_steps + ctx.sizes.train_warmup + PROFILED_BATCHES + 1
-    configs = {
+    configs = {  # every eager run first: a check stopped by a time limit keeps them whole
         (loss, step): loss_config(ctx, loss, root, steps, compile=compile_setting(ctx, step))
-        for loss in losses
         for step in ctx.train_steps
+        for loss in losses
         # the self-test traces the compiled step of the two kinds of loss, not all six
         if not (ctx.smoke and step == "compiled" and loss not in SMOKE_COMPILED)
     }
@@ -184,12 +187,22 @@ def run_train(ctx: Context, part: Part) -> None:
         bare_images_per_s(ctx, batch, dim)  # before the runs; again after, the faster kept
     runs: dict[tuple[str, str], dict[str, Any]] = {}
     failures = []
+    started, longest = time.perf_counter(), 0.0
     for (loss, step), config in configs.items():
+        if not ctx.smoke and time.perf_counter() - started + longest > TRAIN_BUDGET_S:
+            part.skip_row(f"{loss} step {step}", f"the train part's {TRAIN_BUDGET_S} s are used")
+            continue
         try:
-            runs[loss, step] = train_once(ctx, loss, step, config)
+            run = runs[loss, step] = train_once(ctx, loss, step, config)
         except Exception as error:  # one loss's failure must not hide the others' numbers
             failures.append(f"{loss} {step}: {type(error).__name__}: {error}"[:300])
             part.skip_row(f"{loss} step {step}", f"FAILED: {failures[-1]}")
+            continue
+        longest = max(longest, run["seconds"])
+        part.progress(
+            f"{loss} {step}: {run['images_per_s']:.1f} img/s in a {run['seconds']:.0f} s run; "
+            f"{describe(run['profile'])}"
+        )
     for batch, dim in sorted(set(designs.values())):
         bare_images_per_s(ctx, batch, dim)
     table = []
