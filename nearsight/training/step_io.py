@@ -77,9 +77,9 @@ def step_input(images: torch.Tensor, device: torch.device, channels_last: bool) 
 class DeferredValues:
     """Scalar tensors of the steps, read back on the host ``lag`` steps later (CUDA)."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, lag: int | None = None):
         self.cuda = device.type == "cuda"
-        self.lag = 1 if self.cuda else 0
+        self.lag = (1 if self.cuda else 0) if lag is None else lag
         self._pending: deque[tuple[torch.Tensor, torch.cuda.Event | None, Any]] = deque()
 
     def push(self, value: torch.Tensor, payload: Any) -> None:

@@ -4,14 +4,18 @@ multi-level heads and SGD logs the losses recorded from the previous trainer (co
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
 from helpers import read_jsonl
 
 from nearsight.data.datasets.synthetic import write_synthetic
+from nearsight.training import step_logs
+from nearsight.training import trainer as trainer_module
 from nearsight.training.config import load_config
 from nearsight.training.run import train
+from nearsight.training.step_io import DeferredValues
 
 # train.jsonl's "loss" per batch (RankMI: its critic batches too), recorded before the rework
 RECORDED = {
@@ -78,3 +82,27 @@ def test_fixed_seed_losses_are_the_recorded_ones(synth, tmp_path, case):
     train(fixed_seed_config(synth, case), tmp_path / case)
     losses = [r["loss"] for r in read_jsonl(tmp_path / case / "train.jsonl")]
     assert losses == pytest.approx(RECORDED[case], rel=1e-4, abs=1e-5)
+
+
+@pytest.mark.parametrize("case", ["ice", "rankmi"])
+def test_losses_read_a_step_late_are_logged_whole_and_in_order(synth, tmp_path, monkeypatch, case):
+    """CUDA's path on the CPU: every loss read back a step late; the records written before
+    each evaluation and checkpoint, and at the end, are the same lines in the same order."""
+    monkeypatch.setattr(step_logs, "DeferredValues", functools.partial(DeferredValues, lag=1))
+    saves: list[tuple[int, int]] = []  # (batches done, train.jsonl lines) at each last.pt
+
+    def counting_save(trainer, state):
+        lines = read_jsonl(trainer.files.out_dir / "train.jsonl")
+        saves.append((state.batch, len(lines)))
+        return real_save(trainer, state)
+
+    real_save = trainer_module.save_last
+    monkeypatch.setattr(trainer_module, "save_last", counting_save)
+    config = fixed_seed_config(synth, case)
+    config.eval_every, config.save_every = 2, 1
+    out = tmp_path / case
+    train(config, out)
+    records = read_jsonl(out / "train.jsonl")
+    assert [r["loss"] for r in records] == pytest.approx(RECORDED[case], rel=1e-4, abs=1e-5)
+    assert [r["batch"] for r in records] == list(range(1, len(RECORDED[case]) + 1))
+    assert saves and all(batches == lines for batches, lines in saves), saves
