@@ -29,11 +29,14 @@ Result = TypeVar("Result")
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
-def resolve_compile(setting: str, *, cuda: bool, world: int = 1) -> str | None:
-    """The ``torch.compile`` mode the step runs under, or None for eager. Several processes
-    (DDP) stay eager: its bucketed graph splitting is not what the check measured."""
-    if setting == "off" or world > 1:
+def resolve_compile(setting: bool | str, *, cuda: bool, world: int = 1) -> str | None:
+    """The ``torch.compile`` mode the step runs under, or None for eager (``off``/false;
+    true is mode ``default``). Several processes (DDP) stay eager: its bucketed graph
+    splitting is not what the GPU check measured."""
+    if setting is False or setting == "off" or world > 1:
         return None
+    if setting is True:
+        return "default"
     if setting == "auto":
         return "default" if cuda else None
     return setting

@@ -77,7 +77,7 @@ def validate(config: TrainConfig) -> None:
             raise ConfigError(
                 f"config {name} must be auto, true or false, got {getattr(config, name)!r}"
             )
-    if config.compile not in COMPILE_SETTINGS:
+    if isinstance(config.compile, str) and config.compile not in COMPILE_SETTINGS:
         raise ConfigError(
             f"config compile must be one of {', '.join(COMPILE_SETTINGS)}, got {config.compile!r}"
         )

@@ -14,7 +14,7 @@ from helpers import read_jsonl
 from nearsight.data.datasets.synthetic import write_synthetic
 from nearsight.training.builders import build_model, build_train_sampler, build_training_loss
 from nearsight.training.compiled import loss_compile_note, resolve_compile
-from nearsight.training.config import load_config
+from nearsight.training.config import ConfigError, load_config
 from nearsight.training.run import train
 
 # the six designs the GPU check measures; RankMI (its pair selection) and Proxy Anchor
@@ -88,6 +88,11 @@ def test_compile_setting_resolves_by_device_and_processes():
     assert resolve_compile("off", cuda=True) is None
     assert resolve_compile("reduce-overhead", cuda=True) == "reduce-overhead"
     assert resolve_compile("default", cuda=True, world=2) is None
+    assert resolve_compile(False, cuda=True) is None  # YAML reads `compile: off` as false
+    assert resolve_compile(True, cuda=False) == "default"
+    assert load_config(None, {"compile": False}).compile is False
+    with pytest.raises(ConfigError, match="config compile must be one of auto, off"):
+        load_config(None, {"compile": "fast"})
 
 
 @pytest.fixture(scope="module")
