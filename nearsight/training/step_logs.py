@@ -47,6 +47,12 @@ class StepLogs:
         self.optimizer, self.loss = optimizer, loss
         self.batch_size, self.log_every = batch_size, log_every
         self.values = DeferredValues(device)
+        self._arrived: list[tuple[float, BatchRecord]] = []
+
+    def settle(self) -> None:
+        """Wait until the device has finished every step but the newest ``lag`` (the batch's
+        time, measured after this, covers the device's work and not only the host's)."""
+        self._arrived.extend(self.values.ready())
 
     def push(
         self, loss: torch.Tensor, *, step: int, batch: int, train_seconds: float, seconds: float,
@@ -68,8 +74,12 @@ class StepLogs:
 
     def flush(self, *, wait_all: bool = False) -> None:
         """Write the records whose loss has arrived (every queued one with ``wait_all``:
-        before an evaluation, a checkpoint or the end)."""
-        for loss, record in self.values.ready(wait_all=wait_all):
+        before an evaluation, a checkpoint or the end), oldest first."""
+        self.settle()
+        if wait_all:
+            self._arrived.extend(self.values.ready(wait_all=True))
+        arrived, self._arrived = self._arrived, []
+        for loss, record in arrived:
             self._write(loss, record)
 
     def _write(self, loss: float, record: BatchRecord) -> None:

@@ -238,6 +238,7 @@ class Trainer:
             if self.thread_probe is not None:
                 self.thread_probe.before_step(state.step)
             loss = self._train_step(images, labels, critic, state.batch, freeze_trunk)
+            self.logs.settle()  # CUDA: the previous batch is done, so its time is counted
             state.batch += 1
             state.batch_in_epoch += 1
             state.step += 0 if critic else 1
