@@ -170,6 +170,10 @@ class TrainConfig:
     # compute in float32 either way (nearsight/models/hardware.py)
     amp: bool | str = "auto"  # bf16 autocast
     channels_last: bool | str = "auto"
+    # torch.compile of the step's network and loss: auto (CUDA: mode default; CPU: off), off
+    # (or false), true (mode default), or a mode: default | reduce-overhead |
+    # max-autotune-no-cudagraphs | max-autotune
+    compile: bool | str = "auto"
     log_every: int = 10
     # the settings resolve_defaults chose (dotted names); written into config.yaml
     auto: list[str] = field(default_factory=list)
