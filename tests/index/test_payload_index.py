@@ -23,6 +23,7 @@ from nearsight.index.catalog.payload_file import (
 )
 from nearsight.index.catalog.payload_index import PayloadIndex
 from nearsight.index.catalog.store import CATALOG_FILE, Catalog
+from nearsight.index.errors import GalleryError
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.gallery.payload import PAYLOAD_FILE
 from nearsight.index.gallery.write import write_gallery
@@ -215,3 +216,30 @@ def test_value_notes_from_the_payload_match_the_catalogs(tmp_path):
             assert gallery.filter_notes(wanted) == catalog.filter_notes(wanted)
         assert gallery.filter_notes(parse_filters(["shop=North"]))  # a note was made
         assert gallery.meta_keys() == catalog.meta_keys()
+
+
+def _counted(rows: list[dict], key: str) -> dict:
+    counts: dict = {}
+    for row in rows:
+        value = row[key] if key in ("label", "class_name") else row["meta"].get(key)
+        if value is not None and not isinstance(value, float):
+            counts[value] = counts.get(value, 0) + 1
+    return counts
+
+
+def test_facets_count_each_value_among_the_allowed_items(tmp_path):
+    rng = np.random.default_rng(4)
+    folder = write_gallery(tmp_path / "g", _vectors(200, 0), _items(200, rng), model_sha256="a" * 64,
+                           index_type="flat", meta=DATES)  # fmt: skip
+    keys = ["shop", "tag", "label", "class_name"]
+    with Gallery.open(folder) as gallery:
+        gallery.add(_vectors(30, 1), _items(30, rng))
+        gallery.remove([1, 4, 215])
+        for filters in (None, ["price<20"], ["shop!=north", "tag="], ["shop=nowhere"]):
+            allowed = None if filters is None else set(gallery.filter_ids(filters).tolist())
+            rows = [row for row in gallery.all_items() if allowed is None or row["id"] in allowed]
+            want = {key: _counted(rows, key) for key in keys}
+            assert gallery.facets(filters, keys) == want, filters
+        assert set(gallery.facets()) == set(gallery.meta_keys())
+        with pytest.raises(GalleryError, match="no column 'nope'"):
+            gallery.facets(keys=["nope"])

@@ -30,6 +30,7 @@ from nearsight.index.catalog.filters import (
 from nearsight.index.catalog.payload_file import PayloadFileError, read_payload, write_payload
 from nearsight.index.catalog.payload_index import PayloadIndex
 from nearsight.index.catalog.store import CATALOG_FILE, FILTER_TIME_LIMIT_S, Catalog
+from nearsight.index.errors import GalleryError
 
 PAYLOAD_FILE = "payload.idx"
 NAMED_KEYS = ("label", "class_name")  # the filters that read the class names
@@ -128,3 +129,17 @@ def column_types(payload: PayloadIndex | None, catalog: Catalog, meta: dict) -> 
     declared = dict(meta.get("meta_types") or {})
     found = {key: kind for key, kind in payload.column_types().items() if key not in declared}
     return {**declared, **found}
+
+
+def facets(
+    payload: PayloadIndex | None,
+    allowed: np.ndarray | None,
+    keys: Sequence[str],
+) -> dict[str, dict[object, int]]:
+    """Per column, each value's count among the allowed items (nearsight/index/catalog/
+    payload_index.py: PayloadIndex.facets); GalleryError without a payload index."""
+    if payload is None:
+        raise GalleryError(
+            "this gallery's catalog holds values the payload index cannot: no facets"
+        )
+    return payload.facets(allowed, keys)
