@@ -42,7 +42,7 @@ from nearsight.index.ann.filter_plan import Costs
 from nearsight.index.ann.filter_tuning import calibrate
 from nearsight.index.ann.index_choice import parse_memory
 from nearsight.index.ann.tuning import refine, refine_candidates
-from nearsight.index.catalog.filters import FILTERABLE_BUILTINS, Condition, parse_filter
+from nearsight.index.catalog.filters import Condition, parse_filter
 from nearsight.index.catalog.store import Catalog, GalleryError
 from nearsight.index.gallery import model as gallery_model
 from nearsight.index.gallery import payload as gallery_payload
@@ -288,19 +288,11 @@ class Gallery:
         return gallery_payload.filter_ids(self._payload, self._catalog, conditions,
                                           self._column_types)  # fmt: skip
 
-    def facets(
-        self, filters: Sequence[Condition] | Sequence[str] | str | None = None,
-        keys: Sequence[str] | None = None,
-    ) -> dict[str, dict[object, int]]:
-        """Per metadata column (``keys``, default all), each text or integer value's count
-        among the items the ``filters`` allow (None: every item), from the payload index."""
+    def facets(self, filters=None, keys: Sequence[str] | None = None) -> dict[str, dict]:  # noqa: ANN001
+        """Per column (``keys``, default every metadata column), each text or integer value's
+        count among the items ``filters`` allow (as :meth:`filter_ids`'s; None: every item)."""
         allowed = None if not filters else self.filter_ids(filters)
-        wanted = list(self.meta_keys() if keys is None else keys)
-        known = {*self._column_types, *FILTERABLE_BUILTINS}
-        unknown = [key for key in wanted if key not in known]
-        if unknown:
-            raise GalleryError(f"gallery {self.path} has no column {unknown[0]!r}")
-        return gallery_payload.facets(self._payload, allowed, wanted)
+        return gallery_payload.facets(self, allowed, keys)
 
     def filter_notes(self, filters: Sequence[Condition]) -> list[str]:
         """Notes on filter values no item holds (index.catalog.filter_notes)."""
