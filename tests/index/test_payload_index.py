@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from helpers.catalogs import conditions, random_catalog
 
+from nearsight.data.meta import FilterError
 from nearsight.index.catalog import filters as catalog_filters
 from nearsight.index.catalog.column_filter import supported
 from nearsight.index.catalog.filters import budget, parse_filters, run_filter
@@ -24,6 +25,7 @@ from nearsight.index.catalog.payload_file import (
 from nearsight.index.catalog.payload_index import PayloadIndex
 from nearsight.index.catalog.store import CATALOG_FILE, Catalog
 from nearsight.index.errors import GalleryError
+from nearsight.index.gallery import payload as gallery_payload
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.gallery.payload import PAYLOAD_FILE
 from nearsight.index.gallery.write import write_gallery
@@ -243,3 +245,25 @@ def test_facets_count_each_value_among_the_allowed_items(tmp_path):
         assert set(gallery.facets()) == set(gallery.meta_keys())
         with pytest.raises(GalleryError, match="no column 'nope'"):
             gallery.facets(keys=["nope"])
+
+
+def test_the_payload_filter_keeps_the_time_budget(tmp_path):
+    rng = np.random.default_rng(6)
+    folder = write_gallery(tmp_path / "g", _vectors(300, 0), _items(300, rng), model_sha256="a" * 64,
+                           index_type="flat", meta=DATES)  # fmt: skip
+    with Gallery.open(folder) as gallery:
+        conditions = parse_filters(["shop!=north", "price<30", "tag="])
+        with pytest.raises(FilterError, match="narrow it"):
+            gallery_payload.filter_ids(gallery._payload, gallery._catalog, conditions,
+                                       gallery.column_types(), time_limit_s=-1.0)  # fmt: skip
+
+
+def test_an_ivf_gallery_knows_its_lists_before_its_first_filtered_search(tmp_path):
+    """The plan's per-list counts of a filter need each id's list: read on open, not by the
+    first filtered search."""
+    rng = np.random.default_rng(7)
+    folder = write_gallery(tmp_path / "g", _vectors(2000, 0), _items(2000, rng), model_sha256="a" * 64,
+                           index_type="ivf", meta=DATES)  # fmt: skip
+    with Gallery.open(folder) as gallery:
+        assert gallery._filters.list_of is not None
+        assert int(gallery._filters.list_sizes.sum()) == 2000
