@@ -267,3 +267,58 @@ def test_an_ivf_gallery_knows_its_lists_before_its_first_filtered_search(tmp_pat
     with Gallery.open(folder) as gallery:
         assert gallery._filters.list_of is not None
         assert int(gallery._filters.list_sizes.sum()) == 2000
+
+
+def _any_of(rng: np.random.Generator) -> list:
+    """conditions() with some values replaced by any-ofs of two or three values."""
+    out = []
+    for condition in conditions(rng):
+        if condition.op in ("=", "!=") and condition.value is not None and rng.random() < 0.6:
+            others = [conditions(rng)[0].value for _ in range(int(rng.integers(1, 3)))]
+            values = tuple(dict.fromkeys([condition.value, *(v for v in others if v is not None)]))
+            condition = type(condition)(condition.key, condition.op, values)
+        out.append(condition)
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_any_of_filters_answer_as_the_sql_query(tmp_path, seed):
+    rng = np.random.default_rng(seed + 10)
+    path = tmp_path / "catalog.db"
+    random_catalog(path, rng, 400)
+    conn = sqlite3.connect(path)
+    try:
+        snapshot = read_snapshot(conn)
+    finally:
+        conn.close()
+    index = PayloadIndex(snapshot, None, np.zeros(0, np.int64))
+    tried = 0
+    for _ in range(300):
+        wanted = _any_of(rng)
+        if not supported([one for c in wanted for one in c.alternatives()]):
+            continue
+        tried += 1
+        got = index.filter_ids(wanted, budget(10.0)[1])
+        assert got.tolist() == run_filter(path, wanted, True, 10.0).tolist(), wanted
+    assert tried > 100
+
+
+def test_any_of_through_a_gallery(tmp_path):
+    rng = np.random.default_rng(8)
+    folder = write_gallery(tmp_path / "g", _vectors(200, 0), _items(200, rng), model_sha256="a" * 64,
+                           index_type="flat", meta=DATES)  # fmt: skip
+    with Gallery.open(folder) as gallery:
+        north = set(gallery.filter_ids(["shop=north"]).tolist())
+        south = set(gallery.filter_ids(["shop=south"]).tolist())
+        both = gallery.filter_ids(["shop=north|south"]).tolist()
+        assert both == sorted(north | south)
+        assert gallery.filter_ids(["shop!=north | south"]).tolist() == sorted(
+            set(gallery.ids.tolist()) - north - south
+        )
+        assert gallery.filter_ids(parse_filters({"shop": ["north", "south"]})).tolist() == both
+        assert gallery.filter_ids(["label=1|3", "shop=north|south"]).tolist() == [
+            i for i in both if i % 4 in (1, 3)
+        ]
+        notes = gallery.filter_notes(parse_filters(["shop=north|nort"]))
+        assert len(notes) == 1 and "'north'" in notes[0]
+        assert not len(gallery.filter_ids([r"shop=north\|south"]))  # one value, with a bar

@@ -105,7 +105,7 @@ def filter_ids(
     a condition the arrays do not answer as SQL would) from the catalog."""
     names = catalog.class_names() if any(c.key in NAMED_KEYS for c in conditions) else {}
     typed = typed_conditions(conditions, column_types, names)
-    if payload is None or not supported(typed):
+    if payload is None or not supported([one for c in typed for one in c.alternatives()]):
         return catalog.filter_ids(conditions, time_limit_s=time_limit_s)
     return payload.filter_ids(typed, budget(time_limit_s)[1])
 
