@@ -67,7 +67,7 @@ def notes_on(
     """:func:`value_notes` given ``holds(key, value)`` (whether some item has it) and
     ``held_values(key)`` (the column's distinct values), from SQL or from the payload index."""
     notes = []
-    for condition in typed:
+    for condition in [one for given in typed for one in given.alternatives()]:
         if (
             condition.op not in ("=", "!=")
             or condition.value is None

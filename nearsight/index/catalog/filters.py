@@ -1,10 +1,11 @@
-"""Search filters on the catalog: ``KEY=VALUE``, ``KEY!=VALUE``, ``KEY>=V``, ``KEY>V``,
+r"""Search filters on the catalog: ``KEY=VALUE``, ``KEY!=VALUE``, ``KEY>=V``, ``KEY>V``,
 ``KEY<=V``, ``KEY<V``; several filters must all hold.
 
-``KEY=`` (nothing after ``=``) selects the items without a value for KEY, ``KEY!=`` the items
-with one. ``KEY!=VALUE`` holds for every item whose value differs, items without a value
-included. A value that starts with ``=``, ``<`` or ``>`` (``shop==Café``, ``price<<5``) is
-refused as a typo. Date and datetime columns (nearsight/data/meta.py) take ISO dates with
+``KEY=A|B`` selects the items whose value is any of A and B (``KEY!=A|B``: none of them); a
+literal bar in a value is written ``\|``. ``KEY=`` (nothing after ``=``) selects the items
+without a value for KEY, ``KEY!=`` the items with one. ``KEY!=VALUE`` holds for every item
+whose value differs, items without a value included. A value that starts with ``=``, ``<`` or
+``>`` (``shop==Café``, ``price<<5``) is refused as a typo. Date and datetime columns (nearsight/data/meta.py) take ISO dates with
 every operator: ``added>=2025-06-01``.
 
 A filter's value is read with the stored type of its column (:func:`typed_conditions`): a text
@@ -59,6 +60,7 @@ FILTERABLE_BUILTINS = ("id", "label", "class_name", "split", "width", "height")
 OPERATORS = (">=", "<=", "!=", ">", "<", "=")  # longest first: ">=" before ">" and "="
 RANGE_OPERATORS = (">=", "<=", ">", "<")
 MAX_FILTER_CONDITIONS = 32  # distinct conditions in one search; serve/search raise it by a flag
+_BAR = re.compile(r"(?<!\\)\|")  # a bar not written \|
 _FILTER = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_.\-]*)\s*(>=|<=|!=|>|<|=)(.*)", re.DOTALL)
 
 
@@ -68,10 +70,19 @@ class Condition:
 
     key: str
     op: str
-    value: MetaValue | None  # None: "has no value" (KEY=) or "has one" (KEY!=)
+    # None: "has no value" (KEY=) or "has one" (KEY!=); a tuple: any of them (= and != only)
+    value: MetaValue | tuple[MetaValue, ...] | None
 
     def __str__(self) -> str:
-        return f"{self.key}{self.op}{'' if self.value is None else self.value}"
+        values = self.value if isinstance(self.value, tuple) else (self.value,)
+        shown = "|".join("" if v is None else str(v).replace("|", "\\|") for v in values)
+        return f"{self.key}{self.op}{shown}"
+
+    def alternatives(self) -> list[Condition]:
+        """This condition once per value of an any-of (itself when it has one value)."""
+        if isinstance(self.value, tuple):
+            return [Condition(self.key, self.op, value) for value in self.value]
+        return [self]
 
 
 def parse_filter(text: str) -> Condition:
@@ -96,6 +107,15 @@ def parse_filter(text: str) -> Condition:
         if op in ("=", "!="):  # KEY= : items without a value; KEY!= : items with one
             return Condition(key, op, None)
         raise FilterError(f"bad filter {_short(text)!r}: no value after {op!r}")
+    if op in ("=", "!=") and "|" in value:
+        values = [part.strip().replace("\\|", "|") for part in _BAR.split(value)]
+        if not all(values):
+            raise FilterError(
+                f"bad filter {_short(text)!r}: an empty value between bars (a bar in a value "
+                "is written \\|)"
+            )
+        unique = tuple(dict.fromkeys(values))
+        return Condition(key, op, unique if len(unique) > 1 else unique[0])
     if op in RANGE_OPERATORS and _number(value) is None and iso_datetime(value) is None:
         raise FilterError(
             f"bad filter {_short(text)!r}: {op} needs a number or an ISO date (YYYY-MM-DD), "
@@ -127,6 +147,12 @@ def _entry_condition(key: str, value: object) -> Condition:
         raise FilterError(f"cannot filter on {key!r}")
     if value is None or (isinstance(value, str) and not value.strip()):
         return Condition(key, "=", None)
+    if isinstance(value, list | tuple | set | frozenset):  # any of these values
+        values = [_entry_condition(key, one).value for one in value]
+        if not values or any(one is None for one in values):
+            raise FilterError(f"filter {_short(key)!r}: any-of values may not be empty")
+        unique = tuple(dict.fromkeys(values))
+        return Condition(key, "=", unique if len(unique) > 1 else unique[0])  # type: ignore[arg-type]
     if isinstance(value, bool):
         value = int(value)
     if isinstance(value, int | float):
@@ -167,6 +193,12 @@ def typed_conditions(
     names = {name: label for label, name in sorted(class_names.items(), reverse=True)}
     typed = []
     for condition in conditions:
+        if isinstance(condition.value, tuple):  # each value typed as its own condition
+            values = tuple(dict.fromkeys(
+                one.value for one in typed_conditions(condition.alternatives(), column_types,
+                                                      class_names)))  # fmt: skip
+            typed.append(Condition(condition.key, condition.op, values))
+            continue
         kind = known.get(condition.key)
         if kind is None:
             keys = ", ".join([*sorted(column_types), *FILTERABLE_BUILTINS])
@@ -249,6 +281,14 @@ def filter_sql(conditions: Sequence[Condition], *, has_meta_table: bool) -> tupl
             params.extend([] if condition.key in FILTERABLE_BUILTINS or not has_meta_table
                           else [condition.key])  # fmt: skip
             continue
+        if condition.key in FILTERABLE_BUILTINS and isinstance(condition.value, tuple):
+            marks = ", ".join("?" * len(condition.value))
+            if condition.op == "!=":
+                clauses.append(f"({condition.key} IS NULL OR {condition.key} NOT IN ({marks}))")
+            else:
+                clauses.append(f"{condition.key} IN ({marks})")
+            params.extend(_builtin_value(one) for one in condition.alternatives())
+            continue
         if condition.key in FILTERABLE_BUILTINS:
             column = condition.key
             if numeric:
@@ -272,6 +312,8 @@ def filter_sql(conditions: Sequence[Condition], *, has_meta_table: bool) -> tupl
             tests = []
             for condition in holds:
                 test = f"value {condition.op} ?"
+                if isinstance(condition.value, tuple):  # any of them
+                    test = f"value IN ({', '.join('?' * len(condition.value))})"
                 if condition.op in RANGE_OPERATORS and isinstance(condition.value, str):
                     test = f"typeof(value) = 'text' AND {test}"  # ISO dates: time order
                 elif condition.op in RANGE_OPERATORS:
@@ -280,13 +322,14 @@ def filter_sql(conditions: Sequence[Condition], *, has_meta_table: bool) -> tupl
             clauses.append(
                 f"id IN (SELECT item_id FROM item_meta WHERE key = ? AND {' AND '.join(tests)})"
             )
-            params.extend([key, *(c.value for c in holds)])
+            params.extend([key, *(one.value for c in holds for one in c.alternatives())])
         if differs:  # an item without the key differs from the value too
-            marks = ", ".join("?" * len(differs))
+            values = [one.value for c in differs for one in c.alternatives()]
+            marks = ", ".join("?" * len(values))
             clauses.append(
                 f"id NOT IN (SELECT item_id FROM item_meta WHERE key = ? AND value IN ({marks}))"
             )
-            params.extend([key, *(c.value for c in differs)])
+            params.extend([key, *values])
     where = " AND ".join(clauses) if clauses else "1 = 1"
     return f"SELECT id FROM items WHERE {where} ORDER BY id", params
 

@@ -16,6 +16,7 @@ import contextlib
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,6 +31,10 @@ from nearsight.index.catalog.filters import (
 from nearsight.index.catalog.payload_file import PayloadFileError, read_payload, write_payload
 from nearsight.index.catalog.payload_index import PayloadIndex
 from nearsight.index.catalog.store import CATALOG_FILE, FILTER_TIME_LIMIT_S, Catalog
+from nearsight.index.errors import GalleryError
+
+if TYPE_CHECKING:  # nearsight/index/gallery/core.py imports this module
+    from nearsight.index.gallery.core import Gallery
 
 PAYLOAD_FILE = "payload.idx"
 NAMED_KEYS = ("label", "class_name")  # the filters that read the class names
@@ -100,7 +105,7 @@ def filter_ids(
     a condition the arrays do not answer as SQL would) from the catalog."""
     names = catalog.class_names() if any(c.key in NAMED_KEYS for c in conditions) else {}
     typed = typed_conditions(conditions, column_types, names)
-    if payload is None or not supported(typed):
+    if payload is None or not supported([one for c in typed for one in c.alternatives()]):
         return catalog.filter_ids(conditions, time_limit_s=time_limit_s)
     return payload.filter_ids(typed, budget(time_limit_s)[1])
 
@@ -128,3 +133,18 @@ def column_types(payload: PayloadIndex | None, catalog: Catalog, meta: dict) -> 
     declared = dict(meta.get("meta_types") or {})
     found = {key: kind for key, kind in payload.column_types().items() if key not in declared}
     return {**declared, **found}
+
+
+def facets(
+    gallery: Gallery, allowed: np.ndarray | None, keys: Sequence[str] | None
+) -> dict[str, dict[object, int]]:
+    """Per column, each value's count among the ``allowed`` items (None: all) of ``gallery``
+    (PayloadIndex.facets); GalleryError for an unknown column or without a payload index."""
+    wanted = list(gallery.meta_keys() if keys is None else keys)
+    known = {*gallery.column_types(), *FILTERABLE_BUILTINS}
+    unknown = [key for key in wanted if key not in known]
+    if unknown:
+        raise GalleryError(f"gallery {gallery.path} has no column {unknown[0]!r}")
+    if gallery._payload is None:
+        raise GalleryError(f"gallery {gallery.path} has values the payload index cannot hold")
+    return gallery._payload.facets(allowed, wanted)
