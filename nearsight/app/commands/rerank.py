@@ -96,6 +96,8 @@ def run_train(args: argparse.Namespace) -> int:
         raise NearsightError(f"--depth must be from 2 to {MAX_DEPTH}, got {args.depth}")
     if args.epochs < 1:
         raise NearsightError(f"--epochs must be at least 1, got {args.epochs}")
+    if not 0 < args.held_out < 1:
+        raise NearsightError(f"--held-out must be between 0 and 1, got {args.held_out}")
     if not 1 <= args.seeds <= 20:
         raise NearsightError(f"--seeds must be from 1 to 20, got {args.seeds}")
     if args.model.suffix != ".onnx" or not args.model.is_file():
