@@ -195,7 +195,7 @@ def cost(workdir: Path, depth: int = 20, items: int = 10_000) -> dict:
     from nearsight.training.pairwise import FitSettings, PairScorer, export_scorer
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from rerank import clustered
+    from clustered_vectors import clustered
 
     reranker = workdir / "cost-128.onnx"
     export_scorer(PairScorer(128, hidden=FitSettings().hidden), reranker, "0" * 64)

@@ -22,7 +22,7 @@ from nearsight.models.embedding_config import (
 from nearsight.models.trunks import trunk_family
 
 if TYPE_CHECKING:
-    from nearsight.training.config import TrainConfig
+    from nearsight.training.config_schema import TrainConfig
 
 
 class ConfigError(NearsightError, ValueError):

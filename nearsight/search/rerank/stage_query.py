@@ -95,4 +95,16 @@ def stage_query_model(
     store = reranker.check_gallery(gallery.path, gallery.model_sha256)
     assert store is not None  # a re-ranker of stage features gets their store or an error
     providers = getattr(embedder, "providers", None)
-    return store.query_model(providers, optimization)
+    return query_model(store, providers, optimization)
+
+
+def query_model(
+    store: StageStore, providers: Sequence[str] | None = None, optimization: str = "all"
+) -> StageEmbedder:
+    """The stage model of ``store`` that embeds query images, opened once per store,
+    providers and optimisation (:meth:`StageEmbedder.of_store`)."""
+    key = (tuple(providers) if providers is not None else None, optimization)
+    with store.query_lock:
+        if key not in store.query_models:
+            store.query_models[key] = StageEmbedder.of_store(store, providers, optimization)
+        return store.query_models[key]
