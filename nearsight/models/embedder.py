@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 from PIL import Image
 
+from nearsight.core.digest import file_sha256
 from nearsight.core.errors import NearsightError
 from nearsight.core.threads import physical_cores, worker_threads  # noqa: F401  (re-exported)
 from nearsight.models.onnx_session import default_providers, open_session
@@ -90,13 +91,6 @@ def checkpoint_metadata(payload: Mapping[str, Any], checkpoint_sha256: str) -> d
         "nearsight_version": nearsight_version(),
         "precision": "fp32",
     }
-
-
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    import hashlib
-
-    with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 @runtime_checkable

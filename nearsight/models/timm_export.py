@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from nearsight.core.digest import file_sha256
 from nearsight.core.errors import NearsightError
 from nearsight.models import timm_reuse
-from nearsight.models.embedder import file_sha256, nearsight_version
+from nearsight.models.embedder import nearsight_version
 from nearsight.models.spec import ModelSpec, is_timm
 
 if TYPE_CHECKING:  # timm_trunk imports torch: only an export that is not reused loads it

@@ -22,7 +22,7 @@ def reversing_reranker(model, out, side_dim: int = 0):
     list's first ``depth`` candidates, so a re-ranked answer is known without it."""
     import torch
 
-    from nearsight.models.embedder import file_sha256
+    from nearsight.core.digest import file_sha256
     from nearsight.training.pairwise import PairScorer, export_scorer
 
     scorer = PairScorer(8, side_dim=side_dim)
@@ -89,7 +89,7 @@ def trained(onnx_gallery, tmp_path_factory):
 
 
 def test_rerank_train_reports_and_records_the_model(trained, capsys):
-    from nearsight.models.embedder import file_sha256
+    from nearsight.core.digest import file_sha256
     from nearsight.search.rerank.pairwise import load_reranker
 
     opened = load_reranker(trained["reranker"])

@@ -170,11 +170,11 @@ def run_train(args: argparse.Namespace) -> int:
 def run_features(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from nearsight.core.digest import file_sha256
     from nearsight.core.errors import NearsightError
     from nearsight.data.embed import check_batching
     from nearsight.index.gallery.core import Gallery
     from nearsight.index.gallery.lock import gallery_lock
-    from nearsight.models.embedder import file_sha256
     from nearsight.search.rerank.stage_features import embed_with_stage, stage_output_model
     from nearsight.search.rerank.stage_store import write_stage_store
 

@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 import nearsight.app.serve.run as serving
+from nearsight.app.commands.device_option import add_device_option
 from nearsight.app.commands.rerank_option import add_rerank_option
 
 
@@ -42,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--port", type=int, default=serving.DEFAULT_PORT, help=f"default {serving.DEFAULT_PORT}"
     )
-    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    add_device_option(parser)
     parser.add_argument(
         "--max-upload-mb",
         type=float,

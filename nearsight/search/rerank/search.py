@@ -9,7 +9,7 @@ import numpy as np
 
 from nearsight.data.metrics.exclude import without_keys
 from nearsight.search.rerank.pipeline import rerank
-from nearsight.search.rerank.sources import GallerySource
+from nearsight.search.rerank.sources import OpenGallerySource
 from nearsight.search.rerank.spec import MAX_DEPTH, RerankSpec
 
 if TYPE_CHECKING:  # the gallery imports the re-ranking layer
@@ -51,7 +51,7 @@ def reranked_search(
     if found.shape[1] == 0:
         return np.zeros(found.shape, np.float32), found
     head, tail = found[:, :depth], found[:, depth:k]
-    source = GallerySource(gallery, store, reranker)
+    source = OpenGallerySource(gallery, store, reranker)
     keys, distances = rerank(spec, source, queries, head, exclude, query_side, item_keys)
     if tail.shape[1]:  # beyond the re-ranked depth: the index's order, after it
         keys = np.concatenate([keys, tail], axis=1)

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from nearsight.core.digest import file_sha256
 from nearsight.core.errors import NearsightError
-from nearsight.models.embedder import INPUT_NAME, OUTPUT_NAME, OnnxEmbedder, file_sha256
+from nearsight.models.embedder import INPUT_NAME, OUTPUT_NAME, OnnxEmbedder
 from nearsight.search.rerank.pairwise import stage_reranker
 from nearsight.search.rerank.stage_features import OUTPUT
 
@@ -49,8 +50,8 @@ class StageEmbedder(OnnxEmbedder):
         path = store.folder / str(store.stage_model)
         try:
             found = file_sha256(path)
-        except OSError as error:
-            raise NearsightError(f"{path}: {error.strerror or error}: run {fix} again") from None
+        except NearsightError as error:
+            raise NearsightError(f"{error}: run {fix} again") from None
         if found != store.stage_model_sha256:
             raise NearsightError(f"{path} is not the stage model its features were stored with: "
                                  f"run {fix} again")  # fmt: skip

@@ -44,7 +44,6 @@ from nearsight.search.rerank.spec import RerankSpec, request_rerank
 from nearsight.search.route import check_vector
 from nearsight.search.served import ServedGallery
 
-DEFAULT_K = 8
 MAX_K = 1000
 MAX_VECTOR_CHARS = 64 * 1024 * 1024
 QUERY_FIELDS = ("image", "id", "key", "vector")
