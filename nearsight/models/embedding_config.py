@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from nearsight.core.errors import NearsightError
@@ -17,7 +17,7 @@ from nearsight.models.spec import (
     NETWORK_FIELDS,
     POOLINGS,
     ModelSpec,
-    network_fields,
+    NetworkFields,
     spec_from_model_config,
 )
 from nearsight.models.timm_trunk import check_pooling, check_timm_heads, is_timm, timm_info
@@ -125,11 +125,18 @@ UNRESOLVED = {"pooling": "auto", "feature_norm": "auto", "interpolation": ""}
 
 
 @dataclass
-@network_fields(defaults=UNRESOLVED)
-class EmbeddingConfig:
+class EmbeddingConfig(NetworkFields):
     """Everything needed to rebuild the network; stored in every checkpoint. The network's
-    fields are :class:`~nearsight.models.spec.ModelSpec`'s (their meanings are there); this
-    adds how training starts."""
+    fields are :class:`~nearsight.models.spec.ModelSpec`'s (their meanings are there; lists
+    here, and the UNRESOLVED ones left to the trunk by default); this adds how training
+    starts."""
+
+    pooling: str = "auto"
+    feature_norm: str = "auto"
+    interpolation: str = ""
+    heads: list[str] = field(default_factory=lambda: list(ModelSpec.heads))
+    mean: list[float] = field(default_factory=list)
+    std: list[float] = field(default_factory=list)
 
     # ResNets: "imagenet" (= IMAGENET1K_V1, the papers'), "imagenet-v1", "imagenet-v2";
     # timm trunks: "hub" (nearsight/models/timm_weights.py); both: "none", or a weights file

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from nearsight.models.spec import ModelSpec, network_fields
+from nearsight.models.spec import ModelSpec, TrunkFields
 
 
 @dataclass
@@ -33,15 +33,14 @@ class DataConfig:
     cache_images: bool = False
 
 
-# The network's fields are the model spec's (nearsight/models/spec.py says what each means);
-# the size is data.image_size, and the trunk's interpolation and statistics are read from its
-# pretrained config. "auto" pooling and feature_norm are resolved as EmbeddingConfig does.
 @dataclass
-@network_fields(
-    skip=("image_size", "interpolation", "mean", "std"),
-    defaults={"pooling": "auto", "feature_norm": "auto"},
-)
-class ModelConfig:
+class ModelConfig(TrunkFields):
+    # the network's fields are the spec's (nearsight/models/spec.py says what each means); the
+    # size is data.image_size, and the trunk's interpolation and statistics are read from its
+    # pretrained config. "auto" pooling and feature_norm are resolved as EmbeddingConfig does.
+    pooling: str = "auto"
+    feature_norm: str = "auto"
+    heads: list[str] = field(default_factory=lambda: list(ModelSpec.heads))
     # auto (default: the trunk's pretrained weights when they are cached - torchvision's cache
     # for a ResNet, the Hugging Face cache for timm:NAME - else none, with a note line) |
     # imagenet | imagenet-v1 | imagenet-v2 (ResNets) | hub (timm) | none | FILE
