@@ -94,7 +94,8 @@ class _Worker:
             self.process.kill()
         for pipe in (self.process.stdin, self.process.stdout):
             with contextlib.suppress(OSError):
-                pipe.close()
+                if pipe is not None:
+                    pipe.close()
         self.process.wait()
 
 

@@ -77,7 +77,9 @@ def checkpoint_metadata(payload: Mapping[str, Any], checkpoint_sha256: str) -> d
     """The metadata of the model in a loaded checkpoint (``nearsight.models.checkpoint.load_checkpoint``):
     its :class:`ModelSpec` (legacy checkpoints: from their model config and training config)
     and where it came from."""
-    training = payload.get("training") if isinstance(payload.get("training"), dict) else {}
+    training: Mapping[str, Any] = (
+        payload["training"] if isinstance(payload.get("training"), dict) else {}
+    )
     metrics = training.get("metrics") or {}
     return {
         "format": MODEL_FORMAT,
@@ -97,12 +99,23 @@ def checkpoint_metadata(payload: Mapping[str, Any], checkpoint_sha256: str) -> d
 class Embedder(Protocol):
     """images -> embeddings [N, dim] float32, unit L2 norm."""
 
-    path: Path
-    spec: ModelSpec
-    dim: int
-    image_size: int
-    resize: int
-    metadata: dict[str, str]
+    @property
+    def path(self) -> Path: ...
+
+    @property
+    def spec(self) -> ModelSpec: ...
+
+    @property
+    def dim(self) -> int: ...
+
+    @property
+    def image_size(self) -> int: ...
+
+    @property
+    def resize(self) -> int: ...
+
+    @property
+    def metadata(self) -> dict[str, str]: ...
 
     @property
     def model_sha256(self) -> str:

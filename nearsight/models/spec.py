@@ -250,7 +250,7 @@ def spec_from_checkpoint(payload: Mapping[str, Any]) -> ModelSpec:
     return spec_from_model_config(model_config, data_config.get("resize"))
 
 
-def network_values(values: Mapping[str, Any]) -> dict[str, Any]:
+def network_values(values: Mapping[str, Any] | TrunkFields) -> dict[str, Any]:
     """The :data:`NETWORK_FIELDS` that ``values`` (a config, or its dict) sets; empty and
     missing ones are left to the spec's defaults."""
     get = values.get if isinstance(values, Mapping) else lambda name: getattr(values, name, None)

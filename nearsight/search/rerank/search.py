@@ -78,6 +78,7 @@ def _query_side(
     if reranker is None:
         return None, None, None, None
     store = reranker.check_gallery(gallery.path, gallery.model_sha256)
+    assert store is not None  # a stage re-ranker gets its store or an error
     ids = np.full(count, -1) if query_ids is None else np.asarray(query_ids, dtype=np.int64)
     items = ids >= 0
     if not items.all() and given is None:

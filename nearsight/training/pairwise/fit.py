@@ -319,8 +319,9 @@ def _new_scorer(fit: _Split, settings: FitSettings, elementwise: bool, seed: int
     sample = torch.randperm(len(table), generator=torch.Generator().manual_seed(seed))
     sample = sample[:SCORE_CHUNK]  # the features' mean and spread, from a bounded sample
     centre = None if side is None else side.mean(0)
-    scorer.fit_scale(table[sample], table[lists[sample]], *_sides(side, sample, lists),
-                     side_mean=centre)  # fmt: skip
+    sides = _sides(side, sample, lists)
+    query_side, candidate_side = sides if sides else (None, None)
+    scorer.fit_scale(table[sample], table[lists[sample]], query_side, candidate_side, centre)
     return scorer
 
 
