@@ -173,7 +173,7 @@ def _k_reciprocal(
     missing candidates use only their valid ones (the rest come back inf)."""
     out = np.full(valid.shape, np.inf)
     k1, k2, lam = int(params["k1"]), int(params["k2"]), float(params["lambda"])
-    full = valid.all(axis=1)
+    full = np.asarray(valid.all(axis=1), dtype=bool)
     for rows in (np.flatnonzero(full), np.flatnonzero(~full)):
         for start in range(0, len(rows), _KRECIPROCAL_BLOCK):
             block = rows[start : start + _KRECIPROCAL_BLOCK]
