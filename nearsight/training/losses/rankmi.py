@@ -138,6 +138,8 @@ class RankMILoss(nn.Module):
     # (nearsight/training/loss_roles.py)
     parameter_role = "critic"
 
+    beta_state: torch.Tensor  # a buffer: the current beta (float64)
+
     def __init__(
         self,
         margin: float = 0.2,
