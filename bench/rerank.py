@@ -281,7 +281,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rerank", nargs="+", default=list(FAMILIES))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="pairwise")
     parser.add_argument("--depths", type=int, nargs="+", default=[5, 10, 20, 50], help="pairwise")
-    parser.add_argument("--parts", nargs="+", default=["quality", "cost"], help="pairwise")
+    parser.add_argument("--parts", nargs="+", default=["quality", "cost"],
+                        help="pairwise: quality, cost, unseen (rerank train's own choice)")  # fmt: skip
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     parts = {"quality": run_quality, "latency": run_latency, "rest": run_rest}
