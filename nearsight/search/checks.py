@@ -7,6 +7,8 @@ from typing import Any
 
 from nearsight.core.errors import NearsightError
 
+DEFAULT_K = 8  # neighbours shown when a request names no k (CLI, REST, the page)
+
 
 def check_k(k: Any, most: int | None = None) -> int:
     """``k`` as an int: a whole number of at least 1 (and at most ``most``), else a one-line

@@ -239,12 +239,13 @@ def ranking(
     per_query = []
     for q, row_ids in enumerate(found):
         ids = [int(i) for i in row_ids if i >= 0]
-        if selves[q] is not None:
-            ids = [selves[q], *(i for i in ids if i != selves[q])][:depth]
+        itself = selves[q]
+        if itself is not None:
+            ids = [itself, *(i for i in ids if i != itself)][:depth]
         distances = exact_distances(gallery, queries[q], ids)
         order = np.arange(len(ids))
         if not rerank.active:  # the index's order, made exact (approximate types differ)
-            order = np.lexsort((ids, distances))
+            order = np.lexsort((np.asarray(ids), distances))
         if selves[q] is not None:  # before a duplicate at the same distance 0
             order = np.array([0, *(o for o in order if o != 0)], dtype=np.int64)
         ids, distances = [ids[o] for o in order], distances[order]

@@ -453,7 +453,7 @@ class FilterNote(UserWarning):
     """A filter value no item holds (the message names the closest values held)."""
 
 
-def _as_item(item: int, leave_out: bool) -> dict[str, list[int]]:
+def _as_item(item: int, leave_out: bool) -> dict[str, Any]:
     """The route's arguments for a query that is gallery item ``item``."""
     return {"exclude": [item]} if leave_out else {"self_ids": [item]}
 

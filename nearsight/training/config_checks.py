@@ -32,7 +32,7 @@ COMPILE_SETTINGS = (
 )
 
 if TYPE_CHECKING:
-    from nearsight.training.config import TrainConfig
+    from nearsight.training.config_schema import TrainConfig
 
 
 class ConfigError(NearsightError, ValueError):

@@ -7,6 +7,8 @@ import argparse
 import time
 from pathlib import Path
 
+from nearsight.app.commands.device_option import add_device_option
+
 
 def register(actions: argparse._SubParsersAction, index_types: list[str]) -> None:
     from nearsight.app.commands.catalog_options import add_embeddings_option
@@ -31,7 +33,7 @@ def register(actions: argparse._SubParsersAction, index_types: list[str]) -> Non
         "--max-index-memory",
         help="memory budget of the index for --index-type auto, e.g. 2G (default: a quarter of RAM)",
     )
-    imported.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    add_device_option(imported)
     add_embeddings_option(imported)
     add_foreign_model_options(imported)
     imported.set_defaults(func=run_import)

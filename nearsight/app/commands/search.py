@@ -10,8 +10,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from nearsight.app.commands.device_option import add_device_option
 from nearsight.app.commands.rerank_option import add_rerank_option
 from nearsight.core.arrays import load_array
+from nearsight.search.checks import DEFAULT_K
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -57,7 +59,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "neighbour (query, rank, id, key, path, label, class_name, distance, a group column "
         "when grouped, then the metadata columns; an unreadable query: one row with its error)",
     )
-    parser.add_argument("--k", type=int, default=8, help="neighbours to show (default 8)")
+    parser.add_argument("--k", type=int, default=DEFAULT_K,
+                        help=f"neighbours to show (default {DEFAULT_K})")  # fmt: skip
     parser.add_argument(
         "--offset",
         type=int,
@@ -105,7 +108,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_rerank_option(parser)
     parser.add_argument("--model", type=Path, help="default: the model the gallery was built with")
-    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    add_device_option(parser)
     parser.add_argument(
         "--batch-size", type=int, default=32, help="with --queries: images per batch (default 32)"
     )
@@ -279,8 +282,8 @@ def _run_batch(args: argparse.Namespace, conditions: list) -> int:
 
     from nearsight.app.commands.index import load_gallery_model
     from nearsight.core.atomic import atomic_file
+    from nearsight.core.digest import file_sha256
     from nearsight.data.embed import embed_files
-    from nearsight.data.images import file_sha256
     from nearsight.index.gallery.core import Gallery
     from nearsight.search.paging import check_page
     from nearsight.search.searcher import Searcher

@@ -42,14 +42,13 @@ from nearsight.app.serve.galleries import Galleries, UnknownGallery
 from nearsight.core.errors import NearsightError
 from nearsight.data.image_input import QueryImage, query_from_bytes
 from nearsight.data.meta import FilterError
-from nearsight.search.checks import check_k
+from nearsight.search.checks import DEFAULT_K, check_k
 from nearsight.search.rerank.changes import MAX_COMPARED_ITEMS, rerank_changes
 from nearsight.search.rerank.spec import NONE, RerankSpec, parse_rerank
 from nearsight.search.route import Filtered
 from nearsight.search.served import Neighbour
 from nearsight.search.verdicts import thumbnail_uri
 
-DEFAULT_K = 8
 MAX_K = 64
 ANY_CLASS = "-1"
 # the page's re-rank toggle where neither serve --rerank nor the gallery chose one

@@ -9,7 +9,7 @@ import numpy as np
 
 from nearsight.data.metrics.exclude import without_keys
 from nearsight.search.rerank.pipeline import rerank
-from nearsight.search.rerank.sources import GallerySource
+from nearsight.search.rerank.sources import OpenGallerySource
 from nearsight.search.rerank.spec import MAX_DEPTH, RerankSpec
 
 if TYPE_CHECKING:  # the gallery imports the re-ranking layer
@@ -54,7 +54,7 @@ def reranked_search(
     if found.shape[1] == 0:
         return np.zeros(found.shape, np.float32), found
     head, tail = found[:, :depth], found[:, depth:k]
-    source = GallerySource(gallery, store, reranker)
+    source = OpenGallerySource(gallery, store, reranker)
     keys, distances = rerank(spec, source, queries, head, exclude, query_side, item_keys)
     if tail.shape[1]:  # beyond the re-ranked depth: the index's order, after it
         keys = np.concatenate([keys, tail], axis=1)
@@ -81,6 +81,7 @@ def _query_side(
     if reranker is None:
         return None, None, None, None
     store = reranker.check_gallery(gallery.path, gallery.model_sha256)
+    assert store is not None  # a stage re-ranker gets its store or an error
     ids = np.full(count, -1) if query_ids is None else np.asarray(query_ids, dtype=np.int64)
     items = ids >= 0
     if not items.all() and given is None:

@@ -34,6 +34,8 @@ class ProxyLossBase(nn.Module):
     # (nearsight/training/loss_roles.py)
     parameter_role = "joint"
 
+    class_labels: torch.Tensor  # a buffer: the proxies' class labels, sorted
+
     def __init__(self, class_labels: Sequence[int], embedding_size: int) -> None:
         super().__init__()
         labels = sorted({int(label) for label in class_labels})

@@ -59,6 +59,10 @@ class BalancedContrastiveLoss(nn.Module):
     ``importance`` (True).
     """
 
+    # buffers: the classes' labels, sorted, and their image counts
+    count_labels: torch.Tensor
+    count_sizes: torch.Tensor
+
     def __init__(
         self,
         class_counts: Mapping[int, int] | None = None,

@@ -143,6 +143,8 @@ class RankMILoss(nn.Module):
         "masks: data-dependent shapes) and draws negatives on the CPU with its own generator"
     )
 
+    beta_state: torch.Tensor  # a buffer: the current beta (float64)
+
     def __init__(
         self,
         margin: float = 0.2,

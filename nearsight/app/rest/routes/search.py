@@ -46,7 +46,6 @@ from nearsight.search.rerank.spec import RerankSpec, request_rerank
 from nearsight.search.route import check_vector
 from nearsight.search.served import ServedGallery
 
-DEFAULT_K = 8
 MAX_K = 1000
 # a JSON body, and a form's vector text: a 65,536-number vector is about 1.3 MB as JSON
 MAX_JSON_BYTES = 2 * 1024 * 1024
