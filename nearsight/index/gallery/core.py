@@ -292,7 +292,9 @@ class Gallery:
         """Per column (``keys``, default every metadata column), each text or integer value's
         count among the items ``filters`` allow (as :meth:`filter_ids`'s; None: every item)."""
         allowed = None if not filters else self.filter_ids(filters)
-        return gallery_payload.facets(self, allowed, keys)
+        return gallery_payload.facets(
+            self._payload, self.path, self.meta_keys(), list(self._column_types), allowed, keys
+        )
 
     def filter_notes(self, filters: Sequence[Condition]) -> list[str]:
         """Notes on filter values no item holds (index.catalog.filter_notes)."""

@@ -16,7 +16,6 @@ import contextlib
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -32,9 +31,6 @@ from nearsight.index.catalog.payload_file import PayloadFileError, read_payload,
 from nearsight.index.catalog.payload_index import PayloadIndex
 from nearsight.index.catalog.store import CATALOG_FILE, FILTER_TIME_LIMIT_S, Catalog
 from nearsight.index.errors import GalleryError
-
-if TYPE_CHECKING:  # nearsight/index/gallery/core.py imports this module
-    from nearsight.index.gallery.core import Gallery
 
 PAYLOAD_FILE = "payload.idx"
 NAMED_KEYS = ("label", "class_name")  # the filters that read the class names
@@ -136,15 +132,22 @@ def column_types(payload: PayloadIndex | None, catalog: Catalog, meta: dict) -> 
 
 
 def facets(
-    gallery: Gallery, allowed: np.ndarray | None, keys: Sequence[str] | None
+    payload: PayloadIndex | None,
+    folder: Path,
+    meta_keys: Sequence[str],
+    typed_columns: Sequence[str],
+    allowed: np.ndarray | None,
+    keys: Sequence[str] | None,
 ) -> dict[str, dict[object, int]]:
-    """Per column, each value's count among the ``allowed`` items (None: all) of ``gallery``
-    (PayloadIndex.facets); GalleryError for an unknown column or without a payload index."""
-    wanted = list(gallery.meta_keys() if keys is None else keys)
-    known = {*gallery.column_types(), *FILTERABLE_BUILTINS}
+    """Per column, each value's count among the ``allowed`` items (None: all) of the gallery
+    in ``folder`` (``meta_keys``: its metadata columns; ``typed_columns``: those with a type)
+    from its payload index (PayloadIndex.facets); GalleryError for an unknown column or
+    without a payload index."""
+    wanted = list(meta_keys if keys is None else keys)
+    known = {*typed_columns, *FILTERABLE_BUILTINS}
     unknown = [key for key in wanted if key not in known]
     if unknown:
-        raise GalleryError(f"gallery {gallery.path} has no column {unknown[0]!r}")
-    if gallery._payload is None:
-        raise GalleryError(f"gallery {gallery.path} has values the payload index cannot hold")
-    return gallery._payload.facets(allowed, wanted)
+        raise GalleryError(f"gallery {folder} has no column {unknown[0]!r}")
+    if payload is None:
+        raise GalleryError(f"gallery {folder} has values the payload index cannot hold")
+    return payload.facets(allowed, wanted)
