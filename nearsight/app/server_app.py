@@ -160,6 +160,9 @@ def build_server_app(page: PageBlocks, settings: Settings) -> tuple[FastAPI, dic
         mcp_server=False,
         theme=system_theme(),
     )
+    # mounted, Gradio checks a payload's file paths only once it thinks itself launched (its
+    # own reload sets this too): the page's inputs come from its upload folder alone
+    page.has_launched = True
     app.add_middleware(QueueJoinFiles, budget=uploads)
     app.add_middleware(Guard, settings=guard)  # added last: outermost
     return app, {"rest": rest, "guard": guard, "connections": connections}

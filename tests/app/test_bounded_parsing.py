@@ -30,9 +30,11 @@ def test_index_import_refuses_a_million_column_header_in_one_line_and_little_mem
     meta.write_text(
         header + "\n" + "\n".join(",".join("1" * 1 for _ in range(3)) for _ in range(4))
     )
+    # VmHWM: this process's own peak (ru_maxrss would carry the parent's across the exec)
     script = (
-        "import resource, sys\nfrom nearsight.app.cli import main\ncode = main(sys.argv[1:])\n"
-        "print('peak', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\nsys.exit(code)"
+        "import re, sys\nfrom nearsight.app.cli import main\ncode = main(sys.argv[1:])\n"
+        "status = open('/proc/self/status').read()\n"
+        "print('peak', re.search(r'VmHWM:\\s+(\\d+)', status).group(1))\nsys.exit(code)"
     )
     argv = ["index", "import", "--vectors", vectors, "--meta", meta, "--out", tmp_path / "g"]
     done = subprocess.run([sys.executable, "-c", script, *map(str, argv)], capture_output=True,

@@ -99,6 +99,10 @@ async def hold_files(data: Any, client: str, budget: UploadBudget) -> None:
             file["path"] = await store_pasted(pasted, client, budget)
             file["url"], file["size"], file["orig_name"] = None, len(pasted), PASTED_NAME
             file["meta"] = {"_type": "gradio.FileData"}
+        elif not (isinstance(path, str) and budget.in_upload_folder(path)):
+            # only what was uploaded to this server: never a file named by the client (a
+            # Gradio app mounted into another checks none while it thinks itself unlaunched)
+            raise QueueFileRefused("a file is sent through the upload route first")
 
 
 class QueueJoinFiles:

@@ -150,7 +150,7 @@ class Settings:
         metavar="METHOD[:K=V,...]",
     )  # fmt: skip
     session_s: float = option(
-        8 * 3600.0, "seconds a browser's sign-in lasts", flag="--session-seconds"
+        12 * 3600.0, "seconds a browser's sign-in lasts", flag="--session-seconds"
     )
 
     # -- loading ---------------------------------------------------------------------------

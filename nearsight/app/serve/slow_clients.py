@@ -32,7 +32,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
+import socket
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -137,7 +140,7 @@ class PolicedH11Protocol(H11Protocol):
             self.ahead += 1
             if self.ahead > self.policy.max_pipelined:
                 self.policy.pipelined += 1
-                self.transport.close()
+                _reset(self.transport)
         else:
             self._wait()
 
@@ -158,7 +161,7 @@ class PolicedH11Protocol(H11Protocol):
     def _stalled(self) -> None:
         self.write_timer = None
         self.policy.stalled += 1
-        self.transport.abort()  # close() would wait for the buffer to drain
+        _reset(self.transport)
 
     def _wait(self) -> None:
         """This connection waits between requests; past ``max_waiting``, the longest waiting
@@ -206,6 +209,15 @@ class PolicedH11Protocol(H11Protocol):
         waiting = cycle is None or (cycle is self.seen and cycle.response_complete)
         if waiting and not self.transport.is_closing():
             self.transport.close()
+
+
+def _reset(transport: asyncio.Transport) -> None:
+    """Close at once with a reset: close() would wait for a client that reads nothing, and
+    even abort() leaves the kernel holding the unsent answer for it (SO_LINGER 0 drops it)."""
+    sock = transport.get_extra_info("socket")
+    with contextlib.suppress(OSError, AttributeError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
 
 
 def _refuse(transport: asyncio.Transport, policy: ConnectionPolicy) -> None:

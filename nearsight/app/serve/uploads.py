@@ -203,6 +203,10 @@ class UploadBudget:
         for path in list(self.stored):
             self._delete(path)
 
+    def in_upload_folder(self, path: str) -> bool:
+        """Whether ``path`` resolves inside the upload folder (links and ``..`` followed)."""
+        return self._ours(path)
+
     def _ours(self, path: str) -> bool:
         if self.upload_dir is None:
             return False
