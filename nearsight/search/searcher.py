@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -241,8 +241,11 @@ class Searcher:
                 except NearsightError as error:  # this image only: the others go on
                     entries[position] = SearchResults(query=image, error=str(error))
             notes: list[str] = []
-            found = self._search_images(decoded, k, allowed, spec, notes, page) if decoded else []
-            for position, neighbours in zip(positions, found, strict=True):
+            found: list[list[Neighbour]] | list[list[Group]] = (
+                self._search_images(decoded, k, allowed, spec, notes, page) if decoded else []
+            )
+            for index, position in enumerate(positions):
+                neighbours = found[index]
                 label = wanted[start + position]
                 entries[position] = self._results(neighbours, page, query=chunk[position],
                                                   label=label, notes=notes)  # fmt: skip
@@ -310,7 +313,10 @@ class Searcher:
     ) -> SearchResults:  # fmt: skip
         """One query's answer: its neighbours, or its groups and their hits in order."""
         groups = None if page.group_by is None else [g for g in found if isinstance(g, Group)]
-        hits = found if groups is None else [hit for g in groups for hit in g.neighbours]
+        # without group_by the route answers neighbours
+        hits = cast(list[Neighbour], found) if groups is None else [
+            hit for g in groups for hit in g.neighbours
+        ]
         return SearchResults(hits, query=query, query_label=label, notes=notes, groups=groups,
                              query_class=self._class_name(label))  # fmt: skip
 
