@@ -89,10 +89,18 @@ SMOKE: dict[str, tuple[list[str], list[str]]] = {
     "filtered_search.py": (
         ["--items", "2000", "--types", "flat", "--shares", "0.1", "--queries", "10",
          "--workdir", "{workdir}"],
-        [r'"vs_flat": [\d.]+'],
+        [r'"recall_min": [\d.]+', r'"p50_ms_max": [\d.]+', r'"first_ms_max": [\d.]+'],
     ),
     # its --cpu-smoke run, every part, is tests/test_gpu_check.py::test_cpu_smoke_runs_every_part
     "gpu_check.py": ([], []),
+    "gpu_profile.py": (
+        ["{workdir}", "--smoke", "--losses", "ice"],
+        [r"ice 4x2 [\d.]+ [\d.]+ \S+ [\d.]+ [\d.]+ [\d.]+ [\d.]+"],
+    ),
+    "inspect_labels.py": (
+        ["--seeds", "0"],
+        [r'"confident learning": [\d.]+, "vote k=10": [\d.]+'],
+    ),
     "index_scale.py": (
         ["--items", "2000", "--types", "flat", "--queries", "10", "--single", "5",
          "--batches", "2", "--clusters", "10", "--workdir", "{workdir}"],
