@@ -111,7 +111,10 @@ def queries(draw, catalog: Catalog) -> dict:
         op = draw(st.sampled_from(("=", "!=", *RANGES)))
         pool = [row["label" if key == "class_name" else key] for row in catalog.rows]
         pool = [value for value in pool if value] or ["none"]
-        value = draw(st.sampled_from([*sorted(set(pool)), "nope", "7"]))
+        choices = [*sorted(set(pool)), "nope", "7"]
+        value = draw(st.sampled_from(choices))
+        if op in ("=", "!=") and draw(st.booleans()):  # any of: A|B
+            value = f"{value}|{draw(st.sampled_from(choices))}"
         conditions.append(f"{key}{op}{value}")
     by_id = draw(st.booleans())
     return {
@@ -132,32 +135,36 @@ class Refused(Exception):
 
 def matches(catalog: Catalog, conditions: list[str]) -> np.ndarray:
     """The ids meeting every condition, read as a user expects (module docstring)."""
-    names = sorted({row["label"] for row in catalog.rows if row["label"]})
     keep = np.ones(ITEMS, dtype=bool)
     for text in conditions:
         key, op, value = re.fullmatch(r"(\w+)(>=|<=|!=|>|<|=)(.*)", text).groups()
-        if op in RANGES and not re.fullmatch(r"-?\d+(\.\d+)?", value):
-            raise Refused(text)  # a range needs a number, whatever the column
-        number = re.fullmatch(r"-?\d+(\.\d+)?", value) is not None
-        if key == "label" and number:  # a label number: names are numbered in sorted order
-            cells = [str(names.index(row["label"])) if row["label"] else "" for row in catalog.rows]
-            holds = np.array([_holds(cell, op, value, "", catalog, numeric=True) for cell in cells])
-            keep &= holds
-            continue
-        if key in ("label", "class_name"):
-            if op in RANGES or value not in names:
-                raise Refused(text)  # "7" and "nope" are not class names here
-            cells = [row["label"] for row in catalog.rows]
-        else:
-            cells = [row[key] for row in catalog.rows]
-            kind = catalog.types.get(key, "str")
-            if op in RANGES and kind == "str":
-                raise Refused(text)  # a range on a text column
-            if kind != "str" and not number:
-                raise Refused(text)  # a number column and a value that is not one
-        holds = np.array([_holds(cell, op, value, key, catalog) for cell in cells])
-        keep &= holds
+        each = [_matches_one(catalog, text, key, op, one) for one in value.split("|")]
+        # any of: an item holding one of the values; != of several: holding none of them
+        keep &= np.logical_or.reduce(each) if op == "=" else np.logical_and.reduce(each)
     return np.flatnonzero(keep)
+
+
+def _matches_one(catalog: Catalog, text: str, key: str, op: str, value: str) -> np.ndarray:
+    """Which items meet ``key op value`` (one value)."""
+    names = sorted({row["label"] for row in catalog.rows if row["label"]})
+    if op in RANGES and not re.fullmatch(r"-?\d+(\.\d+)?", value):
+        raise Refused(text)  # a range needs a number, whatever the column
+    number = re.fullmatch(r"-?\d+(\.\d+)?", value) is not None
+    if key == "label" and number:  # a label number: names are numbered in sorted order
+        cells = [str(names.index(row["label"])) if row["label"] else "" for row in catalog.rows]
+        return np.array([_holds(cell, op, value, "", catalog, numeric=True) for cell in cells])
+    if key in ("label", "class_name"):
+        if op in RANGES or value not in names:
+            raise Refused(text)  # "7" and "nope" are not class names here
+        cells = [row["label"] for row in catalog.rows]
+    else:
+        cells = [row[key] for row in catalog.rows]
+        kind = catalog.types.get(key, "str")
+        if op in RANGES and kind == "str":
+            raise Refused(text)  # a range on a text column
+        if kind != "str" and not number:
+            raise Refused(text)  # a number column and a value that is not one
+    return np.array([_holds(cell, op, value, key, catalog) for cell in cells])
 
 
 def _holds(cell: str, op: str, value: str, key: str, catalog: Catalog, numeric=False) -> bool:

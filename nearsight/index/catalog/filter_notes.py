@@ -75,16 +75,17 @@ def notes_on(
             or column_types.get(condition.key) != "str"
         ):
             continue
-        key, value = condition.key, str(condition.value)
-        if holds(key, value):
-            continue
-        values = held_values(key)
-        close = closest_values(value, values)
-        if close:
-            hint = "the closest values it holds: " + ", ".join(repr(_short(v)) for v in close)
-        elif values:
-            hint = "it holds e.g. " + ", ".join(repr(_short(v)) for v in sorted(values)[:MOST])
-        else:
-            hint = "no item has a value for it"
-        notes.append(f"{_short(str(condition))}: no item has {key} {_short(value)!r}; {hint}")
+        for one in condition.values:  # each value of an any-of gets its own note
+            key, value = condition.key, str(one)
+            if holds(key, value):
+                continue
+            values = held_values(key)
+            close = closest_values(value, values)
+            if close:
+                hint = "the closest values it holds: " + ", ".join(repr(_short(v)) for v in close)
+            elif values:
+                hint = "it holds e.g. " + ", ".join(repr(_short(v)) for v in sorted(values)[:MOST])
+            else:
+                hint = "no item has a value for it"
+            notes.append(f"{_short(str(condition))}: no item has {key} {_short(value)!r}; {hint}")
     return notes

@@ -7,6 +7,10 @@ included. A value that starts with ``=``, ``<`` or ``>`` (``shop==Café``, ``pri
 refused as a typo. Date and datetime columns (nearsight/data/meta.py) take ISO dates with
 every operator: ``added>=2025-06-01``.
 
+Any of several values: ``brand=A|B`` selects items whose brand is A or B, ``brand!=A|B``
+those whose brand is neither (a literal ``|`` is written ``\\|``); the values are a tuple in
+:attr:`Condition.value`, typed one by one, and evaluated as the union of their value sets.
+
 A filter's value is read with the stored type of its column (:func:`typed_conditions`): a text
 column compares text, so ``sku=1003`` matches the text ``"1003"``; a number column compares
 numbers, so ``price<10`` is numeric. A range operator on a text column is an error naming the
@@ -68,10 +72,28 @@ class Condition:
 
     key: str
     op: str
-    value: MetaValue | None  # None: "has no value" (KEY=) or "has one" (KEY!=)
+    # None: "has no value" (KEY=) or "has one" (KEY!=); a tuple: any of these values
+    value: MetaValue | tuple[MetaValue, ...] | None
 
     def __str__(self) -> str:
-        return f"{self.key}{self.op}{'' if self.value is None else self.value}"
+        if isinstance(self.value, tuple):
+            shown = "|".join(str(v).replace("|", "\\|") for v in self.value)
+            return f"{self.key}{self.op}{shown}"
+        shown = "" if self.value is None else str(self.value).replace("|", "\\|")
+        return f"{self.key}{self.op}{shown}"
+
+    @property
+    def values(self) -> tuple[MetaValue, ...]:
+        """The values the condition names (one, or an any-of's several; none for KEY=)."""
+        if self.value is None:
+            return ()
+        return self.value if isinstance(self.value, tuple) else (self.value,)
+
+
+def split_any_of(text: str) -> list[str]:
+    """``text`` cut at each ``|`` not written ``\\|`` (which stands for a literal ``|``)."""
+    parts = re.split(r"(?<!\\)\|", text)
+    return [part.replace("\\|", "|") for part in parts]
 
 
 def parse_filter(text: str) -> Condition:
@@ -96,6 +118,11 @@ def parse_filter(text: str) -> Condition:
         if op in ("=", "!="):  # KEY= : items without a value; KEY!= : items with one
             return Condition(key, op, None)
         raise FilterError(f"bad filter {_short(text)!r}: no value after {op!r}")
+    alternatives = split_any_of(value)
+    if len(alternatives) > 1 or "\\|" in value:
+        if op not in ("=", "!="):
+            raise FilterError(f"bad filter {_short(text)!r}: A|B (any of) takes = or !=, not {op}")
+        return _any_of(key, op, alternatives, text)
     if op in RANGE_OPERATORS and _number(value) is None and iso_datetime(value) is None:
         raise FilterError(
             f"bad filter {_short(text)!r}: {op} needs a number or an ISO date (YYYY-MM-DD), "
@@ -104,10 +131,26 @@ def parse_filter(text: str) -> Condition:
     return Condition(key, op, value)
 
 
+def _any_of(key: str, op: str, alternatives: Sequence[object], text: str) -> Condition:
+    """``key op A|B|...``: a tuple of the distinct values (one value: a plain condition)."""
+    values: list[MetaValue] = []
+    for alternative in alternatives:
+        if isinstance(alternative, bool):
+            alternative = int(alternative)
+        if not isinstance(alternative, int | float):
+            alternative = str(alternative).strip()
+            if not alternative:
+                raise FilterError(f"bad filter {_short(text)!r}: an empty value in A|B (any of)")
+        values.append(alternative)  # type: ignore[arg-type]
+    unique = tuple(dict.fromkeys(values))
+    return Condition(key, op, unique if len(unique) > 1 else unique[0])
+
+
 def parse_filters(texts: Iterable[str] | Mapping[str, object] | str | None) -> list[Condition]:
     """Several filters (all must hold). A single string may hold several, separated by ';' or
     newlines (the page's and the REST API's one text field). A mapping (Python callers) is
-    one ``KEY=VALUE`` per entry; a None value asks for items without the key."""
+    one ``KEY=VALUE`` per entry; a None value asks for items without the key, a list any of
+    its values."""
     if texts is None:
         return []
     if isinstance(texts, Mapping):
@@ -127,6 +170,11 @@ def _entry_condition(key: str, value: object) -> Condition:
         raise FilterError(f"cannot filter on {key!r}")
     if value is None or (isinstance(value, str) and not value.strip()):
         return Condition(key, "=", None)
+    if isinstance(value, list | tuple | set | frozenset):
+        if not value:
+            raise FilterError(f"bad filter {key!r}: an empty list of values (any of)")
+        return _any_of(key, "=", sorted(value, key=str) if isinstance(value, set | frozenset)
+                       else list(value), f"{key}={value}")  # fmt: skip
     if isinstance(value, bool):
         value = int(value)
     if isinstance(value, int | float):
@@ -173,43 +221,51 @@ def typed_conditions(
             raise FilterError(
                 f"unknown filter key {_short(condition.key)!r}: this gallery's keys are {keys}"
             )
-        value = condition.value
-        text = str(value).strip()
-        if value is None:  # KEY= / KEY!= : whether the item has a value at all
-            typed.append(condition)
-            continue
-        if kind in DATE_TYPES:
-            value = iso_date(text) if kind == "date" else iso_datetime(text)
-            if value is None:
-                example = "YYYY-MM-DD" if kind == "date" else "YYYY-MM-DD or YYYY-MM-DDTHH:MM:SS"
-                raise FilterError(
-                    f"bad filter {_short(str(condition))!r}: {condition.key} holds {kind}s "
-                    f"({example}), and {_short(text)!r} is not one"
-                )
-            typed.append(Condition(condition.key, condition.op, str(value)))
-            continue
-        if condition.key == "label" and _number(text) is None:  # a class name
-            _check_name(condition, text, names)
-            value = names[text]
-        elif condition.key == "class_name":
-            _check_name(condition, text, names)
-            value = text
-        elif kind in NUMBER_TYPES:
-            value = value if isinstance(value, int | float) else _number(text)
-            if value is None:
-                raise FilterError(
-                    f"bad filter {_short(str(condition))!r}: {condition.key} holds numbers, "
-                    f"and {_short(text)!r} is not one"
-                )
+        if isinstance(condition.value, tuple):  # any of: each value typed by the column
+            each = [_typed(Condition(condition.key, condition.op, value), kind, names).value
+                    for value in condition.value]  # fmt: skip
+            typed.append(Condition(condition.key, condition.op, tuple(dict.fromkeys(each))))  # type: ignore[arg-type]
         else:
-            value = text
-        if condition.op in RANGE_OPERATORS and not isinstance(value, int | float):
-            raise FilterError(
-                f"bad filter {_short(str(condition))!r}: {condition.key} is a text column; "
-                f"{condition.op} compares numbers (use = or != for text)"
-            )
-        typed.append(Condition(condition.key, condition.op, value))
+            typed.append(_typed(condition, kind, names))
     return typed
+
+
+def _typed(condition: Condition, kind: str, names: Mapping[str, int]) -> Condition:
+    """``condition`` (one value) with its value read as ``kind``, its column's type."""
+    value = condition.value
+    text = str(value).strip()
+    if value is None:  # KEY= / KEY!= : whether the item has a value at all
+        return condition
+    if kind in DATE_TYPES:
+        value = iso_date(text) if kind == "date" else iso_datetime(text)
+        if value is None:
+            example = "YYYY-MM-DD" if kind == "date" else "YYYY-MM-DD or YYYY-MM-DDTHH:MM:SS"
+            raise FilterError(
+                f"bad filter {_short(str(condition))!r}: {condition.key} holds {kind}s "
+                f"({example}), and {_short(text)!r} is not one"
+            )
+        return Condition(condition.key, condition.op, str(value))
+    if condition.key == "label" and _number(text) is None:  # a class name
+        _check_name(condition, text, names)
+        value = names[text]
+    elif condition.key == "class_name":
+        _check_name(condition, text, names)
+        value = text
+    elif kind in NUMBER_TYPES:
+        value = value if isinstance(value, int | float) else _number(text)
+        if value is None:
+            raise FilterError(
+                f"bad filter {_short(str(condition))!r}: {condition.key} holds numbers, "
+                f"and {_short(text)!r} is not one"
+            )
+    else:
+        value = text
+    if condition.op in RANGE_OPERATORS and not isinstance(value, int | float):
+        raise FilterError(
+            f"bad filter {_short(str(condition))!r}: {condition.key} is a text column; "
+            f"{condition.op} compares numbers (use = or != for text)"
+        )
+    return Condition(condition.key, condition.op, value)
 
 
 def _number(text: str) -> int | float | None:
@@ -251,6 +307,12 @@ def filter_sql(conditions: Sequence[Condition], *, has_meta_table: bool) -> tupl
             continue
         if condition.key in FILTERABLE_BUILTINS:
             column = condition.key
+            if isinstance(condition.value, tuple):  # any of
+                marks = ", ".join("?" * len(condition.value))
+                clauses.append(f"{column} IN ({marks})" if condition.op == "=" else
+                               f"({column} IS NULL OR {column} NOT IN ({marks}))")  # fmt: skip
+                params.extend(_builtin_value(Condition(column, "=", v)) for v in condition.value)
+                continue
             if numeric:
                 clauses.append(
                     f"(typeof({column}) IN ('integer', 'real') AND {column} {condition.op} ?)"
@@ -271,6 +333,9 @@ def filter_sql(conditions: Sequence[Condition], *, has_meta_table: bool) -> tupl
         if holds:
             tests = []
             for condition in holds:
+                if isinstance(condition.value, tuple):  # any of
+                    tests.append(f"(value IN ({', '.join('?' * len(condition.value))}))")
+                    continue
                 test = f"value {condition.op} ?"
                 if condition.op in RANGE_OPERATORS and isinstance(condition.value, str):
                     test = f"typeof(value) = 'text' AND {test}"  # ISO dates: time order
@@ -280,13 +345,14 @@ def filter_sql(conditions: Sequence[Condition], *, has_meta_table: bool) -> tupl
             clauses.append(
                 f"id IN (SELECT item_id FROM item_meta WHERE key = ? AND {' AND '.join(tests)})"
             )
-            params.extend([key, *(c.value for c in holds)])
+            params.extend([key, *(v for c in holds for v in c.values)])
         if differs:  # an item without the key differs from the value too
-            marks = ", ".join("?" * len(differs))
+            unwanted = [v for c in differs for v in c.values]
+            marks = ", ".join("?" * len(unwanted))
             clauses.append(
                 f"id NOT IN (SELECT item_id FROM item_meta WHERE key = ? AND value IN ({marks}))"
             )
-            params.extend([key, *(c.value for c in differs)])
+            params.extend([key, *unwanted])
     where = " AND ".join(clauses) if clauses else "1 = 1"
     return f"SELECT id FROM items WHERE {where} ORDER BY id", params
 

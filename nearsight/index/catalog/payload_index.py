@@ -40,6 +40,10 @@ class PayloadIndex:
         self.keys = sorted(keys)
         self._made: dict[tuple[int, str, str], np.ndarray] = {}  # ranks not in the file
 
+    def snapshots(self) -> list[Snapshot]:
+        """The base's columns, then the added items' (when any)."""
+        return list(self._parts)
+
     def meta_keys(self) -> list[str]:
         """The metadata columns (not the built-in ones) some item has a value for."""
         return [key for key in self.keys if key not in FILTERABLE_BUILTINS and self.holds_any(key)]
@@ -67,7 +71,41 @@ class PayloadIndex:
 
     def filter_ids(self, typed: Sequence[Condition], check: Callable[[], None]) -> np.ndarray:
         """Sorted int64 ids of the live items meeting every condition (typed by their
-        columns, column_filter.supported); ``check`` raises past the time budget."""
+        columns, column_filter.supported); ``check`` raises past the time budget.
+
+        An any-of ``KEY=A|B`` is the union of its values' sets, intersected with what the
+        other conditions allow; ``KEY!=A|B`` is ``KEY!=A`` and ``KEY!=B``."""
+        plain: list[Condition] = []
+        any_of: list[Condition] = []
+        for condition in typed:
+            if not isinstance(condition.value, tuple):
+                plain.append(condition)
+            elif condition.op == "=":
+                any_of.append(condition)
+            else:
+                plain.extend(Condition(condition.key, "!=", v) for v in condition.value)
+        found = self._plain_ids(plain, check) if plain else None
+        for condition in any_of:
+            if found is not None and not len(found):
+                break
+            sets = [self._plain_ids([Condition(condition.key, "=", v)], check)
+                    for v in condition.values]  # fmt: skip
+            union = np.unique(np.concatenate(sets))  # the values' sets: disjoint, each sorted
+            found = union if found is None else found[contains(union, found)]
+            check()
+        return self.live_ids() if found is None else found
+
+    def live_ids(self) -> np.ndarray:
+        """Sorted int64 ids of every live item."""
+        found = np.asarray(self.base.all_ids, np.int64)
+        if len(self.removed) and len(found):
+            found = found[~contains(self.removed, found)]
+        if self.added is not None:
+            found = np.concatenate([found, np.asarray(self.added.all_ids, np.int64)])
+        return found
+
+    def _plain_ids(self, typed: Sequence[Condition], check: Callable[[], None]) -> np.ndarray:
+        """:meth:`filter_ids` of conditions with one value each."""
         found = evaluate_ranked(typed, self.base, self._ranks(self.base), check)
         if len(self.removed) and len(found):
             found = found[~contains(self.removed, found)]

@@ -42,7 +42,9 @@ from nearsight.index.ann.filter_plan import Costs
 from nearsight.index.ann.filter_tuning import calibrate
 from nearsight.index.ann.index_choice import parse_memory
 from nearsight.index.ann.tuning import refine, refine_candidates
+from nearsight.index.catalog.facets import BINS, TOP_VALUES, Facets, column_facets
 from nearsight.index.catalog.filters import Condition, parse_filter
+from nearsight.index.catalog.payload_index import PayloadIndex
 from nearsight.index.catalog.store import Catalog, GalleryError
 from nearsight.index.gallery import model as gallery_model
 from nearsight.index.gallery import payload as gallery_payload
@@ -287,6 +289,14 @@ class Gallery:
         assert self._catalog is not None
         return gallery_payload.filter_ids(self._payload, self._catalog, conditions,
                                           self._column_types)  # fmt: skip
+
+    def facets(self, allowed: np.ndarray | None, top: int = TOP_VALUES, bins: int = BINS) -> Facets:
+        """Value counts and ranges of the filterable columns over ``allowed`` (sorted ids;
+        None: every item), from the payload index (index.catalog.facets)."""
+        assert self._catalog is not None
+        payload = self._payload or PayloadIndex(self._catalog.payload_snapshot(), None,
+                                                np.zeros(0, np.int64))  # fmt: skip
+        return column_facets(payload, allowed, self._column_types, top, bins)
 
     def filter_notes(self, filters: Sequence[Condition]) -> list[str]:
         """Notes on filter values no item holds (index.catalog.filter_notes)."""
