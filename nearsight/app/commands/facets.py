@@ -37,7 +37,7 @@ def run_facets(args: argparse.Namespace) -> int:
     with Gallery.open(args.gallery) as gallery:
         found = gallery_facets(gallery, conditions, args.top, args.bins)
     for note in found.notes:
-        print(f"note: {note}", file=sys.stderr)
+        print(f"nearsight: note: {note}", file=sys.stderr)
     if args.json:
         print(json.dumps(found.as_dict(), ensure_ascii=False))
         return 0
@@ -45,11 +45,15 @@ def run_facets(args: argparse.Namespace) -> int:
     for column in found.columns:
         print(f"{column.key} ({column.type}, {column.missing} without a value)")
         if column.histogram:
-            print(f"  {column.low} .. {column.high}")
+            print(f"  range {column.low} .. {column.high}")
             for low, high, count in column.histogram:
-                print(f"  {low} .. {high}: {count}")
+                print(f"  {_shown(low)} .. {_shown(high)}: {count}")
         for value, count in column.values:
             print(f"  {value}: {count}")
         if column.distinct > len(column.values):
             print(f"  ({column.distinct - len(column.values)} more values)")
     return 0
+
+
+def _shown(edge: float | str) -> str:
+    return f"{edge:.6g}" if isinstance(edge, float) else edge

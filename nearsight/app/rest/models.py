@@ -97,6 +97,9 @@ class Error(BaseModel):
     error: str = Field(description="what was wrong, in one line")
 
 
+FilterValue = str | int | float | bool | list[str | int | float] | None
+
+
 class SearchJson(BaseModel):
     """``POST /api/search`` as a JSON body: a query by ``id``, ``key`` or ``vector`` (an image
     goes in a multipart form)."""
@@ -109,8 +112,10 @@ class SearchJson(BaseModel):
     )
     vector: list[float] | None = Field(None, description="query by a vector of D numbers")
     k: int = Field(8, ge=1, le=1000)
-    filter: str | list[str] | None = Field(
-        None, description="KEY=VALUE;KEY>=N;... (or a list of them)"
+    filter: str | list[str] | dict[str, FilterValue] | None = Field(
+        None,
+        description="KEY=VALUE;KEY=A|B;KEY>=N;... (or a list of them), or a JSON object "
+        '{"KEY": VALUE} (a list value: any of them; null: items without the key)',
     )
     gallery: str | None = None
     rerank: str | None = Field(

@@ -28,7 +28,8 @@ TEXT_BUILTINS = ("class_name", "split")  # built-in columns faceted beside the m
 @dataclass
 class ColumnFacet:
     """One column over the allowed items: ``values`` (text: [value, count], most frequent
-    first) or ``low``/``high``/``histogram`` (numbers, dates: [bin start, bin end, count])."""
+    first, ties by value) or ``low``/``high``/``histogram`` (numbers, dates: [bin start, bin
+    end, count]; a bin holds its start and not its end, the last bin both)."""
 
     key: str
     type: str
@@ -137,10 +138,15 @@ def _number_range(facet: ColumnFacet, numbers: list[np.ndarray], bins: int) -> N
     if not len(values):
         return
     low, high = float(values.min()), float(values.max())
-    counts, edges = np.histogram(values, bins=bins if high > low else 1,
-                                 range=(low, high) if high > low else (low - 0.5, low + 0.5))  # fmt: skip
-    is_int = facet.type == "int"
-    facet.low, facet.high = (int(low), int(high)) if is_int else (low, high)
+    if facet.type == "int":  # whole numbers: bins of whole widths, the last holding ``high``
+        count = min(bins, int(high - low) + 1)
+        edges = np.linspace(low, high + 1, count + 1)
+        counts, edges = np.histogram(values, bins=edges)
+        facet.low, facet.high = int(low), int(high)
+    else:
+        span = (low, high) if high > low else (low - 0.5, low + 0.5)
+        counts, edges = np.histogram(values, bins=bins if high > low else 1, range=span)
+        facet.low, facet.high = low, high
     facet.histogram = [(float(a), float(b), int(c)) for a, b, c in
                        zip(edges[:-1], edges[1:], counts, strict=True)]  # fmt: skip
 
