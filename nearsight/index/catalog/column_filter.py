@@ -63,7 +63,8 @@ MASK_SHARE, LIST_SHARE = 32, 4
 
 @dataclass(frozen=True)
 class Blocks:
-    """Disjoint arrays of item ids, each unordered: a set not yet put in order."""
+    """Arrays of item ids, each unordered (disjoint but for a tag column's): a set not yet
+    put in order."""
 
     parts: list[np.ndarray]
 
@@ -83,7 +84,8 @@ class Blocks:
             return np.flatnonzero(self.mask(low, span)) + low
         if len(self.parts) == 1 and (np.diff(self.parts[0]) > 0).all():
             return self.parts[0]
-        return np.sort(np.concatenate([np.zeros(0, np.int64), *self.parts]))
+        # unique: a tag column's blocks (several tags of one item) may overlap
+        return np.unique(np.concatenate([np.zeros(0, np.int64), *self.parts]))
 
     def holds(self, candidates: np.ndarray, low: int, span: int) -> np.ndarray:
         """Which of ``candidates`` (item ids, sorted) are in the set."""

@@ -111,7 +111,7 @@ class Column:
 
     def __post_init__(self) -> None:
         if self.has is None:
-            self.has = np.sort(
+            self.has = np.unique(  # a tag column lists an id under each of its tags
                 np.concatenate([np.zeros(0, np.int64)] + [p.ids for p in self.parts.values()])
             )
 
@@ -311,7 +311,13 @@ def _read_column(
              "real": _number_part(rows["real"], np.float64)}  # fmt: skip
     by_value = not builtin and not by_ids
     parts["text"] = _indexed_text(reader, key) if by_value else _coded_text(rows["text"])
-    return Column({storage: _only_items(part, all_ids) for storage, part in parts.items()})
+    column = Column({storage: _only_items(part, all_ids) for storage, part in parts.items()})
+    if not builtin:
+        from nearsight.index.catalog.list_columns import split_tags, stored_list_columns
+
+        if key in reader.chunk(stored_list_columns):  # a tag column: an id under each tag
+            column = split_tags(column)
+    return column
 
 
 def _ids(cursor: sqlite3.Cursor) -> np.ndarray:

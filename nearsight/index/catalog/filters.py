@@ -38,7 +38,7 @@ import math
 import re
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -206,11 +206,14 @@ def typed_conditions(
     conditions: Sequence[Condition],
     column_types: Mapping[str, str],
     class_names: Mapping[int, str],
+    list_columns: Collection[str] = (),
 ) -> list[Condition]:
     """``conditions`` with each value read as its column's type (``column_types``: the
     gallery's metadata columns, ``int``/``float``/``str``; the built-in columns have theirs);
     ``label=NAME`` becomes the label number of class NAME (``class_names``: label -> name).
-    A key the gallery does not have is an error listing the keys it has."""
+    A key the gallery does not have is an error listing the keys it has. A condition with a
+    value on a tag column (``list_columns``) becomes an any-of, even of one value: a test of
+    the item's set of tags (nearsight/index/catalog/list_columns.py)."""
     known = {**column_types, **BUILTIN_TYPES}
     names = {name: label for label, name in sorted(class_names.items(), reverse=True)}
     typed = []
@@ -221,6 +224,13 @@ def typed_conditions(
             raise FilterError(
                 f"unknown filter key {_short(condition.key)!r}: this gallery's keys are {keys}"
             )
+        if condition.key in list_columns and condition.value is not None:
+            if condition.op not in ("=", "!="):
+                raise FilterError(
+                    f"bad filter {_short(str(condition))!r}: {condition.key} is a tag column; "
+                    f"it takes = or !=, not {condition.op}"
+                )
+            condition = Condition(condition.key, condition.op, condition.values)
         if isinstance(condition.value, tuple):  # any of: each value typed by the column
             each = [_typed(Condition(condition.key, condition.op, value), kind, names).value
                     for value in condition.value]  # fmt: skip
@@ -290,11 +300,14 @@ def _check_name(condition: Condition, name: str, names: Mapping[str, int]) -> No
         )
 
 
-def filter_sql(conditions: Sequence[Condition], *, has_meta_table: bool) -> tuple[str, list]:
+def filter_sql(
+    conditions: Sequence[Condition], *, has_meta_table: bool, list_keys: Collection[str] = ()
+) -> tuple[str, list]:
     """``SELECT id FROM items WHERE ...`` holding ``conditions`` (all of them), with its
     parameters. Conditions on one metadata key share one look-up of ``item_meta`` (an item
     has one value per key, so they all test that value). Without an ``item_meta`` table (a
-    catalog older than metadata) a condition on a metadata key matches nothing."""
+    catalog older than metadata) a condition on a metadata key matches nothing. A tag
+    column's (``list_keys``) conditions test each tag of its stored ``a|b|c`` text."""
     clauses: list[str] = []
     params: list[MetaValue] = []
     by_key: dict[str, list[Condition]] = {}
@@ -325,6 +338,14 @@ def filter_sql(conditions: Sequence[Condition], *, has_meta_table: bool) -> tupl
             continue
         if not has_meta_table:
             clauses.append("1 = 0" if condition.op != "!=" else "1 = 1")
+            continue
+        if condition.key in list_keys:  # an item holding one of the tags, or none of them
+            tags = " OR ".join(["instr('|' || value || '|', '|' || ? || '|') > 0"]
+                               * len(condition.values))  # fmt: skip
+            inside = "IN" if condition.op == "=" else "NOT IN"
+            clauses.append(f"id {inside} (SELECT item_id FROM item_meta WHERE key = ? AND "
+                           f"typeof(value) = 'text' AND ({tags}))")  # fmt: skip
+            params.extend([condition.key, *(str(v) for v in condition.values)])
             continue
         by_key.setdefault(condition.key, []).append(condition)
     for key, on_key in by_key.items():
@@ -403,10 +424,11 @@ def run_filter(
     conditions: Sequence[Condition],
     has_meta_table: bool,
     time_limit_s: float,
+    list_keys: Collection[str] = (),
 ) -> np.ndarray:
     """Sorted int64 ids of the items of the catalog at ``path`` meeting every condition
-    (typed already: :func:`typed_conditions`)."""
-    sql, params = filter_sql(conditions, has_meta_table=has_meta_table)
+    (typed already: :func:`typed_conditions`; ``list_keys``: the tag columns)."""
+    sql, params = filter_sql(conditions, has_meta_table=has_meta_table, list_keys=list_keys)
     uri = f"file:{quote(str(path.absolute()))}?mode=ro"
     try:
         conn = sqlite3.connect(uri, uri=True)

@@ -74,24 +74,22 @@ class PayloadIndex:
         columns, column_filter.supported); ``check`` raises past the time budget.
 
         An any-of ``KEY=A|B`` is the union of its values' sets, intersected with what the
-        other conditions allow; ``KEY!=A|B`` is ``KEY!=A`` and ``KEY!=B``."""
-        plain: list[Condition] = []
-        any_of: list[Condition] = []
-        for condition in typed:
-            if not isinstance(condition.value, tuple):
-                plain.append(condition)
-            elif condition.op == "=":
-                any_of.append(condition)
-            else:
-                plain.extend(Condition(condition.key, "!=", v) for v in condition.value)
+        other conditions allow; ``KEY!=A|B`` takes that union away (every condition on a tag
+        column is one of these: nearsight/index/catalog/list_columns.py)."""
+        plain = [c for c in typed if not isinstance(c.value, tuple)]
+        any_of = sorted((c for c in typed if isinstance(c.value, tuple)), key=lambda c: c.op != "=")
         found = self._plain_ids(plain, check) if plain else None
-        for condition in any_of:
+        for condition in any_of:  # "!=" after "=": a set to take from first
             if found is not None and not len(found):
                 break
             sets = [self._plain_ids([Condition(condition.key, "=", v)], check)
                     for v in condition.values]  # fmt: skip
-            union = np.unique(np.concatenate(sets))  # the values' sets: disjoint, each sorted
-            found = union if found is None else found[contains(union, found)]
+            union = np.unique(np.concatenate(sets))  # the values' sets (a tag's may overlap)
+            if condition.op == "=":
+                found = union if found is None else found[contains(union, found)]
+            else:
+                found = self.live_ids() if found is None else found
+                found = found[~contains(union, found)]
             check()
         return self.live_ids() if found is None else found
 
