@@ -119,3 +119,36 @@ def test_bad_tag_filters_and_cells_are_one_line_errors():
         stored_cell(["red", "a|b"], "tags")
     assert tags_of(" red| blue |red||", "tags") == ["red", "blue"]
     assert stored_cell([], "tags") is None and stored_cell("", "tags") is None
+
+
+def test_parquet_list_cells_become_tags(tmp_path, monkeypatch, capsys):
+    """A Parquet list column imported with --list-column (pyarrow stood in by its reader's
+    answer: the rows as to_pylist gives them)."""
+    import sys
+    import types
+
+    from helpers import run
+
+    from nearsight.index.gallery.core import Gallery
+
+    rows = [{"label": 0, "tags": ["red", "blue"]}, {"label": 1, "tags": []},
+            {"label": 0, "tags": ["5", None]}]  # fmt: skip
+    table = types.SimpleNamespace(to_pylist=lambda: [dict(row) for row in rows])
+    parquet = types.ModuleType("pyarrow.parquet")
+    parquet.read_table = lambda file: table  # type: ignore[attr-defined]
+    arrow = types.ModuleType("pyarrow")
+    arrow.parquet = parquet  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pyarrow", arrow)
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", parquet)
+    (tmp_path / "meta.parquet").write_bytes(b"stand-in")
+    np.save(tmp_path / "v.npy", np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32))
+    code, _, err = run(capsys, "index", "import", "--vectors", tmp_path / "v.npy", "--meta",
+                       tmp_path / "meta.parquet", "--out", tmp_path / "g", "--list-column", "tags")  # fmt: skip
+    assert code == 0, err
+    with Gallery.open(tmp_path / "g") as gallery:
+        assert gallery.filter_ids("tags=red").tolist() == [0]
+        assert gallery.filter_ids("tags=5|blue").tolist() == [0, 2]
+        assert gallery.filter_ids("tags=").tolist() == [1]
+    code, _, err = run(capsys, "index", "import", "--vectors", tmp_path / "v.npy", "--meta",
+                       tmp_path / "meta.parquet", "--out", tmp_path / "h", "--list-column", "tag")  # fmt: skip
+    assert code == 2 and "no such column" in err and len(err.strip().splitlines()) == 1
