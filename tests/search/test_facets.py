@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 from helpers import run, running_page
 
+from nearsight.app.page.facets_box import facet_choices, with_facet
 from nearsight.search.searcher import FilterNote, open_gallery
 
 ITEMS, DIM = 240, 8
@@ -139,7 +140,7 @@ def test_python_takes_a_dict_and_warns_of_values_nobody_holds(shop):
 
 def test_rest_facets_equal_pandas_counts_and_refuse_bad_filters(shop):
     frame = shop["frame"]
-    with running_page([shop["gallery"]], analyse=False) as (url, _):
+    with running_page([shop["gallery"]], analyse=False) as (url, demo):
         api = f"{url.rstrip('/')}/api/facets"
         answer = httpx.get(api, params={"filter": ["brand=Acme|Bolt", "qty>=3"], "top": 50},
                            timeout=60)  # fmt: skip
@@ -167,6 +168,16 @@ def test_rest_facets_equal_pandas_counts_and_refuse_bad_filters(shop):
         )
         body["filter"] = {"brand": {"nested": 1}}
         assert httpx.post(search, json=body, timeout=60).status_code == 422
+        # the page's facets beside its filter box: the same counts; a pick adds its filter
+        page = demo.nearsight
+        choices = {picked: label for label, picked in facet_choices(page, page.names[0], "qty>=3")}
+        brands = allowed(frame, ["qty>=3"]).query("brand != ''")["brand"].value_counts()
+        for value, count in brands.head(3).items():
+            picked = f"brand={value.replace('|', chr(92) + '|')}"
+            assert choices[picked] == f"brand: {value} ({count})"
+        assert with_facet("qty>=3;", "brand=D\\|E") == "qty>=3; brand=D\\|E"
+        assert with_facet("qty>=3; brand=Acme", "brand=Acme") == "qty>=3; brand=Acme"
+        assert facet_choices(page, page.names[0], "price>cheap") == []
         assert httpx.get(api, params={"filter": "{oops"}, timeout=60).status_code == 422
 
 
