@@ -87,13 +87,16 @@ def column_facets(
             if inside is None:
                 continue
             column = snapshot.columns[key]
-            if len(column.has):
-                having += int(inside(np.asarray(column.has)).sum())
+            listed = 0  # allowed ids listed in the parts: an id once, but for a tag column
             for storage, part in column.parts.items():
+                hit = inside(np.asarray(part.ids))
+                listed += int(np.count_nonzero(hit))
                 if storage == "text":
-                    texts.update(_text_counts(part, inside(np.asarray(part.ids))))
+                    texts.update(_text_counts(part, hit))
                 else:
-                    numbers.append(np.asarray(part.values)[inside(np.asarray(part.ids))])
+                    numbers.append(np.asarray(part.values)[hit])
+            once = sum(len(part.ids) for part in column.parts.values()) == len(column.has)
+            having += listed if once else int(np.count_nonzero(inside(np.asarray(column.has))))
         facet = ColumnFacet(key, kind, missing=len(ids) - having)
         if kind in DATE_TYPES:
             _date_range(facet, texts, bins)
@@ -126,7 +129,8 @@ def _text_counts(part: Part, hit: np.ndarray) -> dict[str, int]:
     """Each text value's count of allowed ids (``hit``: which of the part's ids are)."""
     assert part.starts is not None
     starts = np.asarray(part.starts)
-    before = np.concatenate([[0], np.cumsum(hit, dtype=np.int64)])
+    kind = np.int32 if len(hit) < 2**31 else np.int64
+    before = np.concatenate([np.zeros(1, kind), np.cumsum(hit, dtype=kind)])
     counts = before[starts[1:]] - before[starts[:-1]]
     held = np.flatnonzero(counts)
     values = part.values
