@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from nearsight.index.catalog.column_filter import MASK_SHARE, Blocks
 from nearsight.index.catalog.columns import Column, Snapshot, contains
 from nearsight.index.catalog.filter_notes import MAX_VALUES, notes_on
 from nearsight.index.catalog.filters import FILTERABLE_BUILTINS, Condition
@@ -79,19 +80,29 @@ class PayloadIndex:
         plain = [c for c in typed if not isinstance(c.value, tuple)]
         any_of = sorted((c for c in typed if isinstance(c.value, tuple)), key=lambda c: c.op != "=")
         found = self._plain_ids(plain, check) if plain else None
+        low, span = self._span()
         for condition in any_of:  # "!=" after "=": a set to take from first
             if found is not None and not len(found):
                 break
-            sets = [self._plain_ids([Condition(condition.key, "=", v)], check)
-                    for v in condition.values]  # fmt: skip
-            union = np.unique(np.concatenate(sets))  # the values' sets (a tag's may overlap)
-            if condition.op == "=":
-                found = union if found is None else found[contains(union, found)]
+            # the values' sets (a tag column's may overlap): a bitmap over the ids when large
+            union = Blocks([self._plain_ids([Condition(condition.key, "=", v)], check)
+                            for v in condition.values])  # fmt: skip
+            if condition.op == "=" and found is None:  # several sorted sets: a bitmap's order
+                found = (np.flatnonzero(union.mask(low, span)) + low if union.size * MASK_SHARE
+                         > span else union.sorted_ids(low, span))  # fmt: skip
+            elif condition.op == "=":
+                found = found[union.holds(found, low, span)]
             else:
                 found = self.live_ids() if found is None else found
-                found = found[~contains(union, found)]
+                found = found[~union.holds(found, low, span)]
             check()
         return self.live_ids() if found is None else found
+
+    def _span(self) -> tuple[int, int]:
+        """(the first id, the id span) of the base and the added items together."""
+        firsts = [int(s.all_ids[0]) for s in self._parts if len(s.all_ids)]
+        lasts = [int(s.all_ids[-1]) for s in self._parts if len(s.all_ids)]
+        return (min(firsts), max(lasts) - min(firsts) + 1) if firsts else (0, 0)
 
     def live_ids(self) -> np.ndarray:
         """Sorted int64 ids of every live item."""
