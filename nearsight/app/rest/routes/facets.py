@@ -8,17 +8,50 @@ import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query
+from pydantic import BaseModel, Field
 
 from nearsight.app.rest.deps import ApiError, RestState, rest_state
 from nearsight.app.rest.models import ERRORS
 from nearsight.index.catalog.facets import BINS, TOP_VALUES
 from nearsight.search.facets import MAX_BINS, MAX_TOP, gallery_facets
 
+
+class FacetValue(BaseModel):
+    value: str
+    count: int
+
+
+class FacetBin(BaseModel):
+    low: float | str = Field(description="the bin's start (a number, or an ISO date)")
+    high: float | str = Field(description="its end (held by the last bin only)")
+    count: int
+
+
+class ColumnFacets(BaseModel):
+    key: str
+    type: str = Field(description="int, float, str, date or datetime")
+    missing: int = Field(description="allowed items without a value")
+    distinct: int | None = Field(None, description="text: distinct values among the allowed")
+    values: list[FacetValue] | None = Field(None, description="text: most frequent first")
+    low: float | str | None = Field(None, description="numbers, dates: the smallest value")
+    high: float | str | None = Field(None, description="numbers, dates: the largest value")
+    histogram: list[FacetBin] | None = None
+
+
+class FacetsAnswer(BaseModel):
+    """The answer of ``GET /api/facets``."""
+
+    gallery: str
+    items: int = Field(description="how many items the filter allows")
+    columns: list[ColumnFacets]
+    notes: list[str] = Field(description="notes on filter values no item holds")
+
+
 router = APIRouter(tags=["facets"], responses={s: ERRORS[s] for s in (400, 401, 404, 422, 503)})  # type: ignore[misc]
 State = Annotated[RestState, Depends(rest_state)]
 
 
-@router.get("/facets")
+@router.get("/facets", response_model=FacetsAnswer, response_model_exclude_none=True)
 async def facets(
     state: State,
     filter: Annotated[
