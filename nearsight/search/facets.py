@@ -27,6 +27,6 @@ def gallery_facets(
     if not 1 <= bins <= MAX_BINS:
         raise NearsightError(f"bins must be 1-{MAX_BINS}, got {bins}")
     checked = route.check_filters(gallery, filters, max_conditions)
-    found = gallery.facets(checked.allowed, top, bins)
+    found = gallery.facet_summary(checked.allowed, top, bins)
     found.notes = list(checked.notes)
     return found

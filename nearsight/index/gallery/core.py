@@ -290,7 +290,9 @@ class Gallery:
         return gallery_payload.filter_ids(self._payload, self._catalog, conditions,
                                           self._column_types)  # fmt: skip
 
-    def facets(self, allowed: np.ndarray | None, top: int = TOP_VALUES, bins: int = BINS) -> Facets:
+    def facet_summary(
+        self, allowed: np.ndarray | None, top: int = TOP_VALUES, bins: int = BINS
+    ) -> Facets:
         """Value counts and ranges of the filterable columns over ``allowed`` (sorted ids;
         None: every item), from the payload index (index.catalog.facets)."""
         assert self._catalog is not None
