@@ -1,6 +1,6 @@
-"""Tag columns (``--list-column``): the three filter engines (the SQL query, the column arrays,
-the payload file) answer every filter on a tag column as a brute force over each item's set of
-tags does; facets count each tag; bad tag filters and cells are one-line errors."""
+"""Tag columns (``--list-column``): the filter engines (the SQL query, the payload file; the
+column arrays of a bare catalog leave tag columns to SQL) answer every filter on a tag column
+as a brute force over each item's set of tags does; facets count each tag; bad tag filters and cells are one-line errors."""
 
 from __future__ import annotations
 
@@ -91,8 +91,9 @@ def test_every_engine_answers_tag_filters_as_sets(tmp_path, seed):
         typed = typed_conditions(parse_filters(filters), types, {}, ["tags"])
         assert supported(typed)
         assert catalog.filter_ids(parse_filters(filters)).tolist() == want, filters  # SQL
-        snapshot = cache.snapshot(["tags", "shop"])
-        assert evaluate(typed, snapshot, budget(10.0)[1]).tolist() == want, filters  # arrays
+        if not any(c.key == "tags" for c in typed):  # the arrays leave tag columns to SQL
+            snapshot = cache.snapshot(["shop"])
+            assert evaluate(typed, snapshot, budget(10.0)[1]).tolist() == want, filters
         assert payload.filter_ids(typed, budget(10.0)[1]).tolist() == want, filters  # file
     found = column_facets(payload, None, types, top=10).as_dict()
     column = next(c for c in found["columns"] if c["key"] == "tags")

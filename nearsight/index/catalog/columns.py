@@ -311,13 +311,7 @@ def _read_column(
              "real": _number_part(rows["real"], np.float64)}  # fmt: skip
     by_value = not builtin and not by_ids
     parts["text"] = _indexed_text(reader, key) if by_value else _coded_text(rows["text"])
-    column = Column({storage: _only_items(part, all_ids) for storage, part in parts.items()})
-    if not builtin:
-        from nearsight.index.catalog.list_columns import split_tags, stored_list_columns
-
-        if key in reader.chunk(stored_list_columns):  # a tag column: an id under each tag
-            column = split_tags(column)
-    return column
+    return Column({storage: _only_items(part, all_ids) for storage, part in parts.items()})
 
 
 def _ids(cursor: sqlite3.Cursor) -> np.ndarray:

@@ -5,10 +5,10 @@ The catalog stores an item's tags as one text value, the tags joined by ``|`` (n
 hold ``|``), and lists the tag columns in its meta (``list_columns``); a tag column's type is
 ``str``. Filters read them as sets: ``tags=red`` holds for the items holding red,
 ``tags=red|blue`` for those holding either, ``tags!=red`` for those without red (items with no
-tags included). In the column arrays and the payload index a tag column's text part lists an
-item's id under each of its tags (:func:`split_tags`), so a tag's ids are one slice as any
-value's are, and every filter on a tag column is a union of value sets
-(nearsight/index/catalog/filters.py: ``typed_conditions``).
+tags included). In the payload index a tag column's text part lists an item's id under each of
+its tags (:func:`split_tags`), so a tag's ids are one slice as any value's are, and every
+filter on a tag column is a union of value sets (nearsight/index/catalog/filters.py:
+``typed_conditions``); a bare catalog's column arrays leave tag columns to SQL.
 """
 
 from __future__ import annotations

@@ -206,7 +206,8 @@ class Catalog:
         (nearsight/index/catalog/column_filter.py), with the SQL query's answer."""
         tags = self.list_columns()
         typed = typed_conditions(conditions, self.column_types(), self.class_names(), tags)
-        if supported(typed):
+        # the column arrays list an id once per value: a tag column's filters stay in SQL
+        if supported(typed) and not any(c.key in tags for c in typed):
             snapshot = self._columns.snapshot(list(dict.fromkeys(c.key for c in typed)))
             if snapshot is not None:  # reading the columns is the catalog's, not the budget's
                 return evaluate(typed, snapshot, budget(time_limit_s)[1])
