@@ -64,11 +64,19 @@ import time
 from pathlib import Path
 
 import numpy as np
+from app_latency_rounds import (
+    BENCH_KEY,
+    GAP_MS,
+    MIME,
+    direct_paths,
+    measure,
+    report_of,
+    rest_path,
+    summary,
+)
 
 READY = "NEARSIGHT-BENCH-READY"
 QUERY_FORMATS = ("png", "jpeg")
-MIME = {".png": "image/png", ".jpg": "image/jpeg"}
-BENCH_KEY = "bench-key"  # the server runs as it would when exposed: with an API key
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -251,16 +259,6 @@ def direct_latency(gallery: Path, images: list[Path], args) -> dict:
 # -- measuring ---------------------------------------------------------------------------------
 
 
-def summary(seconds: list[float]) -> dict:
-    values = np.asarray(seconds) * 1000
-    return {
-        "n": len(values),
-        "p50_ms": float(np.percentile(values, 50)),
-        "p95_ms": float(np.percentile(values, 95)),
-        "mean_ms": float(values.mean()),
-    }
-
-
 def gradio_latency(url: str, images: list[Path], clients: int, args) -> dict:
     from gradio_client import Client, handle_file
 
@@ -333,14 +331,12 @@ def load_latency(connect, query, images: list[Path], clients: int, args) -> dict
 
 def in_turns(gallery: Path, images: list[Path], url: str, args) -> dict:
     """REST at one client against the model's embed + search, query by query in turns."""
-    import app_latency_paired as paired  # its rounds; it imports this module
-
-    view, direct = paired.direct_paths(gallery, args.k)
-    client, rest = paired.rest_path(url, args.k, images[0].name)
+    view, direct = direct_paths(gallery, args.k)
+    client, rest = rest_path(url, args.k, images[0].name)
     try:
         payloads = [path.read_bytes() for path in images]
-        times = paired.measure(payloads, direct, {"rest": rest}, args.queries, paired.GAP_MS / 1000)
-        return paired.report_of(times)
+        times = measure(payloads, direct, {"rest": rest}, args.queries, GAP_MS / 1000)
+        return report_of(times)
     finally:
         client.close()
         view.close()

@@ -43,15 +43,18 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import app_latency  # noqa: E402  (the setup, the server and the summaries are its)
-
-GAP_MS = 50.0  # idle time before each timed call (--gap-ms)
+import app_latency  # noqa: E402  (the setup and the server are its)
+from app_latency_rounds import (  # noqa: E402
+    GAP_MS,
+    direct_paths,
+    lean_rest_path,
+    measure,
+    report_of,
+    rest_path,
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -106,131 +109,6 @@ def start_server(gallery: Path, args, tree: Path | None) -> tuple[subprocess.Pop
         if line.startswith(app_latency.READY):
             return server, line.split()[1]
     raise SystemExit(f"the server from {tree} ended (status {server.wait()})")
-
-
-def direct_paths(gallery: Path, k: int):
-    """Callables: one query's file bytes -> seconds for (decode, embed, search), in this
-    process (decoded here, as trusted: the model's own cost, no box)."""
-    from nearsight.data.images import load_image_sized
-    from nearsight.search.served import open_served
-
-    (view,) = open_served([gallery], device="cpu")
-
-    def run(data: bytes) -> tuple[float, float, float]:
-        start = time.perf_counter()
-        picture, _ = load_image_sized(data, "query", view.embedder.resize)
-        decoded = time.perf_counter()
-        vector = view.embedder.embed_images([picture])[0]
-        embedded = time.perf_counter()
-        found = view.search_one(vector, k)
-        assert len(found) == k
-        return decoded - start, embedded - decoded, time.perf_counter() - embedded
-
-    return view, run
-
-
-def rest_path(url: str, k: int, name: str):
-    import httpx
-
-    client = httpx.Client(timeout=120, headers={"X-API-Key": app_latency.BENCH_KEY})
-    endpoint = url.rstrip("/") + "/api/search"
-    mime = app_latency.MIME[Path(name).suffix]
-
-    def run(data: bytes) -> float:
-        start = time.perf_counter()
-        answer = client.post(endpoint, files={"image": (name, data, mime)},
-                             data={"k": str(k)})  # fmt: skip
-        answer.raise_for_status()
-        assert len(answer.json()["neighbours"]) == k
-        return time.perf_counter() - start
-
-    return client, run
-
-
-def lean_rest_path(url: str, k: int, name: str):
-    """``rest_path``'s request from the standard library's ``http.client``, one kept-alive
-    connection, the multipart body joined per call: httpx's own work (its multipart encoder,
-    its transport layers: about 1.7 ms a round trip) is the client's, not the server's."""
-    import http.client
-    from urllib.parse import urlsplit
-
-    where = urlsplit(url)
-    connection = http.client.HTTPConnection(where.hostname, where.port, timeout=120)
-    boundary = "nearsight-bench-boundary"
-    head = (f'--{boundary}\r\nContent-Disposition: form-data; name="k"\r\n\r\n{k}\r\n'
-            f'--{boundary}\r\nContent-Disposition: form-data; name="image"; '
-            f'filename="{name}"\r\nContent-Type: {app_latency.MIME[Path(name).suffix]}\r\n'
-            '\r\n').encode()  # fmt: skip
-    headers = {"X-API-Key": app_latency.BENCH_KEY,
-               "Content-Type": f"multipart/form-data; boundary={boundary}"}  # fmt: skip
-
-    def run(data: bytes) -> float:
-        start = time.perf_counter()
-        body = b"".join((head, data, f"\r\n--{boundary}--\r\n".encode()))
-        connection.request("POST", "/api/search", body=body, headers=headers)
-        answer = connection.getresponse()
-        payload = answer.read()
-        if answer.status != 200:
-            raise SystemExit(f"the server answered {answer.status}: {payload[:200]!r}")
-        assert len(json.loads(payload)["neighbours"]) == k
-        return time.perf_counter() - start
-
-    return connection, run
-
-
-def measure(
-    payloads: list[bytes], direct, rests: dict, rounds: int, gap_s: float
-) -> dict[str, list[float]]:
-    """``rounds`` rounds, each path once per round with the same query, order rotating."""
-    names = ["direct", *rests]
-    times: dict[str, list[float]] = {"decode": [], "embed": [], "search": []}
-    times.update({name: [] for name in rests})
-    for data in payloads[:3]:  # warm-up: every path, a few queries
-        direct(data)
-        for run in rests.values():
-            run(data)
-    for r in range(rounds):
-        data = payloads[r % len(payloads)]
-        shift = r % len(names)
-        for name in names[shift:] + names[:shift]:
-            time.sleep(gap_s)  # the previous path's threads stop spinning: each call alone
-            if name == "direct":
-                for part, seconds in zip(("decode", "embed", "search"), direct(data), strict=True):
-                    times[part].append(seconds)
-            else:
-                times[name].append(rests[name](data))
-    return times
-
-
-def report_of(times: dict[str, list[float]]) -> dict:
-    seconds = {name: np.asarray(values) for name, values in times.items()}
-    seconds["embed+search"] = seconds["embed"] + seconds["search"]
-    seconds["decode+embed+search"] = seconds["decode"] + seconds["embed+search"]
-    report: dict = {"paths": {n: app_latency.summary(list(v)) for n, v in seconds.items()}}
-    p50 = {name: report["paths"][name]["p50_ms"] for name in seconds}
-    goals: dict = {}
-    for yardstick in ("embed+search", "decode+embed+search"):
-        goals[f"rest_over_{yardstick}_p50"] = p50["rest"] / p50[yardstick]
-        goals[f"rest_over_{yardstick}_round_median"] = float(
-            np.median(seconds["rest"] / seconds[yardstick])
-        )
-    goals["rest_goal_met (<= 1.2 x embed+search)"] = goals["rest_over_embed+search_p50"] <= 1.2
-    if "rest_lean" in seconds:  # the same server, a lighter client
-        goals["rest_lean_over_embed+search_p50"] = p50["rest_lean"] / p50["embed+search"]
-        goals["rest_lean_over_embed+search_round_median"] = float(
-            np.median(seconds["rest_lean"] / seconds["embed+search"])
-        )
-        goals["rest_lean_goal_met (<= 1.2 x embed+search)"] = (
-            goals["rest_lean_over_embed+search_p50"] <= 1.2
-        )
-    if "before" in seconds:
-        goals["rest_over_before_p50"] = p50["rest"] / p50["before"]
-        goals["rest_over_before_round_median"] = float(
-            np.median(seconds["rest"] / seconds["before"])
-        )
-        goals["before_goal_met (<= 1.1 x before)"] = goals["rest_over_before_p50"] <= 1.1
-    report["goals"] = goals
-    return report
 
 
 def main(argv=None) -> int:

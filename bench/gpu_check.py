@@ -4,16 +4,20 @@ search, evaluation and resume, each measured against a peer in the same process.
     python bench/gpu_check.py                      # every part, full size, on the CUDA GPU
     python bench/gpu_check.py --parts train,search --json gpu.json
     python bench/gpu_check.py --cpu-smoke          # every part at a tiny size on the CPU
+    python bench/gpu_check.py --parts train --step both --json train.json   # the train part
 
 Parts (``--parts``, comma-separated; default all):
 
-  train   One short training run per seed loss (ice, rll, nra, rankmi, bcontrastive) and one
-          proxy baseline (proxyanchor, when the loss registry has it) through the real trainer:
-          ResNet-50 at 224 px, each paper's batch design (nearsight/training/configs/*_cub.yaml), bf16
-          autocast and channels_last, synthetic JPEGs decoded by the trainer's DataLoader with
-          one worker per core. Images/s (median step after warm-up) against the bare ResNet-50
-          forward+backward on a batch already on the GPU, measured in the same process (goal:
-          >= 0.85 of it), against the 3,000 img/s goal for an H200, and peak GPU memory.
+  train   One short training run per seed loss (ice, rll, nra, rankmi, bcontrastive) and the
+          proxy baseline (proxyanchor) through the real trainer: ResNet-50 at 224 px, each
+          paper's batch design (nearsight/training/configs/*_cub.yaml), bf16 autocast and
+          channels_last, synthetic JPEGs decoded by the trainer's DataLoader with one worker
+          per core; each with the eager step and the compiled one (--step, --compile-mode).
+          Images/s (median step after warm-up) against the bare ResNet-50 forward+backward on
+          a batch already on the GPU, measured in the same process (goal: >= 0.9 of it, and
+          >= 3,000 img/s at batches of 120 or more), peak GPU memory, and a torch.profiler
+          breakdown of three batches after the timed ones (forward, loss, backward,
+          optimiser, the device's idle share, the top kernels); a ratio table at the end.
   data    The training DataLoader alone (decode, random resized crop, flip, collate; one
           worker per core) in images/s, against the bare forward+backward: below it, loading
           is the bottleneck. Beside it, JPEG decoding on the GPU (torchvision.io.decode_jpeg
@@ -102,6 +106,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="DataLoader workers (default: one per CPU core this process may use)",
     )
     parser.add_argument(
+        "--step",
+        choices=("eager", "compiled", "both"),
+        default="both",
+        help="train part: the trainer's step eager (compile: off), compiled (torch.compile of "
+        "the network and the loss) or both, each profiled (default: both)",
+    )
+    parser.add_argument(
+        "--compile-mode",
+        default="default",
+        choices=("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"),
+        help="train part: the compiled step's torch.compile mode (default: default)",
+    )
+    parser.add_argument(
+        "--losses",
+        metavar="LIST",
+        help="train part: comma-separated losses (default: the six designs: ice, rll, nra, "
+        "rankmi, bcontrastive, proxyanchor)",
+    )
+    parser.add_argument(
         "--workdir",
         metavar="DIR",
         help="keep the synthetic data, runs and models here (default: a temporary folder)",
@@ -142,7 +165,13 @@ def environment(ctx: Context) -> dict[str, Any]:
     return info
 
 
-def run_parts(ctx: Context, names: list[str]) -> dict[str, dict[str, Any]]:
+def run_parts(
+    ctx: Context,
+    names: list[str],
+    after_part: Callable[[dict[str, dict[str, Any]]], None] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Each part in turn; ``after_part`` sees the results so far after each one (the JSON
+    file is written as the parts finish: a check stopped from outside keeps its parts)."""
     functions = part_functions()
     results: dict[str, dict[str, Any]] = {}
     for name in names:
@@ -161,6 +190,8 @@ def run_parts(ctx: Context, names: list[str]) -> dict[str, dict[str, Any]]:
         part.seconds = round(time.perf_counter() - start, 1)
         results[name] = part.to_dict()
         print(f"   {name}: {part.status} in {part.seconds:.1f} s", file=sys.stderr, flush=True)
+        if after_part is not None:
+            after_part(results)
     return results
 
 
@@ -222,9 +253,20 @@ def main(argv: list[str] | None = None) -> int:
         ctx = Context.create(
             workdir, Sizes.smoke() if args.cpu_smoke else Sizes.full(), args.cpu_smoke, args.workers
         )
+        ctx.train_steps = ("eager", "compiled") if args.step == "both" else (args.step,)
+        ctx.compile_mode = args.compile_mode
+        if args.losses:
+            ctx.train_losses = tuple(x.strip() for x in args.losses.split(",") if x.strip())
         if ctx.note:
             print(f"nearsight: note: {ctx.note}", file=sys.stderr)
-        summary = {"environment": environment(ctx), "parts": run_parts(ctx, args.parts)}
+        env = environment(ctx)
+
+        def write_partial(parts: dict[str, dict[str, Any]]) -> None:
+            if args.json:
+                partial = {"environment": env, "parts": parts, "partial": True}
+                Path(args.json).write_text(json.dumps(partial, indent=2) + "\n")
+
+        summary = {"environment": env, "parts": run_parts(ctx, args.parts, write_partial)}
     text = table(summary)
     print(text)
     if args.json:

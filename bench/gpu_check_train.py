@@ -33,6 +33,15 @@ PROXY_BASELINE = "proxyanchor"
 PROXY_DESIGN = (60, 3)
 
 
+def train_workers(ctx: Context) -> int:
+    """DataLoader workers for the trainer: one per core but two, left to the process that
+    launches the step's kernels and to its pin-memory thread (a worker on every core starves
+    them; the data part shows the loader alone far above the step's rate)."""
+    if ctx.smoke or ctx.workers <= 2:
+        return ctx.workers
+    return max(2, min(ctx.workers, ctx.cores - 2))
+
+
 def loss_config(ctx: Context, loss: str, root: Path, out_steps: int, **extra: Any):
     """The paper's CUB configuration of ``loss`` (batch design, optimiser, dim) on the
     synthetic JPEGs at the check's image size, from scratch, on the check's device."""
@@ -41,7 +50,7 @@ def loss_config(ctx: Context, loss: str, root: Path, out_steps: int, **extra: An
         "data.dataset": "folder",
         "data.root": str(root),
         "data.image_size": ctx.sizes.image_size,
-        "data.workers": ctx.workers,
+        "data.workers": train_workers(ctx),
         "data.eval_batch_size": 256 if ctx.cuda else 16,
         "model.pretrained": "none",
         "loss.name": loss,
@@ -83,62 +92,171 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def run_train(ctx: Context, part: Part) -> None:
-    from nearsight.training.losses import LOSSES
+PROFILED_BATCHES = 3  # after the timed steps, outside their median
+# the runs of the train part stop starting after this (each run's time, compiling included,
+# is known from the longest so far): the whole check must fit a lent machine's 10 minutes
+TRAIN_BUDGET_S = 480
+# --cpu-smoke's compiled runs: a whole-graph loss on three heads, and a loss run eagerly
+# beside the compiled network (with RankMI's critic batches)
+SMOKE_COMPILED = ("ice", "rankmi")
+
+
+def compile_setting(ctx: Context, step: str) -> str:
+    """The trainer's ``compile`` for ``step``: off, or the check's mode. On the CPU (smoke)
+    the compiled step traces with dynamo and AOTAutograd but skips inductor's code generation
+    (minutes of C++ compiling for a self-test): :func:`smoke_compiler`."""
+    return "off" if step == "eager" else ctx.compile_mode
+
+
+@contextlib.contextmanager
+def smoke_compiler(ctx: Context, step: str):
+    """In --cpu-smoke, torch.compile with the aot_eager backend for the compiled step."""
+    if not (ctx.smoke and step == "compiled"):
+        yield
+        return
+    real = torch.compile
+
+    def aot_eager(model, *, mode=None, **options):
+        return real(model, backend="aot_eager", **options)
+
+    torch.compile = aot_eager
+    try:
+        yield
+    finally:
+        torch.compile = real
+
+
+def train_once(ctx: Context, loss: str, step: str, config) -> dict[str, Any]:
+    """One trainer run of ``loss`` with the ``step`` variant: median images/s of the timed
+    steps, peak memory, the profile of the batches after them, seconds in all."""
+    from gpu_check_profile import StepProfiler, profiled_trainer
+
     from nearsight.training.run import train
+
+    # the first variant's run is train/LOSS: the export part serves train/ice/best.pt
+    out = ctx.workdir / "train" / (loss if step == ctx.train_steps[0] else f"{loss}-{step}")
+    if ctx.cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    critic_batches = 2 if loss == "rankmi" else 1  # RankMI: a critic batch after each step
+    timed = ctx.sizes.train_steps + ctx.sizes.train_warmup
+    profiler = StepProfiler(critic_batches * timed + 1, PROFILED_BATCHES, ctx.cuda)
+    started = time.perf_counter()
+    torch._dynamo.reset()  # each run compiles for itself: its time is the run's
+    with profiled_trainer(profiler), smoke_compiler(ctx, step):
+        train(config, out)
+    seconds = time.perf_counter() - started
+    records = read_jsonl(out / "train.jsonl")
+    first = critic_batches * ctx.sizes.train_warmup
+    timed_records = records[first : critic_batches * timed]
+    return {
+        "images_per_s": median([r["images_per_s"] for r in timed_records]),
+        "peak_gb": torch.cuda.max_memory_allocated() / 2**30 if ctx.cuda else None,
+        "design": f"{config.sampler.classes_per_batch}x{config.sampler.per_class}",
+        "profile": profiler.result,
+        "seconds": round(seconds, 1),
+    }
+
+
+def run_train(ctx: Context, part: Part) -> None:
+    from gpu_check_profile import describe
+
+    from nearsight.training.losses import LOSSES
 
     ctx.require_gpu("training on the GPU")
     root = synthetic_jpegs(ctx)
-    losses = list(SEED_LOSSES)
-    if PROXY_BASELINE in LOSSES:
-        losses.append(PROXY_BASELINE)
-    steps = ctx.sizes.train_steps + ctx.sizes.train_warmup
-    configs = {loss: loss_config(ctx, loss, root, steps) for loss in losses}
+    losses = list(ctx.train_losses or (*SEED_LOSSES, PROXY_BASELINE))
+    unknown = [loss for loss in losses if loss not in LOSSES]
+    if unknown:
+        raise ValueError(f"unknown loss(es) {unknown}; valid: {sorted(LOSSES)}")
+    # timed steps, then the profiled batches (RankMI: twice as many batches, a critic batch
+    # after each step) and one to end the profile
+    steps = ctx.sizes.train_steps + ctx.sizes.train_warmup + PROFILED_BATCHES + 1
+    configs = {  # every eager run first: a check stopped by a time limit keeps them whole
+        (loss, step): loss_config(ctx, loss, root, steps, compile=compile_setting(ctx, step))
+        for step in ctx.train_steps
+        for loss in losses
+        # the self-test traces the compiled step of the two kinds of loss, not all six
+        if not (ctx.smoke and step == "compiled" and loss not in SMOKE_COMPILED)
+    }
     designs = {
         loss: (c.sampler.classes_per_batch * c.sampler.per_class, c.model.dim)
-        for loss, c in configs.items()
+        for (loss, _), c in configs.items()
     }
     for batch, dim in sorted(set(designs.values())):
         bare_images_per_s(ctx, batch, dim)  # before the runs; again after, the faster kept
-    runs: dict[str, dict[str, Any]] = {}
-    for loss, config in configs.items():
-        out = ctx.workdir / "train" / loss
-        if ctx.cuda:
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-        train(config, out)
-        records = read_jsonl(out / "train.jsonl")[ctx.sizes.train_warmup :]
-        runs[loss] = {
-            "images_per_s": median([r["images_per_s"] for r in records]),
-            "peak_gb": torch.cuda.max_memory_allocated() / 2**30 if ctx.cuda else None,
-            "design": f"{config.sampler.classes_per_batch}x{config.sampler.per_class}",
-        }
+    runs: dict[tuple[str, str], dict[str, Any]] = {}
+    failures = []
+    started, longest = time.perf_counter(), 0.0
+    for (loss, step), config in configs.items():
+        if not ctx.smoke and time.perf_counter() - started + longest > TRAIN_BUDGET_S:
+            part.skip_row(f"{loss} step {step}", f"the train part's {TRAIN_BUDGET_S} s are used")
+            continue
+        try:
+            run = runs[loss, step] = train_once(ctx, loss, step, config)
+        except Exception as error:  # one loss's failure must not hide the others' numbers
+            failures.append(f"{loss} {step}: {type(error).__name__}: {error}"[:300])
+            part.skip_row(f"{loss} step {step}", f"FAILED: {failures[-1]}")
+            continue
+        longest = max(longest, run["seconds"])
+        part.progress(
+            f"{loss} {step}: {run['images_per_s']:.1f} img/s in a {run['seconds']:.0f} s run; "
+            f"{describe(run['profile'])}"
+        )
     for batch, dim in sorted(set(designs.values())):
         bare_images_per_s(ctx, batch, dim)
-    for loss, run in runs.items():
+    table = []
+    for (loss, step), run in runs.items():
         batch, dim = designs[loss]
         bare = ctx.cache[("bare", batch, dim)]
         ratio = run["images_per_s"] / bare
         memory = f", peak {run['peak_gb']:.1f} GB" if run["peak_gb"] is not None else ""
         part.row(
-            f"{loss} {run['design']}={batch}, dim {dim}, step",
+            f"{loss} {run['design']}={batch}, dim {dim}, step {step}",
             round(run["images_per_s"], 1),
             "img/s",
             peer=round(bare, 1),
             ratio=round(ratio, 3),
+            step=step,
+            compile=configs[loss, step].compile,
             goal_ratio=BARE_RATIO_GOAL,
             meets_ratio_goal=ratio >= BARE_RATIO_GOAL,
             of_h200_goal=round(run["images_per_s"] / H200_GOAL_IMAGES_PER_S, 3),
             peak_gpu_gb=None if run["peak_gb"] is None else round(run["peak_gb"], 2),
-            note=f"peer: bare fwd+bwd; {run['images_per_s'] / H200_GOAL_IMAGES_PER_S:.2f} of "
-            f"the {H200_GOAL_IMAGES_PER_S:,.0f} img/s goal{memory}",
+            run_seconds=run["seconds"],
+            profile=run["profile"],
+            note=f"{describe(run['profile'])}{memory}",
         )
-    if PROXY_BASELINE not in LOSSES:
-        part.skip_row(
-            f"{PROXY_BASELINE} (proxy baseline)",
-            f"'{PROXY_BASELINE}' is not in the loss registry yet (issue #14 adds it)",
+        table.append((loss, run["design"], batch, step, run["images_per_s"], bare, ratio))
+    part.info["ratio_table"] = [
+        dict(
+            zip(
+                ("loss", "design", "batch", "step", "images_per_s", "bare", "ratio"), r, strict=True
+            )
         )
+        for r in table
+    ]
+    print_ratio_table(table)
     ctx.cache["bare_best"] = max(v for k, v in ctx.cache.items() if k[0] == "bare")
+    if failures:
+        raise RuntimeError("; ".join(failures))
+
+
+def print_ratio_table(table: list[tuple]) -> None:
+    """The trainer against the bare forward+backward at its batch, one line per design/step."""
+    lines = [
+        "",
+        f"train: trainer vs bare ResNet-50 fwd+bwd (goal >= {BARE_RATIO_GOAL} of bare, "
+        f">= {H200_GOAL_IMAGES_PER_S:,.0f} img/s at batch >= 120)",
+        f"  {'loss':<13} {'design':<10} {'step':<9} {'img/s':>8} {'bare':>8} {'ratio':>6}  goal",
+    ]
+    for loss, design, batch, step, rate, bare, ratio in table:
+        goal = ratio >= BARE_RATIO_GOAL and (batch < 120 or rate >= H200_GOAL_IMAGES_PER_S)
+        lines.append(
+            f"  {loss:<13} {f'{design}={batch}':<10} {step:<9} {rate:>8.1f} {bare:>8.1f} "
+            f"{ratio:>6.3f}  {'met' if goal else 'not met'}"
+        )
+    print("\n".join(lines) + "\n", flush=True)
 
 
 # -- data loading alone ---------------------------------------------------------------------
@@ -262,6 +380,8 @@ def deterministic():
 
 
 def run_resume(ctx: Context, part: Part) -> None:
+    """(Eager steps: the check is of the resumed state, and three compiles would triple its
+    time; the train part measures the compiled step.)"""
     from nearsight.models.checkpoint import load_checkpoint
     from nearsight.training.run import train
 
@@ -270,7 +390,7 @@ def run_resume(ctx: Context, part: Part) -> None:
     steps = ctx.sizes.resume_steps
     design = {"sampler.classes_per_batch": 4, "sampler.per_class": 2} if ctx.smoke else {}
     # last.pt at the half-way stop and at the end only: each save writes ~300 MB
-    common = {"save_every": steps // 2, "optim.schedule": "constant", **design}
+    common = {"save_every": steps // 2, "optim.schedule": "constant", "compile": "off", **design}
     straight, resumed = ctx.workdir / "resume" / "straight", ctx.workdir / "resume" / "resumed"
     with deterministic():
         train(loss_config(ctx, "ice", root, steps, **common), straight)

@@ -40,6 +40,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+from clustered_vectors import clustered
+from clustered_vectors import unit as _unit
 
 from nearsight.search.rerank.evaluate import evaluate_reranked
 from nearsight.search.rerank.spec import parse_rerank
@@ -47,11 +49,6 @@ from nearsight.search.rerank.tune import GRID, TuningRow, choose
 
 FAMILIES = ("aqe", "dba", "dba+aqe", "kreciprocal")
 KS = (1, 8)
-
-
-def _unit(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float32)
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
 # -- galleries -------------------------------------------------------------------------------
@@ -150,18 +147,6 @@ def run_quality(args) -> dict:
 
 
 # -- latency ---------------------------------------------------------------------------------
-
-
-DIM = 128  # the papers' embedding width
-
-
-def clustered(n: int, dim: int = DIM, classes: int = 1000, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    centres = rng.standard_normal((classes, dim), dtype=np.float32)
-    points = centres[rng.integers(0, classes, n)] + 0.8 * rng.standard_normal(
-        (n, dim), dtype=np.float32
-    )
-    return _unit(points)
 
 
 def timed(call, repeats: int) -> float:
@@ -296,7 +281,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rerank", nargs="+", default=list(FAMILIES))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="pairwise")
     parser.add_argument("--depths", type=int, nargs="+", default=[5, 10, 20, 50], help="pairwise")
-    parser.add_argument("--parts", nargs="+", default=["quality", "cost"], help="pairwise")
+    parser.add_argument("--parts", nargs="+", default=["quality", "cost"],
+                        help="pairwise: quality, cost, unseen (rerank train's own choice)")  # fmt: skip
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     parts = {"quality": run_quality, "latency": run_latency, "rest": run_rest}

@@ -1,7 +1,7 @@
 """The learned pairwise re-ranker (issue 41): its lift on unseen classes and its cost.
 
     python bench/rerank.py pairwise [--workdir DIR] [--seeds 0 1 2] [--depths 5 10 20 50]
-        [--parts quality cost]
+        [--parts quality cost unseen]
 
 Two real sets, each with an embedding trained here from scratch on its training classes (a
 ResNet-50, RLL, the CLI's own train and export):
@@ -195,7 +195,7 @@ def cost(workdir: Path, depth: int = 20, items: int = 10_000) -> dict:
     from nearsight.training.pairwise import FitSettings, PairScorer, export_scorer
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from rerank import clustered
+    from clustered_vectors import clustered
 
     reranker = workdir / "cost-128.onnx"
     export_scorer(PairScorer(128, hidden=FitSettings().hidden), reranker, "0" * 64)
@@ -236,6 +236,38 @@ def cost(workdir: Path, depth: int = 20, items: int = 10_000) -> dict:
     return report
 
 
+def unseen(workdir: Path, seeds) -> dict:
+    """``nearsight rerank train`` itself (default and --stage layer3, each seed, its own
+    choice on held-out training classes) on the digits set, scored on the unseen digits 5-9,
+    leave-one-out (bench/results/rerank_pairwise_unseen.json)."""
+    import json
+
+    from nearsight.search.rerank.pairwise import load_reranker
+
+    root, kind, model = make_set("digits", workdir)
+    test = embedded(root, kind, model)["test"]
+    plain = scores(*test[:2], "none")["recall@1"]
+    runs = []
+    for variant, extra in (("default", []), ("layer3", ["--stage", STAGE])):
+        for seed in seeds:
+            out = workdir / f"unseen-{variant}-{seed}.onnx"
+            command = [sys.executable, "-m", "nearsight.app.cli", "rerank", "train", "--model",
+                       str(model), "--dataset", kind, "--root", str(root), "--out", str(out),
+                       "--seed", str(seed), "--json", *extra]  # fmt: skip
+            report = json.loads(subprocess.run(command, capture_output=True, text=True,
+                                               check=True).stdout)  # fmt: skip
+            opened = load_reranker(out)
+            side = test[2] if opened.side_dim else None
+            got = scores(*test[:2], f"pairwise:model={out},depth=20", side)["recall@1"]
+            runs.append({"variant": variant, "seed": seed, "kept": opened.meta["kept"],
+                         "held_out_plain_recall@1": report["plain"]["recall_at_1"],
+                         "held_out_chosen_recall@1": report["chosen"]["recall_at_1"],
+                         "candidates": report["candidates"], "unseen_recall@1": got})  # fmt: skip
+            print(f"  {variant} seed {seed}: {opened.meta['kept']}, unseen Recall@1 "
+                  f"{plain:.4f} -> {got:.4f}")  # fmt: skip
+    return {"plain_unseen_recall@1": plain, "runs": runs, "load_average": os.getloadavg()}
+
+
 def run_pairwise(args) -> dict:
     import torch
 
@@ -247,6 +279,8 @@ def run_pairwise(args) -> dict:
     if "quality" in args.parts:  # no timing: run it beside other work
         for name in ("digits", "synthetic"):
             report[name] = quality(name, workdir, args.seeds, args.depths)
+    if "unseen" in args.parts:  # rerank train's own choice, never worse on unseen classes
+        report["unseen"] = unseen(workdir, args.seeds)
     if "cost" in args.parts:  # timing: under flock /tmp/nearsight-bench.lock
         print(
             f"\ncost per query, 10,000 items, 128-d, flat, k=8, medians of {ROUNDS} rounds in turns:"

@@ -10,6 +10,7 @@ bare is what the defaults gain over fp32 after data and loss overhead (issue 27'
     python bench/train_step.py                       # CPU, 64 px, batch 32
     python bench/train_step.py --device cuda --image-size 224 --batch 120 --steps 40
     python bench/train_step.py --image-size 48 --workers 1 --cache-images   # the demo's data path
+    python bench/train_step.py --device cuda --image-size 224 --batch 120 --compile off
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 from nearsight.data.datasets.synthetic import write_synthetic
 from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
 from nearsight.training.config import load_config
+from nearsight.training.config_checks import COMPILE_SETTINGS
 from nearsight.training.run import train
 
 
@@ -76,6 +78,7 @@ def full_images_per_s(args: argparse.Namespace, data: Path, out: Path) -> float:
             "save_every": 10**9,
             "log_every": 1,  # images_per_s per step, not averaged over a logging interval
             "device": args.device,
+            "compile": args.compile,
         },
     )
     train(config, out)
@@ -96,6 +99,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument(
+        "--compile",
+        default="auto",
+        choices=COMPILE_SETTINGS,
+        help="the trainer's torch.compile setting (auto: on CUDA only)",
+    )
+    parser.add_argument(
         "--cache-images",
         action="store_true",
         help="decode the training images once and keep them in memory (data.cache_images)",
@@ -114,7 +123,8 @@ def main() -> None:
         bare_bf16 = bare_images_per_s(args, device, bf16=True) if device.type == "cpu" else None
     print(
         f"device {args.device}, ResNet-50, {args.image_size} px, batch {args.batch}, loss "
-        f"{args.loss}, workers {args.workers}, cached images {args.cache_images}"
+        f"{args.loss}, workers {args.workers}, cached images {args.cache_images}, "
+        f"compile {args.compile}"
     )
     print(f"{'bare forward+backward':<28} {bare:8.1f} images/s")
     if bare_bf16 is not None:

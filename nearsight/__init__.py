@@ -12,7 +12,8 @@ imports neither torch nor onnxruntime):
 
 - :func:`open_gallery` (path, model=None) -> a :class:`Searcher` with ``.search(image, k=8)``,
   ``.search_many(images)``, ``.search_item(id)``, ``.search_vector(v)``, ``.vector(id)``,
-  ``.evaluate()`` and ``len()``; results are lists of :class:`Neighbour`, with
+  ``.evaluate()`` and ``len()`` (each search takes ``offset=`` for a page and ``group_by=``
+  for one answer per value of a column); results are lists of :class:`Neighbour`, with
   ``.to_pandas()``, and show as a grid in Jupyter;
 - :func:`build_gallery` (model, out, dataset=... | images=...) -> the new gallery, opened,
   with its :class:`BuildReport` (the index layer's builder, which ``nearsight index build``

@@ -7,7 +7,7 @@ tmp_path_retention_policy in pyproject.toml)."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -40,6 +40,32 @@ def onnx_gallery(tmp_path_factory) -> Iterator[OnnxGallery]:
     root = tmp_path_factory.mktemp("onnx-gallery")
     yield make_onnx_gallery(root)
     shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def synthetic_folder(tmp_path_factory) -> Iterator[Callable[..., Path]]:
+    """``make(classes=8, per_class=4, size=32)``: a synthetic image folder (seed 0), written
+    once per module and settings."""
+    from nearsight.data.datasets.synthetic import write_synthetic
+
+    made: dict[tuple[int, int, int], Path] = {}
+
+    def make(classes: int = 8, per_class: int = 4, size: int = 32) -> Path:
+        key = (classes, per_class, size)
+        if key not in made:
+            made[key] = tmp_path_factory.mktemp("synth") / "data"
+            write_synthetic(made[key], classes=classes, per_class=per_class, size=size, seed=0)
+        return made[key]
+
+    yield make
+    for root in made.values():
+        shutil.rmtree(root.parent, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def synth(synthetic_folder) -> Path:
+    """8 synthetic classes of 4 images at 32 px (the training tests' folder)."""
+    return synthetic_folder()
 
 
 @pytest.fixture(scope="session")

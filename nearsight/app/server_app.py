@@ -36,7 +36,7 @@ from starlette.routing import Mount
 
 from nearsight.app.page.layout import PageBlocks, build_app
 from nearsight.app.rest import API_PREFIX, FORM_SLACK_BYTES, close_rest_app, make_rest_app
-from nearsight.app.serve.auth import Sessions
+from nearsight.app.serve.auth import ApiKeys, Sessions
 from nearsight.app.serve.clients import TrustedProxies
 from nearsight.app.serve.galleries import Galleries
 from nearsight.app.serve.guard import Guard, GuardSettings
@@ -98,22 +98,27 @@ def build_server_app(page: PageBlocks, settings: Settings) -> tuple[FastAPI, dic
     max_bytes = settings.max_upload_bytes
     proxies = TrustedProxies(settings.forwarded_allow_ips)
     galleries.max_filter_conditions = settings.max_filter_conditions
-    rest = make_rest_app(galleries, max_upload_bytes=max_bytes, api_key=settings.api_key,
+    keys = ApiKeys.of(settings.api_key, settings.keys_file)
+    rest = make_rest_app(galleries, max_upload_bytes=max_bytes, keys=keys,
                          concurrency=settings.concurrency,
-                         max_waiting=settings.max_queue)  # fmt: skip
+                         max_waiting=settings.max_queue,
+                         allow_writes=settings.allow_writes)  # fmt: skip
     batchers = rest.state.rest.batchers.values()
     metrics = ServerMetrics(
         lambda: [(v.name, len(v), v.generation) for v in galleries],
         lambda: sum(batcher.waiting for batcher in batchers),
     )
-    key = settings.api_key
     uploads = UploadBudget.for_limit(max_bytes, settings.body_timeout)
     uploads.upload_dir = Path(get_upload_folder())
     guard = GuardSettings(
         max_body_bytes=max_bytes + FORM_SLACK_BYTES,
         hosts=AllowedHosts.for_server(settings.host, settings.host_names),
-        api_key=key,
-        sessions=Sessions(key, settings.session_s, secure=settings.secure_cookie) if key else None,
+        keys=keys,
+        sessions=(
+            Sessions(keys.secret, settings.session_s, secure=settings.secure_cookie)
+            if keys
+            else None
+        ),  # fmt: skip
         body_timeout_s=settings.body_timeout,
         metrics=metrics,
         access_log=settings.access_log,
@@ -155,6 +160,9 @@ def build_server_app(page: PageBlocks, settings: Settings) -> tuple[FastAPI, dic
         mcp_server=False,
         theme=system_theme(),
     )
+    # mounted, Gradio checks a payload's file paths only once it thinks itself launched (its
+    # own reload sets this too): the page's inputs come from its upload folder alone
+    page.has_launched = True
     app.add_middleware(QueueJoinFiles, budget=uploads)
     app.add_middleware(Guard, settings=guard)  # added last: outermost
     return app, {"rest": rest, "guard": guard, "connections": connections}
@@ -166,7 +174,9 @@ def launch_app(page: PageBlocks, settings: Settings) -> str:
     :func:`stop_app` to stop). ``settings.api_key`` is used as given (:func:`serve` resolves
     it from a file or the environment)."""
     galleries = page.nearsight.galleries
-    shared_box(settings.concurrency)  # uploads are decoded there: warm before the first one
+    box = shared_box(settings.concurrency)  # uploads are decoded there: warm before the first
+    if box is not None:
+        box.warm()
     app, parts = build_server_app(page, settings)
     listener = _listen(settings.host, settings.port)
     port = listener.getsockname()[1]
@@ -233,8 +243,11 @@ def serve(settings: Settings) -> None:
     TrustedProxies(settings.forwarded_allow_ips)  # a one-line error for a name that is not one
     check_decode_limits(settings.decode_memory_mb, settings.decode_timeout)
     check_address(settings.host, settings.port)  # before minutes of loading galleries
-    key = resolve_api_key(settings.api_key, settings.api_key_file, settings.host)
+    # with a keys file, a lone key is optional; every key is checked for its length
+    needs_one = settings.host if settings.keys_file is None else "127.0.0.1"
+    key = resolve_api_key(settings.api_key, settings.api_key_file, needs_one)
     settings = settings.replace(api_key=key)
+    ApiKeys.of(key, settings.keys_file, settings.host)  # one-line errors before the galleries
     page = build_app(settings.galleries, settings.model, device=settings.device,
                      concurrency=settings.concurrency, max_queue=settings.max_queue,
                      analysis_max_items=settings.analysis_max_items,

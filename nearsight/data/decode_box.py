@@ -26,22 +26,21 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import fcntl
 import json
 import os
 import queue
+import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 from PIL import Image
 
 from nearsight.core.errors import NearsightError
 from nearsight.data import decode_worker as wire
+from nearsight.data.decode_process import WORKER_LOG_ENV, Worker
 from nearsight.data.images import ImageLoadError, load_image_sized
 from nearsight.data.pipe_io import Late, receive_by, send_by
 from nearsight.models.preprocess import MAX_ASPECT_RATIO, fit_short_side
@@ -53,10 +52,6 @@ MIN_MEMORY_MB = 64
 DEFAULT_TIMEOUT_S = 30.0  # a 64-megapixel 16-bit PNG takes a few seconds on a loaded core
 START_TIMEOUT_S = 60.0  # a worker's imports, on a loaded machine
 TRUSTED_ENV = "NEARSIGHT_TRUSTED_IMAGES"
-WORKER_LOG_ENV = "NEARSIGHT_DECODE_WORKER_LOG"
-PIPE_BYTES = 1 << 20  # Linux's largest pipe buffer for an unprivileged process
-MALLOC_MMAP_BYTES = 4 << 20  # a worker's allocations below this come from its heap
-MALLOC_TRIM_BYTES = 16 << 20  # at most this much freed heap stays mapped
 
 
 @dataclass(frozen=True)
@@ -65,56 +60,6 @@ class Fitted:
 
     image: Image.Image  # RGB, short side ``short``, long side at most 16 short sides
     loaded_size: tuple[int, int]  # (width, height) upright at full size, for the catalog
-
-
-class _Worker:
-    def __init__(self, memory_mb: int, timeout_s: float):
-        cpu_s = 2 * timeout_s + 5  # the kernel's backstop, past the box's own wall-time limit
-        log = os.environ.get(WORKER_LOG_ENV)  # where a worker's stderr goes (debugging)
-        with open(log or os.devnull, "ab") as stderr:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "nearsight.data.decode_worker", str(memory_mb),
-                 str(cpu_s)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
-                close_fds=True, cwd="/", env=_worker_env(),
-            )  # fmt: skip
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.to_worker = self.process.stdin.fileno()
-        self.from_worker = self.process.stdout.fileno()
-        os.set_blocking(self.to_worker, False)  # a stuck worker cannot block a write past
-        os.set_blocking(self.from_worker, False)  # the deadline
-        for fd in (self.to_worker, self.from_worker):
-            # a whole answer (a few hundred KB) in one write: no wake-up per 64 KB
-            with contextlib.suppress(OSError, AttributeError):
-                fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
-        self.ready = False
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        for pipe in (self.process.stdin, self.process.stdout):
-            with contextlib.suppress(OSError):
-                pipe.close()
-        self.process.wait()
-
-
-def _worker_env() -> dict[str, str]:
-    """The worker imports this nearsight, wherever the caller's working folder is."""
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    # one thread per library: a thread pool reserves address space (stacks, arenas) the limit
-    # counts, and a worker decodes one image at a time anyway
-    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        env[name] = "1"
-    env["MALLOC_ARENA_MAX"] = "1"
-    # each image's buffers (a few hundred KB) are reused from the heap, not mapped and unmapped
-    # again (page faults on every request; glibc's default thresholds adapt to each free);
-    # larger ones are still given back when freed, and at most 16 MB of freed heap stays
-    # mapped against the worker's memory limit
-    env["MALLOC_MMAP_THRESHOLD_"] = str(MALLOC_MMAP_BYTES)
-    env["MALLOC_TRIM_THRESHOLD_"] = str(MALLOC_TRIM_BYTES)
-    return env
 
 
 class DecodeBox:
@@ -131,9 +76,9 @@ class DecodeBox:
         if workers < 1:
             raise NearsightError(f"a decode box needs at least 1 worker, got {workers}")
         self.memory_mb, self.timeout_s = int(memory_mb), float(timeout_s)
-        self._idle: queue.Queue[_Worker] = queue.Queue()
+        self._idle: queue.Queue[Worker] = queue.Queue()
         self._lock = threading.Lock()
-        self._all: set[_Worker] = set()
+        self._all: set[Worker] = set()
         self._closed = False
         self.replaced = 0  # workers killed (late, out of memory, crashed) and started again
         self.grow(workers)
@@ -142,6 +87,12 @@ class DecodeBox:
     def workers(self) -> int:
         return len(self._all)
 
+    @property
+    def pids(self) -> list[int]:
+        """The process ids of its workers (operators and tests signal them)."""
+        with self._lock:
+            return sorted(worker.process.pid for worker in self._all)
+
     def grow(self, workers: int) -> None:
         """Start workers until there are ``workers`` (they warm up in the background)."""
         with self._lock:
@@ -149,17 +100,34 @@ class DecodeBox:
                 self._start()
 
     def _start(self) -> None:
-        worker = _Worker(self.memory_mb, self.timeout_s)
+        worker = Worker(self.memory_mb, self.timeout_s)
         self._all.add(worker)
         self._idle.put(worker)
 
-    def _replace(self, worker: _Worker) -> None:
+    def warm(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Wait until the idle workers have started (a server calls this before it listens:
+        the wait for a worker counts within each image's deadline)."""
+        deadline = time.monotonic() + timeout_s
+        idle = []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                idle.append(self._idle.get_nowait())
+        for worker in idle:
+            if not worker.ready:
+                self._started(worker, deadline)
+            self._idle.put(worker)
+
+    def _replace(self, worker: Worker) -> None:
         worker.kill()
         with self._lock:
             self._all.discard(worker)
             self.replaced += 1
             if not self._closed:
                 self._start()
+
+    def _retire(self, worker: Worker | None) -> None:
+        if worker is not None:
+            self._replace(worker)
 
     def close(self) -> None:
         with self._lock:
@@ -204,50 +172,74 @@ class DecodeBox:
         if self._closed:
             raise NearsightError("the decode box is closed")
         header = {**header, "short": int(short), "interpolation": interpolation}
-        worker = self._take()
+        # the deadline counts the wait for a worker too: a busy or restarting box is late
+        deadline = time.monotonic() + self.timeout_s
+        message = json.dumps(header).encode()
+        head = wire.REQUEST_HEAD.pack(len(message)) + message + wire.PAYLOAD_HEAD.pack(len(data))
+        worker: Worker | None = None
         try:
-            deadline = time.monotonic() + self.timeout_s
-            message = json.dumps(header).encode()
-            head = wire.REQUEST_HEAD.pack(len(message)) + message + wire.PAYLOAD_HEAD.pack(len(data))
-            send_by(worker.to_worker, (head, data), deadline)  # one message: one wake-up
-            if meanwhile is not None:
-                meanwhile()
-            fitted = self._answer(worker, name, short, deadline)
+            for attempt in (1, 2):
+                worker = self._take(deadline, name)
+                try:
+                    send_by(worker.to_worker, (head, data), deadline)  # one message, one wake-up
+                    if meanwhile is not None:
+                        meanwhile()
+                        meanwhile = None
+                    fitted = self._answer(worker, name, short, deadline)
+                    break
+                except (BrokenPipeError, EOFError):
+                    # killed from outside while idle (it never read the request, or died by
+                    # SIGKILL, which no decoder sends itself): not this file's doing; once
+                    # more with a fresh worker, within the same deadline
+                    if attempt == 2 or not _killed_outside(worker):
+                        raise
+                    dead, worker = worker, None
+                    self._replace(dead)
         except Late:
-            self._replace(worker)
+            self._retire(worker)
             raise ImageLoadError.for_file(
                 name, f"decoding it took longer than the limit of {self.timeout_s:g} s"
             ) from None
         except (EOFError, OSError):
-            self._replace(worker)
+            self._retire(worker)
             raise ImageLoadError.for_file(
                 name,
                 f"the decoder stopped on it (over the limit of {self.memory_mb} MB of "
                 "memory, or a corrupt file)",
             ) from None
         except _OutOfMemory:
-            self._replace(worker)
+            self._retire(worker)
             raise ImageLoadError.for_file(
                 name, f"decoding it needs more than the limit of {self.memory_mb} MB of memory"
             ) from None
         except _Refused as refusal:  # the worker is fine: only the file was bad
-            self._idle.put(worker)
+            self._idle.put(worker)  # type: ignore[arg-type]
             raise ImageLoadError.for_file(name, str(refusal)) from None
         except BaseException:
-            self._replace(worker)
+            self._retire(worker)
             raise
-        self._idle.put(worker)
+        self._idle.put(worker)  # type: ignore[arg-type]
         return fitted
 
-    def _take(self) -> _Worker:
-        """An idle worker that is alive and ready (one that died while idle, or did not start,
-        is replaced; three in a row that do not start are an error)."""
+    def _take(self, deadline: float, name: str) -> Worker:
+        """An idle worker that is alive and ready, by ``deadline`` (one that died while idle, or
+        did not start, is replaced; three in a row that do not start are an error)."""
         code = None
         for _ in range(3):
-            worker = self._idle.get()
-            if worker.process.poll() is None and (worker.ready or self._started(worker)):
+            try:
+                worker = self._idle.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise ImageLoadError.for_file(name, "no image decoder was free within the "
+                                              f"limit of {self.timeout_s:g} s: retry") from None  # fmt: skip
+            if worker.process.poll() is None and (
+                worker.ready or self._started(worker, deadline)
+            ):
                 return worker
             code = worker.process.poll()
+            if code is None and time.monotonic() >= deadline:  # still starting: keep it
+                self._idle.put(worker)
+                raise ImageLoadError.for_file(name, "the image decoder did not start within "
+                                              f"the limit of {self.timeout_s:g} s: retry")  # fmt: skip
             self._replace(worker)
         raise NearsightError(
             f"the image decoder did not start (exit code {code}; set {WORKER_LOG_ENV}=FILE "
@@ -255,16 +247,19 @@ class DecodeBox:
         )
 
     @staticmethod
-    def _started(worker: _Worker) -> bool:
-        """Wait for a new worker's imports (it says when it is ready)."""
-        deadline = time.monotonic() + START_TIMEOUT_S
+    def _started(worker: Worker, deadline: float) -> bool:
+        """Wait for a new worker's imports (it says when it is ready), at most until
+        ``deadline`` or :data:`START_TIMEOUT_S`."""
+        deadline = min(deadline, time.monotonic() + START_TIMEOUT_S)
         try:
             worker.ready = receive_by(worker.from_worker, 1, deadline) == wire.READY
-        except (Late, EOFError, OSError):
+        except Late:
+            return False  # not yet: the caller keeps it if it is alive
+        except (EOFError, OSError):
             worker.ready = False
         return worker.ready
 
-    def _answer(self, worker: _Worker, name: str, short: int, deadline: float) -> Fitted:
+    def _answer(self, worker: Worker, name: str, short: int, deadline: float) -> Fitted:
         kind = receive_by(worker.from_worker, 1, deadline)
         if kind in (b"E", b"M"):
             (length,) = wire.TEXT_HEAD.unpack(
@@ -283,6 +278,16 @@ class DecodeBox:
             raise EOFError  # not what a fitted image is: never read an unbounded answer
         pixels = receive_by(worker.from_worker, width * height * 3, deadline)
         return Fitted(Image.frombytes("RGB", (width, height), pixels), (loaded_w, loaded_h))
+
+
+def _killed_outside(worker: Worker) -> bool:
+    """Whether ``worker`` was killed by SIGKILL (by an operator or the kernel, never by its own
+    limits: those end in a MemoryError answer or SIGXCPU), or closed its pipe unread."""
+    try:
+        code = worker.process.wait(timeout=1)
+    except subprocess.TimeoutExpired:
+        return False
+    return code == -signal.SIGKILL
 
 
 class _OutOfMemory(Exception):

@@ -36,6 +36,8 @@ PIXELS_HEAD = struct.Struct("<IIII")
 TEXT_HEAD = struct.Struct("<I")
 READY = b"R"
 MAX_HEADER_BYTES = 64 * 1024
+# libjpeg writes 10 scans for a progressive colour JPEG, optimisers a few dozen at most
+MAX_JPEG_SCANS = 100
 
 
 def _read_exactly(fd: int, count: int) -> bytes:
@@ -88,6 +90,42 @@ def _cpu_budget(seconds: float) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
 
 
+def _regular_file(path: str, name: str) -> bytes:
+    """The bytes of ``path`` if it is a regular file, opened without blocking (a FIFO, a
+    device or /dev/stdin would hold the worker until the box's deadline)."""
+    import stat
+
+    from nearsight.data.images import ImageLoadError
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except FileNotFoundError:
+        raise ImageLoadError.for_file(name, "no such file") from None
+    except OSError as error:
+        raise ImageLoadError.for_file(name, (error.strerror or str(error)).lower()) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ImageLoadError.for_file(name, "not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read()
+    except OSError as error:
+        raise ImageLoadError.for_file(name, error.strerror or str(error)) from None
+    finally:
+        os.close(fd)
+
+
+def check_scans(data: bytes, name: str) -> None:
+    """Refuse a JPEG of more scans than an encoder writes (a progressive JPEG repeating its
+    scans makes each a full pass over the image: thousands of passes of a small file)."""
+    from nearsight.data.images import ImageLoadError
+
+    if data[:2] == b"\xff\xd8":
+        scans = data.count(b"\xff\xda")  # a start of scan (0xFF in coded data is stuffed)
+        if scans > MAX_JPEG_SCANS:
+            raise ImageLoadError.for_file(name, f"a JPEG of {scans} scans; an encoder writes at "
+                                          f"most {MAX_JPEG_SCANS}")  # fmt: skip
+
+
 def _serve(read_fd: int, write_fd: int, cpu_seconds: float) -> None:
     from nearsight.data.images import ImageLoadError, load_image_sized
     from nearsight.models.preprocess import fit_short_side
@@ -106,7 +144,8 @@ def _serve(read_fd: int, write_fd: int, cpu_seconds: float) -> None:
             data = _read_exactly(read_fd, length)
             name = str(header["name"])
             short, interpolation = int(header["short"]), str(header["interpolation"])
-            source = data if header.get("path") is None else str(header["path"])
+            source = data if header.get("path") is None else _regular_file(header["path"], name)
+            check_scans(source, name)
             image, loaded = load_image_sized(source, name, short)
             del data, source
             fitted = fit_short_side(image, short, interpolation)

@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from nearsight.core.digest import file_sha256
 from nearsight.core.errors import NearsightError
 from nearsight.data.decode_box import fit_bytes, fit_file
-from nearsight.data.images import file_sha256, load_image
+from nearsight.data.images import load_image
 
 ImageLike = str | os.PathLike[str] | Image.Image | np.ndarray
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import io
 import math
 import os
@@ -35,6 +34,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from nearsight.core.digest import file_sha256
 from nearsight.core.errors import NearsightError
 from nearsight.data.jpeg import FAST_MODES, decode_rgb
 from nearsight.data.rgb import decoded_bytes, to_rgb
@@ -170,17 +170,6 @@ def draft_scale(width: int, height: int, request: tuple[int, int] | None) -> int
         return 1
     fits = min(width // request[0], height // request[1])
     return next(scale for scale in (8, 4, 2) if fits >= scale) if fits >= 2 else 1
-
-
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    """Hex SHA-256 of a file's bytes, read in chunks (galleries can hold large files)."""
-    try:
-        with open(path, "rb") as handle:
-            return hashlib.file_digest(handle, "sha256").hexdigest()
-    except OSError as error:
-        raise NearsightError(
-            f"cannot read file {os.fspath(path)}: {error.strerror or error}"
-        ) from None
 
 
 def describe_image_file(

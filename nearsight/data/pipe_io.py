@@ -21,7 +21,7 @@ def send_by(fd: int, data: bytes | Sequence[bytes], deadline: float) -> None:
     takes as much as the pipe has room for (the buffers in one ``writev``, not copied into
     one): the reader wakes once for a message the pipe holds whole, not once per piece."""
     parts = [data] if isinstance(data, (bytes, bytearray, memoryview)) else list(data)
-    views = [view for view in map(memoryview, parts) if view.nbytes]
+    views: list[memoryview] = [view for view in (memoryview(part) for part in parts) if view.nbytes]
     while views:
         if deadline - time.monotonic() <= 0:
             raise Late

@@ -28,6 +28,7 @@ import numpy as np
 from nearsight.core.arrays import load_array
 from nearsight.core.errors import NearsightError
 from nearsight.core.extras import EXTRA_MODULES
+from nearsight.data.csv_table import read_table
 from nearsight.data.meta import (
     BUILTIN_KEYS,
     FilterError,
@@ -175,10 +176,10 @@ def _load_npy(file: Path) -> np.ndarray:
 def _read_csv(file: Path) -> list[dict[str, Any]]:
     try:
         with open(file, newline="", encoding="utf-8-sig") as handle:
-            reader = csv.DictReader(handle)
-            if reader.fieldnames is None:  # labels are optional, a header is not
+            table = read_table(handle, str(file))  # its width checked before any row
+            if not table.columns:  # labels are optional, a header is not
                 raise NearsightError(f"{file} is empty: it needs a header row of column names")
-            return [dict(row) for row in reader]
+            return [row for _, row in table.rows()]
     except (OSError, UnicodeDecodeError, csv.Error) as error:
         reason = getattr(error, "strerror", None) or str(error)
         raise NearsightError(f"cannot read meta file {file}: {reason}") from None

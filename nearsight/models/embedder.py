@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 from PIL import Image
 
+from nearsight.core.digest import file_sha256
 from nearsight.core.errors import NearsightError
 from nearsight.core.threads import physical_cores, worker_threads  # noqa: F401  (re-exported)
 from nearsight.models.onnx_session import default_providers, open_session
@@ -76,7 +77,9 @@ def checkpoint_metadata(payload: Mapping[str, Any], checkpoint_sha256: str) -> d
     """The metadata of the model in a loaded checkpoint (``nearsight.models.checkpoint.load_checkpoint``):
     its :class:`ModelSpec` (legacy checkpoints: from their model config and training config)
     and where it came from."""
-    training = payload.get("training") if isinstance(payload.get("training"), dict) else {}
+    training: Mapping[str, Any] = (
+        payload["training"] if isinstance(payload.get("training"), dict) else {}
+    )
     metrics = training.get("metrics") or {}
     return {
         "format": MODEL_FORMAT,
@@ -92,23 +95,27 @@ def checkpoint_metadata(payload: Mapping[str, Any], checkpoint_sha256: str) -> d
     }
 
 
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    import hashlib
-
-    with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
-
-
 @runtime_checkable
 class Embedder(Protocol):
     """images -> embeddings [N, dim] float32, unit L2 norm."""
 
-    path: Path
-    spec: ModelSpec
-    dim: int
-    image_size: int
-    resize: int
-    metadata: dict[str, str]
+    @property
+    def path(self) -> Path: ...
+
+    @property
+    def spec(self) -> ModelSpec: ...
+
+    @property
+    def dim(self) -> int: ...
+
+    @property
+    def image_size(self) -> int: ...
+
+    @property
+    def resize(self) -> int: ...
+
+    @property
+    def metadata(self) -> dict[str, str]: ...
 
     @property
     def model_sha256(self) -> str:

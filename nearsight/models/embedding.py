@@ -74,12 +74,16 @@ from nearsight.models.embedding_config import (  # noqa: F401  (re-exported: the
 from nearsight.models.frozen_norm import freeze_batch_norms
 from nearsight.models.pooling import pool_map
 from nearsight.models.preprocess import IMAGENET_MEAN, IMAGENET_STD
-from nearsight.models.timm_trunk import create_trunk, is_timm, timm_info, trunk_features
+from nearsight.models.timm_trunk import create_trunk, trunk_features
+from nearsight.models.trunks import trunk_family
 from nearsight.models.weights import load_trunk_weights, resolve_pretrained
 
 
 class EmbeddingNet(nn.Module):
     """images float [N, 3, H, W] in [0, 1] RGB -> embeddings [N, dim], unit L2 norm."""
+
+    mean: torch.Tensor  # the input normalisation's buffers [1, 3, 1, 1]
+    std: torch.Tensor
 
     def __init__(
         self, config: EmbeddingConfig | None = None, trunk: nn.Module | None = None
@@ -89,7 +93,7 @@ class EmbeddingNet(nn.Module):
         super().__init__()
         self.config = config if config is not None else EmbeddingConfig()
         arch = self.config.arch
-        self.timm = timm_info(arch) if is_timm(arch) else None
+        self.timm = trunk_family(arch).timm_info(arch)
         if self.timm is not None:
             self.trunk = trunk if trunk is not None else create_trunk(arch, self.config.image_size)
             side_widths = [self.timm.stage_width(stage) for stage in self.config.heads[:-1]]
@@ -212,6 +216,7 @@ def _fold(norm: nn.Module, linear: nn.Module) -> nn.Module:
     """Fold a BatchNorm1d ``norm`` into ``linear`` in place; returns what replaces ``norm``."""
     if not isinstance(norm, nn.BatchNorm1d) or not isinstance(linear, nn.Linear):
         return norm
+    assert norm.running_var is not None and norm.running_mean is not None  # eval statistics
     scale = torch.rsqrt(norm.running_var + norm.eps)
     weight = linear.weight * scale[None, :]
     linear.bias.sub_(weight @ norm.running_mean)
@@ -222,7 +227,7 @@ def _fold(norm: nn.Module, linear: nn.Module) -> nn.Module:
 def build_embedding_net(config: EmbeddingConfig | None = None) -> EmbeddingNet:
     """A new EmbeddingNet with its trunk initialised per ``config.pretrained``."""
     config = config if config is not None else EmbeddingConfig()
-    if is_timm(config.arch):
+    if trunk_family(config.arch).timm_info(config.arch) is not None:
         from nearsight.models.timm_weights import timm_pretrained_state
 
         state, source = timm_pretrained_state(config.arch, config.pretrained)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from nearsight.core.errors import NearsightError
@@ -17,18 +17,15 @@ from nearsight.models.spec import (
     NETWORK_FIELDS,
     POOLINGS,
     ModelSpec,
-    network_fields,
+    NetworkFields,
     spec_from_model_config,
 )
-from nearsight.models.timm_trunk import check_pooling, check_timm_heads, is_timm, timm_info
-from nearsight.models.weights import IMAGENET_CHOICES, is_imagenet
+from nearsight.models.trunks import ARCHS, HEAD_STAGES, trunk_family  # noqa: F401  (re-exported)
 
 FEATURE_NORMS = ("auto", "none", "batchnorm")
-# torchvision ResNets whose children up to layer4 form the trunk -> width of layer4's output
-ARCHS: dict[str, int] = {"resnet18": 512, "resnet34": 512, "resnet50": 2048, "resnet101": 2048}
+# a torchvision ResNet's children up to layer4: its trunk (ARCHS: their widths; HEAD_STAGES:
+# the stages that can carry an embedding head, low to high)
 TRUNK_LAYERS = ("conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3", "layer4")
-# trunk stages that can carry an embedding head, from low to high
-HEAD_STAGES = ("layer1", "layer2", "layer3", "layer4")
 
 
 def stage_width(arch: str, stage: str) -> int:
@@ -46,29 +43,14 @@ def check_heads(heads: object, embedding: object, arch: str = ModelSpec.arch) ->
     heads = [str(stage) for stage in heads]
     if embedding not in EMBEDDINGS:
         raise NearsightError(f"embedding must be one of {', '.join(EMBEDDINGS)}, got {embedding!r}")
-    if is_timm(arch):
-        return check_timm_heads(timm_info(arch), heads)
-    unknown = [stage for stage in heads if stage not in HEAD_STAGES]
-    if unknown:
-        raise NearsightError(
-            f"heads: unknown stage(s) {', '.join(unknown)} (stages: {', '.join(HEAD_STAGES)})"
-        )
-    order = [HEAD_STAGES.index(stage) for stage in heads]
-    if order != sorted(set(order)) or heads[-1] != "layer4":
-        raise NearsightError(
-            f"heads must list distinct stages from low to high, ending at layer4, got {heads}"
-        )
-    return heads
+    return trunk_family(arch).check_heads(arch, heads)
 
 
 def check_arch(arch: object) -> None:
     """A torchvision ResNet of :data:`ARCHS` or ``timm:NAME`` of a model timm has."""
-    if is_timm(arch):
-        timm_info(str(arch))  # one-line error for a name timm does not have
-    elif arch not in ARCHS:
-        raise NearsightError(
-            f"arch must be one of {', '.join(ARCHS)} or timm:NAME (any timm model), got {arch!r}"
-        )
+    if not isinstance(arch, str):
+        raise NearsightError(f"arch must be a name, got {arch!r}")
+    trunk_family(arch).check_arch(arch)
 
 
 def output_dim(model_config: Mapping[str, Any]) -> int:
@@ -91,17 +73,7 @@ def resolve_feature_norm(feature_norm: str, pretrained: str) -> str:
 
 def check_pretrained(pretrained: str, arch: str) -> None:
     """ImageNet weights are torchvision's ResNets'; hub weights are timm's."""
-    if is_timm(arch) and is_imagenet(pretrained):
-        raise NearsightError(
-            f"--pretrained {pretrained} names torchvision's ResNet weights; {arch} takes "
-            "--pretrained hub (timm's weights, from the Hugging Face cache), none or FILE"
-        )
-    if not is_timm(arch) and pretrained == "hub":
-        choices = "|".join(IMAGENET_CHOICES)
-        raise NearsightError(
-            f"--pretrained hub is for timm:NAME trunks; {arch} takes --pretrained {choices}, "
-            "none or FILE"
-        )
+    trunk_family(arch).check_pretrained(arch, pretrained)
 
 
 def resolve_pooling(pooling: str, arch: str) -> str:
@@ -109,12 +81,12 @@ def resolve_pooling(pooling: str, arch: str) -> str:
     class token...); anything else as given."""
     if pooling != "auto":
         return pooling
-    return timm_info(arch).default_pooling if is_timm(arch) else ModelSpec.pooling
+    return trunk_family(arch).default_pooling(arch)
 
 
 def trunk_width(arch: str) -> int:
     """The width of the trunk's pooled output features (what a linear head reads)."""
-    return timm_info(arch).width if is_timm(arch) else ARCHS[arch]
+    return trunk_family(arch).width(arch)
 
 
 # Settings the spec holds resolved and a config may leave to the trunk: pooling "auto" (a
@@ -125,11 +97,18 @@ UNRESOLVED = {"pooling": "auto", "feature_norm": "auto", "interpolation": ""}
 
 
 @dataclass
-@network_fields(defaults=UNRESOLVED)
-class EmbeddingConfig:
+class EmbeddingConfig(NetworkFields):
     """Everything needed to rebuild the network; stored in every checkpoint. The network's
-    fields are :class:`~nearsight.models.spec.ModelSpec`'s (their meanings are there); this
-    adds how training starts."""
+    fields are :class:`~nearsight.models.spec.ModelSpec`'s (their meanings are there; lists
+    here, and the UNRESOLVED ones left to the trunk by default); this adds how training
+    starts."""
+
+    pooling: str = "auto"
+    feature_norm: str = "auto"
+    interpolation: str = ""
+    heads: list[str] = field(default_factory=lambda: list(ModelSpec.heads))
+    mean: list[float] = field(default_factory=list)
+    std: list[float] = field(default_factory=list)
 
     # ResNets: "imagenet" (= IMAGENET1K_V1, the papers'), "imagenet-v1", "imagenet-v2";
     # timm trunks: "hub" (nearsight/models/timm_weights.py); both: "none", or a weights file
@@ -166,14 +145,11 @@ class EmbeddingConfig:
                 )
             self.feature_norm, self.dim = "none", trunk_width(self.arch)
         self.feature_norm = resolve_feature_norm(self.feature_norm, self.pretrained)
-        if is_timm(self.arch):
-            info = timm_info(self.arch)
-            check_pooling(info, self.pooling)
-            self.interpolation = self.interpolation or info.interpolation
-            self.mean, self.std = list(self.mean or info.mean), list(self.std or info.std)
-        elif self.pooling == "token":
-            raise NearsightError("pooling token needs a transformer trunk (timm:NAME)")
-        self.interpolation = self.interpolation or ModelSpec.interpolation
+        family = trunk_family(self.arch)
+        family.check_pooling(self.arch, self.pooling)
+        interpolation, mean, std = family.input_defaults(self.arch)
+        self.interpolation = self.interpolation or interpolation
+        self.mean, self.std = list(self.mean or mean), list(self.std or std)
         if self.interpolation not in INTERPOLATIONS:
             raise NearsightError(
                 f"interpolation must be one of {', '.join(INTERPOLATIONS)}, got {self.interpolation!r}"
@@ -192,8 +168,8 @@ class EmbeddingConfig:
         """The :class:`ModelSpec` of the network this config builds (``test_resize``: the
         test-time short side; None: a timm trunk's pretrained crop share, else the default
         ratio)."""
-        if test_resize is None and is_timm(self.arch):
-            test_resize = timm_info(self.arch).test_resize(self.image_size)
+        if test_resize is None:
+            test_resize = trunk_family(self.arch).test_resize(self.arch, self.image_size)
         return spec_from_model_config(self.to_dict(), test_resize)
 
     @classmethod

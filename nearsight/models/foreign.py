@@ -94,7 +94,7 @@ def _probe(session: Any, path: Path, input_name: str, output_name: str, size: in
     """Run the graph on one blank image (and on two when its batch is free): the embedding
     width, checked; NearsightError for an output without its batch dimension."""
     fixed = fixed_batch(session, path)
-    width = None
+    width: int | None = None
     for batch in (fixed,) if fixed else (1, 2):
         blank = np.zeros((batch, 3, size, size), np.float32)
         try:
@@ -117,7 +117,8 @@ def _probe(session: Any, path: Path, input_name: str, output_name: str, size: in
                 f"{path}: its output {output_name} changes width with the batch size"
             )
         width = int(np.prod(shape[1:]))
-    return int(width)
+    assert width is not None  # the loop ran at least once
+    return width
 
 
 def foreign_spec(

@@ -9,6 +9,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from nearsight.core.errors import NearsightError
 from nearsight.models.embedder import Embedder, OnnxEmbedder
@@ -82,7 +83,7 @@ class ModelRequest:
     output: str | None = None
     model_spec: str | os.PathLike[str] | None = None  # the file the options above came from
 
-    def foreign_options(self) -> dict[str, object]:
+    def foreign_options(self) -> dict[str, Any]:
         """The options that describe a model exported elsewhere, those given."""
         names = ("mean", "std", "resize", "output")
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}

@@ -21,8 +21,9 @@ from onnxruntime.quantization import CalibrationDataReader
 from PIL import Image
 
 from nearsight.core.atomic import atomic_write_path
+from nearsight.core.digest import file_sha256
 from nearsight.core.errors import NearsightError
-from nearsight.models.embedder import INPUT_NAME, OnnxEmbedder, file_sha256
+from nearsight.models.embedder import INPUT_NAME, OnnxEmbedder
 from nearsight.models.preprocess import test_transform
 
 INT8_MIN_COSINE = 0.9  # mean cosine to fp32 below this: the int8 model is not worth keeping

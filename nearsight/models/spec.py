@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,35 +56,65 @@ def default_resize(image_size: int) -> int:
     return round(image_size * 256 / 224)
 
 
-@dataclass(frozen=True)
-class ModelSpec:
-    """What a model is, as far as anyone who runs it needs to know."""
+@dataclass
+class TrunkFields:
+    """The fields that describe a network's trunk and heads, in every description of a network:
+    the training config's model section (nearsight.training.config_schema.ModelConfig), the
+    checkpoint's EmbeddingConfig and :class:`ModelSpec` inherit them (a field added here reaches
+    all three)."""
 
     # any torchvision ResNet of nearsight.models.embedding_config.ARCHS, or timm:NAME (any
     # model of timm's catalogue, nearsight/models/timm_trunk.py)
     arch: str = "resnet50"
     dim: int = 128  # embedding width of each head (see output_dim)
-    image_size: int = 224  # the square crop the model takes
-    test_resize: int = 0  # short side before the crop; 0 = default_resize(image_size)
     pooling: str = "avg"  # POOLINGS: avg | max | avgmax | gem | token (a transformer's)
     # standardise the pooled features before the head: none | batchnorm (resolved, never "auto")
     feature_norm: str = "none"
     # trunk stages with an embedding head of `dim`, low to high, ending at the last (a
     # ResNet's layer4; a timm trunk's feature_info stages): the RLL/ICE papers' L, M, H are
     # [layer2, layer3, layer4]
-    heads: tuple[str, ...] = ("layer4",)
+    heads: Sequence[str] = ("layer4",)
     # what is served: last (the last stage's head) | concat (every head, L2-normalised
     # concatenation, dim x len(heads))
     embedding: str = "last"
     head: str = "linear"  # linear (a layer to `dim`) | none (the pooled features, dim = width)
+
+
+@dataclass
+class NetworkFields(TrunkFields):
+    """:class:`TrunkFields` and the input the network takes (the training config keeps these in
+    its data section, or leaves them to the trunk)."""
+
+    image_size: int = 224  # the square crop the model takes
     interpolation: str = "bilinear"  # how images are resized: bilinear | bicubic
+    # per RGB channel: the input is (pixels in [0, 1] - mean) / std; () = ImageNet's. A foreign
+    # model's embedder applies them; nearsight's own models do inside the graph.
+    mean: Sequence[float] = ()
+    std: Sequence[float] = ()
+
+
+@dataclass
+class ModelSpec(NetworkFields):
+    """What a model is, as far as anyone who runs it needs to know: :class:`NetworkFields`
+    (tuples here, and resolved) and how a file is run. Immutable and hashable once made."""
+
+    heads: tuple[str, ...] = ("layer4",)
+    mean: tuple[float, ...] = ()
+    std: tuple[float, ...] = ()
+    test_resize: int = 0  # short side before the crop; 0 = default_resize(image_size)
     # a foreign ONNX model (nearsight.models.foreign); "" for nearsight's own
     input_name: str = ""  # its NCHW float image input
     output_name: str = ""  # the embedding output (flattened per image, then L2-normalised)
-    # per RGB channel: the input is (pixels in [0, 1] - mean) / std; () = ImageNet's. A foreign
-    # model's embedder applies them; nearsight's own models do inside the graph.
-    mean: tuple[float, ...] = ()
-    std: tuple[float, ...] = ()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # frozen, as dataclass(frozen=True) would make it (which cannot inherit the mutable
+        # fields the configs share)
+        if self.__dict__.get("_sealed"):
+            raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+        super().__setattr__(name, value)
+
+    def __hash__(self) -> int:
+        return hash(tuple(getattr(self, field.name) for field in dataclasses.fields(self)))
 
     def __post_init__(self) -> None:
         for name in ("dim", "image_size", "test_resize"):
@@ -110,6 +140,7 @@ class ModelSpec:
             raise NearsightError(f"model spec: unknown interpolation {self.interpolation!r}")
         self._check_normalisation()
         self._check_foreign()
+        self.__dict__["_sealed"] = True
 
     def _check_normalisation(self) -> None:
         """``mean`` and ``std``: both empty (ImageNet's) or both 3 numbers, std positive."""
@@ -219,7 +250,7 @@ def spec_from_checkpoint(payload: Mapping[str, Any]) -> ModelSpec:
     return spec_from_model_config(model_config, data_config.get("resize"))
 
 
-def network_values(values: Mapping[str, Any]) -> dict[str, Any]:
+def network_values(values: Mapping[str, Any] | TrunkFields) -> dict[str, Any]:
     """The :data:`NETWORK_FIELDS` that ``values`` (a config, or its dict) sets; empty and
     missing ones are left to the spec's defaults."""
     get = values.get if isinstance(values, Mapping) else lambda name: getattr(values, name, None)
@@ -243,43 +274,9 @@ def spec_from_model_config(model_config: Mapping[str, Any], resize: int | None =
 
 # The fields that describe the network itself; the rest say how a file is run (the test-time
 # resize, a foreign model's input and output names). The training config's model section and
-# the checkpoint's EmbeddingConfig take these from here (:func:`network_fields`).
+# the checkpoint's EmbeddingConfig inherit them (TrunkFields, NetworkFields).
 SERVING_FIELDS = ("test_resize", "input_name", "output_name")
-NETWORK_FIELDS = tuple(
-    field.name for field in dataclasses.fields(ModelSpec) if field.name not in SERVING_FIELDS
-)
-
-
-def network_fields(
-    *, skip: Collection[str] = (), defaults: Mapping[str, Any] | None = None
-) -> Callable[[type], type]:
-    """A class decorator, placed under ``@dataclass``, that gives a settings class the spec's
-    :data:`NETWORK_FIELDS` (but ``skip``), before its own fields: the spec's name, type and
-    default for each, so that a field added to :class:`ModelSpec` reaches every config that
-    describes a network. ``defaults`` replaces a default (a config may say ``"auto"`` where the
-    spec holds a resolved value); tuple fields become lists, as YAML and JSON write them."""
-    unknown = (set(skip) | set(defaults or {})) - set(NETWORK_FIELDS)
-    if unknown:
-        raise ValueError(f"not network fields: {sorted(unknown)}")
-    hints = ModelSpec.__annotations__  # strings (postponed annotations)
-    spec_fields = {field.name: field for field in dataclasses.fields(ModelSpec)}
-
-    def decorate(cls: type) -> type:
-        added: dict[str, str] = {}
-        for name in NETWORK_FIELDS:
-            if name in skip:
-                continue
-            default = (defaults or {}).get(name, spec_fields[name].default)
-            hint = str(hints[name])
-            if hint.startswith("tuple[") and hint.endswith(", ...]"):
-                hint = f"list[{hint[len('tuple[') : -len(', ...]')]}]"
-                default = dataclasses.field(default_factory=lambda held=tuple(default): list(held))
-            added[name] = hint
-            setattr(cls, name, default)
-        cls.__annotations__ = {**added, **cls.__dict__.get("__annotations__", {})}
-        return cls
-
-    return decorate
+NETWORK_FIELDS = tuple(field.name for field in dataclasses.fields(NetworkFields))
 
 
 def spec_from_gallery_meta(meta: Mapping[str, Any]) -> ModelSpec | None:

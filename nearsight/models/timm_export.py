@@ -23,10 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from nearsight.core.digest import file_sha256
 from nearsight.core.errors import NearsightError
 from nearsight.models import timm_reuse
-from nearsight.models.embedder import file_sha256, nearsight_version
-from nearsight.models.spec import ModelSpec, is_timm
+from nearsight.models.embedder import nearsight_version
+from nearsight.models.spec import ModelSpec
+from nearsight.models.trunks import trunk_family
 
 if TYPE_CHECKING:  # timm_trunk imports torch: only an export that is not reused loads it
     from nearsight.models.timm_trunk import TimmInfo
@@ -89,7 +91,7 @@ def export_timm_model(
     request, whose inputs are unchanged, is reused without importing timm or torch
     (nearsight/models/timm_reuse.py)."""
     log = log or (lambda line: None)
-    if not is_timm(arch):
+    if not trunk_family(arch).exports_on_demand:
         raise NearsightError(f"a zero-shot model is timm:NAME, got {arch!r}")
     cache = Path(cache_dir)
     request = timm_reuse.request_key(arch, pretrained, image_size, pooling)

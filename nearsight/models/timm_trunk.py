@@ -40,12 +40,7 @@ from torch import nn
 
 from nearsight.core.errors import NearsightError
 from nearsight.models.pooling import pool_map, pool_tokens
-from nearsight.models.spec import (  # noqa: F401  (is_timm, timm_name re-exported)
-    INTERPOLATIONS,
-    TIMM_PREFIX,
-    is_timm,
-    timm_name,
-)
+from nearsight.models.spec import INTERPOLATIONS, TIMM_PREFIX
 
 MAP_POOLINGS = ("avg", "max", "avgmax", "gem")
 TOKEN_POOLINGS = ("token", "avg", "max", "avgmax", "gem")
@@ -67,8 +62,8 @@ class TimmInfo:
     default_pooling: str
     # the pretrained config's
     image_size: int
-    mean: tuple[float, float, float]
-    std: tuple[float, float, float]
+    mean: tuple[float, ...]  # 3 numbers, R G B
+    std: tuple[float, ...]
     interpolation: str
     crop_pct: float
     hf_hub_id: str  # "" when timm has no Hugging Face weights for it
@@ -112,7 +107,7 @@ def _unknown(name: str) -> NearsightError:
 def timm_info(arch: str) -> TimmInfo:
     """The :class:`TimmInfo` of ``timm:NAME`` (a one-line error for an unknown name)."""
     timm = _import_timm()
-    name = timm_name(arch) if is_timm(arch) else arch
+    name = arch.removeprefix(TIMM_PREFIX)
     if not name or not timm.is_model(name):
         raise _unknown(name)
     try:
@@ -165,7 +160,7 @@ def timm_info(arch: str) -> TimmInfo:
     )
 
 
-def timm_model(name: str, image_size: int, **kwargs: Any) -> tuple[nn.Module, bool]:
+def timm_model(name: str, image_size: int, **kwargs: Any) -> tuple[Any, bool]:
     """timm's model ``name`` without its classifier (``num_classes=0`` unless ``kwargs`` say
     otherwise), for ``image_size`` where it is built for a size: (model, whether it took
     img_size)."""
@@ -249,7 +244,7 @@ def check_timm_heads(info: TimmInfo, heads: list[str]) -> list[str]:
 
 
 def trunk_features(
-    trunk: nn.Module, info: TimmInfo, images: torch.Tensor, side_stages: list[str], pooling: str
+    trunk: Any, info: TimmInfo, images: torch.Tensor, side_stages: list[str], pooling: str
 ) -> list[torch.Tensor]:
     """Pooled features [N, C] of each side stage (low to high), then of the trunk's output."""
     if not side_stages:
@@ -260,7 +255,7 @@ def trunk_features(
     return [*pooled, _pooled(trunk, info, final, pooling)]
 
 
-def _pooled(trunk: nn.Module, info: TimmInfo, final: torch.Tensor, pooling: str) -> torch.Tensor:
+def _pooled(trunk: Any, info: TimmInfo, final: torch.Tensor, pooling: str) -> torch.Tensor:
     if info.kind == "tokens":
         pooled = pool_tokens(final, pooling, info.prefix_tokens)
         fc_norm = getattr(trunk, "fc_norm", None)

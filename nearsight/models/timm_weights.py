@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from nearsight.core.errors import NearsightError
+from nearsight.models.available import hub_cache_dir
 from nearsight.models.timm_trunk import TimmInfo, timm_info
 from nearsight.models.weights import connection_problem, one_line, read_state_dict_file
 
@@ -31,18 +32,6 @@ HUB = "hub"
 # the hub's default file names, safetensors first (what timm's loader tries, in its order)
 DEFAULT_FILES = ("model.safetensors", "pytorch_model.bin")
 HUB_TIMEOUT_S = 10.0  # huggingface_hub's metadata and download timeouts, seconds
-
-
-def hub_cache_dir() -> Path:
-    """The Hugging Face hub cache folder this process would use now."""
-    env = os.environ
-    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
-        if env.get(name):
-            return Path(env[name]).expanduser()
-    if env.get("HF_HOME"):
-        return Path(env["HF_HOME"]).expanduser() / "hub"
-    base = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else Path.home() / ".cache"
-    return (base / "huggingface" / "hub").expanduser()
 
 
 def hub_endpoint() -> str:

@@ -82,6 +82,7 @@ def evaluate_gallery(
     reranker = stage_reranker(spec)
     if reranker is not None:  # the labelled items' stored stage features, in their order
         store = reranker.check_gallery(gallery.path, gallery.model_sha256)
+        assert store is not None  # a stage re-ranker gets its store or an error
         side = store.side_of(gallery.ids[labelled])
     return evaluate_reranked(
         vectors,

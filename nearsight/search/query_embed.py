@@ -9,19 +9,32 @@ one run of the gallery's stage model that gives both the vectors and those featu
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
 from nearsight.data.image_input import QueryImage
 from nearsight.search.rerank.spec import RerankSpec
 
-if TYPE_CHECKING:  # the searcher imports this module
-    from nearsight.search.searcher import Searcher
+
+class QuerySearcher(Protocol):
+    """What embedding queries needs of a searcher (the Searcher, which imports this module)."""
+
+    @property
+    def gallery(self) -> Any: ...
+
+    @property
+    def embedder(self) -> Any: ...
+
+    def identical_item(self, sha256: str) -> int | None: ...
+
+    def item_vector(self, item_id: int) -> np.ndarray: ...
+
+    def stage_model(self, rerank: RerankSpec) -> Any: ...
 
 
 def embed_queries(
-    searcher: Searcher, decoded: Sequence[QueryImage], rerank: RerankSpec
+    searcher: QuerySearcher, decoded: Sequence[QueryImage], rerank: RerankSpec
 ) -> tuple[np.ndarray, list[int | None], np.ndarray | None]:
     """(vectors [Q, D], the gallery item each query is or None, stage features [Q, F] or None).
 

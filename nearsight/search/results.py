@@ -24,6 +24,7 @@ from PIL import Image
 from nearsight.core.errors import NearsightError
 from nearsight.data.decode_box import fit_file
 from nearsight.data.image_input import as_image
+from nearsight.search.groups import Group
 from nearsight.search.neighbour import FIELDS, Neighbour
 from nearsight.search.verdicts import FRAME_COLOURS, QUERY_COLOUR, correctness, thumbnail_uri
 
@@ -53,7 +54,9 @@ class SearchResults(list):
     ``search_item``); ``query_label``: its class when known (``search(..., label=L)``, or the
     item's own for ``search_item``), for the colouring and the ``correct`` column; ``error``:
     why the query gave no neighbours (``search_many`` only); ``notes``: what the search says
-    about its answer (a recall target a filtered search cannot promise), empty when none."""
+    about its answer (a recall target a filtered search cannot promise), empty when none;
+    ``groups``: a grouped search's :class:`~nearsight.search.groups.Group` s (the list holds
+    their hits, group after group), None when not grouped."""
 
     def __init__(
         self,
@@ -64,8 +67,10 @@ class SearchResults(list):
         error: str | None = None,
         query_class: str | None = None,
         notes: list[str] | None = None,
+        groups: list[Group] | None = None,
     ) -> None:
         super().__init__(rows)
+        self.groups = groups  # a grouped search's groups (search(group_by=...)), else None
         self.query = query
         self.query_label = query_label
         self.query_class = query_class  # the query's class name, when known

@@ -4,6 +4,10 @@ Python API, all by way of :class:`nearsight.search.searcher.Searcher`):
 query vectors -> candidates from the index (only the items the filters allow, inside FAISS)
 -> re-ranking (when asked) -> exact distances -> typed :class:`Neighbour` rows.
 
+- One ranking per query, whatever ``k``: a longer search never reorders a shorter one's ranks
+  (re-ranking re-orders the top ``depth`` candidates of its spec, the index's order after
+  them; an HNSW graph explores a fixed window, :func:`candidate_window`), so ``offset``
+  pages concatenate to the longer search.
 - Distances are exact: each returned item's stored vector is compared with the query in float64
   (``||q - v||`` between unit vectors, 0 to 2), whichever index found it or re-ranking ordered
   it. Without re-ranking, the answer is ordered by these distances.
@@ -24,17 +28,20 @@ from typing import Any
 import numpy as np
 
 from nearsight.core.errors import NearsightError
+from nearsight.index.ann.faiss_index import HNSW_EF_SEARCH
 from nearsight.index.catalog.filters import Condition, merge_conditions, parse_filters
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.gallery.keys import key_column
-from nearsight.search.checks import check_k
+from nearsight.search.checks import check_k, check_offset
 from nearsight.search.neighbour import Neighbour, neighbour
 from nearsight.search.rerank.search import reranked_search
 from nearsight.search.rerank.spec import RerankSpec, parse_rerank
 
-__all__ = ["Filtered", "allowed_ids", "check_filters", "check_k", "check_vector", "item_vector", "resolve_rerank", "search"]
+__all__ = ["Filtered", "allowed_ids", "check_filters", "check_k", "check_offset", "check_vector", "item_vector",
+           "neighbours", "ranking", "resolve_rerank", "search"]  # fmt: skip
 
 Filters = str | Sequence[str | Condition] | Mapping[str, Any] | None
+HNSW_WINDOW = 128  # ranks an HNSW gallery explores for any shorter search (candidate_window)
 
 
 @dataclass(frozen=True)
@@ -178,6 +185,7 @@ def search(
     rows: Mapping[int, dict[str, Any]] | None = None,
     shown_path: Callable[[Mapping[str, Any]], str] | None = None,
     notes: list[str] | None = None,
+    offset: int = 0,
 ) -> list[list[Neighbour]]:
     """The ``k`` nearest items of each query vector (unit, [Q, D]) as :class:`Neighbour` lists,
     nearest first (module docstring). ``allowed``: the ids the filters allow (None: every
@@ -187,45 +195,101 @@ def search(
     item queries are not read). ``rows``: the catalog rows by id where the caller holds them
     in memory (else they are read). ``shown_path``: an item's path as the caller may see it
     (default: the stored path). ``notes``: extended with what the caller should be told about
-    the answer, e.g. a recall target a filtered search cannot promise (index.ann.filtered)."""
+    the answer, e.g. a recall target a filtered search cannot promise (index.ann.filtered).
+    ``offset``: a page: ranks ``offset + 1`` to ``offset + k`` of the search of
+    ``offset + k`` items (filters and re-ranking included), ranked as there."""
+    ranked = ranking(gallery, vectors, offset + k, allowed=allowed, rerank=rerank,
+                     self_ids=self_ids, exclude=exclude, query_side=query_side,
+                     notes=notes)  # fmt: skip
+    pages = [(ids[offset:], distances[offset:]) for ids, distances in ranked]
+    return neighbours(gallery, pages, rows=rows, shown_path=shown_path, first_rank=offset + 1)
+
+
+Ranking = tuple[list[int], np.ndarray]  # one query's ids and exact distances, in order
+
+
+def ranking(
+    gallery: Gallery,
+    vectors: np.ndarray,
+    depth: int,
+    *,
+    allowed: np.ndarray | None = None,
+    rerank: RerankSpec,
+    self_ids: Sequence[int | None] | None = None,
+    exclude: Sequence[int] | np.ndarray | None = None,
+    query_side: np.ndarray | None = None,
+    notes: list[str] | None = None,
+) -> list[Ranking]:
+    """Per query, the ids and exact distances of its first ``depth`` items in the order
+    :func:`search` answers (its arguments), without reading their catalog rows."""
     queries = np.ascontiguousarray(vectors, dtype=np.float32)
     if queries.ndim == 1:
         queries = queries[None, :]
     info: dict[str, Any] = {}
+    window = candidate_window(gallery, depth)
     if rerank.active:
         query_ids = _query_ids(self_ids, exclude, len(queries))
-        _, found = reranked_search(gallery, queries, k, rerank, ids=allowed, exclude=exclude,
-                                   info=info, query_ids=query_ids,
-                                   query_side=query_side)  # fmt: skip
+        _, found = reranked_search(gallery, queries, window, rerank, ids=allowed, exclude=exclude,
+                                   info=info, query_ids=query_ids, query_side=query_side,
+                                   fixed_depth=True)  # fmt: skip
     else:
-        _, found = gallery.search(queries, k, ids=allowed, exclude=exclude, info=info)
+        _, found = gallery.search(queries, window, ids=allowed, exclude=exclude, info=info)
+    found = found[:, :depth]
     if notes is not None:
         notes.extend(note for note in info.get("notes", []) if note not in notes)
     selves = _selves(self_ids, len(queries), allowed)
     per_query = []
     for q, row_ids in enumerate(found):
         ids = [int(i) for i in row_ids if i >= 0]
-        if selves[q] is not None:
-            ids = [selves[q], *(i for i in ids if i != selves[q])][:k]
+        itself = selves[q]
+        if itself is not None:
+            ids = [itself, *(i for i in ids if i != itself)][:depth]
         distances = exact_distances(gallery, queries[q], ids)
         order = np.arange(len(ids))
         if not rerank.active:  # the index's order, made exact (approximate types differ)
-            order = np.lexsort((ids, distances))
+            order = np.lexsort((np.asarray(ids), distances))
         if selves[q] is not None:  # before a duplicate at the same distance 0
             order = np.array([0, *(o for o in order if o != 0)], dtype=np.int64)
         ids, distances = [ids[o] for o in order], distances[order]
         per_query.append((ids, distances))
+    return per_query
+
+
+def candidate_window(gallery: Gallery, depth: int) -> int:
+    """How many items to ask the index for, to answer the first ``depth``. An HNSW graph
+    explores as broadly as the k it is asked for (efSearch at least), so it is asked for a
+    whole window, :data:`HNSW_WINDOW` ranks (or its efSearch, if broader), doubled while
+    shorter than ``depth``: every depth inside one window gets the same exploration, and pages
+    agree with a longer search inside it. Other types give the same order for any k."""
+    if gallery.index_type != "hnsw":
+        return depth
+    window = max(HNSW_WINDOW, int(gallery.meta.get("ef_search", HNSW_EF_SEARCH)))
+    while window < depth:
+        window *= 2
+    return window
+
+
+def neighbours(
+    gallery: Gallery,
+    ranked: Sequence[Ranking],
+    *,
+    rows: Mapping[int, dict[str, Any]] | None = None,
+    shown_path: Callable[[Mapping[str, Any]], str] | None = None,
+    first_rank: int = 1,
+) -> list[list[Neighbour]]:
+    """Each query's ranked ids as :class:`Neighbour` s, ranked from ``first_rank`` on; rows
+    and paths as in :func:`search`."""
     if rows is None:
-        wanted = sorted({i for ids, _ in per_query for i in ids})
+        wanted = sorted({i for ids, _ in ranked for i in ids})
         rows = {row["id"]: row for row in gallery.items(wanted)} if wanted else {}
     column = key_column(gallery)
     show = shown_path or (lambda row: str(row["path"]))
     return [
         [
             neighbour(rank, rows[i], float(d), show(rows[i]), column)
-            for rank, (i, d) in enumerate(zip(ids, distances, strict=True), start=1)
+            for rank, (i, d) in enumerate(zip(ids, distances, strict=True), start=first_rank)
         ]
-        for ids, distances in per_query
+        for ids, distances in ranked
     ]
 
 

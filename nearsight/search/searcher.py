@@ -31,8 +31,10 @@ from nearsight.index.gallery.keys import ids_of_keys, key_column
 from nearsight.search import route
 from nearsight.search.evaluate import evaluate_gallery
 from nearsight.search.facets import gallery_facets
+from nearsight.search.groups import Group, default_group_column, search_groups
 from nearsight.search.labels import query_label
 from nearsight.search.neighbour import Neighbour
+from nearsight.search.paging import FIRST_PAGE, Page, check_page
 from nearsight.search.query_embed import embed_queries
 from nearsight.search.rerank.spec import NONE, RerankSpec
 from nearsight.search.results import ResultsList, SearchResults
@@ -155,6 +157,11 @@ class Searcher:
         """The gallery's key column (a shop's SKU), None without one."""
         return key_column(self.gallery)
 
+    @property
+    def group_column(self) -> str | None:
+        """The column the gallery groups by by default (``--group-column``), None without."""
+        return default_group_column(self.gallery)
+
     def id_of_key(self, key: str) -> int:
         """The id of the item with this key (one-line NearsightError when the gallery has no
         key column or no item with that key)."""
@@ -179,6 +186,9 @@ class Searcher:
         filters: Filters = None,
         label: int | str | None = None,
         rerank: Rerank = None,
+        offset: int = 0,
+        group_by: str | None = None,
+        group_size: int = 1,
     ) -> SearchResults:
         """The ``k`` nearest gallery items of ``image`` (a file path, a PIL image, or an array
         H x W x 3 / H x W of uint8, or of floats in [0, 1]), nearest first. ``filters``: search
@@ -187,6 +197,10 @@ class Searcher:
         known, as a number or a class name (colours the HTML grid, adds a ``correct`` column
         to ``to_pandas()``). ``rerank``: re-rank the candidates (``"aqe:k=2,alpha=3"``,
         nearsight.search.rerank; ``"none"`` for off); default: the gallery's stored choice.
+        ``offset``: a page, ranks ``offset + 1`` to ``offset + k`` of the search of
+        ``offset + k``. ``group_by``: a column (a SKU): at most ``k`` groups of items holding
+        one value, ordered by their best distance, each with its best ``group_size`` items
+        (``.groups``; the results list their hits in that order; nearsight.search.groups).
         An unreadable image raises NearsightError; several images go to :meth:`search_many`."""
         if isinstance(image, list | tuple) or (isinstance(image, np.ndarray) and image.ndim == 4):
             raise NearsightError(
@@ -194,12 +208,12 @@ class Searcher:
                 "per image, an unreadable one reported in its entry instead of stopping)"
             )
         k, allowed, spec = self._request(k, filters, rerank)
+        page = check_page(self.gallery, offset, group_by, group_size)
         wanted = query_label(self.gallery, label)
         decoded = self._read(image)
         notes: list[str] = []
-        (found,) = self._search_images([decoded], k, allowed, spec, notes)
-        return SearchResults(found, query=image, query_label=wanted,
-                             query_class=self._class_name(wanted), notes=notes)  # fmt: skip
+        (found,) = self._search_images([decoded], k, allowed, spec, notes, page)
+        return self._results(found, page, query=image, label=wanted, notes=notes)
 
     def search_many(
         self,
@@ -210,12 +224,16 @@ class Searcher:
         labels: Sequence[int | str | None] | None = None,
         batch_size: int = SEARCH_BATCH,
         rerank: Rerank = None,
+        offset: int = 0,
+        group_by: str | None = None,
+        group_size: int = 1,
     ) -> ResultsList:
         """:meth:`search` of many images (an iterable, or an array N x H x W x 3), embedded
         ``batch_size`` at a time (memory stays bounded however many there are). One entry per
         image, in order; an image that cannot be read gives an empty entry whose ``.error``
         says why, and the others go on (``.errors`` lists them). ``labels``: each query's
-        class, if known. ``to_pandas()`` gives one table of all of them."""
+        class, if known. ``offset``, ``group_by``, ``group_size``: as in :meth:`search`.
+        ``to_pandas()`` gives one table of all of them."""
         if isinstance(images, str | os.PathLike) or not isinstance(images, Iterable):
             raise NearsightError("search_many takes a list of images; for one, use search")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -223,6 +241,7 @@ class Searcher:
                 f"batch_size must be a whole number of at least 1, got {batch_size!r}"
             )
         k, allowed, spec = self._request(k, filters, rerank)  # bad input fails before any image
+        page = check_page(self.gallery, offset, group_by, group_size)
         queries = list(images)
         given = [None] * len(queries) if labels is None else list(labels)
         if len(given) != len(queries):
@@ -240,13 +259,11 @@ class Searcher:
                 except NearsightError as error:  # this image only: the others go on
                     entries[position] = SearchResults(query=image, error=str(error))
             notes: list[str] = []
-            found = self._search_images(decoded, k, allowed, spec, notes) if decoded else []
+            found = self._search_images(decoded, k, allowed, spec, notes, page) if decoded else []
             for position, neighbours in zip(positions, found, strict=True):
                 label = wanted[start + position]
-                entries[position] = SearchResults(
-                    neighbours, query=chunk[position], query_label=label,
-                    query_class=self._class_name(label), notes=notes,
-                )  # fmt: skip
+                entries[position] = self._results(neighbours, page, query=chunk[position],
+                                                  label=label, notes=notes)  # fmt: skip
             results.extend(entries)
         return results
 
@@ -258,17 +275,20 @@ class Searcher:
         filters: Filters = None,
         label: int | str | None = None,
         rerank: Rerank = None,
+        offset: int = 0,
+        group_by: str | None = None,
+        group_size: int = 1,
     ) -> SearchResults:
         """:meth:`search` by an embedding of the gallery's dim (made unit length here), e.g.
         one from :meth:`vector`, from :func:`load_embedder` or from another system that uses
         the same model."""
         k, allowed, spec = self._request(k, filters, rerank)
+        page = check_page(self.gallery, offset, group_by, group_size)
         wanted = query_label(self.gallery, label)
         vectors = route.check_vector(self.gallery, vector)[:1]
         notes: list[str] = []
-        (found,) = self.search_vectors(vectors, k, allowed=allowed, rerank=spec, notes=notes)
-        return SearchResults(found, query=vector, query_label=wanted,
-                             query_class=self._class_name(wanted), notes=notes)  # fmt: skip
+        (found,) = self.search_page(vectors, k, page, allowed=allowed, rerank=spec, notes=notes)
+        return self._results(found, page, query=vector, label=wanted, notes=notes)
 
     def search_item(
         self,
@@ -279,6 +299,9 @@ class Searcher:
         filters: Filters = None,
         rerank: Rerank = None,
         leave_out: bool = False,
+        offset: int = 0,
+        group_by: str | None = None,
+        group_size: int = 1,
     ) -> SearchResults:
         """:meth:`search` by a gallery item's stored embedding, the item named by its id or
         by its ``key`` (the gallery's key column, e.g. a SKU): the item itself comes first, at
@@ -288,16 +311,26 @@ class Searcher:
             raise NearsightError("search_item takes an item id or a key=, not both")
         item = self.id_of_key(key) if key is not None else route.check_item_id(item_id)
         k, allowed, spec = self._request(k, filters, rerank)
+        page = check_page(self.gallery, offset, group_by, group_size)
         vector = self.item_vector(item)
         notes: list[str] = []
-        found = self.search_vectors(vector[None, :], k, allowed=allowed, rerank=spec,
-                                    notes=notes, **_as_item(item, leave_out))  # fmt: skip
+        found = self.search_page(vector[None, :], k, page, allowed=allowed, rerank=spec,
+                                 notes=notes, **_as_item(item, leave_out))  # fmt: skip
         label = self.gallery.items([item])[0]["label"]
-        return SearchResults(found[0], query=item, query_label=label,
-                             query_class=self._class_name(label), notes=notes)  # fmt: skip
+        return self._results(found[0], page, query=item, label=label, notes=notes)
 
     def _class_name(self, label: int | None) -> str | None:
         return None if label is None else self.gallery.class_names().get(int(label))
+
+    def _results(
+        self, found: list[Neighbour] | list[Group], page: Page, *, query: Any,
+        label: int | None, notes: list[str],
+    ) -> SearchResults:  # fmt: skip
+        """One query's answer: its neighbours, or its groups and their hits in order."""
+        groups = None if page.group_by is None else [g for g in found if isinstance(g, Group)]
+        hits = found if groups is None else [hit for g in groups for hit in g.neighbours]
+        return SearchResults(hits, query=query, query_label=label, notes=notes, groups=groups,
+                             query_class=self._class_name(label))  # fmt: skip
 
     def search_vectors(
         self,
@@ -310,10 +343,11 @@ class Searcher:
         exclude: Sequence[int] | np.ndarray | None = None,
         notes: list[str] | None = None,
         query_side: np.ndarray | None = None,
+        offset: int = 0,
     ) -> list[list[Neighbour]]:
         """The route itself, for callers that checked their request already (REST, the page,
         the CLI's batch): unit query vectors [Q, D], a checked ``k``, the allowed ids, a
-        parsed spec; ``self_ids`` / ``exclude`` / ``query_side`` as in
+        parsed spec; ``self_ids`` / ``exclude`` / ``query_side`` / ``offset`` as in
         :func:`nearsight.search.route.search`."""
         return route.search(
             self.gallery,
@@ -327,7 +361,19 @@ class Searcher:
             rows=self.rows(),
             shown_path=self.shown_path,
             notes=notes,
+            offset=offset,
         )
+
+    def search_page(
+        self, vectors: np.ndarray, k: int, page: Page, **route_args: Any
+    ) -> list[list[Neighbour]] | list[list[Group]]:
+        """:meth:`search_vectors` of a checked ``page`` (:func:`check_page`): its offset, and
+        groups (nearsight.search.groups) when it groups."""
+        if page.group_by is None:
+            return self.search_vectors(vectors, k, offset=page.offset, **route_args)
+        return search_groups(self.gallery, vectors, k, group_by=page.group_by,
+                             group_size=page.group_size, offset=page.offset, rows=self.rows(),
+                             shown_path=self.shown_path, **route_args)  # fmt: skip
 
     def item_vector(self, item_id: int) -> np.ndarray:
         """The stored embedding of gallery item ``item_id``: float32 [dim], unit length (a
@@ -385,12 +431,13 @@ class Searcher:
         allowed: np.ndarray | None,
         spec: RerankSpec,
         notes: list[str] | None = None,
-    ) -> list[list[Neighbour]]:
+        page: Page = FIRST_PAGE,
+    ) -> list[list[Neighbour]] | list[list[Group]]:
         """Decoded query images searched: embedded together, one whose bytes are a gallery
         item's searched as that item (nearsight.search.query_embed)."""
         vectors, twins, side = embed_queries(self, decoded, spec)
-        return self.search_vectors(vectors, k, allowed=allowed, rerank=spec, self_ids=twins,
-                                   notes=notes, query_side=side)  # fmt: skip
+        return self.search_page(vectors, k, page, allowed=allowed, rerank=spec, self_ids=twins,
+                                notes=notes, query_side=side)  # fmt: skip
 
     # -- evaluating --------------------------------------------------------------------------
 
@@ -424,7 +471,7 @@ class FilterNote(UserWarning):
     """A filter value no item holds (the message names the closest values held)."""
 
 
-def _as_item(item: int, leave_out: bool) -> dict[str, list[int]]:
+def _as_item(item: int, leave_out: bool) -> dict[str, Any]:
     """The route's arguments for a query that is gallery item ``item``."""
     return {"exclude": [item]} if leave_out else {"self_ids": [item]}
 

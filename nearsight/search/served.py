@@ -136,6 +136,10 @@ class ServedGallery(Searcher):
         with one_openmp_thread():
             return super().search_vectors(vectors, k, **route)
 
+    def search_page(self, vectors: np.ndarray, k: int, page: Any, **route: Any) -> Any:
+        with one_openmp_thread():
+            return super().search_page(vectors, k, page, **route)
+
     def search_one(
         self,
         vector: np.ndarray,

@@ -118,7 +118,11 @@ def build_optimizer(
         group["base_lr"] = group["lr"]
     if optim.name == "sgd":
         return torch.optim.SGD(
-            groups, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay
+            groups,
+            lr=optim.lr,
+            momentum=optim.momentum,
+            weight_decay=optim.weight_decay,
+            fused=on_cuda(groups) or None,  # one kernel per group; the CPU keeps its loop
         )
     cls = torch.optim.AdamW if optim.name == "adamw" else torch.optim.Adam
     return cls(groups, lr=optim.lr, weight_decay=optim.weight_decay, fused=fused_adam(groups))
@@ -133,10 +137,21 @@ def fused_adam(groups: list[dict[str, Any]]) -> bool:
     )
 
 
+def on_cuda(groups: list[dict[str, Any]]) -> bool:
+    """Whether every parameter is a floating-point CUDA tensor (where fused SGD runs)."""
+    params = [p for group in groups for p in group["params"]]
+    return bool(params) and all(p.is_floating_point() and p.is_cuda for p in params)
+
+
 def build_critic_optimizer(loss: nn.Module, config: TrainConfig) -> torch.optim.Optimizer | None:
     """RankMI's statistics network has its own Adam (Algorithm 1); None for other losses."""
     if parameter_role(loss) != "critic":
         return None
+    params = list(loss.parameters())
     return torch.optim.Adam(
-        loss.parameters(), lr=config.optim.critic_lr, weight_decay=config.optim.critic_weight_decay
+        params,
+        lr=config.optim.critic_lr,
+        weight_decay=config.optim.critic_weight_decay,
+        # fused on CUDA (one kernel for the critic's tensors); the CPU keeps its loop
+        fused=on_cuda([{"params": params}]) or None,
     )

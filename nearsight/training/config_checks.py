@@ -21,8 +21,18 @@ from nearsight.models.embedding_config import (
 )
 from nearsight.models.trunks import trunk_family
 
+# the training config's `compile` (nearsight/training/compiled.py): auto, off or a torch mode
+COMPILE_SETTINGS = (
+    "auto",
+    "off",
+    "default",
+    "reduce-overhead",
+    "max-autotune-no-cudagraphs",
+    "max-autotune",
+)
+
 if TYPE_CHECKING:
-    from nearsight.training.config import TrainConfig
+    from nearsight.training.config_schema import TrainConfig
 
 
 class ConfigError(NearsightError, ValueError):
@@ -67,6 +77,10 @@ def validate(config: TrainConfig) -> None:
             raise ConfigError(
                 f"config {name} must be auto, true or false, got {getattr(config, name)!r}"
             )
+    if isinstance(config.compile, str) and config.compile not in COMPILE_SETTINGS:
+        raise ConfigError(
+            f"config compile must be one of {', '.join(COMPILE_SETTINGS)}, got {config.compile!r}"
+        )
     if config.loss.name not in LOSSES:
         raise ConfigError(
             f"unknown loss {config.loss.name!r}; valid losses: {', '.join(sorted(LOSSES))}"

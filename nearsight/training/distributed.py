@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from nearsight.core.distributed import wait_for_all
 from nearsight.core.errors import NearsightError
 
 
@@ -89,8 +90,7 @@ def agree(flag: bool, info: DistInfo, device: torch.device) -> bool:
 
 
 def barrier(info: DistInfo) -> None:
-    if info.world > 1:
-        dist.barrier()
+    wait_for_all(info.world)
 
 
 class RankSlice:

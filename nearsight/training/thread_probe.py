@@ -83,3 +83,18 @@ class ThreadProbe:
                   file=sys.stderr)  # fmt: skip
         self.chosen = best
         self._probed = medians[best]
+
+
+def cpu_threads(setting: int | str, *, cuda: bool, world: int) -> ThreadProbe | None:
+    """Apply the training config's ``cpu_threads`` on a CPU; the probe that measures them, for
+    ``measured`` (one process: a distributed run keeps one thread per core)."""
+    if cuda or setting == "cores":
+        return None
+    if setting != "measured":
+        torch.set_num_threads(int(setting))
+        return None
+    if world > 1:
+        return None
+    from nearsight.core.threads import worker_threads
+
+    return ThreadProbe(worker_threads())

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.autograd.profiler import record_function
 from torch.utils.data import DataLoader
 
 from nearsight.core.errors import NearsightError
@@ -41,14 +42,9 @@ from nearsight.training.builders import (
     build_training_loss,
     embedding_config,
 )
+from nearsight.training.compiled import CompiledStep, resolve_compile
 from nearsight.training.config import TrainConfig
-from nearsight.training.data import (
-    SeededBatches,
-    SeededTrainDataset,
-    collate,
-    hold_out_classes,
-    to_unit_range,
-)
+from nearsight.training.data import SeededBatches, SeededTrainDataset, collate, hold_out_classes
 from nearsight.training.distributed import (
     CPU_FALLBACK_NOTE,
     RankSlice,
@@ -61,17 +57,19 @@ from nearsight.training.distributed import (
     resolve_device,
 )
 from nearsight.training.evaluation import EvalSplit
-from nearsight.training.loss_roles import logged_scalars
 from nearsight.training.progress import TrainProgress
 from nearsight.training.resume import TrainState, load_last, model_extra, save_last
 from nearsight.training.run_files import RunFiles
 from nearsight.training.schedule import LRSchedule, set_learning_rates
-from nearsight.training.thread_probe import ThreadProbe
+from nearsight.training.step_io import DeviceBatches, step_input
+from nearsight.training.step_logs import StepLogs
+from nearsight.training.thread_probe import cpu_threads
 
 log = logging.getLogger(__name__)
 clock = time.perf_counter  # the training-time clock (tests replace it with a fake one)
 
 # --pretrained auto without ImageNet weights at hand (nothing is downloaded at run time)
+
 
 class Trainer:
     """Train, evaluate and checkpoint one run in ``out_dir``."""
@@ -86,6 +84,7 @@ class Trainer:
         self.device = resolve_device(config.device, self.dist.local_rank, note=False)
         self.cuda = self.device.type == "cuda"
         self.files = RunFiles(out_dir, main=self.dist.main)
+        self.logs: StepLogs | None = None
 
     # -- setup --------------------------------------------------------------------------
     def _load_data(self) -> tuple[DatasetSplit, DatasetSplit | None, DatasetSplit]:
@@ -122,7 +121,7 @@ class Trainer:
             self.model.to(memory_format=torch.channels_last)
         if self.dist.main:
             print(f"precision: {chosen}", file=sys.stderr)
-        self.thread_probe = self._cpu_threads()
+        self.thread_probe = cpu_threads(config.cpu_threads, cuda=self.cuda, world=self.dist.world)
         self.sampler = build_train_sampler(config, train.labels)
         if self.sampler.batch_size % self.dist.world:
             raise NearsightError(
@@ -148,6 +147,8 @@ class Trainer:
             self.train_model = nn.parallel.DistributedDataParallel(
                 self.model, device_ids=[self.device.index] if self.cuda else None
             )
+        mode = resolve_compile(config.compile, cuda=self.cuda, world=self.dist.world)
+        self.step = CompiledStep(self.train_model, self.loss_fn, mode)
         self.files.start(config.dump(), self.resume)
 
     def _scratch_note(self) -> str:
@@ -183,27 +184,22 @@ class Trainer:
             expected_steps_per_s=config.expected_steps_per_s,
             enabled=self.dist.main,
         )
+        self.logs = StepLogs(
+            self.files,
+            self.progress,
+            self.optimizer,
+            self.loss_fn,
+            batch_size=self.sampler.batch_size,
+            log_every=config.log_every,
+            device=self.device,
+        )
         while not self._finished(state):
             self.train_one_epoch(state)
+        self._flush_logs()
         self.progress.close()
         self.files.close()
         barrier(self.dist)
         return state
-
-    def _cpu_threads(self) -> ThreadProbe | None:
-        """Apply ``cpu_threads`` on a CPU; the probe that measures them, for ``measured``
-        (one process: a distributed run keeps one thread per core)."""
-        setting = self.config.cpu_threads
-        if self.cuda or setting == "cores":
-            return None
-        if setting != "measured":
-            torch.set_num_threads(int(setting))
-            return None
-        if self.dist.world > 1:
-            return None
-        from nearsight.core.threads import worker_threads
-
-        return ThreadProbe(worker_threads())
 
     def _budget_done(self, state: TrainState) -> bool:
         """Whether the run's steps (or epochs' batches) are all done."""
@@ -233,7 +229,7 @@ class Trainer:
             pin_memory=self.cuda,
         )
         started = clock()
-        for images, labels in loader:
+        for images, labels in DeviceBatches(loader, self.device, self.channels_last):
             elapsed = state.train_seconds + clock() - started
             critic = self._is_critic_batch(state.batch)
             if not critic:
@@ -241,7 +237,8 @@ class Trainer:
             freeze_trunk = state.step < config.optim.freeze_trunk_steps
             if self.thread_probe is not None:
                 self.thread_probe.before_step(state.step)
-            loss_value = self._train_step(images, labels, critic, state.batch, freeze_trunk)
+            loss = self._train_step(images, labels, critic, state.batch, freeze_trunk)
+            self.logs.settle()  # CUDA: the previous batch is done, so its time is counted
             state.batch += 1
             state.batch_in_epoch += 1
             state.step += 0 if critic else 1
@@ -250,7 +247,14 @@ class Trainer:
             state.train_seconds += batch_seconds
             if self.thread_probe is not None:
                 self.thread_probe.after_step(state.step, batch_seconds)
-            self._log_batch(state, loss_value, critic, batch_seconds)
+            self.logs.push(
+                loss,
+                step=state.step,
+                batch=state.batch,
+                train_seconds=state.train_seconds,
+                seconds=batch_seconds,
+                critic=critic,
+            )
             # the time limit ends a run after an update of the embedding, never a critic batch
             time_up = not critic and self._time_is_up(state)
             done = self._budget_done(state) or time_up
@@ -277,18 +281,29 @@ class Trainer:
         critic: bool,
         batch: int,
         freeze_trunk: bool = False,
-    ) -> float:
+    ) -> torch.Tensor:
         """One batch: an update of the embedding network or, for RankMI when Algorithm 1 says
-        so (batch t updates the statistics network when t mod (k+1) != 0), of the critic."""
-        model, loss_fn = self.train_model, self.loss_fn
-        model.train()
-        images = to_unit_range(images.to(self.device, non_blocking=True), self.channels_last)
-        labels = labels.to(self.device)
+        so (batch t updates the statistics network when t mod (k+1) != 0), of the critic.
+        Returns the batch's loss, on the device (read back later: no host sync here)."""
+        return self.step.guarded(
+            lambda: self._step(images, labels, critic, freeze_trunk), kind=critic
+        )
+
+    def _step(
+        self, images: torch.Tensor, labels: torch.Tensor, critic: bool, freeze_trunk: bool
+    ) -> torch.Tensor:
+        loss_fn, step = self.loss_fn, self.step
+        self.train_model.train()
+        step.begin()
+        images = step_input(images, self.device, self.channels_last)
+        labels = labels.to(self.device, non_blocking=True)
         grad = torch.no_grad() if critic else contextlib.nullcontext()
         multi_head = len(self.config.model.heads) > 1
-        with grad, self._autocast():
+        with grad, self._autocast(), record_function("nearsight.forward"):
             # several heads: every head's embeddings, one loss instance each (PerHeadLoss)
-            local_embeddings = model(images, all_heads=True) if multi_head else model(images)
+            local_embeddings = (
+                step.model(images, all_heads=True) if multi_head else step.model(images)
+            )
         if multi_head:
             embeddings = [gather_with_grad(e.float(), self.dist) for e in local_embeddings]
         else:
@@ -298,58 +313,40 @@ class Trainer:
             # all pairs of the batch, embeddings detached; then beta by Newton (lines 9-15)
             self.critic_optimizer.zero_grad(set_to_none=True)
             detached = [e.detach() for e in embeddings] if multi_head else embeddings.detach()
-            critic_loss = loss_fn.critic_loss(detached, all_labels)
-            critic_loss.backward()
-            average_replicated_grads(loss_fn.parameters(), self.dist)
-            self.critic_optimizer.step()
-            loss_fn.update_beta()
-            return float(critic_loss.detach())
-        loss = loss_fn(embeddings, all_labels)
+            with record_function("nearsight.critic"):
+                critic_loss = loss_fn.critic_loss(detached, all_labels)
+                critic_loss.backward()
+                average_replicated_grads(loss_fn.parameters(), self.dist)
+                self.critic_optimizer.step()
+                loss_fn.update_beta()
+            return critic_loss.detach()
+        with record_function("nearsight.loss"):
+            loss = step.loss(embeddings, all_labels)
         self.optimizer.zero_grad(set_to_none=True)
-        # DDP averages gradients over processes; each process's backward only reaches its own
-        # slice of the global batch, so scaling by the world size gives the full-batch gradient.
-        (loss * self.dist.world).backward()
-        # a loss's own parameters (proxies) are outside DDP: their gradient is already the
-        # full-batch one, times the world size
-        average_replicated_grads(loss_fn.parameters(), self.dist, scale=self.dist.world)
-        if freeze_trunk:
-            # the warm-up of new layers (optim.freeze_trunk_steps): no gradient, so neither
-            # the step nor weight decay nor the optimiser's moments touch the trunk
-            for parameter in self.model.trunk_parameters():
-                parameter.grad = None
-        clip = self.config.optim.clip_grad_value
-        if clip is not None:  # after DDP's averaging: every process clips the same gradient
-            nn.utils.clip_grad_value_([*self.model.parameters(), *loss_fn.parameters()], clip)
-        self.optimizer.step()
-        return float(loss.detach())
+        with record_function("nearsight.backward"):
+            # DDP averages gradients over processes; each process's backward only reaches its
+            # own slice of the global batch, so scaling by the world size gives the full-batch
+            # gradient.
+            (loss * self.dist.world).backward()
+        with record_function("nearsight.optimizer"):
+            # a loss's own parameters (proxies) are outside DDP: their gradient is already the
+            # full-batch one, times the world size
+            average_replicated_grads(loss_fn.parameters(), self.dist, scale=self.dist.world)
+            if freeze_trunk:
+                # the warm-up of new layers (optim.freeze_trunk_steps): no gradient, so neither
+                # the step nor weight decay nor the optimiser's moments touch the trunk
+                for parameter in self.model.trunk_parameters():
+                    parameter.grad = None
+            clip = self.config.optim.clip_grad_value
+            if clip is not None:  # after DDP's averaging: every process clips the same gradient
+                nn.utils.clip_grad_value_([*self.model.parameters(), *loss_fn.parameters()], clip)
+            self.optimizer.step()
+        return loss.detach()
 
     def _autocast(self):
         if self.amp:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
-
-    # -- logs ---------------------------------------------------------------------------
-    def _log_batch(self, state: TrainState, loss: float, critic: bool, seconds: float) -> None:
-        images_per_s = self.sampler.batch_size / max(seconds, 1e-9)
-        record: dict[str, Any] = {
-            "step": state.step,
-            "batch": state.batch,
-            "loss": loss,
-            "images_per_s": round(images_per_s, 2),
-        }
-        if critic:
-            record["phase"] = "critic"
-        record.update({f"lr_{g['name']}": g["lr"] for g in self.optimizer.param_groups})
-        self.files.append_train(record)
-        if critic:
-            return
-        self.progress.update(state.step, state.train_seconds, loss, images_per_s)
-        if state.step % self.config.log_every:
-            return
-        scalars = {"train/loss": loss, "train/images_per_s": images_per_s}
-        scalars.update({f"lr/{g['name']}": g["lr"] for g in self.optimizer.param_groups})
-        scalars.update({f"train/{k}": v for k, v in logged_scalars(self.loss_fn).items()})
-        self.files.scalars(scalars, state.step)
 
     # -- evaluation and checkpoints -----------------------------------------------------
     @property
@@ -359,7 +356,13 @@ class Trainer:
         which."""
         return "val/recall@1" if self.val is not None else "test/recall@1"
 
+    def _flush_logs(self) -> None:
+        """Every queued batch record written: train.jsonl is whole at a checkpoint."""
+        if self.logs is not None:
+            self.logs.flush(wait_all=True)
+
     def _evaluate_and_save(self, state: TrainState) -> None:
+        self._flush_logs()
         # in fp32, as the exported ONNX model runs: best.pt is chosen by the numbers its gallery
         # will show (bf16 rounding flips near-ties on small sets)
         if self.dist.main:
@@ -389,6 +392,7 @@ class Trainer:
         return model_extra(self.config, state, metrics, self.selection_metric)
 
     def _save_last(self, state: TrainState) -> None:
+        self._flush_logs()
         if self.dist.main:
             save_last(self, state)
 

@@ -2,7 +2,7 @@
 A kept-alive connection that trickles its next request, one address opening every connection,
 sign-in bodies and headers trickled from many addresses, a forged X-Forwarded-For, an Origin
 on another port, and a body trickled past its total deadline on every route. Every loop is
-bounded; a second client address is another loopback address (127.0.0.2).
+bounded; a second client address is another loopback address (127.0.2.2).
 
 Beside it: test_attack_floods.py (fair shares and budgets under floods) and
 test_attack_decode.py (untrusted images in the decode box)."""
@@ -77,7 +77,7 @@ def test_one_address_cannot_take_every_connection(onnx_gallery):
                 ready, _, _ = select.select([sock], [], [], 0.05)
                 if ready and sock.recv(4096).startswith(b"HTTP/1.1 429"):
                     refused += 1
-            transport = httpx.HTTPTransport(local_address="127.0.0.2")
+            transport = httpx.HTTPTransport(local_address="127.0.2.2")
             with httpx.Client(transport=transport, timeout=10) as other:
                 answer = other.get(f"{url.rstrip('/')}/api/health")
         finally:
@@ -107,14 +107,14 @@ def test_trickled_sign_ins_from_many_addresses_are_closed_and_keyed_clients_serv
         address = address_of(url)
         opened: dict[socket.socket, float] = {}
         for n in range(48):
-            sock = connect_from(f"127.0.0.{2 + n % 4}", address)
+            sock = connect_from(f"127.0.{2 + n % 4}.2", address)
             sock.sendall(SIGN_IN_HEAD)
             opened[sock] = time.monotonic()
         start = time.monotonic()
         served: list[float] = []
 
         def keyed() -> None:
-            transport = httpx.HTTPTransport(local_address="127.0.0.9")
+            transport = httpx.HTTPTransport(local_address="127.0.9.2")
             with httpx.Client(transport=transport, timeout=10) as client:
                 while time.monotonic() - start < 12 and not served:
                     with contextlib.suppress(httpx.TransportError):
@@ -167,11 +167,11 @@ def test_slow_headers_from_many_addresses_cannot_fill_the_server(onnx_gallery):
         slow = []
         try:
             for n in range(48):
-                sock = connect_from(f"127.0.0.{2 + n % 4}", address)
+                sock = connect_from(f"127.0.{2 + n % 4}.2", address)
                 sock.sendall(b"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
                 slow.append(sock)
             time.sleep(0.5)
-            transport = httpx.HTTPTransport(local_address="127.0.0.9")
+            transport = httpx.HTTPTransport(local_address="127.0.9.2")
             with httpx.Client(transport=transport, timeout=10) as other:
                 started = time.monotonic()
                 answer = other.get(f"{url.rstrip('/')}/api/health")

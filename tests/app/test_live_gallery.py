@@ -11,10 +11,9 @@ import time
 
 import httpx
 import pytest
+from helpers import running_page
 
-from nearsight.app.page.layout import build_app
 from nearsight.app.serve.live import GalleryWatcher, fingerprint
-from nearsight.app.server_app import launch_app, stop_app
 
 WATCH_S = 0.2
 VISIBLE_WITHIN_S = 5.0
@@ -40,14 +39,8 @@ def wait_for(predicate, timeout: float = VISIBLE_WITHIN_S) -> float:
 def served(onnx_gallery, tmp_path):
     gallery = tmp_path / "gallery"
     shutil.copytree(onnx_gallery.gallery, gallery)
-    from helpers import server_settings
-
-    demo = build_app([gallery], device="cpu", analyse=False)
-    url = launch_app(demo, server_settings(watch_interval=WATCH_S))
-    try:
+    with running_page([gallery], analyse=False, watch_interval=WATCH_S) as (url, _demo):
         yield url.rstrip("/") + "/api", gallery
-    finally:
-        stop_app(demo)
 
 
 def health(api: str) -> dict:

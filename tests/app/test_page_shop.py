@@ -51,11 +51,12 @@ def test_cards_lead_with_the_key_then_the_filtered_fields(served, shop):
     assert len(found) == 8
     for cell in found:
         assert cell["shown"][0] == "sku" and cell["key"] == view.row(cell["id"])["meta"]["sku"]
+        assert cell["shown"][1] == "name"  # the title: a column named title or name
         assert len(cell["shown"]) == META_SHOWN
         assert sorted(cell["all"]) == sorted(view.row(cell["id"])["meta"])  # one click away
     grid, status, _ = page.item_grid(None, item, 8, "shop=Café; price<40")
     for cell in cells(grid):
-        assert cell["shown"][:3] == ["sku", "shop", "price"]
+        assert cell["shown"][:4] == ["sku", "name", "shop", "price"]
         assert view.row(cell["id"])["meta"]["shop"] == "Café"
     matching = sum(
         1 for row in view.rows().values()
@@ -166,6 +167,9 @@ def test_cards_show_each_neighbours_key_in_the_browser(tab, served, shop):
         item = int(cell.get_attribute("data-id"))
         sku = view.row(item)["meta"]["sku"]
         assert keys.nth(n).is_visible() and keys.nth(n).inner_text() == f"sku={sku}"
+        lines = [cell.locator(part).first.bounding_box()["y"]
+                 for part in (".ns-key", '.ns-field[data-field="name"]', ".ns-class")]  # fmt: skip
+        assert lines == sorted(lines) and len(set(lines)) == 3  # key, title, then the rank
         assert f"shop={view.row(item)['meta']['shop']}" in cell.get_attribute("title")  # hover
     assert tab.locator("#ns-query-image img").count() == 0
     first = tab.locator("#ns-results .ns-cell").first
@@ -182,3 +186,15 @@ def test_api_docs_load_nothing_from_another_host(tab, served):
     tab.wait_for_selector(".swagger-ui .info .title")
     tab.wait_for_selector(".opblock-summary-path[data-path=\"/search\"]")
     assert tab.outside == []
+
+
+def test_a_cards_title_is_a_title_or_name_column_else_the_first_text_column_not_filtered():
+    from nearsight.app.page.html import card_fields, title_columns
+
+    types = {"added": "date", "brand": "str", "colour": "str", "price": "float", "sku": "str"}
+    titles = title_columns(types)
+    assert titles == ["brand", "colour", "sku"]
+    meta = {"added": "2025-01-02", "brand": "Ä", "colour": "red", "price": 2.5, "sku": "7"}
+    assert card_fields(meta, ["sku"], [], titles=titles) == ["sku", "brand", "added", "colour"]
+    assert card_fields(meta, ["sku"], ["brand"], titles=titles)[:3] == ["sku", "colour", "brand"]
+    assert title_columns({**types, "name": "str", "title": "str"}) == ["title", "name"]

@@ -8,10 +8,8 @@ import shutil
 import httpx
 import numpy as np
 import pytest
-from helpers import run, server_settings
+from helpers import run, running_page
 
-from nearsight.app.page.layout import build_app
-from nearsight.app.server_app import launch_app, stop_app
 from nearsight.index.gallery.core import Gallery
 from nearsight.search.evaluate import evaluate_gallery
 from nearsight.search.rerank import parse_rerank
@@ -71,10 +69,8 @@ def test_tuning_on_validation_stores_the_choice_and_search_uses_it(product, tmp_
 
 @pytest.fixture(scope="module")
 def served(product):  # noqa: F811
-    demo = build_app([product["gallery"]], device="cpu", analyse=False)
-    url = launch_app(demo, server_settings())
-    yield url.rstrip("/"), demo
-    stop_app(demo)
+    with running_page([product["gallery"]], analyse=False) as (url, demo):
+        yield url.rstrip("/"), demo
 
 
 def test_rest_search_takes_a_rerank_and_refuses_a_bad_one(served, product):  # noqa: F811

@@ -228,7 +228,7 @@ def test_wrong_keys_are_slowed_then_refused_per_client(keyed):
     """Five wrong keys are answered at once, the next ones later and later, and from the 20th
     within a minute the address gets 429 whatever key it sends; another address is not
     affected (before: ~250 guesses/s, nothing slowed)."""
-    with _from("127.0.0.5") as attacker:
+    with _from("127.0.5.2") as attacker:
         quick = []
         for number in range(5):
             started = time.monotonic()
@@ -247,12 +247,12 @@ def test_wrong_keys_are_slowed_then_refused_per_client(keyed):
     assert max(quick) < slowed and slowed >= 0.1
     assert locked.status_code == 429 and int(locked.headers["retry-after"]) >= 1
     assert form.status_code == 429
-    with _from("127.0.0.6") as other:
+    with _from("127.0.6.2") as other:
         assert other.get(f"{keyed}/api/items/0", headers={"X-API-Key": KEY}).status_code == 200
 
 
 def _guess(url: str, number: int) -> int:
-    with _from("127.0.0.5") as attacker:
+    with _from("127.0.5.2") as attacker:
         reply = attacker.get(f"{url}/api/items/0", headers={"X-API-Key": f"guess-{number}"})
     return reply.status_code
 

@@ -98,7 +98,7 @@ def test_serve_page_loads_no_training_stack(onnx_gallery):
 
 def test_pairwise_rerank_loads_no_training_stack(onnx_gallery, tmp_path):
     """The learned re-ranker runs in onnxruntime: its search loads no torch either."""
-    from nearsight.models.embedder import file_sha256
+    from nearsight.core.digest import file_sha256
     from nearsight.training.pairwise import PairScorer, export_scorer
 
     reranker = tmp_path / "reranker.onnx"

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from PIL import Image, ImageFile
 
+from nearsight.core.digest import file_sha256
 from nearsight.core.errors import NearsightError
 from nearsight.data import images, rgb
-from nearsight.data.images import ImageLoadError, file_sha256, load_image, load_image_bytes
+from nearsight.data.images import ImageLoadError, load_image, load_image_bytes
 
 
 def _png_bytes(image: Image.Image, **params) -> bytes:

@@ -50,6 +50,12 @@ from helpers.losses import (
     random_batch,
 )
 from helpers.paths import ROOT
+from helpers.photo_shop import (
+    PHOTO_SHOP_DIM,
+    PHOTO_SHOP_INDEX_TYPES,
+    PHOTO_SHOP_ITEMS,
+    make_photo_shop,
+)
 from helpers.processes import (
     build_wheel,
     disk_mb,
@@ -131,6 +137,10 @@ __all__ = [
     "clustered_vectors",
     "flip_labels",
     "import_vectors",
+    "make_photo_shop",
+    "PHOTO_SHOP_DIM",
+    "PHOTO_SHOP_INDEX_TYPES",
+    "PHOTO_SHOP_ITEMS",
     "plant_copies",
     "top1_correct",
 ]

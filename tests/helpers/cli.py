@@ -65,8 +65,8 @@ def make_staged_gallery(root: Path, model: Path) -> dict:
     random weights: two epochs on 16 images learn to keep the base order, a random one
     re-orders by the features it is given, so a test of which features reach it can fail."""
     from nearsight.app.cli import main
+    from nearsight.core.digest import file_sha256
     from nearsight.data.datasets.synthetic import write_synthetic
-    from nearsight.models.embedder import file_sha256
     from nearsight.training.pairwise import export_scorer
 
     data = root / "data"

@@ -512,7 +512,8 @@ def test_add_writes_a_segment_and_compact_folds_it_in(tmp_path, vectors, index_t
         gallery.compact()
         assert gallery.meta["segments"] == [] and gallery.meta["removed"] == []
         assert len(gallery) == 302
-    assert sorted(p.name for p in folder.iterdir()) == [CATALOG_FILE, EMBEDDINGS_FILE, INDEX_FILE]
+    assert sorted(p.name for p in folder.iterdir()) == [CATALOG_FILE, EMBEDDINGS_FILE, INDEX_FILE,
+                                                       PAYLOAD_FILE]
     after = gallery_state(folder)
     assert after[0] == expected[0]
     np.testing.assert_array_equal(after[1], expected[1])

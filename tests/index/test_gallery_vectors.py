@@ -16,6 +16,7 @@ from nearsight.app.cli import main
 from nearsight.index.catalog.store import CATALOG_FILE
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.gallery.files import EMBEDDINGS_FILE, INDEX_FILE
+from nearsight.index.gallery.payload import PAYLOAD_FILE
 from nearsight.index.gallery.write import write_gallery
 from nearsight.index.vector_store import ApproximateVectorsWarning, keep_embeddings
 from nearsight.search.evaluate import evaluate_gallery
@@ -65,7 +66,7 @@ def test_a_gallery_without_embeddings_evaluates_and_searches_like_one_with(tmp_p
     vectors, labels = labelled_vectors()
     kept = build(tmp_path / "kept", vectors, labels, index_type, "keep")
     dropped = build(tmp_path / "dropped", vectors, labels, index_type, "auto")
-    assert sorted(p.name for p in dropped.iterdir()) == [CATALOG_FILE, INDEX_FILE]
+    assert sorted(p.name for p in dropped.iterdir()) == [CATALOG_FILE, INDEX_FILE, PAYLOAD_FILE]
     with Gallery.open(kept) as with_file, Gallery.open(dropped) as without:
         assert with_file.embeddings_kept and with_file.meta["embeddings_kept"] is True
         assert not without.embeddings_kept and without.meta["embeddings_kept"] is False
@@ -154,7 +155,7 @@ def test_add_remove_and_compact_work_without_embeddings(tmp_path, index_type):
         gallery.remove([3, 504])
         assert len(gallery) == 508
         gallery.compact()
-        assert sorted(p.name for p in folder.iterdir()) == [CATALOG_FILE, INDEX_FILE]
+        assert sorted(p.name for p in folder.iterdir()) == [CATALOG_FILE, INDEX_FILE, PAYLOAD_FILE]
         assert gallery.meta["embeddings_kept"] is False and not gallery.meta["segments"]
         keep = np.setdiff1d(np.arange(510), [3, 504])
         np.testing.assert_array_equal(gallery.ids, keep)
@@ -196,5 +197,5 @@ def test_a_compaction_killed_before_its_rename_leaves_the_previous_gallery(tmp_p
         assert len(gallery) == 504 and not gallery.embeddings_kept
         np.testing.assert_allclose(gallery.vectors_of([502]), vectors[502:503], atol=1e-6)
         gallery.compact()
-    assert sorted(p.name for p in folder.iterdir()) == [CATALOG_FILE, INDEX_FILE]
+    assert sorted(p.name for p in folder.iterdir()) == [CATALOG_FILE, INDEX_FILE, PAYLOAD_FILE]
     assert sorted(p.name for p in folder.parent.iterdir() if p.name != ".g.lock") == ["g"]

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from helpers.catalogs import conditions, random_catalog
 
+from nearsight.data.meta import FilterError
 from nearsight.index.catalog import filters as catalog_filters
 from nearsight.index.catalog.column_filter import supported
 from nearsight.index.catalog.filters import budget, parse_filters, run_filter
@@ -23,6 +24,8 @@ from nearsight.index.catalog.payload_file import (
 )
 from nearsight.index.catalog.payload_index import PayloadIndex
 from nearsight.index.catalog.store import CATALOG_FILE, Catalog
+from nearsight.index.errors import GalleryError
+from nearsight.index.gallery import payload as gallery_payload
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.gallery.payload import PAYLOAD_FILE
 from nearsight.index.gallery.write import write_gallery
@@ -215,3 +218,107 @@ def test_value_notes_from_the_payload_match_the_catalogs(tmp_path):
             assert gallery.filter_notes(wanted) == catalog.filter_notes(wanted)
         assert gallery.filter_notes(parse_filters(["shop=North"]))  # a note was made
         assert gallery.meta_keys() == catalog.meta_keys()
+
+
+def _counted(rows: list[dict], key: str) -> dict:
+    counts: dict = {}
+    for row in rows:
+        value = row[key] if key in ("label", "class_name") else row["meta"].get(key)
+        if value is not None and not isinstance(value, float):
+            counts[value] = counts.get(value, 0) + 1
+    return counts
+
+
+def test_facets_count_each_value_among_the_allowed_items(tmp_path):
+    rng = np.random.default_rng(4)
+    folder = write_gallery(tmp_path / "g", _vectors(200, 0), _items(200, rng), model_sha256="a" * 64,
+                           index_type="flat", meta=DATES)  # fmt: skip
+    keys = ["shop", "tag", "label", "class_name"]
+    with Gallery.open(folder) as gallery:
+        gallery.add(_vectors(30, 1), _items(30, rng))
+        gallery.remove([1, 4, 215])
+        for filters in (None, ["price<20"], ["shop!=north", "tag="], ["shop=nowhere"]):
+            allowed = None if filters is None else set(gallery.filter_ids(filters).tolist())
+            rows = [row for row in gallery.all_items() if allowed is None or row["id"] in allowed]
+            want = {key: _counted(rows, key) for key in keys}
+            assert gallery.facets(filters, keys) == want, filters
+        assert set(gallery.facets()) == set(gallery.meta_keys())
+        with pytest.raises(GalleryError, match="no column 'nope'"):
+            gallery.facets(keys=["nope"])
+
+
+def test_the_payload_filter_keeps_the_time_budget(tmp_path):
+    rng = np.random.default_rng(6)
+    folder = write_gallery(tmp_path / "g", _vectors(300, 0), _items(300, rng), model_sha256="a" * 64,
+                           index_type="flat", meta=DATES)  # fmt: skip
+    with Gallery.open(folder) as gallery:
+        conditions = parse_filters(["shop!=north", "price<30", "tag="])
+        with pytest.raises(FilterError, match="narrow it"):
+            gallery_payload.filter_ids(gallery._payload, gallery._catalog, conditions,
+                                       gallery.column_types(), time_limit_s=-1.0)  # fmt: skip
+
+
+def test_an_ivf_gallery_knows_its_lists_before_its_first_filtered_search(tmp_path):
+    """The plan's per-list counts of a filter need each id's list: read on open, not by the
+    first filtered search."""
+    rng = np.random.default_rng(7)
+    folder = write_gallery(tmp_path / "g", _vectors(2000, 0), _items(2000, rng), model_sha256="a" * 64,
+                           index_type="ivf", meta=DATES)  # fmt: skip
+    with Gallery.open(folder) as gallery:
+        assert gallery._filters.list_of is not None
+        assert int(gallery._filters.list_sizes.sum()) == 2000
+
+
+def _any_of(rng: np.random.Generator) -> list:
+    """conditions() with some values replaced by any-ofs of two or three values."""
+    out = []
+    for condition in conditions(rng):
+        if condition.op in ("=", "!=") and condition.value is not None and rng.random() < 0.6:
+            others = [conditions(rng)[0].value for _ in range(int(rng.integers(1, 3)))]
+            values = tuple(dict.fromkeys([condition.value, *(v for v in others if v is not None)]))
+            condition = type(condition)(condition.key, condition.op, values)
+        out.append(condition)
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_any_of_filters_answer_as_the_sql_query(tmp_path, seed):
+    rng = np.random.default_rng(seed + 10)
+    path = tmp_path / "catalog.db"
+    random_catalog(path, rng, 400)
+    conn = sqlite3.connect(path)
+    try:
+        snapshot = read_snapshot(conn)
+    finally:
+        conn.close()
+    index = PayloadIndex(snapshot, None, np.zeros(0, np.int64))
+    tried = 0
+    for _ in range(300):
+        wanted = _any_of(rng)
+        if not supported([one for c in wanted for one in c.alternatives()]):
+            continue
+        tried += 1
+        got = index.filter_ids(wanted, budget(10.0)[1])
+        assert got.tolist() == run_filter(path, wanted, True, 10.0).tolist(), wanted
+    assert tried > 100
+
+
+def test_any_of_through_a_gallery(tmp_path):
+    rng = np.random.default_rng(8)
+    folder = write_gallery(tmp_path / "g", _vectors(200, 0), _items(200, rng), model_sha256="a" * 64,
+                           index_type="flat", meta=DATES)  # fmt: skip
+    with Gallery.open(folder) as gallery:
+        north = set(gallery.filter_ids(["shop=north"]).tolist())
+        south = set(gallery.filter_ids(["shop=south"]).tolist())
+        both = gallery.filter_ids(["shop=north|south"]).tolist()
+        assert both == sorted(north | south)
+        assert gallery.filter_ids(["shop!=north | south"]).tolist() == sorted(
+            set(gallery.ids.tolist()) - north - south
+        )
+        assert gallery.filter_ids(parse_filters({"shop": ["north", "south"]})).tolist() == both
+        assert gallery.filter_ids(["label=1|3", "shop=north|south"]).tolist() == [
+            i for i in both if i % 4 in (1, 3)
+        ]
+        notes = gallery.filter_notes(parse_filters(["shop=north|nort"]))
+        assert len(notes) == 1 and "'north'" in notes[0]
+        assert not len(gallery.filter_ids([r"shop=north\|south"]))  # one value, with a bar

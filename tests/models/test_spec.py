@@ -167,39 +167,36 @@ def test_the_network_fields_are_spelled_out_once_in_the_spec():
     assert set(NETWORK_FIELDS) - section == {"image_size", "interpolation", "mean", "std"}
 
 
-def test_a_settings_class_takes_the_spec_fields_names_types_and_defaults():
-    """network_fields copies each network field of the spec (a tuple as a list), so a field
-    added to ModelSpec reaches the training config and the checkpoint without another edit."""
+def test_the_configs_inherit_the_spec_fields_names_types_and_defaults():
+    """The training config's model section and the checkpoint's EmbeddingConfig inherit the
+    spec's network fields (plain dataclass inheritance, which a type checker sees), so a field
+    added there reaches both; a tuple of the spec is a list in a config, a fresh one each
+    time, and a config's default is the spec's unless it leaves it to the trunk ("auto")."""
     import dataclasses
     import typing
 
     from nearsight.models.embedding_config import EmbeddingConfig
-    from nearsight.models.spec import NETWORK_FIELDS, network_fields
+    from nearsight.models.spec import NETWORK_FIELDS, NetworkFields, TrunkFields
     from nearsight.training.config import ModelConfig
 
-    @dataclasses.dataclass
-    @network_fields(skip=("mean",), defaults={"pooling": "auto"})
-    class Settings:
-        extra: int = 1
-
-    fields = {field.name: field for field in dataclasses.fields(Settings)}
-    assert list(fields) == [name for name in NETWORK_FIELDS if name != "mean"] + ["extra"]
-    made = Settings()
-    assert made.pooling == "auto" and made.heads == list(ModelSpec.heads) and made.extra == 1
-    assert made.dim == ModelSpec.dim and made.arch == ModelSpec.arch
-    assert Settings().heads is not made.heads  # a fresh list each time
-    hints = typing.get_type_hints(Settings)
-    assert hints["heads"] == list[str] and hints["std"] == list[float] and hints["dim"] is int
+    assert issubclass(ModelSpec, NetworkFields) and issubclass(EmbeddingConfig, NetworkFields)
+    assert issubclass(ModelConfig, TrunkFields) and not issubclass(ModelConfig, NetworkFields)
     spec_hints = typing.get_type_hints(ModelSpec)
     for config in (EmbeddingConfig, ModelConfig):
+        made, again = config(), config()
+        assert made.heads == list(ModelSpec.heads) and made.heads is not again.heads
+        assert (made.arch, made.dim, made.embedding) == (ModelSpec.arch, ModelSpec.dim, "last")
+        assert made.pooling == "auto" or config is EmbeddingConfig  # resolved at its init
         config_hints = typing.get_type_hints(config)
         for name in set(NETWORK_FIELDS) & set(config_hints):
             want = spec_hints[name]
             if typing.get_origin(want) is tuple:
                 want = list[typing.get_args(want)[0]]
             assert config_hints[name] == want, (config.__name__, name)
-    with pytest.raises(ValueError, match="not network fields"):
-        network_fields(skip=("pretrained",))
+    spec = ModelSpec()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.dim = 64  # type: ignore[misc]
+    assert hash(spec) == hash(ModelSpec()) and {spec: 1}[ModelSpec()] == 1
 
 
 def test_a_spec_round_trips_through_the_checkpoint_config():

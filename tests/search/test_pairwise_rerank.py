@@ -17,6 +17,56 @@ from nearsight.search.rerank.spec import parse_rerank, request_rerank
 pytest.importorskip("torch")
 
 
+def reversing_reranker(model, out, side_dim: int = 0):
+    """A re-ranker file for ``model`` whose scores are minus the cosine: it reverses each
+    list's first ``depth`` candidates, so a re-ranked answer is known without it."""
+    import torch
+
+    from nearsight.core.digest import file_sha256
+    from nearsight.training.pairwise import PairScorer, export_scorer
+
+    scorer = PairScorer(8, side_dim=side_dim)
+    with torch.no_grad():
+        scorer.alpha.fill_(-10.0)
+    export_scorer(scorer, out, file_sha256(model), {"side_stage": "layer3"} if side_dim else {})
+    return out
+
+
+def leave_one_out_recall(gallery_folder, reorder) -> float:
+    """The oracle of eval --rerank: every item queries the others, its 4 nearest by cosine
+    (ties by id) are put in ``reorder(query id, candidate ids)``'s order, and Recall@1 is the
+    share whose first is of its class."""
+    import numpy as np
+
+    from nearsight.index.gallery.core import Gallery
+
+    with Gallery.open(gallery_folder) as gallery:
+        rows = gallery.all_items()
+        ids = np.asarray([row["id"] for row in rows])
+        labels = np.asarray([row["label"] for row in rows])
+        vectors = gallery.vectors_of(ids)
+    sims = vectors @ vectors.T
+    np.fill_diagonal(sims, -np.inf)
+    hits = []
+    for query in range(len(ids)):
+        order = np.argsort(-sims[query], kind="stable")[:4]
+        first = reorder(ids[query], ids[order])[0]
+        hits.append(labels[ids == first][0] == labels[query])
+    return float(np.mean(hits))
+
+
+def scored_order(reranker, vectors_of, side_of=None):
+    """``reorder`` for :func:`leave_one_out_recall` by the file's own scores."""
+    import numpy as np
+
+    def reorder(query, candidates):
+        side = None if side_of is None else (side_of([query]), side_of(candidates)[None])
+        scores = reranker.scores(vectors_of([query]), vectors_of(candidates)[None], side)[0]
+        return candidates[np.argsort(-scores, kind="stable")]
+
+    return reorder
+
+
 @pytest.fixture(scope="module")
 def trained(onnx_gallery, tmp_path_factory):
     """8 synthetic classes (4 train, 4 test), a gallery of the test split with the session's
@@ -39,7 +89,7 @@ def trained(onnx_gallery, tmp_path_factory):
 
 
 def test_rerank_train_reports_and_records_the_model(trained, capsys):
-    from nearsight.models.embedder import file_sha256
+    from nearsight.core.digest import file_sha256
     from nearsight.search.rerank.pairwise import load_reranker
 
     opened = load_reranker(trained["reranker"])
@@ -58,19 +108,37 @@ def test_eval_search_and_python_rerank_with_it(trained, capsys):
         capsys, "eval", "--gallery", trained["gallery"], "--rerank", spec, "--json"
     )
     assert code == 0, err
-    assert 0 <= json.loads(out)["recall@1"] <= 1
-    code, out, err = run(capsys, "search", "--gallery", trained["gallery"], "--id", "3",
-                         "--k", "6", "--rerank", spec, "--json")  # fmt: skip
+    from nearsight.index.gallery.core import Gallery
+    from nearsight.search.rerank.pairwise import load_reranker
+
+    with Gallery.open(trained["gallery"]) as opened:
+        by_file = scored_order(load_reranker(trained["reranker"]), opened.vectors_of)
+        expected = leave_one_out_recall(trained["gallery"], by_file)
+    assert json.loads(out)["recall@1"] == pytest.approx(expected, abs=1e-9)
+    # a file whose order is known: the 4 nearest reversed
+    reverse = reversing_reranker(trained["model"], trained["reranker"].with_name("rev.onnx"))
+    reverse_spec = f"pairwise:model={reverse},depth=4"
+    code, out, err = run(capsys, "eval", "--gallery", trained["gallery"], "--rerank",
+                         reverse_spec, "--json")  # fmt: skip
     assert code == 0, err
-    found = json.loads(out)
-    assert found[0]["id"] == 3 and len(found) == 6  # the item itself first, as always
-    with nearsight.open_gallery(trained["gallery"]) as gallery:
-        python = gallery.search_item(3, k=6, rerank=spec)
-        assert [n.id for n in python] == [row["id"] for row in found]
-        plain = gallery.search_item(3, k=6, rerank="none")
-        # re-ordered within the first 4 others at most; the rest is the index's order
-        assert {n.id for n in python} == {n.id for n in plain}
-        assert [n.id for n in python][5:] == [n.id for n in plain][5:]
+    reversed_recall = leave_one_out_recall(trained["gallery"], lambda q, c: c[::-1])
+    assert json.loads(out)["recall@1"] == pytest.approx(reversed_recall, abs=1e-9)
+    for used in (spec, reverse_spec):
+        code, out, err = run(capsys, "search", "--gallery", trained["gallery"], "--id", "3",
+                             "--k", "6", "--rerank", used, "--json")  # fmt: skip
+        assert code == 0, err
+        found = [row["id"] for row in json.loads(out)]
+        with nearsight.open_gallery(trained["gallery"]) as gallery:
+            python = [n.id for n in gallery.search_item(3, k=6, rerank=used)]
+            plain = [n.id for n in gallery.search_item(3, k=6, rerank="none")]
+            reorder = by_file if used == spec else (lambda q, c: c[::-1])
+            import numpy as np
+
+            # a search by item re-ranks the index's first 4 (the item among them), then puts
+            # the item first; the rest keeps the index's order
+            head = [int(i) for i in reorder(3, np.asarray(plain[:4])) if i != 3]
+            assert python == found == [3, *head, *plain[4:]], (used, plain)
+    assert found != plain  # the reversing file did re-order
 
 
 def test_a_reranker_of_another_model_is_refused_in_one_line(trained, tmp_path, capsys):
@@ -129,14 +197,28 @@ def test_a_stage_reranker_runs_on_a_gallery_that_stores_its_features(trained, ca
     assert "stored layer3 features of 16 items (256-d" in out_text
     code, out_text, err = run(capsys, *evaluate)
     assert code == 0, err
-    assert 0 <= json.loads(out_text)["recall@1"] <= 1
+    from nearsight.index.gallery.core import Gallery
+    from nearsight.search.rerank.stage_store import open_stage_store
+
+    store = open_stage_store(gallery)
+    with Gallery.open(gallery) as opened_store:
+        by_file = scored_order(opened, opened_store.vectors_of, store.side_of)
+        expected = leave_one_out_recall(gallery, by_file)
+    assert json.loads(out_text)["recall@1"] == pytest.approx(expected, abs=1e-9)
     code, out_text, err = run(capsys, *by_id)
     assert code == 0, err
     found = [row["id"] for row in json.loads(out_text)]
+    reverse = reversing_reranker(trained["model"], out.with_name("rev3.onnx"), side_dim=256)
     with nearsight.open_gallery(gallery) as opened_gallery:
         assert [n.id for n in opened_gallery.search_item(3, k=6, rerank=spec)] == found
         plain = [n.id for n in opened_gallery.search_item(3, k=6, rerank="none")]
-        assert found[0] == 3 and set(found) == set(plain) and found[5:] == plain[5:]
+        import numpy as np
+
+        head = [int(i) for i in by_file(3, np.asarray(plain[:4])) if i != 3]
+        assert found == [3, *head, *plain[4:]]
+        # a stage file whose order is known: the first 4 reversed, the item put first
+        turned = opened_gallery.search_item(3, k=6, rerank=f"pairwise:model={reverse},depth=4")
+        assert [n.id for n in turned] == [3, *plain[3:0:-1], *plain[4:]]
         # a vector query has no image, so no stage features: refused in one line
         vector = opened_gallery.gallery.vectors_of([3])[0]
         with pytest.raises(NearsightError, match="a vector query has no image"):

@@ -163,9 +163,9 @@ def test_the_stored_choice_survives_add_remove_and_compact(tmp_path):
 
 
 def _neighbour_lists(gallery, keys, depth):
-    from nearsight.search.rerank.sources import GallerySource
+    from nearsight.search.rerank.sources import OpenGallerySource
 
-    return GallerySource(gallery).neighbours(np.asarray(keys), depth)
+    return OpenGallerySource(gallery).neighbours(np.asarray(keys), depth)
 
 
 def test_the_neighbour_graph_answers_as_the_index_does_through_add_remove_compact(tmp_path):

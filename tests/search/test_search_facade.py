@@ -48,8 +48,9 @@ def test_every_route_answers_the_same_neighbours_in_one_shape(tiny, tiny_page, c
         assert [row["distance"] for row in answer_rows] == pytest.approx(
             [row["distance"] for row in cli], abs=1e-5
         )
-    for answer_rows in (cli, rest, page, python):
+    for answer_rows in (cli, page, python):
         assert all(set(row) == ROW_KEYS for row in answer_rows)
+    assert all(set(row) == {*ROW_KEYS, "image_url"} for row in rest)  # REST adds the image's
     assert cli[0]["id"] == 5 and cli[0]["distance"] == 0.0  # the gallery's own file: first, at 0
 
 

@@ -9,10 +9,11 @@ items and byte-identical duplicate vectors. The brute force reads each filter va
 column's type as a user expects (a text column compares text; a range on it is an error; a class
 name resolves to its label; an unknown name is an error).
 
-A catalog of an odd number of items is searched as a gallery built before the payload index
-(its file removed: the first open builds it from the catalog).
+Every other gallery written is searched as one built before the payload index (its file
+removed: the first open builds it from the catalog).
 
-Checked for every query: all routes agree (ids and distances) or all refuse; the answer holds
+Checked for every query: all routes agree (ids and distances) or all refuse; a page
+(``offset``) is the longer search's ranks after the offset; the answer holds
 ``min(k, matches)`` items, every one matching; the distances are the exact float64 ones; a
 query by id gets the item first at distance 0 when it matches. Without re-ranking: the exact
 top-k on flat, recall@k >= 0.9 on the approximate types. A larger sweep: bench/search_oracle.py.
@@ -21,6 +22,7 @@ top-k on flat, recall@k >= 0.9 on the approximate types. A larger sweep: bench/s
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import os
 import re
@@ -128,6 +130,7 @@ def queries(draw, catalog: Catalog) -> dict:
         "k": draw(st.integers(1, K_MAX)),
         "filters": conditions,
         "rerank": draw(st.booleans()),
+        "offset": draw(st.sampled_from((0, 0, 2, 7))),  # a page: ranks offset+1...
     }
 
 
@@ -197,19 +200,18 @@ def exact(vectors: np.ndarray, query: np.ndarray, ids: np.ndarray) -> np.ndarray
 
 def python_route(folder: Path, query: dict, vector: np.ndarray):
     rerank = RERANK if query["rerank"] else "none"
+    asked = {"filters": query["filters"], "rerank": rerank, "offset": query["offset"]}
     with open_gallery(folder) as gallery:
         if query["id"] is not None:
-            found = gallery.search_item(query["id"], query["k"], filters=query["filters"],
-                                        rerank=rerank)  # fmt: skip
+            found = gallery.search_item(query["id"], query["k"], **asked)
         else:
-            found = gallery.search_vector(vector, query["k"], filters=query["filters"],
-                                          rerank=rerank)  # fmt: skip
+            found = gallery.search_vector(vector, query["k"], **asked)
     return [(n.id, n.distance) for n in found]
 
 
 def cli_route(folder: Path, query: dict, vector_file: Path, capsys):
     argv = ["search", "--gallery", str(folder), "--k", str(query["k"]), "--json",
-            "--rerank", RERANK if query["rerank"] else "none"]  # fmt: skip
+            "--rerank", RERANK if query["rerank"] else "none", "--offset", str(query["offset"])]  # fmt: skip
     argv += ["--id", str(query["id"])] if query["id"] is not None else ["--vector", str(vector_file)]
     for condition in query["filters"]:
         argv += ["--filter", condition]
@@ -223,7 +225,7 @@ def cli_route(folder: Path, query: dict, vector_file: Path, capsys):
 
 def rest_route(url: str, name: str, query: dict, vector: np.ndarray):
     data = {"k": str(query["k"]), "gallery": name, "filter": ";".join(query["filters"]),
-            "rerank": RERANK if query["rerank"] else "none"}  # fmt: skip
+            "rerank": RERANK if query["rerank"] else "none", "offset": str(query["offset"])}  # fmt: skip
     if query["id"] is not None:
         data["id"] = str(query["id"])
     else:
@@ -258,6 +260,9 @@ def model(onnx_gallery):
     return onnx_gallery.model
 
 
+_WRITTEN = itertools.count()
+
+
 def _write(catalog: Catalog, folder: Path, model: Path, capsys) -> dict[str, Path]:
     folder.mkdir(parents=True, exist_ok=True)
     np.save(folder / "vectors.npy", catalog.vectors)
@@ -273,7 +278,7 @@ def _write(catalog: Catalog, folder: Path, model: Path, capsys) -> dict[str, Pat
                      "--index-type", index_type, "--list-column", "tags"])  # fmt: skip
         _, err = capsys.readouterr()
         assert code == 0, err
-        if len(catalog.rows) % 2:  # as built before the payload index: built on first open
+        if next(_WRITTEN) % 2 == 0:  # as built before the payload index: built on first open
             (out / PAYLOAD_FILE).unlink()
         galleries[index_type] = out
     return galleries
@@ -319,7 +324,12 @@ def test_every_route_answers_the_brute_force(catalog, data, model, tmp_path_fact
                 for route, answer in answers.items():  # one answer, whichever way it was asked
                     assert [i for i, _ in answer] == [i for i, _ in first], (route, query)
                     assert [d for _, d in answer] == pytest.approx([d for _, d in first], abs=1e-9)
-                recall = _check(catalog, query, vector, allowed, first, index_type)
+                whole, longer = query, first
+                if query["offset"]:  # a page: the long search's ranks after the offset
+                    whole = {**query, "k": query["offset"] + query["k"], "offset": 0}
+                    longer = python_route(gallery, whole, vector)
+                    assert first == longer[query["offset"] :], query
+                recall = _check(catalog, whole, vector, allowed, longer, index_type)
                 if recall is not None:
                     recalls[index_type].append(recall)
                 if query["id"] is not None:

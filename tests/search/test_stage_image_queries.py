@@ -25,7 +25,7 @@ def reference_ids(staged, image_path) -> list[int]:
     pipeline with those features."""
     import nearsight
     from nearsight.search.rerank.pipeline import rerank
-    from nearsight.search.rerank.sources import GallerySource
+    from nearsight.search.rerank.sources import OpenGallerySource
     from nearsight.search.rerank.spec import parse_rerank
     from nearsight.search.rerank.stage_features import StageFeaturizer
 
@@ -37,7 +37,7 @@ def reference_ids(staged, image_path) -> list[int]:
         embedding, features = StageFeaturizer(staged["model"], "layer3").run(images)
         gallery = searcher.gallery
         _, found = gallery.search(embedding, max(K, depth))
-        keys, _ = rerank(spec, GallerySource(gallery), embedding, found[:, :depth], None, features)
+        keys, _ = rerank(spec, OpenGallerySource(gallery), embedding, found[:, :depth], None, features)
     return [int(i) for i in [*keys[0], *found[0, depth:K]] if i >= 0]
 
 

@@ -12,7 +12,6 @@ import torch
 from helpers import crash_training, read_jsonl, train_one_and_two_processes
 
 from nearsight.app.cli import main
-from nearsight.data.datasets.synthetic import write_synthetic
 from nearsight.models.checkpoint import load_checkpoint, load_embedding_net
 from nearsight.models.spec import spec_from_onnx_metadata
 from nearsight.training.config import load_config
@@ -24,13 +23,6 @@ TINY_TRAIN = [
     "--classes-per-batch", "3", "--per-class", "2", "--workers", "0",
     "--set", "data.eval_batch_size=16", "--set", "save_every=1", "--set", "log_every=1",
 ]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def synth(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("synth") / "data"
-    write_synthetic(root, classes=8, per_class=4, size=32, seed=0)
-    return root
 
 
 def train_cli(root: Path, out: Path, loss: str, steps: int, *extra: str) -> None:

@@ -122,13 +122,18 @@ def test_a_stage_reranker_without_its_features_is_refused_in_one_line(tmp_path):
     assert "\n" not in str(error.value)
     with pytest.raises(NearsightError, match="16-d stage features, got 4-d"):
         evaluate_reranked(vectors, labels, (1,), spec, side=side[:, :4], with_nmi=False)
-    # an embeddings-only file ignores features given to it
+    # an embeddings-only file ignores features given to it: one that re-orders (minus the
+    # cosine: each list reversed) scores the same with them as without
+    reversing = PairScorer(8)
+    with torch.no_grad():
+        reversing.alpha.fill_(-10.0)
     plain_file = tmp_path / "p.onnx"
-    export_scorer(PairScorer(8), plain_file, "c" * 64)
+    export_scorer(reversing, plain_file, "c" * 64)
     spec = parse_rerank(f"pairwise:model={plain_file},depth=5")
-    assert evaluate_reranked(vectors, labels, (1,), spec, side=side, with_nmi=False) == (
-        evaluate_reranked(vectors, labels, (1,), spec, with_nmi=False)
-    )
+    with_side = evaluate_reranked(vectors, labels, (1,), spec, side=side, with_nmi=False)
+    assert with_side == evaluate_reranked(vectors, labels, (1,), spec, with_nmi=False)
+    plain = evaluate_reranked(vectors, labels, (1,), parse_rerank("none"), with_nmi=False)
+    assert with_side["map@r"] < plain["map@r"]  # it did re-order (the worst first)
 
 
 def test_stage_features_of_an_exported_model_are_torchs(onnx_gallery):
@@ -191,3 +196,61 @@ def test_stage_features_equal_their_definition_on_centred_unit_rows():
     with torch.inference_mode():
         got = side_features(unit_queries, torch.from_numpy(candidate_side), torch.from_numpy(mean))
     np.testing.assert_allclose(got.numpy(), expected, rtol=0, atol=1e-9)
+
+
+def test_the_stage_is_found_by_structure_on_a_multi_head_model(tmp_path):
+    """On a multi-level model the last node scoped /layer3/ is the layer3 head's Gemm; the
+    stage read is the feature map its blocks hand on, for single- and multi-head models
+    alike: torch's layer3 output, pooled."""
+    import onnx
+
+    from nearsight.models.checkpoint import load_embedding_net, save_checkpoint
+    from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
+    from nearsight.models.export import export_onnx
+    from nearsight.search.rerank.stage_features import StageFeaturizer, stage_feature_map
+
+    torch.manual_seed(0)
+    config = EmbeddingConfig(dim=8, image_size=32, arch="resnet18",
+                             heads=["layer2", "layer3", "layer4"], embedding="concat")  # fmt: skip
+    checkpoint, model = tmp_path / "m.pt", tmp_path / "m.onnx"
+    save_checkpoint(checkpoint, build_embedding_net(config))
+    export_onnx(checkpoint, model)
+    graph = onnx.load(str(model))
+    last_named = [node for node in graph.graph.node if "/layer3/" in node.name][-1]
+    assert last_named.op_type == "Gemm"  # what reading by name alone took
+    found = stage_feature_map(graph, "layer3")
+    assert found is not None and found != last_named.output[0]
+    net = load_embedding_net(checkpoint).eval()
+    images = np.random.default_rng(0).uniform(size=(3, 3, 32, 32)).astype(np.float32)
+    for stage in ("layer2", "layer3"):
+        _, features = StageFeaturizer(model, stage).run(images)
+        with torch.inference_mode():
+            x = (torch.from_numpy(images) - net.mean) / net.std
+            for name, layer in net.trunk.named_children():
+                x = layer(x)
+                if name == stage:
+                    break
+        np.testing.assert_allclose(features, x.mean(dim=(2, 3)).numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_model_without_the_stage_is_refused_in_one_line(tmp_path):
+    """A graph with no ResNet stage (a foreign model), or a file that is no ONNX model."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from nearsight.search.rerank.stage_features import stage_output_model
+
+    node = helper.make_node("Identity", ["images"], ["embeddings"], name="/layer3/Identity")
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("embeddings", TensorProto.FLOAT, ["N", 4])],
+    )  # fmt: skip
+    foreign = tmp_path / "foreign.onnx"
+    onnx.save(helper.make_model(graph), str(foreign))
+    with pytest.raises(NearsightError, match="no trunk stage layer3") as error:
+        stage_output_model(foreign, "layer3")
+    assert "\n" not in str(error.value)
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"not a model")
+    with pytest.raises(NearsightError, match="is not an ONNX model"):
+        stage_output_model(junk, "layer3")

@@ -12,7 +12,6 @@ import torch
 import yaml
 from helpers import TIMM_CONVNEXT, TIMM_VIT, run
 
-from nearsight.data.datasets.synthetic import write_synthetic
 from nearsight.models.checkpoint import load_checkpoint, load_embedding_net
 
 TINY = ["--dataset", "folder", "--image-size", "32", "--classes-per-batch", "3",
@@ -21,10 +20,8 @@ TINY = ["--dataset", "folder", "--image-size", "32", "--classes-per-batch", "3",
 
 
 @pytest.fixture(scope="module")
-def synth(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("timm-synth") / "data"
-    write_synthetic(root, classes=8, per_class=4, size=40, seed=0)
-    return root
+def synth(synthetic_folder) -> Path:
+    return synthetic_folder(size=40)
 
 
 def losses(out: Path) -> list[float]:

@@ -10,7 +10,6 @@ import yaml
 from helpers import crash_training, read_jsonl, train_one_and_two_processes
 
 from nearsight.app.cli import main
-from nearsight.data.datasets.synthetic import write_synthetic
 from nearsight.models.checkpoint import load_checkpoint, load_embedding_net
 from nearsight.training.config import load_config
 from nearsight.training.run import train
@@ -29,13 +28,6 @@ TINY = {
     "save_every": 1,
     "log_every": 1,
 }
-
-
-@pytest.fixture(scope="module")
-def synth(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("synth") / "data"
-    write_synthetic(root, classes=8, per_class=4, size=32, seed=0)
-    return root
 
 
 def tiny_config(root: Path, loss: str = "ice", steps: int = 6, **extra):

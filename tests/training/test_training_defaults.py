@@ -10,7 +10,6 @@ import yaml
 from helpers import read_jsonl, write_digits
 
 from nearsight.data.datasets import load_dataset
-from nearsight.data.datasets.synthetic import write_synthetic
 from nearsight.models.checkpoint import load_checkpoint
 from nearsight.training import trainer as trainer_module
 from nearsight.training.config import ConfigError, load_config
@@ -34,10 +33,8 @@ TINY = {
 
 
 @pytest.fixture(scope="module")
-def synth(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("synth") / "data"
-    write_synthetic(root, classes=12, per_class=4, size=32, seed=0)
-    return root
+def synth(synthetic_folder) -> Path:
+    return synthetic_folder(classes=12)
 
 
 def config_for(root: Path, **extra):

@@ -12,6 +12,7 @@ from nearsight.app.commands import (
     export,
     index,
     inspect,
+    models,
     reproduce,
     rerank,
     search,
@@ -19,4 +20,4 @@ from nearsight.app.commands import (
     train,
 )
 
-COMMANDS = [demo, data, train, export, index, eval, search, serve, reproduce, rerank, inspect]
+COMMANDS = [demo, data, train, export, index, eval, search, serve, models, reproduce, rerank, inspect]

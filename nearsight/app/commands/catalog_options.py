@@ -32,6 +32,12 @@ def add_catalog_options(parser: argparse.ArgumentParser, *, key_column: bool = T
         "in Parquet); filters test each item's set (tags=red, tags=red|blue, tags!=red); "
         "repeatable",
     )
+    parser.add_argument(
+        "--group-column",
+        metavar="NAME",
+        help="the metadata column that groups items (a product's SKU when a product has several "
+        "photos): recorded as the gallery's default for grouped searches (search --group-by)",
+    )
 
 
 def declared_types(args: argparse.Namespace) -> dict[str, str]:
@@ -65,3 +71,29 @@ def add_embeddings_option(parser: argparse.ArgumentParser) -> None:
         help="also store each item's 16 nearest items, so that database-side augmentation "
         "(--rerank dba, dba+aqe) looks them up instead of searching the index per candidate",
     )
+
+
+def check_group_column(column: str | None, fields: list[dict]) -> None:
+    """A one-line error, before any embedding, when ``--group-column`` names a column the
+    source's rows do not have."""
+    from nearsight.core.errors import NearsightError, closest_names
+    from nearsight.search.groups import ROW_COLUMNS
+
+    if column is None:
+        return
+    columns = {key for row in fields for key in (row.get("meta") or {})} | set(ROW_COLUMNS)
+    if column not in columns:
+        hint = closest_names(column, columns)
+        raise NearsightError(f"--group-column {column}: the source has no such column; {hint}")
+
+
+def record_group_column(column: str | None, out: object) -> None:
+    """``--group-column``, recorded in the new gallery's catalog meta (one key)."""
+    if column is None:
+        return
+    from nearsight.index.gallery.core import Gallery
+    from nearsight.index.gallery.write import set_meta
+    from nearsight.search.groups import GROUP_COLUMN_META
+
+    with Gallery.open(out) as gallery:  # type: ignore[arg-type]
+        set_meta(gallery, **{GROUP_COLUMN_META: column})

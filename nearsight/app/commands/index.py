@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nearsight.app.commands.catalog_options import add_catalog_options, add_embeddings_option
+from nearsight.app.commands.device_option import add_device_option
 from nearsight.app.commands.facets import register_facets
 from nearsight.app.commands.index_build import run_build
 from nearsight.app.commands.index_import import register as register_import
@@ -198,7 +199,7 @@ def _add_embedding_options(parser: argparse.ArgumentParser) -> None:
         help="decode the images in this process, not in the bounded decode box (only for "
         "folders you vouch for; the same pixels)",
     )
-    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    add_device_option(parser)
 
 
 # -- shared with search ----------------------------------------------------------------------

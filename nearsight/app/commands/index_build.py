@@ -14,7 +14,11 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def _run_build(args: argparse.Namespace) -> int:
-    from nearsight.app.commands.catalog_options import declared_types
+    from nearsight.app.commands.catalog_options import (
+        check_group_column,
+        declared_types,
+        record_group_column,
+    )
     from nearsight.app.commands.model_options import load_index_model
     from nearsight.core.errors import NearsightError
     from nearsight.index.gallery.build import build_gallery
@@ -37,6 +41,7 @@ def _run_build(args: argparse.Namespace) -> int:
         source = images_source(args.images)
     else:
         source = list_source(args.list)
+    check_group_column(args.group_column, source.fields)
     embedder = load_index_model(args)  # a timm:NAME model: its exported ONNX file
     report = build_gallery(
         embedder,
@@ -53,6 +58,7 @@ def _run_build(args: argparse.Namespace) -> int:
         embeddings=args.embeddings,
         neighbour_graph=args.neighbour_graph,
     )
+    record_group_column(args.group_column, report.out)
     print(report.summary())
     return 0
 

@@ -7,6 +7,8 @@ import argparse
 import time
 from pathlib import Path
 
+from nearsight.app.commands.device_option import add_device_option
+
 
 def register(actions: argparse._SubParsersAction, index_types: list[str]) -> None:
     from nearsight.app.commands.catalog_options import add_embeddings_option
@@ -31,7 +33,7 @@ def register(actions: argparse._SubParsersAction, index_types: list[str]) -> Non
         "--max-index-memory",
         help="memory budget of the index for --index-type auto, e.g. 2G (default: a quarter of RAM)",
     )
-    imported.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    add_device_option(imported)
     add_embeddings_option(imported)
     add_foreign_model_options(imported)
     imported.set_defaults(func=run_import)
@@ -55,7 +57,11 @@ def register(actions: argparse._SubParsersAction, index_types: list[str]) -> Non
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from nearsight.app.commands.catalog_options import declared_types
+    from nearsight.app.commands.catalog_options import (
+        check_group_column,
+        declared_types,
+        record_group_column,
+    )
     from nearsight.core.errors import NearsightError
     from nearsight.index.chunks import read_meta, read_vectors
     from nearsight.index.gallery.build import import_gallery
@@ -72,6 +78,7 @@ def run_import(args: argparse.Namespace) -> int:
         raise NearsightError(
             f"{args.meta} has {len(rows)} rows but {args.vectors} has {len(vectors)} vectors"
         )
+    check_group_column(args.group_column, rows)
     embedder = None
     if args.model is not None:
         from nearsight.app.commands.model_options import load_index_model
@@ -91,6 +98,7 @@ def run_import(args: argparse.Namespace) -> int:
         embeddings=args.embeddings,
         neighbour_graph=args.neighbour_graph,
     )
+    record_group_column(args.group_column, report.out)
     print(
         f"imported gallery {report.out}: {report.items} items, {report.index_type} index, dim "
         f"{report.dim}{'' if args.model else ', no model'}, in {report.seconds:.1f}s"

@@ -54,7 +54,7 @@ def register_pixels(
 
 
 def run_duplicates(args: argparse.Namespace) -> int:
-    from nearsight.app.commands.inspect import print_json, print_table, records
+    from nearsight.app.commands.inspect_output import print_json, print_table, records
     from nearsight.search.inspect.duplicates import find_duplicates
 
     if args.hash_distance < 0 or args.hash_distance > 64:

@@ -10,8 +10,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from nearsight.app.commands.device_option import add_device_option
 from nearsight.app.commands.rerank_option import add_rerank_option
 from nearsight.core.arrays import load_array
+from nearsight.search.checks import DEFAULT_K
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -51,11 +53,39 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--out",
         type=Path,
-        metavar="FILE.jsonl",
-        help='with --queries: one line per query, {"query": PATH, "neighbours": [...]} or '
-        '{"query": PATH, "error": "..."}',
+        metavar="FILE.jsonl|FILE.csv",
+        help='with --queries: FILE.jsonl, one line per query, {"query": PATH, "neighbours": '
+        '[...]} (or "groups") or {"query": PATH, "error": "..."}; FILE.csv, one row per '
+        "neighbour (query, rank, id, key, path, label, class_name, distance, a group column "
+        "when grouped, then the metadata columns; an unreadable query: one row with its error)",
     )
-    parser.add_argument("--k", type=int, default=8, help="neighbours to show (default 8)")
+    parser.add_argument("--k", type=int, default=DEFAULT_K,
+                        help=f"neighbours to show (default {DEFAULT_K})")  # fmt: skip
+    parser.add_argument(
+        "--offset",
+        type=int,
+        default=0,
+        metavar="N",
+        help="a page: ranks N+1 to N+k of the search of N+k (default 0); with --group-by, "
+        "groups N+1 to N+k",
+    )
+    parser.add_argument(
+        "--group-by",
+        nargs="?",
+        const="",
+        metavar="COL",
+        help="at most k groups of items holding one value of COL (a product's SKU), ordered by "
+        "their best distance, each with its best --group-size items; items without a value "
+        "are left out. Without COL: the column the gallery records (index build/import "
+        "--group-column). --json prints [{\"value\", \"count\", \"neighbours\"}]",
+    )
+    parser.add_argument(
+        "--group-size",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --group-by: the best N items of each group (default 1)",
+    )
     parser.add_argument(
         "--filter",
         action="append",
@@ -78,7 +108,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_rerank_option(parser)
     parser.add_argument("--model", type=Path, help="default: the model the gallery was built with")
-    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    add_device_option(parser)
     parser.add_argument(
         "--batch-size", type=int, default=32, help="with --queries: images per batch (default 32)"
     )
@@ -95,11 +125,16 @@ def run_search(args: argparse.Namespace) -> int:
     from nearsight.core.errors import NearsightError
     from nearsight.data.embed import check_batching
     from nearsight.index.catalog.filters import merge_conditions, parse_filters
-    from nearsight.search.checks import check_k
+    from nearsight.search.checks import check_k, check_offset
 
     check_k(args.k)
+    check_offset(args.offset)
+    if args.group_by is None and args.group_size != 1:
+        raise NearsightError("--group-size goes with --group-by (the column to group by)")
     if (args.queries is None) != (args.out is None):
         raise NearsightError("--queries and --out go together")
+    if args.out is not None and args.out.suffix.lower() not in (".jsonl", ".csv"):
+        raise NearsightError(f"--out {args.out}: write FILE.jsonl (JSON lines) or FILE.csv")
     check_batching(args.batch_size, args.workers)
     # a bad filter fails before the model loads
     conditions = merge_conditions(parse_filters(args.filter), args.max_filter_conditions)
@@ -108,6 +143,11 @@ def run_search(args: argparse.Namespace) -> int:
     results = _search_one(args, conditions)
     if args.json:
         print(json.dumps(results, ensure_ascii=False))
+        return 0
+    if args.group_by is not None:
+        for group in results:
+            print(f"{group['value']}  ({group['count']} items)")
+            _print_table(group["neighbours"])
         return 0
     _print_table(results)
     return 0
@@ -132,19 +172,35 @@ def _search_one(args: argparse.Namespace, conditions: list) -> list[dict[str, An
             print(f"nearsight: note: {note.message}", file=sys.stderr)
     for line in found.notes:  # what the route says of its answer (a recall it can't promise)
         print(f"nearsight: note: {line}", file=sys.stderr)
+    if found.groups is not None:
+        return [group.as_json() for group in found.groups]
     return [neighbour.as_json() for neighbour in found]
+
+
+def _page(searcher, args: argparse.Namespace) -> dict[str, Any]:
+    """The page the flags ask for, as the Python API's keyword arguments."""
+    group_by = args.group_by
+    if group_by == "":  # --group-by alone: the gallery's recorded column
+        from nearsight.core.errors import NearsightError
+
+        group_by = searcher.group_column
+        if group_by is None:
+            raise NearsightError("--group-by: the gallery records no group column; name one, "
+                                 "--group-by COL")  # fmt: skip
+    return {"offset": args.offset, "group_by": group_by, "group_size": args.group_size}
 
 
 def _search(gallery, args: argparse.Namespace, conditions: list):
     """The one query the flags name, through the Python API."""
+    asked = {"filters": conditions, "rerank": args.rerank, **_page(gallery, args)}
     if args.id is not None:
-        return gallery.search_item(args.id, args.k, filters=conditions, rerank=args.rerank)
+        return gallery.search_item(args.id, args.k, **asked)
     if args.key is not None:
-        return gallery.search_item(key=args.key, k=args.k, filters=conditions, rerank=args.rerank)
+        return gallery.search_item(key=args.key, k=args.k, **asked)
     if args.vector is not None:
         vector = _vector_file(args.vector, gallery.gallery.dim)
-        return gallery.search_vector(vector, args.k, filters=conditions, rerank=args.rerank)
-    return gallery.search(args.image, args.k, filters=conditions, rerank=args.rerank)
+        return gallery.search_vector(vector, args.k, **asked)
+    return gallery.search(args.image, args.k, **asked)
 
 
 def _vector_file(path: Path, dim: int):
@@ -226,13 +282,15 @@ def _run_batch(args: argparse.Namespace, conditions: list) -> int:
 
     from nearsight.app.commands.index import load_gallery_model
     from nearsight.core.atomic import atomic_file
+    from nearsight.core.digest import file_sha256
     from nearsight.data.embed import embed_files
-    from nearsight.data.images import file_sha256
     from nearsight.index.gallery.core import Gallery
+    from nearsight.search.paging import check_page
     from nearsight.search.searcher import Searcher
 
     paths = query_paths(args.queries)
     with Gallery.open(args.gallery) as gallery:
+        page = check_page(gallery, **_page(Searcher(gallery), args))
         searcher = Searcher(gallery, load_gallery_model(gallery, args.model, args.device))
         filtered = searcher.filtered(conditions)
         allowed = filtered.allowed
@@ -256,22 +314,25 @@ def _run_batch(args: argparse.Namespace, conditions: list) -> int:
         for row, twin in enumerate(twins):
             if twin is not None:
                 vectors[row] = searcher.item_vector(twin)
-        found = searcher.search_vectors(vectors, args.k, allowed=allowed, rerank=spec,
-                                        self_ids=twins, query_side=side) if read else []  # fmt: skip
-        answers = [[neighbour.as_json() for neighbour in row] for row in found]
+        found = searcher.search_page(vectors, args.k, page, allowed=allowed, rerank=spec,
+                                     self_ids=twins, query_side=side) if read else []  # fmt: skip
+        answers = [[hit.as_json() for hit in row] for row in found]
     good = iter(answers)
     errors = iter(result.errors)  # in the order of the unreadable paths
-    lines = []
+    entries: list[dict[str, Any]] = []
     for path, readable in zip(paths, ok, strict=True):
         entry: dict[str, Any] = {"query": str(path)}
         if readable:
-            entry["neighbours"] = next(good)
+            entry["groups" if page.group_by else "neighbours"] = next(good)
         else:
             entry["error"] = next(errors)
-        lines.append(json.dumps(entry))
+        entries.append(entry)
     try:
         with atomic_file(args.out, "w") as handle:  # never a half-written results file
-            handle.writelines(line + "\n" for line in lines)
+            if args.out.suffix.lower() == ".csv":
+                write_csv(handle, entries)
+            else:
+                handle.writelines(json.dumps(entry) + "\n" for entry in entries)
     except OSError as error:
         reason = error.strerror or str(error)
         raise OSError(f"cannot write {args.out}: {reason}") from None
@@ -279,3 +340,32 @@ def _run_batch(args: argparse.Namespace, conditions: list) -> int:
     note = f", {unreadable} unreadable (their lines hold the error)" if unreadable else ""
     print(f"searched {len(paths)} queries{note}: {args.out}", file=sys.stderr)
     return 0
+
+
+def write_csv(handle: Any, entries: list[dict[str, Any]]) -> None:
+    """The batch's answers as CSV: one row per neighbour (a ``group`` column holding its
+    group's value when grouped), the metadata columns after the fixed ones, an unreadable
+    query as one row with its ``error``."""
+    import csv
+
+    from nearsight.search.neighbour import FIELDS
+
+    rows: list[dict[str, Any]] = []
+    for entry in entries:
+        if "error" in entry:
+            rows.append({"query": entry["query"], "error": entry["error"]})
+            continue
+        hits = [(None, hit) for hit in entry.get("neighbours", [])]
+        hits += [(g["value"], hit) for g in entry.get("groups", []) for hit in g["neighbours"]]
+        for value, hit in hits:
+            row = {"query": entry["query"], **({"group": value} if "groups" in entry else {})}
+            row |= {name: hit[name] for name in FIELDS if name != "meta"}
+            rows.append(row | {f"meta.{key}" if key in row else key: v
+                               for key, v in hit["meta"].items()})  # fmt: skip
+    fixed = ["query", *(["group"] if any("group" in row for row in rows) else []),
+             *(name for name in FIELDS if name != "meta")]  # fmt: skip
+    extra = sorted({key for row in rows for key in row} - {*fixed, "error"})
+    errors = ["error"] if any("error" in row for row in rows) else []
+    writer = csv.DictWriter(handle, [*fixed, *extra, *errors], extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)

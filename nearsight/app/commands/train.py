@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from nearsight.app.commands.device_option import add_device_option
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -43,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--classes-per-batch", type=int, help="classes in a batch (n)")
     parser.add_argument("--per-class", type=int, help="images of each class in a batch (m)")
-    parser.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    add_device_option(parser, default=None)
     parser.add_argument("--workers", type=int, help="DataLoader workers")
     parser.add_argument("--eval-every", type=int, help="steps between evaluations")
     parser.add_argument("--seed", type=int)

@@ -19,6 +19,7 @@ from typing import Any
 
 import gradio as gr
 
+from nearsight.app.serve.clients import IDENTITY_HEADER
 from nearsight.app.serve.gates import GateFull, WorkGate
 
 REQUEST_PARAMETER = "nearsight_request"
@@ -46,7 +47,7 @@ class PageGates:
 
         async def gated(*args: Any) -> Any:
             asked, *given = args
-            client = getattr(getattr(asked, "client", None), "host", None) or ""
+            client = _identity(asked)
             try:
                 return await gate.run(lambda: handler(*given), client)
             except GateFull as full:
@@ -58,6 +59,14 @@ class PageGates:
         hints = dict(getattr(handler, "__annotations__", {}))
         gated.__annotations__ = {REQUEST_PARAMETER: gr.Request, **_resolved(handler, hints)}
         return gated
+
+
+def _identity(request: Any) -> str:
+    """Who a page event is for the gates: the guard's identity header (a named key's holder,
+    else the client's network), else the client's address."""
+    headers = getattr(request, "headers", None)
+    named = headers.get(IDENTITY_HEADER.decode()) if headers is not None else None
+    return named or getattr(getattr(request, "client", None), "host", None) or ""
 
 
 def _resolved(handler: Callable[..., Any], hints: dict[str, Any]) -> dict[str, Any]:

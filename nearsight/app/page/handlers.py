@@ -12,7 +12,7 @@ from typing import Any
 
 import gradio as gr
 
-from nearsight.app.page.html import QueryCard, message_html, result_html
+from nearsight.app.page.html import QueryCard, message_html, result_html, title_columns
 from nearsight.app.page.inputs import (
     UNKNOWN_CLASS,
     PageError,
@@ -42,14 +42,13 @@ from nearsight.app.serve.galleries import Galleries, UnknownGallery
 from nearsight.core.errors import NearsightError
 from nearsight.data.image_input import QueryImage, query_from_bytes
 from nearsight.data.meta import FilterError
-from nearsight.search.checks import check_k
+from nearsight.search.checks import DEFAULT_K, check_k
 from nearsight.search.rerank.changes import MAX_COMPARED_ITEMS, rerank_changes
 from nearsight.search.rerank.spec import NONE, RerankSpec, parse_rerank
 from nearsight.search.route import Filtered
 from nearsight.search.served import Neighbour
 from nearsight.search.verdicts import thumbnail_uri
 
-DEFAULT_K = 8
 MAX_K = 64
 ANY_CLASS = "-1"
 # the page's re-rank toggle where neither serve --rerank nor the gallery chose one
@@ -249,6 +248,7 @@ class Page:
             matching=None if filtered.allowed is None else len(filtered.allowed),
             lead_fields=view.shown_fields(),
             filtered_fields=filtered.keys,
+            title_fields=title_columns(view.gallery.column_types()),
         )
 
     def random_item(

@@ -11,14 +11,15 @@ server for a file by its path. All text is escaped.
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from nearsight.search.served import Neighbour
 from nearsight.search.verdicts import FRAME_COLOURS, QUERY_COLOUR, correctness
 
 CELL_SIDE = 152  # pixels of the image area of a cell
-META_SHOWN = 4  # metadata fields under a cell's caption (the key first; the rest on hover)
+META_SHOWN = 4  # metadata fields on a card (the key first; the rest on hover)
+TITLE_COLUMNS = ("title", "name")  # a card's title, where the gallery has such a column
 META_VALUE_CHARS = 24
 _CELL_STYLE = (
     "margin:0;padding:4px;border:4px solid {colour};border-radius:8px;box-sizing:content-box;"
@@ -64,12 +65,14 @@ def result_html(
     matching: int | None = None,
     lead_fields: Sequence[str] = (),
     filtered_fields: Sequence[str] = (),
+    title_fields: Sequence[str] = (),
 ) -> str:
     """The query card and its top-k grid. ``matching``: how many items the filter allows (None:
     no filter). Each card leads with ``lead_fields`` (the key column, or the fields the
-    operator chose: ``serve --card-fields``), then ``filtered_fields`` (what the search filtered on), then as many
-    others as fit :data:`META_SHOWN`; every field is in the card's tooltip and its
-    "all fields" list."""
+    operator chose: ``serve --card-fields``), then a title (the first of ``title_fields``,
+    :func:`title_columns`, that the search did not filter on), then ``filtered_fields`` (what
+    the search filtered on), then as many others as fit :data:`META_SHOWN`, then the rank,
+    class and distance; every field is in the card's tooltip and its "all fields" list."""
     e = html.escape
     verdicts = [correctness(query.label, n.label) for n in neighbours]
     right = verdicts.count("true")
@@ -121,23 +124,38 @@ def result_html(
             f'{key} data-label="{label}" data-correct="{verdict}" data-distance="{distance}"'
             f' title="{e(title, quote=True)}" style="{style}">',
             _image(uri, f"rank {neighbour.rank}"),
-            f'<figcaption style="{_CAPTION_STYLE}"><strong>#{neighbour.rank}</strong> '
-            f'<span class="ns-class">{e(name)}</span><br>'
+            f'<figcaption style="{_CAPTION_STYLE}">'
+            f"{_meta_lines(meta, lead_fields, filtered_fields, title_fields)}"
+            f'<strong>#{neighbour.rank}</strong> <span class="ns-class">{e(name)}</span><br>'
             f'distance <span class="ns-distance">{distance}</span> · id {neighbour.id}'
-            f"{_meta_lines(meta, lead_fields, filtered_fields)}</figcaption>",
+            f"{_all_fields(meta)}</figcaption>",
             "</figure>",
         ]
     parts += ["</div>", "</div>", "</div>"]
     return "".join(parts)
 
 
+def title_columns(column_types: Mapping[str, str]) -> list[str]:
+    """The columns a card's title may come from, best first: one named ``title`` or ``name``,
+    else the text columns (type ``str``) in the order given."""
+    named = [column for column in TITLE_COLUMNS if column in column_types]
+    return named or [column for column, kind in column_types.items() if kind == "str"]
+
+
 def card_fields(
-    meta: dict, lead: Sequence[str] = (), filtered: Sequence[str] = (), room: int = META_SHOWN
+    meta: dict,
+    lead: Sequence[str] = (),
+    filtered: Sequence[str] = (),
+    room: int = META_SHOWN,
+    titles: Sequence[str] = (),
 ) -> list[str]:
-    """The metadata fields a card shows, in order: ``lead`` (the key first), then the fields
-    the search ``filtered`` on, then the others by name, as many as ``room`` holds (the lead
-    and filtered fields always show)."""
-    chosen = [f for f in dict.fromkeys([*lead, *filtered]) if f in meta]
+    """The metadata fields a card shows, in order: ``lead`` (the key first), then a title
+    (the first of ``titles`` the item holds that is neither a lead field nor filtered on),
+    then the fields the search ``filtered`` on, then the others by name, as many as ``room``
+    holds (the lead, title and filtered fields always show)."""
+    title = [t for t in titles if meta.get(t) not in (None, "")
+             and t not in lead and t not in filtered][:1]  # fmt: skip
+    chosen = [f for f in dict.fromkeys([*lead, *title, *filtered]) if f in meta]
     others = [f for f in sorted(meta) if f not in chosen]
     return chosen + others[: max(0, room - len(chosen))]
 
@@ -147,13 +165,15 @@ def _short_value(value: object) -> str:
     return text if len(text) <= META_VALUE_CHARS else text[: META_VALUE_CHARS - 1] + "…"
 
 
-def _meta_lines(meta: dict, lead: Sequence[str], filtered: Sequence[str]) -> str:
-    """The item's fields under its caption (:func:`card_fields`), then every field in a
-    "all N fields" list one click away."""
+def _meta_lines(
+    meta: dict, lead: Sequence[str], filtered: Sequence[str], titles: Sequence[str]
+) -> str:
+    """The item's fields at the head of its caption (:func:`card_fields`): the key in bold,
+    the title, the filtered fields, the others."""
     if not meta:
         return ""
     e = html.escape
-    shown = card_fields(meta, lead, filtered)
+    shown = card_fields(meta, lead, filtered, titles=titles)
     spans = []
     for field in shown:
         kind = "ns-key" if lead and field == lead[0] else "ns-field"
@@ -162,14 +182,19 @@ def _meta_lines(meta: dict, lead: Sequence[str], filtered: Sequence[str]) -> str
             f'<span class="{kind}" data-field="{e(field, quote=True)}" style="{weight}">'
             f"{e(field)}={e(_short_value(meta[field]))}</span>"
         )
+    return f'<span class="ns-meta" style="opacity:0.85">{"<br>".join(spans)}</span><br>'
+
+
+def _all_fields(meta: dict) -> str:
+    """Every field of the item in an "all N fields" list one click away."""
+    if not meta:
+        return ""
+    e = html.escape
     rows = "".join(
         f'<div data-field="{e(k, quote=True)}">{e(k)}={e(str(v))}</div>' for k, v in meta.items()
     )
-    every = (
-        f'<details class="ns-all-fields"><summary>all {len(meta)} fields</summary>{rows}</details>'
-    )
     return (
-        f'<br><span class="ns-meta" style="opacity:0.85">{"<br>".join(spans)}</span>{every}'
+        f'<details class="ns-all-fields"><summary>all {len(meta)} fields</summary>{rows}</details>'
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import yaml
 
@@ -17,8 +17,17 @@ from nearsight.core.atomic import atomic_file
 from nearsight.training.paper import PaperRow, protocol_metrics
 
 if TYPE_CHECKING:
-    from nearsight.app.reproduce.run import Reproduction
     from nearsight.training.config import TrainConfig
+
+
+class Reproduction(Protocol):
+    """What the report reads of a reproduction (nearsight.app.reproduce.run's, which imports
+    this module)."""
+
+    config: str
+    out: Path
+    overrides: dict[str, Any]
+    selection: str
 
 LABELS = {"nmi": "NMI", "map@r": "MAP@R"}
 # how best.pt was chosen (--selection)

@@ -35,8 +35,9 @@ from nearsight.app.rest.deps import (
     require_key,
 )
 from nearsight.app.rest.docs import add_docs
-from nearsight.app.rest.routes import facets, health, items, search
+from nearsight.app.rest.routes import facets, health, images, items, search, writes
 from nearsight.app.rest.upload_limit import UploadLimit
+from nearsight.app.serve.auth import ApiKeys
 from nearsight.app.serve.batcher import DEFAULT_MAX_WAITING, EmbedBatcher
 from nearsight.app.serve.galleries import Galleries
 from nearsight.app.serve.gates import GateFull, WorkGate
@@ -50,6 +51,7 @@ API_PREFIX = "/api"
 FORM_SLACK_BYTES = 64 * 1024  # the multipart envelope and the small fields around the file
 # filtered or re-ranked searches at once: one core stays free for plain searches and health
 HEAVY_CONCURRENCY = 1
+PLAIN_CONCURRENCY = 2  # plain searches at once (each a FAISS search, ms): shared fairly too
 
 
 def make_rest_app(
@@ -57,10 +59,12 @@ def make_rest_app(
     *,
     max_upload_bytes: int,
     api_key: str | None = None,
+    keys: ApiKeys | None = None,
     max_batch: int = 16,
     concurrency: int = 2,
     max_waiting: int = DEFAULT_MAX_WAITING,
     max_filter_conditions: int | None = None,
+    allow_writes: bool = False,
 ) -> FastAPI:
     """The ``/api`` application over the open galleries (mount it at :data:`API_PREFIX`).
 
@@ -92,13 +96,17 @@ def make_rest_app(
         batchers=batchers,
         decoding=WorkGate(concurrency, max_waiting, "uploads"),
         heavy=WorkGate(HEAVY_CONCURRENCY, max_waiting, "filtered or re-ranked searches"),
-        api_key=api_key,
+        plain=WorkGate(max(PLAIN_CONCURRENCY, concurrency), max_waiting, "searches"),
+        keys=keys if keys is not None else ApiKeys.of(api_key),
         max_upload_bytes=max_upload_bytes,
     )
-    keyed = [Depends(require_key)] if api_key else []
+    app.state.allow_writes = allow_writes  # serve --allow-writes: routes/writes.py
+    keyed = [Depends(require_key)] if app.state.rest.keys else []
     app.include_router(health.router)
     app.include_router(health.galleries_router, dependencies=keyed)
     app.include_router(items.router, dependencies=keyed)
+    app.include_router(images.router, dependencies=keyed)
+    app.include_router(writes.router, dependencies=keyed)
     app.include_router(search.router, dependencies=keyed)
     app.include_router(facets.router, dependencies=keyed)
     _add_error_handlers(app)

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 from fastapi import Request, Security
 from fastapi.security import APIKeyHeader, HTTPBearer
 
-from nearsight.app.serve.auth import API_KEY_HEADER, key_matches, presented_key
+from nearsight.app.serve.auth import API_KEY_HEADER, ApiKeys, presented_key
 from nearsight.app.serve.batcher import EmbedBatcher
 from nearsight.app.serve.galleries import Galleries, UnknownGallery
 from nearsight.app.serve.gates import WorkGate
@@ -38,7 +38,8 @@ class RestState:
     batchers: dict[int, EmbedBatcher]
     decoding: WorkGate  # uploads decoded at once
     heavy: WorkGate  # filtered or re-ranked searches at once
-    api_key: str | None
+    plain: WorkGate  # plain searches by item or vector at once
+    keys: ApiKeys | None
     max_upload_bytes: int
 
     @property
@@ -75,8 +76,8 @@ async def require_key(
 ) -> None:
     """The key checked as the guard checks it (nearsight/app/serve/auth.py), and declared in the
     OpenAPI schema (X-API-Key, or a bearer token); routers take it only when there is a key."""
-    api_key = request.app.state.rest.api_key
-    if api_key and not key_matches(presented_key(request.scope["headers"]), api_key):
+    keys = request.app.state.rest.keys
+    if keys and keys.match(presented_key(request.scope["headers"])) is None:
         raise ApiError(401, f"missing or wrong API key (send it in the {API_KEY_HEADER} header)")
 
 

@@ -24,6 +24,18 @@ class Neighbour(BaseModel):
         description="Euclidean distance between unit embeddings, 0 to 2"
     )
     meta: dict[str, MetaValue] = Field(description="the item's metadata columns")
+    image_url: str = Field(
+        description="the item's image, behind the API key like every route (GET; ?size=N for "
+        "a thumbnail)"
+    )
+
+
+class Group(BaseModel):
+    """One value of a grouped search's column and its best hits (nearsight.search.groups)."""
+
+    value: MetaValue = Field(description="the value the group's items hold")
+    count: int = Field(description="the items the filters allow that hold it")
+    neighbours: list[Neighbour] = Field(description="its best group_size items, nearest first")
 
 
 class SearchAnswer(BaseModel):
@@ -38,7 +50,16 @@ class SearchAnswer(BaseModel):
         description="notes on the request, e.g. a filter value no item holds and the closest "
         "values its column holds"
     )
-    neighbours: list[Neighbour]
+    offset: int = Field(description="ranks (or groups) before this page")
+    group_by: str | None = Field(description="the column grouped by, null when not grouped")
+    groups: list[Group] | None = Field(
+        description="a grouped search's groups (ordered by their best distance), null when not "
+        "grouped"
+    )
+    neighbours: list[Neighbour] = Field(
+        description="the page's items, nearest first (grouped: every group's hits, group after "
+        "group)"
+    )
 
 
 class Item(BaseModel):
@@ -111,7 +132,17 @@ class SearchJson(BaseModel):
         None, min_length=1, max_length=200, description="query by the item with this key"
     )
     vector: list[float] | None = Field(None, description="query by a vector of D numbers")
-    k: int = Field(8, ge=1, le=1000)
+    k: int = Field(8, ge=1, le=1000, description="items (or groups) per page")
+    offset: int = Field(
+        0, ge=0, le=10000, description="a page: ranks offset+1 to offset+k of the search of "
+        "offset+k (with group_by: groups)"
+    )
+    group_by: str | None = Field(
+        None, min_length=1, max_length=200,
+        description="group by this column (a product's SKU): at most k groups ordered by their "
+        "best distance; items without a value are left out",
+    )
+    group_size: int = Field(1, ge=1, le=100, description="with group_by: the best hits per group")
     filter: str | list[str] | dict[str, FilterValue] | None = Field(
         None,
         description="KEY=VALUE;KEY=A|B;KEY>=N;... (or a list of them), or a JSON object "
@@ -131,6 +162,7 @@ ERRORS = {
     for status, description in {
         400: "bad input (a filter, a metadata value)",
         401: "missing or wrong API key",
+        403: "writes are off on this server (serve --allow-writes turns them on)",
         404: "no such gallery or item",
         413: "the request is too large",
         415: "the upload is not an image",

@@ -11,9 +11,11 @@ import collections
 import hashlib
 import hmac
 import html
+import os
 import secrets
 import time
 from collections.abc import Iterable
+from pathlib import Path
 
 from nearsight.app.serve.hosts import is_loopback
 from nearsight.core.errors import NearsightError
@@ -70,10 +72,87 @@ def check_key(key: str | None, host: str) -> None:
         )
 
 
+DEFAULT_KEY_NAME = "key"  # the name of a lone --api-key in the log and the fair shares
+
+
+class ApiKeys:
+    """The server's keys, each with a name (a colleague, a service): the name of the key a
+    request presents is who it is, in the access log and the fair shares. One ``--api-key``
+    is the key named :data:`DEFAULT_KEY_NAME`; ``--keys-file`` holds ``NAME KEY`` lines."""
+
+    def __init__(self, keys: dict[str, str]):
+        self.keys = dict(keys)
+        # the sessions' secret: a change of any key ends every browser's session
+        self.secret = "\n".join(f"{n} {k}" for n, k in sorted(self.keys.items()))
+
+    def __bool__(self) -> bool:
+        return bool(self.keys)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @property
+    def named(self) -> bool:
+        """Whether the keys were named (a keys file), so a key's name is its holder."""
+        return list(self.keys) != [DEFAULT_KEY_NAME]
+
+    def match(self, given: str) -> str | None:
+        """The name of the key ``given`` is, or None; every key is compared (constant time)."""
+        found = None
+        for name, key in self.keys.items():
+            if key_matches(given, key):
+                found = name
+        return found
+
+    @classmethod
+    def of(cls, key: str | None, keys_file: str | os.PathLike[str] | None = None,
+           host: str = "127.0.0.1") -> ApiKeys | None:  # fmt: skip
+        """``key`` (as :data:`DEFAULT_KEY_NAME`) and the keys of ``keys_file``; None when there
+        are none. Beyond loopback each must be long enough (:func:`check_key`)."""
+        keys = {} if key is None else {DEFAULT_KEY_NAME: key}
+        if keys_file is not None:
+            for name, value in read_keys_file(Path(keys_file)).items():
+                if name in keys:
+                    raise NearsightError(f"--keys-file {keys_file}: the name {name!r} is taken "
+                                         "by --api-key")  # fmt: skip
+                keys[name] = value
+        for value in keys.values():
+            check_key(value, host)
+        return cls(keys) if keys else None
+
+
+def read_keys_file(path: Path) -> dict[str, str]:
+    """``NAME KEY`` lines (blank lines and ``#`` comments skipped): name -> key; one-line
+    NearsightError for a line that is not two words, a name or a key given twice."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        reason = getattr(error, "strerror", None) or "not text"
+        raise NearsightError(f"cannot read --keys-file {path}: {reason}") from None
+    keys: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        if len(words) != 2:
+            raise NearsightError(f"--keys-file {path}:{number}: a line is NAME KEY, got "
+                                 f"{len(words)} word(s)")  # fmt: skip
+        name, key = words
+        if name in keys:
+            raise NearsightError(f"--keys-file {path}:{number}: the name {name!r} is given twice")
+        if key in keys.values():
+            raise NearsightError(f"--keys-file {path}:{number}: a key is given twice")
+        keys[name] = key
+    if not keys:
+        raise NearsightError(f"--keys-file {path} holds no key")
+    return keys
+
+
 class Sessions:
-    """Browser sessions: a cookie ``EXPIRY.NONCE.MAC`` where MAC is an HMAC of the expiry and
-    nonce under the key. Nothing is stored: a cookie is good until its expiry, and none
-    survives a change of the key."""
+    """Browser sessions: a cookie ``EXPIRY.NAME.NONCE.MAC`` where MAC is an HMAC of the
+    expiry, the name of the key signed in with and the nonce under the keys (``key``: one
+    key, or :attr:`ApiKeys.secret`). Nothing is stored: a cookie is good until its expiry,
+    and none survives a change of a key."""
 
     def __init__(self, key: str, lifetime_s: float = SESSION_S, *, secure: bool = False):
         self._key = key.encode()
@@ -83,19 +162,24 @@ class Sessions:
     def _mac(self, body: str) -> str:
         return hmac.new(self._key, f"nearsight-session|{body}".encode(), hashlib.sha256).hexdigest()
 
-    def issue(self, now: float | None = None) -> str:
+    def issue(self, now: float | None = None, name: str = DEFAULT_KEY_NAME) -> str:
+        """A cookie for the holder of the key ``name`` (names are single words)."""
         expiry = int((time.time() if now is None else now) + self.lifetime_s)
-        body = f"{expiry}.{secrets.token_urlsafe(12)}"
+        body = f"{expiry}.{name.replace('.', '_')}.{secrets.token_urlsafe(12)}"
         return f"{body}.{self._mac(body)}"
 
-    def valid(self, token: str, now: float | None = None) -> bool:
+    def holder(self, token: str, now: float | None = None) -> str | None:
+        """The name of the key a valid, unexpired cookie was issued for; None otherwise."""
         body, _, mac = token.rpartition(".")
-        expiry = body.partition(".")[0]
-        if not (mac and expiry.isdigit()):
-            return False
+        parts = body.split(".")
+        if not (mac and len(parts) == 3 and parts[0].isdigit()):
+            return None
         if not hmac.compare_digest(mac.encode(), self._mac(body).encode()):
-            return False
-        return int(expiry) > (time.time() if now is None else now)
+            return None
+        return parts[1] if int(parts[0]) > (time.time() if now is None else now) else None
+
+    def valid(self, token: str, now: float | None = None) -> bool:
+        return self.holder(token, now) is not None
 
     def set_cookie(self, token: str, https: bool) -> str:
         secure = "; Secure" if self.secure or https else ""

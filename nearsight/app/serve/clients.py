@@ -76,6 +76,20 @@ def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
         return None
 
 
+IDENTITY_HEADER = b"x-nearsight-identity"  # set by the guard (a client's own is dropped)
+
+
+def network_of(address: str) -> str:
+    """Who an address is for the fair shares and the connection caps: its network, /24 for
+    IPv4 and /64 for IPv6 (one machine or site holds many addresses of one network, rarely
+    many networks); the text itself when it is not an address."""
+    ip = _ip(address)
+    if ip is None:
+        return address
+    prefix = 24 if ip.version == 4 else 64
+    return str(ipaddress.ip_network(f"{ip}/{prefix}", strict=False))
+
+
 def socket_address(scope: dict[str, Any]) -> str:
     return (scope.get("client") or ("", 0))[0] or ""
 
@@ -121,3 +135,40 @@ def log_field(text: str, limit: int = 200) -> str:
         else:
             out.append(char)
     return "".join(out) + ("..." if len(text) > limit else "")
+
+
+def identify_scope(scope: dict[str, Any], trusted: TrustedProxies) -> None:
+    """The request's client from here on (nearsight/app/serve/clients.py): its socket's address,
+    or the one a trusted proxy forwards; every later reader of ``scope["client"]`` (Gradio,
+    the REST API, the work gates through CURRENT_CLIENT) sees the same."""
+    if "nearsight.peer" in scope:  # identified already (a mounted app's scope is a copy)
+        CURRENT_CLIENT.set(identity_of(scope))
+        return
+    peer = socket_address(scope)
+    scope["nearsight.peer"] = peer
+    client, scheme = identify(scope, trusted)
+    if client != peer:
+        scope["client"] = (client, 0)
+    if scheme is not None:
+        scope["scheme"] = scheme if scope["type"] == "http" else scheme.replace("http", "ws")
+    set_identity(scope, network_of(client))
+
+
+def set_identity(scope: dict[str, Any], identity: str) -> None:
+    """Who the request is for the fair shares from here on: in CURRENT_CLIENT (the REST
+    gates) and in a header of its own (the page's gates read it on Gradio's request); a
+    header of that name the client sent is dropped."""
+    scope["nearsight.identity"] = identity
+    headers = [(n, v) for n, v in scope.get("headers", ()) if n != IDENTITY_HEADER]
+    scope["headers"] = [*headers, (IDENTITY_HEADER, identity.encode("latin-1", "replace"))]
+    CURRENT_CLIENT.set(identity)
+
+
+def identity_of(scope: dict[str, Any]) -> str:
+    """Who a request is for the fair shares: its key's holder (named keys), else its client's
+    network (nearsight/app/serve/clients.py: network_of)."""
+    return scope.get("nearsight.identity") or network_of(client_of(scope))
+
+
+def client_of(scope: dict[str, Any]) -> str:
+    return (scope.get("client") or ("", 0))[0]

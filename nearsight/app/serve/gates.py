@@ -24,10 +24,13 @@ class WorkGate:
     ~200 MB; a re-ranking or a filter keeps a core busy), and at most ``max_waiting`` requests
     waiting for one, ``per_client`` of them from one client; past that, :class:`GateFull`.
 
-    Fair shares: each client (nearsight/app/serve/clients.py) has its own queue, and a free
-    slot goes to the waiting client served longest ago, so a flood from one address waits
+    Fair shares: each identity (a named key's holder, else an address's network:
+    nearsight/app/serve/clients.py) has its own queue, and a free slot goes first to a waiting
+    identity with nothing running, then to the one served longest ago, so a flood waits
     behind its own requests: another client waits for at most the pieces already running
-    and one turn of each other waiting client. Waiting holds no thread."""
+    and one turn of each other waiting client. Past ``max_waiting`` in all, a request is
+    refused at once (503 with Retry-After), before it costs anything. Waiting holds no
+    thread."""
 
     def __init__(
         self,
@@ -45,6 +48,7 @@ class WorkGate:
         # touched only on the server's event loop
         self._queues: dict[str, collections.deque[asyncio.Future[None]]] = {}
         self._served: collections.OrderedDict[str, float] = collections.OrderedDict()
+        self._running_by: collections.Counter[str] = collections.Counter()
 
     async def run(self, work: Callable[[], Any], client: str | None = None) -> Any:
         """``work()`` in a thread when this client's turn comes (``client``: the current
@@ -57,8 +61,7 @@ class WorkGate:
         try:
             return await run_in_threadpool(work)
         finally:
-            self.running -= 1
-            self._grant()
+            self._finish(client)
 
     async def _wait_turn(self, client: str) -> None:
         if self.waiting >= self.max_waiting:
@@ -76,14 +79,21 @@ class WorkGate:
             await turn
         except asyncio.CancelledError:
             if turn.done() and not turn.cancelled():  # granted as it was cancelled: pass it on
-                self.running -= 1
-                self._grant()
+                self._finish(client)
             else:
                 self._forget(client, turn)
             raise
 
+    def _finish(self, client: str) -> None:
+        self.running -= 1
+        self._running_by[client] -= 1
+        if self._running_by[client] <= 0:
+            del self._running_by[client]
+        self._grant()
+
     def _start(self, client: str) -> None:
         self.running += 1
+        self._running_by[client] += 1
         self._served[client] = time.monotonic()
         self._served.move_to_end(client)
         while len(self._served) > CLIENTS_REMEMBERED:
@@ -92,7 +102,8 @@ class WorkGate:
     def _grant(self) -> None:
         """Give free slots to the waiting clients served longest ago, one turn each."""
         while self.running < self.concurrency and self._queues:
-            client = min(self._queues, key=lambda name: self._served.get(name, float("-inf")))
+            client = min(self._queues, key=lambda name: (
+                self._running_by[name] > 0, self._served.get(name, float("-inf"))))  # fmt: skip
             turn = self._queues[client][0]
             self._forget(client, turn)
             if not turn.done():

@@ -30,6 +30,7 @@ In order, for every request:
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import sys
 import time
@@ -42,9 +43,9 @@ from nearsight.app.serve.auth import (
     API_KEY_HEADER,
     LOGIN_PATH,
     SESSION_COOKIE,
+    ApiKeys,
     FailedAttempts,
     Sessions,
-    key_matches,
     login_page,
     presented_key,
 )
@@ -57,11 +58,12 @@ from nearsight.app.serve.bodies import (
     stalled,
 )
 from nearsight.app.serve.clients import (
-    CURRENT_CLIENT,
     TrustedProxies,
-    identify,
+    client_of,
+    identify_scope,
+    identity_of,
     log_field,
-    socket_address,
+    set_identity,
 )
 from nearsight.app.serve.hosts import AllowedHosts
 from nearsight.app.serve.metrics import ServerMetrics
@@ -80,6 +82,7 @@ LOGIN_MAX_BYTES = 4096
 DEFAULT_BODY_TIMEOUT_S = 30.0  # a whole request body, from its headers to its last byte
 DEFAULT_SIGN_IN_TIMEOUT_S = 5.0  # a whole sign-in form
 DEFAULT_MAX_UNAUTHENTICATED = 64  # connections waiting without the key (a quarter of 256)
+SIGN_IN_SHARES = 8  # one identity reads at most this share of the sign-in slots at once
 
 
 @dataclass
@@ -99,11 +102,15 @@ class GuardSettings:
     sign_in_timeout_s: float = DEFAULT_SIGN_IN_TIMEOUT_S
     max_unauthenticated: int = DEFAULT_MAX_UNAUTHENTICATED
     signing_in: int = 0  # sign-in forms being read now (touched only on the event loop)
+    signing_in_by: collections.Counter[str] = field(default_factory=collections.Counter)
     uploads: UploadBudget | None = None  # Gradio's upload route (nearsight/app/serve/uploads.py)
+    keys: ApiKeys | None = None  # the named keys (api_key alone: one key, named "key")
 
     def __post_init__(self) -> None:
-        if self.api_key and self.sessions is None:
-            self.sessions = Sessions(self.api_key)
+        if self.keys is None and self.api_key:
+            self.keys = ApiKeys.of(self.api_key)
+        if self.keys and self.sessions is None:
+            self.sessions = Sessions(self.keys.secret)
 
 
 class Guard:
@@ -115,9 +122,9 @@ class Guard:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("http", "websocket"):
-            _identify(scope, self.settings.trusted_proxies)
+            identify_scope(scope, self.settings.trusted_proxies)
         if scope["type"] == "websocket":
-            locked = self.settings.attempts.locked_for(_client(scope)) > 0
+            locked = self.settings.attempts.locked_for(identity_of(scope)) > 0
             if not locked and self._refusal(scope) is None and self._key_state(scope) == "ok":
                 await self.app(scope, receive, send)
             else:
@@ -140,7 +147,10 @@ class Guard:
             if self.settings.metrics is not None:
                 self.settings.metrics.observe(path, status["code"], seconds)
             if self.settings.access_log:
-                print(f"nearsight: {log_field(_client(scope))} "
+                who = client_of(scope)
+                if scope.get("nearsight.identity", "").startswith("key:"):  # a named key's
+                    who = f"{scope['nearsight.key']}@{who}"
+                print(f"nearsight: {log_field(who)} "
                       f"{log_field(scope.get('method', '?'), 20)} {log_field(path)} "
                       f"{status['code']} {seconds * 1000:.1f} ms",
                       file=sys.stderr, flush=True)  # fmt: skip
@@ -176,8 +186,8 @@ class Guard:
             return
         settings = self.settings
         path = scope.get("path", "")
-        if settings.api_key and path not in OPEN_PATHS:
-            wait = settings.attempts.locked_for(_client(scope))
+        if settings.keys and path not in OPEN_PATHS:
+            wait = settings.attempts.locked_for(identity_of(scope))
             if wait > 0:
                 await _send_json(send, 429, "too many wrong API keys from this address: retry "
                                  f"in {wait:.0f} s", retry_after=int(wait) + 1)  # fmt: skip
@@ -195,7 +205,7 @@ class Guard:
             return
         if path == UPLOAD_PATH and scope.get("method") == "POST" and settings.uploads:
             try:
-                await settings.uploads.handle(self.app, scope, receive, send, _client(scope))
+                await settings.uploads.handle(self.app, scope, receive, send, identity_of(scope))
             except UploadRefused as refused:  # plain text, as Gradio's own route answers
                 await _send(send, refused.status, refused.message.encode(),
                             "text/plain; charset=utf-8", refused.retry_after)  # fmt: skip
@@ -221,14 +231,21 @@ class Guard:
     def _key_state(self, scope: Scope) -> str:
         """"ok" (no key needed, or the right one), "missing" or "wrong"."""
         settings = self.settings
-        if not settings.api_key or scope.get("path") in OPEN_PATHS:
+        if not settings.keys or scope.get("path") in OPEN_PATHS:
             return "ok"
         given = presented_key(scope.get("headers", ()))
         if given:
-            return "ok" if key_matches(given, settings.api_key) else "wrong"
-        cookie = _cookie(scope, SESSION_COOKIE)
-        if cookie and settings.sessions is not None and settings.sessions.valid(cookie):
+            name = settings.keys.match(given)
+            if name is None:
+                return "wrong"
+            _holder(scope, name, settings.keys)
             return "ok"
+        cookie = _cookie(scope, SESSION_COOKIE)
+        if cookie and settings.sessions is not None:
+            name = settings.sessions.holder(cookie)
+            if name is not None and name in settings.keys.keys:
+                _holder(scope, name, settings.keys)
+                return "ok"
         return "missing"
 
     async def _unauthorized(self, scope: Scope, send: Send, *, wrong: bool) -> None:
@@ -242,7 +259,7 @@ class Guard:
 
     async def _failed(self, scope: Scope) -> None:
         """Count a wrong key and hold the answer back as long as the count says."""
-        attempts, client = self.settings.attempts, _client(scope)
+        attempts, client = self.settings.attempts, identity_of(scope)
         delay = attempts.failed(client)
         if attempts.count(client) == attempts.lock_after:
             print(f"nearsight: {attempts.lock_after} wrong API keys from {log_field(client)} "
@@ -256,10 +273,17 @@ class Guard:
             await _send_html(send, 200, login_page())
             return
         settings = self.settings
+        who = identity_of(scope)
+        share = max(1, settings.max_unauthenticated // SIGN_IN_SHARES)
         if settings.signing_in >= settings.max_unauthenticated:
             await _send_json(send, 503, "too many sign-ins at once: retry", retry_after=1)
             return
+        if settings.signing_in_by[who] >= share:  # one network cannot take every slot
+            await _send_json(send, 429, f"too many sign-ins at once from your network (at most "
+                             f"{share}): retry", retry_after=1)  # fmt: skip
+            return
         settings.signing_in += 1
+        settings.signing_in_by[who] += 1
         try:
             body = await read_small_body(scope, receive, LOGIN_MAX_BYTES,
                                           settings.sign_in_timeout_s)  # fmt: skip
@@ -268,13 +292,18 @@ class Guard:
             return
         finally:
             settings.signing_in -= 1
+            settings.signing_in_by[who] -= 1
+            if settings.signing_in_by[who] <= 0:
+                del settings.signing_in_by[who]
         given = parse_qs(body.decode("utf-8", "replace")).get("key", [""])[0]
-        sessions = self.settings.sessions
-        if sessions is None or not key_matches(given, self.settings.api_key or ""):
+        sessions, keys = self.settings.sessions, self.settings.keys
+        name = keys.match(given) if keys else None
+        if sessions is None or name is None:
             await self._failed(scope)
             await _send_html(send, 401, login_page("wrong key"))
             return
-        cookie = sessions.set_cookie(sessions.issue(), https=scope.get("scheme") == "https")
+        token = sessions.issue(name=name)
+        cookie = sessions.set_cookie(token, https=scope.get("scheme") == "https")
         await send({"type": "http.response.start", "status": 303,
                     "headers": [(b"location", b"/"), (b"set-cookie", cookie.encode()),
                                 (b"content-length", b"0")]})  # fmt: skip
@@ -333,25 +362,12 @@ class Guard:
                 f"({self.settings.max_body_bytes} bytes)")  # fmt: skip
 
 
-def _identify(scope: Scope, trusted: TrustedProxies) -> None:
-    """The request's client from here on (nearsight/app/serve/clients.py): its socket's address,
-    or the one a trusted proxy forwards; every later reader of ``scope["client"]`` (Gradio,
-    the REST API, the work gates through CURRENT_CLIENT) sees the same."""
-    if "nearsight.peer" in scope:  # identified already (a mounted app's scope is a copy)
-        CURRENT_CLIENT.set(_client(scope))
-        return
-    peer = socket_address(scope)
-    scope["nearsight.peer"] = peer
-    client, scheme = identify(scope, trusted)
-    if client != peer:
-        scope["client"] = (client, 0)
-    if scheme is not None:
-        scope["scheme"] = scheme if scope["type"] == "http" else scheme.replace("http", "ws")
-    CURRENT_CLIENT.set(client)
-
-
-def _client(scope: Scope) -> str:
-    return (scope.get("client") or ("", 0))[0]
+def _holder(scope: Scope, name: str, keys: ApiKeys) -> None:
+    """The request comes from the holder of the key ``name``: with named keys, that is its
+    identity from here on (the fair shares, the log), wherever it connects from."""
+    scope["nearsight.key"] = name
+    if keys.named:
+        set_identity(scope, f"key:{name}")
 
 
 def _cookie(scope: Scope, name: str) -> str:

@@ -28,6 +28,7 @@ from typing import Any
 from nearsight.app.serve.uploads import UploadBudget, UploadRefused, is_image_start
 
 JOIN_PATH = "/gradio_api/queue/join"
+MAX_EVENT_VALUES = 10_000  # keys and list items of one event's JSON, roughly
 PASTED_NAME = "pasted.png"  # the name a pasted image's file gets (its bytes say its format)
 
 
@@ -98,13 +99,18 @@ async def hold_files(data: Any, client: str, budget: UploadBudget) -> None:
             file["path"] = await store_pasted(pasted, client, budget)
             file["url"], file["size"], file["orig_name"] = None, len(pasted), PASTED_NAME
             file["meta"] = {"_type": "gradio.FileData"}
+        elif not (isinstance(path, str) and budget.in_upload_folder(path)):
+            # only what was uploaded to this server: never a file named by the client (a
+            # Gradio app mounted into another checks none while it thinks itself unlaunched)
+            raise QueueFileRefused("a file is sent through the upload route first")
 
 
 class QueueJoinFiles:
     """ASGI middleware in front of Gradio's app: the body of ``POST /gradio_api/queue/join``
-    (an event's data) is read (the guard has bounded its size and time already), parsed in a
-    worker thread, its files held to the rules (the module docstring) and handed on rewritten;
-    a refused file is answered 400 with one line, as Gradio answers a bad event."""
+    (an event's data) is read (the guard has bounded its size and time already), refused
+    (413) when it holds more than :data:`MAX_EVENT_VALUES` values, parsed in a worker thread,
+    its files held to the rules (the module docstring) and handed on rewritten; a refused file
+    is answered 400 with one line, as Gradio answers a bad event."""
 
     def __init__(self, app: Any, budget: UploadBudget) -> None:
         self.app = app
@@ -125,6 +131,11 @@ class QueueJoinFiles:
             if not message.get("more_body"):
                 break
         body = b"".join(chunks)
+        # values cost far more to parse than their bytes (on Gradio's side, on the event
+        # loop): an event holds a handful, a pasted image one long string
+        if body.count(b":") + body.count(b",") > MAX_EVENT_VALUES:
+            await _answer(send, 413, {"detail": "the event holds too many values"})
+            return
         try:
             event = await asyncio.to_thread(json.loads, body) if body else None
         except (ValueError, RecursionError):

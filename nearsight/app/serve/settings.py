@@ -129,6 +129,10 @@ class Settings:
         False, "show the galleries' absolute folder paths on the Summary tab (default: folder "
         "names only)",
     )  # fmt: skip
+    allow_writes: bool = option(
+        False, "let REST clients add, update and delete items (POST /api/items, PATCH and "
+        "DELETE /api/items/by-key; with the API key where there is one)",
+    )  # fmt: skip
     card_fields: str = option(
         "", "the metadata fields each result card leads with, in order (e.g. sku,shop,price); "
         "default: the gallery's key column", metavar="F1,F2,...",
@@ -146,7 +150,7 @@ class Settings:
         metavar="METHOD[:K=V,...]",
     )  # fmt: skip
     session_s: float = option(
-        8 * 3600.0, "seconds a browser's sign-in lasts", flag="--session-seconds"
+        12 * 3600.0, "seconds a browser's sign-in lasts", flag="--session-seconds"
     )
 
     # -- loading ---------------------------------------------------------------------------
@@ -266,10 +270,10 @@ def _read_config(path: Path) -> dict[str, Any]:
         if name not in known:
             raise NearsightError(f"--config {path}: unknown setting {key!r}")
         kind = kind_of(known[name])
-        if kind is list:
-            value = [Path(v) for v in (value if isinstance(value, list) else [value])]
+        if kind is list:  # folders, relative to the file
+            value = [path.parent / v for v in (value if isinstance(value, list) else [value])]
         elif kind is Path:
-            value = (path.parent / value) if not Path(value).is_absolute() else Path(value)
+            value = path.parent / value
         elif isinstance(value, str) and kind is not str:
             value = _convert(known[name], value, f"--config {path}: {key}")
         elif kind is float and isinstance(value, int) and not isinstance(value, bool):
@@ -278,3 +282,22 @@ def _read_config(path: Path) -> dict[str, Any]:
             raise NearsightError(f"--config {path}: {key} must be a {kind.__name__}, got {value!r}")
         values[name] = value
     return values
+
+
+def settings_table() -> str:
+    """The Markdown table of every setting (docs/serving.md holds it; a test compares)."""
+    defaults = Settings()
+    rows = ["| flag | environment | default | what |", "|---|---|---|---|"]
+    for spec in fields():
+        default = getattr(defaults, spec.name)
+        shown = (
+            "-"
+            if default in (None, "", [])
+            else f"`{default:g}`"
+            if isinstance(default, float)
+            else f"`{str(default).lower() if isinstance(default, bool) else default}`"
+        )
+        env = f"`{ENV_PREFIX}{spec.name.upper()}`" if spec.metadata["env"] else "-"
+        what = spec.metadata["help"].replace("|", "\\|")
+        rows.append(f"| `{flag_of(spec.name)}` | {env} | {shown} | {what} |")
+    return "\n".join(rows)

@@ -22,7 +22,7 @@ connection:
 - one client holds at most ``max_per_client`` connections at once: the next one is answered
   429 and closed at once, so that one client cannot take the whole ``--max-connections`` (a
   trusted proxy's connections count only towards the whole). A client is its socket's
-  address.
+  address's network (nearsight/app/serve/clients.py: network_of, /24 or /64).
 
 The settings of a server are a :class:`ConnectionPolicy` on its :class:`PolicedConfig`; a
 request's body is bounded by the guard (nearsight/app/serve/guard.py).
@@ -32,13 +32,18 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
+import socket
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from nearsight.app.serve.clients import network_of
 
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 KEEP_ALIVE_S = 5.0
@@ -85,7 +90,7 @@ class PolicedH11Protocol(H11Protocol):
         policy: ConnectionPolicy = getattr(self.config, "policy", None) or ConnectionPolicy()
         self.policy = policy
         self.peer = self.client[0] if self.client else ""
-        self.identity = self.peer
+        self.identity = network_of(self.peer)
         self.seen: Any = None  # the request whose headers were last seen complete
         self.timer: asyncio.TimerHandle | None = None
         self.write_timer: asyncio.TimerHandle | None = None
@@ -135,7 +140,7 @@ class PolicedH11Protocol(H11Protocol):
             self.ahead += 1
             if self.ahead > self.policy.max_pipelined:
                 self.policy.pipelined += 1
-                self.transport.close()
+                _reset(self.transport)
         else:
             self._wait()
 
@@ -156,7 +161,7 @@ class PolicedH11Protocol(H11Protocol):
     def _stalled(self) -> None:
         self.write_timer = None
         self.policy.stalled += 1
-        self.transport.abort()  # close() would wait for the buffer to drain
+        _reset(self.transport)
 
     def _wait(self) -> None:
         """This connection waits between requests; past ``max_waiting``, the longest waiting
@@ -204,6 +209,15 @@ class PolicedH11Protocol(H11Protocol):
         waiting = cycle is None or (cycle is self.seen and cycle.response_complete)
         if waiting and not self.transport.is_closing():
             self.transport.close()
+
+
+def _reset(transport: asyncio.Transport) -> None:
+    """Close at once with a reset: close() would wait for a client that reads nothing, and
+    even abort() leaves the kernel holding the unsent answer for it (SO_LINGER 0 drops it)."""
+    sock = transport.get_extra_info("socket")
+    with contextlib.suppress(OSError, AttributeError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
 
 
 def _refuse(transport: asyncio.Transport, policy: ConnectionPolicy) -> None:

@@ -4,10 +4,13 @@ needs, holds a bounded number of bytes per client and in all, and its files go p
 Gradio writes every file part of any upload to its cache and keeps it until its next sweep
 (a minute or two), whatever it is. In front of that route, for each request (after the key):
 
-- its ``Content-Length`` is reserved before a byte is read, from the client's share
-  (``per_client_bytes``) and from the whole (``total_bytes``), both counting what is on its
-  way and what is on disk. The client's own oldest files go first to make room, then anyone's
-  oldest; what is still short is refused (429 for the client's share, 503 for the whole);
+- its bytes are charged as they arrive (a declared length reserves nothing), from the
+  client's share (``per_client_bytes``) and from the whole (``total_bytes``), both counting
+  what is on its way and what is on disk; an upload must keep to ``min_rate`` bytes a second
+  after a short grace (then 408), so a trickle holds neither a share nor a connection. The
+  client's own oldest files go first to make room, then other clients' files older than
+  ``live_s`` (a file the page has not had time to search is never taken from its owner);
+  what is still short is refused: 429 to a client that holds files itself, else 503;
 - the whole form is read into memory within the body deadline, then checked: file parts
   named ``files`` only, each of at most the upload limit, each beginning as an image (JPEG,
   PNG, GIF, WebP, BMP, TIFF, PNM, AVIF/HEIF); anything else is 415 and nothing reaches the
@@ -36,6 +39,9 @@ from nearsight.core.errors import printable
 
 UPLOAD_PATH = "/gradio_api/upload"
 KEEP_S = 120.0  # Gradio's own sweep (delete_cache) removes files older than a minute
+LIVE_S = 15.0  # an upload is searched within seconds of it: until then no one else evicts it
+MIN_RATE = 16 * 1024  # bytes a second an upload must keep to, after RATE_GRACE_S
+RATE_GRACE_S = 2.0
 FORM_SLACK_BYTES = 16 * 1024  # the multipart envelope around the file
 # how each image format nearsight reads begins (offset, bytes)
 IMAGE_SIGNATURES: tuple[tuple[int, bytes], ...] = (
@@ -128,6 +134,8 @@ class UploadBudget:
     body_timeout_s: float
     upload_dir: Path | None = None  # Gradio's; files Gradio names outside it are never deleted
     keep_s: float = KEEP_S
+    live_s: float = LIVE_S
+    min_rate: float = MIN_RATE
     reserved: collections.Counter[str] = field(default_factory=collections.Counter)
     stored: collections.OrderedDict[str, _Stored] = field(
         default_factory=collections.OrderedDict
@@ -135,9 +143,9 @@ class UploadBudget:
 
     @classmethod
     def for_limit(cls, max_file_bytes: int, body_timeout_s: float, **options: Any) -> UploadBudget:
-        """Two uploads' worth per client, four in all."""
+        """Two uploads' worth per client, eight in all."""
         whole = max_file_bytes + FORM_SLACK_BYTES
-        return cls(max_file_bytes, 2 * whole, 4 * whole, body_timeout_s, **options)
+        return cls(max_file_bytes, 2 * whole, 8 * whole, body_timeout_s, **options)
 
     def held(self, client: str | None = None) -> int:
         """Bytes reserved and on disk, of ``client`` or of everyone."""
@@ -161,12 +169,17 @@ class UploadBudget:
         if self.held(client) + length > self.per_client_bytes:
             raise UploadRefused(429, "your uploads in progress fill your share of the server's "
                                 "upload space: retry when they are done", retry_after=1)  # fmt: skip
-        for path in list(self.stored):  # then anyone's oldest
+        now = time.monotonic()
+        for path, stored in list(self.stored.items()):  # then others' oldest, once searched
             if self.held() + length <= self.total_bytes:
                 break
-            self._delete(path)
+            if now - stored.at >= self.live_s:
+                self._delete(path)
         if self.held() + length > self.total_bytes:
-            raise UploadRefused(503, "the server's upload space is full: retry", retry_after=1)
+            if self.held(client) > 0:  # it holds files of its own: it waits for them to go
+                raise UploadRefused(429, "your uploads fill your share of the server's upload "
+                                    "space while it is full: retry", retry_after=2)  # fmt: skip
+            raise UploadRefused(503, "the server's upload space is full: retry", retry_after=2)
         self.reserved[client] += length
 
     def release(self, client: str, length: int) -> None:
@@ -179,6 +192,9 @@ class UploadBudget:
         for path in paths:
             if not self._ours(path):
                 continue
+            owner = self.stored.get(path)
+            if owner is not None and owner.client != client:
+                continue  # the same bytes as another client's file (Gradio names by hash)
             with contextlib.suppress(OSError):
                 self.stored[path] = _Stored(client, os.path.getsize(path), time.monotonic())
                 self.stored.move_to_end(path)
@@ -186,6 +202,10 @@ class UploadBudget:
     def clear(self) -> None:
         for path in list(self.stored):
             self._delete(path)
+
+    def in_upload_folder(self, path: str) -> bool:
+        """Whether ``path`` resolves inside the upload folder (links and ``..`` followed)."""
+        return self._ours(path)
 
     def _ours(self, path: str) -> bool:
         if self.upload_dir is None:
@@ -215,36 +235,47 @@ class UploadBudget:
         if length > self.max_file_bytes + FORM_SLACK_BYTES:
             limit = self.max_file_bytes / 1024 / 1024
             raise UploadRefused(413, f"the upload is larger than the server's limit ({limit:g} MB)")
-        self.reserve(client, length)
+        received = {"bytes": 0}  # charged as they arrive
         try:
-            body = await self._read(receive, length)
+            body = await self._read(receive, length, client, received)
             check_form(body, headers.get(b"content-type", b"").decode("latin-1"),
                        self.max_file_bytes)  # fmt: skip
             answer = await _replay(app, scope, body, send)
         finally:
-            self.release(client, length)
+            self.release(client, received["bytes"])
         with contextlib.suppress(ValueError, TypeError):
             paths = json.loads(answer)
             if isinstance(paths, list):
                 self.keep(client, [p for p in paths if isinstance(p, str)])
 
-    async def _read(self, receive: Receive, length: int) -> bytes:
+    async def _read(self, receive: Receive, length: int, client: str,
+                    received: dict[str, int]) -> bytes:  # fmt: skip
+        """The body, each chunk charged to ``client`` as it arrives (``received["bytes"]``:
+        what is charged), within the body deadline and the minimum rate."""
         chunks: list[bytes] = []
-        received = 0
-        deadline = time.monotonic() + self.body_timeout_s
+        start = time.monotonic()
+        deadline = start + self.body_timeout_s
         while True:
+            # the moment the upload falls below the minimum rate, if nothing more comes
+            slow = start + RATE_GRACE_S + received["bytes"] / self.min_rate
             try:
-                message = await asyncio.wait_for(receive(), deadline - time.monotonic())
+                async with asyncio.timeout(min(deadline, slow) - time.monotonic()):
+                    message = await receive()
             except TimeoutError:
+                if time.monotonic() < deadline:
+                    raise UploadRefused(408, f"the upload arrived slower than "
+                                        f"{self.min_rate / 1024:g} KB/s") from None  # fmt: skip
                 raise UploadRefused(
                     408, f"the upload did not arrive within {self.body_timeout_s:g} s"
                 ) from None
             if message["type"] != "http.request":
                 raise UploadRefused(400, "the client left during the upload")
-            chunks.append(message.get("body", b""))
-            received += len(chunks[-1])
-            if received > length:
+            chunk = message.get("body", b"")
+            if received["bytes"] + len(chunk) > length:
                 raise UploadRefused(400, "the upload is longer than its Content-Length")
+            self.reserve(client, len(chunk))
+            received["bytes"] += len(chunk)
+            chunks.append(chunk)
             if not message.get("more_body"):
                 return b"".join(chunks)
 

@@ -19,6 +19,8 @@ import csv
 from collections.abc import Mapping
 from pathlib import Path
 
+from nearsight.core.errors import NearsightError
+from nearsight.data.csv_table import read_table
 from nearsight.data.datasets.base import (
     DatasetLayoutError,
     DatasetSplit,
@@ -72,8 +74,8 @@ def has_split_column(root: Path) -> bool:
     manifest = find_manifest(root)
     try:
         with open(manifest, encoding="utf-8-sig", newline="") as handle:
-            header = next(csv.reader(handle), [])
-    except (OSError, UnicodeDecodeError, csv.Error) as error:
+            header = read_table(handle, str(manifest)).columns
+    except (OSError, UnicodeDecodeError, csv.Error, NearsightError) as error:
         reason = " ".join(str(getattr(error, "strerror", None) or error).split())
         raise DatasetLayoutError(f"cannot read {TITLE} {manifest}: {reason}") from None
     return "split" in (name.strip() for name in header)
@@ -99,9 +101,8 @@ def _read_rows(manifest: Path) -> list[tuple[Path, str, str | None, dict[str, ob
     base = manifest.parent
     try:
         with open(manifest, encoding="utf-8-sig", newline="") as handle:
-            reader = csv.DictReader(handle)
-            columns = [name.strip() for name in reader.fieldnames or []]
-            reader.fieldnames = columns
+            table = read_table(handle, str(manifest))  # its width checked before any row
+            columns = table.columns
             missing = [name for name in REQUIRED_COLUMNS if name not in columns]
             if missing:
                 raise DatasetLayoutError(
@@ -116,8 +117,7 @@ def _read_rows(manifest: Path) -> list[tuple[Path, str, str | None, dict[str, ob
             except FilterError as error:
                 raise DatasetLayoutError(f"{manifest}: column {error}") from None
             rows = []
-            for row in reader:
-                number = reader.line_num
+            for number, row in table.rows():
                 path_text = (row.get("path") or "").strip()
                 name = (row.get("label") or "").strip() or None
                 if not path_text:
@@ -132,7 +132,9 @@ def _read_rows(manifest: Path) -> list[tuple[Path, str, str | None, dict[str, ob
                         )
                 meta = {key: row.get(key) for key in extra}  # typed by whole column later
                 rows.append((base / path_text, name, row_split, meta))
-    except (OSError, UnicodeDecodeError, csv.Error) as error:
+    except (OSError, UnicodeDecodeError, csv.Error, NearsightError) as error:
+        if isinstance(error, DatasetLayoutError):
+            raise
         reason = " ".join(str(getattr(error, "strerror", None) or error).split())
         raise DatasetLayoutError(f"cannot read {TITLE} {manifest}: {reason}") from None
     if not rows:

@@ -79,7 +79,7 @@ def _class_images(folder: Path) -> dict[str, list[Path]]:
 
 
 def _images_under(folder: Path) -> list[Path]:
-    images = []
+    images: list[Path] = []
     for current, dirs, files in os.walk(folder):
         dirs[:] = sorted(name for name in dirs if not name.startswith("."))
         images.extend(Path(current) / name for name in sorted(files) if is_image_file(name))

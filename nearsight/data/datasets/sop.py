@@ -23,7 +23,7 @@ TITLE = "Stanford Online Products"
 MARKERS = ("Ebay_train.txt", "Ebay_test.txt")
 EXPECTED = "Ebay_train.txt, Ebay_test.txt and the class folders"
 HEADER = ["image_id", "class_id", "super_class_id", "path"]
-_FILES = {"train": ("Ebay_train.txt",), "test": ("Ebay_test.txt",)}
+_FILES: dict[str, tuple[str, ...]] = {"train": ("Ebay_train.txt",), "test": ("Ebay_test.txt",)}
 _FILES["all"] = _FILES["train"] + _FILES["test"]
 
 

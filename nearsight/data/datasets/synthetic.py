@@ -199,7 +199,8 @@ def _check_out(final: Path) -> None:
 
 
 def _random_colour(rng: np.random.Generator) -> tuple[int, int, int]:
-    return tuple(int(v) for v in rng.integers(0, 256, 3))
+    red, green, blue = (int(v) for v in rng.integers(0, 256, 3))
+    return red, green, blue
 
 
 def _jitter(rng: np.random.Generator, colour: tuple[int, int, int]) -> np.ndarray:

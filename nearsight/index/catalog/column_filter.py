@@ -41,6 +41,8 @@ def supported(conditions: Sequence[Condition]) -> bool:
         value = condition.value
         if value is None:
             continue
+        if isinstance(value, tuple):  # any-of: the payload index answers it, the columns not
+            return False
         if isinstance(value, str):
             if condition.key in INTEGER_COLUMNS:  # SQLite would turn the text into a number
                 return False

@@ -89,6 +89,12 @@ class Condition:
             return ()
         return self.value if isinstance(self.value, tuple) else (self.value,)
 
+    def alternatives(self) -> list[Condition]:
+        """This condition once per value of an any-of (itself when it has one value)."""
+        if isinstance(self.value, tuple):
+            return [Condition(self.key, self.op, value) for value in self.value]
+        return [self]
+
 
 def split_any_of(text: str) -> list[str]:
     """``text`` cut at each ``|`` not written ``\\|`` (which stands for a literal ``|``)."""

@@ -31,7 +31,7 @@ class KeyTest:
     """What the conditions on one key ask of an item."""
 
     key: str
-    spans: dict[str, tuple[int, int]] | None  # storage -> span its value must be in (None: any)
+    spans: dict[str, list[tuple[int, int]]] | None  # storage -> spans, its value in one (None: any)
     excluded: list[tuple[str, int, int]] = field(default_factory=list)  # spans of != values
     has_value: bool = False  # KEY!=
     no_value: bool = False  # KEY=
@@ -39,7 +39,7 @@ class KeyTest:
     def count(self, column: Column) -> int | None:
         """How many ids the spans hold (None: no span; a candidate set would be every item)."""
         if self.spans is not None:
-            return sum(stop - start for start, stop in self.spans.values())
+            return sum(stop - start for spans in self.spans.values() for start, stop in spans)
         return len(column.has) if self.has_value else None
 
 
@@ -55,24 +55,37 @@ def key_tests(conditions: Sequence[Condition], snapshot: Snapshot) -> list[KeyTe
         if holds:
             test.spans = {}
             for storage, part in parts.items():
-                start, stop = 0, len(part.ids)
-                for condition in holds:
-                    low, high = _span(part, storage, condition)
-                    start, stop = max(start, low), min(stop, high)
-                if start < stop:
-                    test.spans[storage] = (start, stop)
+                spans = [(0, len(part.ids))]
+                for condition in holds:  # each narrows the spans; an any-of unites its values
+                    found = _merged([_span(part, storage, one) for one in condition.alternatives()])
+                    spans = [(max(a, low), min(b, high)) for a, b in spans for low, high in found
+                             if max(a, low) < min(b, high)]  # fmt: skip
+                if spans:
+                    test.spans[storage] = spans
         for condition in on_key:
             if condition.value is None:
                 test.has_value |= condition.op == "!="
                 test.no_value |= condition.op == "="
             elif condition.op == "!=":
-                same = Condition(key, "=", condition.value)
-                for storage, part in parts.items():
-                    start, stop = _span(part, storage, same)
-                    if start < stop:
-                        test.excluded.append((storage, start, stop))
+                for one in condition.alternatives():
+                    same = Condition(key, "=", one.value)
+                    for storage, part in parts.items():
+                        start, stop = _span(part, storage, same)
+                        if start < stop:
+                            test.excluded.append((storage, start, stop))
         tests.append(test)
     return tests
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``spans`` without repeats or overlaps (1 and 1.0 are one integer's span), in order."""
+    out: list[tuple[int, int]] = []
+    for start, stop in sorted(span for span in spans if span[0] < span[1]):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], stop))
+        else:
+            out.append((start, stop))
+    return out
 
 
 def evaluate_ranked(
@@ -101,11 +114,13 @@ def evaluate_ranked(
     if first is None:  # != and KEY= only: every item but those of a few sets
         return _all_but(tests, snapshot, low, span)
     if first.spans is not None and _one_value(first, snapshot):  # one slice, in id order
-        start, stop = first.spans["text"]
+        ((start, stop),) = first.spans["text"]
         candidates = np.asarray(snapshot.columns[first.key].parts["text"].ids[start:stop])
     elif first.spans is not None:  # ids in value order: a bitmap when many, else sorted
         parts = snapshot.columns[first.key].parts
-        blocks = [np.asarray(parts[s].ids[a:b]) for s, (a, b) in first.spans.items()]
+        blocks = [
+            np.asarray(parts[s].ids[a:b]) for s, spans in first.spans.items() for a, b in spans
+        ]
         size = sum(len(block) for block in blocks)
         if not blocks:
             return np.zeros(0, np.int64)
@@ -130,12 +145,12 @@ def evaluate_ranked(
 def _one_value(test: KeyTest, snapshot: Snapshot) -> bool:
     """Whether ``test``'s span is one text value's ids (sorted by id; a range of text values
     is sorted by value first)."""
-    if test.spans is None or list(test.spans) != ["text"]:
+    if test.spans is None or list(test.spans) != ["text"] or len(test.spans["text"]) != 1:
         return False
     starts = snapshot.columns[test.key].parts["text"].starts
     if starts is None:
         return False
-    start, stop = test.spans["text"]
+    ((start, stop),) = test.spans["text"]
     value = int(np.searchsorted(starts, start, side="right")) - 1
     return stop <= int(starts[value + 1])
 
@@ -172,9 +187,10 @@ def _passes(
     ok = np.ones(len(at), bool)
     if test.spans is not None and not given:
         inside = np.zeros(len(at), bool)
-        for storage, (start, stop) in test.spans.items():
+        for storage, spans in test.spans.items():
             found = rank(storage)
-            inside |= (found >= start) & (found < stop)
+            for start, stop in spans:
+                inside |= (found >= start) & (found < stop)
         ok &= inside
     for storage, start, stop in test.excluded:
         found = rank(storage)

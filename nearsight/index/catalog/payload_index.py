@@ -156,3 +156,51 @@ class PayloadIndex:
         """filter_notes' notes on text values no item holds, from the arrays."""
         return notes_on(typed, column_types, lambda key, value: len(self.value_ids(key, value)) > 0,
                         self.text_values)  # fmt: skip
+
+    def facets(
+        self, allowed: np.ndarray | None, keys: Sequence[str]
+    ) -> dict[str, dict[object, int]]:
+        """Per column of ``keys``, each value's count among the ``allowed`` live ids (sorted;
+        None: every live item): a value's ids intersected with the allowed ones, through the
+        candidates' ranks. Text and integer values; a column's other values are not counted."""
+        out: dict[str, dict[object, int]] = {key: {} for key in keys}
+        for snapshot in self._parts:
+            ids = self._live_ids(snapshot) if allowed is None else self._within(snapshot, allowed)
+            if not len(ids):
+                continue
+            at = ids - int(snapshot.all_ids[0])
+            ranks = self._ranks(snapshot)
+            for key in keys:
+                counts = out[key]
+                for storage, part in snapshot.columns[key].parts.items():
+                    if storage == "real" or not len(part.ids):
+                        continue
+                    rank = np.asarray(ranks(key, storage)[at])
+                    rank = rank[rank >= 0]
+                    if storage == "text":
+                        starts = np.asarray(part.starts)
+                        held = np.bincount(np.searchsorted(starts, rank, side="right") - 1,
+                                           minlength=len(starts) - 1)  # fmt: skip
+                        named = [(part.values[int(i)].decode("utf-8", "surrogatepass"), held[i])  # type: ignore[union-attr]
+                                 for i in np.flatnonzero(held)]  # fmt: skip
+                    else:
+                        values, held = np.unique(np.asarray(part.values)[rank], return_counts=True)
+                        named = list(zip(values.tolist(), held, strict=True))
+                    for value, count in named:
+                        counts[value] = counts.get(value, 0) + int(count)
+        return out
+
+    def _live_ids(self, snapshot: Snapshot) -> np.ndarray:
+        ids = np.asarray(snapshot.all_ids, np.int64)
+        if snapshot is self.base and len(self.removed):
+            ids = ids[~contains(self.removed, ids)]
+        return ids
+
+    @staticmethod
+    def _within(snapshot: Snapshot, allowed: np.ndarray) -> np.ndarray:
+        """The ids of ``allowed`` (sorted) in ``snapshot``'s id range."""
+        if not len(snapshot.all_ids):
+            return allowed[:0]
+        low, high = int(snapshot.all_ids[0]), int(snapshot.all_ids[-1])
+        start, stop = np.searchsorted(allowed, [low, high + 1])
+        return np.asarray(allowed[start:stop], np.int64)

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from nearsight.core.arrays import load_array
+from nearsight.core.distributed import wait_for_all
 from nearsight.core.errors import NearsightError, closest_names
 from nearsight.data.embed import check_batching, embed_files
 from nearsight.data.images import describe_image_file
@@ -171,7 +172,7 @@ def build_gallery(
     names = [f"part-{j:06d}" for j in range(-(-len(source.paths) // chunk_size))]
     if rank == 0:
         _prepare(folder, _manifest(embedder, source, chunk_size))
-    barrier(world)
+    wait_for_all(world)
     done = set(finished_chunks(folder))
     mine = [j for j in range(len(names)) if j % world == rank]
     reused = sum(names[j] in done for j in mine)
@@ -189,7 +190,7 @@ def build_gallery(
         if not finished_chunks(folder):
             shutil.rmtree(folder, ignore_errors=True)
         raise
-    barrier(world)
+    wait_for_all(world)
     report = dict(out=out, dim=embedder.dim, processes=world, rank=rank,
                   chunks_embedded=len(mine) - reused, chunks_reused=reused)  # fmt: skip
     if rank != 0:
@@ -269,13 +270,6 @@ def process_group() -> tuple[int, int]:
         if not dist.is_initialized():
             dist.init_process_group("gloo")
     return rank, world
-
-
-def barrier(world: int) -> None:
-    if world > 1:
-        import torch.distributed as dist
-
-        dist.barrier()
 
 
 def _manifest(embedder: Embedder, source: GallerySource, chunk_size: int) -> dict[str, Any]:

@@ -290,6 +290,14 @@ class Gallery:
         return gallery_payload.filter_ids(self._payload, self._catalog, conditions,
                                           self._column_types)  # fmt: skip
 
+    def facets(self, filters=None, keys: Sequence[str] | None = None) -> dict[str, dict]:  # noqa: ANN001
+        """Per column (``keys``, default every metadata column), each text or integer value's
+        count among the items ``filters`` allow (as :meth:`filter_ids`'s; None: every item)."""
+        allowed = None if not filters else self.filter_ids(filters)
+        return gallery_payload.facets(
+            self._payload, self.path, self.meta_keys(), list(self._column_types), allowed, keys
+        )
+
     def facet_summary(
         self, allowed: np.ndarray | None, top: int = TOP_VALUES, bins: int = BINS
     ) -> Facets:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from nearsight.core.errors import NearsightError
 from nearsight.index.catalog.store import GalleryError
@@ -14,8 +14,16 @@ from nearsight.models.spec import ModelSpec, spec_from_gallery_meta
 if TYPE_CHECKING:  # typing only: the embedders' modules load onnxruntime
     from nearsight.models.embedder import Embedder
 
-if TYPE_CHECKING:  # index.gallery imports this module
-    from nearsight.index.gallery.core import Gallery
+
+
+class Gallery(Protocol):
+    """What this module reads of a gallery (nearsight.index.gallery.core's, which imports
+    this module)."""
+
+    path: Path
+    dim: int
+    meta: dict[str, Any]
+    model_sha256: str
 
 
 def model_path(gallery: Gallery, override: str | os.PathLike[str] | None = None) -> Path:

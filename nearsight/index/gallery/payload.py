@@ -30,6 +30,7 @@ from nearsight.index.catalog.filters import (
 from nearsight.index.catalog.payload_file import PayloadFileError, read_payload, write_payload
 from nearsight.index.catalog.payload_index import PayloadIndex
 from nearsight.index.catalog.store import CATALOG_FILE, FILTER_TIME_LIMIT_S, Catalog
+from nearsight.index.errors import GalleryError
 
 PAYLOAD_FILE = "payload.idx"
 NAMED_KEYS = ("label", "class_name")  # the filters that read the class names
@@ -129,3 +130,25 @@ def column_types(payload: PayloadIndex | None, catalog: Catalog, meta: dict) -> 
     declared = dict(meta.get("meta_types") or {})
     found = {key: kind for key, kind in payload.column_types().items() if key not in declared}
     return {**declared, **found}
+
+
+def facets(
+    payload: PayloadIndex | None,
+    folder: Path,
+    meta_keys: Sequence[str],
+    typed_columns: Sequence[str],
+    allowed: np.ndarray | None,
+    keys: Sequence[str] | None,
+) -> dict[str, dict[object, int]]:
+    """Per column, each value's count among the ``allowed`` items (None: all) of the gallery
+    in ``folder`` (``meta_keys``: its metadata columns; ``typed_columns``: those with a type)
+    from its payload index (PayloadIndex.facets); GalleryError for an unknown column or
+    without a payload index."""
+    wanted = list(meta_keys if keys is None else keys)
+    known = {*typed_columns, *FILTERABLE_BUILTINS}
+    unknown = [key for key in wanted if key not in known]
+    if unknown:
+        raise GalleryError(f"gallery {folder} has no column {unknown[0]!r}")
+    if payload is None:
+        raise GalleryError(f"gallery {folder} has values the payload index cannot hold")
+    return payload.facets(allowed, wanted)

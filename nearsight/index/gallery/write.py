@@ -20,7 +20,7 @@ import os
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import quote
 
 import faiss
@@ -53,8 +53,16 @@ from nearsight.index.gallery.payload import write_payload_into
 from nearsight.index.gallery.segments import sweep_unlisted, write_segment
 from nearsight.index.vector_store import describe_source, keep_embeddings
 
-if TYPE_CHECKING:  # index.gallery imports this module
-    from nearsight.index.gallery.core import Gallery
+
+class Gallery(Protocol):
+    """What the writers use of a gallery (nearsight.index.gallery.core's, which imports this
+    module): its folder, width and index type, and a re-read of the folder after a write."""
+
+    path: Path
+    dim: int
+    index_type: str
+
+    def _load(self, *, locked: bool = False) -> None: ...
 
 UNIT_NORM_TOLERANCE = 1e-3
 # add compacts once the segments hold more than this many items and this share of the base:

@@ -17,7 +17,7 @@ _LAZY = {
     "k_reciprocal_distance": "kreciprocal",
     "RerankSource": "pipeline",
     "rerank": "pipeline",
-    "GallerySource": "sources",
+    "OpenGallerySource": "sources",
     "MatrixSource": "sources",
 }
 

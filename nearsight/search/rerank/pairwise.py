@@ -156,7 +156,7 @@ class PairwiseReranker:
         q, n = candidates.shape[:2]
         out = np.empty((q, n), dtype=np.float32)
         step = max(1, MAX_RUN_PAIRS // max(n, 1))
-        arrays = (queries, candidates, *(side if self.side_dim else ()))
+        arrays = (queries, candidates, *(side if side is not None and self.side_dim else ()))
         names = INPUTS + (SIDE_INPUTS if self.side_dim else ())
         for start in range(0, q, step):
             block = slice(start, start + step)

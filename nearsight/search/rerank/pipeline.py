@@ -13,7 +13,8 @@ expansion.
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -113,6 +114,7 @@ def _side(
     if found is None:
         return None
     if query_side is None:
+        assert query_keys is not None  # checked above: keys when no features are given
         query_side, found = found[: len(query_keys)], found[len(query_keys) :]
     if valid.all():  # the usual case: no zero rows to place
         out = found.reshape(*candidates.shape, found.shape[1])
@@ -128,7 +130,7 @@ def _augmented(
     vectors: np.ndarray,
     valid: np.ndarray,
     exclude: np.ndarray | None,
-    params: dict[str, float],
+    params: Mapping[str, Any],
 ) -> np.ndarray:
     """DBA vectors (Radenovic et al., alpha-weighted) of the valid candidates, each from its
     top-k gallery neighbours other than itself and other than its query's ``exclude`` key."""
@@ -151,7 +153,7 @@ def _augmented(
 
 
 def _expanded(
-    queries: np.ndarray, vectors: np.ndarray, valid: np.ndarray, params: dict[str, float]
+    queries: np.ndarray, vectors: np.ndarray, valid: np.ndarray, params: Mapping[str, Any]
 ) -> np.ndarray:
     """alpha-QE over the valid candidates (missing ones can never be among the top k)."""
     k, alpha = int(params["k"]), float(params["alpha"])
@@ -165,13 +167,13 @@ def _expanded(
 
 
 def _k_reciprocal(
-    queries: np.ndarray, vectors: np.ndarray, valid: np.ndarray, params: dict[str, float]
+    queries: np.ndarray, vectors: np.ndarray, valid: np.ndarray, params: Mapping[str, Any]
 ) -> np.ndarray:
     """Zhong et al.'s final distance to each candidate, queries taken in blocks; rows with
     missing candidates use only their valid ones (the rest come back inf)."""
     out = np.full(valid.shape, np.inf)
     k1, k2, lam = int(params["k1"]), int(params["k2"]), float(params["lambda"])
-    full = valid.all(axis=1)
+    full = np.asarray(valid.all(axis=1), dtype=bool)
     for rows in (np.flatnonzero(full), np.flatnonzero(~full)):
         for start in range(0, len(rows), _KRECIPROCAL_BLOCK):
             block = rows[start : start + _KRECIPROCAL_BLOCK]

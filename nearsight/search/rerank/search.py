@@ -9,7 +9,7 @@ import numpy as np
 
 from nearsight.data.metrics.exclude import without_keys
 from nearsight.search.rerank.pipeline import rerank
-from nearsight.search.rerank.sources import GallerySource
+from nearsight.search.rerank.sources import OpenGallerySource
 from nearsight.search.rerank.spec import MAX_DEPTH, RerankSpec
 
 if TYPE_CHECKING:  # the gallery imports the re-ranking layer
@@ -29,10 +29,13 @@ def reranked_search(
     info: dict | None = None,
     query_ids: np.ndarray | Sequence[int] | None = None,
     query_side: np.ndarray | None = None,
+    fixed_depth: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(distances, ids) [Q, k'] as :meth:`Gallery.search` gives them, after re-ranking the top
     ``spec.depth`` candidates (at least ``k`` of them, and at most :data:`MAX_DEPTH` whatever
-    ``k`` is: past it the base order continues). ``exclude``: per query, an item id left out
+    ``k`` is: past it the base order continues). ``fixed_depth``: exactly ``spec.depth`` of
+    them whatever ``k`` is (the base order past it), so that a longer search never reorders
+    a shorter one's ranks (the search route's pages). ``exclude``: per query, an item id left out
     of its answer and of every expansion (leave-one-out for a gallery item used as a query).
     ``query_ids``: per query, the gallery item it is (-1: none), whose stored stage features a
     pairwise re-ranker of stage features needs (default: ``exclude``). ``query_side``: the
@@ -42,7 +45,7 @@ def reranked_search(
     query_side, item_keys, store, reranker = _query_side(
         gallery, spec, exclude if query_ids is None else query_ids, len(queries), query_side
     )
-    depth = min(max(k, spec.depth), MAX_DEPTH)
+    depth = min(spec.depth if fixed_depth else max(k, spec.depth), MAX_DEPTH)
     extra = 0 if exclude is None else 1
     _, found = gallery.search(queries, max(k, depth) + extra, ids=ids, info=info)
     if exclude is not None:
@@ -51,7 +54,7 @@ def reranked_search(
     if found.shape[1] == 0:
         return np.zeros(found.shape, np.float32), found
     head, tail = found[:, :depth], found[:, depth:k]
-    source = GallerySource(gallery, store, reranker)
+    source = OpenGallerySource(gallery, store, reranker)
     keys, distances = rerank(spec, source, queries, head, exclude, query_side, item_keys)
     if tail.shape[1]:  # beyond the re-ranked depth: the index's order, after it
         keys = np.concatenate([keys, tail], axis=1)
@@ -78,6 +81,7 @@ def _query_side(
     if reranker is None:
         return None, None, None, None
     store = reranker.check_gallery(gallery.path, gallery.model_sha256)
+    assert store is not None  # a stage re-ranker gets its store or an error
     ids = np.full(count, -1) if query_ids is None else np.asarray(query_ids, dtype=np.int64)
     items = ids >= 0
     if not items.all() and given is None:

@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # the gallery imports the re-ranking layer
     from nearsight.search.rerank.pairwise import PairwiseReranker
     from nearsight.search.rerank.stage_store import StageStore
 
-# GallerySource.vectors_of reads up to this many keys directly; more go through np.unique so
+# OpenGallerySource.vectors_of reads up to this many keys directly; more go through np.unique so
 # that a row wanted by many (DBA's neighbour lists) is read once
 _DIRECT_KEYS = 256
 
@@ -48,7 +48,7 @@ class MatrixSource:
         return sims[keys, :depth], rows[keys, :depth]
 
 
-class GallerySource:
+class OpenGallerySource:
     """Items of an open gallery, by id, through its own index (every index type): always the
     gallery as it is now, segments added and removed items left out."""
 

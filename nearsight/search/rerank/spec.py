@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-# depth: how many base-search candidates are re-ranked (at least the answer's k, at most
-# MAX_DEPTH)
+# depth: how many base-search candidates are re-ranked (at most MAX_DEPTH; the search route
+# re-ranks exactly that many whatever k, so its pages agree; evaluation at least k)
 DEFAULTS: dict[str, dict[str, float | str]] = {
     "none": {},
     "aqe": {"k": 2, "alpha": 3.0, "depth": 100},

@@ -1,9 +1,11 @@
 """A trunk stage's pooled features from an exported embedding model, for the pairwise re-ranker.
 
 The model file is left as it is. Its ONNX graph is read, and a copy gets one more output,
-``stage_features`` [N, C]: the global average of the last feature map of a trunk stage
-(``layer2``, ``layer3``: the node names the exporter writes, ``/net/layer3/...``), beside
-``embeddings``. One onnxruntime run gives both. Mid-level features carry what a head trained on
+``stage_features`` [N, C]: the global average of the feature map a trunk stage hands on
+(``layer2``, ``layer3``), beside ``embeddings``. The stage is found by the graph's structure:
+its residual blocks (the nodes the exporter scopes ``/layer3/layer3.K/``) and the one 4-d
+feature map that leaves them, whatever else reads it (the next stage, or a multi-level
+model's own pooling and head of that stage, whose nodes are no feature map). One onnxruntime run gives both. Mid-level features carry what a head trained on
 few classes throws away (on the digits bench, layer3's pooled features find the right unseen
 digit first far more often than the embedding does); the re-ranker scores a candidate by both.
 No torch: this runs where searches run.
@@ -14,6 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -35,18 +38,18 @@ def stage_output_model(model_path: str | os.PathLike[str], stage: str) -> bytes:
 
     if stage not in STAGES:
         raise NearsightError(f"stage must be one of {', '.join(STAGES)}, got {stage!r}")
-    model = onnx.load(str(model_path))
-    marker = f"/{stage}/"
-    last = None
-    for node in model.graph.node:  # in topological order: the last one ends the stage
-        if marker in node.name:
-            last = node
-    if last is None:
+    try:
+        model = onnx.load(str(model_path))
+    except Exception as error:  # protobuf's DecodeError, OSError: not a readable ONNX file
         raise NearsightError(
-            f"{model_path} has no trunk stage {stage} that nearsight can read (a nearsight "
-            "ResNet export names its nodes /net/layerN/...)"
+            f"{model_path} is not an ONNX model ({' '.join(str(error).split())[:120]})"
+        ) from None
+    feature_map = stage_feature_map(model, stage)
+    if feature_map is None:
+        raise NearsightError(
+            f"{model_path} has no trunk stage {stage} that nearsight can read (its ResNet "
+            "stages, as nearsight's export writes them)"
         )
-    feature_map = last.output[0]
     pooled, flat = f"{OUTPUT}_pooled", OUTPUT
     model.graph.node.extend(
         [
@@ -58,6 +61,33 @@ def stage_output_model(model_path: str | os.PathLike[str], stage: str) -> bytes:
         helper.make_tensor_value_info(flat, onnx.TensorProto.FLOAT, ["N", None])
     )
     return model.SerializeToString()
+
+
+def stage_feature_map(model: Any, stage: str) -> str | None:
+    """The name of the 4-d feature map that trunk ``stage`` of ONNX ``model`` hands on, or
+    None when the graph has no such stage (or more than one map leaves it)."""
+    import onnx
+
+    scope = f"/{stage}/{stage}."  # the stage's blocks: torchvision's and timm's layerN.K
+    inside = [node for node in model.graph.node if scope in node.name]
+    produced = {name for node in inside for name in node.output}
+    names = {id(node) for node in inside}
+    leaving: list[str] = []
+    for node in model.graph.node:
+        if id(node) not in names:
+            leaving += [name for name in node.input if name in produced and name not in leaving]
+    leaving += [o.name for o in model.graph.output if o.name in produced and o.name not in leaving]
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:  # a graph shape inference cannot read: no stage nearsight can trust
+        return None
+    ranks = {
+        value.name: len(value.type.tensor_type.shape.dim)
+        for value in [*inferred.value_info, *inferred.output]
+        if value.type.tensor_type.HasField("shape")
+    }
+    maps = [name for name in leaving if ranks.get(name) == 4]
+    return maps[0] if len(maps) == 1 else None
 
 
 class StageFeaturizer:
@@ -73,9 +103,14 @@ class StageFeaturizer:
         options.intra_op_num_threads = worker_threads()
         options.inter_op_num_threads = 1
         options.log_severity_level = 3
-        self._session = ort.InferenceSession(
-            stage_output_model(model_path, stage), options, providers=["CPUExecutionProvider"]
-        )
+        graph = stage_output_model(model_path, stage)
+        try:
+            self._session = ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
+        except Exception as error:  # onnxruntime's own types, for a graph it cannot run
+            raise NearsightError(
+                f"{model_path}: its {stage} features cannot be read "
+                f"({' '.join(str(error).split())[:160]})"
+            ) from None
 
     def run(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(embeddings [N, D], stage features [N, C]) of images [N, 3, S, S] in [0, 1]."""

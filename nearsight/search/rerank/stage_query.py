@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from nearsight.core.digest import file_sha256
 from nearsight.core.errors import NearsightError
-from nearsight.models.embedder import INPUT_NAME, OUTPUT_NAME, OnnxEmbedder, file_sha256
+from nearsight.models.embedder import INPUT_NAME, OUTPUT_NAME, OnnxEmbedder
 from nearsight.search.rerank.pairwise import stage_reranker
 from nearsight.search.rerank.stage_features import OUTPUT
 
@@ -49,8 +50,8 @@ class StageEmbedder(OnnxEmbedder):
         path = store.folder / str(store.stage_model)
         try:
             found = file_sha256(path)
-        except OSError as error:
-            raise NearsightError(f"{path}: {error.strerror or error}: run {fix} again") from None
+        except NearsightError as error:
+            raise NearsightError(f"{error}: run {fix} again") from None
         if found != store.stage_model_sha256:
             raise NearsightError(f"{path} is not the stage model its features were stored with: "
                                  f"run {fix} again")  # fmt: skip
@@ -95,4 +96,16 @@ def stage_query_model(
     store = reranker.check_gallery(gallery.path, gallery.model_sha256)
     assert store is not None  # a re-ranker of stage features gets their store or an error
     providers = getattr(embedder, "providers", None)
-    return store.query_model(providers, optimization)
+    return query_model(store, providers, optimization)
+
+
+def query_model(
+    store: StageStore, providers: Sequence[str] | None = None, optimization: str = "all"
+) -> StageEmbedder:
+    """The stage model of ``store`` that embeds query images, opened once per store,
+    providers and optimisation (:meth:`StageEmbedder.of_store`)."""
+    key = (tuple(providers) if providers is not None else None, optimization)
+    with store.query_lock:
+        if key not in store.query_models:
+            store.query_models[key] = StageEmbedder.of_store(store, providers, optimization)
+        return store.query_models[key]

@@ -23,7 +23,6 @@ import hashlib
 import json
 import os
 import threading
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +47,10 @@ class StageStore:
         # absent in a store written before image queries could be re-ranked with it
         self.stage_model = meta.get("stage_model")
         self.stage_model_sha256 = str(meta.get("stage_model_sha256", ""))
-        self._query_models: dict[tuple, Any] = {}
-        self._query_lock = threading.Lock()
+        # the stage models that embed query images, by providers and optimisation
+        # (nearsight.search.rerank.stage_query opens them)
+        self.query_models: dict[tuple[tuple[str, ...] | None, str], Any] = {}
+        self.query_lock = threading.Lock()
         self.features = load_array(folder / FEATURES, mmap_mode="r")
         self.ids = load_array(folder / IDS)
         # the same memory map as a plain ndarray: its fancy indexing skips np.memmap's
@@ -75,18 +76,6 @@ class StageStore:
             )
         return widen_halves(self._table[rows])
 
-    def query_model(self, providers: Sequence[str] | None = None, optimization: str = "all"):
-        """The stage model that embeds query images (a
-        :class:`~nearsight.search.rerank.stage_query.StageEmbedder`), opened once per store,
-        providers and optimisation; a one-line NearsightError for a store without one (made
-        before image queries were re-ranked) or whose file is not the one recorded."""
-        from nearsight.search.rerank.stage_query import StageEmbedder
-
-        key = (tuple(providers) if providers is not None else None, optimization)
-        with self._query_lock:
-            if key not in self._query_models:
-                self._query_models[key] = StageEmbedder.of_store(self, providers, optimization)
-            return self._query_models[key]
 
 
 def widen_halves(rows: np.ndarray) -> np.ndarray:

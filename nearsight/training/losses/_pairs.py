@@ -19,6 +19,13 @@ _Forward = TypeVar("_Forward", bound=Callable[..., torch.Tensor])
 DISTANCE_EPS = 1e-12
 
 
+def check_on_host(values: torch.Tensor) -> bool:
+    """Whether a loss may check ``values`` on the host (a CPU tensor, run eagerly): inside a
+    compiled or CUDA step reading them back would stop the device (and break the graph), so
+    the check runs on the device instead (``torch._assert_async``)."""
+    return values.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
 def pairwise_squared_distances(
     emb: torch.Tensor, other: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -71,7 +78,7 @@ def masked_softmax(logits: torch.Tensor, mask: torch.Tensor, dim: int = 1) -> to
     Computed with the row maximum subtracted, so logits of any size (e.g. a temperature of
     1000) do not overflow; a row with no true entry, or whose entries are all -inf, gives 0
     everywhere instead of NaN."""
-    neg_inf = torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device)
+    neg_inf = logits.new_full((), float("-inf"))  # a fill, not a host-to-device copy
     masked = torch.where(mask, logits, neg_inf)
     row_max = masked.amax(dim=dim, keepdim=True)
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
@@ -83,7 +90,7 @@ def masked_softmax(logits: torch.Tensor, mask: torch.Tensor, dim: int = 1) -> to
 def masked_logsumexp(values: torch.Tensor, mask: torch.Tensor, dim: int = 1) -> torch.Tensor:
     """log(sum(exp(values))) over the true entries of ``mask`` along ``dim`` (keepdim);
     -inf for a row with no true entry."""
-    neg_inf = torch.tensor(float("-inf"), dtype=values.dtype, device=values.device)
+    neg_inf = values.new_full((), float("-inf"))
     return torch.logsumexp(torch.where(mask, values, neg_inf), dim=dim, keepdim=True)
 
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from nearsight.training.losses._pairs import check_on_host
 from nearsight.training.losses.registry import LossConfigError
 
 
@@ -24,9 +25,16 @@ class ProxyLossBase(nn.Module):
     builds in ``__init__`` (after calling this one)."""
 
     name = "proxy"
+    # why the trainer does not compile it into the step (nearsight/training/compiled.py)
+    compile_note = (
+        "pytorch-metric-learning's loss finds the proxies with positives by torch.where (a "
+        "data-dependent shape) and branches on tensor values in its reducer"
+    )
     # the proxies train with the embedding network, in their own optimiser group
     # (nearsight/training/loss_roles.py)
     parameter_role = "joint"
+
+    class_labels: torch.Tensor  # a buffer: the proxies' class labels, sorted
 
     def __init__(self, class_labels: Sequence[int], embedding_size: int) -> None:
         super().__init__()
@@ -49,7 +57,10 @@ class ProxyLossBase(nn.Module):
         error (its proxy does not exist)."""
         known = self.class_labels.to(labels.device)
         index = torch.searchsorted(known, labels).clamp(max=self.num_classes - 1)
-        if not torch.equal(known[index], labels):
+        if not check_on_host(labels):
+            # no host sync inside a compiled or CUDA step: the device checks
+            torch._assert_async((known[index] == labels).all(), f"{self.name}: a label has no proxy")
+        elif not torch.equal(known[index], labels):
             unknown = sorted(set(labels.tolist()) - set(known.tolist()))
             raise LossConfigError(f"{self.name}: labels {unknown[:5]} have no proxy")
         return index

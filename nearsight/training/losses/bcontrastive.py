@@ -39,6 +39,7 @@ from torch import nn
 
 from nearsight.training.losses._pairs import (
     DISTANCE_EPS,
+    check_on_host,
     float32_loss,
     pairwise_distances,
     pairwise_squared_distances,
@@ -57,6 +58,10 @@ class BalancedContrastiveLoss(nn.Module):
     pairs), ``margin`` alpha (1.0), ``lam`` lambda (256; None = classic contrastive),
     ``importance`` (True).
     """
+
+    # buffers: the classes' labels, sorted, and their image counts
+    count_labels: torch.Tensor
+    count_sizes: torch.Tensor
 
     def __init__(
         self,
@@ -176,7 +181,11 @@ class BalancedContrastiveLoss(nn.Module):
         flat = labels.reshape(-1).to(torch.long).contiguous()
         position = torch.searchsorted(table, flat).clamp(max=table.numel() - 1)
         found = table[position] == flat
-        if not bool(found.all()):
+        if not check_on_host(flat):
+            # no host sync inside a compiled or CUDA step: the device checks (and stops a run
+            # whose sampler drew a class the weights do not know)
+            torch._assert_async(found.all(), "bcontrastive: a label is not in class_counts")
+        elif not bool(found.all()):
             missing = sorted(set(flat[~found].tolist()))
             raise LossConfigError(
                 f"bcontrastive: labels {missing[:5]} are not in class_counts; build the loss "

@@ -137,6 +137,13 @@ class RankMILoss(nn.Module):
     # the statistics network trains on its own batches with its own optimiser
     # (nearsight/training/loss_roles.py)
     parameter_role = "critic"
+    # why the trainer does not compile this loss into the step (nearsight/training/compiled.py)
+    compile_note = (
+        "its embedding step keeps the pairs that violate the margin around beta (boolean "
+        "masks: data-dependent shapes) and draws negatives on the CPU with its own generator"
+    )
+
+    beta_state: torch.Tensor  # a buffer: the current beta (float64)
 
     def __init__(
         self,
@@ -166,6 +173,9 @@ class RankMILoss(nn.Module):
         self.dws_cutoff = float(dws_cutoff)
         self.critic = statistics_network(hidden, layers)
         self.register_buffer("beta_state", torch.tensor(float(beta0), dtype=torch.float64))
+        # beta_state's value on the host: reading the buffer on CUDA would stop the device in
+        # every embedding step (beta_state is what a checkpoint keeps)
+        self._beta = float(beta0)
         # whether any update_beta has found a root of V: until one has, beta stays beta0
         self.beta_rooted = False
         self.generator = torch.Generator(device="cpu")
@@ -176,7 +186,7 @@ class RankMILoss(nn.Module):
     @property
     def beta(self) -> float:
         """The current threshold: the root of V found by the last ``update_beta``."""
-        return float(self.beta_state)
+        return self._beta
 
     def logged_scalars(self) -> dict[str, float]:
         return {"rankmi_beta": self.beta}
@@ -190,6 +200,7 @@ class RankMILoss(nn.Module):
 
     def set_extra_state(self, state: dict[str, torch.Tensor]) -> None:
         self.generator.set_state(state["generator_state"])
+        self._beta = float(self.beta_state)  # loaded just before the extra state
         # a checkpoint from before the flag: its beta came from Newton already
         self.beta_rooted = bool(state.get("beta_rooted", True))
 
@@ -283,6 +294,7 @@ class RankMILoss(nn.Module):
             # stands until the critic has a root (docs/reproducing.md, "RankMI's first step").
             return self.beta
         self.beta_state.fill_(beta)
+        self._beta = beta  # a Python float: the float64 buffer's value, exactly
         return beta
 
     @torch.no_grad()

@@ -119,6 +119,11 @@ def side_features(
 class PairScorer(nn.Module):
     """Scores [B, N] of a query's candidates; higher: likelier the same class."""
 
+    # buffers (registered in __init__): the features' standardisation and the stage mean
+    shift: torch.Tensor
+    scale: torch.Tensor
+    side_mean: torch.Tensor
+
     def __init__(
         self,
         dim: int,
@@ -146,8 +151,10 @@ class PairScorer(nn.Module):
             nn.Dropout(dropout),
             nn.Linear(hidden, 1),
         )
-        nn.init.zeros_(self.mlp[-1].weight)
-        nn.init.zeros_(self.mlp[-1].bias)
+        last = self.mlp[-1]
+        assert isinstance(last, nn.Linear)
+        nn.init.zeros_(last.weight)
+        nn.init.zeros_(last.bias)
         self.alpha = nn.Parameter(torch.tensor(10.0))
         self.bias = nn.Parameter(torch.tensor(-5.0))
 
@@ -163,6 +170,7 @@ class PairScorer(nn.Module):
         """Set the standardisation from (a sample of) the training lists, and the stage
         features' centre (``side_mean``, the training items' mean)."""
         if self.side_dim:
+            assert side_mean is not None, "a scorer of stage features needs their mean"
             self.side_mean.copy_(side_mean)
         features = self.features(query, candidates, query_side, candidate_side)
         features = features.reshape(-1, self.shift.numel())

@@ -36,17 +36,20 @@ from starlette.datastructures import UploadFile
 
 from nearsight.app.rest.deps import ApiError, RestState, echo, one_line, rest_state
 from nearsight.app.rest.models import ERRORS, SearchAnswer, SearchJson
+from nearsight.app.rest.routes.images import image_url
 from nearsight.app.serve.batcher import BatcherFull, EmbedBatcher
 from nearsight.core.errors import NearsightError
 from nearsight.data.decode_box import fit_bytes
 from nearsight.data.images import ImageLoadError
+from nearsight.search.paging import FIRST_PAGE, check_page
 from nearsight.search.rerank.spec import RerankSpec, request_rerank
 from nearsight.search.route import check_vector
 from nearsight.search.served import ServedGallery
 
-DEFAULT_K = 8
 MAX_K = 1000
-MAX_VECTOR_CHARS = 64 * 1024 * 1024
+# a JSON body, and a form's vector text: a 65,536-number vector is about 1.3 MB as JSON
+MAX_JSON_BYTES = 2 * 1024 * 1024
+MAX_VECTOR_CHARS = MAX_JSON_BYTES
 QUERY_FIELDS = ("image", "id", "key", "vector")
 
 router = APIRouter(tags=["search"])
@@ -98,11 +101,19 @@ async def search(
     except ValueError as error:
         raise ApiError(422, str(error)) from None
     filters = fields.get("filter")
-    heavy = bool(filters) or spec.active
+    page = check_page(view.gallery, fields["offset"], fields["group_by"], fields["group_size"])
+    heavy = bool(filters) or spec.active or page.group_by is not None
     route_notes: list[str] = []  # what the route says of its answer (a recall it can't promise)
 
     def work(query: Any, self_id: int | None, side: np.ndarray | None) -> tuple[Any, Any]:
         filtered = view.filtered(filters, state.max_filter_conditions)
+        if page != FIRST_PAGE:
+            (found,) = view.search_page(
+                np.asarray(query, np.float32).reshape(1, -1), k, page, allowed=filtered.allowed,
+                rerank=spec, self_ids=None if self_id is None else [self_id], notes=route_notes,
+                query_side=side,
+            )  # fmt: skip
+            return filtered, found
         found = view.search_one(query, k, allowed=filtered.allowed, rerank=spec, self_id=self_id,
                                 notes=route_notes, query_side=side)  # fmt: skip
         return filtered, found
@@ -123,15 +134,27 @@ async def search(
             raise ApiError(422, f"vector: {error}") from None
     if done is None:
         args = (query, self_id, side)
-        done = await (state.heavy.run(lambda: work(*args)) if heavy
-                      else run_in_threadpool(work, *args))  # fmt: skip
+        gate = state.heavy if heavy else state.plain  # every search waits its turn, fairly
+        done = await gate.run(lambda: work(*args))
     filtered, found = done
+
+    def shown(hit: Any) -> dict[str, Any]:
+        return hit.as_json() | {"image_url": image_url(request, view.name, hit.id)}
+
+    groups = None
+    if page.group_by is not None:
+        groups = [{"value": g.value, "count": g.count,
+                   "neighbours": [shown(hit) for hit in g.neighbours]} for g in found]  # fmt: skip
+        found = [hit for g in found for hit in g.neighbours]
     return {
         "gallery": view.name,
         "k": k,
         "rerank": spec.shown,
         "notes": [*filtered.notes, *route_notes],
-        "neighbours": [n.as_json() for n in found],
+        "offset": page.offset,
+        "group_by": page.group_by,
+        "groups": groups,
+        "neighbours": [shown(n) for n in found],
     }
 
 
@@ -156,12 +179,9 @@ async def _read_body(request: Request) -> tuple[dict[str, Any], UploadFile | Non
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     image = None
     if kind == "application/json":
-        try:
-            raw: Any = json.loads(await request.body() or b"null")
-        except (ValueError, RecursionError):
-            raise ApiError(422, "body: not valid JSON") from None
-        if not isinstance(raw, dict):
-            raise ApiError(422, "body: a JSON object of id, key or vector, k, filter, ...")
+        body = await _json_body(request)
+        # parsed and checked in a worker thread: a big object holds no other request
+        return await run_in_threadpool(_json_fields, body), None
     elif kind in ("multipart/form-data", "application/x-www-form-urlencoded"):
         try:
             form = await request.form(max_files=1, max_fields=16)
@@ -178,13 +198,43 @@ async def _read_body(request: Request) -> tuple[dict[str, Any], UploadFile | Non
             elif value != "" or name in ("key",):
                 raw[name] = value
         if "vector" in raw:
-            raw["vector"] = _parse_vector(raw["vector"])
+            raw["vector"] = await run_in_threadpool(_parse_vector, raw["vector"])
     elif not kind and not await request.body():
         raw = {}  # nothing sent: the message below says what to send
     else:
         raise ApiError(
             415, "send the query as application/json or as a multipart/form-data form"
         )
+    return _checked(raw), image
+
+
+async def _json_body(request: Request) -> bytes:
+    """A JSON body of at most :data:`MAX_JSON_BYTES`, or 413 (from its Content-Length at
+    once, else as soon as it passes the limit while it streams)."""
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > MAX_JSON_BYTES:
+        raise ApiError(413, f"body: a JSON body is at most {MAX_JSON_BYTES} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_JSON_BYTES:
+            raise ApiError(413, f"body: a JSON body is at most {MAX_JSON_BYTES} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _json_fields(body: bytes) -> dict[str, Any]:
+    try:
+        raw: Any = json.loads(body or b"null")
+    except (ValueError, RecursionError):
+        raise ApiError(422, "body: not valid JSON") from None
+    if not isinstance(raw, dict):
+        raise ApiError(422, "body: a JSON object of id, key or vector, k, filter, ...")
+    return _checked(raw)
+
+
+def _checked(raw: dict[str, Any]) -> dict[str, Any]:
+    """The request's fields checked by :class:`SearchJson` (``k`` defaulted)."""
     try:
         fields = SearchJson.model_validate(raw).model_dump()
     except ValidationError as error:
@@ -193,7 +243,7 @@ async def _read_body(request: Request) -> tuple[dict[str, Any], UploadFile | Non
         raise ApiError(422, one_line(f"{where}: {first.get('msg', 'invalid')}")) from None
     if isinstance(fields.get("filter"), list):
         fields["filter"] = [str(part) for part in fields["filter"]]
-    return fields, image
+    return fields
 
 
 async def _embed_upload(

@@ -1,0 +1,20 @@
+"""The one ``--device`` option: where a command's model runs (or trains)."""
+
+from __future__ import annotations
+
+import argparse
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def add_device_option(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, default: str | None = "auto"
+) -> None:
+    """``--device {auto,cpu,cuda}`` (auto: CUDA where onnxruntime or torch has it, else the
+    CPU); ``default=None`` leaves it to a config file (``train``)."""
+    parser.add_argument(
+        "--device",
+        default=default,
+        choices=DEVICES,
+        help="auto (CUDA where present, else the CPU) | cpu | cuda",
+    )
