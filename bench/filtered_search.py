@@ -73,6 +73,7 @@ SHARES = (0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5)
 SHAPES = ("random", "equal", "cap", "category")
 WAYS = {"route": None, "index": "index", "exact": "exact"}  # filtered.FORCE
 CATEGORIES = 256  # k-means clusters standing in for a catalog's categories
+TAG_COUNT = 20  # the tag column's distinct tags
 BLOCK = 131_072  # items per block of the data's checks and catalog inserts
 EVALUATIONS = 50  # evaluations of each filter alone, timed
 IN_MEMORY_BYTES = 1 << 30  # larger data lives in a .npy file in the work folder (mapped)
@@ -93,6 +94,10 @@ def columns(vectors: np.ndarray, queries: np.ndarray, shares: list[float], seed:
     - ``and s``: two independent text columns at once (``kw`` of 10 values, ``kw2`` of shares
       10-40%), 1-4% of the items, as in Qdrant's filtered benchmark; ``and category``: a
       category group of 10% and ``kw``, 1%, clustered;
+    - ``anyof``: ``kw=a5|a6`` (any of two values, 20%) and ``kw=a7|a8|a9;kw2=b0`` (3%): a
+      union of value sets;
+    - ``tag``: a tag column (``--list-column``: 1-3 of 20 tags an item, ~10% an item each):
+      ``tags=t0``, ``tags=t1|t2`` and ``tags!=t3``;
     - ``none``: no filter (the unfiltered search, for reference).
     """
     rng = np.random.default_rng(seed)
@@ -113,6 +118,10 @@ def columns(vectors: np.ndarray, queries: np.ndarray, shares: list[float], seed:
             shop[order[taken : taken + size]] = f"s{share:g}"
             taken += size
     out["shop"] = shop.astype(str)
+    held = rng.random((count, TAG_COUNT)).argsort(axis=1)[:, :3]  # 3 distinct tags an item
+    many = rng.integers(1, 4, count)  # of which it holds 1-3
+    out["tags"] = np.array(["|".join(f"t{t}" for t in sorted(row[:n]))
+                            for row, n in zip(held.tolist(), many.tolist(), strict=True)])  # fmt: skip
     named: dict[str, tuple[str, ...]] = {"none": ()}
     if categories:  # whole clusters, ranked so that the clusters away from every query come first
         kmeans = faiss.Kmeans(vectors.shape[1], CATEGORIES, niter=10, seed=seed, spherical=True,
@@ -142,18 +151,44 @@ def columns(vectors: np.ndarray, queries: np.ndarray, shares: list[float], seed:
     named["and 0.01"] = ("kw=a1", "kw2=b0")
     named["and 0.02"] = ("kw=a2", "kw2=b1")
     named["and 0.04"] = ("kw=a3", "kw2=b3")
+    named["anyof 0.2"] = ("kw=a5|a6",)
+    named["anyof and 0.03"] = ("kw=a7|a8|a9", "kw2=b0")
+    named["tag 0.1"] = ("tags=t0",)
+    named["tag anyof 0.2"] = ("tags=t1|t2",)
+    named["tag not 0.9"] = ("tags!=t3",)
     if categories:
         group = int(np.searchsorted(np.cumsum(sizes[: len(away)]), 0.1 * count)) + 1
         named["and category"] = (f"cat<{min(group, len(away))}", "kw=a4")
     return out, named
 
 
+def time_facets(searcher: Searcher, strings: tuple[str, ...], repeats: int = 5) -> dict:
+    """The facets of a filter's items (every column), timed ``repeats`` times after one warm
+    call: the filter's evaluation and the counting together."""
+    searcher.facets(filters=list(strings))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        searcher.facets(filters=list(strings))
+        times.append(time.perf_counter() - start)
+    return {"p50_ms": round(float(np.median(times)) * 1000, 2),
+            "max_ms": round(max(times) * 1000, 2)}  # fmt: skip
+
+
 def allowed_by(values: dict[str, np.ndarray], strings: tuple[str, ...]) -> np.ndarray:
     """The sorted ids a filter allows, found from the columns here (not through the gallery)."""
     mask = np.ones(len(next(iter(values.values()))), bool)
     for text in strings:
-        key, op, raw = re.fullmatch(r"(\w+)(>=|<|=)(.*)", text).groups()
+        key, op, raw = re.fullmatch(r"(\w+)(>=|!=|<|=)(.*)", text).groups()
         column = values[key]
+        if key == "tags":  # a tag column: whether the item holds one of the tags
+            wanted = set(raw.split("|"))
+            holds = np.array([not wanted.isdisjoint(cell.split("|")) for cell in column])
+            mask &= holds if op == "=" else ~holds
+            continue
+        if "|" in raw:  # any of
+            mask &= np.isin(column, raw.split("|"))
+            continue
         value = raw if column.dtype.kind == "U" else float(raw)
         mask &= {"=": column == value, "<": column < value, ">=": column >= value}[op]
     return np.flatnonzero(mask)
@@ -402,7 +437,7 @@ def bench(args: argparse.Namespace, workdir: Path, memory: PeakMemory) -> dict:
     values, named = columns(vectors, queries, args.shares, seed=1,
                             categories="category" in args.shapes)  # fmt: skip
     named = {name: strings for name, strings in named.items()
-             if name.split()[0] in (*args.shapes, "none", "and", "far")}  # fmt: skip
+             if name.split()[0] in (*args.shapes, "none", "and", "far", "anyof", "tag")}  # fmt: skip
     allowed = {name: allowed_by(values, strings) if strings else np.arange(args.items)
                for name, strings in named.items()}  # fmt: skip
     del vectors  # unmapped: its pages leave this process (still in the page cache)
@@ -420,7 +455,8 @@ def bench(args: argparse.Namespace, workdir: Path, memory: PeakMemory) -> dict:
         folder = (args.reuse or workdir) / f"{index_type}-{args.items}-{args.dim}"
         if args.reuse is None or not folder.exists():
             write_gallery(folder, opened(data)[: args.items], items, model_sha256="b" * 64,
-                          index_type=index_type, embeddings="keep")  # fmt: skip
+                          index_type=index_type, embeddings="keep",
+                          meta={"list_columns": ["tags"], "meta_types": {"tags": "str"}})  # fmt: skip
         built = time.perf_counter() - start
         if args.build_only:
             print(index_type, "built in", round(built, 1), "s", file=sys.stderr, flush=True)
@@ -437,6 +473,8 @@ def bench(args: argparse.Namespace, workdir: Path, memory: PeakMemory) -> dict:
                 row = {"filter": ";".join(strings), "allowed": len(allowed[name]),
                        "search_vector": end_to_end(searcher, queries, strings, wants[name],
                                                    args.k)}  # fmt: skip
+                if index_type == args.types[0]:  # facets: the same on every index type
+                    row["facets"] = time_facets(searcher, strings)
                 if args.compare and strings:  # the route's two ways, given the allowed ids
                     row.update(measure(gallery, queries, allowed[name], wants[name], args.k,
                                        list(WAYS)))  # fmt: skip

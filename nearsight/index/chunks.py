@@ -38,6 +38,7 @@ from nearsight.data.meta import (
     label_codes,
     typed_row,
 )
+from nearsight.index.catalog.list_columns import stored_cell
 
 META_FIELDS = ("path", "label", "class_name", "split", "sha256", "width", "height")
 _INTEGER_FIELDS = ("label", "width", "height")
@@ -197,7 +198,12 @@ def _read_parquet(file: Path) -> list[dict[str, Any]]:
         table = parquet.read_table(file)
     except Exception as error:  # pyarrow raises its own types for damaged files
         raise NearsightError(f"cannot read meta file {file}: {error}") from None
-    return table.to_pylist()
+    rows = table.to_pylist()
+    for row in rows:  # a list cell (a tag column's): its tags as --list-column reads them
+        for key, value in row.items():
+            if isinstance(value, list):
+                row[key] = stored_cell(value, key)
+    return rows
 
 
 def _clean(row: dict[str, Any], file: Path, number: int) -> dict[str, Any]:

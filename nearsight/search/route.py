@@ -116,7 +116,9 @@ def check_filters(
     if not conditions:
         return NO_FILTER
     allowed = gallery.filter_ids(conditions)
-    differs = any(c.op == "!=" for c in conditions)  # holds for every item of another value
+    # != holds for every item of another value, and an any-of for one of its values: a value
+    # nobody holds is then silent in the count
+    differs = any(c.op == "!=" or isinstance(c.value, tuple) for c in conditions)
     notes = tuple(gallery.filter_notes(conditions)) if differs or not len(allowed) else ()
     return Filtered(allowed, notes, tuple(dict.fromkeys(c.key for c in conditions)))
 

@@ -25,10 +25,12 @@ import numpy as np
 
 from nearsight.core.errors import NearsightError
 from nearsight.data.image_input import ImageLike, QueryImage, read_query
+from nearsight.index.catalog.facets import BINS, TOP_VALUES, Facets
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.gallery.keys import ids_of_keys, key_column
 from nearsight.search import route
 from nearsight.search.evaluate import evaluate_gallery
+from nearsight.search.facets import gallery_facets
 from nearsight.search.groups import Group, default_group_column, search_groups
 from nearsight.search.labels import query_label
 from nearsight.search.neighbour import Neighbour
@@ -133,6 +135,22 @@ class Searcher:
         """The filters checked once: the allowed ids, notes on values no item holds (for the
         caller to show), the keys filtered on (:func:`nearsight.search.route.check_filters`)."""
         return route.check_filters(self.gallery, filters, max_conditions)
+
+    def facets(
+        self,
+        filters: Filters = None,
+        *,
+        top: int = TOP_VALUES,
+        bins: int = BINS,
+        max_conditions: int | None = None,
+    ) -> Facets:
+        """What the items ``filters`` allow hold: each text column's ``top`` most frequent
+        values with exact counts, each number or date column's range and a ``bins``-bin
+        histogram (nearsight/index/catalog/facets.py). ``.as_dict()`` is REST's answer."""
+        found = gallery_facets(self.gallery, filters, top, bins, max_conditions)
+        for note in found.notes:
+            warnings.warn(note, FilterNote, stacklevel=2)
+        return found
 
     @property
     def key_column(self) -> str | None:

@@ -201,3 +201,31 @@ def test_the_rerank_toggle_redraws_the_grid_and_the_failures_tab_lists_its_chang
     if changes:
         first = page.locator("#ns-changes [data-testid='cell-0-0']")
         assert int(first.inner_text().strip()) == changes[0].id
+
+
+def test_a_facet_pick_adds_its_filter_and_narrows_the_grid(page, tiny_page):
+    """The facets beside the filter box list the gallery's class names with their counts;
+    picking one writes its filter into the box and searches again, within that class."""
+    view = tiny_page[1].nearsight.view("gallery")
+    page.click("#ns-random")
+    page.wait_for_selector("#ns-results .ns-result[data-query-kind='item']")
+    page.locator("#ns-facets input").click()
+    option = page.get_by_role("option").first
+    label = option.inner_text().strip()  # "class_name: NAME (COUNT)"
+    name, count = re.fullmatch(r"class_name: (.+) \((\d+)\)", label).groups()
+    option.click()
+    box = page.locator("#ns-filter textarea")
+    page.wait_for_function(
+        "text => document.querySelector('#ns-filter textarea').value.includes(text)",
+        arg=f"class_name={name}",
+    )
+    assert box.input_value().strip() == f"class_name={name}"
+    label_of = {n: label for label, n in view.gallery.class_names().items()}[name]
+    page.wait_for_function(
+        "label => [...document.querySelectorAll('#ns-results .ns-cell')].every("
+        "cell => cell.dataset.label === String(label))",
+        arg=label_of,
+    )
+    cells = page.locator("#ns-results .ns-cell")
+    assert 0 < cells.count() <= int(count)
+    assert page.outside == []

@@ -77,6 +77,7 @@ SMOKE: dict[str, tuple[list[str], list[str]]] = {
         [r"onnxruntime CPU: [\d.]+ images/s; ratio [\d.]+x", r"int8 .*: [\d.]+ images/s",
          r"Recall@1 on the synthetic test split"],
     ),
+    "facets.py": (["--items", "2000", "--repeats", "1"], [r'"p50_ms": [\d.]+']),
     "fair_shares.py": (
         ["--smoke"],
         [r'rest \{"alone_p50_s": [\d.]+, "victim_p50_s": [\d.]+',

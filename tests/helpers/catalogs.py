@@ -65,20 +65,29 @@ def random_catalog(path, rng: np.random.Generator, count: int) -> None:
 
 def conditions(rng: np.random.Generator) -> list[Condition]:
     """One to three conditions of any kind, typed as the gallery would type them or not
-    (a text value on a number column: the SQL answers that too)."""
+    (a text value on a number column: the SQL answers that too); some ``=``/``!=`` name
+    several values (any of)."""
     out = []
     for _ in range(int(rng.integers(1, 4))):
         key = str(rng.choice(["n", "t", "m", "label", "class_name", "split", "width", "id"]))
         op = str(rng.choice(OPS))
         if rng.random() < 0.1 and op in ("=", "!="):
             value = None
-        elif key in ("class_name", "split"):
-            value = str(rng.choice(["cat", "dog", "Cat", "train", "x"]))
-            op = op if op in ("=", "!=") else "="
-        elif key in ("label", "width", "id"):
-            value = value_of(rng, "int") if rng.random() < 0.3 else int(rng.integers(-1, 8))
-            value = value + 0.5 if rng.random() < 0.2 else value
         else:
-            value = value_of(rng, str(rng.choice(["int", "float", "str"])))
+            if key in ("class_name", "split"):
+                op = op if op in ("=", "!=") else "="
+            value = _value(rng, key)
+            if op in ("=", "!=") and rng.random() < 0.3:  # any of two or three values
+                more = [_value(rng, key) for _ in range(int(rng.integers(1, 3)))]
+                value = tuple(dict.fromkeys([value, *more]))
         out.append(Condition(key, op, value))
     return out
+
+
+def _value(rng: np.random.Generator, key: str):
+    if key in ("class_name", "split"):
+        return str(rng.choice(["cat", "dog", "Cat", "train", "x"]))
+    if key in ("label", "width", "id"):
+        value = value_of(rng, "int") if rng.random() < 0.3 else int(rng.integers(-1, 8))
+        return value + 0.5 if rng.random() < 0.2 else value
+    return value_of(rng, str(rng.choice(["int", "float", "str"])))

@@ -274,8 +274,9 @@ def _any_of(rng: np.random.Generator) -> list:
     out = []
     for condition in conditions(rng):
         if condition.op in ("=", "!=") and condition.value is not None and rng.random() < 0.6:
-            others = [conditions(rng)[0].value for _ in range(int(rng.integers(1, 3)))]
-            values = tuple(dict.fromkeys([condition.value, *(v for v in others if v is not None)]))
+            # conditions() may draw an any-of itself: its values join the others
+            others = [v for _ in range(int(rng.integers(1, 3))) for v in conditions(rng)[0].values]
+            values = tuple(dict.fromkeys([*condition.values, *others]))
             condition = type(condition)(condition.key, condition.op, values)
         out.append(condition)
     return out

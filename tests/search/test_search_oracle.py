@@ -1,6 +1,7 @@
 """The search oracle: generated shop catalogs, searched through every route (the Python API, the
 CLI's ``--json``, REST on a real server, the page's handler) on every index type, with filters
-of every operator and re-ranking off and on, against a float64 brute force on the same catalog.
+of every operator (any-of ``A|B`` and a tag column included) and re-ranking off and on, against a
+float64 brute force on the same catalog.
 
 The catalogs mix what broke before: a text column of number-looking codes with and without
 leading zeros, prices, unicode shop names, empty values, class names as labels, unlabelled
@@ -45,6 +46,7 @@ INDEX_TYPES = ("flat", "ivf", "hnsw", "ivfpq", "opq")
 ITEMS, DIM, K_MAX = 300, 8, 12
 SHOPS = ("north", "süd", "東京", "o'hara", "west end")
 NAMES = ("red-shoe", "blue-bag", "green hat", "ünïcode", "42x", "bag")
+TAGS = ("red", "blue", "grün", "5")  # a tag column: each item holds 0-3 of them
 RERANK = "dba+aqe:k=2,alpha=3,depth=30"
 RANGES = (">=", ">", "<=", "<")
 # catalogs per run: a few in make test; bench/search_oracle.py sweeps more
@@ -85,6 +87,7 @@ def catalogs(draw) -> Catalog:
             "sku": cell(codes),
             "price": cell([1.5, 2.0, 9.99, 20.0, 35.25]),
             "shop": cell(SHOPS),
+            "tags": "|".join(rng.choice(TAGS, rng.integers(0, 4), replace=False)),
         }
         for i in range(ITEMS)
     ]
@@ -109,11 +112,16 @@ def queries(draw, catalog: Catalog) -> dict:
     """A query (an item by id, or a vector), k, 0-2 filter conditions and re-ranking."""
     conditions = []
     for _ in range(draw(st.integers(0, 2))):
-        key = draw(st.sampled_from(("sku", "price", "shop", "label", "class_name")))
+        key = draw(st.sampled_from(("sku", "price", "shop", "label", "class_name", "tags")))
         op = draw(st.sampled_from(("=", "!=", *RANGES)))
         pool = [row["label" if key == "class_name" else key] for row in catalog.rows]
+        if key == "tags":
+            pool = [tag for cell in pool for tag in cell.split("|")]
         pool = [value for value in pool if value] or ["none"]
-        value = draw(st.sampled_from([*sorted(set(pool)), "nope", "7"]))
+        choices = [*sorted(set(pool)), "nope", "7"]
+        value = draw(st.sampled_from(choices))
+        if op in ("=", "!=") and draw(st.booleans()):  # any of: A|B
+            value = f"{value}|{draw(st.sampled_from(choices))}"
         conditions.append(f"{key}{op}{value}")
     by_id = draw(st.booleans())
     return {
@@ -135,32 +143,41 @@ class Refused(Exception):
 
 def matches(catalog: Catalog, conditions: list[str]) -> np.ndarray:
     """The ids meeting every condition, read as a user expects (module docstring)."""
-    names = sorted({row["label"] for row in catalog.rows if row["label"]})
     keep = np.ones(ITEMS, dtype=bool)
     for text in conditions:
         key, op, value = re.fullmatch(r"(\w+)(>=|<=|!=|>|<|=)(.*)", text).groups()
-        if op in RANGES and not re.fullmatch(r"-?\d+(\.\d+)?", value):
-            raise Refused(text)  # a range needs a number, whatever the column
-        number = re.fullmatch(r"-?\d+(\.\d+)?", value) is not None
-        if key == "label" and number:  # a label number: names are numbered in sorted order
-            cells = [str(names.index(row["label"])) if row["label"] else "" for row in catalog.rows]
-            holds = np.array([_holds(cell, op, value, "", catalog, numeric=True) for cell in cells])
-            keep &= holds
-            continue
-        if key in ("label", "class_name"):
-            if op in RANGES or value not in names:
-                raise Refused(text)  # "7" and "nope" are not class names here
-            cells = [row["label"] for row in catalog.rows]
-        else:
-            cells = [row[key] for row in catalog.rows]
-            kind = catalog.types.get(key, "str")
-            if op in RANGES and kind == "str":
-                raise Refused(text)  # a range on a text column
-            if kind != "str" and not number:
-                raise Refused(text)  # a number column and a value that is not one
-        holds = np.array([_holds(cell, op, value, key, catalog) for cell in cells])
-        keep &= holds
+        each = [_matches_one(catalog, text, key, op, one) for one in value.split("|")]
+        # any of: an item holding one of the values; != of several: holding none of them
+        keep &= np.logical_or.reduce(each) if op == "=" else np.logical_and.reduce(each)
     return np.flatnonzero(keep)
+
+
+def _matches_one(catalog: Catalog, text: str, key: str, op: str, value: str) -> np.ndarray:
+    """Which items meet ``key op value`` (one value)."""
+    names = sorted({row["label"] for row in catalog.rows if row["label"]})
+    if key == "tags":  # a set of tags: = holds when the item has the tag, != when it has not
+        if op in RANGES:
+            raise Refused(text)
+        held = np.array([value in row["tags"].split("|") for row in catalog.rows])
+        return held if op == "=" else ~held
+    if op in RANGES and not re.fullmatch(r"-?\d+(\.\d+)?", value):
+        raise Refused(text)  # a range needs a number, whatever the column
+    number = re.fullmatch(r"-?\d+(\.\d+)?", value) is not None
+    if key == "label" and number:  # a label number: names are numbered in sorted order
+        cells = [str(names.index(row["label"])) if row["label"] else "" for row in catalog.rows]
+        return np.array([_holds(cell, op, value, "", catalog, numeric=True) for cell in cells])
+    if key in ("label", "class_name"):
+        if op in RANGES or value not in names:
+            raise Refused(text)  # "7" and "nope" are not class names here
+        cells = [row["label"] for row in catalog.rows]
+    else:
+        cells = [row[key] for row in catalog.rows]
+        kind = catalog.types.get(key, "str")
+        if op in RANGES and kind == "str":
+            raise Refused(text)  # a range on a text column
+        if kind != "str" and not number:
+            raise Refused(text)  # a number column and a value that is not one
+    return np.array([_holds(cell, op, value, key, catalog) for cell in cells])
 
 
 def _holds(cell: str, op: str, value: str, key: str, catalog: Catalog, numeric=False) -> bool:
@@ -250,7 +267,7 @@ def _write(catalog: Catalog, folder: Path, model: Path, capsys) -> dict[str, Pat
     folder.mkdir(parents=True, exist_ok=True)
     np.save(folder / "vectors.npy", catalog.vectors)
     with open(folder / "meta.csv", "w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, ["path", "label", "sku", "price", "shop"])
+        writer = csv.DictWriter(handle, ["path", "label", "sku", "price", "shop", "tags"])
         writer.writeheader()
         writer.writerows({"path": f"/shop/img/{i}.jpg", **row} for i, row in enumerate(catalog.rows))
     galleries = {}
@@ -258,7 +275,7 @@ def _write(catalog: Catalog, folder: Path, model: Path, capsys) -> dict[str, Pat
         out = folder / index_type
         code = main(["index", "import", "--vectors", str(folder / "vectors.npy"), "--meta",
                      str(folder / "meta.csv"), "--out", str(out), "--model", str(model),
-                     "--index-type", index_type])  # fmt: skip
+                     "--index-type", index_type, "--list-column", "tags"])  # fmt: skip
         _, err = capsys.readouterr()
         assert code == 0, err
         if next(_WRITTEN) % 2 == 0:  # as built before the payload index: built on first open

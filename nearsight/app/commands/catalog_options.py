@@ -25,6 +25,14 @@ def add_catalog_options(parser: argparse.ArgumentParser, *, key_column: bool = T
         "deletes by key",
     )
     parser.add_argument(
+        "--list-column",
+        action="append",
+        metavar="NAME",
+        help="a tag column: each item holds several values ('red|blue' in a CSV cell, a list "
+        "in Parquet); filters test each item's set (tags=red, tags=red|blue, tags!=red); "
+        "repeatable",
+    )
+    parser.add_argument(
         "--group-column",
         metavar="NAME",
         help="the metadata column that groups items (a product's SKU when a product has several "
@@ -37,7 +45,11 @@ def declared_types(args: argparse.Namespace) -> dict[str, str]:
     from nearsight.data.meta import parse_meta_types
     from nearsight.index.gallery.keys import declared_meta_types
 
-    return declared_meta_types(parse_meta_types(args.meta_types), getattr(args, "key_column", None))
+    declared = declared_meta_types(parse_meta_types(args.meta_types),
+                                   getattr(args, "key_column", None))  # fmt: skip
+    for column in getattr(args, "list_column", None) or []:  # tags are text, whatever they look like
+        declared[column] = "str"
+    return declared
 
 
 def add_embeddings_option(parser: argparse.ArgumentParser) -> None:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from nearsight.app.commands.catalog_options import add_catalog_options, add_embeddings_option
 from nearsight.app.commands.device_option import add_device_option
+from nearsight.app.commands.facets import register_facets
 from nearsight.app.commands.index_build import run_build
 from nearsight.app.commands.index_import import register as register_import
 from nearsight.app.commands.index_items import run_add, run_info, run_remove, run_show
@@ -176,6 +177,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     info.set_defaults(func=run_info)
 
     register_import(actions, INDEX_TYPES)
+    register_facets(actions)
 
 
 def _add_embedding_options(parser: argparse.ArgumentParser) -> None:

@@ -53,6 +53,7 @@ def _run_build(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         workers=args.workers,
         key_column=args.key_column,
+        list_columns=args.list_column or [],
         max_index_memory=args.max_index_memory,
         embeddings=args.embeddings,
         neighbour_graph=args.neighbour_graph,

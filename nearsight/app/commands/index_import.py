@@ -93,6 +93,7 @@ def run_import(args: argparse.Namespace) -> int:
         model_path=embedder.path if embedder is not None else None,  # timm:NAME: its export
         index_type=args.index_type,
         key_column=args.key_column,
+        list_columns=args.list_column or [],
         max_index_memory=args.max_index_memory,
         embeddings=args.embeddings,
         neighbour_graph=args.neighbour_graph,

@@ -92,12 +92,14 @@ class page_errors:
 def filter_help(view: GalleryView) -> str:
     """The filter box's help: the syntax, and this gallery's columns with their types."""
     types = view.gallery.column_types()
+    tags = set(view.gallery.meta.get("list_columns") or [])  # tag columns: KEY=TAG tests a set
     columns = ", ".join(
-        [*(f"{name} ({kind})" for name, kind in sorted(types.items())), "label", "class_name",
-         "split"]
+        [*(f"{name} ({'tags' if name in tags else kind})" for name, kind in sorted(types.items())),
+         "label", "class_name", "split"]
     )  # fmt: skip
     return (
-        "KEY=VALUE, KEY!=VALUE, KEY>=N or date, KEY<N, KEY= (no value), separated by ';' "
+        "KEY=VALUE, KEY=A|B (any of), KEY!=VALUE, KEY>=N or date, KEY<N, KEY= (no value), "
+        "separated by ';' "
         f"over: {columns}"
     )
 

@@ -37,6 +37,7 @@ from typing import Any
 
 import gradio as gr
 
+from nearsight.app.page.facets_box import facet_dropdown, wire_facets
 from nearsight.app.page.gated import PageGates
 from nearsight.app.page.handlers import ANY_CLASS, DEFAULT_K, MAX_K, UNKNOWN_CLASS, Page
 from nearsight.app.page.html import CLICK_JS, message_html
@@ -181,6 +182,7 @@ def build_app(
                         info=filter_help(page.views[first]),
                         elem_id="ns-filter",
                     )
+                    facets = facet_dropdown()
                     rerank_box = gr.Checkbox(
                         value=page.views[first].rerank.active,
                         label="Re-rank the candidates",
@@ -332,6 +334,8 @@ def build_app(
         k_slider.release(rerun, rerun_inputs, grid_out, api_name="rerun_k", **search_limits)
         filter_box.submit(rerun, rerun_inputs, grid_out, api_name="rerun_filter", **search_limits)
         query_class.input(rerun, rerun_inputs, grid_out, api_name="rerun_class", **search_limits)
+        wire_facets(demo, page, gallery_choice, filter_box, facets, rerun, rerun_inputs, grid_out,
+                    search_limits)  # fmt: skip
         # a gallery item as the query: the previous upload leaves the query box
         random_button.click(
             searching(page.random_item),

@@ -35,7 +35,7 @@ from nearsight.app.rest.deps import (
     require_key,
 )
 from nearsight.app.rest.docs import add_docs
-from nearsight.app.rest.routes import health, images, items, search, writes
+from nearsight.app.rest.routes import facets, health, images, items, search, writes
 from nearsight.app.rest.upload_limit import UploadLimit
 from nearsight.app.serve.auth import ApiKeys
 from nearsight.app.serve.batcher import DEFAULT_MAX_WAITING, EmbedBatcher
@@ -108,6 +108,7 @@ def make_rest_app(
     app.include_router(images.router, dependencies=keyed)
     app.include_router(writes.router, dependencies=keyed)
     app.include_router(search.router, dependencies=keyed)
+    app.include_router(facets.router, dependencies=keyed)
     _add_error_handlers(app)
 
     app.add_middleware(

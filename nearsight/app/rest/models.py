@@ -118,6 +118,9 @@ class Error(BaseModel):
     error: str = Field(description="what was wrong, in one line")
 
 
+FilterValue = str | int | float | bool | list[str | int | float] | None
+
+
 class SearchJson(BaseModel):
     """``POST /api/search`` as a JSON body: a query by ``id``, ``key`` or ``vector`` (an image
     goes in a multipart form)."""
@@ -140,8 +143,10 @@ class SearchJson(BaseModel):
         "best distance; items without a value are left out",
     )
     group_size: int = Field(1, ge=1, le=100, description="with group_by: the best hits per group")
-    filter: str | list[str] | None = Field(
-        None, description="KEY=VALUE;KEY>=N;... (or a list of them)"
+    filter: str | list[str] | dict[str, FilterValue] | None = Field(
+        None,
+        description="KEY=VALUE;KEY=A|B;KEY>=N;... (or a list of them), or a JSON object "
+        '{"KEY": VALUE} (a list value: any of them; null: items without the key)',
     )
     gallery: str | None = None
     rerank: str | None = Field(

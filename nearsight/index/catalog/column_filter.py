@@ -34,6 +34,10 @@ _INT64 = np.iinfo(np.int64)
 def supported(conditions: Sequence[Condition]) -> bool:
     """Whether every condition (typed) is one the arrays answer as SQLite would."""
     for condition in conditions:
+        if isinstance(condition.value, tuple):  # any of: each value as one condition
+            if not supported([Condition(condition.key, condition.op, v) for v in condition.values]):
+                return False
+            continue
         value = condition.value
         if value is None:
             continue
@@ -61,7 +65,8 @@ MASK_SHARE, LIST_SHARE = 32, 4
 
 @dataclass(frozen=True)
 class Blocks:
-    """Disjoint arrays of item ids, each unordered: a set not yet put in order."""
+    """Arrays of item ids, each unordered (disjoint but for a tag column's): a set not yet
+    put in order."""
 
     parts: list[np.ndarray]
 
@@ -81,7 +86,8 @@ class Blocks:
             return np.flatnonzero(self.mask(low, span)) + low
         if len(self.parts) == 1 and (np.diff(self.parts[0]) > 0).all():
             return self.parts[0]
-        return np.sort(np.concatenate([np.zeros(0, np.int64), *self.parts]))
+        # unique: a tag column's blocks (several tags of one item) may overlap
+        return np.unique(np.concatenate([np.zeros(0, np.int64), *self.parts]))
 
     def holds(self, candidates: np.ndarray, low: int, span: int) -> np.ndarray:
         """Which of ``candidates`` (item ids, sorted) are in the set."""
@@ -109,12 +115,16 @@ def evaluate(
     for key, on_key in by_key.items():
         column = snapshot.columns[key]
         holds = [c for c in on_key if c.value is not None and c.op != "!="]
+        any_of = [c for c in holds if isinstance(c.value, tuple)]  # a union of value sets
+        holds = [c for c in holds if not isinstance(c.value, tuple)]
         differs = [c for c in on_key if c.value is not None and c.op == "!="]
         if holds:
             wanted.append(Blocks(_holding(column, holds)))
+        for condition in any_of:
+            wanted.append(Blocks(_value_blocks(column, condition.values)))
         if differs:
-            unwanted.append(Blocks([_block(p, s, c) for c in differs
-                                    for s, p in column.parts.items()]))  # fmt: skip
+            values = dict.fromkeys(v for c in differs for v in c.values)
+            unwanted.append(Blocks(_value_blocks(column, tuple(values))))
         for condition in on_key:
             if condition.value is None:  # KEY= : no value; KEY!= : a value
                 (unwanted if condition.op == "=" else wanted).append(Blocks([column.has]))
@@ -142,6 +152,12 @@ def _holding(column: Column, holds: list[Condition]) -> list[np.ndarray]:
         if low < high:
             blocks.append(part.ids[low:high])
     return blocks
+
+
+def _value_blocks(column: Column, values: tuple) -> list[np.ndarray]:
+    """The ids holding each of ``values`` (distinct): disjoint blocks, one per value and part."""
+    return [block for value in values for storage, part in column.parts.items()
+            if len(block := _block(part, storage, Condition("", "=", value)))]  # fmt: skip
 
 
 def _block(part: Part, storage: str, condition: Condition) -> np.ndarray:

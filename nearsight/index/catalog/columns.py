@@ -111,7 +111,7 @@ class Column:
 
     def __post_init__(self) -> None:
         if self.has is None:
-            self.has = np.sort(
+            self.has = np.unique(  # a tag column lists an id under each of its tags
                 np.concatenate([np.zeros(0, np.int64)] + [p.ids for p in self.parts.values()])
             )
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 import sqlite3
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from nearsight.data.meta import _short
 from nearsight.index.catalog.filters import FILTERABLE_BUILTINS, Condition
@@ -42,18 +42,26 @@ def closest_values(value: str, held: Sequence[str], most: int = MOST) -> list[st
 
 
 def value_notes(
-    conn: sqlite3.Connection, typed: Sequence[Condition], column_types: dict[str, str]
+    conn: sqlite3.Connection,
+    typed: Sequence[Condition],
+    column_types: dict[str, str],
+    list_keys: Collection[str] = (),
 ) -> list[str]:
     """One note per ``=``/``!=`` condition on a text metadata column whose value no item has
-    (``typed``: conditions typed by their columns), read by SQL."""
+    (``typed``: conditions typed by their columns; ``list_keys``: the tag columns, whose
+    stored text is the tags joined by ``|``), read by SQL."""
 
     def holds(key: str, value: str) -> bool:
-        return conn.execute("SELECT 1 FROM item_meta WHERE key = ? AND value = ? LIMIT 1",
+        test = "instr('|' || value || '|', '|' || ? || '|') > 0" if key in list_keys else "value = ?"
+        return conn.execute(f"SELECT 1 FROM item_meta WHERE key = ? AND {test} LIMIT 1",
                             (key, value)).fetchone() is not None  # fmt: skip
 
     def values(key: str) -> list[str]:
-        return [str(row[0]) for row in conn.execute(
+        found = [str(row[0]) for row in conn.execute(
             "SELECT DISTINCT value FROM item_meta WHERE key = ? LIMIT ?", (key, MAX_VALUES))]  # fmt: skip
+        if key in list_keys:
+            found = sorted({tag for text in found for tag in text.split("|")})
+        return found
 
     return notes_on(typed, column_types, holds, values)
 
@@ -67,7 +75,7 @@ def notes_on(
     """:func:`value_notes` given ``holds(key, value)`` (whether some item has it) and
     ``held_values(key)`` (the column's distinct values), from SQL or from the payload index."""
     notes = []
-    for condition in [one for given in typed for one in given.alternatives()]:
+    for condition in typed:
         if (
             condition.op not in ("=", "!=")
             or condition.value is None
@@ -75,16 +83,17 @@ def notes_on(
             or column_types.get(condition.key) != "str"
         ):
             continue
-        key, value = condition.key, str(condition.value)
-        if holds(key, value):
-            continue
-        values = held_values(key)
-        close = closest_values(value, values)
-        if close:
-            hint = "the closest values it holds: " + ", ".join(repr(_short(v)) for v in close)
-        elif values:
-            hint = "it holds e.g. " + ", ".join(repr(_short(v)) for v in sorted(values)[:MOST])
-        else:
-            hint = "no item has a value for it"
-        notes.append(f"{_short(str(condition))}: no item has {key} {_short(value)!r}; {hint}")
+        for one in condition.values:  # each value of an any-of gets its own note
+            key, value = condition.key, str(one)
+            if holds(key, value):
+                continue
+            values = held_values(key)
+            close = closest_values(value, values)
+            if close:
+                hint = "the closest values it holds: " + ", ".join(repr(_short(v)) for v in close)
+            elif values:
+                hint = "it holds e.g. " + ", ".join(repr(_short(v)) for v in sorted(values)[:MOST])
+            else:
+                hint = "no item has a value for it"
+            notes.append(f"{_short(str(condition))}: no item has {key} {_short(value)!r}; {hint}")
     return notes

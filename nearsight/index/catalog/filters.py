@@ -1,12 +1,15 @@
-r"""Search filters on the catalog: ``KEY=VALUE``, ``KEY!=VALUE``, ``KEY>=V``, ``KEY>V``,
+"""Search filters on the catalog: ``KEY=VALUE``, ``KEY!=VALUE``, ``KEY>=V``, ``KEY>V``,
 ``KEY<=V``, ``KEY<V``; several filters must all hold.
 
-``KEY=A|B`` selects the items whose value is any of A and B (``KEY!=A|B``: none of them); a
-literal bar in a value is written ``\|``. ``KEY=`` (nothing after ``=``) selects the items
-without a value for KEY, ``KEY!=`` the items with one. ``KEY!=VALUE`` holds for every item
-whose value differs, items without a value included. A value that starts with ``=``, ``<`` or
-``>`` (``shop==Café``, ``price<<5``) is refused as a typo. Date and datetime columns (nearsight/data/meta.py) take ISO dates with
+``KEY=`` (nothing after ``=``) selects the items without a value for KEY, ``KEY!=`` the items
+with one. ``KEY!=VALUE`` holds for every item whose value differs, items without a value
+included. A value that starts with ``=``, ``<`` or ``>`` (``shop==Café``, ``price<<5``) is
+refused as a typo. Date and datetime columns (nearsight/data/meta.py) take ISO dates with
 every operator: ``added>=2025-06-01``.
+
+Any of several values: ``brand=A|B`` selects items whose brand is A or B, ``brand!=A|B``
+those whose brand is neither (a literal ``|`` is written ``\\|``); the values are a tuple in
+:attr:`Condition.value`, typed one by one, and evaluated as the union of their value sets.
 
 A filter's value is read with the stored type of its column (:func:`typed_conditions`): a text
 column compares text, so ``sku=1003`` matches the text ``"1003"``; a number column compares
@@ -35,7 +38,7 @@ import math
 import re
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -60,7 +63,6 @@ FILTERABLE_BUILTINS = ("id", "label", "class_name", "split", "width", "height")
 OPERATORS = (">=", "<=", "!=", ">", "<", "=")  # longest first: ">=" before ">" and "="
 RANGE_OPERATORS = (">=", "<=", ">", "<")
 MAX_FILTER_CONDITIONS = 32  # distinct conditions in one search; serve/search raise it by a flag
-_BAR = re.compile(r"(?<!\\)\|")  # a bar not written \|
 _FILTER = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_.\-]*)\s*(>=|<=|!=|>|<|=)(.*)", re.DOTALL)
 
 
@@ -70,19 +72,34 @@ class Condition:
 
     key: str
     op: str
-    # None: "has no value" (KEY=) or "has one" (KEY!=); a tuple: any of them (= and != only)
+    # None: "has no value" (KEY=) or "has one" (KEY!=); a tuple: any of these values
     value: MetaValue | tuple[MetaValue, ...] | None
 
     def __str__(self) -> str:
-        values = self.value if isinstance(self.value, tuple) else (self.value,)
-        shown = "|".join("" if v is None else str(v).replace("|", "\\|") for v in values)
+        if isinstance(self.value, tuple):
+            shown = "|".join(str(v).replace("|", "\\|") for v in self.value)
+            return f"{self.key}{self.op}{shown}"
+        shown = "" if self.value is None else str(self.value).replace("|", "\\|")
         return f"{self.key}{self.op}{shown}"
+
+    @property
+    def values(self) -> tuple[MetaValue, ...]:
+        """The values the condition names (one, or an any-of's several; none for KEY=)."""
+        if self.value is None:
+            return ()
+        return self.value if isinstance(self.value, tuple) else (self.value,)
 
     def alternatives(self) -> list[Condition]:
         """This condition once per value of an any-of (itself when it has one value)."""
         if isinstance(self.value, tuple):
             return [Condition(self.key, self.op, value) for value in self.value]
         return [self]
+
+
+def split_any_of(text: str) -> list[str]:
+    """``text`` cut at each ``|`` not written ``\\|`` (which stands for a literal ``|``)."""
+    parts = re.split(r"(?<!\\)\|", text)
+    return [part.replace("\\|", "|") for part in parts]
 
 
 def parse_filter(text: str) -> Condition:
@@ -107,15 +124,11 @@ def parse_filter(text: str) -> Condition:
         if op in ("=", "!="):  # KEY= : items without a value; KEY!= : items with one
             return Condition(key, op, None)
         raise FilterError(f"bad filter {_short(text)!r}: no value after {op!r}")
-    if op in ("=", "!=") and "|" in value:
-        values = [part.strip().replace("\\|", "|") for part in _BAR.split(value)]
-        if not all(values):
-            raise FilterError(
-                f"bad filter {_short(text)!r}: an empty value between bars (a bar in a value "
-                "is written \\|)"
-            )
-        unique = tuple(dict.fromkeys(values))
-        return Condition(key, op, unique if len(unique) > 1 else unique[0])
+    alternatives = split_any_of(value)
+    if len(alternatives) > 1 or "\\|" in value:
+        if op not in ("=", "!="):
+            raise FilterError(f"bad filter {_short(text)!r}: A|B (any of) takes = or !=, not {op}")
+        return _any_of(key, op, alternatives, text)
     if op in RANGE_OPERATORS and _number(value) is None and iso_datetime(value) is None:
         raise FilterError(
             f"bad filter {_short(text)!r}: {op} needs a number or an ISO date (YYYY-MM-DD), "
@@ -124,10 +137,26 @@ def parse_filter(text: str) -> Condition:
     return Condition(key, op, value)
 
 
+def _any_of(key: str, op: str, alternatives: Sequence[object], text: str) -> Condition:
+    """``key op A|B|...``: a tuple of the distinct values (one value: a plain condition)."""
+    values: list[MetaValue] = []
+    for alternative in alternatives:
+        if isinstance(alternative, bool):
+            alternative = int(alternative)
+        if not isinstance(alternative, int | float):
+            alternative = str(alternative).strip()
+            if not alternative:
+                raise FilterError(f"bad filter {_short(text)!r}: an empty value in A|B (any of)")
+        values.append(alternative)  # type: ignore[arg-type]
+    unique = tuple(dict.fromkeys(values))
+    return Condition(key, op, unique if len(unique) > 1 else unique[0])
+
+
 def parse_filters(texts: Iterable[str] | Mapping[str, object] | str | None) -> list[Condition]:
     """Several filters (all must hold). A single string may hold several, separated by ';' or
     newlines (the page's and the REST API's one text field). A mapping (Python callers) is
-    one ``KEY=VALUE`` per entry; a None value asks for items without the key."""
+    one ``KEY=VALUE`` per entry; a None value asks for items without the key, a list any of
+    its values."""
     if texts is None:
         return []
     if isinstance(texts, Mapping):
@@ -147,12 +176,11 @@ def _entry_condition(key: str, value: object) -> Condition:
         raise FilterError(f"cannot filter on {key!r}")
     if value is None or (isinstance(value, str) and not value.strip()):
         return Condition(key, "=", None)
-    if isinstance(value, list | tuple | set | frozenset):  # any of these values
-        values = [_entry_condition(key, one).value for one in value]
-        if not values or any(one is None for one in values):
-            raise FilterError(f"filter {_short(key)!r}: any-of values may not be empty")
-        unique = tuple(dict.fromkeys(values))
-        return Condition(key, "=", unique if len(unique) > 1 else unique[0])  # type: ignore[arg-type]
+    if isinstance(value, list | tuple | set | frozenset):
+        if not value:
+            raise FilterError(f"bad filter {key!r}: an empty list of values (any of)")
+        return _any_of(key, "=", sorted(value, key=str) if isinstance(value, set | frozenset)
+                       else list(value), f"{key}={value}")  # fmt: skip
     if isinstance(value, bool):
         value = int(value)
     if isinstance(value, int | float):
@@ -184,64 +212,76 @@ def typed_conditions(
     conditions: Sequence[Condition],
     column_types: Mapping[str, str],
     class_names: Mapping[int, str],
+    list_columns: Collection[str] = (),
 ) -> list[Condition]:
     """``conditions`` with each value read as its column's type (``column_types``: the
     gallery's metadata columns, ``int``/``float``/``str``; the built-in columns have theirs);
     ``label=NAME`` becomes the label number of class NAME (``class_names``: label -> name).
-    A key the gallery does not have is an error listing the keys it has."""
+    A key the gallery does not have is an error listing the keys it has. A condition with a
+    value on a tag column (``list_columns``) becomes an any-of, even of one value: a test of
+    the item's set of tags (nearsight/index/catalog/list_columns.py)."""
     known = {**column_types, **BUILTIN_TYPES}
     names = {name: label for label, name in sorted(class_names.items(), reverse=True)}
     typed = []
     for condition in conditions:
-        if isinstance(condition.value, tuple):  # each value typed as its own condition
-            values = tuple(dict.fromkeys(
-                one.value for one in typed_conditions(condition.alternatives(), column_types,
-                                                      class_names)))  # fmt: skip
-            typed.append(Condition(condition.key, condition.op, values))
-            continue
         kind = known.get(condition.key)
         if kind is None:
             keys = ", ".join([*sorted(column_types), *FILTERABLE_BUILTINS])
             raise FilterError(
                 f"unknown filter key {_short(condition.key)!r}: this gallery's keys are {keys}"
             )
-        value = condition.value
-        text = str(value).strip()
-        if value is None:  # KEY= / KEY!= : whether the item has a value at all
-            typed.append(condition)
-            continue
-        if kind in DATE_TYPES:
-            value = iso_date(text) if kind == "date" else iso_datetime(text)
-            if value is None:
-                example = "YYYY-MM-DD" if kind == "date" else "YYYY-MM-DD or YYYY-MM-DDTHH:MM:SS"
+        if condition.key in list_columns and condition.value is not None:
+            if condition.op not in ("=", "!="):
                 raise FilterError(
-                    f"bad filter {_short(str(condition))!r}: {condition.key} holds {kind}s "
-                    f"({example}), and {_short(text)!r} is not one"
+                    f"bad filter {_short(str(condition))!r}: {condition.key} is a tag column; "
+                    f"it takes = or !=, not {condition.op}"
                 )
-            typed.append(Condition(condition.key, condition.op, str(value)))
-            continue
-        if condition.key == "label" and _number(text) is None:  # a class name
-            _check_name(condition, text, names)
-            value = names[text]
-        elif condition.key == "class_name":
-            _check_name(condition, text, names)
-            value = text
-        elif kind in NUMBER_TYPES:
-            value = value if isinstance(value, int | float) else _number(text)
-            if value is None:
-                raise FilterError(
-                    f"bad filter {_short(str(condition))!r}: {condition.key} holds numbers, "
-                    f"and {_short(text)!r} is not one"
-                )
+            condition = Condition(condition.key, condition.op, condition.values)
+        if isinstance(condition.value, tuple):  # any of: each value typed by the column
+            each = [_typed(Condition(condition.key, condition.op, value), kind, names).value
+                    for value in condition.value]  # fmt: skip
+            typed.append(Condition(condition.key, condition.op, tuple(dict.fromkeys(each))))  # type: ignore[arg-type]
         else:
-            value = text
-        if condition.op in RANGE_OPERATORS and not isinstance(value, int | float):
-            raise FilterError(
-                f"bad filter {_short(str(condition))!r}: {condition.key} is a text column; "
-                f"{condition.op} compares numbers (use = or != for text)"
-            )
-        typed.append(Condition(condition.key, condition.op, value))
+            typed.append(_typed(condition, kind, names))
     return typed
+
+
+def _typed(condition: Condition, kind: str, names: Mapping[str, int]) -> Condition:
+    """``condition`` (one value) with its value read as ``kind``, its column's type."""
+    value = condition.value
+    text = str(value).strip()
+    if value is None:  # KEY= / KEY!= : whether the item has a value at all
+        return condition
+    if kind in DATE_TYPES:
+        value = iso_date(text) if kind == "date" else iso_datetime(text)
+        if value is None:
+            example = "YYYY-MM-DD" if kind == "date" else "YYYY-MM-DD or YYYY-MM-DDTHH:MM:SS"
+            raise FilterError(
+                f"bad filter {_short(str(condition))!r}: {condition.key} holds {kind}s "
+                f"({example}), and {_short(text)!r} is not one"
+            )
+        return Condition(condition.key, condition.op, str(value))
+    if condition.key == "label" and _number(text) is None:  # a class name
+        _check_name(condition, text, names)
+        value = names[text]
+    elif condition.key == "class_name":
+        _check_name(condition, text, names)
+        value = text
+    elif kind in NUMBER_TYPES:
+        value = value if isinstance(value, int | float) else _number(text)
+        if value is None:
+            raise FilterError(
+                f"bad filter {_short(str(condition))!r}: {condition.key} holds numbers, "
+                f"and {_short(text)!r} is not one"
+            )
+    else:
+        value = text
+    if condition.op in RANGE_OPERATORS and not isinstance(value, int | float):
+        raise FilterError(
+            f"bad filter {_short(str(condition))!r}: {condition.key} is a text column; "
+            f"{condition.op} compares numbers (use = or != for text)"
+        )
+    return Condition(condition.key, condition.op, value)
 
 
 def _number(text: str) -> int | float | None:
@@ -266,11 +306,14 @@ def _check_name(condition: Condition, name: str, names: Mapping[str, int]) -> No
         )
 
 
-def filter_sql(conditions: Sequence[Condition], *, has_meta_table: bool) -> tuple[str, list]:
+def filter_sql(
+    conditions: Sequence[Condition], *, has_meta_table: bool, list_keys: Collection[str] = ()
+) -> tuple[str, list]:
     """``SELECT id FROM items WHERE ...`` holding ``conditions`` (all of them), with its
     parameters. Conditions on one metadata key share one look-up of ``item_meta`` (an item
     has one value per key, so they all test that value). Without an ``item_meta`` table (a
-    catalog older than metadata) a condition on a metadata key matches nothing."""
+    catalog older than metadata) a condition on a metadata key matches nothing. A tag
+    column's (``list_keys``) conditions test each tag of its stored ``a|b|c`` text."""
     clauses: list[str] = []
     params: list[MetaValue] = []
     by_key: dict[str, list[Condition]] = {}
@@ -281,16 +324,14 @@ def filter_sql(conditions: Sequence[Condition], *, has_meta_table: bool) -> tupl
             params.extend([] if condition.key in FILTERABLE_BUILTINS or not has_meta_table
                           else [condition.key])  # fmt: skip
             continue
-        if condition.key in FILTERABLE_BUILTINS and isinstance(condition.value, tuple):
-            marks = ", ".join("?" * len(condition.value))
-            if condition.op == "!=":
-                clauses.append(f"({condition.key} IS NULL OR {condition.key} NOT IN ({marks}))")
-            else:
-                clauses.append(f"{condition.key} IN ({marks})")
-            params.extend(_builtin_value(one) for one in condition.alternatives())
-            continue
         if condition.key in FILTERABLE_BUILTINS:
             column = condition.key
+            if isinstance(condition.value, tuple):  # any of
+                marks = ", ".join("?" * len(condition.value))
+                clauses.append(f"{column} IN ({marks})" if condition.op == "=" else
+                               f"({column} IS NULL OR {column} NOT IN ({marks}))")  # fmt: skip
+                params.extend(_builtin_value(Condition(column, "=", v)) for v in condition.value)
+                continue
             if numeric:
                 clauses.append(
                     f"(typeof({column}) IN ('integer', 'real') AND {column} {condition.op} ?)"
@@ -304,6 +345,14 @@ def filter_sql(conditions: Sequence[Condition], *, has_meta_table: bool) -> tupl
         if not has_meta_table:
             clauses.append("1 = 0" if condition.op != "!=" else "1 = 1")
             continue
+        if condition.key in list_keys:  # an item holding one of the tags, or none of them
+            tags = " OR ".join(["instr('|' || value || '|', '|' || ? || '|') > 0"]
+                               * len(condition.values))  # fmt: skip
+            inside = "IN" if condition.op == "=" else "NOT IN"
+            clauses.append(f"id {inside} (SELECT item_id FROM item_meta WHERE key = ? AND "
+                           f"typeof(value) = 'text' AND ({tags}))")  # fmt: skip
+            params.extend([condition.key, *(str(v) for v in condition.values)])
+            continue
         by_key.setdefault(condition.key, []).append(condition)
     for key, on_key in by_key.items():
         holds = [c for c in on_key if c.op != "!="]
@@ -311,9 +360,10 @@ def filter_sql(conditions: Sequence[Condition], *, has_meta_table: bool) -> tupl
         if holds:
             tests = []
             for condition in holds:
+                if isinstance(condition.value, tuple):  # any of
+                    tests.append(f"(value IN ({', '.join('?' * len(condition.value))}))")
+                    continue
                 test = f"value {condition.op} ?"
-                if isinstance(condition.value, tuple):  # any of them
-                    test = f"value IN ({', '.join('?' * len(condition.value))})"
                 if condition.op in RANGE_OPERATORS and isinstance(condition.value, str):
                     test = f"typeof(value) = 'text' AND {test}"  # ISO dates: time order
                 elif condition.op in RANGE_OPERATORS:
@@ -322,14 +372,14 @@ def filter_sql(conditions: Sequence[Condition], *, has_meta_table: bool) -> tupl
             clauses.append(
                 f"id IN (SELECT item_id FROM item_meta WHERE key = ? AND {' AND '.join(tests)})"
             )
-            params.extend([key, *(one.value for c in holds for one in c.alternatives())])
+            params.extend([key, *(v for c in holds for v in c.values)])
         if differs:  # an item without the key differs from the value too
-            values = [one.value for c in differs for one in c.alternatives()]
-            marks = ", ".join("?" * len(values))
+            unwanted = [v for c in differs for v in c.values]
+            marks = ", ".join("?" * len(unwanted))
             clauses.append(
                 f"id NOT IN (SELECT item_id FROM item_meta WHERE key = ? AND value IN ({marks}))"
             )
-            params.extend([key, *values])
+            params.extend([key, *unwanted])
     where = " AND ".join(clauses) if clauses else "1 = 1"
     return f"SELECT id FROM items WHERE {where} ORDER BY id", params
 
@@ -380,10 +430,11 @@ def run_filter(
     conditions: Sequence[Condition],
     has_meta_table: bool,
     time_limit_s: float,
+    list_keys: Collection[str] = (),
 ) -> np.ndarray:
     """Sorted int64 ids of the items of the catalog at ``path`` meeting every condition
-    (typed already: :func:`typed_conditions`)."""
-    sql, params = filter_sql(conditions, has_meta_table=has_meta_table)
+    (typed already: :func:`typed_conditions`; ``list_keys``: the tag columns)."""
+    sql, params = filter_sql(conditions, has_meta_table=has_meta_table, list_keys=list_keys)
     uri = f"file:{quote(str(path.absolute()))}?mode=ro"
     try:
         conn = sqlite3.connect(uri, uri=True)

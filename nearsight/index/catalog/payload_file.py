@@ -37,6 +37,7 @@ from nearsight.index.catalog.columns import (
     _new_snapshot,
     _read_column,
 )
+from nearsight.index.catalog.list_columns import split_tags, stored_list_columns
 from nearsight.index.catalog.payload_eval import part_rank
 
 T = TypeVar("T")
@@ -178,6 +179,9 @@ def read_snapshot(conn: sqlite3.Connection, after: int | None = None) -> Snapsho
             f"SELECT DISTINCT key FROM item_meta {where} ORDER BY key", params)]  # fmt: skip
     columns = {key: _read_column(reader, key, all_ids, has_meta, by_ids=after is not None)  # type: ignore[arg-type]
                for key in keys}  # fmt: skip
+    for key in stored_list_columns(conn):  # a tag column: an id under each of its tags
+        if key in columns:
+            columns[key] = split_tags(columns[key])
     columns[ID_COLUMN] = id_column(all_ids)
     return Snapshot(all_ids, has_meta, columns)
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from nearsight.index.catalog.column_filter import MASK_SHARE, Blocks
 from nearsight.index.catalog.columns import Column, Snapshot, contains
 from nearsight.index.catalog.filter_notes import MAX_VALUES, notes_on
 from nearsight.index.catalog.filters import FILTERABLE_BUILTINS, Condition
@@ -39,6 +40,10 @@ class PayloadIndex:
                 snapshot.columns[key] = EMPTY
         self.keys = sorted(keys)
         self._made: dict[tuple[int, str, str], np.ndarray] = {}  # ranks not in the file
+
+    def snapshots(self) -> list[Snapshot]:
+        """The base's columns, then the added items' (when any)."""
+        return list(self._parts)
 
     def meta_keys(self) -> list[str]:
         """The metadata columns (not the built-in ones) some item has a value for."""
@@ -67,7 +72,49 @@ class PayloadIndex:
 
     def filter_ids(self, typed: Sequence[Condition], check: Callable[[], None]) -> np.ndarray:
         """Sorted int64 ids of the live items meeting every condition (typed by their
-        columns, column_filter.supported); ``check`` raises past the time budget."""
+        columns, column_filter.supported); ``check`` raises past the time budget.
+
+        An any-of ``KEY=A|B`` is the union of its values' sets, intersected with what the
+        other conditions allow; ``KEY!=A|B`` takes that union away (every condition on a tag
+        column is one of these: nearsight/index/catalog/list_columns.py)."""
+        plain = [c for c in typed if not isinstance(c.value, tuple)]
+        any_of = sorted((c for c in typed if isinstance(c.value, tuple)), key=lambda c: c.op != "=")
+        found = self._plain_ids(plain, check) if plain else None
+        low, span = self._span()
+        for condition in any_of:  # "!=" after "=": a set to take from first
+            if found is not None and not len(found):
+                break
+            # the values' sets (a tag column's may overlap): a bitmap over the ids when large
+            union = Blocks([self._plain_ids([Condition(condition.key, "=", v)], check)
+                            for v in condition.values])  # fmt: skip
+            if condition.op == "=" and found is None:  # several sorted sets: a bitmap's order
+                found = (np.flatnonzero(union.mask(low, span)) + low if union.size * MASK_SHARE
+                         > span else union.sorted_ids(low, span))  # fmt: skip
+            elif condition.op == "=":
+                found = found[union.holds(found, low, span)]
+            else:
+                found = self.live_ids() if found is None else found
+                found = found[~union.holds(found, low, span)]
+            check()
+        return self.live_ids() if found is None else found
+
+    def _span(self) -> tuple[int, int]:
+        """(the first id, the id span) of the base and the added items together."""
+        firsts = [int(s.all_ids[0]) for s in self._parts if len(s.all_ids)]
+        lasts = [int(s.all_ids[-1]) for s in self._parts if len(s.all_ids)]
+        return (min(firsts), max(lasts) - min(firsts) + 1) if firsts else (0, 0)
+
+    def live_ids(self) -> np.ndarray:
+        """Sorted int64 ids of every live item."""
+        found = np.asarray(self.base.all_ids, np.int64)
+        if len(self.removed) and len(found):
+            found = found[~contains(self.removed, found)]
+        if self.added is not None:
+            found = np.concatenate([found, np.asarray(self.added.all_ids, np.int64)])
+        return found
+
+    def _plain_ids(self, typed: Sequence[Condition], check: Callable[[], None]) -> np.ndarray:
+        """:meth:`filter_ids` of conditions with one value each."""
         found = evaluate_ranked(typed, self.base, self._ranks(self.base), check)
         if len(self.removed) and len(found):
             found = found[~contains(self.removed, found)]

@@ -204,12 +204,14 @@ class Catalog:
         From a column's second filter on (per version of the catalog file) the columns are
         read into arrays once and the filter is evaluated on them
         (nearsight/index/catalog/column_filter.py), with the SQL query's answer."""
-        typed = typed_conditions(conditions, self.column_types(), self.class_names())
-        if supported(typed):
+        tags = self.list_columns()
+        typed = typed_conditions(conditions, self.column_types(), self.class_names(), tags)
+        # the column arrays list an id once per value: a tag column's filters stay in SQL
+        if supported(typed) and not any(c.key in tags for c in typed):
             snapshot = self._columns.snapshot(list(dict.fromkeys(c.key for c in typed)))
             if snapshot is not None:  # reading the columns is the catalog's, not the budget's
                 return evaluate(typed, snapshot, budget(time_limit_s)[1])
-        return run_filter(self.path, typed, self.has_item_meta(), time_limit_s)
+        return run_filter(self.path, typed, self.has_item_meta(), time_limit_s, tags)
 
     def payload_snapshot(self, after: int | None = None) -> Snapshot:
         """Every filterable column as arrays (``after``: of the items after that id only),
@@ -223,9 +225,14 @@ class Catalog:
         if not self.has_item_meta():
             return []
         types = self.column_types()
-        typed = typed_conditions(conditions, types, self.class_names())
+        tags = self.list_columns()
+        typed = typed_conditions(conditions, types, self.class_names(), tags)
         with self._guard():
-            return value_notes(self._db.conn, typed, types)
+            return value_notes(self._db.conn, typed, types, tags)
+
+    def list_columns(self) -> list[str]:
+        """The tag (multi-valued) columns (nearsight/index/catalog/list_columns.py)."""
+        return [str(column) for column in self.meta().get("list_columns") or []]  # type: ignore[union-attr]
 
     def column_types(self) -> dict[str, str]:
         """The metadata columns' types (``int``, ``float``, ``str``): as the gallery stores them

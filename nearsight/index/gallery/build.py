@@ -37,6 +37,7 @@ from nearsight.core.errors import NearsightError, closest_names
 from nearsight.data.embed import check_batching, embed_files
 from nearsight.data.images import describe_image_file
 from nearsight.index.ann.faiss_index import INDEX_TYPES, check_trainable
+from nearsight.index.catalog.list_columns import check_list_columns, stored_cell
 from nearsight.index.chunks import finished_chunks, meta_types_of, read_meta, write_chunk
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.gallery.defaults import (
@@ -96,13 +97,32 @@ def model_meta(embedder: Embedder, model_path: str | os.PathLike[str]) -> dict[s
     return {"model": str(absolute_path(model_path)), SPEC_KEY: embedder.spec.to_dict()}
 
 
-def catalog_settings(rows: Sequence[dict[str, Any]], key_column: str | None = None) -> dict:
+def catalog_settings(
+    rows: Sequence[dict[str, Any]],
+    key_column: str | None = None,
+    list_columns: Sequence[str] = (),
+) -> dict:
     """Gallery meta for the catalog: the column types of ``rows``' metadata and the key column
-    (``key_column``, else ``key`` where the rows have one), checked unique."""
+    (``key_column``, else ``key`` where the rows have one), checked unique; the tag columns
+    (``list_columns``), whose cells are made the catalog's ``a|b`` text here, in place."""
+    if list_columns:
+        list_columns = check_list_columns(
+            list_columns, {key for row in rows for key in (row.get("meta") or {})}
+        )
+        for row in rows:
+            meta = row.get("meta") or {}
+            for name in list_columns:
+                if name in meta and (cell := stored_cell(meta[name], name)) is not None:
+                    meta[name] = cell
+                else:
+                    meta.pop(name, None)
     column = key_column
     if column is None and any(DEFAULT_KEY_COLUMN in (row.get("meta") or {}) for row in rows):
         column = DEFAULT_KEY_COLUMN
     settings: dict[str, Any] = {"meta_types": meta_types_of(rows)}
+    if list_columns:
+        settings["meta_types"].update(dict.fromkeys(list_columns, "str"))
+        settings["list_columns"] = list(list_columns)
     if column is not None and key_column is not None:
         columns = {key for row in rows for key in (row.get("meta") or {})}
         if rows and column not in columns:  # a typo, or the wrong case: not a per-item message
@@ -126,6 +146,7 @@ def build_gallery(
     batch_size: int = DEFAULT_BATCH_SIZE,
     workers: int = 0,
     key_column: str | None = None,
+    list_columns: Sequence[str] = (),
     max_index_memory: str | int | None = None,
     embeddings: str = "auto",
     neighbour_graph: bool = False,
@@ -146,7 +167,7 @@ def build_gallery(
     rank, world = process_group()
     out = absolute_path(out)
     check_out_folder(out)
-    settings = catalog_settings(source.fields, key_column)  # checked before embedding
+    settings = catalog_settings(source.fields, key_column, list_columns)  # before embedding
     folder = out.with_name(f".{out.name}.chunks")
     names = [f"part-{j:06d}" for j in range(-(-len(source.paths) // chunk_size))]
     if rank == 0:
@@ -206,6 +227,7 @@ def import_gallery(
     model_path: str | os.PathLike[str] | None = None,
     index_type: str = "auto",
     key_column: str | None = None,
+    list_columns: Sequence[str] = (),
     max_index_memory: str | int | None = None,
     embeddings: str = "auto",
     neighbour_graph: bool = False,
@@ -219,7 +241,7 @@ def import_gallery(
         raise NearsightError(f"the metadata has {len(rows)} rows but there are {len(vectors)} "
                              "vectors")  # fmt: skip
     meta: dict[str, Any] = {"source": "import", "vectors": str(absolute_path(vectors_path)),
-                            **catalog_settings(rows, key_column)}  # fmt: skip
+                            **catalog_settings(rows, key_column, list_columns)}  # fmt: skip
     if embedder is not None:
         if embedder.dim != vectors.shape[1]:
             raise NearsightError(f"{model_path} embeds in dim {embedder.dim} but the vectors have "

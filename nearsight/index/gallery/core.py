@@ -42,7 +42,9 @@ from nearsight.index.ann.filter_plan import Costs
 from nearsight.index.ann.filter_tuning import calibrate
 from nearsight.index.ann.index_choice import parse_memory
 from nearsight.index.ann.tuning import refine, refine_candidates
+from nearsight.index.catalog.facets import BINS, TOP_VALUES, Facets, column_facets
 from nearsight.index.catalog.filters import Condition, parse_filter
+from nearsight.index.catalog.payload_index import PayloadIndex
 from nearsight.index.catalog.store import Catalog, GalleryError
 from nearsight.index.gallery import model as gallery_model
 from nearsight.index.gallery import payload as gallery_payload
@@ -295,6 +297,16 @@ class Gallery:
         return gallery_payload.facets(
             self._payload, self.path, self.meta_keys(), list(self._column_types), allowed, keys
         )
+
+    def facet_summary(
+        self, allowed: np.ndarray | None, top: int = TOP_VALUES, bins: int = BINS
+    ) -> Facets:
+        """Value counts and ranges of the filterable columns over ``allowed`` (sorted ids;
+        None: every item), from the payload index (index.catalog.facets)."""
+        assert self._catalog is not None
+        payload = self._payload or PayloadIndex(self._catalog.payload_snapshot(), None,
+                                                np.zeros(0, np.int64))  # fmt: skip
+        return column_facets(payload, allowed, self._column_types, top, bins)
 
     def filter_notes(self, filters: Sequence[Condition]) -> list[str]:
         """Notes on filter values no item holds (index.catalog.filter_notes)."""

@@ -100,8 +100,8 @@ def filter_ids(
     """Sorted ids of the items meeting every condition: from the payload index, or (none, or
     a condition the arrays do not answer as SQL would) from the catalog."""
     names = catalog.class_names() if any(c.key in NAMED_KEYS for c in conditions) else {}
-    typed = typed_conditions(conditions, column_types, names)
-    if payload is None or not supported([one for c in typed for one in c.alternatives()]):
+    typed = typed_conditions(conditions, column_types, names, catalog.list_columns())
+    if payload is None or not supported(typed):
         return catalog.filter_ids(conditions, time_limit_s=time_limit_s)
     return payload.filter_ids(typed, budget(time_limit_s)[1])
 
@@ -118,7 +118,8 @@ def filter_notes(
     if not any(c.key not in FILTERABLE_BUILTINS for c in conditions):
         return []
     names = catalog.class_names() if any(c.key in NAMED_KEYS for c in conditions) else {}
-    return payload.notes(typed_conditions(conditions, column_types, names), column_types)
+    typed = typed_conditions(conditions, column_types, names, catalog.list_columns())
+    return payload.notes(typed, column_types)
 
 
 def column_types(payload: PayloadIndex | None, catalog: Catalog, meta: dict) -> dict[str, str]:
