@@ -75,14 +75,17 @@ class DatasetSplit:
     def num_classes(self) -> int:
         return len({sample.label for sample in self.samples})
 
-    def require_labels(self) -> None:
-        """A one-line error when some images have no label (training needs every one)."""
-        missing = sum(sample.label is None for sample in self.samples)
+    def require_labels(self) -> list[int]:
+        """Every image's label; a one-line error when some have none (training needs every
+        one)."""
+        labels = [sample.label for sample in self.samples if sample.label is not None]
+        missing = len(self.samples) - len(labels)
         if missing:
             raise DatasetLayoutError(
                 f"{missing} images of the {self.name} dataset at {self.root} have no label: "
                 "training needs a label on every image"
             )
+        return labels
 
     def class_counts(self) -> dict[int | None, int]:
         """Label -> number of images, sorted by label."""
