@@ -44,7 +44,8 @@ class Worker:
             self.process.kill()
         for pipe in (self.process.stdin, self.process.stdout):
             with contextlib.suppress(OSError):
-                pipe.close()
+                if pipe is not None:  # always set (opened as PIPE); typed as optional
+                    pipe.close()
         self.process.wait()
 
 

@@ -133,6 +133,7 @@ class VectorStore:
         from_source = self.source.holds(wanted) if self.source else np.zeros(len(wanted), bool)
         rows = np.empty((len(wanted), self.dim), np.float32)
         if from_source.any():
+            assert self.source is not None, "only a source holds rows"
             rows[from_source] = self.source.rows(wanted[from_source])
         if not from_source.all():
             rows[~from_source] = self._reconstruct(wanted[~from_source])
@@ -159,7 +160,8 @@ class VectorStore:
         with self._lock:
             if not self._reconstructable and self.index_type not in ("flat", "hnsw"):
                 # IVF lists find an id through a hash table of (list, offset) built once
-                faiss.extract_index_ivf(self.index).set_direct_map_type(faiss.DirectMap.Hashtable)
+                hashtable = faiss.DirectMap.Hashtable  # type: ignore[attr-defined]  # not in stubs
+                faiss.extract_index_ivf(self.index).set_direct_map_type(hashtable)
             self._reconstructable = True
             vectors = self.index.reconstruct_batch(np.ascontiguousarray(ids, dtype=np.int64))
         return np.asarray(vectors, dtype=np.float32)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -10,7 +10,7 @@ from torch import nn
 from nearsight.models.embedding import EmbeddingConfig, EmbeddingNet, build_embedding_net
 from nearsight.models.spec import network_values
 from nearsight.training.config import TrainConfig
-from nearsight.training.loss_roles import parameter_role
+from nearsight.training.loss_roles import JointParameterLoss, parameter_role
 from nearsight.training.losses import build_loss, loss_parameters
 from nearsight.training.losses.multihead import PerHeadLoss
 from nearsight.training.samplers import build_sampler
@@ -112,10 +112,12 @@ def build_optimizer(
     ]
     if parameter_role(loss) == "joint":
         loss_lr = optim.loss_lr if optim.loss_lr is not None else optim.head_lr
-        for group in loss.parameter_groups():
+        # parameter_role() just checked it as a joint loss
+        for group in cast(JointParameterLoss, loss).parameter_groups():
             groups.append({"lr": loss_lr, **group, "params": list(group["params"])})
     for group in groups:
         group["base_lr"] = group["lr"]
+    assert optim.lr is not None, "config_checks.resolve_defaults fills optim.lr"
     if optim.name == "sgd":
         return torch.optim.SGD(
             groups,

@@ -34,7 +34,7 @@ def hold_out_classes(
     of classes, or a share of them when below 1 (at least one class); 0 holds out nothing."""
     if not val_classes:
         return train, None
-    classes = sorted(set(train.labels))
+    classes = sorted(set(train.require_labels()))
     count = round(val_classes * len(classes)) if val_classes < 1 else int(val_classes)
     count = max(1, count)
     if count > len(classes) - 2:
@@ -89,8 +89,12 @@ class SeededTrainDataset(Dataset):
         self.samples = list(samples)
         self.transform = RandomCropDecode(image_size, crop_scale, flip, interpolation)
         self.min_side = train_min_side(image_size, crop_scale)
+        self.labels: list[int] = []
         by_class: dict[int, list[int]] = {}
         for i, sample in enumerate(self.samples):
+            # training samples come from a split that passed DatasetSplit.require_labels
+            assert sample.label is not None, f"unlabelled training image {sample.path}"
+            self.labels.append(sample.label)
             by_class.setdefault(sample.label, []).append(i)
         self._same_class = by_class
         self._reported: set[int] = set()
@@ -108,7 +112,7 @@ class SeededTrainDataset(Dataset):
         return self._decode(index, min_side)
 
     def _decode(self, index: int, min_side: MinSide) -> np.ndarray:
-        label = self.samples[index].label
+        label = self.labels[index]
         members = self._same_class[label]
         start = members.index(index)
         for offset in range(len(members)):
@@ -131,7 +135,7 @@ class SeededTrainDataset(Dataset):
             # each recording a stack trace while uninitialised (most of a small image's cost)
             torch.default_generator.manual_seed(seed)
             tensor = self.transform(lambda min_side: self._load(index, min_side))
-        return tensor, self.samples[index].label
+        return tensor, self.labels[index]
 
 
 class SeededBatches(Sampler[list[tuple[int, int]]]):

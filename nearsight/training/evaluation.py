@@ -52,11 +52,12 @@ class EvalSplit:
         self._ok = ok
 
     def embed(
-        self, embed_batch: Callable[[torch.Tensor], torch.Tensor]
+        self, embed_batch: Callable[[torch.Tensor | np.ndarray], torch.Tensor]
     ) -> tuple[np.ndarray, np.ndarray]:
         """(embeddings of the readable images, their mask over the split's samples)."""
         data = self.config.data
         if self._tensors is not None:
+            assert self._ok is not None, "set with self._tensors (_load_tensors)"
             chunks = [
                 embed_batch(self._tensors[i : i + data.eval_batch_size]).cpu().numpy()
                 for i in range(0, len(self._tensors), data.eval_batch_size)
@@ -85,7 +86,7 @@ class EvalSplit:
         model.eval()
         context = autocast or contextlib.nullcontext
 
-        def embed_batch(images: torch.Tensor) -> torch.Tensor:
+        def embed_batch(images: torch.Tensor | np.ndarray) -> torch.Tensor:
             with context():
                 return model(torch.as_tensor(images).to(device)).float()
 

@@ -19,6 +19,7 @@ A loss may also provide ``logged_scalars()`` -> {name: value}: its own numbers f
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
@@ -42,7 +43,10 @@ class CriticLoss(Protocol):
 
     def is_critic_step(self, batch: int) -> bool: ...
 
-    def critic_loss(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor: ...
+    # embeddings as the loss's forward takes them: one tensor, or one per head (PerHeadLoss)
+    def critic_loss(
+        self, embeddings: torch.Tensor | Sequence[torch.Tensor], labels: torch.Tensor
+    ) -> torch.Tensor: ...
 
     def update_beta(self) -> float: ...
 

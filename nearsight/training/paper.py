@@ -141,7 +141,9 @@ def problems(block: dict[str, Any], dataset: str) -> list[str]:
             if not _text(missing.get(key)):
                 found.append(f"{key} is empty and missing gives no reason")
         elif (
-            not isinstance(value, numbers.Real) or isinstance(value, bool) or not 0 <= value <= 100
+            not isinstance(value, numbers.Real)
+            or isinstance(value, bool)
+            or not 0 <= float(value) <= 100
         ):
             found.append(f"{key} must be a percentage, got {value!r}")
         elif key in missing:

@@ -11,7 +11,7 @@ from typing import Any
 REQUIRED = inspect.Parameter.empty  # the default of a parameter that has none
 
 
-def init_parameters(cls: type, skip: Iterable[str] = ()) -> dict[str, Any]:
+def init_parameters(cls: type[Any], skip: Iterable[str] = ()) -> dict[str, Any]:
     """``cls.__init__``'s named parameters (not ``self``, not ``skip``) -> their defaults
     (:data:`REQUIRED` for the ones without)."""
     skipped = {"self", *skip}

@@ -23,7 +23,7 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -57,6 +57,7 @@ from nearsight.training.distributed import (
     resolve_device,
 )
 from nearsight.training.evaluation import EvalSplit
+from nearsight.training.loss_roles import CriticLoss
 from nearsight.training.progress import TrainProgress
 from nearsight.training.resume import TrainState, load_last, model_extra, save_last
 from nearsight.training.run_files import RunFiles
@@ -122,7 +123,7 @@ class Trainer:
         if self.dist.main:
             print(f"precision: {chosen}", file=sys.stderr)
         self.thread_probe = cpu_threads(config.cpu_threads, cuda=self.cuda, world=self.dist.world)
-        self.sampler = build_train_sampler(config, train.labels)
+        self.sampler = build_train_sampler(config, train.require_labels())
         if self.sampler.batch_size % self.dist.world:
             raise NearsightError(
                 f"batch size {self.sampler.batch_size} is not divisible by the "
@@ -156,7 +157,12 @@ class Trainer:
         return trunk_family(arch).scratch_note(arch)
 
     def _is_critic_batch(self, batch: int) -> bool:
-        return self.critic_optimizer is not None and self.loss_fn.is_critic_step(batch)
+        return self.critic_optimizer is not None and self._critic().is_critic_step(batch)
+
+    def _critic(self) -> CriticLoss:
+        """The loss as one with a critic: asked only when there is a critic optimiser, which
+        build_critic_optimizer makes only for a loss parameter_role() checked as one."""
+        return cast(CriticLoss, self.loss_fn)
 
     def _length(self) -> tuple[int | None, int | None]:
         """(batches, steps) the run lasts by its step or epoch budget; None for time only."""
@@ -173,7 +179,7 @@ class Trainer:
             state = self._load_last()
         else:
             if self.critic_optimizer is not None:
-                self.loss_fn.update_beta()  # Algorithm 1, line 2: beta of the initial critic
+                self._critic().update_beta()  # Algorithm 1, line 2: beta of the initial critic
             if config.eval_at_start:
                 self._evaluate_and_save(state)
         self.progress = TrainProgress(
@@ -221,6 +227,8 @@ class Trainer:
         config = self.config
         self.batches.set_epoch(state.epoch, start_batch=state.batch_in_epoch)
         local = self.sampler.batch_size // self.dist.world
+        logs = self.logs
+        assert logs is not None, "run() starts the step logs before any epoch"
         loader = DataLoader(
             self.dataset,
             batch_sampler=RankSlice(self.batches, self.dist.rank, local),
@@ -238,7 +246,7 @@ class Trainer:
             if self.thread_probe is not None:
                 self.thread_probe.before_step(state.step)
             loss = self._train_step(images, labels, critic, state.batch, freeze_trunk)
-            self.logs.settle()  # CUDA: the previous batch is done, so its time is counted
+            logs.settle()  # CUDA: the previous batch is done, so its time is counted
             state.batch += 1
             state.batch_in_epoch += 1
             state.step += 0 if critic else 1
@@ -247,7 +255,7 @@ class Trainer:
             state.train_seconds += batch_seconds
             if self.thread_probe is not None:
                 self.thread_probe.after_step(state.step, batch_seconds)
-            self.logs.push(
+            logs.push(
                 loss,
                 step=state.step,
                 batch=state.batch,
@@ -304,6 +312,7 @@ class Trainer:
             local_embeddings = (
                 step.model(images, all_heads=True) if multi_head else step.model(images)
             )
+        embeddings: torch.Tensor | list[torch.Tensor]
         if multi_head:
             embeddings = [gather_with_grad(e.float(), self.dist) for e in local_embeddings]
         else:
@@ -311,14 +320,20 @@ class Trainer:
         all_labels = gather_with_grad(labels, self.dist)
         if critic:
             # all pairs of the batch, embeddings detached; then beta by Newton (lines 9-15)
-            self.critic_optimizer.zero_grad(set_to_none=True)
-            detached = [e.detach() for e in embeddings] if multi_head else embeddings.detach()
+            critic_optimizer, critic_fn = self.critic_optimizer, self._critic()
+            assert critic_optimizer is not None, "a critic batch only with a critic optimiser"
+            critic_optimizer.zero_grad(set_to_none=True)
+            detached = (
+                [e.detach() for e in embeddings]
+                if isinstance(embeddings, list)
+                else embeddings.detach()
+            )
             with record_function("nearsight.critic"):
-                critic_loss = loss_fn.critic_loss(detached, all_labels)
+                critic_loss = critic_fn.critic_loss(detached, all_labels)
                 critic_loss.backward()
                 average_replicated_grads(loss_fn.parameters(), self.dist)
-                self.critic_optimizer.step()
-                loss_fn.update_beta()
+                critic_optimizer.step()
+                critic_fn.update_beta()
             return critic_loss.detach()
         with record_function("nearsight.loss"):
             loss = step.loss(embeddings, all_labels)

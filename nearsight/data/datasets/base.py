@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nearsight.core.errors import NearsightError
+from nearsight.data.meta import MetaValue
 
 SPLITS = ("train", "test", "all")
 # auto: the dataset's own test split where it has one (cub, cars, sop; train/ and test/
@@ -40,7 +41,7 @@ class Sample:
     path: Path
     label: int | None  # None: unlabelled (a catalog item without a class)
     class_name: str | None
-    meta: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
+    meta: dict[str, MetaValue] = field(default_factory=dict, compare=False, hash=False)
     split: str | None = field(default=None, compare=False, hash=False)
 
 
@@ -57,7 +58,8 @@ class DatasetSplit:
         return len(self.samples)
 
     @property
-    def labels(self) -> list[int]:
+    def labels(self) -> list[int | None]:
+        """Each image's label, None where unlabelled (see :meth:`require_labels`)."""
         return [sample.label for sample in self.samples]
 
     @property
@@ -65,7 +67,7 @@ class DatasetSplit:
         return [sample.path for sample in self.samples]
 
     @property
-    def class_names(self) -> dict[int, str]:
+    def class_names(self) -> dict[int | None, str | None]:
         """Label -> class name, for the classes present in this split."""
         return {sample.label: sample.class_name for sample in self.samples}
 
@@ -73,16 +75,19 @@ class DatasetSplit:
     def num_classes(self) -> int:
         return len({sample.label for sample in self.samples})
 
-    def require_labels(self) -> None:
-        """A one-line error when some images have no label (training needs every one)."""
-        missing = sum(sample.label is None for sample in self.samples)
+    def require_labels(self) -> list[int]:
+        """Every image's label; a one-line error when some have none (training needs every
+        one)."""
+        labels = [sample.label for sample in self.samples if sample.label is not None]
+        missing = len(self.samples) - len(labels)
         if missing:
             raise DatasetLayoutError(
                 f"{missing} images of the {self.name} dataset at {self.root} have no label: "
                 "training needs a label on every image"
             )
+        return labels
 
-    def class_counts(self) -> dict[int, int]:
+    def class_counts(self) -> dict[int | None, int]:
         """Label -> number of images, sorted by label."""
         return dict(sorted(Counter(self.labels).items()))
 

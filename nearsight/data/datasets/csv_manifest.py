@@ -44,14 +44,14 @@ def load_csv(
     rows = _read_rows(manifest)
     try:
         types = infer_types([meta for *_, meta in rows], meta_types)
-        rows = [(path, name, part, typed_row(meta, types)) for path, name, part, meta in rows]
+        typed_rows = [(path, name, part, typed_row(meta, types)) for path, name, part, meta in rows]
     except FilterError as error:
         raise DatasetLayoutError(f"{manifest}: {error}") from None
-    all_names = sorted({row[1] for row in rows if row[1] is not None})
+    all_names = sorted({row[1] for row in typed_rows if row[1] is not None})
     label_of = {name: label for label, name in enumerate(all_names)}
-    if rows[0][2] is not None:  # a split column: the file says which rows are which
+    if typed_rows[0][2] is not None:  # a split column: the file says which rows are which
         wanted = {"train": {"train"}, "test": {"test"}, "all": set(SPLIT_VALUES)}[split]
-        chosen = [row for row in rows if row[2] in wanted]
+        chosen = [row for row in typed_rows if row[2] in wanted]
     else:
         train, test = class_disjoint_halves(all_names)
         keep = {"train": train, "test": test, "all": train | test}[split]
@@ -59,11 +59,11 @@ def load_csv(
         unlabelled = split == "all"  # a row without a class belongs to no half
         chosen = [
             (p, name, part, meta)
-            for p, name, _, meta in rows
+            for p, name, _, meta in typed_rows
             if name in keep or (name is None and unlabelled)
         ]
     samples = [
-        Sample(path, label_of.get(name), name, meta, split=part)
+        Sample(path, None if name is None else label_of[name], name, meta, split=part)
         for path, name, part, meta in chosen
     ]
     return make_split("csv", manifest, split, samples)
@@ -97,7 +97,11 @@ def find_manifest(root: Path) -> Path:
     return found[0]
 
 
-def _read_rows(manifest: Path) -> list[tuple[Path, str, str | None, dict[str, object]]]:
+# (image path, class name or None: unlabelled, split or None: no split column, raw metadata)
+RawRow = tuple[Path, str | None, str | None, dict[str, str | None]]
+
+
+def _read_rows(manifest: Path) -> list[RawRow]:
     base = manifest.parent
     try:
         with open(manifest, encoding="utf-8-sig", newline="") as handle:
@@ -112,17 +116,17 @@ def _read_rows(manifest: Path) -> list[tuple[Path, str, str | None, dict[str, ob
             has_split = "split" in columns
             extra = [name for name in columns if name and name not in ("path", "label", "split")]
             try:
-                for name in extra:
-                    check_key(name)
+                for column in extra:
+                    check_key(column)
             except FilterError as error:
                 raise DatasetLayoutError(f"{manifest}: column {error}") from None
-            rows = []
+            rows: list[RawRow] = []
             for number, row in table.rows():
                 path_text = (row.get("path") or "").strip()
                 name = (row.get("label") or "").strip() or None
                 if not path_text:
                     raise DatasetLayoutError(f"{manifest} line {number}: empty path")
-                row_split = None
+                row_split: str | None = None
                 if has_split:
                     row_split = (row.get("split") or "").strip().lower()
                     if row_split not in SPLIT_VALUES:

@@ -35,7 +35,7 @@ def load_folder(root: Path, split: str) -> DatasetSplit:
         by_split = {name: _class_images(root / name) for name in ("train", "test")}
         all_names = sorted(set(by_split["train"]) | set(by_split["test"]))
         chosen = {"train": ("train",), "test": ("test",), "all": ("train", "test")}[split]
-        members = [
+        members: list[tuple[str, list[Path], str | None]] = [
             (name, by_split[part][name], part) for part in chosen for name in by_split[part]
         ]
     else:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import faiss
 import numpy as np
@@ -64,16 +64,18 @@ def unit_distance(inner_products: np.ndarray) -> np.ndarray:
     return np.sqrt(2.0 - 2.0 * ip).astype(np.float32)
 
 
-def min_items(index_type: str, dim: int) -> int:
+def min_items(index_type: str, dim: int | None) -> int:
     """The fewest items an index of ``index_type`` over ``dim``-dim vectors can be trained on.
     OPQ also needs one per dimension: FAISS's OPQMatrix::train writes a dim x dim product into
     a buffer of dim x items floats, corrupting memory (an abort, not an error) below that."""
     if index_type == "opq":
+        if dim is None:  # index_choice.resolve_index_type's dim is optional: not for OPQ
+            raise ValueError("the fewest items for index type 'opq' need the vectors' dim")
         return max(PQ_MIN_ITEMS, dim)
     return PQ_MIN_ITEMS if index_type in PQ_TYPES else 0  # the others train on any number
 
 
-def check_trainable(index_type: str, count: int, dim: int) -> None:
+def check_trainable(index_type: str, count: int, dim: int | None) -> None:
     """One-line NearsightError when ``count`` items are too few to train ``index_type``."""
     needed = min_items(index_type, dim)
     if count < needed:
@@ -102,16 +104,18 @@ def make_index(
     added yet (index.ann.tuning's held-out queries; ``add_vectors`` adds them after tuning)."""
     dim = vectors.shape[1]
     params: dict[str, Any] = {}
+    index: faiss.Index
     if index_type == "flat":
         index = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
     elif index_type == "ivf":
         nlist, nprobe = ivf_parameters(len(vectors))
         quantizer = faiss.IndexFlatIP(dim)
-        index = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
-        index.cp.min_points_per_centroid = 1  # tiny galleries: no "provide more points" warning
-        index.cp.niter = IVF_KMEANS_ITERATIONS
-        index.train(_training_sample(vectors, nlist))
-        index.nprobe = nprobe
+        ivf = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
+        ivf.cp.min_points_per_centroid = 1  # tiny galleries: no "provide more points" warning
+        ivf.cp.niter = IVF_KMEANS_ITERATIONS
+        ivf.train(_training_sample(vectors, nlist))
+        ivf.nprobe = nprobe
+        index = ivf
         params = {"nlist": nlist, "nprobe": nprobe}
     elif index_type == "hnsw":
         hnsw = faiss.IndexHNSWFlat(dim, HNSW_M, faiss.METRIC_INNER_PRODUCT)
@@ -170,14 +174,17 @@ def _make_pq_index(vectors: np.ndarray, index_type: str) -> tuple[faiss.Index, d
     nbits = min(8, max(1, int(math.log2(max(2, count // IVF_MIN_POINTS_PER_LIST)))))
     opq = "OPQ" + str(m) + "," if index_type == "opq" else ""
     index = faiss.index_factory(dim, f"{opq}IVF{nlist},PQ{m}x{nbits}", faiss.METRIC_INNER_PRODUCT)
-    ivf = faiss.downcast_index(faiss.extract_index_ivf(index))
+    # the factory's "IVF...,PQ..." makes an IndexIVFPQ, behind an OPQ IndexPreTransform
+    ivf = cast(faiss.IndexIVFPQ, faiss.downcast_index(faiss.extract_index_ivf(index)))
     ivf.cp.min_points_per_centroid = 1
     ivf.cp.niter = IVF_KMEANS_ITERATIONS
     if index_type == "opq":
-        faiss.downcast_VectorTransform(index.chain.at(0)).niter = OPQ_ITERATIONS
+        # chain is a SWIG vector (has .at); faiss's stubs call it a list
+        first = cast(faiss.IndexPreTransform, index).chain.at(0)  # type: ignore[attr-defined]
+        cast(faiss.OPQMatrix, faiss.downcast_VectorTransform(first)).niter = OPQ_ITERATIONS
     # the factory turns on polysemous training (annealing of the code order, for Hamming
     # filtering nearsight does not use): minutes of CPU for nothing
-    ivf.do_polysemous_training = False
+    ivf.do_polysemous_training = False  # type: ignore[attr-defined]  # absent from the stubs
     ivf.pq.cp.niter = PQ_KMEANS_ITERATIONS
     ivf.pq.cp.max_points_per_centroid = PQ_POINTS_PER_CENTROID
     index.train(_training_sample(vectors, nlist))
@@ -216,6 +223,7 @@ def index_ids(index: faiss.Index) -> np.ndarray:
         return faiss.vector_to_array(index.id_map).astype(np.int64)
     ivf = faiss.extract_index_ivf(index)
     lists = ivf.invlists
+    assert lists is not None, "an IVF index has inverted lists"
     chunks = [
         faiss.rev_swig_ptr(lists.get_ids(number), lists.list_size(number)).copy()
         for number in range(ivf.nlist)
@@ -228,7 +236,9 @@ def apply_search_parameters(index: faiss.Index, meta: dict) -> None:
     if meta.get("index_type") in IVF_TYPES and "nprobe" in meta:
         faiss.extract_index_ivf(index).nprobe = int(meta["nprobe"])
     if meta.get("index_type") == "hnsw" and "ef_search" in meta:
-        faiss.downcast_index(index.index).hnsw.efSearch = int(meta["ef_search"])
+        # an HNSW gallery's index: IndexIDMap2 over IndexHNSWFlat (make_index)
+        hnsw = faiss.downcast_index(cast(faiss.IndexIDMap2, index).index)
+        cast(faiss.IndexHNSW, hnsw).hnsw.efSearch = int(meta["ef_search"])
 
 
 def to_gpu(index: faiss.Index, index_type: str) -> faiss.Index | None:
@@ -241,7 +251,8 @@ def to_gpu(index: faiss.Index, index_type: str) -> faiss.Index | None:
             return None
         resources = faiss.StandardGpuResources()
         gpu = faiss.index_cpu_to_gpu(resources, 0, index)
-        gpu.referenced_objects = [resources]  # keep the resources alive with the index
+        # keep the resources alive with the index (a SWIG attribute faiss's stubs lack)
+        gpu.referenced_objects = [resources]  # type: ignore[attr-defined]
         return gpu
     except (RuntimeError, AttributeError):
         return None

@@ -320,7 +320,9 @@ def local_share(
     HNSW walk)."""
     search = getattr(index, "search_numpy", index.search)
     probe = min(probe, int(index.ntotal))
-    _, near = search(queries, probe, params=faiss.SearchParametersHNSW(efSearch=probe))
+    # SearchParametersHNSW: in faiss's SWIG module, missing from its stubs
+    hnsw_params = faiss.SearchParametersHNSW(efSearch=probe)  # type: ignore[attr-defined]
+    _, near = search(queries, probe, params=hnsw_params)
     # a binary search of the sorted allowed ids, not a bitmap as long as the largest id (ids
     # of an imported catalog run into the millions: each plan allocated megabytes)
     at = np.minimum(np.searchsorted(allowed, near), len(allowed) - 1)

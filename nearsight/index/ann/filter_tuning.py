@@ -15,6 +15,7 @@ time and stored in the gallery meta as ``filter_route``:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import faiss
@@ -99,7 +100,7 @@ def tuning_filters(
     recall@10 0.926 at 300k items and 0.917 at 50k, where a wider rule gives 0.978 and
     0.982)."""
     rng = np.random.default_rng(seed)
-    along = (vectors @ rng.standard_normal(vectors.shape[1]).astype(np.float32))[inside]
+    along = (vectors @ rng.standard_normal(int(vectors.shape[1])).astype(np.float32))[inside]
     every = np.ones(len(queries), bool)
     nearest = _nearest_inside(vectors, inside, queries)
     out = []
@@ -171,7 +172,8 @@ def _sample_inside(vectors: np.ndarray, inside: np.ndarray, most: int, seed: int
     rows = np.flatnonzero(inside)
     if len(rows) > most:
         perm = np.empty(len(rows), np.int32)
-        faiss.rand_perm(faiss.swig_ptr(perm), len(rows), seed)
+        # in faiss's SWIG module, missing from its stubs
+        faiss.rand_perm(faiss.swig_ptr(perm), len(rows), seed)  # type: ignore[attr-defined]
         rows = rows[perm[:most]]
     return np.asarray(vectors[rows], np.float32)
 
@@ -224,7 +226,7 @@ def calibrate(
     queries = np.ascontiguousarray(
         vectors_of(np.sort(rng.choice(ids, min(len(ids), CALIBRATION_QUERIES), replace=False)))
     )
-    points = []
+    points: list[tuple[float, float]] = []
     for size in (min(len(ids), 1000), min(len(ids), 32_000)):
         allowed = np.sort(rng.choice(ids, size, replace=False))
         points.append((size, _per_query(
@@ -277,7 +279,7 @@ def _walk_points(
     rng = np.random.default_rng(2)
     allowed = np.sort(rng.choice(ids, max(1, len(ids) // 10), replace=False))
     one = np.ones(1, bool)
-    points = []
+    points: list[tuple[float, float]] = []
     if index_type == "hnsw":
         ef = int(meta.get("ef_search", 64))
         for width in (ef, 16 * ef):
@@ -289,15 +291,17 @@ def _walk_points(
     ivf = faiss.extract_index_ivf(index)
     state = filtered.FilterState()
     filtered.lists_of(index, state)
+    list_sizes = state.list_sizes
+    assert list_sizes is not None, "filtered.lists_of sets it"
     nprobe = int(meta.get("nprobe", 8))
     for width in (nprobe, min(int(ivf.nlist), 16 * nprobe)):
-        works = []
+        works: list[int] = []
 
-        def run(q: np.ndarray, width: int = width, works: list = works) -> None:
+        def run(q: np.ndarray, width: int = width, works: list[int] = works) -> None:
             rotated = filtered.rotate(index, index_type, q)
             scores, order = ivf.quantizer.search(rotated, int(ivf.nlist))
             lists = [order[0, :width]]
-            works.append(int(state.list_sizes[lists[0]].sum()))
+            works.append(int(list_sizes[lists[0]].sum()))
             filtered.walk_index(index, index_type, q, TUNING_K, allowed, vectors_of,
                                 (rotated, scores, order, lists), one)  # fmt: skip
 
@@ -310,6 +314,9 @@ def _per_query(run: Any, queries: np.ndarray) -> float:
     """Median over the queries of the fastest of three ``run(query[None])`` (after one
     warm-up): the fastest, as other processes' load only ever adds time."""
     run(queries[:1])
-    times = [min(filter_plan.median_ms(lambda q=q: run(q[None]), 1) for _ in range(3))
-             for q in queries]  # fmt: skip
+
+    def on(q: np.ndarray) -> Callable[[], Any]:
+        return lambda: run(q[None])
+
+    times = [min(filter_plan.median_ms(on(q), 1) for _ in range(3)) for q in queries]
     return float(np.median(times))

@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import faiss
 import numpy as np
@@ -235,7 +235,10 @@ def walk_index(
         efs = plan[picked]
         for ef in np.unique(efs):
             rows = efs == ef
-            params = faiss.SearchParametersHNSW(sel=selector, efSearch=int(max(ef, wanted)))
+            # SearchParametersHNSW: in faiss's SWIG module, missing from its stubs
+            params = faiss.SearchParametersHNSW(  # type: ignore[attr-defined]
+                sel=selector, efSearch=int(max(ef, wanted))
+            )
             params.referenced_objects = [selector, bits]
             inner[rows], found[rows] = search(queries[picked[rows]], wanted, params=params)
     else:
@@ -250,12 +253,15 @@ def walk_index(
             position[order[q]] = np.arange(len(order[q]))
             dis[row, : len(chosen)] = scores[q, position[chosen]]
         ivf = faiss.extract_index_ivf(index)
-        params = faiss.SearchParametersIVF(sel=selector, nprobe=width)
-        params.referenced_objects = [selector, bits]
+        # faiss's Python wrapper takes fields as keywords and keeps objects alive through
+        # referenced_objects, and exposes the C entry point: none of it is in its stubs
+        ivf_params = faiss.SearchParametersIVF(sel=selector, nprobe=width)  # type: ignore[call-arg]
+        ivf_params.referenced_objects = [selector, bits]  # type: ignore[attr-defined]
         x = np.ascontiguousarray(rotated[picked], np.float32)
-        ivf.search_preassigned_c(len(x), faiss.swig_ptr(x), wanted, faiss.swig_ptr(assign),
-                                 faiss.swig_ptr(dis), faiss.swig_ptr(inner),
-                                 faiss.swig_ptr(found), False, params)  # fmt: skip
+        search_preassigned = ivf.search_preassigned_c  # type: ignore[attr-defined]
+        search_preassigned(len(x), faiss.swig_ptr(x), wanted, faiss.swig_ptr(assign),
+                           faiss.swig_ptr(dis), faiss.swig_ptr(inner),
+                           faiss.swig_ptr(found), False, ivf_params)  # fmt: skip
     if rerank:
         return refine(queries[picked], found, vectors_of, depth)
     return inner, found
@@ -267,6 +273,7 @@ def lists_of(index: faiss.Index, state: FilterState) -> None:
         return
     ivf = faiss.extract_index_ivf(index)
     invlists = ivf.invlists
+    assert invlists is not None, "an IVF index has inverted lists"
     sizes = np.array([invlists.list_size(n) for n in range(ivf.nlist)], np.int64)
     chunks = [
         faiss.rev_swig_ptr(invlists.get_ids(n), int(sizes[n])).copy() if sizes[n] else None
@@ -284,10 +291,13 @@ def rotate(index: faiss.Index, index_type: str, queries: np.ndarray) -> np.ndarr
     """The queries as the IVF index behind an OPQ rotation sees them (others: as given)."""
     if index_type != "opq":
         return np.ascontiguousarray(queries, np.float32)
-    chain = faiss.downcast_index(index).chain
+    # an OPQ gallery's index: an IndexPreTransform (faiss_index.make_index)
+    chain = cast(faiss.IndexPreTransform, faiss.downcast_index(index)).chain
     out = np.ascontiguousarray(queries, np.float32)
-    for number in range(chain.size()):
-        out = faiss.downcast_VectorTransform(chain.at(number)).apply(out)
+    # chain is a SWIG vector (size, at); faiss's stubs call it a list
+    for number in range(chain.size()):  # type: ignore[attr-defined]
+        transform = chain.at(number)  # type: ignore[attr-defined]
+        out = faiss.downcast_VectorTransform(transform).apply(out)
     return np.ascontiguousarray(out, np.float32)
 
 
@@ -307,12 +317,15 @@ def codes_only_search(
     nlist = int(faiss.extract_index_ivf(index).nlist)
     widen = total / max(1, len(allowed))
     nprobe = min(nlist, math.ceil(int(meta.get("nprobe", 8)) * widen))
-    params = faiss.SearchParametersIVF(sel=selector, nprobe=nprobe)
+    # faiss's Python wrapper takes fields as keywords and keeps objects alive through
+    # referenced_objects: neither is in its stubs
+    params: faiss.SearchParameters
+    params = faiss.SearchParametersIVF(sel=selector, nprobe=nprobe)  # type: ignore[call-arg]
     kept: list[Any] = [selector, bits]
     if index_type == "opq":  # the IVF index sits behind the rotation
         kept.append(params)
-        params = faiss.SearchParametersPreTransform(index_params=params)
-    params.referenced_objects = kept
+        params = faiss.SearchParametersPreTransform(index_params=params)  # type: ignore[call-arg]
+    params.referenced_objects = kept  # type: ignore[union-attr]
     search = getattr(index, "search_numpy", index.search)
     inner, found = search(queries, depth, params=params)
     return complete_rows(inner, found, queries, vectors_of, allowed)
@@ -352,7 +365,8 @@ def exact_search(
     inner = np.empty((len(queries), depth), np.float32)
     rows = np.empty((len(queries), depth), np.int64)
     for q in range(len(queries)):
-        faiss.knn_inner_products_by_idx(
+        # in faiss's SWIG module, missing from its stubs
+        faiss.knn_inner_products_by_idx(  # type: ignore[attr-defined]
             faiss.swig_ptr(queries[q]), faiss.swig_ptr(matrix), faiss.swig_ptr(positions),
             dim, 1, count, len(positions), depth, faiss.swig_ptr(inner[q]),
             faiss.swig_ptr(rows[q]), len(positions),

@@ -20,7 +20,7 @@ embeddings.npy instead of a second in-memory copy).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import faiss
 import numpy as np
@@ -129,7 +129,9 @@ def tune(
         return recall_at_k(_drop_self(found, ids[sample], TUNING_K), exact)
 
     if index_type == "hnsw":
-        hnsw = faiss.downcast_index(index.index).hnsw
+        # an HNSW gallery's index: IndexIDMap2 over IndexHNSWFlat (faiss_index.make_index)
+        graph = faiss.downcast_index(cast(faiss.IndexIDMap2, index).index)
+        hnsw = cast(faiss.IndexHNSW, graph).hnsw
         for value in HNSW_EF_VALUES:
             hnsw.efSearch = value
             recall = measure()

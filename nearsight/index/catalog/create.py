@@ -48,9 +48,9 @@ def create_catalog(
     db = Database(path)
     try:
         with db.conn:
-            db["items"].create(ITEM_COLUMNS, pk="id", not_null={"path"})
-            db["items"].create_index(["label"])
-            db["meta"].create(META_COLUMNS, pk="key", not_null={"value"})
+            db.table("items").create(ITEM_COLUMNS, pk="id", not_null={"path"})
+            db.table("items").create_index(["label"])
+            db.table("meta").create(META_COLUMNS, pk="key", not_null={"value"})
             db.conn.executemany(INSERT_ITEM, [row_values(row) for row in rows])
             db.conn.execute(ITEM_META_TABLE)
             db.conn.execute(ITEM_META_INDEX)

@@ -181,7 +181,7 @@ class PayloadIndex:
                         starts = np.asarray(part.starts)
                         held = np.bincount(np.searchsorted(starts, rank, side="right") - 1,
                                            minlength=len(starts) - 1)  # fmt: skip
-                        named = [(part.values[int(i)].decode("utf-8", "surrogatepass"), held[i])  # type: ignore[union-attr]
+                        named = [(part.values[int(i)].decode("utf-8", "surrogatepass"), held[i])
                                  for i in np.flatnonzero(held)]  # fmt: skip
                     else:
                         values, held = np.unique(np.asarray(part.values)[rank], return_counts=True)

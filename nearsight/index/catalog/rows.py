@@ -80,7 +80,7 @@ def _to_json(value: object) -> object:
     raise TypeError(f"catalog meta values must be JSON-serialisable, got {type(value).__name__}")
 
 
-def decode_meta(text: str) -> object:
+def decode_meta(text: str) -> Any:  # JSON: whatever was stored
     try:
         return json.loads(text)
     except (TypeError, ValueError):

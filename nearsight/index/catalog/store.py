@@ -124,7 +124,7 @@ class Catalog:
         with self._guard():
             return int(self._db.execute("SELECT count(*) FROM items").fetchone()[0])
 
-    def meta(self) -> dict[str, object]:
+    def meta(self) -> dict[str, Any]:
         with self._guard():
             rows = self._db.execute("SELECT key, value FROM meta ORDER BY key").fetchall()
         return {key: decode_meta(value) for key, value in rows}

@@ -191,7 +191,7 @@ def build_gallery(
             shutil.rmtree(folder, ignore_errors=True)
         raise
     wait_for_all(world)
-    report = dict(out=out, dim=embedder.dim, processes=world, rank=rank,
+    report: dict[str, Any] = dict(out=out, dim=embedder.dim, processes=world, rank=rank,
                   chunks_embedded=len(mine) - reused, chunks_reused=reused)  # fmt: skip
     if rank != 0:
         return BuildReport(items=0, skipped=0, index_type=None, kept_chunks=None,

@@ -120,9 +120,11 @@ class Gallery:
         if len(removed) and self.index_type == "hnsw":
             batch = faiss.IDSelectorBatch(removed)
             self._excluded = faiss.IDSelectorNot(batch)
-            self._excluded.referenced_objects = [batch]  # the SWIG wrapper does not keep it
+            # the SWIG wrapper does not keep it; faiss's stubs lack SWIG's dynamic attributes
+            self._excluded.referenced_objects = [batch]  # type: ignore[attr-defined]
         elif len(removed):
-            index.remove_ids(removed)
+            # faiss's Python wrapper takes an id array; its stubs only the C++ IDSelector
+            index.remove_ids(removed)  # type: ignore[arg-type]
         self._index = index
         self._store = VectorStore(
             index,
@@ -355,7 +357,8 @@ class Gallery:
             # AccuracyCalculator) replaces Index.search with a wrapper that has no `params`;
             # it keeps the original as search_numpy
             search = getattr(self._index, "search_numpy", self._index.search)
-            params = faiss.SearchParametersHNSW(efSearch=ef)
+            # SearchParametersHNSW: in faiss's SWIG module, missing from its stubs
+            params = faiss.SearchParametersHNSW(efSearch=ef)  # type: ignore[attr-defined]
             if self._excluded is not None:
                 params.sel = self._excluded
             return search(queries, depth, params=params)

@@ -72,7 +72,7 @@ def read_folder(folder: Path, *, locked: bool = False) -> GalleryFiles:
         catalog = Catalog.open(folder / CATALOG_FILE, readonly=True)
         try:
             ids, labels = catalog.labels()
-            meta = catalog.meta()
+            meta: dict[str, Any] = catalog.meta()
             kept = bool(meta.get("embeddings_kept", True))  # older galleries always kept it
             if kept and not (folder / EMBEDDINGS_FILE).is_file():
                 raise GalleryError(f"gallery {folder} is incomplete: it has no {EMBEDDINGS_FILE}")

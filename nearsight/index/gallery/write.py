@@ -61,6 +61,26 @@ class Gallery(Protocol):
     path: Path
     dim: int
     index_type: str
+    meta: dict[str, Any]
+    ids: np.ndarray
+    _base: tuple[np.ndarray, np.ndarray | None]  # (base ids, embeddings.npy or None)
+    _segments: list[tuple[np.ndarray, np.ndarray]]  # (ids, vectors) of each added segment
+    _removed: np.ndarray
+    _index: faiss.Index
+
+    def __init__(self, path: Path) -> None: ...
+
+    def __len__(self) -> int: ...
+
+    @property
+    def embeddings(self) -> np.ndarray: ...
+
+    @property
+    def embeddings_kept(self) -> bool: ...
+
+    def vector_rows(self, ids: np.ndarray | Sequence[int]) -> np.ndarray: ...
+
+    def close(self) -> None: ...
 
     def _load(self, *, locked: bool = False) -> None: ...
 

@@ -35,6 +35,7 @@ class ProxyLossBase(nn.Module):
     parameter_role = "joint"
 
     class_labels: torch.Tensor  # a buffer: the proxies' class labels, sorted
+    loss: nn.Module  # the pytorch-metric-learning loss, built by the subclass's __init__
 
     def __init__(self, class_labels: Sequence[int], embedding_size: int) -> None:
         super().__init__()

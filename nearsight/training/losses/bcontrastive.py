@@ -124,11 +124,11 @@ class BalancedContrastiveLoss(nn.Module):
                 )
             if (m is None) != (n is None):
                 raise LossConfigError("bcontrastive: give both m and n, or neither")
-            if m is not None and (int(m) != m or int(n) != n or m < 2 or n < 2):
+            if m is not None and n is not None and (int(m) != m or int(n) != n or m < 2 or n < 2):
                 raise LossConfigError(
                     f"bcontrastive: m and n must be integers >= 2, got m={m}, n={n}"
                 )
-            return (None, None, None) if m is None else (int(m), int(n), None)
+            return (None, None, None) if m is None or n is None else (int(m), int(n), None)
         if m is not None or n is not None:
             raise LossConfigError("bcontrastive: m and n belong to design='group', not 'random'")
         if self.importance and p is None:
@@ -154,6 +154,7 @@ class BalancedContrastiveLoss(nn.Module):
         if not self.importance:
             return counts
         if self.design == "group":
+            assert self.m is not None and self.n is not None, "_check_design: importance needs both"
             if self.n > len(counts):
                 raise LossConfigError(
                     f"bcontrastive: n={self.n} classes per batch but class_counts has {len(counts)}"
@@ -211,12 +212,14 @@ class BalancedContrastiveLoss(nn.Module):
         return self._w(same, self.class_sizes(labels_i), self.class_sizes(labels_j)).expand(shape)
 
     def _eta(self, size_i: torch.Tensor, size_j: torch.Tensor) -> torch.Tensor:
+        assert self.lam is not None, "eta only for the balanced loss (lam set)"
         return self.lam / (self.num_classes - 1) * (size_i - 1.0) / size_j
 
     def _w(self, same: torch.Tensor, size_i: torch.Tensor, size_j: torch.Tensor) -> torch.Tensor:
         classes, images = float(self.num_classes), float(self.num_images)
         pairs = images * (images - 1.0)  # 1 / P_U
         if self.design == "group":
+            assert self.m is not None and self.n is not None, "_check_design: importance needs both"
             m, n = float(self.m), float(self.n)
             positive = classes * (m * n - 1) * size_i * (size_i - 1) / ((m - 1) * pairs)
             negative = (
@@ -224,6 +227,7 @@ class BalancedContrastiveLoss(nn.Module):
             )
         else:
             p = self.p
+            assert p is not None, "_check_design: importance needs p"
             positive = classes * size_i * (size_i - 1) / (p * pairs)
             negative = classes * (classes - 1) * size_i * size_j / ((1 - p) * pairs)
         return torch.where(same, positive, negative)
@@ -241,9 +245,11 @@ class BalancedContrastiveLoss(nn.Module):
         hinge = (self.margin - distances).clamp(min=0.0)
         negative = hinge * hinge
         if self.lam is not None:
+            assert size_i is not None and size_j is not None, "_sizes_if_needed: lam needs them"
             negative = self._eta(size_i, size_j).to(distances.dtype) * negative
         terms = torch.where(same, squared, negative)
         if self.importance:
+            assert size_i is not None and size_j is not None, "_sizes_if_needed: W needs them"
             terms = self._w(same, size_i, size_j).to(distances.dtype) * terms
         return terms
 
@@ -252,7 +258,7 @@ class BalancedContrastiveLoss(nn.Module):
         labels = labels.to(emb.device).reshape(-1)
         size = emb.shape[0]
         if self.design == "group":
-            if self.m is not None and size != self.m * self.n:
+            if self.m is not None and self.n is not None and size != self.m * self.n:
                 raise LossConfigError(
                     f"bcontrastive: design='group' with m={self.m}, n={self.n} expects batches "
                     f"of {self.m * self.n} embeddings, got {size}"

@@ -13,9 +13,17 @@ head's statistics network on its own head's pairs, then every head's beta is re-
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol, cast
 
 import torch
 from torch import nn
+
+from nearsight.training.loss_roles import CriticLoss, JointParameterLoss
+
+
+class _WithBeta(Protocol):
+    @property
+    def beta(self) -> float: ...
 
 
 class PerHeadLoss(nn.Module):
@@ -45,7 +53,8 @@ class PerHeadLoss(nn.Module):
         return [
             {**group, "name": f"head{index}_{group.get('name', 'loss')}"}
             for index, loss in enumerate(self.heads)
-            for group in loss.parameter_groups()
+            # parameter_role() checked each head's loss as a joint one (builders)
+            for group in cast(JointParameterLoss, loss).parameter_groups()
         ]
 
     def logged_scalars(self) -> dict[str, float]:
@@ -62,18 +71,24 @@ class PerHeadLoss(nn.Module):
         return self.parameter_role == "critic"
 
     def is_critic_step(self, step: int) -> bool:
-        return self.heads[0].is_critic_step(step)
+        return self._critics()[0].is_critic_step(step)
 
     def critic_loss(self, embeddings: Sequence[torch.Tensor], labels: torch.Tensor) -> torch.Tensor:
-        total = self.heads[0].critic_loss(embeddings[0], labels)
-        for loss, head in zip(self.heads[1:], embeddings[1:], strict=True):
+        critics = self._critics()
+        total = critics[0].critic_loss(embeddings[0], labels)
+        for loss, head in zip(critics[1:], embeddings[1:], strict=True):
             total = total + loss.critic_loss(head, labels)
         return total
 
     def update_beta(self) -> float:
         """Every head's beta; returns the high head's."""
-        return [loss.update_beta() for loss in self.heads][-1]
+        return [loss.update_beta() for loss in self._critics()][-1]
 
     @property
     def beta(self) -> float:
-        return self.heads[-1].beta
+        return cast(_WithBeta, self.heads[-1]).beta
+
+    def _critics(self) -> list[CriticLoss]:
+        """The heads' losses as critic losses: the trainer asks for a critic step only of a
+        loss whose heads parameter_role() checked as ones (builders.build_training_loss)."""
+        return [cast(CriticLoss, loss) for loss in self.heads]
