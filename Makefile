@@ -43,7 +43,7 @@ lint: venv
 PYTEST_WORKERS ?= auto
 # The type checker covers the packages it finds clean (nearsight/app and nearsight/index still
 # report errors: `.venv/bin/mypy nearsight`); pyproject.toml's [tool.mypy] holds its settings.
-TYPED := nearsight/core nearsight/models nearsight/search
+TYPED := nearsight/core nearsight/models nearsight/data nearsight/search nearsight/training
 test: venv browser
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
