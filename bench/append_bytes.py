@@ -41,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--items", type=int, default=1_000_000)
     parser.add_argument("--dim", type=int, default=128)
-    parser.add_argument("--workdir", type=Path, help="where the gallery is written (made if missing)")
+    parser.add_argument(
+        "--workdir", type=Path, help="where the gallery is written (made if missing)"
+    )
     args = parser.parse_args(argv)
     if args.workdir is not None:
         args.workdir.mkdir(parents=True, exist_ok=True)

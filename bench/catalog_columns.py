@@ -86,8 +86,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{' '.join(texts)}: {len(found)} ids, SQL {sql_ms:.1f} ms, column read "
                       f"{read_s:.2f} s, arrays p50 {np.median(times) * 1000:.2f} ms")  # fmt: skip
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
-            print(f"arrays {arrays_bytes(catalog) / 2**20:.0f} MB, peak RSS {peak} MB, "
-                  f"load {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
+            print(
+                f"arrays {arrays_bytes(catalog) / 2**20:.0f} MB, peak RSS {peak} MB, "
+                f"load {' '.join(Path('/proc/loadavg').read_text().split()[:3])}"
+            )
     finally:
         if not args.keep:
             path.unlink(missing_ok=True)

@@ -65,7 +65,9 @@ def main() -> None:
             agreement = (noisy[found] == noisy[:, None]).mean(axis=1)
             row[f"vote k={k}"] = precision(np.argsort(agreement, kind="stable"), flipped)
         rows.append(row)
-        print(json.dumps({key: round(v, 3) if isinstance(v, float) else v for key, v in row.items()}))
+        print(
+            json.dumps({key: round(v, 3) if isinstance(v, float) else v for key, v in row.items()})
+        )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
 

@@ -85,8 +85,10 @@ def main() -> None:
     print(f"{args.images} images, {args.size} px, {args.arch}, ONNX")
     print(f"1 process : wall {one[0]:6.1f} s  CPU {one[1]:6.1f} s")
     print(f"2 processes: wall {two[0]:6.1f} s  CPU {two[1]:6.1f} s")
-    print(f"CPU ratio 2 / 1: {two[1] / one[1]:.2f} (goal < 1.3); same ids {same_ids}, "
-          f"largest vector difference {gap:.2e}")
+    print(
+        f"CPU ratio 2 / 1: {two[1] / one[1]:.2f} (goal < 1.3); same ids {same_ids}, "
+        f"largest vector difference {gap:.2e}"
+    )
     print(f"load average {os.getloadavg()[0]:.2f} (cores: {os.cpu_count()})")
 
 

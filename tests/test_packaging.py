@@ -27,7 +27,12 @@ LAYERS = tuple(RANKS)
 def run_python(code: str, cwd: Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     return subprocess.run(
-        [sys.executable, "-c", code, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -103,9 +108,7 @@ def _module_graph() -> dict[str, set[str]]:
                 target = target.rpartition(".")[0]
             if target and target != name:
                 targets.add(target)
-        lines_typing = {
-            getattr(n, "lineno", None) for n in ast.walk(tree) if id(n) in typing_only
-        }
+        lines_typing = {getattr(n, "lineno", None) for n in ast.walk(tree) if id(n) in typing_only}
         graph[name] = {
             t
             for t in targets
@@ -185,7 +188,9 @@ def test_every_nearsight_import_resolves_to_a_file():
     """What pyright or an IDE does without installing: nearsight.a.b is nearsight/a/b.py or
     nearsight/a/b/__init__.py (or a name defined in such a module)."""
     unresolved = []
-    for path in sorted([*PACKAGE.rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *(ROOT / "bench").glob("*.py")]):
+    for path in sorted(
+        [*PACKAGE.rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *(ROOT / "bench").glob("*.py")]
+    ):
         for line, module in _imports(path):
             names = module.split(".")
             if names[0] != "nearsight":

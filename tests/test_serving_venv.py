@@ -117,7 +117,9 @@ def test_the_serving_venv_has_no_training_stack(serving_venv, tmp_path):
     for module in TRAINING_ONLY:
         done = run_in_venv(serving_venv, "-c", f"import {module}", cwd=tmp_path)
         assert done.returncode != 0 and "ModuleNotFoundError" in done.stderr, module
-    done = run_in_venv(serving_venv, "-c", "import nearsight; print(nearsight.__file__)", cwd=tmp_path)
+    done = run_in_venv(
+        serving_venv, "-c", "import nearsight; print(nearsight.__file__)", cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr
     assert str(Path(sysconfig.get_paths()["purelib"]).parent) not in done.stdout
     assert "site-packages/nearsight/__init__.py" in done.stdout
@@ -127,7 +129,9 @@ def test_the_serving_venv_has_no_training_stack(serving_venv, tmp_path):
 def test_search_eval_and_the_page_work_in_the_serving_venv(serving_venv, onnx_gallery, tmp_path):
     cli = ["-m", "nearsight.app.cli"]
     gallery, query = str(onnx_gallery.gallery), str(onnx_gallery.query)
-    done = run_in_venv(serving_venv, *cli, "search", "--gallery", gallery, query, "--json", cwd=tmp_path)
+    done = run_in_venv(
+        serving_venv, *cli, "search", "--gallery", gallery, query, "--json", cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     hits = json.loads(done.stdout)
     assert len(hits) == 8 and hits[0]["path"] == query and hits[0]["distance"] < 1e-3

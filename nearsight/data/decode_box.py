@@ -231,9 +231,7 @@ class DecodeBox:
             except queue.Empty:
                 raise ImageLoadError.for_file(name, "no image decoder was free within the "
                                               f"limit of {self.timeout_s:g} s: retry") from None  # fmt: skip
-            if worker.process.poll() is None and (
-                worker.ready or self._started(worker, deadline)
-            ):
+            if worker.process.poll() is None and (worker.ready or self._started(worker, deadline)):
                 return worker
             code = worker.process.poll()
             if code is None and time.monotonic() >= deadline:  # still starting: keep it

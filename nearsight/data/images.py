@@ -70,7 +70,6 @@ _PIL_ERRORS: tuple[type[BaseException], ...] = (
 _WARNINGS_LOCK = threading.Lock()
 
 
-
 class ImageLoadError(NearsightError):
     """An image that cannot be read: "cannot read image PATH: reason" (one line)."""
 
@@ -125,9 +124,7 @@ def _load_file(
         raise ImageLoadError.for_file(name, error.strerror or str(error)) from None
 
 
-def load_image_bytes(
-    data: bytes, name: str = "<upload>", min_side: MinSide = None
-) -> Image.Image:
+def load_image_bytes(data: bytes, name: str = "<upload>", min_side: MinSide = None) -> Image.Image:
     """Decode an image held in memory (an upload); ``name`` is what error messages call it,
     ``min_side`` as for :func:`load_image`."""
     return load_image_sized(data, name, min_side)[0]

@@ -38,7 +38,9 @@ MAX_ECHO_CHARS = 80  # a message quoting a filter quotes at most this much of it
 TYPES = ("int", "float", "str", "date", "datetime")
 DATE_TYPES = ("date", "datetime")
 _ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
-_ISO_DATETIME = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|[+-]\d{2}:?\d{2})?")
+_ISO_DATETIME = re.compile(
+    r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|[+-]\d{2}:?\d{2})?"
+)
 
 
 class IsoDate(str):
@@ -268,4 +270,6 @@ def _as(kind: str, value: Any, key: str) -> MetaValue:
             return int(number)
         return number
     except ValueError:
-        raise FilterError(f"column {key!r} is declared {kind}, but has the value {value!r}") from None
+        raise FilterError(
+            f"column {key!r} is declared {kind}, but has the value {value!r}"
+        ) from None

@@ -210,7 +210,9 @@ class _EmbedderBase:
             raise NearsightError(f"batch size must be positive, got {batch_size}")
         chunks = [np.zeros((0, self.dim), np.float32)]
         for start in range(0, len(images), batch_size):
-            batch = np.stack([self.preprocess(image) for image in images[start : start + batch_size]])
+            batch = np.stack(
+                [self.preprocess(image) for image in images[start : start + batch_size]]
+            )
             chunks.append(self.embed(batch))
         return np.concatenate(chunks)
 

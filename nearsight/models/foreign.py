@@ -34,6 +34,7 @@ from nearsight.models.spec import ModelSpec
 MAX_EMBEDDING_DIM = 65_536  # values per image (CLIP and DINOv2 towers give 512 to 1,536)
 MAX_FIXED_BATCH = 256  # a graph exported for a fixed batch is padded to it on every call
 
+
 def _image_input(session: Any, path: Path) -> Any:
     inputs = session.get_inputs()
     if len(inputs) != 1 or len(inputs[0].shape) != 4:

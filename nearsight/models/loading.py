@@ -61,8 +61,6 @@ def load_embedder(
     )
 
 
-
-
 def option_name(name: str) -> str:
     """How the Python API names an option in its errors (the CLI passes ``--flag-names``)."""
     return name

@@ -61,6 +61,7 @@ class Trunk(Protocol):
 
     def scratch_note(self, arch: str) -> str: ...
 
+
 SCRATCH_NOTE = (
     "nearsight: note: --pretrained auto: no ImageNet weights in torchvision's cache "
     "(torch.hub's checkpoints folder), training from scratch; --pretrained FILE.pth takes others"

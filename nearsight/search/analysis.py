@@ -95,9 +95,7 @@ def analyse(gallery: Any, max_items: int = ANALYSIS_MAX_ITEMS) -> Analysis:
     embeddings = np.asarray(gallery.embeddings, dtype=np.float32)
     failures = leave_one_out_failures(gallery.search, embeddings, ids, labels)
     vectors = embeddings[labelled_mask]
-    edges, matching, non_matching, counts = pair_distance_histogram(
-        vectors, labels[labelled_mask]
-    )
+    edges, matching, non_matching, counts = pair_distance_histogram(vectors, labels[labelled_mask])
     return Analysis(
         labelled=labelled,
         metrics=metrics,
@@ -292,5 +290,3 @@ def _density(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
     width = edges[1] - edges[0]
     total = counts.sum()
     return counts / (total * width) if total else counts.astype(np.float64)
-
-

@@ -36,7 +36,9 @@ class Neighbour:
 
     def as_json(self) -> dict[str, Any]:
         """The JSON object of this neighbour: every field, in order."""
-        return {name: (dict(self.meta) if name == "meta" else getattr(self, name)) for name in FIELDS}
+        return {
+            name: (dict(self.meta) if name == "meta" else getattr(self, name)) for name in FIELDS
+        }
 
     def __getitem__(self, name: str) -> Any:
         if name not in FIELDS:

@@ -228,4 +228,3 @@ def _query_html(results: SearchResults, number: int | None = None) -> str:
             )
         )
     return f'<div class="ns-results" style="margin-bottom:8px">{"".join(cells)}</div>'
-

@@ -69,7 +69,9 @@ def item_vector(gallery: Gallery, item_id: int) -> np.ndarray:
 def check_item_id(item_id: Any) -> int:
     """An item id as an int; a one-line error for 3.5, "x" or True."""
     whole_float = isinstance(item_id, float) and item_id.is_integer()
-    if isinstance(item_id, bool) or not (isinstance(item_id, int | np.integer | str) or whole_float):
+    if isinstance(item_id, bool) or not (
+        isinstance(item_id, int | np.integer | str) or whole_float
+    ):
         raise NearsightError(f"an item id is a whole number, got {item_id!r}")
     try:
         return int(item_id)

@@ -124,9 +124,7 @@ class Searcher:
 
     # -- checking a request once -------------------------------------------------------------
 
-    def allowed_ids(
-        self, filters: Filters, max_conditions: int | None = None
-    ) -> np.ndarray | None:
+    def allowed_ids(self, filters: Filters, max_conditions: int | None = None) -> np.ndarray | None:
         """Ids meeting every filter (several in one text separated by ';' or new lines), or
         None for no filter."""
         return route.allowed_ids(self.gallery, filters, max_conditions)
@@ -332,9 +330,11 @@ class Searcher:
         """One query's answer: its neighbours, or its groups and their hits in order."""
         groups = None if page.group_by is None else [g for g in found if isinstance(g, Group)]
         # without group_by the route answers neighbours
-        hits = cast(list[Neighbour], found) if groups is None else [
-            hit for g in groups for hit in g.neighbours
-        ]
+        hits = (
+            cast(list[Neighbour], found)
+            if groups is None
+            else [hit for g in groups for hit in g.neighbours]
+        )
         return SearchResults(hits, query=query, query_label=label, notes=notes, groups=groups,
                              query_class=self._class_name(label))  # fmt: skip
 

@@ -156,7 +156,7 @@ def _fields(node: Any) -> list[str]:
 
 
 def _unknown_key(dotted: str, names: Iterable[str], more: str = "", at: int = -1) -> ConfigError:
-    """"unknown config key 'optim.lrr' (did you mean 'optim.lr'?)": the part at position
+    """ "unknown config key 'optim.lrr' (did you mean 'optim.lr'?)": the part at position
     ``at`` of the dotted key (default the last) matched against the ``names`` valid there."""
     parts = dotted.split(".")
     at = at % len(parts)
@@ -176,4 +176,3 @@ def parse_set_option(text: str) -> tuple[str, Any]:
         return key.strip(), parse_yaml(raw)
     except yaml.YAMLError:
         raise ConfigError(f"--set {key}: cannot parse value {raw!r}") from None
-

@@ -19,8 +19,7 @@ def init_parameters(cls: type[Any], skip: Iterable[str] = ()) -> dict[str, Any]:
     return {
         key: param.default
         for key, param in signature.parameters.items()
-        if key not in skipped
-        and param.kind in (param.KEYWORD_ONLY, param.POSITIONAL_OR_KEYWORD)
+        if key not in skipped and param.kind in (param.KEYWORD_ONLY, param.POSITIONAL_OR_KEYWORD)
     }
 
 

@@ -47,9 +47,20 @@ def test_open_gallery_searches_paths_images_and_arrays(onnx_gallery):
         rows = gallery.gallery.all_items()
     assert by_image == by_array == by_floats  # the same pixels, embedded
     assert [hit.id for hit in by_path] == [hit.id for hit in by_image]
-    np.testing.assert_allclose([h.distance for h in by_path], [h.distance for h in by_image], atol=1e-5)
+    np.testing.assert_allclose(
+        [h.distance for h in by_path], [h.distance for h in by_image], atol=1e-5
+    )
     assert [hit["rank"] for hit in by_path] == [1, 2, 3]
-    assert set(by_path[0]) == {"rank", "id", "key", "path", "label", "class_name", "distance", "meta"}
+    assert set(by_path[0]) == {
+        "rank",
+        "id",
+        "key",
+        "path",
+        "label",
+        "class_name",
+        "distance",
+        "meta",
+    }
     # a gallery file is searched as that item: first, at distance exactly 0
     own = next(row for row in rows if Path(row["path"]) == onnx_gallery.query)
     assert by_path[0]["id"] == own["id"] and by_path[0]["distance"] == 0.0
@@ -68,7 +79,9 @@ def test_search_agrees_with_the_cli(onnx_gallery, capsys):
         api = gallery.search(onnx_gallery.query, k=4)
     same = [{key: hit[key] for key in cli[0] if key != "distance"} for hit in api]
     assert [{k: v for k, v in row.items() if k != "distance"} for row in cli] == same
-    np.testing.assert_allclose([r["distance"] for r in cli], [h["distance"] for h in api], atol=1e-5)
+    np.testing.assert_allclose(
+        [r["distance"] for r in cli], [h["distance"] for h in api], atol=1e-5
+    )
     with nearsight.open_gallery(onnx_gallery.gallery) as gallery:  # all optimisations
         fastest = gallery.search(onnx_gallery.query, k=4)
     assert [hit["id"] for hit in fastest] == [hit["id"] for hit in cli]

@@ -185,8 +185,6 @@ def test_config_file_typos_get_a_suggestion(tmp_path):
     assert "did you mean" not in str(caught.value)  # nothing close: no guess
 
 
-
-
 def test_pretrained_auto_is_the_default_and_in_the_help(empty_hub, capsys):
     from nearsight.models.weights import imagenet_cache_path
 

@@ -156,14 +156,19 @@ def test_a_non_image_upload_gets_a_clear_message_and_the_server_lives_on(tiny, c
     text.write_text("this is not an image")
     with pytest.raises(httpx.HTTPStatusError, match="415"):
         client.predict(handle_file(text), api_name="/search")
-    answer = httpx.post(f"{url}gradio_api/upload", files={"files": ("notes.png", text.read_bytes())}, timeout=30)
+    answer = httpx.post(
+        f"{url}gradio_api/upload", files={"files": ("notes.png", text.read_bytes())}, timeout=30
+    )
     assert answer.status_code == 415
     assert answer.text.startswith("cannot read image notes.png: not an image")
     assert "Traceback" not in answer.text and str(tiny.root) not in answer.text  # no server paths
     empty = tiny.root / "empty.jpg"
     empty.write_bytes(b"")
     answer = httpx.post(f"{url}gradio_api/upload", files={"files": ("empty.jpg", b"")}, timeout=30)
-    assert answer.status_code == 415 and "cannot read image empty.jpg: the file is empty" in answer.text
+    assert (
+        answer.status_code == 415
+        and "cannot read image empty.jpg: the file is empty" in answer.text
+    )
     rows = json.loads(client.predict(handle_file(tiny.items[1]["path"]), api_name="/search"))
     assert rows[0]["id"] == tiny.items[1]["id"]
 

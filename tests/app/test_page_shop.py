@@ -28,7 +28,7 @@ def cells(html: str) -> list[dict]:
     """Each neighbour cell: its id, key and the fields its caption shows, in order."""
     found = []
     for cell in re.findall(r'<figure class="ns-cell"(.*?)</figure>', html, re.DOTALL):
-        caption = cell.split('<details')[0]
+        caption = cell.split("<details")[0]
         found.append({
             "id": int(re.search(r'data-id="(\d+)"', cell).group(1)),
             "key": (re.search(r'data-key="([^"]*)"', cell) or [None, None])[1],
@@ -184,7 +184,7 @@ def test_cards_show_each_neighbours_key_in_the_browser(tab, served, shop):
 def test_api_docs_load_nothing_from_another_host(tab, served):
     tab.goto(served[0].rstrip("/") + "/api/docs")
     tab.wait_for_selector(".swagger-ui .info .title")
-    tab.wait_for_selector(".opblock-summary-path[data-path=\"/search\"]")
+    tab.wait_for_selector('.opblock-summary-path[data-path="/search"]')
     assert tab.outside == []
 
 

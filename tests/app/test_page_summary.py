@@ -35,7 +35,9 @@ def build(root: Path, embedding: str) -> tuple[Path, EmbeddingNet]:
     config = EmbeddingConfig(dim=DIM, image_size=SIZE, arch="resnet18", heads=HEADS,
                              embedding=embedding)  # fmt: skip
     net = EmbeddingNet(config).eval()
-    checkpoint = save_checkpoint(root / f"{embedding}.pt", net, spec=config.spec(test_resize=RESIZE))
+    checkpoint = save_checkpoint(
+        root / f"{embedding}.pt", net, spec=config.spec(test_resize=RESIZE)
+    )
     model = root / f"{embedding}.onnx"
     export_onnx(checkpoint, model)
     data = root / "data"

@@ -153,7 +153,10 @@ def run_clients(server: Server, first: int, count: int, latencies: list, failure
                     if query % BAD_EVERY == BAD_EVERY - 1:  # refused by the upload route
                         files = {"files": ("notes.png", server.bad.read_bytes())}
                         refused = http.post(f"{server.url}gradio_api/upload", files=files)
-                        if refused.status_code != 415 or "cannot read image notes.png" not in refused.text:
+                        if (
+                            refused.status_code != 415
+                            or "cannot read image notes.png" not in refused.text
+                        ):
                             failures.append(f"client {number} query {query}: {refused.text}")
                     else:
                         item = server.items[(number * 7 + query) % len(server.items)]
@@ -227,7 +230,14 @@ def test_the_apis_take_only_files_uploaded_to_this_server(server):
         def inputs(api: str, path: str | Path) -> list:
             if api == "search":
                 return [file_data(path), 3, "gallery"]
-            return ["gallery", file_data(path), 3, "-1", "", False]  # upload events (+ filter, rerank)
+            return [
+                "gallery",
+                file_data(path),
+                3,
+                "-1",
+                "",
+                False,
+            ]  # upload events (+ filter, rerank)
 
         for api in ("search", "search_grid", "image_changed"):
             kind, outputs = call(http, server.url, api, inputs(api, uploaded))

@@ -159,7 +159,9 @@ def test_concurrent_requests_all_answered_correctly(api, product, tmp_path):  # 
     calls, embedded = batcher.calls, batcher.embedded
     images = product["images"][:8]
     with ThreadPoolExecutor(8) as pool:  # new bytes, same pixels: embedded, not recognised
-        answers = list(pool.map(lambda image: _search(url, reencoded(image, tmp_path), k=1), images))
+        answers = list(
+            pool.map(lambda image: _search(url, reencoded(image, tmp_path), k=1), images)
+        )
     for image, answer in zip(images, answers, strict=True):
         assert answer.status_code == 200, answer.text
         assert str(image).endswith("/" + answer.json()["neighbours"][0]["path"])

@@ -46,8 +46,6 @@ def test_every_answer_conforms_to_the_schema(served):
         @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None,
                   suppress_health_check=list(HealthCheck), database=None)  # fmt: skip
         def fuzz(case) -> None:
-            case.call_and_validate(
-                base_url=f"{served}/api", checks=CHECKS, timeout=30
-            )
+            case.call_and_validate(base_url=f"{served}/api", checks=CHECKS, timeout=30)
 
         fuzz()

@@ -145,9 +145,10 @@ def test_the_key_can_come_from_a_file_or_the_environment(onnx_gallery, tmp_path)
             assert httpx.get(f"{url}/api/items/0", timeout=10).status_code == 401
             ok = httpx.get(f"{url}/api/items/0", headers={"X-API-Key": KEY}, timeout=10)
             assert ok.status_code == 200
-    assert shutil.which("ps") is None or KEY not in subprocess.run(
-        ["ps", "-eo", "args"], capture_output=True, text=True
-    ).stdout
+    assert (
+        shutil.which("ps") is None
+        or KEY not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    )
 
 
 def test_slow_headers_and_stalled_bodies_are_cut_off(onnx_gallery):
@@ -308,7 +309,10 @@ def test_a_short_key_is_refused_beyond_loopback(onnx_gallery, tmp_path):
 
 
 def test_the_access_log_is_on_by_default(onnx_gallery):
-    wanted = ("nearsight: 127.0.0.1 GET /api/health 200 ", "nearsight: 127.0.0.1 GET /api/items/999 404 ")
+    wanted = (
+        "nearsight: 127.0.0.1 GET /api/health 200 ",
+        "nearsight: 127.0.0.1 GET /api/items/999 404 ",
+    )
     with serve_process(["--gallery", onnx_gallery.gallery], stderr=subprocess.PIPE) as served:
         url, server = served
         lines: list[str] = []

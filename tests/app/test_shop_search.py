@@ -62,14 +62,18 @@ def test_cli_filter_notes_typos_dates_and_missing_values(capsys, shop, catalog):
     since = ids_where(catalog, lambda meta: meta["added"] >= SHOP_SINCE)
     assert code == 0 and {n["id"] for n in json.loads(out)} == since and 0 < len(since) < 36
     code, out, _ = run(capsys, *base, "--filter", "added<2025-05-01")
-    assert {n["id"] for n in json.loads(out)} == ids_where(catalog, lambda m: m["added"] < "2025-05-01")
+    assert {n["id"] for n in json.loads(out)} == ids_where(
+        catalog, lambda m: m["added"] < "2025-05-01"
+    )
     code, out, _ = run(capsys, *base, "--filter", "colour=")
     blank = ids_where(catalog, lambda meta: "colour" not in meta)
     assert code == 0 and {n["id"] for n in json.loads(out)} == blank and blank
     code, out, _ = run(capsys, *base, "--filter", "colour!=")
     assert {n["id"] for n in json.loads(out)} == set(catalog) - blank
     code, out, _ = run(capsys, *base, "--filter", "colour!=red")  # missing values included
-    assert {n["id"] for n in json.loads(out)} == ids_where(catalog, lambda m: m.get("colour") != "red")
+    assert {n["id"] for n in json.loads(out)} == ids_where(
+        catalog, lambda m: m.get("colour") != "red"
+    )
     code, _, err = run(capsys, *base, "--filter", "added>June")
     assert code == 2 and "ISO date" in err
 
@@ -117,7 +121,9 @@ def test_rest_json_body_queries_by_id_key_and_vector(api, shop, catalog):
     assert by_id["neighbours"] == by_key.json()["neighbours"]
     vector = demo.nearsight.view(None).item_vector(first["id"]) * 2
     by_vector = httpx.post(f"{url}/search", json={"vector": vector.tolist(), "k": 3}, timeout=30)
-    assert [n["id"] for n in by_vector.json()["neighbours"]] == [n["id"] for n in by_id["neighbours"]]
+    assert [n["id"] for n in by_vector.json()["neighbours"]] == [
+        n["id"] for n in by_id["neighbours"]
+    ]
     form = httpx.post(f"{url}/search", data={"key": KEY, "k": 3}, timeout=30).json()
     assert form["neighbours"] == by_id["neighbours"]
     both = httpx.post(f"{url}/search", json={"id": 1, "key": KEY}, timeout=30)
@@ -141,7 +147,9 @@ def test_rest_galleries_are_the_facts_of_index_info(api, shop, capsys):
     url, demo = api
     answer = httpx.get(f"{url}/galleries", timeout=30).json()["galleries"]
     _, out, _ = run(capsys, "index", "info", "--gallery", shop["gallery"], "--json")
-    assert answer == [{"name": demo.nearsight.galleries.names[0], "generation": 0, **json.loads(out)}]
+    assert answer == [
+        {"name": demo.nearsight.galleries.names[0], "generation": 0, **json.loads(out)}
+    ]
     health = httpx.get(f"{url}/health", timeout=30).json()
     assert health == {"status": "ok", "galleries": answer}
     item = httpx.get(f"{url}/items/by-key", params={"key": KEY}, timeout=30).json()

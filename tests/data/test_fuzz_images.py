@@ -83,6 +83,7 @@ _NUMPY_TRANSFORM = make_test_transform(224)  # what every image goes through nex
 def TRANSFORM(image: Image.Image) -> torch.Tensor:
     return torch.from_numpy(_NUMPY_TRANSFORM(image))
 
+
 mutations = st.one_of(
     st.tuples(st.just("set"), st.integers(0, 2**20), st.integers(0, 255)),
     st.tuples(st.just("cut"), st.integers(0, 2**20), st.just(0)),

@@ -215,7 +215,9 @@ def test_16_bit_and_float_images_convert_band_by_band_as_on_the_whole_image():
     low, high = float(floats.min()), float(floats.max())
     stretched = (floats.astype(np.float64) - low) * (255.0 / (high - low))
     banded = np.asarray(rgb.to_rgb(Image.fromarray(floats)))
-    np.testing.assert_array_equal(banded[..., 1], np.clip(np.rint(stretched), 0, 255).astype(np.uint8))
+    np.testing.assert_array_equal(
+        banded[..., 1], np.clip(np.rint(stretched), 0, 255).astype(np.uint8)
+    )
 
 
 @pytest.mark.parametrize("pil_limit", [6_000, 4_000], ids=["pil-warning", "pil-error"])

@@ -113,7 +113,9 @@ def test_a_column_is_numeric_only_when_all_of_it_is_or_when_declared(
         assert gallery.meta["meta_types"]["sku"] == "str"  # '091' keeps the column text
         values = {row["meta"]["key"]: row["meta"]["sku"] for row in gallery.all_items()}
     assert values["K0"] == "091" and values["K2"] == "430"  # text, not the number 430
-    refused = run(capsys, "search", "--gallery", catalog["gallery"], "--id", "0", "--filter", "sku<100")
+    refused = run(
+        capsys, "search", "--gallery", catalog["gallery"], "--id", "0", "--filter", "sku<100"
+    )
     assert_one_line_error(refused[0], refused[2], "sku is a text column; < compares numbers")
     assert skus(catalog["gallery"], "sku=091") == ["091"]
     declared = tmp_path / "declared"
@@ -158,7 +160,9 @@ def test_import_takes_meta_types_and_a_key_column(tmp_path, capsys):
         return sorted(row["meta"]["code"] for row in json.loads(found[1]))
 
     assert build("text")[0] == 0
-    refused = run(capsys, "search", "--gallery", tmp_path / "text", "--id", "0", "--filter", "code<100")
+    refused = run(
+        capsys, "search", "--gallery", tmp_path / "text", "--id", "0", "--filter", "code<100"
+    )
     assert_one_line_error(refused[0], refused[2], "code is a text column")  # leading zeros
     code, _, err = build("typed", "--meta-types", "code=int", "--key-column", "sku")
     assert code == 0, err

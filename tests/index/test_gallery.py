@@ -153,9 +153,7 @@ def embedding_like(rng: np.random.Generator, count: int, centres: np.ndarray) ->
 
 
 @pytest.mark.parametrize("index_type", ["ivf", "hnsw"])
-def test_tuning_holds_out_its_queries_so_new_queries_get_the_target_recall(
-    tmp_path, index_type
-):
+def test_tuning_holds_out_its_queries_so_new_queries_get_the_target_recall(tmp_path, index_type):
     """nprobe/efSearch are tuned on vectors the index does not hold yet (added afterwards):
     tuned on the index's own vectors, HNSW found their neighbours at an efSearch where new
     queries miss some, and the stored recall overstated what users get."""
@@ -268,7 +266,13 @@ def test_evaluate_uses_the_stored_embeddings_of_labelled_items(tmp_path, vectors
         result = evaluate_gallery(gallery)
         assert result == evaluate(vectors[labelled], labels, (1, 2, 4, 8))
         assert result["queries"] == labelled.sum()
-        assert list(evaluate_gallery(gallery, [1, 5])) == ["recall@1", "recall@5", "nmi", "map@r", "queries"]
+        assert list(evaluate_gallery(gallery, [1, 5])) == [
+            "recall@1",
+            "recall@5",
+            "nmi",
+            "map@r",
+            "queries",
+        ]
 
 
 def test_default_ks_follow_the_dataset(tmp_path, vectors):
@@ -394,8 +398,12 @@ def test_a_failed_write_leaves_the_previous_gallery(flat, monkeypatch, writer):
     monkeypatch.undo()
     assert_same_state(gallery_state(flat), before)
     assert sorted(p.name for p in flat.parent.iterdir()) == [".g.lock", "g"]
-    assert sorted(p.name for p in flat.iterdir()) == [CATALOG_FILE, EMBEDDINGS_FILE, INDEX_FILE,
-                                                     PAYLOAD_FILE]
+    assert sorted(p.name for p in flat.iterdir()) == [
+        CATALOG_FILE,
+        EMBEDDINGS_FILE,
+        INDEX_FILE,
+        PAYLOAD_FILE,
+    ]
 
 
 KILL_MID_WRITE = """
@@ -457,8 +465,12 @@ def test_sigkill_mid_compact_leaves_the_previous_gallery(flat, tmp_path):
         gallery.compact()
     names = sorted(p.name for p in flat.parent.iterdir() if p.name.endswith(".tmp"))
     assert names == [other.name]
-    assert sorted(p.name for p in flat.iterdir()) == [CATALOG_FILE, EMBEDDINGS_FILE, INDEX_FILE,
-                                                     PAYLOAD_FILE]
+    assert sorted(p.name for p in flat.iterdir()) == [
+        CATALOG_FILE,
+        EMBEDDINGS_FILE,
+        INDEX_FILE,
+        PAYLOAD_FILE,
+    ]
     assert_same_state(gallery_state(flat), state)
     assert len(before[0]) == 302
 
@@ -512,8 +524,12 @@ def test_add_writes_a_segment_and_compact_folds_it_in(tmp_path, vectors, index_t
         gallery.compact()
         assert gallery.meta["segments"] == [] and gallery.meta["removed"] == []
         assert len(gallery) == 302
-    assert sorted(p.name for p in folder.iterdir()) == [CATALOG_FILE, EMBEDDINGS_FILE, INDEX_FILE,
-                                                       PAYLOAD_FILE]
+    assert sorted(p.name for p in folder.iterdir()) == [
+        CATALOG_FILE,
+        EMBEDDINGS_FILE,
+        INDEX_FILE,
+        PAYLOAD_FILE,
+    ]
     after = gallery_state(folder)
     assert after[0] == expected[0]
     np.testing.assert_array_equal(after[1], expected[1])

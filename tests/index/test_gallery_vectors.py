@@ -74,7 +74,10 @@ def test_a_gallery_without_embeddings_evaluates_and_searches_like_one_with(tmp_p
         np.testing.assert_allclose(without.embeddings, vectors, atol=1e-6)
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # exact vectors: no warning
-            expected, got = evaluate_gallery(with_file, (1, 2, 4)), evaluate_gallery(without, (1, 2, 4))
+            expected, got = (
+                evaluate_gallery(with_file, (1, 2, 4)),
+                evaluate_gallery(without, (1, 2, 4)),
+            )
         assert expected.keys() == got.keys()
         for key in expected:
             assert got[key] == pytest.approx(expected[key], abs=1e-6), key

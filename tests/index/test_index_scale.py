@@ -63,6 +63,7 @@ def test_two_process_build_equals_the_one_process_build(setup, tmp_path):
     embeds every other chunk of 5 images, rank 0 merges. Same items, ids and vectors."""
     out = tmp_path / "two"
     port = str(29500 + os.getpid() % 1000)
+
     def rank(number: int) -> dict:
         return {"RANK": str(number), "LOCAL_RANK": str(number), "WORLD_SIZE": "2",
                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}  # fmt: skip

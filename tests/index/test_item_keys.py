@@ -74,7 +74,9 @@ def test_the_cli_reads_replaces_and_removes_keys_of_any_text(keyed, copy, capsys
     assert code == 0, err
     assert f"replacing item {keyed['ids']['a/b']} (key 'a/b')" in out
     code, row, _ = show(capsys, copy, "a/b")
-    assert code == 0 and row["id"] not in keyed["ids"].values() and row["path"] == str(keyed["spare"])
+    assert (
+        code == 0 and row["id"] not in keyed["ids"].values() and row["path"] == str(keyed["spare"])
+    )
     code, out, err = run(capsys, "index", "remove", "--gallery", copy, "--keys", "50% off",
                          "ünï/鍵", "#1", "what?")  # fmt: skip
     assert code == 0 and out.startswith("removed 4 items"), err

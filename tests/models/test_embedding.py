@@ -262,8 +262,6 @@ def test_without_freeze_bn_train_mode_updates_running_stats(net):
 # ---------------------------------------------------------------- pretrained weights
 
 
-
-
 @pytest.mark.parametrize("name", ["imagenet", "imagenet-v2"])
 def test_imagenet_without_cache_or_network_fails_fast(empty_hub, no_network, name):
     start = time.monotonic()

@@ -78,7 +78,15 @@ def test_to_pandas_flattens_meta_into_columns(product):
     with nearsight.open_gallery(product["gallery"]) as gallery:
         hits = gallery.search_item(0, k=5)
     frame = hits.to_pandas()
-    assert list(frame.columns[:7]) == ["rank", "id", "key", "path", "label", "class_name", "distance"]
+    assert list(frame.columns[:7]) == [
+        "rank",
+        "id",
+        "key",
+        "path",
+        "label",
+        "class_name",
+        "distance",
+    ]
     assert {"shop", "price", "sku", "correct"} <= set(frame.columns)
     assert "meta" not in frame.columns and len(frame) == 5
     assert frame["rank"].tolist() == [1, 2, 3, 4, 5]

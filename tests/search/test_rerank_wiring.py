@@ -82,7 +82,11 @@ def _loop_metrics(v, labels, spec, exclude_query=True):
 
 SPECS = ["aqe:k=2,alpha=3", "dba:k=2,alpha=1", "dba+aqe:k=3,alpha=2", "kreciprocal:k1=6,k2=3"]
 # depth under R (5 other items of a class): MAP@R reaches past the re-ranked candidates
-SHALLOW = ["aqe:k=2,alpha=3,depth=3", "dba+aqe:k=2,alpha=2,depth=2", "kreciprocal:k1=3,k2=2,depth=4"]
+SHALLOW = [
+    "aqe:k=2,alpha=3,depth=3",
+    "dba+aqe:k=2,alpha=2,depth=2",
+    "kreciprocal:k1=3,k2=2,depth=4",
+]
 
 
 @pytest.mark.parametrize("text", SPECS + SHALLOW)

@@ -212,7 +212,9 @@ def python_route(folder: Path, query: dict, vector: np.ndarray):
 def cli_route(folder: Path, query: dict, vector_file: Path, capsys):
     argv = ["search", "--gallery", str(folder), "--k", str(query["k"]), "--json",
             "--rerank", RERANK if query["rerank"] else "none", "--offset", str(query["offset"])]  # fmt: skip
-    argv += ["--id", str(query["id"])] if query["id"] is not None else ["--vector", str(vector_file)]
+    argv += (
+        ["--id", str(query["id"])] if query["id"] is not None else ["--vector", str(vector_file)]
+    )
     for condition in query["filters"]:
         argv += ["--filter", condition]
     code = main(argv)
@@ -248,7 +250,9 @@ def page_route(page, name: str, query: dict) -> list[int]:
         raise NearsightError(str(error)) from None
     if status.startswith("**Filter not applied**"):  # the message in place of the grid
         raise NearsightError(status)
-    return [int(i) for i in re.findall(r'<figure class="ns-cell" data-rank="\d+" data-id="(\d+)"', grid)]
+    return [
+        int(i) for i in re.findall(r'<figure class="ns-cell" data-rank="\d+" data-id="(\d+)"', grid)
+    ]
 
 
 # -- the test --------------------------------------------------------------------------------
@@ -269,7 +273,9 @@ def _write(catalog: Catalog, folder: Path, model: Path, capsys) -> dict[str, Pat
     with open(folder / "meta.csv", "w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, ["path", "label", "sku", "price", "shop", "tags"])
         writer.writeheader()
-        writer.writerows({"path": f"/shop/img/{i}.jpg", **row} for i, row in enumerate(catalog.rows))
+        writer.writerows(
+            {"path": f"/shop/img/{i}.jpg", **row} for i, row in enumerate(catalog.rows)
+        )
     galleries = {}
     for index_type in INDEX_TYPES:
         out = folder / index_type

@@ -37,7 +37,9 @@ def reference_ids(staged, image_path) -> list[int]:
         embedding, features = StageFeaturizer(staged["model"], "layer3").run(images)
         gallery = searcher.gallery
         _, found = gallery.search(embedding, max(K, depth))
-        keys, _ = rerank(spec, OpenGallerySource(gallery), embedding, found[:, :depth], None, features)
+        keys, _ = rerank(
+            spec, OpenGallerySource(gallery), embedding, found[:, :depth], None, features
+        )
     return [int(i) for i in [*keys[0], *found[0, depth:K]] if i >= 0]
 
 

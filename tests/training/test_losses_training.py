@@ -75,7 +75,6 @@ def tiny_config(root: Path, loss: str, steps: int, **extra):
     return load_config(None, overrides)
 
 
-
 @pytest.mark.parametrize("loss", ["proxyanchor", pytest.param("arcface", marks=pytest.mark.slow)])
 def test_proxy_loss_trains_its_proxies_and_resumes_exactly(synth, tmp_path, monkeypatch, loss):
     config = tiny_config(synth, loss, steps=5, **{"optim.loss_lr": 0.05})

@@ -20,4 +20,17 @@ from nearsight.app.commands import (
     train,
 )
 
-COMMANDS = [demo, data, train, export, index, eval, search, serve, models, reproduce, rerank, inspect]
+COMMANDS = [
+    demo,
+    data,
+    train,
+    export,
+    index,
+    eval,
+    search,
+    serve,
+    models,
+    reproduce,
+    rerank,
+    inspect,
+]

@@ -47,7 +47,9 @@ def declared_types(args: argparse.Namespace) -> dict[str, str]:
 
     declared = declared_meta_types(parse_meta_types(args.meta_types),
                                    getattr(args, "key_column", None))  # fmt: skip
-    for column in getattr(args, "list_column", None) or []:  # tags are text, whatever they look like
+    for column in (
+        getattr(args, "list_column", None) or []
+    ):  # tags are text, whatever they look like
         declared[column] = "str"
     return declared
 

@@ -140,8 +140,13 @@ def run_train(args: argparse.Namespace) -> int:
         "dataset": args.dataset,
         "fit_classes": ",".join(map(str, report.fit_classes)),
         "held_out_classes": ",".join(map(str, report.held_out_classes)),
-        "held_out": json.dumps({"plain": asdict(report.plain), "chosen": asdict(report.chosen),
-                                "candidates": [asdict(c) for c in report.candidates]}),  # fmt: skip
+        "held_out": json.dumps(
+            {
+                "plain": asdict(report.plain),
+                "chosen": asdict(report.chosen),
+                "candidates": [asdict(c) for c in report.candidates],
+            }
+        ),  # fmt: skip
         "kept": "trained" if report.helped else "base order",
         "verdict": report.verdict,
         **({"side_stage": args.stage} if args.stage else {}),

@@ -77,7 +77,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="at most k groups of items holding one value of COL (a product's SKU), ordered by "
         "their best distance, each with its best --group-size items; items without a value "
         "are left out. Without COL: the column the gallery records (index build/import "
-        "--group-column). --json prints [{\"value\", \"count\", \"neighbours\"}]",
+        '--group-column). --json prints [{"value", "count", "neighbours"}]',
     )
     parser.add_argument(
         "--group-size",
@@ -162,9 +162,12 @@ def _search_one(args: argparse.Namespace, conditions: list) -> list[dict[str, An
     if args.image is not None:
         shared_box(1)  # the query file is decoded there: its worker starts while the model loads
     # one query per process: the lighter onnxruntime session (docs/decisions.md)
-    with open_gallery(
-        args.gallery, args.model, device=args.device, optimization="extended"
-    ) as gallery, warnings.catch_warnings(record=True) as notes:
+    with (
+        open_gallery(
+            args.gallery, args.model, device=args.device, optimization="extended"
+        ) as gallery,
+        warnings.catch_warnings(record=True) as notes,
+    ):
         warnings.simplefilter("always", FilterNote)
         found = _search(gallery, args, conditions)
     for note in notes:

@@ -301,7 +301,9 @@ class Page:
         grid, status, state = self.item_grid(gallery, int(item["item_id"]), k, filters, rerank)
         return grid, status, state, self.item_box(self.view(gallery), state["id"]), None
 
-    def opened(self, gallery: str, item: Any, k: Any, filters: str = "", rerank: bool | None = None):
+    def opened(
+        self, gallery: str, item: Any, k: Any, filters: str = "", rerank: bool | None = None
+    ):
         """The item box's item (by id or key) is the query; the upload leaves the query box."""
         grid, status, state = self.item_grid(gallery, item, k, filters, rerank)
         return grid, status, state, None

@@ -20,7 +20,6 @@ class PageError(NearsightError):
     """Bad input from a page user (shown on the page as a one-line message)."""
 
 
-
 def code_span(text: str) -> str:
     """``text`` as a markdown code span, shown exactly as typed (markdown escapes what is
     inside; escaping it here too showed ``price&lt;20``)."""

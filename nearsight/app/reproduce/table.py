@@ -29,6 +29,7 @@ class Reproduction(Protocol):
     overrides: dict[str, Any]
     selection: str
 
+
 LABELS = {"nmi": "NMI", "map@r": "MAP@R"}
 # how best.pt was chosen (--selection)
 SELECTION_NOTES = {
@@ -249,9 +250,7 @@ def _wall_time(report: dict[str, Any]) -> str:
     return text + device + "."
 
 
-def _difference(
-    ours: dict[str, Any], paper: PaperRow, names: list[str]
-) -> dict[str, float | None]:
+def _difference(ours: dict[str, Any], paper: PaperRow, names: list[str]) -> dict[str, float | None]:
     """Ours minus the paper's, in points, where both have a number."""
     return {
         n: None

@@ -20,9 +20,7 @@ class Neighbour(BaseModel):
     path: str = Field(description="the item's path relative to the gallery's root")
     label: int | None
     class_name: str | None
-    distance: float | None = Field(
-        description="Euclidean distance between unit embeddings, 0 to 2"
-    )
+    distance: float | None = Field(description="Euclidean distance between unit embeddings, 0 to 2")
     meta: dict[str, MetaValue] = Field(description="the item's metadata columns")
     image_url: str = Field(
         description="the item's image, behind the API key like every route (GET; ?size=N for "
@@ -134,11 +132,16 @@ class SearchJson(BaseModel):
     vector: list[float] | None = Field(None, description="query by a vector of D numbers")
     k: int = Field(8, ge=1, le=1000, description="items (or groups) per page")
     offset: int = Field(
-        0, ge=0, le=10000, description="a page: ranks offset+1 to offset+k of the search of "
-        "offset+k (with group_by: groups)"
+        0,
+        ge=0,
+        le=10000,
+        description="a page: ranks offset+1 to offset+k of the search of "
+        "offset+k (with group_by: groups)",
     )
     group_by: str | None = Field(
-        None, min_length=1, max_length=200,
+        None,
+        min_length=1,
+        max_length=200,
         description="group by this column (a product's SKU): at most k groups ordered by their "
         "best distance; items without a value are left out",
     )

@@ -67,7 +67,7 @@ def check_key(key: str | None, host: str) -> None:
     if len(key) < MIN_KEY_CHARS:
         raise NearsightError(
             f"the API key has {len(key)} characters; serving on {host} (beyond this machine) "
-            f"needs at least {MIN_KEY_CHARS} (e.g. `python -c \"import secrets; "
+            f'needs at least {MIN_KEY_CHARS} (e.g. `python -c "import secrets; '
             'print(secrets.token_urlsafe(24))"`)'
         )
 

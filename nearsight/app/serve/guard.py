@@ -229,7 +229,7 @@ class Guard:
         return None
 
     def _key_state(self, scope: Scope) -> str:
-        """"ok" (no key needed, or the right one), "missing" or "wrong"."""
+        """ "ok" (no key needed, or the right one), "missing" or "wrong"."""
         settings = self.settings
         if not settings.keys or scope.get("path") in OPEN_PATHS:
             return "ok"
@@ -381,7 +381,10 @@ def _cookie(scope: Scope, name: str) -> str:
 async def _send(
     send: Send, status: int, body: bytes, content_type: str, retry_after: int | None = None
 ) -> None:
-    headers = [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode())]
+    headers = [
+        (b"content-type", content_type.encode()),
+        (b"content-length", str(len(body)).encode()),
+    ]
     if retry_after is not None:
         headers.append((b"retry-after", str(retry_after).encode()))
     if status >= 400:  # the body may be unread: close rather than drain it for keep-alive

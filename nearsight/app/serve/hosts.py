@@ -70,7 +70,9 @@ class AllowedHosts:
             return False
         own = _origin(scheme, host_header)  # another allowed name of it, on its scheme and port
         return own is not None and (parts.scheme, port or DEFAULT_PORTS[parts.scheme]) == (
-            own[0], own[2])
+            own[0],
+            own[2],
+        )
 
     def describe(self) -> str:
         return ANY_HOST if self.any else ", ".join(sorted(self.names))

@@ -73,7 +73,9 @@ class _Gauges:
         self._waiting = waiting
 
     def collect(self):
-        items = GaugeMetricFamily("nearsight_gallery_items", "items in a gallery", labels=["gallery"])
+        items = GaugeMetricFamily(
+            "nearsight_gallery_items", "items in a gallery", labels=["gallery"]
+        )
         generation = GaugeMetricFamily(
             "nearsight_gallery_generation", "reloads of a live gallery", labels=["gallery"]
         )

@@ -301,4 +301,3 @@ async def _replay(app: ASGIApp, scope: Scope, body: bytes, send: Send) -> bytes:
 
     await app(scope, receive, capture)
     return b"".join(answer["body"])
-

@@ -35,9 +35,7 @@ REQUIRED_COLUMNS = ("path",)  # no label column (or an empty cell): unlabelled i
 SPLIT_VALUES = ("train", "test")
 
 
-def load_csv(
-    root: Path, split: str, meta_types: Mapping[str, str] | None = None
-) -> DatasetSplit:
+def load_csv(root: Path, split: str, meta_types: Mapping[str, str] | None = None) -> DatasetSplit:
     """``meta_types``: declared column types (nearsight/data/meta.py); the
     others are decided per whole column."""
     manifest = find_manifest(root)

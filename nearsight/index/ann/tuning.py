@@ -38,6 +38,8 @@ REFINE_MIN = REFINE_FACTOR * TUNING_K
 def refine_candidates(k: int) -> int:
     """How many candidates a PQ search of the ``k`` nearest asks the codes for."""
     return max(k * REFINE_FACTOR, REFINE_MIN)
+
+
 HNSW_EF_VALUES = (16, 32, 64, 128, 256, 512, 1024)
 
 

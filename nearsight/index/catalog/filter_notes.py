@@ -52,7 +52,9 @@ def value_notes(
     stored text is the tags joined by ``|``), read by SQL."""
 
     def holds(key: str, value: str) -> bool:
-        test = "instr('|' || value || '|', '|' || ? || '|') > 0" if key in list_keys else "value = ?"
+        test = (
+            "instr('|' || value || '|', '|' || ? || '|') > 0" if key in list_keys else "value = ?"
+        )
         return conn.execute(f"SELECT 1 FROM item_meta WHERE key = ? AND {test} LIMIT 1",
                             (key, value)).fetchone() is not None  # fmt: skip
 

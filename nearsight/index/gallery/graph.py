@@ -54,7 +54,9 @@ def compute_graph(
         valid = (found >= 0) & (ids[where] == found)
         cos = np.einsum("nd,nkd->nk", vectors[rows], vectors[np.where(valid, where, 0)])
         order = np.argsort(np.where(valid, -cos, np.inf), axis=1, kind="stable")
-        neighbours[rows, : found.shape[1]] = np.take_along_axis(np.where(valid, found, -1), order, 1)
+        neighbours[rows, : found.shape[1]] = np.take_along_axis(
+            np.where(valid, found, -1), order, 1
+        )
         sims[rows, : found.shape[1]] = np.take_along_axis(np.where(valid, cos, -np.inf), order, 1)
     return neighbours, sims
 

@@ -68,7 +68,9 @@ def check_unique_keys(rows: Sequence[dict[str, Any]], column: str) -> None:
     keys = [str((row.get("meta") or {}).get(column, "") or "").strip() for row in rows]
     missing = sum(not key for key in keys)
     if missing:
-        raise NearsightError(f"{missing} items have no {column!r} (the key column): give every item one")
+        raise NearsightError(
+            f"{missing} items have no {column!r} (the key column): give every item one"
+        )
     keys = [normal_key(key) for key in keys]
     for row, key in zip(rows, keys, strict=True):
         row["meta"][column] = key
@@ -103,7 +105,9 @@ def item_of_key(gallery: Gallery, key: str) -> dict[str, Any]:
     return gallery.items([found[key]])[0]
 
 
-def duplicate_note(hashes: Sequence[str | None], paths: Sequence[str], known: dict[str, int]) -> str:
+def duplicate_note(
+    hashes: Sequence[str | None], paths: Sequence[str], known: dict[str, int]
+) -> str:
     """One line about images whose bytes repeat among ``hashes`` or match gallery items
     (``known``: sha256 -> id); empty when none do."""
     seen: dict[str, str] = {}

@@ -15,7 +15,6 @@ if TYPE_CHECKING:  # typing only: the embedders' modules load onnxruntime
     from nearsight.models.embedder import Embedder
 
 
-
 class Gallery(Protocol):
     """What this module reads of a gallery (nearsight.index.gallery.core's, which imports
     this module)."""

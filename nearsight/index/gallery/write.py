@@ -84,6 +84,7 @@ class Gallery(Protocol):
 
     def _load(self, *, locked: bool = False) -> None: ...
 
+
 UNIT_NORM_TOLERANCE = 1e-3
 # add compacts once the segments hold more than this many items and this share of the base:
 # appends stay O(added items) and a gallery of N items is rewritten after ~N/4 appended items

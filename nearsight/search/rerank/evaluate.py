@@ -39,9 +39,7 @@ def evaluate_reranked(
         # MAP@R's R may reach) after them in the base order
         head = neighbours[:, : spec.depth]
         query_side = source.side_of(query_rows)
-        found, _ = rerank(
-            spec, source, source.vectors_of(query_rows), head, query_rows, query_side
-        )
+        found, _ = rerank(spec, source, source.vectors_of(query_rows), head, query_rows, query_side)
         return np.concatenate([found, neighbours[:, spec.depth :]], axis=1)
 
     return evaluate(vectors, labels, ks, reorder=reorder, reorder_depth=spec.depth, **options)

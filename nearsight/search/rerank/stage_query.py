@@ -77,7 +77,9 @@ class StageEmbedder(OnnxEmbedder):
         if not len(images):
             raise ValueError("no images")
         parts = [
-            self.embed_with_stage(np.stack([self.preprocess(i) for i in images[s : s + batch_size]]))
+            self.embed_with_stage(
+                np.stack([self.preprocess(i) for i in images[s : s + batch_size]])
+            )
             for s in range(0, len(images), batch_size)
         ]
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])

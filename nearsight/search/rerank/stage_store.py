@@ -77,7 +77,6 @@ class StageStore:
         return widen_halves(self._table[rows])
 
 
-
 def widen_halves(rows: np.ndarray) -> np.ndarray:
     """float32 copy of float16 ``rows`` [N, F], the same values as ``astype``: onnxruntime's
     Cast converts with the CPU's half-precision instructions, numpy's astype one value at a
@@ -92,7 +91,7 @@ def widen_halves(rows: np.ndarray) -> np.ndarray:
 # serving install has onnxruntime but not the onnx package that would build it
 # (tests/search/test_stage_store_widen.py builds it with onnx.helper and compares).
 HALF_WIDENER_ONNX = (
-    b"\x08\x08\x12\tnearsight:b\n!\n\x06halves\x12\x06floats\"\x04Cast*\t\n\x02to\x18\x01"
+    b'\x08\x08\x12\tnearsight:b\n!\n\x06halves\x12\x06floats"\x04Cast*\t\n\x02to\x18\x01'
     b"\xa0\x01\x02\x12\x05widenZ\x1a\n\x06halves\x12\x10\n\x0e\x08\n\x12\n\n\x03\x12\x01N"
     b"\n\x03\x12\x01Fb\x1a\n\x06floats\x12\x10\n\x0e\x08\x01\x12\n\n\x03\x12\x01N\n\x03"
     b"\x12\x01FB\x04\n\x00\x10\x11"

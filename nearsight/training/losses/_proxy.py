@@ -60,7 +60,9 @@ class ProxyLossBase(nn.Module):
         index = torch.searchsorted(known, labels).clamp(max=self.num_classes - 1)
         if not check_on_host(labels):
             # no host sync inside a compiled or CUDA step: the device checks
-            torch._assert_async((known[index] == labels).all(), f"{self.name}: a label has no proxy")
+            torch._assert_async(
+                (known[index] == labels).all(), f"{self.name}: a label has no proxy"
+            )
         elif not torch.equal(known[index], labels):
             unknown = sorted(set(labels.tolist()) - set(known.tolist()))
             raise LossConfigError(f"{self.name}: labels {unknown[:5]} have no proxy")

@@ -202,9 +202,7 @@ async def _read_body(request: Request) -> tuple[dict[str, Any], UploadFile | Non
     elif not kind and not await request.body():
         raw = {}  # nothing sent: the message below says what to send
     else:
-        raise ApiError(
-            415, "send the query as application/json or as a multipart/form-data form"
-        )
+        raise ApiError(415, "send the query as application/json or as a multipart/form-data form")
     return _checked(raw), image
 
 
