@@ -104,7 +104,10 @@ def _regular_file(path: str, name: str) -> bytes:
     except OSError as error:
         raise ImageLoadError.for_file(name, (error.strerror or str(error)).lower()) from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise ImageLoadError.for_file(name, "it is a folder, not an image file")
+        if not stat.S_ISREG(mode):
             raise ImageLoadError.for_file(name, "not a regular file")
         with os.fdopen(fd, "rb", closefd=False) as handle:
             return handle.read()

@@ -100,7 +100,8 @@ def test_a_free_slot_goes_first_to_an_identity_with_nothing_in_flight():
         await asyncio.gather(*tasks)
 
     asyncio.run(main())
-    assert order[:2] == ["a0", "b0"] and order[2] == "c0", order
+    # a0 and b0 start together on the two slots, in either order
+    assert sorted(order[:2]) == ["a0", "b0"] and order[2] == "c0", order
     assert set(order) == {"a0", "a1", "a2", "a3", "b0", "b1", "c0"}
 
 

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-import argparse
+from typing import Any, Protocol
 
 DEVICES = ("auto", "cpu", "cuda")
 
 
-def add_device_option(
-    parser: argparse.ArgumentParser | argparse._ArgumentGroup, default: str | None = "auto"
-) -> None:
+class ArgumentTarget(Protocol):
+    """A parser or one of its argument groups."""
+
+    def add_argument(self, *names: str, **options: Any) -> Any: ...
+
+
+def add_device_option(parser: ArgumentTarget, default: str | None = "auto") -> None:
     """``--device {auto,cpu,cuda}`` (auto: CUDA where onnxruntime or torch has it, else the
     CPU); ``default=None`` leaves it to a config file (``train``)."""
     parser.add_argument(
