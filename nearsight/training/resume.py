@@ -7,14 +7,35 @@ from __future__ import annotations
 
 import sys
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
+from torch import nn
 
 from nearsight.training.config import TrainConfig
+from nearsight.training.run_files import RunFiles
 
-if TYPE_CHECKING:
-    from nearsight.training.trainer import Trainer
+
+class Trainer(Protocol):
+    """What a resume reads and writes of a run (nearsight/training/trainer.py's Trainer, which
+    imports this module)."""
+
+    @property
+    def config(self) -> TrainConfig: ...
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def files(self) -> RunFiles: ...
+    @property
+    def model(self) -> nn.Module: ...
+    @property
+    def loss_fn(self) -> nn.Module: ...
+    @property
+    def optimizer(self) -> torch.optim.Optimizer: ...
+    @property
+    def critic_optimizer(self) -> torch.optim.Optimizer | None: ...
+    @property
+    def selection_metric(self) -> str: ...
 
 
 @dataclass
