@@ -71,7 +71,12 @@ from helpers.processes import (
 from helpers.sockets import address_of, closed_within, connect_from, read_response
 from helpers.threads import HeldModel
 from helpers.timm import TIMM_CONVNEXT, TIMM_RESNET, TIMM_VIT, write_hub_weights
-from helpers.training import TrainingCrash, crash_training, train_one_and_two_processes
+from helpers.training import (
+    TINY_TRAIN,
+    TrainingCrash,
+    crash_training,
+    train_one_and_two_processes,
+)
 
 __all__ = [
     "HeldModel",
@@ -99,6 +104,7 @@ __all__ = [
     "torchrun",
     "serve_process",
     "process_mb",
+    "TINY_TRAIN",
     "TrainingCrash",
     "train_one_and_two_processes",
     "crash_training",

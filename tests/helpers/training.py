@@ -11,6 +11,19 @@ import pytest
 
 from helpers.processes import torchrun
 
+# The smallest training run the tests use: 32 px, dim 16, 3 classes x 2 images, no workers, from
+# scratch (each test adds its loss, root, steps and logging)
+TINY_TRAIN = {
+    "data.dataset": "folder",
+    "data.image_size": 32,
+    "data.workers": 0,
+    "data.eval_batch_size": 16,
+    "model.dim": 16,
+    "model.pretrained": "none",
+    "sampler.classes_per_batch": 3,
+    "sampler.per_class": 2,
+}
+
 
 class TrainingCrash(Exception):
     """Raised inside a training step to stand in for a crash (a kill mid-run)."""

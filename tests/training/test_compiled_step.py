@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch._dynamo
-from helpers import read_jsonl
+from helpers import TINY_TRAIN, read_jsonl
 
 from nearsight.data.datasets.synthetic import write_synthetic
 from nearsight.training.builders import build_model, build_train_sampler, build_training_loss
@@ -26,15 +26,8 @@ LABELS = [0, 0, 1, 1, 2, 2]  # the configs' design: 3 classes x 2 images
 
 def config_for(loss: str, root: str = "unused", **extra):
     overrides = {
-        "data.dataset": "folder",
+        **TINY_TRAIN,
         "data.root": root,
-        "data.image_size": 32,
-        "data.workers": 0,
-        "data.eval_batch_size": 16,
-        "model.dim": 16,
-        "model.pretrained": "none",
-        "sampler.classes_per_batch": 3,
-        "sampler.per_class": 2,
         "loss.name": loss,
         "amp": False,
         "channels_last": False,

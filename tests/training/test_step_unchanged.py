@@ -8,7 +8,7 @@ import functools
 from pathlib import Path
 
 import pytest
-from helpers import read_jsonl
+from helpers import TINY_TRAIN, read_jsonl
 
 from nearsight.data.datasets.synthetic import write_synthetic
 from nearsight.training import step_logs
@@ -52,15 +52,8 @@ def synth(tmp_path_factory) -> Path:
 
 def fixed_seed_config(root: Path, case: str):
     overrides = {
-        "data.dataset": "folder",
+        **TINY_TRAIN,
         "data.root": str(root),
-        "data.image_size": 32,
-        "data.workers": 0,
-        "data.eval_batch_size": 16,
-        "model.dim": 16,
-        "model.pretrained": "none",
-        "sampler.classes_per_batch": 3,
-        "sampler.per_class": 2,
         "eval_every": 10**9,
         "save_every": 10**9,
         "log_every": 1,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers import crash_training, read_jsonl, train_one_and_two_processes
+from helpers import TINY_TRAIN, crash_training, read_jsonl, train_one_and_two_processes
 
 from nearsight.app.cli import main
 from nearsight.models.checkpoint import load_checkpoint, load_embedding_net
@@ -16,14 +16,7 @@ from nearsight.training.run import train
 from nearsight.training.schedule import LRSchedule
 
 TINY = {
-    "data.dataset": "folder",
-    "data.image_size": 32,
-    "data.workers": 0,
-    "data.eval_batch_size": 16,
-    "model.dim": 16,
-    "model.pretrained": "none",
-    "sampler.classes_per_batch": 3,
-    "sampler.per_class": 2,
+    **TINY_TRAIN,
     "eval_every": 3,
     "save_every": 1,
     "log_every": 1,
