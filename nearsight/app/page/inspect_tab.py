@@ -198,7 +198,7 @@ class InspectTab:
 def inspect_tab(page: Page, gallery_choice: Any, k_slider: Any) -> InspectTab:
     """The Inspect tab (inside ``gr.Tabs``), its events wired (undocumented API names, as the
     page's other events)."""
-    private = {"api_visibility": "undocumented"}
+    private: dict[str, Any] = {"api_visibility": "undocumented"}
     tab = InspectTab(page)
     names = page.names
     baseline = names[1] if len(names) > 1 else None  # the demo: trained, then untrained

@@ -285,8 +285,8 @@ def build_app(
             api_button = gr.Button("search")
 
         gates = PageGates(concurrency, max_queue)
-        embed_limits = {"concurrency_id": "embed", **gates.limits}
-        private = {"api_visibility": "undocumented"}
+        embed_limits: dict[str, Any] = {"concurrency_id": "embed", **gates.limits}
+        private: dict[str, Any] = {"api_visibility": "undocumented"}
 
         def embedding(handler: Any) -> Any:  # an upload's search: the embed gate
             return gates.through(gates.embed, handler)
