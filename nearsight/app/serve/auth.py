@@ -14,7 +14,7 @@ import html
 import os
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 
 from nearsight.app.serve.hosts import is_loopback
@@ -73,17 +73,23 @@ def check_key(key: str | None, host: str) -> None:
 
 
 DEFAULT_KEY_NAME = "key"  # the name of a lone --api-key in the log and the fair shares
+READ, WRITE = "read", "write"  # what a key may do (a keys file's third word)
 
 
 class ApiKeys:
     """The server's keys, each with a name (a colleague, a service): the name of the key a
     request presents is who it is, in the access log and the fair shares. One ``--api-key``
-    is the key named :data:`DEFAULT_KEY_NAME`; ``--keys-file`` holds ``NAME KEY`` lines."""
+    is the key named :data:`DEFAULT_KEY_NAME`; ``--keys-file`` holds ``NAME KEY [ACCESS]``
+    lines. A key may write (:data:`WRITE`, the default: a file of ``NAME KEY`` lines means
+    what it did before keys could be read-only) or only read (:data:`READ`): the REST writes
+    (``serve --allow-writes``) refuse a read-only key with 403."""
 
-    def __init__(self, keys: dict[str, str]):
+    def __init__(self, keys: dict[str, str], read_only: Collection[str] = ()):
         self.keys = dict(keys)
-        # the sessions' secret: a change of any key ends every browser's session
-        self.secret = "\n".join(f"{n} {k}" for n, k in sorted(self.keys.items()))
+        self.read_only = frozenset(read_only) & set(self.keys)
+        # the sessions' secret: a change of any key, or of what it may do, ends every
+        # browser's session
+        self.secret = "\n".join(f"{n} {k} {self.access(n)}" for n, k in sorted(self.keys.items()))
 
     def __bool__(self) -> bool:
         return bool(self.keys)
@@ -96,6 +102,14 @@ class ApiKeys:
         """Whether the keys were named (a keys file), so a key's name is its holder."""
         return list(self.keys) != [DEFAULT_KEY_NAME]
 
+    def access(self, name: str) -> str:
+        """:data:`READ` or :data:`WRITE`: what the key ``name`` may do."""
+        return READ if name in self.read_only else WRITE
+
+    def may_write(self, name: str | None) -> bool:
+        """Whether ``name`` is a key of this server that may write."""
+        return name is not None and name in self.keys and name not in self.read_only
+
     def match(self, given: str) -> str | None:
         """The name of the key ``given`` is, or None; every key is compared (constant time)."""
         found = None
@@ -107,45 +121,62 @@ class ApiKeys:
     @classmethod
     def of(cls, key: str | None, keys_file: str | os.PathLike[str] | None = None,
            host: str = "127.0.0.1") -> ApiKeys | None:  # fmt: skip
-        """``key`` (as :data:`DEFAULT_KEY_NAME`) and the keys of ``keys_file``; None when there
-        are none. Beyond loopback each must be long enough (:func:`check_key`)."""
+        """``key`` (as :data:`DEFAULT_KEY_NAME`, a key that may write) and the keys of
+        ``keys_file``; None when there are none. Beyond loopback each must be long enough
+        (:func:`check_key`)."""
         keys = {} if key is None else {DEFAULT_KEY_NAME: key}
+        read_only: set[str] = set()
         if keys_file is not None:
-            for name, value in read_keys_file(Path(keys_file)).items():
+            listed, read_only = parse_keys_file(Path(keys_file))
+            for name, value in listed.items():
                 if name in keys:
                     raise NearsightError(f"--keys-file {keys_file}: the name {name!r} is taken "
                                          "by --api-key")  # fmt: skip
                 keys[name] = value
         for value in keys.values():
             check_key(value, host)
-        return cls(keys) if keys else None
+        return cls(keys, read_only) if keys else None
 
 
 def read_keys_file(path: Path) -> dict[str, str]:
-    """``NAME KEY`` lines (blank lines and ``#`` comments skipped): name -> key; one-line
-    NearsightError for a line that is not two words, a name or a key given twice."""
+    """name -> key of a keys file (:func:`parse_keys_file`)."""
+    return parse_keys_file(path)[0]
+
+
+def parse_keys_file(path: Path) -> tuple[dict[str, str], set[str]]:
+    """``NAME KEY [read|write]`` lines (blank lines and ``#`` comments skipped; without the
+    third word a key may write): name -> key, and the names of the read-only keys. One-line
+    NearsightError for a line that is not two or three such words, a name or a key given
+    twice."""
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as error:
         reason = getattr(error, "strerror", None) or "not text"
         raise NearsightError(f"cannot read --keys-file {path}: {reason}") from None
     keys: dict[str, str] = {}
+    read_only: set[str] = set()
     for number, line in enumerate(text.splitlines(), 1):
         words = line.split("#", 1)[0].split()
         if not words:
             continue
-        if len(words) != 2:
-            raise NearsightError(f"--keys-file {path}:{number}: a line is NAME KEY, got "
-                                 f"{len(words)} word(s)")  # fmt: skip
-        name, key = words
+        if len(words) not in (2, 3):
+            raise NearsightError(f"--keys-file {path}:{number}: a line is NAME KEY [read|write], "
+                                 f"got {len(words)} word(s)")  # fmt: skip
+        name, key = words[:2]
+        access = words[2].lower() if len(words) == 3 else WRITE
+        if access not in (READ, WRITE):
+            raise NearsightError(f"--keys-file {path}:{number}: the third word is read or "
+                                 f"write (what the key may do), got {words[2][:40]!r}")  # fmt: skip
         if name in keys:
             raise NearsightError(f"--keys-file {path}:{number}: the name {name!r} is given twice")
         if key in keys.values():
             raise NearsightError(f"--keys-file {path}:{number}: a key is given twice")
         keys[name] = key
+        if access == READ:
+            read_only.add(name)
     if not keys:
         raise NearsightError(f"--keys-file {path} holds no key")
-    return keys
+    return keys, read_only
 
 
 class Sessions:

@@ -59,8 +59,9 @@ class Settings:
     )  # fmt: skip
     api_key_file: Path | None = option(None, "read the API key from this file")
     keys_file: Path | None = option(
-        None, "several named API keys, one `NAME KEY` line each (# starts a comment): the "
-        "access log and the fair shares name the key's owner",
+        None, "several named API keys, one `NAME KEY [read|write]` line each (# starts a "
+        "comment): the access log and the fair shares name the key's owner; a `read` key may "
+        "not write over REST (403), a key without the third word may",
     )  # fmt: skip
     max_upload_mb: float = option(10.0, "largest image a user may upload, in MB")
     concurrency: int = option(2, "searches embedded at once, and uploads decoded at once")
@@ -131,7 +132,7 @@ class Settings:
     )  # fmt: skip
     allow_writes: bool = option(
         False, "let REST clients add, update and delete items (POST /api/items, PATCH and "
-        "DELETE /api/items/by-key; with the API key where there is one)",
+        "DELETE /api/items/by-key; with a key that may write where there are keys)",
     )  # fmt: skip
     card_fields: str = option(
         "", "the metadata fields each result card leads with, in order (e.g. sku,shop,price); "

@@ -1,7 +1,8 @@
 """Writes over REST, keyed: ``POST /api/items`` (an image, its key and metadata: insert, or
 replace the item with that key), ``PATCH /api/items/by-key`` (change an item's metadata) and
 ``DELETE /api/items/by-key``. Off unless the server runs with ``--allow-writes`` (403), and
-behind the API key like every route where the server has one.
+behind the API key like every route where the server has one; a read-only key
+(``NAME KEY read`` in ``--keys-file``) is refused with 403.
 
 Each write is what ``nearsight index add`` / ``index remove`` run
 (nearsight/index/gallery/update.py): the same writer lock and atomic files, so a write killed
@@ -28,6 +29,7 @@ from starlette.datastructures import UploadFile
 from nearsight.app.rest.deps import ApiError, RestState, echo, one_line, rest_state
 from nearsight.app.rest.models import ERRORS, Item, MetaValue
 from nearsight.app.rest.routes.images import image_kind, image_url
+from nearsight.app.serve.auth import presented_key
 from nearsight.core.atomic import atomic_file
 from nearsight.core.errors import NearsightError
 from nearsight.data.decode_box import fit_bytes
@@ -74,9 +76,23 @@ class MetaPatch(BaseModel):
     gallery: str | None = None
 
 
-def _writable(request: Request, state: RestState, gallery: str | None) -> ServedGallery:
+def _may_write(request: Request, state: RestState) -> None:
+    """403 unless writes are on and the request's key may write (a read-only key of
+    ``--keys-file`` may not); checked before the body is read."""
     if not getattr(request.app.state, "allow_writes", False):
         raise ApiError(403, "writes are off on this server (start it with --allow-writes)")
+    keys = state.keys
+    if not keys:
+        return
+    # the guard names the holder (a header's key or a browser's session); else the header's
+    name = request.scope.get("nearsight.key") or keys.match(presented_key(request.scope["headers"]))
+    if not keys.may_write(name):
+        raise ApiError(403, f"the key {name!r} may only read: writes need a key that may write "
+                       "(a `NAME KEY write` line of --keys-file)")  # fmt: skip
+
+
+def _writable(request: Request, state: RestState, gallery: str | None) -> ServedGallery:
+    _may_write(request, state)
     return state.view(gallery)
 
 
@@ -122,6 +138,7 @@ _POST_FORM = {
 async def post_item(request: Request, state: State) -> dict[str, Any]:
     """Add an item: a multipart form with ``image`` (a file), ``key`` (replaces the item with
     that key), ``meta`` (a JSON object of its fields), ``label`` and ``gallery``."""
+    _may_write(request, state)  # before the upload is read
     try:
         form = await request.form(max_files=1, max_fields=8)
     except Exception as error:  # a malformed or non-form body
