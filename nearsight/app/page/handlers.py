@@ -249,6 +249,7 @@ class Page:
             lead_fields=view.shown_fields(),
             filtered_fields=filtered.keys,
             title_fields=title_columns(view.gallery.column_types()),
+            list_fields=view.list_columns,
         )
 
     def random_item(

@@ -14,6 +14,8 @@ import html
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from nearsight.app.page.products import ProductHit
+from nearsight.index.catalog.list_columns import SEPARATOR as TAG_SEPARATOR
 from nearsight.search.served import Neighbour
 from nearsight.search.verdicts import FRAME_COLOURS, QUERY_COLOUR, correctness
 
@@ -66,13 +68,17 @@ def result_html(
     lead_fields: Sequence[str] = (),
     filtered_fields: Sequence[str] = (),
     title_fields: Sequence[str] = (),
+    list_fields: Sequence[str] = (),
 ) -> str:
     """The query card and its top-k grid. ``matching``: how many items the filter allows (None:
     no filter). Each card leads with ``lead_fields`` (the key column, or the fields the
     operator chose: ``serve --card-fields``), then a title (the first of ``title_fields``,
     :func:`title_columns`, that the search did not filter on), then ``filtered_fields`` (what
     the search filtered on), then as many others as fit :data:`META_SHOWN`, then the rank,
-    class and distance; every field is in the card's tooltip and its "all fields" list."""
+    class and distance; every field is in the card's tooltip and its "all fields" list. A
+    tag column's value (``list_fields``; stored as ``a|b``) shows as a list, ``[a, b]``. A
+    product's card (a :class:`~nearsight.app.page.products.ProductHit`: a grid grouped by the
+    gallery's group column) shows its best photo and how many photos the product has."""
     e = html.escape
     verdicts = [correctness(query.label, n.label) for n in neighbours]
     right = verdicts.count("true")
@@ -81,7 +87,9 @@ def result_html(
         if matching is None
         else f"{matching} matching items (of {gallery_size}) in {e(gallery)}"
     )
-    summary = f"{len(neighbours)} nearest of {searched}"
+    grouped = bool(neighbours) and all(isinstance(n, ProductHit) for n in neighbours)
+    unit = " products" if grouped else ""
+    summary = f"{len(neighbours)} nearest{unit} of {searched}"
     if query.label is not None:
         summary += f": {right} of the query's class"
     if query.kind == "item":
@@ -114,18 +122,25 @@ def result_html(
         distance = "n/a" if neighbour.distance is None else f"{neighbour.distance:.4f}"
         label = "" if neighbour.label is None else str(neighbour.label)
         style = _CELL_STYLE.format(colour=FRAME_COLOURS[verdict], side=CELL_SIDE)
-        meta = dict(neighbour.meta or {})
+        meta = shown_meta(neighbour.meta or {}, list_fields)
         title = "\n".join(
             [f"id {neighbour.id}: {neighbour.path}", *(f"{k}={v}" for k, v in meta.items())]
         )
+        product = count = ""
+        if isinstance(neighbour, ProductHit):
+            photos = neighbour.photos
+            product = f' data-photos="{photos}" data-group="{e(str(neighbour.group), quote=True)}"'
+            plural = "" if photos == 1 else "s"
+            count = f'<span class="ns-photos">{photos} photo{plural}</span><br>'
         key = "" if neighbour.key is None else f' data-key="{e(neighbour.key, quote=True)}"'
         parts += [
             f'<figure class="ns-cell" data-rank="{neighbour.rank}" data-id="{neighbour.id}"'
-            f'{key} data-label="{label}" data-correct="{verdict}" data-distance="{distance}"'
+            f'{key}{product} data-label="{label}" data-correct="{verdict}"'
+            f' data-distance="{distance}"'
             f' title="{e(title, quote=True)}" style="{style}">',
             _image(uri, f"rank {neighbour.rank}"),
             f'<figcaption style="{_CAPTION_STYLE}">'
-            f"{_meta_lines(meta, lead_fields, filtered_fields, title_fields)}"
+            f"{_meta_lines(meta, lead_fields, filtered_fields, title_fields)}{count}"
             f'<strong>#{neighbour.rank}</strong> <span class="ns-class">{e(name)}</span><br>'
             f'distance <span class="ns-distance">{distance}</span> · id {neighbour.id}'
             f"{_all_fields(meta)}</figcaption>",
@@ -158,6 +173,14 @@ def card_fields(
     chosen = [f for f in dict.fromkeys([*lead, *title, *filtered]) if f in meta]
     others = [f for f in sorted(meta) if f not in chosen]
     return chosen + others[: max(0, room - len(chosen))]
+
+
+def shown_meta(meta: Mapping[str, object], list_fields: Sequence[str] = ()) -> dict:
+    """An item's fields as a card shows them: a tag column's ``a|b`` as ``[a, b]``."""
+    return {
+        name: f"[{', '.join(str(value).split(TAG_SEPARATOR))}]" if name in list_fields else value
+        for name, value in meta.items()
+    }
 
 
 def _short_value(value: object) -> str:

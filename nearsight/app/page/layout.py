@@ -44,6 +44,7 @@ from nearsight.app.page.html import CLICK_JS, message_html
 from nearsight.app.page.inputs import filter_help, item_box_label
 from nearsight.app.page.inspect_tab import inspect_tab
 from nearsight.app.page.map_tab import MapTab, map_tab_layout, wire_map_tab
+from nearsight.app.page.more import More
 from nearsight.app.page.tables import (
     CHANGE_COLUMNS,
     FAILURE_COLUMNS,
@@ -212,6 +213,7 @@ def build_app(
                         elem_id="ns-results",
                         js_on_load=CLICK_JS,
                     )
+                    more_button = gr.Button("More", size="sm", elem_id="ns-more")
 
             with gr.Tab("Failures", id="failures"):
                 failure_info = gr.Markdown("Computing the leave-one-out failures...")
@@ -336,6 +338,9 @@ def build_app(
         query_class.input(rerun, rerun_inputs, grid_out, api_name="rerun_class", **search_limits)
         wire_facets(demo, page, gallery_choice, filter_box, facets, rerun, rerun_inputs, grid_out,
                     search_limits)  # fmt: skip
+        # the next page of the same search (an upload's is embedded again: the embed gate)
+        more_button.click(embedding(More(page).more), rerun_inputs, grid_out, api_name="more",
+                          **private, **embed_limits)  # fmt: skip
         # a gallery item as the query: the previous upload leaves the query box
         random_button.click(
             searching(page.random_item),

@@ -10,6 +10,10 @@ A gallery item picked as the query is left out of its own results (leave-one-out
 evaluation does: by id, so an exact duplicate of it still counts as a neighbour). An uploaded
 image is not left out of anything: an upload of a gallery file is searched as that item, which
 comes first at distance 0.
+
+Where the gallery records a group column (``--group-column``, a SKU), the page's grids are
+grouped by it: :meth:`GalleryView.search_one` answers one card per product, its best photo
+(nearsight/app/page/products.py), and so does the page's ``/search`` endpoint.
 """
 
 from __future__ import annotations
@@ -19,11 +23,17 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
+import numpy as np
+
+from nearsight.app.page.products import grid_hits
 from nearsight.core.errors import NearsightError
 from nearsight.data.decode_box import fit_file
+from nearsight.index.catalog.list_columns import META_KEY as LIST_COLUMNS_META
 from nearsight.index.gallery.core import Gallery
 from nearsight.models.embedder import Embedder
 from nearsight.search.analysis import ANALYSIS_MAX_ITEMS, Analysis, analyse
+from nearsight.search.neighbour import Neighbour
+from nearsight.search.rerank.spec import RerankSpec
 from nearsight.search.served import ServedGallery, open_served
 from nearsight.search.verdicts import THUMBNAIL_SIDE, thumbnail_uri
 
@@ -50,6 +60,28 @@ class GalleryView(ServedGallery):
 
     def _same_kind(self, gallery: Gallery) -> GalleryView:
         return GalleryView(self.name, gallery, self.embedder, self.analysis_max_items)
+
+    def search_one(
+        self,
+        vector: np.ndarray,
+        k: int,
+        *,
+        allowed: np.ndarray | None = None,
+        rerank: RerankSpec | None = None,
+        self_id: int | None = None,
+        exclude_id: int | None = None,
+        notes: list[str] | None = None,
+        query_side: np.ndarray | None = None,
+    ) -> list[Neighbour]:
+        """The first page of the page's grid: the k nearest items, or, where the gallery
+        records a group column, the k nearest products (module docstring)."""
+        return grid_hits(self, vector, k, 0, allowed=allowed, rerank=rerank, self_id=self_id,
+                         exclude_id=exclude_id, notes=notes, query_side=query_side)  # fmt: skip
+
+    @property
+    def list_columns(self) -> list[str]:
+        """The gallery's tag columns (``--list-column``): a card shows their values as lists."""
+        return [str(column) for column in self.gallery.meta.get(LIST_COLUMNS_META) or []]
 
     # -- thumbnails --------------------------------------------------------------------------
 

@@ -90,7 +90,8 @@ class GallerySummary(BaseModel):
     model_sha256: str
     key_column: str | None
     columns: dict[str, str] = Field(
-        description="each metadata column's type: int, float, str, date or datetime"
+        description="each metadata column's type: int, float, str, date, datetime, or list[str] "
+        "(a tag column)"
     )
     created: str | None
     dataset: str | None

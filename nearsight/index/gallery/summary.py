@@ -9,17 +9,26 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from nearsight.index.catalog.list_columns import META_KEY as LIST_COLUMNS_META
+
 if TYPE_CHECKING:
     from nearsight.index.gallery.core import Gallery
+
+
+TAG_TYPE = "list[str]"  # a tag column's type as shown: each item holds a list of text values
 
 
 def gallery_summary(gallery: Gallery) -> dict[str, Any]:
     """The gallery's facts as plain JSON values: ``items``, ``labelled``, ``classes``,
     ``dim``, ``metric``, ``index_type``, ``model`` (the model file's name; never a folder of
     the server's), ``model_sha256``, ``key_column`` (None without one), ``columns`` (each
-    metadata column's type, by name, sorted), ``created``, ``dataset`` and ``split`` (None
-    when not recorded)."""
+    metadata column's type, by name, sorted: a tag column, ``--list-column``, is
+    :data:`TAG_TYPE`), ``created``, ``dataset`` and ``split`` (None when not recorded)."""
     meta = gallery.meta
+    tags = set(meta.get(LIST_COLUMNS_META) or [])
+    types = {
+        name: TAG_TYPE if name in tags else kind for name, kind in gallery.column_types().items()
+    }
     labelled = np.asarray(gallery.labels)[np.asarray(gallery.labels) >= 0]
     model = meta.get("model")
     return {
@@ -32,7 +41,7 @@ def gallery_summary(gallery: Gallery) -> dict[str, Any]:
         "model": Path(str(model)).name if model else None,
         "model_sha256": str(meta.get("model_sha256", "")),
         "key_column": meta.get("key_column"),
-        "columns": dict(sorted(gallery.column_types().items())),
+        "columns": dict(sorted(types.items())),
         "created": meta.get("created"),
         "dataset": meta.get("dataset"),
         "split": meta.get("split"),

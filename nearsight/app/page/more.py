@@ -1,0 +1,139 @@
+"""The page's "more" control: under the result grid, it adds the next page of the same search
+(the same query, filters and re-ranking; ``offset`` k further) to the grid, so that after N
+clicks the grid is ranks 1 to (N+1)*k of one long search, or, on a gallery grouped by product,
+products 1 to (N+1)*k (nearsight/app/page/products.py).
+
+The grid's state (``{"kind": "upload"}`` or ``{"kind": "item", "id": N}``, set by each new
+search in nearsight/app/page/handlers.py) gains ``pages``: how many pages the grid shows. A
+new search, or a change of k, the filter or the re-rank toggle, starts again at one page. Each
+click searches each shown page again by its offset (the grid is not kept on the server).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gradio as gr
+import numpy as np
+
+from nearsight.app.page.handlers import Page
+from nearsight.app.page.html import QueryCard, result_html, title_columns
+from nearsight.app.page.inputs import (
+    PageError,
+    filter_error,
+    filter_note,
+    key_of,
+    label_value,
+    no_search,
+    page_errors,
+)
+from nearsight.app.page.products import grid_hits
+from nearsight.app.page.view import GalleryView
+from nearsight.data.meta import FilterError
+from nearsight.search.neighbour import Neighbour
+from nearsight.search.rerank.spec import RerankSpec
+from nearsight.search.verdicts import thumbnail_uri
+
+MAX_SHOWN = 256  # cards one grid may grow to (each carries an inline thumbnail)
+
+
+class More:
+    """The "more" handler over the page's handlers (:class:`Page`)."""
+
+    def __init__(self, page: Page):
+        self.page = page
+
+    def more(
+        self,
+        gallery: str,
+        state: dict | None,
+        image_path: str | bytes | None,
+        k: Any,
+        query_class: str | None,
+        filters: str = "",
+        rerank: bool | None = None,
+    ):
+        """The grid with one more page; nothing when there is no search yet."""
+        if not state or state.get("kind") not in ("upload", "item"):
+            return gr.skip(), gr.skip(), gr.skip()
+        page = self.page
+        with page_errors():
+            view = page.view(gallery)
+            k = page.check_k(k)
+            pages = int(state.get("pages", 1)) + 1
+            if pages * k > MAX_SHOWN:
+                raise PageError(f"the grid shows at most {MAX_SHOWN} cards: search again, or "
+                                "narrow the search with a filter")  # fmt: skip
+            try:
+                filtered = view.filtered(filters, page.max_filter_conditions)
+            except FilterError as error:
+                return no_search(error), filter_error(error), state
+            spec = page.rerank_spec(view, rerank)
+            spec = view.rerank if spec is None else spec
+            card, vector, route = self._query(view, state, image_path, query_class, spec)
+            notes = list(filtered.notes)
+            hits: list[Neighbour] = []
+            for number in range(pages):  # page N: offset N*k, as the long search ranks it
+                found = grid_hits(view, vector, k, number * k, allowed=filtered.allowed,
+                                  rerank=spec, notes=notes, **route)  # fmt: skip
+                hits += found
+                if len(found) < k:  # the search has no more
+                    break
+            grid = result_html(
+                card,
+                hits,
+                [view.thumbnail(hit.id) for hit in hits],
+                [view.class_name(hit.label) for hit in hits],
+                gallery=view.name,
+                gallery_size=len(view),
+                matching=None if filtered.allowed is None else len(filtered.allowed),
+                lead_fields=view.shown_fields(),
+                filtered_fields=filtered.keys,
+                title_fields=title_columns(view.gallery.column_types()),
+                list_fields=view.list_columns,
+            )
+            status = filter_note(filters, notes)
+            if len(hits) < pages * k:
+                status = (status + "\n\n" if status else "") + "No more results."
+            return grid, status, {**state, "pages": pages}
+
+    def _query(
+        self,
+        view: GalleryView,
+        state: dict,
+        image_path: str | bytes | None,
+        query_class: str | None,
+        spec: RerankSpec,
+    ) -> tuple[QueryCard, np.ndarray, dict[str, Any]]:
+        """The grid's query card, its vector and the route's arguments for it, as the first
+        page had them (nearsight/app/page/handlers.py: ``upload_grid``, ``item_grid``)."""
+        if state["kind"] == "item":
+            item = int(state["id"])
+            label = view.label_of(item)
+            card = QueryCard(
+                title=f"gallery item #{item}",
+                thumbnail=view.thumbnail(item),
+                label=label,
+                class_name=view.class_name(label),
+                kind="item",
+                item_id=item,
+                key=key_of(view, item),
+            )
+            return card, view.item_vector(item), {"exclude_id": item}
+        query = self.page.read_upload(image_path, view.embedder)
+        vector, twin, side = view.query_embedding(query, spec)
+        label = label_value(query_class)
+        note = ""
+        if twin is not None:
+            twin_label = view.label_of(twin)
+            note = f"identical to gallery item #{twin} ({view.class_name(twin_label)})"
+            label = twin_label if label is None else label
+        card = QueryCard(
+            title="uploaded image",
+            thumbnail=thumbnail_uri(query.image),
+            label=label,
+            class_name=view.class_name(label),
+            kind="upload",
+            note=note,
+        )
+        return card, vector, {"self_id": twin, "query_side": side}

@@ -1,0 +1,70 @@
+"""The page's grid of one query, one page at a time, and grouped by product where the gallery
+records a group column (``--group-column``, e.g. a SKU: nearsight/search/groups.py).
+
+A grouped grid shows one card per product: its best photo (its nearest item), as a
+:class:`ProductHit` that carries the product's value and its photo count (the items the filters
+allow that hold the value). Page N of a grid is groups (or ranks) ``N*k + 1`` to ``(N+1)*k`` of
+the same search, filters and re-ranking included: the searcher's offset does the paging.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from nearsight.data.meta import MetaValue
+from nearsight.search.neighbour import Neighbour
+from nearsight.search.paging import check_page
+from nearsight.search.rerank.spec import RerankSpec
+from nearsight.search.served import ServedGallery
+
+_NEIGHBOUR_FIELDS = tuple(f.name for f in fields(Neighbour))
+
+
+@dataclass(frozen=True)
+class ProductHit(Neighbour):
+    """A product's best photo in a grouped grid, with the product's value and photo count.
+    Its ``rank`` is the photo's rank in the ungrouped ranking."""
+
+    group: MetaValue | None = None
+    photos: int = 1
+
+
+def grid_hits(
+    view: ServedGallery,
+    vector: np.ndarray,
+    k: int,
+    offset: int = 0,
+    *,
+    allowed: np.ndarray | None = None,
+    rerank: RerankSpec | None = None,
+    self_id: int | None = None,
+    exclude_id: int | None = None,
+    notes: list[str] | None = None,
+    query_side: np.ndarray | None = None,
+) -> list[Neighbour]:
+    """One page of the grid of one unit query vector: ranks ``offset + 1`` to ``offset + k``,
+    or, where the gallery records a group column, products ``offset + 1`` to ``offset + k``
+    as :class:`ProductHit` (the other arguments as
+    :meth:`~nearsight.search.served.ServedGallery.search_one`'s)."""
+    vectors = np.asarray(vector, np.float32).reshape(1, -1)
+    route = {
+        "allowed": allowed,
+        "rerank": view.rerank if rerank is None else rerank,
+        "self_ids": None if self_id is None else [self_id],
+        "exclude": None if exclude_id is None else [exclude_id],
+        "notes": notes,
+        "query_side": query_side,
+    }
+    column = view.group_column
+    if column is None:
+        (found,) = view.search_vectors(vectors, k, offset=offset, **route)
+        return list(found)
+    (groups,) = view.search_page(vectors, k, check_page(view.gallery, offset, column), **route)
+    hits: list[Neighbour] = []
+    for group in groups:
+        best = group.neighbours[0]
+        same = {name: getattr(best, name) for name in _NEIGHBOUR_FIELDS}
+        hits.append(ProductHit(**same, group=group.value, photos=group.count))
+    return hits
