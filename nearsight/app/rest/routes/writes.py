@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 from pathlib import Path
 from typing import Annotated, Any
@@ -35,11 +36,14 @@ from nearsight.core.errors import NearsightError
 from nearsight.data.decode_box import fit_bytes
 from nearsight.data.images import ImageLoadError
 from nearsight.index.gallery.keys import ids_of_keys, key_column, normal_key
+from nearsight.index.gallery.lock import gallery_lock
 from nearsight.search.route import item_row
 from nearsight.search.served import ServedGallery
 
 UPLOADS_SUFFIX = ".images"  # GALLERY.images/: the files of items posted over REST
 CHECK_SIDE = 32  # the upload is decoded at this size to check it is an image
+# what nearsight.core.atomic.atomic_file names an image's file while it is written
+_TEMPORARY_IMAGE = re.compile(r"\.[0-9a-f]{64}\.[a-z]+\.[A-Za-z0-9_]{8}\.tmp")
 _WRITING = threading.Lock()  # one write at a time: each reopens the gallery it changed
 
 router = APIRouter(
@@ -265,13 +269,20 @@ def _check_image(data: bytes, name: str) -> None:
 
 
 def _keep(view: ServedGallery, data: bytes) -> Path:
-    """The upload stored (atomically) beside the gallery, named by its SHA-256."""
+    """The upload stored (atomically) beside the gallery, named by its SHA-256, under the
+    gallery's writer lock, which also sweeps the temporary files of writes killed midway
+    (another server's live write holds the lock while its file is temporary)."""
     suffix = image_kind(data)[1]  # type: ignore[index]  # checked by _check_image
     folder = Path(str(view.gallery.path) + UPLOADS_SUFFIX)
     path = folder / f"{hashlib.sha256(data).hexdigest()}{suffix}"
-    if not path.exists():
-        with atomic_file(path, "wb") as handle:
-            handle.write(data)
+    with gallery_lock(view.gallery.path, exclusive=True):
+        if folder.is_dir():
+            for leftover in folder.iterdir():
+                if _TEMPORARY_IMAGE.fullmatch(leftover.name):
+                    leftover.unlink(missing_ok=True)
+        if not path.exists():
+            with atomic_file(path, "wb") as handle:
+                handle.write(data)
     return path
 
 
