@@ -92,7 +92,7 @@ def _may_write(request: Request, state: RestState) -> None:
     name = request.scope.get("nearsight.key") or keys.match(presented_key(request.scope["headers"]))
     if not keys.may_write(name):
         raise ApiError(403, f"the key {name!r} may only read: writes need a key that may write "
-                       "(a `NAME KEY write` line of --keys-file)")  # fmt: skip
+                       "(a line NAME KEY write in --keys-file)")  # fmt: skip
 
 
 def _writable(request: Request, state: RestState, gallery: str | None) -> ServedGallery:
