@@ -12,7 +12,9 @@ from the internet). Its searches wait their turn in fair gates (nearsight/app/pa
 
 Endpoint for gradio_client: ``/search`` (image file, k, gallery name) -> JSON text of the list
 of the k nearest items, ``{"id", "path", "label", "class_name", "distance", "meta"}``, nearest
-first (the JSON routes under ``/api`` are nearsight/app/rest/, mounted beside it)::
+first (on a gallery with a group column, as the page's grid: each product's best photo,
+nearsight/app/page/products.py; the JSON routes under ``/api`` are nearsight/app/rest/,
+mounted beside it)::
 
     neighbours = json.loads(Client(url).predict(handle_file("q.jpg"), api_name="/search"))
 
