@@ -169,8 +169,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="print a gallery's summary: items, dim, model, index type, key and columns",
         description="Print what a gallery holds: its item count (labelled, classes), the "
         "embedding dim and metric, the model, the index type, the key column and each metadata "
-        "column's type (int, float, str, date, datetime, list[str] for a tag column); the same facts as REST's "
-        "/api/galleries and the page's Summary tab.",
+        "column's type (int, float, str, date, datetime; list[str] for a tag column); the same "
+        "facts as REST's /api/galleries and the page's Summary tab.",
     )
     info.add_argument("--gallery", type=Path, required=True, help="gallery folder")
     info.add_argument("--json", action="store_true", help="print one JSON object")
