@@ -18,14 +18,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Generic
 
-from nearsight.app.serve.live import DEFAULT_INTERVAL_S, GalleryWatcher
+from nearsight.app.serve.live import DEFAULT_INTERVAL_S, GalleryWatcher, View
 from nearsight.core.errors import NearsightError
 from nearsight.search.rerank.spec import RerankSpec
 from nearsight.search.served import ServedGallery, open_served
-
-View = TypeVar("View", bound=ServedGallery)
 
 
 class UnknownGallery(NearsightError, LookupError):
@@ -48,7 +46,7 @@ class Galleries(Generic[View]):
         self.views: dict[str, View] = {view.name: view for view in views}
         self.names = [view.name for view in views]
         self.max_filter_conditions = max_filter_conditions  # None: the filters' default
-        self._watcher: GalleryWatcher | None = None
+        self._watcher: GalleryWatcher[View] | None = None
 
     @classmethod
     def open(

@@ -77,8 +77,16 @@ class PolicedConfig(uvicorn.Config):
     """uvicorn's Config with the :class:`ConnectionPolicy` its connections follow."""
 
     def __init__(self, app: Any, *, policy: ConnectionPolicy, **options: Any):
-        super().__init__(app, http=PolicedH11Protocol, proxy_headers=False,
-                         timeout_keep_alive=policy.keep_alive_s, **options)  # fmt: skip
+        # uvicorn annotates timeout_keep_alive as int but only hands it to loop.call_later,
+        # which takes a float delay: a stub too narrow, so a fractional keep-alive is passed
+        keep_alive: int = policy.keep_alive_s  # type: ignore[assignment]
+        super().__init__(
+            app,
+            http=PolicedH11Protocol,
+            proxy_headers=False,
+            timeout_keep_alive=keep_alive,
+            **options,
+        )
         self.policy = policy
 
 
