@@ -22,6 +22,8 @@ served from the arrays of an older one.
 from __future__ import annotations
 
 import bisect
+import functools
+import operator
 import os
 import sqlite3
 import threading
@@ -29,7 +31,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, Protocol, SupportsIndex, TypeVar
 from urllib.parse import quote
 
 import numpy as np
@@ -44,6 +46,14 @@ BUILD_AFTER_USES = 2  # a column is read into arrays on its 2nd filter of a cata
 CHUNK_ROWS = 131_072  # rows per read transaction
 
 Version = tuple[int, int, int, int, bytes]
+
+
+class ChunkReader(Protocol):
+    """What reads a catalog in chunks: each ``read`` runs on a connection in one short read
+    transaction (:class:`_Reader`), or plainly on a connection no writer can change (the
+    payload file's writer holds the gallery's lock)."""
+
+    def chunk(self, read: Callable[[sqlite3.Connection], T]) -> T: ...
 
 
 class Unreadable(Exception):
@@ -82,8 +92,9 @@ class TextValues:
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
-    def __getitem__(self, index: int) -> bytes:
-        return bytes(self.buffer[int(self.offsets[index]) : int(self.offsets[index + 1])])
+    def __getitem__(self, index: SupportsIndex) -> bytes:
+        at = operator.index(index)  # an int or a numpy integer
+        return bytes(self.buffer[int(self.offsets[at]) : int(self.offsets[at + 1])])
 
     def decoded(self) -> list[str]:
         """Every value as text, in order."""
@@ -199,11 +210,10 @@ class ColumnCache:
         file they were read from (None: it changed while they were read)."""
         reader = _Reader(self.path)
         try:
-            fresh = reader.chunk(_new_snapshot)  # and the version the read is of
-            if base is None:
-                base = fresh
-                if base.all_ids is None:  # ids with gaps: read them in order, by chunks
-                    base = Snapshot(_all_ids(reader), base.has_meta_table, {})
+            first = reader.chunk(first_look)  # and the version the read is of
+            if base is None:  # ids with gaps: read them in order, by chunks
+                ids = first.ids if first.ids is not None else _all_ids(reader)
+                base = Snapshot(ids, first.has_meta_table, {})
             columns = dict(base.columns)
             for key in keys:
                 columns[key] = _read_column(reader, key, base.all_ids, base.has_meta_table)
@@ -242,33 +252,49 @@ class _Reader:
             self.conn.execute("COMMIT")
 
 
-def _new_snapshot(conn: sqlite3.Connection) -> Snapshot:
-    """The snapshot's item ids when they are low..high (else None) and whether it has
-    ``item_meta``."""
+@dataclass(frozen=True)
+class FirstLook:
+    """What one query tells of a catalog: its item ids when they are low..high with no gap
+    (None: they must be read), and whether it has ``item_meta``."""
+
+    ids: np.ndarray | None
+    has_meta_table: bool
+
+
+def first_look(conn: sqlite3.Connection) -> FirstLook:
     count, low, high = conn.execute("SELECT count(*), min(id), max(id) FROM items").fetchone()
     has_meta = conn.execute(
         "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'item_meta'"
     ).fetchone() is not None  # fmt: skip
     if not count:
-        return Snapshot(np.zeros(0, np.int64), has_meta, {})
+        return FirstLook(np.zeros(0, np.int64), has_meta)
     whole = high - low + 1 == count
-    return Snapshot(np.arange(low, high + 1, dtype=np.int64) if whole else None, has_meta, {})
+    return FirstLook(np.arange(low, high + 1, dtype=np.int64) if whole else None, has_meta)
 
 
-def _all_ids(reader: _Reader) -> np.ndarray:
-    chunks, last = [], None
+def _all_ids(reader: ChunkReader) -> np.ndarray:
+    chunks: list[np.ndarray] = []
+    after = -(2**63)
     while True:
-        ids = reader.chunk(lambda conn, after=last: _ids(conn.execute(
-            "SELECT id FROM items WHERE id > ? ORDER BY id LIMIT ?",
-            (-(2**63) if after is None else after, CHUNK_ROWS))))  # fmt: skip
+        ids = reader.chunk(functools.partial(_ids_after, after=after))
         chunks.append(ids)
         if len(ids) < CHUNK_ROWS:
             return np.concatenate(chunks)
-        last = int(ids[-1])
+        after = int(ids[-1])
+
+
+def _ids_after(conn: sqlite3.Connection, after: int) -> np.ndarray:
+    """The next :data:`CHUNK_ROWS` item ids above ``after``, in order."""
+    query = "SELECT id FROM items WHERE id > ? ORDER BY id LIMIT ?"
+    return _ids(conn.execute(query, (after, CHUNK_ROWS)))
+
+
+def _fetch_all(conn: sqlite3.Connection, query: str, params: tuple[Any, ...]) -> list[Any]:
+    return conn.execute(query, params).fetchall()
 
 
 def _read_column(
-    reader: _Reader, key: str, all_ids: np.ndarray, has_meta_table: bool, by_ids: bool = False
+    reader: ChunkReader, key: str, all_ids: np.ndarray, has_meta_table: bool, by_ids: bool = False
 ) -> Column:
     """One column's parts: numbers read by chunks of ids and ordered here; text in value
     order by chunks of the (key, value) index, or for a built-in column (or ``by_ids``: the
@@ -324,7 +350,7 @@ def _number_part(chunks: list[np.ndarray], kind: type) -> Part:
     return Part(rows["id"][order], rows["value"][order])
 
 
-def _indexed_text(reader: _Reader, key: str) -> Part:
+def _indexed_text(reader: ChunkReader, key: str) -> Part:
     """A metadata column's text values, read in the (key, value) index's order by chunks."""
     ids: list[np.ndarray] = []
     encoded: list[bytes] = []
@@ -332,12 +358,13 @@ def _indexed_text(reader: _Reader, key: str) -> Part:
     seen, last, previous = 0, None, None
     select = "SELECT item_id, value FROM item_meta WHERE key = ? AND typeof(value) = 'text'"
     while True:
+        params: tuple[Any, ...]
         if last is None:
             query, params = f"{select} ORDER BY value, item_id LIMIT ?", (key, CHUNK_ROWS)
         else:
             query = f"{select} AND (value, item_id) > (?, ?) ORDER BY value, item_id LIMIT ?"
             params = (key, last[1], last[0], CHUNK_ROWS)
-        rows = reader.chunk(lambda conn, q=query, p=params: conn.execute(q, p).fetchall())
+        rows = reader.chunk(functools.partial(_fetch_all, query=query, params=params))
         ids.append(np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows)))
         for offset, (_, value) in enumerate(rows):
             if previous is None or value != previous:  # the next distinct value
@@ -373,9 +400,10 @@ def _only_items(part: Part, all_ids: np.ndarray) -> Part:
     keep = contains(all_ids, part.ids)
     if keep.all():
         return part
-    if part.starts is None:
+    if isinstance(part.values, np.ndarray):
         return Part(part.ids[keep], part.values[keep])
     # text: drop the ids, and count each distinct value's remaining ids
+    assert part.starts is not None  # a text part has its starts
     kept_before = np.concatenate([[0], np.cumsum(keep)])
     return Part(part.ids[keep], part.values, kept_before[part.starts])
 

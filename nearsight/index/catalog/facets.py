@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nearsight.data.meta import DATE_TYPES
-from nearsight.index.catalog.columns import Part, Snapshot
+from nearsight.index.catalog.columns import Part, Snapshot, TextValues
 from nearsight.index.catalog.payload_index import PayloadIndex
 
 TOP_VALUES = 10  # values listed per text column
@@ -134,7 +134,8 @@ def _text_counts(part: Part, hit: np.ndarray) -> dict[str, int]:
     counts = before[starts[1:]] - before[starts[:-1]]
     held = np.flatnonzero(counts)
     values = part.values
-    return {values[i].decode("utf-8", "surrogatepass"): int(counts[i]) for i in held}  # type: ignore[union-attr]
+    assert isinstance(values, TextValues)  # a text part's values
+    return {values[i].decode("utf-8", "surrogatepass"): int(counts[i]) for i in held}
 
 
 def _number_range(facet: ColumnFacet, numbers: list[np.ndarray], bins: int) -> None:

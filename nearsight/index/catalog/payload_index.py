@@ -90,7 +90,7 @@ class PayloadIndex:
             if condition.op == "=" and found is None:  # several sorted sets: a bitmap's order
                 found = (np.flatnonzero(union.mask(low, span)) + low if union.size * MASK_SHARE
                          > span else union.sorted_ids(low, span))  # fmt: skip
-            elif condition.op == "=":
+            elif condition.op == "=" and found is not None:
                 found = found[union.holds(found, low, span)]
             else:
                 found = self.live_ids() if found is None else found
