@@ -18,7 +18,8 @@ from nearsight.index.catalog import columns
 from nearsight.index.catalog.column_filter import evaluate, supported
 from nearsight.index.catalog.columns import ColumnCache
 from nearsight.index.catalog.create import create_catalog
-from nearsight.index.catalog.filters import Condition, budget, parse_filters, run_filter
+from nearsight.index.catalog.filter_sql import budget, run_filter
+from nearsight.index.catalog.filters import Condition, parse_filters
 from nearsight.index.catalog.store import Catalog
 
 
@@ -92,7 +93,7 @@ def _catalog(path, count: int = 50) -> None:
 
 
 def _expected(catalog: Catalog, texts: list[str]) -> list[int]:
-    from nearsight.index.catalog.filters import typed_conditions
+    from nearsight.index.catalog.filter_types import typed_conditions
 
     typed = typed_conditions(parse_filters(texts), catalog.column_types(), catalog.class_names())
     return run_filter(catalog.path, typed, True, 10.0).tolist()

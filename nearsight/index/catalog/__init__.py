@@ -1,3 +1,4 @@
 """The gallery's catalog: one SQLite file of items, their metadata and the gallery's meta
-(``store``), the row conversions (``rows``), metadata filters parsed and run as SQL (``filters``) and the
-sqlite-utils connection (``sqlite_db``)."""
+(``store``), the row conversions (``rows``), metadata filters parsed (``filters``), typed by
+their columns (``filter_types``) and run as SQL (``filter_sql``) or on column arrays (``columns``,
+``column_filter``), and the sqlite-utils connection (``sqlite_db``)."""

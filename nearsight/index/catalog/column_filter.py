@@ -1,5 +1,5 @@
 """Filters evaluated on the catalog's column arrays (nearsight/index/catalog/columns.py) with
-exactly the answer of their SQL query (nearsight/index/catalog/filters.py: filter_sql).
+exactly the answer of their SQL query (nearsight/index/catalog/filter_sql.py).
 
 SQLite's rules, kept here: a value compares only with values of its kind (a number with
 integers and reals, numerically; text with text, bytewise), an integer and a real exactly

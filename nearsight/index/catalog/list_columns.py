@@ -7,7 +7,7 @@ hold ``|``), and lists the tag columns in its meta (``list_columns``); a tag col
 ``tags=red|blue`` for those holding either, ``tags!=red`` for those without red (items with no
 tags included). In the payload index a tag column's text part lists an item's id under each of
 its tags (:func:`split_tags`), so a tag's ids are one slice as any value's are, and every
-filter on a tag column is a union of value sets (nearsight/index/catalog/filters.py:
+filter on a tag column is a union of value sets (nearsight/index/catalog/filter_types.py:
 ``typed_conditions``); a bare catalog's column arrays leave tag columns to SQL.
 """
 

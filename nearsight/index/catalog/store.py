@@ -35,7 +35,9 @@ from nearsight.data.meta import MetaValue
 from nearsight.index.catalog.column_filter import evaluate, supported
 from nearsight.index.catalog.columns import ColumnCache, Snapshot
 from nearsight.index.catalog.filter_notes import value_notes
-from nearsight.index.catalog.filters import Condition, budget, run_filter, typed_conditions
+from nearsight.index.catalog.filter_sql import budget, run_filter
+from nearsight.index.catalog.filter_types import typed_conditions
+from nearsight.index.catalog.filters import Condition
 from nearsight.index.catalog.payload_file import read_snapshot
 from nearsight.index.catalog.rows import (
     INSERT_ITEM,
@@ -195,7 +197,7 @@ class Catalog:
         self, conditions: Sequence[Condition], *, time_limit_s: float = FILTER_TIME_LIMIT_S
     ) -> np.ndarray:
         """Sorted int64 ids of the items meeting every condition, each value read as its
-        column's type (nearsight.index.catalog.filters.typed_conditions).
+        column's type (nearsight.index.catalog.filter_types.typed_conditions).
 
         The query runs on a connection of its own, read-only and outside the catalog's lock, so
         a slow filter never makes other searches of the gallery wait; past ``time_limit_s`` it
@@ -232,7 +234,7 @@ class Catalog:
 
     def list_columns(self) -> list[str]:
         """The tag (multi-valued) columns (nearsight/index/catalog/list_columns.py)."""
-        return [str(column) for column in self.meta().get("list_columns") or []]  # type: ignore[union-attr]
+        return [str(column) for column in self.meta().get("list_columns") or []]
 
     def column_types(self) -> dict[str, str]:
         """The metadata columns' types (``int``, ``float``, ``str``): as the gallery stores them
