@@ -93,8 +93,8 @@ def record_group_column(column: str | None, out: object) -> None:
     """``--group-column``, recorded in the new gallery's catalog meta (one key)."""
     if column is None:
         return
+    from nearsight.index.gallery.change import set_meta
     from nearsight.index.gallery.core import Gallery
-    from nearsight.index.gallery.write import set_meta
     from nearsight.search.groups import GROUP_COLUMN_META
 
     with Gallery.open(out) as gallery:  # type: ignore[arg-type]
