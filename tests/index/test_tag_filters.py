@@ -11,8 +11,8 @@ import pytest
 
 from nearsight.core.errors import NearsightError
 from nearsight.data.meta import FilterError
+from nearsight.index.catalog.column_cache import ColumnCache
 from nearsight.index.catalog.column_filter import evaluate, supported
-from nearsight.index.catalog.columns import ColumnCache
 from nearsight.index.catalog.create import create_catalog
 from nearsight.index.catalog.facets import column_facets
 from nearsight.index.catalog.filter_sql import budget

@@ -33,8 +33,9 @@ from urllib.parse import quote
 import numpy as np
 
 from nearsight.data.meta import MetaValue
+from nearsight.index.catalog.column_cache import ColumnCache
 from nearsight.index.catalog.column_filter import evaluate, supported
-from nearsight.index.catalog.columns import ColumnCache, Snapshot
+from nearsight.index.catalog.columns import Snapshot
 from nearsight.index.catalog.filter_notes import value_notes
 from nearsight.index.catalog.filter_sql import budget, run_filter
 from nearsight.index.catalog.filter_types import typed_conditions
