@@ -173,10 +173,12 @@ def _span(part: Part, storage: str, condition: Condition) -> tuple[int, int]:
         return 0, 0
     if storage == "text":
         below, upto = text_bounds(part, str(value).encode("utf-8"))
+    elif not isinstance(value, int | float):  # the condition's one value, here a number
+        raise TypeError(f"{condition} compares a number part with {value!r}")
     elif storage == "integer":
-        below, upto = _integer_bounds(part.values, value)  # type: ignore[arg-type]
+        below, upto = _integer_bounds(part.numbers(), value)
     else:
-        below, upto = _real_bounds(part.values, value)  # type: ignore[arg-type]
+        below, upto = _real_bounds(part.numbers(), value)
     return {
         "=": (below, upto),
         "<": (0, below),

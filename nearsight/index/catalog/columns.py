@@ -71,19 +71,29 @@ class Part:
     starts: np.ndarray | None = None
     rank: np.ndarray | None = None  # by id from the snapshot's first: position in ``ids``
 
+    def text(self) -> TextValues:
+        """A text part's distinct values, in order."""
+        if not isinstance(self.values, TextValues):
+            raise TypeError("a number part has no text values")
+        return self.values
 
-@dataclass
+    def numbers(self) -> np.ndarray:
+        """A number part's sorted values."""
+        if isinstance(self.values, TextValues):
+            raise TypeError("a text part has no numbers")
+        return self.values
+
+
 class Column:
-    """One filterable column: its parts by storage class, and the ids having any value."""
+    """One filterable column: its parts by storage class, and ``has``, the sorted ids having
+    any value (found from the parts unless given)."""
 
-    parts: dict[str, Part]
-    has: np.ndarray = None  # type: ignore[assignment]  # sorted; None: found from the parts
-
-    def __post_init__(self) -> None:
-        if self.has is None:
-            self.has = np.unique(  # a tag column lists an id under each of its tags
-                np.concatenate([np.zeros(0, np.int64)] + [p.ids for p in self.parts.values()])
-            )
+    def __init__(self, parts: dict[str, Part], has: np.ndarray | None = None):
+        self.parts = parts
+        if has is None:  # a tag column lists an id under each of its tags: once each here
+            ids = [np.zeros(0, np.int64), *(part.ids for part in parts.values())]
+            has = np.unique(np.concatenate(ids))
+        self.has: np.ndarray = has
 
 
 @dataclass(frozen=True)
@@ -105,7 +115,8 @@ def contains(sorted_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:
 
 def text_bounds(part: Part, value: bytes) -> tuple[int, int]:
     """(how many ids have a text value < ``value``, how many <= it), bytewise order."""
-    assert part.starts is not None and isinstance(part.values, TextValues)
-    low = bisect.bisect_left(part.values, value)
-    high = bisect.bisect_right(part.values, value, lo=low)
+    assert part.starts is not None  # a text part has its starts
+    values = part.text()
+    low = bisect.bisect_left(values, value)
+    high = bisect.bisect_right(values, value, lo=low)
     return int(part.starts[low]), int(part.starts[high])

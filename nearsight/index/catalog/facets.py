@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nearsight.data.meta import DATE_TYPES
-from nearsight.index.catalog.columns import Part, Snapshot, TextValues
+from nearsight.index.catalog.columns import Part, Snapshot
 from nearsight.index.catalog.payload_index import PayloadIndex
 
 TOP_VALUES = 10  # values listed per text column
@@ -133,8 +133,7 @@ def _text_counts(part: Part, hit: np.ndarray) -> dict[str, int]:
     before = np.concatenate([np.zeros(1, kind), np.cumsum(hit, dtype=kind)])
     counts = before[starts[1:]] - before[starts[:-1]]
     held = np.flatnonzero(counts)
-    values = part.values
-    assert isinstance(values, TextValues)  # a text part's values
+    values = part.text()
     return {values[i].decode("utf-8", "surrogatepass"): int(counts[i]) for i in held}
 
 

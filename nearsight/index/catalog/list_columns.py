@@ -75,7 +75,7 @@ def split_tags(column: Column) -> Column:
     part = column.parts.get("text")
     if part is None or part.starts is None or not len(part.ids):
         return column
-    stored = part.values.decoded()  # type: ignore[union-attr]
+    stored = part.text().decoded()
     tag_codes: dict[str, int] = {}
     ids, codes = [], []
     starts = np.asarray(part.starts)
@@ -92,6 +92,6 @@ def split_tags(column: Column) -> Column:
     rank[order_of] = np.arange(len(encoded))
     order = np.lexsort((all_ids, rank[code]))
     counts = np.bincount(rank[code], minlength=len(encoded))
-    text = Part(all_ids[order], TextValues(sorted(encoded)),
-                np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))  # fmt: skip
-    return Column({**column.parts, "text": text}, np.unique(np.asarray(column.has)))
+    tagged = Part(all_ids[order], TextValues(sorted(encoded)),
+                  np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))  # fmt: skip
+    return Column({**column.parts, "text": tagged}, np.unique(np.asarray(column.has)))
