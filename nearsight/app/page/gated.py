@@ -55,6 +55,7 @@ class PageGates:
 
         wrapper = functools.update_wrapper(gated, handler)
         del wrapper.__wrapped__  # Gradio reads the signature below, not the handler's
+        # inspect.signature reads __signature__ (PEP 362), an attribute typeshed's functions lack
         wrapper.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
         hints = dict(getattr(handler, "__annotations__", {}))
         wrapper.__annotations__ = {REQUEST_PARAMETER: gr.Request, **_resolved(handler, hints)}

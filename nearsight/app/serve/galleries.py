@@ -23,7 +23,7 @@ from typing import Generic
 from nearsight.app.serve.live import DEFAULT_INTERVAL_S, GalleryWatcher, View
 from nearsight.core.errors import NearsightError
 from nearsight.search.rerank.spec import RerankSpec
-from nearsight.search.served import ServedGallery, open_served
+from nearsight.search.served import open_served
 
 
 class UnknownGallery(NearsightError, LookupError):
@@ -55,12 +55,12 @@ class Galleries(Generic[View]):
         model: str | os.PathLike[str] | None = None,
         *,
         device: str = "auto",
-        kind: type[ServedGallery] = ServedGallery,
+        kind: type[View],
         show_paths: bool = False,
         rerank: RerankSpec | str | None = None,
         card_fields: Sequence[str] | None = None,
         max_filter_conditions: int | None = None,
-    ) -> Galleries:
+    ) -> Galleries[View]:
         """Open every gallery folder with its model (:func:`~nearsight.search.served.
         open_served`) as ``kind``, with the serving settings applied."""
         from nearsight.search.rerank.spec import parse_rerank
@@ -78,7 +78,7 @@ class Galleries(Generic[View]):
             for view in views:
                 view.close()
             raise
-        return cls(views, max_filter_conditions=max_filter_conditions)  # type: ignore[arg-type]
+        return cls(views, max_filter_conditions=max_filter_conditions)
 
     def get(self, name: str | None = None) -> View:
         """The gallery ``name`` (default: the first), or :class:`UnknownGallery` naming the

@@ -93,6 +93,7 @@ class PolicedConfig(uvicorn.Config):
 class PolicedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol under a :class:`ConnectionPolicy` (the module docstring)."""
 
+    # uvicorn's H11Protocol narrows asyncio's BaseTransport to Transport (ignored there too)
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         policy: ConnectionPolicy = getattr(self.config, "policy", None) or ConnectionPolicy()
