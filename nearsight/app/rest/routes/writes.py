@@ -138,12 +138,12 @@ async def post_item(request: Request, state: State) -> dict[str, Any]:
     key = _text(fields, "key")
     label = _text(fields, "label")
     name = echo(upload.filename or "<upload>")
-    suffix: str = await state.decoding.run(lambda: _check_image(data, name))
+    await state.decoding.run(lambda: _check_image(data, name))
 
     def write() -> dict[str, Any]:
         with _WRITING:
             current = state.view(view.name)
-            path = _keep(current, data, suffix)
+            path = _keep(current, data)
             try:
                 report = _add(current, path, key, meta, label)
             except NearsightError as error:
@@ -236,22 +236,20 @@ def _meta(text: str | None) -> dict[str, Any]:
     return value
 
 
-def _check_image(data: bytes, name: str) -> str:
+def _check_image(data: bytes, name: str) -> None:
     """The upload decoded in the decode box (a bomb or a non-image never reaches the
-    catalog): 415 when it is not an image this server reads; else its file suffix."""
-    kind = image_kind(data)
-    if kind is None:
+    catalog): 415 when it is not an image this server reads."""
+    if image_kind(data) is None:
         raise ApiError(415, f"{name}: not a JPEG, PNG, WebP, GIF, BMP or TIFF image")
     try:
         fit_bytes(data, name, CHECK_SIDE)
     except ImageLoadError as error:
         raise ApiError(415, one_line(str(error))) from None
-    return kind[1]
 
 
-def _keep(view: ServedGallery, data: bytes, suffix: str) -> Path:
-    """The upload stored (atomically) beside the gallery, named by its SHA-256 (and the
-    ``suffix`` of its kind)."""
+def _keep(view: ServedGallery, data: bytes) -> Path:
+    """The upload stored (atomically) beside the gallery, named by its SHA-256."""
+    suffix = image_kind(data)[1]  # type: ignore[index]  # checked by _check_image
     folder = Path(str(view.gallery.path) + UPLOADS_SUFFIX)
     path = folder / f"{hashlib.sha256(data).hexdigest()}{suffix}"
     if not path.exists():
