@@ -41,9 +41,8 @@ lint: venv
 # worker per core, a thread per core in each worker made the training tests wait on each
 # other (tests/training's two slowest files: 163 s on 2 cores, 79 s with one thread each).
 PYTEST_WORKERS ?= auto
-# The type checker covers the packages it finds clean (nearsight/app and nearsight/index still
-# report errors: `.venv/bin/mypy nearsight`); pyproject.toml's [tool.mypy] holds its settings.
-TYPED := nearsight/core nearsight/models nearsight/data nearsight/search nearsight/training
+# The type checker covers the whole package; pyproject.toml's [tool.mypy] holds its settings.
+TYPED := nearsight
 test: venv browser
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

@@ -236,9 +236,9 @@ def make_gallery(workdir: Path, model: Path, images: list[Path], args) -> tuple[
 def direct_latency(gallery: Path, images: list[Path], args) -> dict:
     """Embedding + search without Gradio, in this process (the server is not running yet)."""
     from nearsight.data.images import load_image
-    from nearsight.search.served import open_served
+    from nearsight.search.served import ServedGallery, open_served
 
-    (view,) = open_served([gallery], device="cpu")
+    (view,) = open_served([gallery], device="cpu", kind=ServedGallery)
     pictures = [load_image(path) for path in images]
     for picture in pictures[:2]:  # warm-up
         view.search(picture, args.k)

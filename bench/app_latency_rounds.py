@@ -31,9 +31,9 @@ def direct_paths(gallery: Path, k: int):
     """Callables: one query's file bytes -> seconds for (decode, embed, search), in this
     process (decoded here, as trusted: the model's own cost, no box)."""
     from nearsight.data.images import load_image_sized
-    from nearsight.search.served import open_served
+    from nearsight.search.served import ServedGallery, open_served
 
-    (view,) = open_served([gallery], device="cpu")
+    (view,) = open_served([gallery], device="cpu", kind=ServedGallery)
 
     def run(data: bytes) -> tuple[float, float, float]:
         start = time.perf_counter()

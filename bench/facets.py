@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from nearsight.index.catalog.columns import Column, Snapshot, _coded_text, _number_part
+from nearsight.index.catalog.column_read import _coded_text, _number_part
+from nearsight.index.catalog.columns import Column, Snapshot
 from nearsight.index.catalog.facets import column_facets
 from nearsight.index.catalog.list_columns import split_tags
 from nearsight.index.catalog.payload_index import PayloadIndex

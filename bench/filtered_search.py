@@ -244,7 +244,7 @@ class Items(Sequence):
 
 
 def check_in_blocks(vectors: np.ndarray, count: int, dim: int | None = None) -> np.ndarray:
-    """write_gallery's checks of its vectors (index.gallery.write._check_vectors), BLOCK rows
+    """write_gallery's checks of its vectors (index.gallery.write.check_vectors), BLOCK rows
     at a time: the one-shot check makes a temporary the size of the data (x * x inside
     np.linalg.norm), 5 GB at 10M x 128. Used for data past IN_MEMORY_BYTES only."""
     array = np.asarray(vectors)
@@ -257,7 +257,7 @@ def check_in_blocks(vectors: np.ndarray, count: int, dim: int | None = None) -> 
     return array
 
 
-CHECK_VECTORS = gallery_write._check_vectors
+CHECK_VECTORS = gallery_write.check_vectors
 CREATE_CATALOG = gallery_write.create_catalog
 
 
@@ -446,7 +446,7 @@ def bench(args: argparse.Namespace, workdir: Path, memory: PeakMemory) -> dict:
     print("truths made", json.dumps(memory.report()), file=sys.stderr, flush=True)
     items = Items(args.items, values)
     if isinstance(data, Path):
-        gallery_write._check_vectors = check_in_blocks
+        gallery_write.check_vectors = check_in_blocks
         gallery_write.create_catalog = catalog_in_blocks
     results: dict = {"items": args.items, "dim": args.dim, "k": args.k, "queries": args.queries,
                      "threads": args.threads, "types": {}}  # fmt: skip

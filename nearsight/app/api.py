@@ -162,14 +162,20 @@ def get_item(
     from nearsight.index.gallery.core import Gallery
     from nearsight.index.gallery.keys import item_of_key
 
-    if (item_id is None) == (key is None):
+    if item_id is not None and key is None:
+        wanted: int | str = item_id
+    elif key is not None and item_id is None:
+        wanted = key
+    else:
         raise NearsightError("get_item takes an id or a key, not both")
     if isinstance(gallery, Searcher):
         opened, owned = gallery.gallery, False
     else:
         opened, owned = Gallery.open(gallery), True
     try:
-        return item_of_key(opened, key) if key is not None else opened.items([item_id])[0]
+        if isinstance(wanted, str):
+            return item_of_key(opened, wanted)
+        return opened.items([wanted])[0]
     finally:
         if owned:
             opened.close()

@@ -92,18 +92,24 @@ class ExportReport:
     model_sha256: str  # sha256 of the written .onnx file (what galleries record)
     size_bytes: int
     seconds: float
-    int8_path: Path | None = None
-    int8_model_sha256: str | None = None
-    int8_size_bytes: int | None = None
-    int8_calibration_images: int = 0
-    int8_cosine_mean: float | None = None  # cosine to the fp32 model on the calibration images
-    int8_cosine_min: float | None = None
+    int8: Int8Report | None = None  # the int8 copy, when one was asked for
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as JSON values, the int8 copy's fields flat as ``int8_*`` (None, and 0
+        calibration images, without one)."""
         values = asdict(self)
-        for key in ("path", "int8_path"):
-            values[key] = None if values[key] is None else str(values[key])
+        del values["int8"]
+        values["path"] = str(self.path)
         values["parity_batches"] = list(self.parity_batches)
+        int8 = self.int8
+        values.update(
+            int8_path=None if int8 is None else str(int8.path),
+            int8_model_sha256=None if int8 is None else int8.model_sha256,
+            int8_size_bytes=None if int8 is None else int8.size_bytes,
+            int8_calibration_images=0 if int8 is None else int8.calibration_images,
+            int8_cosine_mean=None if int8 is None else int8.cosine_mean,
+            int8_cosine_min=None if int8 is None else int8.cosine_min,
+        )
         return values
 
 
@@ -243,15 +249,9 @@ def export_onnx(
         if calibration is not None and int8_path is not None:
             log(f"int8: calibrating and quantising on {len(calibration)} images")
             with atomic_write_path(int8_path) as tmp_int8:
-                int8 = write_int8(
+                report.int8 = write_int8(
                     tmp, tmp_int8, int8_path, calibration, metadata, report.model_sha256, checkpoint
                 )
-            report.int8_path = int8.path
-            report.int8_model_sha256 = int8.model_sha256
-            report.int8_size_bytes = int8.size_bytes
-            report.int8_calibration_images = int8.calibration_images
-            report.int8_cosine_mean = int8.cosine_mean
-            report.int8_cosine_min = int8.cosine_min
     report.seconds = time.perf_counter() - start
     return report
 

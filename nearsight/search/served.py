@@ -211,7 +211,8 @@ def open_served(
     gallery_dirs: Sequence[str | os.PathLike[str]],
     model: str | os.PathLike[str] | None = None,
     device: str = "auto",
-    kind: type[Served] = ServedGallery,  # type: ignore[assignment]
+    *,
+    kind: type[Served],
 ) -> list[Served]:
     """Open every gallery with the model that embeds its uploads: ``model`` (which must match
     all of them) or the model path each gallery's meta records. One embedder per model file.

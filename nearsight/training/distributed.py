@@ -13,6 +13,7 @@ import sys
 import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -93,16 +94,27 @@ def barrier(info: DistInfo) -> None:
     wait_for_all(info.world)
 
 
-class RankSlice:
+Sample = TypeVar("Sample")  # what a batch lists (an index, with its seed)
+
+
+class Batches(Protocol[Sample]):
+    """An epoch's global batches, and how many there are."""
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[list[Sample]]: ...
+
+
+class RankSlice(Generic[Sample]):
     """This process's contiguous slice of each global batch (the whole batch for one process)."""
 
-    def __init__(self, batches: Iterable[list], rank: int, local: int):
+    def __init__(self, batches: Batches[Sample], rank: int, local: int):
         self.batches, self.rank, self.local = batches, rank, local
 
     def __len__(self) -> int:
-        return len(self.batches)  # type: ignore[arg-type]
+        return len(self.batches)
 
-    def __iter__(self) -> Iterator[list]:
+    def __iter__(self) -> Iterator[list[Sample]]:
         for batch in self.batches:
             yield batch[self.rank * self.local : (self.rank + 1) * self.local]
 

@@ -13,27 +13,27 @@ Every ``eval_every`` steps (and at the end) the test split, and the validation c
 best validation Recall@1 (test Recall@1 without a validation split). ``last.pt`` carries
 everything a resume needs (model, optimisers, schedule position and training seconds, sampler
 position, RNG states), so an interrupted run continues with exactly the batch and the learning
-rate it would have had next.
+rate it would have had next. One batch's update (forward, loss, backward, optimiser; or the
+critic's): nearsight/training/batch_update.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
-from torch.autograd.profiler import record_function
 from torch.utils.data import DataLoader
 
 from nearsight.core.errors import NearsightError
 from nearsight.data.datasets import DatasetSplit, load_dataset
 from nearsight.models.hardware import resolve_fast_math
 from nearsight.models.trunks import trunk_family
+from nearsight.training.batch_update import BatchUpdate, as_critic
 from nearsight.training.builders import (
     build_critic_optimizer,
     build_model,
@@ -49,10 +49,8 @@ from nearsight.training.distributed import (
     CPU_FALLBACK_NOTE,
     RankSlice,
     agree,
-    average_replicated_grads,
     barrier,
     cuda_available,
-    gather_with_grad,
     init_distributed,
     resolve_device,
 )
@@ -62,7 +60,7 @@ from nearsight.training.progress import TrainProgress
 from nearsight.training.resume import TrainState, load_last, model_extra, save_last
 from nearsight.training.run_files import RunFiles
 from nearsight.training.schedule import LRSchedule, set_learning_rates
-from nearsight.training.step_io import DeviceBatches, step_input
+from nearsight.training.step_io import DeviceBatches
 from nearsight.training.step_logs import StepLogs
 from nearsight.training.thread_probe import cpu_threads
 
@@ -150,6 +148,20 @@ class Trainer:
             )
         mode = resolve_compile(config.compile, cuda=self.cuda, world=self.dist.world)
         self.step = CompiledStep(self.train_model, self.loss_fn, mode)
+        self.update = BatchUpdate(
+            self.model,
+            self.train_model,
+            self.step,
+            self.loss_fn,
+            self.optimizer,
+            self.critic_optimizer,
+            self.dist,
+            self.device,
+            self.channels_last,
+            self.amp,
+            multi_head=len(config.model.heads) > 1,
+            clip_grad_value=config.optim.clip_grad_value,
+        )
         self.files.start(config.dump(), self.resume)
 
     def _scratch_note(self) -> str:
@@ -160,9 +172,7 @@ class Trainer:
         return self.critic_optimizer is not None and self._critic().is_critic_step(batch)
 
     def _critic(self) -> CriticLoss:
-        """The loss as one with a critic: asked only when there is a critic optimiser, which
-        build_critic_optimizer makes only for a loss parameter_role() checked as one."""
-        return cast(CriticLoss, self.loss_fn)
+        return as_critic(self.loss_fn)
 
     def _length(self) -> tuple[int | None, int | None]:
         """(batches, steps) the run lasts by its step or epoch budget; None for time only."""
@@ -294,74 +304,8 @@ class Trainer:
         so (batch t updates the statistics network when t mod (k+1) != 0), of the critic.
         Returns the batch's loss, on the device (read back later: no host sync here)."""
         return self.step.guarded(
-            lambda: self._step(images, labels, critic, freeze_trunk), kind=critic
+            lambda: self.update(images, labels, critic, freeze_trunk), kind=critic
         )
-
-    def _step(
-        self, images: torch.Tensor, labels: torch.Tensor, critic: bool, freeze_trunk: bool
-    ) -> torch.Tensor:
-        loss_fn, step = self.loss_fn, self.step
-        self.train_model.train()
-        step.begin()
-        images = step_input(images, self.device, self.channels_last)
-        labels = labels.to(self.device, non_blocking=True)
-        grad = torch.no_grad() if critic else contextlib.nullcontext()
-        multi_head = len(self.config.model.heads) > 1
-        with grad, self._autocast(), record_function("nearsight.forward"):
-            # several heads: every head's embeddings, one loss instance each (PerHeadLoss)
-            local_embeddings = (
-                step.model(images, all_heads=True) if multi_head else step.model(images)
-            )
-        embeddings: torch.Tensor | list[torch.Tensor]
-        if multi_head:
-            embeddings = [gather_with_grad(e.float(), self.dist) for e in local_embeddings]
-        else:
-            embeddings = gather_with_grad(local_embeddings.float(), self.dist)
-        all_labels = gather_with_grad(labels, self.dist)
-        if critic:
-            # all pairs of the batch, embeddings detached; then beta by Newton (lines 9-15)
-            critic_optimizer, critic_fn = self.critic_optimizer, self._critic()
-            assert critic_optimizer is not None, "a critic batch only with a critic optimiser"
-            critic_optimizer.zero_grad(set_to_none=True)
-            detached = (
-                [e.detach() for e in embeddings]
-                if isinstance(embeddings, list)
-                else embeddings.detach()
-            )
-            with record_function("nearsight.critic"):
-                critic_loss = critic_fn.critic_loss(detached, all_labels)
-                critic_loss.backward()
-                average_replicated_grads(loss_fn.parameters(), self.dist)
-                critic_optimizer.step()
-                critic_fn.update_beta()
-            return critic_loss.detach()
-        with record_function("nearsight.loss"):
-            loss = step.loss(embeddings, all_labels)
-        self.optimizer.zero_grad(set_to_none=True)
-        with record_function("nearsight.backward"):
-            # DDP averages gradients over processes; each process's backward only reaches its
-            # own slice of the global batch, so scaling by the world size gives the full-batch
-            # gradient.
-            (loss * self.dist.world).backward()
-        with record_function("nearsight.optimizer"):
-            # a loss's own parameters (proxies) are outside DDP: their gradient is already the
-            # full-batch one, times the world size
-            average_replicated_grads(loss_fn.parameters(), self.dist, scale=self.dist.world)
-            if freeze_trunk:
-                # the warm-up of new layers (optim.freeze_trunk_steps): no gradient, so neither
-                # the step nor weight decay nor the optimiser's moments touch the trunk
-                for parameter in self.model.trunk_parameters():
-                    parameter.grad = None
-            clip = self.config.optim.clip_grad_value
-            if clip is not None:  # after DDP's averaging: every process clips the same gradient
-                nn.utils.clip_grad_value_([*self.model.parameters(), *loss_fn.parameters()], clip)
-            self.optimizer.step()
-        return loss.detach()
-
-    def _autocast(self):
-        if self.amp:
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
 
     # -- evaluation and checkpoints -----------------------------------------------------
     @property

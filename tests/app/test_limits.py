@@ -18,13 +18,13 @@ from nearsight.app.serve.batcher import BatcherFull, EmbedBatcher
 from nearsight.app.serve.gates import GateFull, WorkGate
 from nearsight.data.meta import FilterError
 from nearsight.index.catalog.create import create_catalog
+from nearsight.index.catalog.filter_sql import filter_sql
+from nearsight.index.catalog.filter_types import typed_conditions
 from nearsight.index.catalog.filters import (
     MAX_FILTER_CONDITIONS,
     Condition,
-    filter_sql,
     merge_conditions,
     parse_filters,
-    typed_conditions,
 )
 from nearsight.index.catalog.store import Catalog
 

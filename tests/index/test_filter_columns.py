@@ -1,6 +1,7 @@
-"""Filters evaluated on the catalog's column arrays (index/catalog/columns.py,
-column_filter.py) give the SQL query's ids for every kind of condition, on random catalogs
-with mixed-type columns, and never serve the ids of an older version of the file."""
+"""Filters evaluated on the catalog's column arrays (index/catalog/columns.py, column_read.py,
+column_cache.py, column_filter.py) give the SQL query's ids for every kind of condition, on
+random catalogs with mixed-type columns, and never serve the ids of an older version of the
+file."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ from helpers.catalogs import conditions as _conditions
 from helpers.catalogs import random_catalog as _random_catalog
 
 from nearsight.data.meta import FilterError
-from nearsight.index.catalog import columns
+from nearsight.index.catalog import column_cache, column_read
+from nearsight.index.catalog.column_cache import ColumnCache
 from nearsight.index.catalog.column_filter import evaluate, supported
-from nearsight.index.catalog.columns import ColumnCache
 from nearsight.index.catalog.create import create_catalog
-from nearsight.index.catalog.filters import Condition, budget, parse_filters, run_filter
+from nearsight.index.catalog.filter_sql import budget, run_filter
+from nearsight.index.catalog.filters import Condition, parse_filters
 from nearsight.index.catalog.store import Catalog
 
 
@@ -26,7 +28,7 @@ from nearsight.index.catalog.store import Catalog
 def test_column_arrays_answer_as_the_sql_query(tmp_path, monkeypatch, seed, chunk):
     """``chunk``: rows per read transaction (7: every column read in many, text values
     repeated across their edges)."""
-    monkeypatch.setattr(columns, "CHUNK_ROWS", chunk)
+    monkeypatch.setattr(column_read, "CHUNK_ROWS", chunk)
     rng = np.random.default_rng(seed)
     path = tmp_path / "catalog.db"
     _random_catalog(path, rng, 400)
@@ -68,7 +70,7 @@ def test_a_column_holding_blobs_is_left_to_sql(tmp_path):
     conn.close()
     with Catalog.open(path, readonly=True) as catalog:
         for texts in (["shop="], ["shop!="], ["price<3"]):
-            for _ in range(columns.BUILD_AFTER_USES + 1):
+            for _ in range(column_cache.BUILD_AFTER_USES + 1):
                 assert catalog.filter_ids(parse_filters(texts)).tolist() == _expected(
                     catalog, texts
                 )
@@ -92,7 +94,7 @@ def _catalog(path, count: int = 50) -> None:
 
 
 def _expected(catalog: Catalog, texts: list[str]) -> list[int]:
-    from nearsight.index.catalog.filters import typed_conditions
+    from nearsight.index.catalog.filter_types import typed_conditions
 
     typed = typed_conditions(parse_filters(texts), catalog.column_types(), catalog.class_names())
     return run_filter(catalog.path, typed, True, 10.0).tolist()
@@ -118,7 +120,7 @@ def test_filter_ids_uses_the_arrays_from_a_columns_second_filter(tmp_path):
 
 def _warm(catalog: Catalog, texts: list[str]) -> None:
     """Filter until the arrays of the catalog's version hold the keys of ``texts``."""
-    for _ in range(columns.BUILD_AFTER_USES):
+    for _ in range(column_cache.BUILD_AFTER_USES):
         catalog.filter_ids(parse_filters(texts))
         catalog._columns.wait()
     assert catalog._columns.snapshot([parse_filters(t)[0].key for t in texts]) is not None
@@ -163,10 +165,10 @@ def test_a_write_between_two_chunks_of_a_read_discards_it(tmp_path, monkeypatch)
     """A column is read in short transactions (a writer waits for one at most); a write
     that commits between two of them makes the read worthless: nothing is kept from it, and
     the next read is of the new version."""
-    monkeypatch.setattr(columns, "CHUNK_ROWS", 5)
+    monkeypatch.setattr(column_read, "CHUNK_ROWS", 5)
     path = tmp_path / "catalog.db"
     _catalog(path)
-    chunk, calls = columns._Reader.chunk, []
+    chunk, calls = column_read.VersionedReader.chunk, []
 
     def write_on_the_third(reader, read):
         calls.append(1)
@@ -176,7 +178,7 @@ def test_a_write_between_two_chunks_of_a_read_discards_it(tmp_path, monkeypatch)
             conn.close()
         return chunk(reader, read)
 
-    monkeypatch.setattr(columns._Reader, "chunk", write_on_the_third)
+    monkeypatch.setattr(column_read.VersionedReader, "chunk", write_on_the_third)
     cache = ColumnCache(path, build_after=1, background=False)
     assert cache.snapshot(["price"]) is None and len(calls) == 3  # stopped at the change
     snapshot = cache.snapshot(["price"])

@@ -238,21 +238,21 @@ def test_vector_check_holds_no_copy_of_the_vectors():
     whole-array norm made a 5 GB temporary beside the 5 GB input."""
     import tracemalloc
 
-    from nearsight.index.gallery.write import CHECK_BLOCK_ROWS, _check_vectors
+    from nearsight.index.gallery.write import CHECK_BLOCK_ROWS, check_vectors
 
     rng = np.random.default_rng(0)
     array = rng.standard_normal((4 * CHECK_BLOCK_ROWS, 64), dtype=np.float32)
     array /= np.linalg.norm(array, axis=1, keepdims=True)
     tracemalloc.start()
     try:
-        assert _check_vectors(array, len(array)) is array
+        assert check_vectors(array, len(array)) is array
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     assert peak < array.nbytes / 3
     array[-1, 0] = np.inf  # the last block is checked too
     with pytest.raises(ValueError, match="NaN or infinite"):
-        _check_vectors(array, len(array))
+        check_vectors(array, len(array))
 
 
 def test_evaluate_uses_the_stored_embeddings_of_labelled_items(tmp_path, vectors):
@@ -380,7 +380,7 @@ def test_add_refuses_vectors_of_another_dim(flat):
         gallery.add(unit_vectors(1, dim=8), items_for(1))
 
 
-@pytest.mark.parametrize("writer", ["_write_segment", "_write_arrays"])
+@pytest.mark.parametrize("writer", ["_write_segment", "write_arrays"])
 def test_a_failed_write_leaves_the_previous_gallery(flat, monkeypatch, writer):
     """add writes a segment; compact rewrites the whole gallery: either failing changes
     nothing."""
@@ -389,7 +389,7 @@ def test_a_failed_write_leaves_the_previous_gallery(flat, monkeypatch, writer):
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(f"nearsight.index.gallery.write.{writer}", broken)
+    monkeypatch.setattr(f"nearsight.index.gallery.change.{writer}", broken)
     with Gallery.open(flat) as gallery, pytest.raises(OSError, match="disk full"):
         if writer == "_write_segment":
             gallery.add(unit_vectors(1, seed=3), items_for(1))
@@ -409,7 +409,7 @@ def test_a_failed_write_leaves_the_previous_gallery(flat, monkeypatch, writer):
 KILL_MID_WRITE = """
 import os, signal, sys
 import numpy as np
-import nearsight.index.gallery.write as write_module
+import nearsight.index.gallery.change as write_module
 from nearsight.index.gallery.core import Gallery
 real_write = getattr(write_module, sys.argv[2])
 
@@ -452,7 +452,7 @@ def test_sigkill_mid_compact_leaves_the_previous_gallery(flat, tmp_path):
     script = tmp_path / "kill.py"
     script.write_text(textwrap.dedent(KILL_MID_WRITE))
     done = subprocess.run(
-        [sys.executable, str(script), str(flat), "_write_arrays"], capture_output=True
+        [sys.executable, str(script), str(flat), "write_arrays"], capture_output=True
     )
     assert done.returncode == -9, done.stderr.decode()
     leftovers = [p.name for p in flat.parent.iterdir() if p.name.endswith(".tmp")]
@@ -485,7 +485,7 @@ def test_a_killed_compaction_is_cleaned_when_the_gallery_is_next_opened(flat, tm
     script = tmp_path / "kill.py"
     script.write_text(textwrap.dedent(KILL_MID_WRITE))
     done = subprocess.run(
-        [sys.executable, str(script), str(flat), "_write_arrays"], capture_output=True
+        [sys.executable, str(script), str(flat), "write_arrays"], capture_output=True
     )
     assert done.returncode == -9, done.stderr.decode()
     assert len([p for p in flat.parent.iterdir() if p.name.endswith(".tmp")]) == 1

@@ -13,9 +13,10 @@ import pytest
 from helpers.catalogs import conditions, random_catalog
 
 from nearsight.data.meta import FilterError
-from nearsight.index.catalog import filters as catalog_filters
+from nearsight.index.catalog import filter_sql
 from nearsight.index.catalog.column_filter import supported
-from nearsight.index.catalog.filters import budget, parse_filters, run_filter
+from nearsight.index.catalog.filter_sql import budget, run_filter
+from nearsight.index.catalog.filters import parse_filters
 from nearsight.index.catalog.payload_file import (
     PayloadFileError,
     read_payload,
@@ -40,7 +41,7 @@ DATES = {"meta_types": {"added": "date"}}
 
 
 def _sql(path, texts, catalog: Catalog) -> list[int]:
-    from nearsight.index.catalog.filters import typed_conditions
+    from nearsight.index.catalog.filter_types import typed_conditions
 
     typed = typed_conditions(parse_filters(texts), catalog.column_types(), catalog.class_names())
     return run_filter(path, typed, catalog.has_item_meta(), 10.0).tolist()
@@ -136,7 +137,7 @@ def _check_answers(gallery: Gallery, monkeypatch) -> None:
         types = catalog.column_types()
     assert gallery.column_types() == types
     with monkeypatch.context() as patch:
-        patch.setattr(catalog_filters, "run_filter", _no_sql)
+        patch.setattr(filter_sql, "run_filter", _no_sql)
         patch.setattr("nearsight.index.catalog.store.run_filter", _no_sql)
         for texts, want in zip(FILTERS, wants, strict=True):
             assert gallery.filter_ids(texts).tolist() == want, texts

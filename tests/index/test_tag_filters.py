@@ -11,11 +11,13 @@ import pytest
 
 from nearsight.core.errors import NearsightError
 from nearsight.data.meta import FilterError
+from nearsight.index.catalog.column_cache import ColumnCache
 from nearsight.index.catalog.column_filter import evaluate, supported
-from nearsight.index.catalog.columns import ColumnCache
 from nearsight.index.catalog.create import create_catalog
 from nearsight.index.catalog.facets import column_facets
-from nearsight.index.catalog.filters import Condition, budget, parse_filters, typed_conditions
+from nearsight.index.catalog.filter_sql import budget
+from nearsight.index.catalog.filter_types import typed_conditions
+from nearsight.index.catalog.filters import Condition, parse_filters
 from nearsight.index.catalog.list_columns import stored_cell, tags_of
 from nearsight.index.catalog.payload_file import read_payload, read_snapshot, write_payload
 from nearsight.index.catalog.payload_index import PayloadIndex

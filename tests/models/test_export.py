@@ -182,10 +182,13 @@ def test_output_is_l2_normalised_and_input_is_unnormalised_rgb(exported):
 def test_int8_model_is_close_to_fp32(exported):
     report = exported["report"]
     int8_path = exported["out"].with_name("model.int8.onnx")
-    assert report.int8_path == int8_path == default_int8_path(exported["out"])
-    assert report.int8_calibration_images == 16
-    assert report.int8_cosine_min >= 0.9 and report.int8_cosine_mean >= report.int8_cosine_min
-    assert report.int8_size_bytes < report.size_bytes / 3  # int8 weights
+    assert report.int8 is not None
+    assert report.int8.path == int8_path == default_int8_path(exported["out"])
+    assert report.int8.calibration_images == 16
+    assert report.int8.cosine_min >= 0.9 and report.int8.cosine_mean >= report.int8.cosine_min
+    assert report.int8.size_bytes < report.size_bytes / 3  # int8 weights
+    flat = report.to_dict()
+    assert flat["int8_path"] == str(int8_path) and flat["int8_calibration_images"] == 16
     model = onnx.load(str(int8_path))
     assert "QuantizeLinear" in {node.op_type for node in model.graph.node}
     props = {p.key: p.value for p in model.metadata_props}

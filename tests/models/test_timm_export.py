@@ -89,8 +89,8 @@ def test_int8_copy_with_its_measured_cosine(family, tmp_path, images):
     report = export_onnx(
         checkpoint(tmp_path, family), tmp_path / "model.onnx", int8_calibration=images
     )
-    assert report.int8_path is not None and report.int8_path.is_file()
-    assert report.int8_calibration_images == len(images)
-    assert 0.9 <= report.int8_cosine_min <= report.int8_cosine_mean <= 1.0 + 1e-6
-    int8 = OnnxEmbedder(report.int8_path, providers=CPU_ONLY)
+    assert report.int8 is not None and report.int8.path.is_file()
+    assert report.int8.calibration_images == len(images)
+    assert 0.9 <= report.int8.cosine_min <= report.int8.cosine_mean <= 1.0 + 1e-6
+    int8 = OnnxEmbedder(report.int8.path, providers=CPU_ONLY)
     assert int8.metadata["precision"] == "int8" and int8.spec.interpolation == "bicubic"

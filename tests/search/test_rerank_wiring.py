@@ -144,7 +144,7 @@ def test_search_rerank_matches_the_loop_reference(tmp_path):
 
 
 def test_the_stored_choice_survives_add_remove_and_compact(tmp_path):
-    from nearsight.index.gallery.write import set_meta
+    from nearsight.index.gallery.change import set_meta
 
     vectors, labels = _clustered(classes=6, per=8, seed=4)
     folder = _gallery(tmp_path, vectors[:40], labels[:40])

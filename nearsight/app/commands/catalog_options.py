@@ -4,6 +4,7 @@ files: column types, keys, the embeddings copy and the neighbour graph."""
 from __future__ import annotations
 
 import argparse
+import os
 
 
 def add_catalog_options(parser: argparse.ArgumentParser, *, key_column: bool = True) -> None:
@@ -89,13 +90,13 @@ def check_group_column(column: str | None, fields: list[dict]) -> None:
         raise NearsightError(f"--group-column {column}: the source has no such column; {hint}")
 
 
-def record_group_column(column: str | None, out: object) -> None:
+def record_group_column(column: str | None, out: str | os.PathLike[str]) -> None:
     """``--group-column``, recorded in the new gallery's catalog meta (one key)."""
     if column is None:
         return
+    from nearsight.index.gallery.change import set_meta
     from nearsight.index.gallery.core import Gallery
-    from nearsight.index.gallery.write import set_meta
     from nearsight.search.groups import GROUP_COLUMN_META
 
-    with Gallery.open(out) as gallery:  # type: ignore[arg-type]
+    with Gallery.open(out) as gallery:
         set_meta(gallery, **{GROUP_COLUMN_META: column})

@@ -13,6 +13,7 @@ nearsight.app.server_app.serve), never the command line.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import shutil
 import time
@@ -200,7 +201,7 @@ def run_demo(args: argparse.Namespace) -> int:
                 3,
                 total,
                 f"exporting the {name} network to ONNX",
-                lambda name=name: export_onnx(checkpoints[name], models[name]),
+                functools.partial(export_onnx, checkpoints[name], models[name]),
             )
 
     # 4. galleries of the unseen test classes, one per network
@@ -212,9 +213,7 @@ def run_demo(args: argparse.Namespace) -> int:
                 4,
                 total,
                 f"indexing the unseen test classes with the {name} network",
-                lambda name=name, gallery=gallery: _build_gallery(
-                    models[name], data, gallery, config.data.workers
-                ),
+                functools.partial(_build_gallery, models[name], data, gallery, config.data.workers),
             )
 
     # 5. eval: the same images, leave-one-out, before and after training

@@ -63,7 +63,7 @@ def run_eval(args: argparse.Namespace) -> int:
     import warnings
 
     from nearsight.core.errors import NearsightError
-    from nearsight.index.gallery.write import set_meta
+    from nearsight.index.gallery.change import set_meta
     from nearsight.index.vector_store import ApproximateVectorsWarning
     from nearsight.search.route import resolve_rerank
     from nearsight.search.searcher import open_gallery

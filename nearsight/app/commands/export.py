@@ -120,10 +120,11 @@ def run_export(args: argparse.Namespace) -> int:
         f"(batches of {' and '.join(map(str, report.parity_batches))}; limit 1e-4)"
     )
     print(f"model sha256 {report.model_sha256} (checkpoint sha256 {report.checkpoint_sha256})")
-    if report.int8_path is not None:
+    if report.int8 is not None:
+        int8 = report.int8
         print(
-            f"int8: {report.int8_path} ({report.int8_size_bytes / 1e6:.1f} MB); cosine to fp32 "
-            f"on {report.int8_calibration_images} calibration images: mean "
-            f"{report.int8_cosine_mean:.4f}, min {report.int8_cosine_min:.4f}"
+            f"int8: {int8.path} ({int8.size_bytes / 1e6:.1f} MB); cosine to fp32 "
+            f"on {int8.calibration_images} calibration images: mean "
+            f"{int8.cosine_mean:.4f}, min {int8.cosine_min:.4f}"
         )
     return 0

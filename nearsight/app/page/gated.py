@@ -53,12 +53,13 @@ class PageGates:
             except GateFull as full:
                 raise gr.Error(str(full)) from None
 
-        functools.update_wrapper(gated, handler)
-        del gated.__wrapped__  # Gradio reads the signature below, not the handler's
-        gated.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+        wrapper = functools.update_wrapper(gated, handler)
+        del wrapper.__wrapped__  # Gradio reads the signature below, not the handler's
+        # inspect.signature reads __signature__ (PEP 362), an attribute typeshed's functions lack
+        wrapper.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
         hints = dict(getattr(handler, "__annotations__", {}))
-        gated.__annotations__ = {REQUEST_PARAMETER: gr.Request, **_resolved(handler, hints)}
-        return gated
+        wrapper.__annotations__ = {REQUEST_PARAMETER: gr.Request, **_resolved(handler, hints)}
+        return wrapper
 
 
 def _identity(request: Any) -> str:

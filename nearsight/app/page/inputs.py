@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Sequence
+from types import TracebackType
 from typing import Any
 
 import gradio as gr
@@ -81,11 +82,15 @@ class page_errors:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind, error, traceback) -> bool:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
         if isinstance(error, NearsightError):
             # the toast renders HTML: names from uploads must not become markup
             raise gr.Error(html.escape(str(error), quote=False), print_exception=False) from None
-        return False
 
 
 def filter_help(view: GalleryView) -> str:

@@ -16,6 +16,7 @@ import gradio as gr
 
 from nearsight.app.page.html import message_html
 from nearsight.app.page.inputs import PageError, page_errors
+from nearsight.app.page.tables import ColumnType
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -24,7 +25,9 @@ if TYPE_CHECKING:
     from nearsight.search.inspect.compare import Comparison
 
 COMPARE_COLUMNS = ["id", "image", "key", "class", "verdict", "top-1 class", "baseline top-1 class"]
+COMPARE_TYPES: list[ColumnType] = ["number", "markdown", "str", "str", "str", "str", "str"]
 LABEL_COLUMNS = ["rank", "id", "image", "key", "class", "suggested class", "label quality"]
+LABEL_TYPES: list[ColumnType] = ["number", "number", "markdown", "str", "str", "str", "number"]
 THUMBNAIL_PX = 56
 TABLE_ROWS = 200  # rows sent to the browser
 
@@ -212,7 +215,7 @@ def inspect_tab(page: Page, gallery_choice: Any, k_slider: Any) -> InspectTab:
                 compare_button = gr.Button("Compare", elem_id="ns-compare")
             compare_info = gr.Markdown(elem_id="ns-compare-info")
             compare_table = gr.Dataframe(
-                headers=COMPARE_COLUMNS, datatype=["number", "markdown", *["str"] * 5],
+                headers=COMPARE_COLUMNS, datatype=COMPARE_TYPES,
                 interactive=False, max_height=320, wrap=True, elem_id="ns-compare-table",
             )  # fmt: skip
             with gr.Row():
@@ -223,7 +226,7 @@ def inspect_tab(page: Page, gallery_choice: Any, k_slider: Any) -> InspectTab:
             labels_info = gr.Markdown(elem_id="ns-labels-info")
             labels_table = gr.Dataframe(
                 headers=LABEL_COLUMNS,
-                datatype=["number", "number", "markdown", "str", "str", "str", "number"],
+                datatype=LABEL_TYPES,
                 interactive=False, max_height=320, wrap=True, elem_id="ns-labels-table",
             )  # fmt: skip
             labels_grid = gr.HTML(message_html("Select a row to see its grid."))

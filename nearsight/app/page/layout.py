@@ -124,7 +124,7 @@ def build_app(
     if isinstance(galleries, Galleries):
         owner = galleries
     elif galleries and isinstance(galleries[0], GalleryView):
-        owner = Galleries(list(galleries))  # type: ignore[arg-type]
+        owner = Galleries(list(galleries))
         for view in owner:
             view.show_paths = show_paths
             view.rerank_override = parse_rerank(rerank) if isinstance(rerank, str) else rerank

@@ -4,7 +4,7 @@ its leave-one-out analysis: plain data for gr.Dataframe / gr.LinePlot and markdo
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from nearsight.app.page.view import GalleryView
 from nearsight.index.gallery.summary import gallery_summary
@@ -30,8 +30,10 @@ FAILURE_COLUMNS = [
     "nearest same-class distance",
     "margin",
 ]
-FAILURE_TYPES = ["number", "markdown", "str", "str", "number", "markdown", "str", "str",
-                 "number", "number", "number"]  # fmt: skip
+# how gr.Dataframe shows a column (its own Literal, so the checker sees a valid kind)
+ColumnType = Literal["str", "number", "bool", "date", "markdown", "html"]
+FAILURE_TYPES: list[ColumnType] = ["number", "markdown", "str", "str", "number", "markdown",
+                                   "str", "str", "number", "number", "number"]  # fmt: skip
 TABLE_THUMBNAIL_PX = 56
 PAIR_COLUMNS = ["class a", "class b", "failures"]
 

@@ -18,14 +18,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Generic
 
-from nearsight.app.serve.live import DEFAULT_INTERVAL_S, GalleryWatcher
+from nearsight.app.serve.live import DEFAULT_INTERVAL_S, GalleryWatcher, View
 from nearsight.core.errors import NearsightError
 from nearsight.search.rerank.spec import RerankSpec
-from nearsight.search.served import ServedGallery, open_served
-
-View = TypeVar("View", bound=ServedGallery)
+from nearsight.search.served import open_served
 
 
 class UnknownGallery(NearsightError, LookupError):
@@ -48,7 +46,7 @@ class Galleries(Generic[View]):
         self.views: dict[str, View] = {view.name: view for view in views}
         self.names = [view.name for view in views]
         self.max_filter_conditions = max_filter_conditions  # None: the filters' default
-        self._watcher: GalleryWatcher | None = None
+        self._watcher: GalleryWatcher[View] | None = None
 
     @classmethod
     def open(
@@ -57,12 +55,12 @@ class Galleries(Generic[View]):
         model: str | os.PathLike[str] | None = None,
         *,
         device: str = "auto",
-        kind: type[ServedGallery] = ServedGallery,
+        kind: type[View],
         show_paths: bool = False,
         rerank: RerankSpec | str | None = None,
         card_fields: Sequence[str] | None = None,
         max_filter_conditions: int | None = None,
-    ) -> Galleries:
+    ) -> Galleries[View]:
         """Open every gallery folder with its model (:func:`~nearsight.search.served.
         open_served`) as ``kind``, with the serving settings applied."""
         from nearsight.search.rerank.spec import parse_rerank
@@ -80,7 +78,7 @@ class Galleries(Generic[View]):
             for view in views:
                 view.close()
             raise
-        return cls(views, max_filter_conditions=max_filter_conditions)  # type: ignore[arg-type]
+        return cls(views, max_filter_conditions=max_filter_conditions)
 
     def get(self, name: str | None = None) -> View:
         """The gallery ``name`` (default: the first), or :class:`UnknownGallery` naming the

@@ -107,7 +107,7 @@ def machine_names() -> list[str]:
     names = {socket.gethostname(), socket.getfqdn()}
     for name in list(names):
         with contextlib.suppress(OSError, UnicodeError):
-            names |= {info[4][0] for info in socket.getaddrinfo(name, None)}
+            names |= {str(info[4][0]) for info in socket.getaddrinfo(name, None)}
     for family, probe in ((socket.AF_INET, "192.0.2.1"), (socket.AF_INET6, "2001:db8::1")):
         with contextlib.suppress(OSError), socket.socket(family, socket.SOCK_DGRAM) as udp:
             udp.connect((probe, 9))

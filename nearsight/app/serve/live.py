@@ -18,6 +18,7 @@ import os
 import threading
 from collections.abc import MutableMapping
 from pathlib import Path
+from typing import Generic, TypeVar
 
 from nearsight.core.errors import NearsightError
 from nearsight.index.catalog.store import CATALOG_FILE
@@ -26,6 +27,8 @@ from nearsight.search.served import ServedGallery
 DEFAULT_INTERVAL_S = 1.0
 
 Fingerprint = tuple[int, ...]
+# the served galleries' kind (the page's own add thumbnails)
+View = TypeVar("View", bound=ServedGallery)
 
 
 def fingerprint(folder: Path) -> Fingerprint | None:
@@ -45,13 +48,11 @@ def fingerprint(folder: Path) -> Fingerprint | None:
     )
 
 
-class GalleryWatcher:
+class GalleryWatcher(Generic[View]):
     """Keeps ``views`` (name -> view, shared with the page and the REST API) up to date with
     the galleries on disk; :meth:`check` does one pass, :meth:`start` runs it in a thread."""
 
-    def __init__(
-        self, views: MutableMapping[str, ServedGallery], interval: float = DEFAULT_INTERVAL_S
-    ):
+    def __init__(self, views: MutableMapping[str, View], interval: float = DEFAULT_INTERVAL_S):
         self.views = views
         self.interval = interval
         self._seen = {name: fingerprint(view.gallery.path) for name, view in views.items()}

@@ -77,14 +77,23 @@ class PolicedConfig(uvicorn.Config):
     """uvicorn's Config with the :class:`ConnectionPolicy` its connections follow."""
 
     def __init__(self, app: Any, *, policy: ConnectionPolicy, **options: Any):
-        super().__init__(app, http=PolicedH11Protocol, proxy_headers=False,
-                         timeout_keep_alive=policy.keep_alive_s, **options)  # fmt: skip
+        # uvicorn annotates timeout_keep_alive as int but only hands it to loop.call_later,
+        # which takes a float delay: a stub too narrow, so a fractional keep-alive is passed
+        keep_alive: int = policy.keep_alive_s  # type: ignore[assignment]
+        super().__init__(
+            app,
+            http=PolicedH11Protocol,
+            proxy_headers=False,
+            timeout_keep_alive=keep_alive,
+            **options,
+        )
         self.policy = policy
 
 
 class PolicedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol under a :class:`ConnectionPolicy` (the module docstring)."""
 
+    # uvicorn's H11Protocol narrows asyncio's BaseTransport to Transport (ignored there too)
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         policy: ConnectionPolicy = getattr(self.config, "policy", None) or ConnectionPolicy()

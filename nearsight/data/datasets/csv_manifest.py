@@ -8,7 +8,7 @@ classes are split class-disjointly as for an image folder: the first half of the
 names is train, the rest test. A label is the index of the class name in the sorted list of all
 class names. ``--root`` is the CSV file, or a folder holding exactly one ``.csv`` file.
 Extra columns (shop, price, SKU, URL...) become each item's metadata, typed as numbers or text
-(index.catalog.filters); a column is numeric only if all its values are, or as declared by
+(index.catalog.filter_types); a column is numeric only if all its values are, or as declared by
 ``--meta-types`` (nearsight/data/meta.py); a column named like a catalog column
 (id, class_name, ...) is refused.
 """

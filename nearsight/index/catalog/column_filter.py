@@ -1,5 +1,5 @@
 """Filters evaluated on the catalog's column arrays (nearsight/index/catalog/columns.py) with
-exactly the answer of their SQL query (nearsight/index/catalog/filters.py: filter_sql).
+exactly the answer of their SQL query (nearsight/index/catalog/filter_sql.py).
 
 SQLite's rules, kept here: a value compares only with values of its kind (a number with
 integers and reals, numerically; text with text, bytewise), an integer and a real exactly
@@ -173,10 +173,12 @@ def _span(part: Part, storage: str, condition: Condition) -> tuple[int, int]:
         return 0, 0
     if storage == "text":
         below, upto = text_bounds(part, str(value).encode("utf-8"))
+    elif not isinstance(value, int | float):  # the condition's one value, here a number
+        raise TypeError(f"{condition} compares a number part with {value!r}")
     elif storage == "integer":
-        below, upto = _integer_bounds(part.values, value)  # type: ignore[arg-type]
+        below, upto = _integer_bounds(part.numbers(), value)
     else:
-        below, upto = _real_bounds(part.values, value)  # type: ignore[arg-type]
+        below, upto = _real_bounds(part.numbers(), value)
     return {
         "=": (below, upto),
         "<": (0, below),

@@ -133,8 +133,8 @@ def _text_counts(part: Part, hit: np.ndarray) -> dict[str, int]:
     before = np.concatenate([np.zeros(1, kind), np.cumsum(hit, dtype=kind)])
     counts = before[starts[1:]] - before[starts[:-1]]
     held = np.flatnonzero(counts)
-    values = part.values
-    return {values[i].decode("utf-8", "surrogatepass"): int(counts[i]) for i in held}  # type: ignore[union-attr]
+    values = part.text()
+    return {values[i].decode("utf-8", "surrogatepass"): int(counts[i]) for i in held}
 
 
 def _number_range(facet: ColumnFacet, numbers: list[np.ndarray], bins: int) -> None:

@@ -7,7 +7,7 @@ hold ``|``), and lists the tag columns in its meta (``list_columns``); a tag col
 ``tags=red|blue`` for those holding either, ``tags!=red`` for those without red (items with no
 tags included). In the payload index a tag column's text part lists an item's id under each of
 its tags (:func:`split_tags`), so a tag's ids are one slice as any value's are, and every
-filter on a tag column is a union of value sets (nearsight/index/catalog/filters.py:
+filter on a tag column is a union of value sets (nearsight/index/catalog/filter_types.py:
 ``typed_conditions``); a bare catalog's column arrays leave tag columns to SQL.
 """
 
@@ -75,7 +75,7 @@ def split_tags(column: Column) -> Column:
     part = column.parts.get("text")
     if part is None or part.starts is None or not len(part.ids):
         return column
-    stored = part.values.decoded()  # type: ignore[union-attr]
+    stored = part.text().decoded()
     tag_codes: dict[str, int] = {}
     ids, codes = [], []
     starts = np.asarray(part.starts)
@@ -92,6 +92,6 @@ def split_tags(column: Column) -> Column:
     rank[order_of] = np.arange(len(encoded))
     order = np.lexsort((all_ids, rank[code]))
     counts = np.bincount(rank[code], minlength=len(encoded))
-    text = Part(all_ids[order], TextValues(sorted(encoded)),
-                np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))  # fmt: skip
-    return Column({**column.parts, "text": text}, np.unique(np.asarray(column.has)))
+    tagged = Part(all_ids[order], TextValues(sorted(encoded)),
+                  np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))  # fmt: skip
+    return Column({**column.parts, "text": tagged}, np.unique(np.asarray(column.has)))

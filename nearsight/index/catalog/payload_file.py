@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from nearsight.core.atomic import atomic_file
+from nearsight.index.catalog.column_read import first_look, ids_of, read_all_ids, read_column
 from nearsight.index.catalog.columns import (
     INTEGER_COLUMNS,
     TEXT_COLUMNS,
@@ -32,10 +33,6 @@ from nearsight.index.catalog.columns import (
     Part,
     Snapshot,
     TextValues,
-    _all_ids,
-    _ids,
-    _new_snapshot,
-    _read_column,
 )
 from nearsight.index.catalog.list_columns import split_tags, stored_list_columns
 from nearsight.index.catalog.payload_eval import part_rank
@@ -167,17 +164,17 @@ def read_snapshot(conn: sqlite3.Connection, after: int | None = None) -> Snapsho
     read on ``conn`` while no writer can change the catalog (the gallery's lock).
     columns.Unreadable for values neither numbers nor text."""
     reader = _Direct(conn)
-    has_meta = _new_snapshot(conn).has_meta_table
+    has_meta = first_look(conn).has_meta_table
     if after is None:
-        all_ids = _all_ids(reader)  # type: ignore[arg-type]  # reads as a _Reader
+        all_ids = read_all_ids(reader)
     else:
-        all_ids = _ids(conn.execute("SELECT id FROM items WHERE id > ? ORDER BY id", (after,)))
+        all_ids = ids_of(conn.execute("SELECT id FROM items WHERE id > ? ORDER BY id", (after,)))
     keys = [key for key in (*INTEGER_COLUMNS, *TEXT_COLUMNS) if key != ID_COLUMN]
     if has_meta:
         where, params = ("", []) if after is None else ("WHERE item_id > ?", [after])
         keys += [row[0] for row in conn.execute(
             f"SELECT DISTINCT key FROM item_meta {where} ORDER BY key", params)]  # fmt: skip
-    columns = {key: _read_column(reader, key, all_ids, has_meta, by_ids=after is not None)  # type: ignore[arg-type]
+    columns = {key: read_column(reader, key, all_ids, has_meta, by_ids=after is not None)
                for key in keys}  # fmt: skip
     for key in stored_list_columns(conn):  # a tag column: an id under each of its tags
         if key in columns:

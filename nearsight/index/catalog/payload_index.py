@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from nearsight.data.meta import MetaValue
 from nearsight.index.catalog.column_filter import MASK_SHARE, Blocks
 from nearsight.index.catalog.columns import Column, Snapshot, contains
 from nearsight.index.catalog.filter_notes import MAX_VALUES, notes_on
@@ -90,7 +91,7 @@ class PayloadIndex:
             if condition.op == "=" and found is None:  # several sorted sets: a bitmap's order
                 found = (np.flatnonzero(union.mask(low, span)) + low if union.size * MASK_SHARE
                          > span else union.sorted_ids(low, span))  # fmt: skip
-            elif condition.op == "=":
+            elif condition.op == "=" and found is not None:
                 found = found[union.holds(found, low, span)]
             else:
                 found = self.live_ids() if found is None else found
@@ -139,9 +140,9 @@ class PayloadIndex:
 
         return ranks
 
-    def value_ids(self, key: str, value: object) -> np.ndarray:
+    def value_ids(self, key: str, value: MetaValue) -> np.ndarray:
         """The sorted ids of the live items whose ``key`` equals ``value``: one value's set."""
-        return self.filter_ids([Condition(key, "=", value)], lambda: None)  # type: ignore[arg-type]
+        return self.filter_ids([Condition(key, "=", value)], lambda: None)
 
     def text_values(self, key: str) -> list[str]:
         """The distinct text values of column ``key`` (at most MAX_VALUES), sorted."""
@@ -149,7 +150,7 @@ class PayloadIndex:
         for snapshot in self._parts:
             part = snapshot.columns[key].parts.get("text")
             if part is not None and part.starts is not None:
-                found.update(part.values.decoded()[:MAX_VALUES])  # type: ignore[union-attr]
+                found.update(part.text().decoded()[:MAX_VALUES])
         return sorted(found)[:MAX_VALUES]
 
     def notes(self, typed: Sequence[Condition], column_types: dict[str, str]) -> list[str]:

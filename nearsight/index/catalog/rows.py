@@ -1,5 +1,6 @@
 """How catalog items and meta become SQLite rows and back: the table columns, the item
-metadata table, and the conversions (nearsight/index/catalog/store.py runs the queries)."""
+metadata table, and the conversions (nearsight/index/catalog/store.py and writes.py run the
+queries)."""
 
 from __future__ import annotations
 

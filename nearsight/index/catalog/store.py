@@ -14,8 +14,9 @@
   ``model_sha256``, ``dim``, ``metric``, ``index_type``, ``created`` and any extras; ``next_id``
   is kept by :meth:`Catalog.add_items` so that a removed id is never given to a new image.
 
-Creating one: nearsight/index/catalog/create.py. The gallery folder around it (written whole,
-its catalog opened): nearsight/index/gallery/files.py.
+Creating one: nearsight/index/catalog/create.py; the SQL of its writes:
+nearsight/index/catalog/writes.py. The gallery folder around it (written whole, its catalog
+opened): nearsight/index/gallery/files.py.
 """
 
 from __future__ import annotations
@@ -32,32 +33,27 @@ from urllib.parse import quote
 import numpy as np
 
 from nearsight.data.meta import MetaValue
+from nearsight.index.catalog.column_cache import ColumnCache
 from nearsight.index.catalog.column_filter import evaluate, supported
-from nearsight.index.catalog.columns import ColumnCache, Snapshot
+from nearsight.index.catalog.columns import Snapshot
 from nearsight.index.catalog.filter_notes import value_notes
-from nearsight.index.catalog.filters import Condition, budget, run_filter, typed_conditions
+from nearsight.index.catalog.filter_sql import budget, run_filter
+from nearsight.index.catalog.filter_types import typed_conditions
+from nearsight.index.catalog.filters import Condition
 from nearsight.index.catalog.payload_file import read_snapshot
 from nearsight.index.catalog.rows import (
-    INSERT_ITEM,
-    INSERT_ITEM_META,
     ITEM_COLUMNS,
-    ITEM_META_INDEX,
-    ITEM_META_TABLE,
     META_COLUMNS,
     UPSERT_META,
     decode_meta,
-    item_meta,
-    item_meta_values,
-    item_row,
     meta_values,
-    row_values,
 )
 from nearsight.index.catalog.sqlite_db import Database
+from nearsight.index.catalog.writes import delete_items, in_chunks, insert_items, next_id
 from nearsight.index.errors import GalleryError
 
 CATALOG_FILE = "catalog.db"
 _SQLITE_HEADER = b"SQLite format 3\x00"
-_CHUNK = 500  # ids per "IN (...)" query, well under SQLite's variable limit
 FILTER_TIME_LIMIT_S = 2.0  # one filter query; past it the search is refused
 
 
@@ -141,9 +137,7 @@ class Catalog:
             else:
                 wanted = sorted({int(i) for i in ids})
                 rows = []
-                for start in range(0, len(wanted), _CHUNK):
-                    chunk = wanted[start : start + _CHUNK]
-                    marks = ",".join("?" * len(chunk))
+                for chunk, marks in in_chunks(wanted):
                     cursor = self._db.execute(f"{select} WHERE id IN ({marks}) ORDER BY id", chunk)
                     rows.extend(dict(zip(ITEM_COLUMNS, row, strict=True)) for row in cursor)
                 extras = self._item_meta(wanted)
@@ -167,9 +161,7 @@ class Catalog:
         if ids is None:
             rows = self._db.execute(f"{select} ORDER BY item_id, key").fetchall()
         else:
-            for start in range(0, len(ids), _CHUNK):
-                chunk = ids[start : start + _CHUNK]
-                marks = ",".join("?" * len(chunk))
+            for chunk, marks in in_chunks(ids):
                 rows += self._db.execute(
                     f"{select} WHERE item_id IN ({marks}) ORDER BY item_id, key", chunk
                 ).fetchall()
@@ -195,7 +187,7 @@ class Catalog:
         self, conditions: Sequence[Condition], *, time_limit_s: float = FILTER_TIME_LIMIT_S
     ) -> np.ndarray:
         """Sorted int64 ids of the items meeting every condition, each value read as its
-        column's type (nearsight.index.catalog.filters.typed_conditions).
+        column's type (nearsight.index.catalog.filter_types.typed_conditions).
 
         The query runs on a connection of its own, read-only and outside the catalog's lock, so
         a slow filter never makes other searches of the gallery wait; past ``time_limit_s`` it
@@ -232,7 +224,7 @@ class Catalog:
 
     def list_columns(self) -> list[str]:
         """The tag (multi-valued) columns (nearsight/index/catalog/list_columns.py)."""
-        return [str(column) for column in self.meta().get("list_columns") or []]  # type: ignore[union-attr]
+        return [str(column) for column in self.meta().get("list_columns") or []]
 
     def column_types(self) -> dict[str, str]:
         """The metadata columns' types (``int``, ``float``, ``str``): as the gallery stores them
@@ -262,9 +254,7 @@ class Catalog:
         if not self.has_item_meta() or not values:
             return found
         with self._guard():
-            for start in range(0, len(values), _CHUNK):
-                chunk = list(values[start : start + _CHUNK])
-                marks = ",".join("?" * len(chunk))
+            for chunk, marks in in_chunks(values):
                 rows = self._db.execute(
                     f"SELECT value, item_id FROM item_meta WHERE key = ? AND value IN ({marks})",
                     [key, *chunk],
@@ -278,9 +268,7 @@ class Catalog:
         wanted = sorted(set(hashes))
         found: dict[str, int] = {}
         with self._guard():
-            for start in range(0, len(wanted), _CHUNK):
-                chunk = wanted[start : start + _CHUNK]
-                marks = ",".join("?" * len(chunk))
+            for chunk, marks in in_chunks(wanted):
                 rows = self._db.execute(
                     f"SELECT sha256, min(id) FROM items WHERE sha256 IN ({marks}) GROUP BY sha256",
                     chunk,
@@ -324,13 +312,7 @@ class Catalog:
     def next_id(self) -> int:
         """The id the next added item gets: after every id the catalog has ever held."""
         with self._guard():
-            conn = self._db.conn
-            highest = conn.execute("SELECT max(id) FROM items").fetchone()[0]
-            stored_next = conn.execute("SELECT value FROM meta WHERE key = 'next_id'").fetchone()
-        start = 0 if highest is None else int(highest) + 1
-        if stored_next is not None:
-            start = max(start, int(decode_meta(stored_next[0])))
-        return start
+            return next_id(self._db.conn)
 
     def add_items(
         self, items: Iterable[dict[str, Any]], *, meta: dict[str, object] | None = None
@@ -340,22 +322,8 @@ class Catalog:
         the same transaction."""
         self._meta_keys = self._column_types = self._class_names = None
         new = list(items)
-        for item in new:
-            if "id" in item:
-                raise ValueError("add_items assigns ids itself; remove 'id' from the items")
         with self._guard(writing=True), self._db.conn:
-            conn = self._db.conn
-            start = self.next_id()
-            rows = [item_row(item, start + offset) for offset, item in enumerate(new)]
-            conn.executemany(INSERT_ITEM, [row_values(row) for row in rows])
-            extras = [item_meta(item) for item in new]
-            if any(extras):  # an old catalog gets the table on its first metadata
-                conn.execute(ITEM_META_TABLE)
-                conn.execute(ITEM_META_INDEX)
-                conn.executemany(INSERT_ITEM_META, item_meta_values(rows, extras))
-            updates = {**(meta or {}), "next_id": start + len(rows)}
-            conn.executemany(UPSERT_META, meta_values(updates))
-        return [row["id"] for row in rows]
+            return insert_items(self._db.conn, new, meta)
 
     def remove(self, ids: Iterable[int], *, meta: dict[str, object] | None = None) -> None:
         """Delete the items with ``ids``; all of them must exist (else nothing is deleted).
@@ -363,24 +331,7 @@ class Catalog:
         self._meta_keys = self._column_types = self._class_names = None
         wanted = sorted({int(i) for i in ids})
         with self._guard(writing=True), self._db.conn:
-            present = {item["id"] for item in self.items(wanted)}
-            missing = [i for i in wanted if i not in present]
-            if missing:
-                shown = ", ".join(map(str, missing[:10])) + (", ..." if len(missing) > 10 else "")
-                raise GalleryError(f"gallery catalog {self.path} has no item with id {shown}")
-            for start in range(0, len(wanted), _CHUNK):
-                chunk = wanted[start : start + _CHUNK]
-                marks = ",".join("?" * len(chunk))
-                self._db.conn.execute(f"DELETE FROM items WHERE id IN ({marks})", chunk)
-            if self.has_item_meta():
-                for start in range(0, len(wanted), _CHUNK):
-                    chunk = wanted[start : start + _CHUNK]
-                    marks = ",".join("?" * len(chunk))
-                    self._db.conn.execute(
-                        f"DELETE FROM item_meta WHERE item_id IN ({marks})", chunk
-                    )
-            if meta:
-                self._db.conn.executemany(UPSERT_META, meta_values(meta))
+            delete_items(self._db.conn, self.path, wanted, meta, self.has_item_meta())
 
     # -- lifetime ----------------------------------------------------------------------------
 

@@ -4,9 +4,10 @@ Layout (DESIGN.md): nearsight/index/gallery/files.py. ``embeddings.npy`` is opti
 budget; item vectors then come back from the index or the imported files (nearsight/index/vector_store.py).
 
 This module reads a gallery: :class:`Gallery` opens and checks it, searches and evaluates it.
-Writing (building, ``add``, ``remove``, ``compact``; copy-on-write, crash-safe, serialised by a
-lock): nearsight/index/gallery/write.py. Readers take the lock shared while they load, so they never see
-the instant between the two renames of a replace.
+Writing (copy-on-write, crash-safe, serialised by a lock): building whole in
+nearsight/index/gallery/write.py, ``add``, ``remove`` and ``compact`` in
+nearsight/index/gallery/change.py. Readers take the lock shared while they load, so they never
+see the instant between the two renames of a replace.
 
 Index types, their parameters and the distance reported: nearsight/index/ann/faiss_index.py. Locking and
 recovery after a killed writer: nearsight/index/gallery/lock.py.
@@ -19,36 +20,24 @@ indexes are searched on it; the file is always the CPU index.
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import faiss
 import numpy as np
 
 from nearsight.core.errors import NearsightError
 from nearsight.data.metrics.exclude import without_keys
-from nearsight.index.ann import filtered
-from nearsight.index.ann.faiss_index import (
-    HNSW_EF_SEARCH,
-    IVF_TYPES,
-    PQ_TYPES,
-    apply_search_parameters,
-    to_gpu,
-    unit_distance,
-)
-from nearsight.index.ann.filter_plan import Costs
-from nearsight.index.ann.filter_tuning import calibrate
+from nearsight.index.ann.faiss_index import unit_distance
 from nearsight.index.ann.index_choice import parse_memory
-from nearsight.index.ann.tuning import refine, refine_candidates
 from nearsight.index.catalog.facets import BINS, TOP_VALUES, Facets, column_facets
 from nearsight.index.catalog.filters import Condition, parse_filter
 from nearsight.index.catalog.payload_index import PayloadIndex
 from nearsight.index.catalog.store import Catalog, GalleryError
+from nearsight.index.gallery import change as gallery_change
 from nearsight.index.gallery import model as gallery_model
 from nearsight.index.gallery import payload as gallery_payload
-from nearsight.index.gallery import write as gallery_write
+from nearsight.index.gallery.index_search import IndexSearch
 from nearsight.index.gallery.load import read_folder
 from nearsight.index.vector_store import VectorStore
 
@@ -68,7 +57,6 @@ class Gallery:
     def __init__(self, path: Path):
         self.path = path
         self._catalog: Catalog | None = None
-        self._gpu_lock = threading.Lock()
 
     # -- opening -----------------------------------------------------------------------------
 
@@ -114,18 +102,6 @@ class Gallery:
         self._graph = graph  # optional (nearsight/index/gallery/graph.py)
         self._added: tuple[np.ndarray, np.ndarray] | None = None
         self._embeddings: np.ndarray | None = None
-        for segment_ids, segment_vectors in segments:
-            index.add_with_ids(segment_vectors, segment_ids)
-        self._excluded = None  # HNSW cannot remove points: its searches skip removed ids
-        if len(removed) and self.index_type == "hnsw":
-            batch = faiss.IDSelectorBatch(removed)
-            self._excluded = faiss.IDSelectorNot(batch)
-            # the SWIG wrapper does not keep it; faiss's stubs lack SWIG's dynamic attributes
-            self._excluded.referenced_objects = [batch]  # type: ignore[attr-defined]
-        elif len(removed):
-            # faiss's Python wrapper takes an id array; its stubs only the C++ IDSelector
-            index.remove_ids(removed)  # type: ignore[arg-type]
-        self._index = index
         self._store = VectorStore(
             index,
             self.index_type,
@@ -135,16 +111,11 @@ class Gallery:
             meta.get("vector_source"),
             parse_memory(meta.get("memory_budget")),
         )
-        apply_search_parameters(index, meta)
-        stored = (meta.get("filter_route") or {}).get("costs")
-        self._filters = filtered.FilterState(
-            costs=Costs.from_meta(stored) if stored else filtered.default_costs(),
-            calibrate=self._calibrate_filters,
-        )
         # a writer's private read (locked) is never searched: no GPU copy for it
-        self._gpu_index = None if locked else to_gpu(index, self.index_type)
-        if self.index_type in IVF_TYPES and not locked:  # each list's ids, before any search
-            filtered.lists_of(index, self._filters)
+        self._search = IndexSearch(index, meta, ids, self._base, segments, removed, self._store,
+                                   serving=not locked)  # fmt: skip
+        self._index = index  # segments added, removed ids dropped (not for HNSW)
+        self._filters = self._search.filters  # the filtered searches' costs and history
 
     def model_path(self, override: str | os.PathLike[str] | None = None) -> Path:
         """The model to embed queries with: ``override``, else the one the gallery records
@@ -273,10 +244,7 @@ class Gallery:
         if depth == 0 or len(queries) == 0:
             shape = (len(queries), depth)
             return np.zeros(shape, np.float32), np.zeros(shape, np.int64)
-        if allowed is None or len(allowed) == self.count:
-            inner, found = self._search_index(queries, depth)
-        else:
-            inner, found = self._search_allowed(queries, depth, allowed, info)
+        inner, found = self._search.nearest(queries, depth, allowed, info)
         distances = unit_distance(inner)
         distances[found < 0] = np.inf
         return distances, found.astype(np.int64, copy=False)
@@ -338,60 +306,6 @@ class Gallery:
         """Each metadata column's type (``int``, ``float``, ``str``, ``date``, ``datetime``)."""
         return dict(self._column_types)
 
-    def _search_index(self, queries: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
-        if self.index_type not in PQ_TYPES:
-            return self._search_raw(queries, depth)
-        if not self._store.can_rerank:  # no exact vectors to re-rank by: the codes' order
-            return self._search_raw(queries, depth)
-        # compressed codes rank roughly: re-rank more candidates by the exact vectors
-        _, candidates = self._search_raw(queries, min(self.count, refine_candidates(depth)))
-        return refine(queries, candidates, self._store.vectors_of, depth)
-
-    def _search_raw(self, queries: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
-        if self._gpu_index is not None and depth <= 2048:  # GPU k-selection limit
-            with self._gpu_lock:
-                return self._gpu_index.search(queries, depth)
-        if self.index_type == "hnsw":
-            ef = max(int(self.meta.get("ef_search", HNSW_EF_SEARCH)), depth)
-            # faiss.contrib.torch_utils (imported by pytorch-metric-learning's
-            # AccuracyCalculator) replaces Index.search with a wrapper that has no `params`;
-            # it keeps the original as search_numpy
-            search = getattr(self._index, "search_numpy", self._index.search)
-            # SearchParametersHNSW: in faiss's SWIG module, missing from its stubs
-            params = faiss.SearchParametersHNSW(efSearch=ef)  # type: ignore[attr-defined]
-            if self._excluded is not None:
-                params.sel = self._excluded
-            return search(queries, depth, params=params)
-        return self._index.search(queries, depth)
-
-    def _search_allowed(
-        self, queries: np.ndarray, depth: int, allowed: np.ndarray, info: dict | None = None
-    ) -> tuple[np.ndarray, np.ndarray]:
-        # PQ codes only (no exact vectors): the codes' order, as unfiltered (index.ann.filtered)
-        exact = self.index_type not in PQ_TYPES or self._store.can_rerank
-        return filtered.search_allowed(
-            self._index,
-            self.index_type,
-            self.meta,
-            queries,
-            depth,
-            allowed,
-            self.count,
-            self._store.vectors_of,
-            exact_vectors=exact,
-            rows_of=self._rows_of,
-            state=self._filters,
-            info=info,
-        )
-
-    def _rows_of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        return filtered.rows_in(*self._base, ids)
-
-    def _calibrate_filters(self) -> Costs:
-        """This machine's costs of filtered searches, measured once (index.ann.filter_tuning)."""
-        return calibrate(self._index, self.index_type, self.meta, self.ids,
-                         self._store.vectors_of, self._rows_of)  # fmt: skip
-
     def items(self, ids: Iterable[int]) -> list[dict[str, Any]]:
         """Catalog rows of ``ids``, in the order given; GalleryError for an unknown id."""
         wanted = [int(i) for i in ids]
@@ -406,25 +320,25 @@ class Gallery:
         assert self._catalog is not None
         return self._catalog.items()
 
-    # -- writing (nearsight/index/gallery/write.py) ---------------------------------------------------
+    # -- writing (nearsight/index/gallery/change.py) --------------------------------------------
 
     def add(self, vectors: np.ndarray, items: Sequence[dict[str, Any]]) -> list[int]:
         """Add ``items`` (catalog rows without ids) with their L2-normalised ``vectors``;
         returns their new ids (never an id the gallery held before). Writes one segment file
         and one catalog transaction (nearsight/index/gallery/segments.py), not the gallery."""
-        return gallery_write.add(self, vectors, items)
+        return gallery_change.add(self, vectors, items)
 
     def remove(self, ids: Iterable[int]) -> None:
         """Remove the items ``ids`` (all must exist, else nothing changes): one catalog
         transaction; the index drops them when opened, compaction for good (at once for HNSW,
         whose graph cannot drop points; meanwhile its searches skip them)."""
-        gallery_write.remove(self, ids)
+        gallery_change.remove(self, ids)
 
     def compact(self, neighbour_graph: bool | None = None) -> None:
         """Fold the segments and removals into a new base index and embeddings (a whole,
         copy-on-write rewrite of the gallery); ``neighbour_graph``: add (True) or drop (False)
         the stored neighbour graph (default: rebuild it if there is one)."""
-        gallery_write.compact(self, neighbour_graph)
+        gallery_change.compact(self, neighbour_graph)
 
     # -- lifetime ----------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """The files of a gallery folder: writing the folder whole, opening its catalog, and the check
-that the files agree (nearsight/index/gallery/core.py reads them, nearsight/index/gallery/write.py writes them).
+that the files agree (nearsight/index/gallery/core.py reads them, nearsight/index/gallery/write.py and change.py write them).
 
 Layout (DESIGN.md)::
 

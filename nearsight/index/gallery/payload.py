@@ -21,12 +21,9 @@ import numpy as np
 
 from nearsight.index.catalog.column_filter import supported
 from nearsight.index.catalog.columns import Snapshot, Unreadable, contains
-from nearsight.index.catalog.filters import (
-    FILTERABLE_BUILTINS,
-    Condition,
-    budget,
-    typed_conditions,
-)
+from nearsight.index.catalog.filter_sql import budget
+from nearsight.index.catalog.filter_types import typed_conditions
+from nearsight.index.catalog.filters import FILTERABLE_BUILTINS, Condition
 from nearsight.index.catalog.payload_file import PayloadFileError, read_payload, write_payload
 from nearsight.index.catalog.payload_index import PayloadIndex
 from nearsight.index.catalog.store import CATALOG_FILE, FILTER_TIME_LIMIT_S, Catalog

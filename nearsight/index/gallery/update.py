@@ -25,11 +25,11 @@ from nearsight.data.embed import check_batching, embed_files
 from nearsight.data.meta import FilterError, typed_row
 from nearsight.index.chunks import meta_types_of
 from nearsight.index.gallery.build import describe_files, report_unreadable
+from nearsight.index.gallery.change import set_meta
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.gallery.defaults import DEFAULT_BATCH_SIZE
 from nearsight.index.gallery.keys import duplicate_note, ids_of_keys, key_column, normal_key
 from nearsight.index.gallery.sources import absolute_path
-from nearsight.index.gallery.write import set_meta
 
 if TYPE_CHECKING:  # typing only: the embedders' modules load onnxruntime
     from nearsight.models.embedder import Embedder

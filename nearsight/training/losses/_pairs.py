@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Concatenate, ParamSpec, TypeVar
 
 import torch
 
-_Forward = TypeVar("_Forward", bound=Callable[..., torch.Tensor])
+Loss = TypeVar("Loss")  # the loss module a forward method belongs to
+Rest = ParamSpec("Rest")  # the forward's parameters after the embeddings
+_Forward = Callable[Concatenate[Loss, torch.Tensor, Rest], torch.Tensor]
 
 # Squared distances below this are treated as this when taking the square root, so the
 # gradient of sqrt stays finite (1 / (2 sqrt(eps))) for identical embeddings.
@@ -94,7 +96,7 @@ def masked_logsumexp(values: torch.Tensor, mask: torch.Tensor, dim: int = 1) -> 
     return torch.logsumexp(torch.where(mask, values, neg_inf), dim=dim, keepdim=True)
 
 
-def float32_loss(forward: _Forward) -> _Forward:
+def float32_loss(forward: _Forward[Loss, Rest]) -> _Forward[Loss, Rest]:
     """Decorator for a loss method ``(self, embeddings, labels, ...)``: compute it in float32
     when the embeddings come in bfloat16/float16 or an autocast region is active (float64
     stays float64). Half precision rounds distances near 1.4 to steps of 2^-7, which coarsens
@@ -102,7 +104,9 @@ def float32_loss(forward: _Forward) -> _Forward:
     precision"). The gradient still reaches the half-precision input through the cast."""
 
     @functools.wraps(forward)
-    def wrapper(self, embeddings: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    def wrapper(
+        self: Loss, embeddings: torch.Tensor, *args: Rest.args, **kwargs: Rest.kwargs
+    ) -> torch.Tensor:
         if embeddings.dtype in (torch.float16, torch.bfloat16):
             embeddings = embeddings.float()
         device_type = embeddings.device.type
@@ -111,4 +115,4 @@ def float32_loss(forward: _Forward) -> _Forward:
         with torch.autocast(device_type, enabled=False):
             return forward(self, embeddings, *args, **kwargs)
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper

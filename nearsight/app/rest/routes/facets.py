@@ -47,7 +47,7 @@ class FacetsAnswer(BaseModel):
     notes: list[str] = Field(description="notes on filter values no item holds")
 
 
-router = APIRouter(tags=["facets"], responses={s: ERRORS[s] for s in (400, 401, 404, 422, 503)})  # type: ignore[misc]
+router = APIRouter(tags=["facets"], responses={s: ERRORS[s] for s in (400, 401, 404, 422, 503)})
 State = Annotated[RestState, Depends(rest_state)]
 
 

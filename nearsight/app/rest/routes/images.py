@@ -43,7 +43,7 @@ def image_kind(data: bytes) -> tuple[str, str] | None:
 
 router = APIRouter(
     tags=["items"],
-    responses={s: ERRORS[s] for s in (401, 404, 415, 422, 503)},  # type: ignore[misc]
+    responses={s: ERRORS[s] for s in (401, 404, 415, 422, 503)},
 )
 
 

@@ -49,7 +49,7 @@ _WRITING = threading.Lock()  # one write at a time: each reopens the gallery it 
 router = APIRouter(
     prefix="/items",
     tags=["writes"],
-    responses={s: ERRORS[s] for s in (400, 401, 403, 404, 413, 415, 422, 503)},  # type: ignore[misc]
+    responses={s: ERRORS[s] for s in (400, 401, 403, 404, 413, 415, 422, 503)},
 )
 State = Annotated[RestState, Depends(rest_state)]
 
