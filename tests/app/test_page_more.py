@@ -23,8 +23,8 @@ GROUP = "class_name"  # a product: the photos of one class (a SKU in a real shop
 @pytest.fixture(scope="module")
 def grouped_gallery(shop, tmp_path_factory) -> Path:
     """The shop's gallery recording ``class_name`` as its group column (--group-column)."""
-    from nearsight.index.gallery.core import Gallery
     from nearsight.index.gallery.change import set_meta
+    from nearsight.index.gallery.core import Gallery
     from nearsight.search.groups import GROUP_COLUMN_META
 
     folder = tmp_path_factory.mktemp("grouped") / "products"
