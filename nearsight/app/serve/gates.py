@@ -59,7 +59,7 @@ class WorkGate:
         else:
             await self._wait_turn(client)
         try:
-            return await run_in_threadpool(work)
+            return await run_in_threadpool(_as_client, client, work)
         finally:
             self._finish(client)
 
@@ -118,3 +118,11 @@ class WorkGate:
         self.waiting -= 1
         if not queue:
             del self._queues[client]
+
+
+def _as_client(client: str, work: Callable[[], Any]) -> Any:
+    """``work()`` in a worker thread, for ``client`` (what the decode box charges: the page's
+    events run outside the request that set CURRENT_CLIENT; the thread's context is a copy,
+    so this ends with the work)."""
+    CURRENT_CLIENT.set(client)
+    return work()
