@@ -13,6 +13,9 @@ from fastapi.concurrency import run_in_threadpool
 from nearsight.app.serve.clients import CURRENT_CLIENT
 
 CLIENTS_REMEMBERED = 10_000  # when each client was last served, for the order of the next turns
+# waiting places given to first requests, past max_waiting: each holds a connection, so the
+# server's connection cap (--max-connections, 256 by default) bounds them first
+MAX_FIRST_PLACES = 4096
 
 
 class GateFull(Exception):
@@ -22,15 +25,18 @@ class GateFull(Exception):
 class WorkGate:
     """At most ``concurrency`` pieces of one kind of work at once (a decoded 64 MP image is
     ~200 MB; a re-ranking or a filter keeps a core busy), and at most ``max_waiting`` requests
-    waiting for one, ``per_client`` of them from one client; past that, :class:`GateFull`.
+    waiting for one, ``per_client`` of them from one client; past that, :class:`GateFull`,
+    except for a client with nothing in flight, whose one request may wait beyond
+    ``max_waiting`` (each holds a connection: the server's connection cap bounds them).
 
     Fair shares: each identity (a named key's holder, else an address's network:
     nearsight/app/serve/clients.py) has its own queue, and a free slot goes first to a waiting
     identity with nothing running, then to the one served longest ago, so a flood waits
     behind its own requests: another client waits for at most the pieces already running
-    and one turn of each other waiting client. Past ``max_waiting`` in all, a request is
-    refused at once (503 with Retry-After), before it costs anything. Waiting holds no
-    thread."""
+    and one turn of each other waiting client. Past ``max_waiting`` in all, a request from a
+    client with something in flight already is refused at once (503 with Retry-After), before
+    it costs anything; a client with nothing in flight still gets its place (many identities
+    cannot fill the gate against another). Waiting holds no thread."""
 
     def __init__(
         self,
@@ -64,7 +70,12 @@ class WorkGate:
             self._finish(client)
 
     async def _wait_turn(self, client: str) -> None:
-        if self.waiting >= self.max_waiting:
+        queue = self._queues.get(client)
+        # an identity with nothing in flight always gets one place: a flood of many
+        # identities fills max_waiting, and the next identity still waits its turn
+        first = not queue and not self._running_by.get(client)
+        bound = max(MAX_FIRST_PLACES, self.max_waiting) if first else self.max_waiting
+        if self.waiting >= bound:
             raise GateFull(f"the server is busy ({self.waiting} {self.what} waiting): retry")
         queue = self._queues.setdefault(client, collections.deque())
         if len(queue) >= self.per_client:
