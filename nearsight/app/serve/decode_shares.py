@@ -5,13 +5,15 @@ Without a charge, two clients looping an image that runs into the time limit kep
 workers busy for the whole limit, and every other upload waited behind them. So:
 
 - a failed decode (past the time limit, over the memory limit, crashed, or refused by the
-  decoder) costs its client the seconds it held a worker: its next decode waits until that
-  time has passed (it is refused at once with 429 and Retry-After, before it costs anything);
-- a client with a failure in the last :attr:`DecodeShares.recent_s` seconds is decoded on a
-  share of ``workers - 1`` workers, shared with every other such client (past it, 429 at
-  once), and waits behind every client without recent failures for a worker; so one worker
-  is always left to clients without failures, and an upload of theirs waits for at most one
-  attacker's decode.
+  decoder) costs its client the seconds it held a worker, and what a client owes is paid
+  back as time passes. A client that owes more than :attr:`DecodeShares.allowance_s` (1 s,
+  or half the time limit if less: a corrupt file or two cost milliseconds, and owe nothing
+  that counts) is refused at once, with 429 and Retry-After, until it owes no more;
+- a client that owed more than the allowance in the last :attr:`DecodeShares.recent_s`
+  seconds is decoded on a share of ``workers - 1`` workers, shared with every other such
+  client (past it, 429 at once), and waits behind every other client for a worker; so one
+  worker is always left to clients whose images decode, and an upload of theirs waits for
+  at most one attacker's decode.
 
 The box (nearsight/data/decode_box.py) asks :meth:`admit` before each image and says what it
 cost in :meth:`settle`; the identity is the calling thread's :data:`CURRENT_CLIENT`."""
@@ -31,12 +33,13 @@ from nearsight.data.decode_charges import DecodeRefused, DecodeTicket
 CLIENTS_REMEMBERED = 10_000  # accounts kept (the least recently charged are forgotten first)
 RECENT_TIMEOUTS = 10  # a failure is recent for this many decode time limits...
 MIN_RECENT_S = 60.0  # ...and at least this long
+ALLOWANCE_S = 1.0  # seconds of failed decoding a client may owe and still be served
 
 
 @dataclass
 class _Account:
-    waits_until: float = 0.0  # no decode before this (the time its failures cost is paid)
-    last_failure: float = -math.inf
+    paid_at: float = 0.0  # when what its failures cost is paid back (owed: paid_at - now)
+    last_over: float = -math.inf  # when it last owed more than the allowance
     failures: int = 0
 
 
@@ -62,7 +65,8 @@ class DecodeRecord:
 
 class DecodeShares:
     """Admits and charges decodes by identity (see the module docstring); ``timeout_s``: the
-    box's time limit an image (a failure stays recent for :data:`RECENT_TIMEOUTS` of them)."""
+    box's time limit an image (a failure stays recent for :data:`RECENT_TIMEOUTS` of them,
+    and half of it is the allowance where that is under :data:`ALLOWANCE_S`)."""
 
     def __init__(
         self,
@@ -75,6 +79,7 @@ class DecodeShares:
         self.timeout_s = timeout_s
         self.recent_s = recent_s if recent_s is not None else max(MIN_RECENT_S,
                                                                    RECENT_TIMEOUTS * timeout_s)  # fmt: skip
+        self.allowance_s = min(ALLOWANCE_S, timeout_s / 2)
         self._identity, self._clock = identity, clock
         self._lock = threading.Lock()
         self._accounts: collections.OrderedDict[str, _Account] = collections.OrderedDict()
@@ -86,15 +91,15 @@ class DecodeShares:
         now = self._clock()
         with self._lock:
             account = self._accounts.get(identity)
-            if account is not None and now < account.waits_until:
+            wait = 0.0 if account is None else account.paid_at - now - self.allowance_s
+            if account is not None and wait > 0:
                 self.record.refused[identity] += 1
-                wait = account.waits_until - now
                 raise DecodeRefused(
                     f"your recent images hit the decoder's limits ({account.failures} failed): "
                     f"wait {math.ceil(wait)} s before the next upload",
                     math.ceil(wait),
                 )
-            restricted = account is not None and now - account.last_failure < self.recent_s
+            restricted = account is not None and now - account.last_over < self.recent_s
             ticket = DecodeTicket(identity, restricted)
             if restricted:
                 share = max(1, workers - 1)
@@ -126,15 +131,16 @@ class DecodeShares:
             self._accounts[ticket.identity] = account  # the most recently charged last
             while len(self._accounts) > CLIENTS_REMEMBERED:
                 self._accounts.popitem(last=False)
-            account.waits_until = max(now, account.waits_until) + seconds
-            account.last_failure = now
+            account.paid_at = max(now, account.paid_at) + seconds
+            if account.paid_at - now > self.allowance_s:
+                account.last_over = now
             account.failures += 1
             self.record.failures[ticket.identity] += 1
             charged = self.record.charged_s
             charged[ticket.identity] = charged.get(ticket.identity, 0.0) + seconds
 
-    def waiting(self, identity: str) -> float:
-        """Seconds ``identity`` still waits before its next decode (0: none)."""
+    def owed(self, identity: str) -> float:
+        """Seconds of failed decoding ``identity`` owes now (0: none)."""
         with self._lock:
             account = self._accounts.get(identity)
-        return 0.0 if account is None else max(0.0, account.waits_until - self._clock())
+        return 0.0 if account is None else max(0.0, account.paid_at - self._clock())
