@@ -16,6 +16,7 @@ CLIENTS_REMEMBERED = 10_000  # when each client was last served, for the order o
 # waiting places given to first requests, past max_waiting: each holds a connection, so the
 # server's connection cap (--max-connections, 256 by default) bounds them first
 MAX_FIRST_PLACES = 4096
+REFUSAL_DELAY_S = 1.0  # a refused request from a client with work in flight is answered this late
 
 
 class GateFull(Exception):
@@ -49,6 +50,7 @@ class WorkGate:
         self.max_waiting = max_waiting
         self.per_client = per_client if per_client is not None else max(1, max_waiting // 4)
         self.what = what
+        self.refusal_delay_s = REFUSAL_DELAY_S
         self.running = 0
         self.waiting = 0
         # touched only on the server's event loop
@@ -76,12 +78,14 @@ class WorkGate:
         first = not queue and not self._running_by.get(client)
         bound = max(MAX_FIRST_PLACES, self.max_waiting) if first else self.max_waiting
         if self.waiting >= bound:
-            raise GateFull(f"the server is busy ({self.waiting} {self.what} waiting): retry")
+            await self._refuse(first, f"the server is busy ({self.waiting} {self.what} "
+                                      "waiting): retry")  # fmt: skip
         queue = self._queues.setdefault(client, collections.deque())
         if len(queue) >= self.per_client:
-            raise GateFull(
+            await self._refuse(
+                False,
                 f"{len(queue)} of your {self.what} are waiting already (the limit per client "
-                f"is {self.per_client}): retry when they are answered"
+                f"is {self.per_client}): retry when they are answered",
             )
         turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         queue.append(turn)
@@ -94,6 +98,15 @@ class WorkGate:
             else:
                 self._forget(client, turn)
             raise
+
+    async def _refuse(self, first: bool, message: str) -> None:
+        """GateFull; after :attr:`refusal_delay_s` when the client has work in flight already:
+        a flood that sends each refused request again at once is answered at the pace of
+        that delay, not as fast as the server can refuse (a timer holds its connection, no
+        thread, and its connections are capped)."""
+        if not first and self.refusal_delay_s > 0:
+            await asyncio.sleep(self.refusal_delay_s)
+        raise GateFull(message)
 
     def _finish(self, client: str) -> None:
         self.running -= 1
