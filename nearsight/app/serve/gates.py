@@ -35,9 +35,10 @@ class WorkGate:
     identity with nothing running, then to the one served longest ago, so a flood waits
     behind its own requests: another client waits for at most the pieces already running
     and one turn of each other waiting client. Past ``max_waiting`` in all, a request from a
-    client with something in flight already is refused at once (503 with Retry-After), before
-    it costs anything; a client with nothing in flight still gets its place (many identities
-    cannot fill the gate against another). Waiting holds no thread."""
+    client with something in flight already is refused (503 with Retry-After) before it
+    costs anything, a second later (:meth:`_refuse`); a client with nothing in flight still
+    gets its place (many identities cannot fill the gate against another). Waiting holds no
+    thread."""
 
     def __init__(
         self,
