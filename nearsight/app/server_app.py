@@ -38,6 +38,7 @@ from nearsight.app.page.layout import PageBlocks, build_app
 from nearsight.app.rest import API_PREFIX, FORM_SLACK_BYTES, close_rest_app, make_rest_app
 from nearsight.app.serve.auth import ApiKeys, Sessions
 from nearsight.app.serve.clients import TrustedProxies
+from nearsight.app.serve.decode_shares import DecodeShares
 from nearsight.app.serve.galleries import Galleries
 from nearsight.app.serve.guard import Guard, GuardSettings
 from nearsight.app.serve.hosts import AllowedHosts
@@ -53,7 +54,7 @@ from nearsight.app.serve.settings import Settings
 from nearsight.app.serve.slow_clients import ConnectionPolicy, PolicedConfig
 from nearsight.app.serve.uploads import UploadBudget
 from nearsight.core.errors import NearsightError
-from nearsight.data.decode_box import shared_box
+from nearsight.data.decode_box import charge_with, charged_by, shared_box
 
 # Sessions whose state Gradio keeps (least recently used dropped first). Every call of the API
 # over plain HTTP is a new session holding a copy of every component's config (docs/decisions.md):
@@ -78,6 +79,7 @@ class ServedApp:
     server: uvicorn.Server
     thread: threading.Thread
     page: PageBlocks
+    decode_shares: DecodeShares | None = None  # what the decode box charges each client
 
 
 _RUNNING: dict[int, ServedApp] = {}  # id(page) -> its server, while it runs
@@ -175,8 +177,10 @@ def launch_app(page: PageBlocks, settings: Settings) -> str:
     it from a file or the environment)."""
     galleries = page.nearsight.galleries
     box = shared_box(settings.concurrency)  # uploads are decoded there: warm before the first
+    shares = None
     if box is not None:
         box.warm()
+        shares = DecodeShares(box.timeout_s)  # each client pays for the decodes it makes fail
     app, parts = build_server_app(page, settings)
     listener = _listen(settings.host, settings.port)
     port = listener.getsockname()[1]
@@ -206,8 +210,11 @@ def launch_app(page: PageBlocks, settings: Settings) -> str:
             )
         time.sleep(0.02)
     url = f"http://{_url_host(settings.host)}:{port}/"
+    if shares is not None:
+        charge_with(shares)
     _RUNNING[id(page)] = ServedApp(url, settings, app, galleries, parts["rest"], parts["guard"],
-                                   parts["connections"], server, thread, page)  # fmt: skip
+                                   parts["connections"], server, thread, page,
+                                   shares)  # fmt: skip
     galleries.watch(settings.watch_interval)
     return url
 
@@ -225,6 +232,8 @@ def stop_app(page: PageBlocks) -> None:
         return
     running.server.should_exit = True
     running.thread.join(30)
+    if running.decode_shares is not None and charged_by() is running.decode_shares:
+        charge_with(None)
     page.close(verbose=False)
     if running.guard.uploads is not None:
         running.guard.uploads.clear()

@@ -17,6 +17,10 @@ untrusted input, and as image services bound their decoders per process):
   (:func:`nearsight.models.preprocess.fit_short_side`): at most ``short x 16 short`` pixels,
   checked before they are read, so the caller's memory never depends on what a file holds.
 
+A server charges its clients for what their images cost (:func:`charge_with`,
+nearsight/data/decode_charges.py): a client whose images hit the limits waits before its next
+decode, and runs on a share that leaves a worker to the others.
+
 :func:`shared_box` is the process's box, grown to the callers' concurrency; with
 ``NEARSIGHT_TRUSTED_IMAGES=1`` (or :func:`set_trusted`) it is None and callers decode in
 process, for folders the operator vouches for.
@@ -28,9 +32,6 @@ import atexit
 import contextlib
 import json
 import os
-import queue
-import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -40,7 +41,9 @@ from PIL import Image
 
 from nearsight.core.errors import NearsightError
 from nearsight.data import decode_worker as wire
-from nearsight.data.decode_process import WORKER_LOG_ENV, Worker
+from nearsight.data.decode_charges import DecodeCharging, DecodeTicket
+from nearsight.data.decode_pool import START_TIMEOUT_S, WorkerPool, killed_outside
+from nearsight.data.decode_process import Worker
 from nearsight.data.images import ImageLoadError, load_image_sized
 from nearsight.data.pipe_io import Late, receive_by, send_by
 from nearsight.models.preprocess import MAX_ASPECT_RATIO, fit_short_side
@@ -50,7 +53,6 @@ from nearsight.models.preprocess import MAX_ASPECT_RATIO, fit_short_side
 DEFAULT_MEMORY_MB = 768
 MIN_MEMORY_MB = 64
 DEFAULT_TIMEOUT_S = 30.0  # a 64-megapixel 16-bit PNG takes a few seconds on a loaded core
-START_TIMEOUT_S = 60.0  # a worker's imports, on a loaded machine
 TRUSTED_ENV = "NEARSIGHT_TRUSTED_IMAGES"
 
 
@@ -64,7 +66,9 @@ class Fitted:
 
 class DecodeBox:
     """``workers`` warm decoding processes, each limited to ``memory_mb`` MB of address space
-    above its imports and ``timeout_s`` seconds an image (see the module docstring)."""
+    above its imports and ``timeout_s`` seconds an image (see the module docstring).
+    ``charging`` (a server's: nearsight/data/decode_charges.py) admits each decode and is
+    told what it cost; None serves every caller alike."""
 
     def __init__(
         self,
@@ -72,69 +76,40 @@ class DecodeBox:
         *,
         memory_mb: int = DEFAULT_MEMORY_MB,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        charging: DecodeCharging | None = None,
     ):
         if workers < 1:
             raise NearsightError(f"a decode box needs at least 1 worker, got {workers}")
         self.memory_mb, self.timeout_s = int(memory_mb), float(timeout_s)
-        self._idle: queue.Queue[Worker] = queue.Queue()
-        self._lock = threading.Lock()
-        self._all: set[Worker] = set()
-        self._closed = False
-        self.replaced = 0  # workers killed (late, out of memory, crashed) and started again
+        self.charging = charging
+        self._pool = WorkerPool(self.memory_mb, self.timeout_s)
         self.grow(workers)
 
     @property
     def workers(self) -> int:
-        return len(self._all)
+        return len(self._pool)
+
+    @property
+    def replaced(self) -> int:
+        """Workers killed (late, out of memory, crashed) and started again."""
+        return self._pool.replaced
 
     @property
     def pids(self) -> list[int]:
         """The process ids of its workers (operators and tests signal them)."""
-        with self._lock:
-            return sorted(worker.process.pid for worker in self._all)
+        return self._pool.pids
 
     def grow(self, workers: int) -> None:
         """Start workers until there are ``workers`` (they warm up in the background)."""
-        with self._lock:
-            while len(self._all) < workers and not self._closed:
-                self._start()
-
-    def _start(self) -> None:
-        worker = Worker(self.memory_mb, self.timeout_s)
-        self._all.add(worker)
-        self._idle.put(worker)
+        self._pool.grow(workers)
 
     def warm(self, timeout_s: float = START_TIMEOUT_S) -> None:
         """Wait until the idle workers have started (a server calls this before it listens:
         the wait for a worker counts within each image's deadline)."""
-        deadline = time.monotonic() + timeout_s
-        idle = []
-        with contextlib.suppress(queue.Empty):
-            while True:
-                idle.append(self._idle.get_nowait())
-        for worker in idle:
-            if not worker.ready:
-                self._started(worker, deadline)
-            self._idle.put(worker)
-
-    def _replace(self, worker: Worker) -> None:
-        worker.kill()
-        with self._lock:
-            self._all.discard(worker)
-            self.replaced += 1
-            if not self._closed:
-                self._start()
-
-    def _retire(self, worker: Worker | None) -> None:
-        if worker is not None:
-            self._replace(worker)
+        self._pool.warm(timeout_s)
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            workers, self._all = list(self._all), set()
-        for worker in workers:
-            worker.kill()
+        self._pool.close()
 
     def __enter__(self) -> DecodeBox:
         return self
@@ -169,17 +144,31 @@ class DecodeBox:
 
     def _run(self, header: dict, data: bytes, name: str, short: int, interpolation: str,
              meanwhile: Callable[[], None] | None = None) -> Fitted:  # fmt: skip
-        if self._closed:
+        if self._pool.closed:
             raise NearsightError("the decode box is closed")
+        charging = self.charging
+        ticket = charging.admit(self.workers) if charging is not None else None
+        cost = _Cost()
+        try:
+            return self._decode(header, data, name, short, interpolation, meanwhile, ticket, cost)
+        finally:
+            if charging is not None and ticket is not None:
+                charging.settle(ticket, cost.seconds, cost.failed)
+
+    def _decode(self, header: dict, data: bytes, name: str, short: int, interpolation: str,
+                meanwhile: Callable[[], None] | None, ticket: DecodeTicket | None,
+                cost: _Cost) -> Fitted:  # fmt: skip
         header = {**header, "short": int(short), "interpolation": interpolation}
         # the deadline counts the wait for a worker too: a busy or restarting box is late
         deadline = time.monotonic() + self.timeout_s
         message = json.dumps(header).encode()
         head = wire.REQUEST_HEAD.pack(len(message)) + message + wire.PAYLOAD_HEAD.pack(len(data))
+        priority = ticket is None or not ticket.restricted
         worker: Worker | None = None
         try:
             for attempt in (1, 2):
-                worker = self._take(deadline, name)
+                worker = self._pool.take(deadline, name, priority)
+                cost.start()
                 try:
                     send_by(worker.to_worker, (head, data), deadline)  # one message, one wake-up
                     if meanwhile is not None:
@@ -191,71 +180,45 @@ class DecodeBox:
                     # killed from outside while idle (it never read the request, or died by
                     # SIGKILL, which no decoder sends itself): not this file's doing; once
                     # more with a fresh worker, within the same deadline
-                    if attempt == 2 or not _killed_outside(worker):
+                    if attempt == 2 or not killed_outside(worker):
                         raise
                     dead, worker = worker, None
-                    self._replace(dead)
+                    self._pool.replace(dead)
         except Late:
-            self._retire(worker)
+            self._retire(worker, cost)
             raise ImageLoadError.for_file(
                 name, f"decoding it took longer than the limit of {self.timeout_s:g} s"
             ) from None
         except (EOFError, OSError):
-            self._retire(worker)
+            self._retire(worker, cost)
             raise ImageLoadError.for_file(
                 name,
                 f"the decoder stopped on it (over the limit of {self.memory_mb} MB of "
                 "memory, or a corrupt file)",
             ) from None
         except _OutOfMemory:
-            self._retire(worker)
+            self._retire(worker, cost)
             raise ImageLoadError.for_file(
                 name, f"decoding it needs more than the limit of {self.memory_mb} MB of memory"
             ) from None
         except _Refused as refusal:  # the worker is fine: only the file was bad
-            self._idle.put(worker)  # type: ignore[arg-type]
+            cost.fail()
+            self._pool.give_back(worker)  # type: ignore[arg-type]
             raise ImageLoadError.for_file(name, str(refusal)) from None
         except BaseException:
-            self._retire(worker)
+            if worker is not None:
+                self._pool.replace(worker)
             raise
-        self._idle.put(worker)  # type: ignore[arg-type]
+        cost.stop()
+        self._pool.give_back(worker)  # type: ignore[arg-type]
         return fitted
 
-    def _take(self, deadline: float, name: str) -> Worker:
-        """An idle worker that is alive and ready, by ``deadline`` (one that died while idle, or
-        did not start, is replaced; three in a row that do not start are an error)."""
-        code = None
-        for _ in range(3):
-            try:
-                worker = self._idle.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise ImageLoadError.for_file(name, "no image decoder was free within the "
-                                              f"limit of {self.timeout_s:g} s: retry") from None  # fmt: skip
-            if worker.process.poll() is None and (worker.ready or self._started(worker, deadline)):
-                return worker
-            code = worker.process.poll()
-            if code is None and time.monotonic() >= deadline:  # still starting: keep it
-                self._idle.put(worker)
-                raise ImageLoadError.for_file(name, "the image decoder did not start within "
-                                              f"the limit of {self.timeout_s:g} s: retry")  # fmt: skip
-            self._replace(worker)
-        raise NearsightError(
-            f"the image decoder did not start (exit code {code}; set {WORKER_LOG_ENV}=FILE "
-            "to keep its messages)"
-        )
-
-    @staticmethod
-    def _started(worker: Worker, deadline: float) -> bool:
-        """Wait for a new worker's imports (it says when it is ready), at most until
-        ``deadline`` or :data:`START_TIMEOUT_S`."""
-        deadline = min(deadline, time.monotonic() + START_TIMEOUT_S)
-        try:
-            worker.ready = receive_by(worker.from_worker, 1, deadline) == wire.READY
-        except Late:
-            return False  # not yet: the caller keeps it if it is alive
-        except (EOFError, OSError):
-            worker.ready = False
-        return worker.ready
+    def _retire(self, worker: Worker | None, cost: _Cost) -> None:
+        """The image failed on ``worker`` (late, out of memory, crashed): the client is charged
+        the time it held it, and it is replaced."""
+        if worker is not None:
+            cost.fail()
+            self._pool.replace(worker)
 
     def _answer(self, worker: Worker, name: str, short: int, deadline: float) -> Fitted:
         kind = receive_by(worker.from_worker, 1, deadline)
@@ -278,14 +241,24 @@ class DecodeBox:
         return Fitted(Image.frombytes("RGB", (width, height), pixels), (loaded_w, loaded_h))
 
 
-def _killed_outside(worker: Worker) -> bool:
-    """Whether ``worker`` was killed by SIGKILL (by an operator or the kernel, never by its own
-    limits: those end in a MemoryError answer or SIGXCPU), or closed its pipe unread."""
-    try:
-        code = worker.process.wait(timeout=1)
-    except subprocess.TimeoutExpired:
-        return False
-    return code == -signal.SIGKILL
+class _Cost:
+    """How long one image held a worker, and whether it failed (what its client is charged)."""
+
+    def __init__(self) -> None:
+        self.started: float | None = None
+        self.seconds = 0.0
+        self.failed = False
+
+    def start(self) -> None:
+        self.started = time.monotonic()
+
+    def stop(self) -> None:
+        if self.started is not None:
+            self.seconds = time.monotonic() - self.started
+
+    def fail(self) -> None:
+        self.stop()
+        self.failed = True
 
 
 class _OutOfMemory(Exception):
@@ -302,6 +275,7 @@ _SHARED: DecodeBox | None = None
 _SHARED_LOCK = threading.Lock()
 _TRUSTED: bool | None = None  # None: from the environment
 _SETTINGS = {"memory_mb": DEFAULT_MEMORY_MB, "timeout_s": DEFAULT_TIMEOUT_S}
+_CHARGING: DecodeCharging | None = None
 
 
 def set_trusted(trusted: bool | None) -> None:
@@ -350,6 +324,21 @@ def configure(*, memory_mb: int | None = None, timeout_s: float | None = None) -
             _SHARED = None
 
 
+def charge_with(charging: DecodeCharging | None) -> None:
+    """Who admits and charges the shared box's decodes from now on (a server, while it serves:
+    nearsight/app/serve/decode_shares.py), or nobody (None: every caller served alike)."""
+    global _CHARGING
+    with _SHARED_LOCK:
+        _CHARGING = charging
+        if _SHARED is not None:
+            _SHARED.charging = charging
+
+
+def charged_by() -> DecodeCharging | None:
+    """Who charges the shared box's decodes now (:func:`charge_with`)."""
+    return _CHARGING
+
+
 def shared_box(workers: int = 1) -> DecodeBox | None:
     """This process's decode box with at least ``workers`` workers (started on first use,
     closed at exit), or None where images are trusted (:func:`set_trusted`)."""
@@ -358,7 +347,7 @@ def shared_box(workers: int = 1) -> DecodeBox | None:
         return None
     with _SHARED_LOCK:
         if _SHARED is None:
-            _SHARED = DecodeBox(workers, **_SETTINGS)  # type: ignore[arg-type]
+            _SHARED = DecodeBox(workers, **_SETTINGS, charging=_CHARGING)  # type: ignore[arg-type]
             atexit.register(_SHARED.close)
             return _SHARED
         box = _SHARED

@@ -76,13 +76,13 @@ def test_a_free_slot_goes_first_to_an_identity_with_nothing_in_flight():
     """A runs one piece and waits with three more; B runs one and waits with one more; C
     arrives last with nothing in flight: C's piece starts before A's and B's waiting ones."""
     order: list[str] = []
-    release = threading.Event()
+    release = {"a0": threading.Event(), "b0": threading.Event()}
 
     def piece(name: str):
         def work() -> None:
             order.append(name)
-            if name in ("a0", "b0"):
-                release.wait(10)
+            if name in release:
+                release[name].wait(10)
 
         return work
 
@@ -96,7 +96,12 @@ def test_a_free_slot_goes_first_to_an_identity_with_nothing_in_flight():
         await asyncio.sleep(0.05)
         tasks.append(asyncio.create_task(gate.run(piece("c0"), "C")))
         await asyncio.sleep(0.05)
-        release.set()
+        release["a0"].set()  # one slot comes free: whose turn is it?
+        for _ in range(500):  # at most 5 s
+            if len(order) > 2:
+                break
+            await asyncio.sleep(0.01)
+        release["b0"].set()
         await asyncio.gather(*tasks)
 
     asyncio.run(main())

@@ -197,3 +197,18 @@ def test_queue_files_are_found_at_any_depth_and_held_to_the_upload_rules(tmp_pat
     for _ in range(100_000):
         deep = [deep]
     assert len(files_in(deep)) == 1
+
+
+def test_a_gates_work_runs_as_its_client():
+    """The work's thread sees its client in CURRENT_CLIENT (the decode box charges it there,
+    for the page's events too, which run outside the request that set it)."""
+    from nearsight.app.serve.clients import CURRENT_CLIENT
+
+    gate = WorkGate(1, 4)
+
+    async def main() -> tuple[str, str]:
+        CURRENT_CLIENT.set("the request's")
+        inside = await gate.run(CURRENT_CLIENT.get, "10.0.0.0/24")
+        return inside, CURRENT_CLIENT.get()
+
+    assert asyncio.run(main()) == ("10.0.0.0/24", "the request's")

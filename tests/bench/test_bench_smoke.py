@@ -83,6 +83,14 @@ SMOKE: dict[str, tuple[list[str], list[str]]] = {
         [r'rest \{"alone_p50_s": [\d.]+, "victim_p50_s": [\d.]+',
          r'page \{"alone_p50_s": [\d.]+, "victim_p50_s": [\d.]+'],
     ),
+    "floods.py": (
+        ["--smoke"],
+        [r'idle p50 s \{"plain": [\d.]+, "filtered": [\d.]+, "reranked": [\d.]+, "upload": [\d.]+',
+         r"networks: p50 s .*; ratio to 3 x idle \+ 100 ms \{\"plain\": [\d.]+",
+         r"connections: p50 s .*; ratio to 3 x idle \+ 100 ms \{\"plain\": [\d.]+",
+         r'bodies: longest wait s \{"health": [\d.]+, "plain": [\d.]+\}',
+         r'pipelining: \{"connections": \d+, "closed": \d+'],
+    ),
     "filtered_catalog.py": (
         ["--items", "3000", "--categories", "30", "--queries", "5", "--workdir", "{workdir}"],
         [r'"group": \{\s*"route": \{\s*"recall": [\d.]+'],

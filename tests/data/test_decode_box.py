@@ -115,7 +115,7 @@ def test_a_late_worker_is_killed_and_replaced():
     with DecodeBox(1, timeout_s=60) as box:
         box.decode_bytes(_photo(), "warm.jpg", 64)  # started: the wait for it counts too
         box.timeout_s = 0.001
-        old = next(iter(box._all)).process
+        old = next(iter(box._pool._all)).process
         with pytest.raises(ImageLoadError, match=r"longer than the limit of 0\.001 s"):
             box.decode_bytes(out.getvalue(), "slow.png", 64)
         assert old.poll() == -signal.SIGKILL
@@ -127,7 +127,7 @@ def test_a_late_worker_is_killed_and_replaced():
 def test_a_worker_killed_while_idle_is_replaced_before_it_is_used():
     with DecodeBox(1) as box:
         box.decode_bytes(_photo(), "warm.jpg", 64)
-        worker = next(iter(box._all)).process
+        worker = next(iter(box._pool._all)).process
         os.kill(worker.pid, signal.SIGKILL)
         worker.wait()
         assert box.decode_bytes(_photo(), "next.jpg", 64).image.size == (96, 64)

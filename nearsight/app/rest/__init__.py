@@ -42,6 +42,7 @@ from nearsight.app.serve.batcher import DEFAULT_MAX_WAITING, EmbedBatcher
 from nearsight.app.serve.galleries import Galleries
 from nearsight.app.serve.gates import GateFull, WorkGate
 from nearsight.core.errors import Busy, NearsightError
+from nearsight.data.decode_charges import DecodeRefused
 from nearsight.search.served import ServedGallery
 
 __all__ = ["API_PREFIX", "FORM_SLACK_BYTES", "ApiError", "WorkGate", "close_rest_app",
@@ -134,6 +135,11 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(GateFull)
     async def _full(_: Request, error: GateFull) -> JSONResponse:
         return busy(str(error))
+
+    @app.exception_handler(DecodeRefused)
+    async def _charged(_: Request, error: DecodeRefused) -> JSONResponse:
+        headers = {"Retry-After": str(error.retry_after_s)}
+        return JSONResponse({"error": one_line(str(error))}, status_code=429, headers=headers)
 
     @app.exception_handler(NearsightError)
     async def _bad_input(_: Request, error: NearsightError) -> JSONResponse:
