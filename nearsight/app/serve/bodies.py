@@ -6,12 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
 
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
+from nearsight.app.serve.asgi import Message, Receive, Scope
 
 
 class BodyRefused(Exception):

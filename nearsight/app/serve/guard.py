@@ -31,14 +31,21 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import parse_qs
 
+from nearsight.app.serve.asgi import (
+    ASGIApp,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    send_body,
+    send_html,
+    send_json_error,
+)
 from nearsight.app.serve.auth import (
     API_KEY_HEADER,
     LOGIN_PATH,
@@ -69,12 +76,6 @@ from nearsight.app.serve.hosts import AllowedHosts
 from nearsight.app.serve.metrics import ServerMetrics
 from nearsight.app.serve.uploads import UPLOAD_PATH, UploadBudget, UploadRefused
 from nearsight.core.errors import printable
-
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 OPEN_PATHS = frozenset({"/api/health"})
 METRICS_PATH = "/metrics"
@@ -182,14 +183,14 @@ class Guard:
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         refusal = self._refusal(scope)
         if refusal is not None:
-            await _send_json(send, *refusal)
+            await send_json_error(send, *refusal)
             return
         settings = self.settings
         path = scope.get("path", "")
         if settings.keys and path not in OPEN_PATHS:
             wait = settings.attempts.locked_for(identity_of(scope))
             if wait > 0:
-                await _send_json(send, 429, "too many wrong API keys from this address: retry "
+                await send_json_error(send, 429, "too many wrong API keys from this address: retry "
                                  f"in {wait:.0f} s", retry_after=int(wait) + 1)  # fmt: skip
                 return
             if path == LOGIN_PATH:
@@ -201,18 +202,18 @@ class Guard:
                 return
         if path == METRICS_PATH and settings.metrics is not None:
             body, content_type = settings.metrics.render()
-            await _send(send, 200, body, content_type)
+            await send_body(send, 200, body, content_type)
             return
         if path == UPLOAD_PATH and scope.get("method") == "POST" and settings.uploads:
             try:
                 await settings.uploads.handle(self.app, scope, receive, send, identity_of(scope))
             except UploadRefused as refused:  # plain text, as Gradio's own route answers
-                await _send(send, refused.status, refused.message.encode(),
+                await send_body(send, refused.status, refused.message.encode(),
                             "text/plain; charset=utf-8", refused.retry_after)  # fmt: skip
             return
         length = header(scope, b"content-length")
         if length.isdigit() and int(length) > settings.max_body_bytes:
-            await _send_json(send, 413, self._too_large())
+            await send_json_error(send, 413, self._too_large())
             return
         await self._limited(scope, receive, send)
 
@@ -252,9 +253,9 @@ class Guard:
         if wrong:
             await self._failed(scope)
         if scope.get("method") == "GET" and "text/html" in header(scope, b"accept"):
-            await _send_html(send, 401, login_page())
+            await send_html(send, 401, login_page())
         else:
-            await _send_json(send, 401, f"missing or wrong API key (send it in the "
+            await send_json_error(send, 401, f"missing or wrong API key (send it in the "
                              f"{API_KEY_HEADER} header or as Authorization: Bearer)")  # fmt: skip
 
     async def _failed(self, scope: Scope) -> None:
@@ -270,16 +271,16 @@ class Guard:
 
     async def _login(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope.get("method") != "POST":
-            await _send_html(send, 200, login_page())
+            await send_html(send, 200, login_page())
             return
         settings = self.settings
         who = identity_of(scope)
         share = max(1, settings.max_unauthenticated // SIGN_IN_SHARES)
         if settings.signing_in >= settings.max_unauthenticated:
-            await _send_json(send, 503, "too many sign-ins at once: retry", retry_after=1)
+            await send_json_error(send, 503, "too many sign-ins at once: retry", retry_after=1)
             return
         if settings.signing_in_by[who] >= share:  # one network cannot take every slot
-            await _send_json(send, 429, f"too many sign-ins at once from your network (at most "
+            await send_json_error(send, 429, f"too many sign-ins at once from your network (at most "
                              f"{share}): retry", retry_after=1)  # fmt: skip
             return
         settings.signing_in += 1
@@ -288,7 +289,7 @@ class Guard:
             body = await read_small_body(scope, receive, LOGIN_MAX_BYTES,
                                           settings.sign_in_timeout_s)  # fmt: skip
         except BodyRefused as refused:
-            await _send_json(send, refused.status, refused.message)
+            await send_json_error(send, refused.status, refused.message)
             return
         finally:
             settings.signing_in -= 1
@@ -300,7 +301,7 @@ class Guard:
         name = keys.match(given) if keys else None
         if sessions is None or name is None:
             await self._failed(scope)
-            await _send_html(send, 401, login_page("wrong key"))
+            await send_html(send, 401, login_page("wrong key"))
             return
         token = sessions.issue(name=name)
         cookie = sessions.set_cookie(token, https=scope.get("scheme") == "https")
@@ -353,9 +354,9 @@ class Guard:
                 raise
         if state["refused"] and not state["started"]:
             if state["refused"] == 413:
-                await _send_json(send, 413, self._too_large())
+                await send_json_error(send, 413, self._too_large())
             else:
-                await _send_json(send, 408, stalled(settings.body_timeout_s))
+                await send_json_error(send, 408, stalled(settings.body_timeout_s))
 
     def _too_large(self) -> str:
         return (f"the request body is larger than the server's limit "
@@ -376,27 +377,3 @@ def _cookie(scope: Scope, name: str) -> str:
         if key == name:
             return value
     return ""
-
-
-async def _send(
-    send: Send, status: int, body: bytes, content_type: str, retry_after: int | None = None
-) -> None:
-    headers = [
-        (b"content-type", content_type.encode()),
-        (b"content-length", str(len(body)).encode()),
-    ]
-    if retry_after is not None:
-        headers.append((b"retry-after", str(retry_after).encode()))
-    if status >= 400:  # the body may be unread: close rather than drain it for keep-alive
-        headers.append((b"connection", b"close"))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _send_json(send: Send, status: int, message: str, retry_after: int | None = None) -> None:
-    await _send(send, status, json.dumps({"error": message}).encode(), "application/json",
-                retry_after)  # fmt: skip
-
-
-async def _send_html(send: Send, status: int, page: str) -> None:
-    await _send(send, status, page.encode(), "text/html; charset=utf-8")

@@ -30,11 +30,11 @@ import json
 import os
 import re
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nearsight.app.serve.asgi import ASGIApp, Message, Receive, Scope, Send
 from nearsight.core.errors import printable
 
 UPLOAD_PATH = "/gradio_api/upload"
@@ -58,12 +58,6 @@ _PNM = re.compile(rb"P[1-6]\s")
 _BOUNDARY = re.compile(rb'boundary="?([^";,\s]+)"?', re.IGNORECASE)
 _FILENAME = re.compile(rb'filename="([^"]*)"')
 _DISPOSITION = re.compile(rb"^content-disposition:(.*)$", re.IGNORECASE | re.MULTILINE)
-
-Message = dict[str, Any]
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class UploadRefused(Exception):
