@@ -1,6 +1,6 @@
 """A victim's searches under the floods of issue 51, measured as an attacker would send them.
 
-    python bench/floods.py [--items 3000] [--tries 9] [--json FILE] [--smoke]
+    python bench/floods.py [--items 3000] [--tries 9] [--pause 0.5] [--json FILE] [--smoke]
 
 Setup: a 32-px ResNet-18 (8-d, random) exported to ONNX and a flat gallery of ``--items``
 random unit vectors with a ``shop`` column (`nearsight index import`); `nearsight serve` in a
@@ -8,7 +8,9 @@ process of its own, default settings but ``--write-timeout`` (10 s here). The fl
 process of their own too (their threads do not share the victim's interpreter).
 
 The victim (127.0.250.2) measures, idle and under each flood, the p50 of ``--tries`` of each
-of its searches: plain (an item, k 8), filtered (``shop=s1``), re-ranked (``kreciprocal``) and
+of its searches, ``--pause`` seconds apart (0.5 s: a user who reads an answer before asking
+again; with 0 it asks back to back, exactly like each of the 80 flooders, and a fair gate can
+give it no more than their share): plain (an item, k 8), filtered (``shop=s1``), re-ranked (``kreciprocal``) and
 an upload (a 32-px PNG). The floods:
 
 - ``networks``: 80 identities (127.0.N.2, one /24 each), one connection each, looping a
@@ -127,14 +129,17 @@ def victim_search(client: httpx.Client, url: str, kind: str, n: int, image: byte
     return seconds
 
 
-def victim_p50s(url: str, tries: int, items: int) -> dict[str, float]:
+def victim_p50s(url: str, tries: int, items: int, pause_s: float = 0.0) -> dict[str, float]:
+    """The p50 of ``tries`` of each of the victim's searches, ``pause_s`` apart (untimed)."""
     image = photo()
     transport = httpx.HTTPTransport(local_address=VICTIM, retries=1)
     out = {}
     with httpx.Client(timeout=300, transport=transport) as client:
         for kind in KINDS:
-            seconds = [victim_search(client, url, kind, (37 * n) % items, image)
-                       for n in range(tries)]  # fmt: skip
+            seconds = []
+            for n in range(tries):
+                time.sleep(pause_s)
+                seconds.append(victim_search(client, url, kind, (37 * n) % items, image))
             out[kind] = round(float(np.median(seconds)), 4)
     return out
 
@@ -277,26 +282,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--items", type=int, default=3000)
     parser.add_argument("--tries", type=int, default=9)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--pause", type=float, default=0.5,
+                        help="seconds the victim waits between its searches (a user reading "
+                             "an answer); 0: back to back, like each flooder")  # fmt: skip
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args(argv)
     sizes = {"networks": (80, 1), "connections": (4, 32), "bodies": (4, 1), "pipelining": (8, 28)}
     rounds_s = 20.0
     if args.smoke:
-        args.items, args.tries = 300, 3
+        args.items, args.tries, args.pause = 300, 3, min(args.pause, 0.05)
         sizes = {"networks": (8, 1), "connections": (2, 4), "bodies": (4, 1),
                  "pipelining": (2, 4)}  # fmt: skip
         rounds_s = 4.0
-    report: dict = {"load_before": os.getloadavg(), "sizes": sizes}
+    report: dict = {"load_before": os.getloadavg(), "sizes": sizes, "victim_pause_s": args.pause}
     with tempfile.TemporaryDirectory() as folder:
         gallery = build(Path(folder), args.items)
         with served(gallery) as url:
             victim_p50s(url, 2, args.items)  # warm: the model, the re-ranker, the decoder
-            idle = victim_p50s(url, args.tries, args.items)
+            idle = victim_p50s(url, args.tries, args.items, args.pause)
             report["idle_p50_s"] = idle
             print("idle p50 s", json.dumps(idle), flush=True)
             for kind in ("networks", "connections"):
                 with flooding(kind, url, *sizes[kind], args.items) as statuses:
-                    flooded = victim_p50s(url, args.tries, args.items)
+                    flooded = victim_p50s(url, args.tries, args.items, args.pause)
                 report[kind] = {"p50_s": flooded, "ratio_to_goal": ratios(idle, flooded),
                                 "flood_statuses": statuses}  # fmt: skip
                 print(
