@@ -377,3 +377,48 @@ def test_the_tuning_walks_a_group_only_for_the_queries_outside_it(data, monkeypa
             assert after[0] == "plan" or after[1] != key
         inside_would_walk += int((plans & ~counted_by[key]).sum()) if key in groups else 0
     assert inside_would_walk > 0  # queries inside a group that the old tuning counted
+
+
+def test_a_pq_walk_reranks_the_tuned_multiple_of_its_candidates(galleries, data, monkeypatch):
+    """Forced through the index (no exact search), an IVF-PQ walk re-ranks ``refine`` x
+    refine_candidates(k) of the codes' candidates by the exact vectors, ``refine`` as the build
+    tuned it (filter_plan.REFINES; HNSW keeps no such rule). Re-ranking more keeps every true
+    neighbour the fewer found (a superset of the same walk's candidates) and, on the cap away
+    from the queries walked at alpha 8, finds more of them."""
+    from nearsight.index.ann.filter_plan import REFINES
+
+    monkeypatch.setattr(filtered, "FORCE", "index")
+    cap, queries = data["filters"]["cap"], data["queries"]
+    truth = brute_force(queries, data["vectors"], cap)
+    with Gallery.open(galleries["hnsw"]) as gallery:
+        assert "refine" not in gallery.meta["filter_route"]
+    hits = {}
+    with Gallery.open(galleries["ivfpq"]) as gallery:
+        assert gallery.meta["filter_route"]["refine"] in REFINES
+        for refine in REFINES:
+            gallery.meta["filter_route"] = {**gallery.meta["filter_route"], "alpha": 8.0,
+                                            "refine": refine}  # fmt: skip
+            info: dict = {}
+            _, ids = gallery.search(queries, K, ids=cap, info=info)
+            assert info["index"] == len(queries) and np.isin(ids, cap).all()
+            hits[refine] = np.array([len(set(a) & set(b)) for a, b in zip(ids, truth, strict=True)])
+    fewer, more = hits[REFINES[0]], hits[REFINES[-1]]
+    assert (more >= fewer).all() and more.sum() > fewer.sum()
+
+
+def test_a_gallery_tuned_under_the_filter_target_says_so(galleries, data, monkeypatch):
+    """The route promises filter_plan.TARGET_RECALL where it walks: a gallery whose rule was
+    tuned to less (built for 0.95 before the target was raised) answers with a note naming
+    the target and what its walks were tuned to; one tuned to the target has no note."""
+    monkeypatch.setattr(filtered, "FORCE", "index")
+    with Gallery.open(galleries["hnsw"]) as gallery:
+        info: dict = {}
+        gallery.search(data["queries"][:5], K, ids=data["filters"]["random"], info=info)
+        assert info["notes"] == []
+        gallery.meta["filter_route"] = {**gallery.meta["filter_route"], "target": 0.95,
+                                        "tuned_recall": 0.9727}  # fmt: skip
+        gallery.search(data["queries"][:5], K, ids=data["filters"]["random"], info=info)
+    assert info["notes"] == [
+        f"recall target {TARGET_RECALL:g} not promised: the gallery's filtered walks were "
+        "tuned to recall@10 0.9727"
+    ]
