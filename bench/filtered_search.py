@@ -557,8 +557,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     faiss.omp_set_num_threads(args.threads)
-    if args.workdir is not None:
-        args.workdir.mkdir(parents=True, exist_ok=True)
+    for folder in (args.workdir, args.reuse):
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="filtered-bench-", dir=args.workdir))
     memory = PeakMemory()
     loadavg_start = Path("/proc/loadavg").read_text().split()[:3]
