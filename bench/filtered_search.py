@@ -477,6 +477,8 @@ def bench(args: argparse.Namespace, workdir: Path, memory: PeakMemory) -> dict:
         with open_gallery(folder) as searcher:
             opened_s = time.perf_counter() - start
             gallery = searcher.gallery
+            if args.recalibrate:  # this run's own costs (threads, load), in memory
+                gallery._filters.costs = gallery._calibrate_filters()
             # the vectors read once before timing (into the page cache), as in a server that
             # has run a while: a gallery left unread since its build times its disk otherwise
             float(np.asarray(gallery.embeddings[:: max(1, 4096 // (4 * args.dim))]).sum())
@@ -495,7 +497,9 @@ def bench(args: argparse.Namespace, workdir: Path, memory: PeakMemory) -> dict:
                                             "filters": rows,
                                             "meta": {key: gallery.meta.get(key) for key in
                                                      ("nlist", "nprobe", "ef_search",
-                                                      "filter_route")}}  # fmt: skip
+                                                      "filter_route")},
+                                            "costs_used": gallery._filters.machine_costs()
+                                            .as_meta()}  # fmt: skip
         results["types"][index_type]["memory"] = memory.report()
         print(index_type, "built and measured", json.dumps(memory.report()), file=sys.stderr,
               flush=True)  # fmt: skip
@@ -545,6 +549,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also time the route's ways (as shipped, forced through the "
         "index, forced exact) given the allowed ids, through Gallery.search",
+    )
+    parser.add_argument(
+        "--recalibrate",
+        action="store_true",
+        help="measure the filter route's costs again on opening each gallery, with this "
+        "run's FAISS threads (a gallery reused from a build with --threads 2 timed its "
+        "one-query searches with OpenMP's second thread spinning: gate and plan 30x dearer)",
     )
     parser.add_argument(
         "--build-only", action="store_true", help="build the galleries (into --reuse) and stop"
