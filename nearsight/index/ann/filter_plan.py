@@ -52,6 +52,8 @@ from typing import Any, NamedTuple
 import faiss
 import numpy as np
 
+from nearsight.index.ann.tuning import TUNING_K
+
 # the recall@10 a filtered search promises where it walks an index (an exact search gives the
 # true top-k): the widening rule is tuned to it at build (filter_tuning.tune_filters), whatever
 # the unfiltered search's target, and an answer from a gallery whose rule stayed under it says
@@ -154,9 +156,17 @@ class Rule:
 
 def hnsw_ef(ef: int, local_share: np.ndarray, alpha: float, depth: int) -> np.ndarray:
     """Per query, the widened efSearch of a filtered walk, or 0 where no walk within EF_CAP
-    promises the target (no allowed item near the query)."""
+    promises the target (no allowed item near the query).
+
+    The width is the one the rule was tuned for, ``alpha x efSearch / local share`` (its
+    recall@TUNING_K, the promise), whatever ``depth`` the walk returns (at least that many
+    wide): the search route asks HNSW for a whole window of ranks (route.candidate_window,
+    128) so that pages agree, and widening by the window (alpha x 128 / share, 4x the tuned
+    efSearch of 32) made a 20% filter's walk cost 15 ms of CPU where its first 10 ranks
+    need 4. FAISS's walk explores by efSearch alone, so its first ranks are those of the
+    narrower walk; ranks the walk leaves short are filled exactly (filtered.complete_rows)."""
     share = np.asarray(local_share, np.float64)
-    wanted = np.ceil(alpha * max(ef, depth) / np.maximum(share, 1e-12))
+    wanted = np.ceil(alpha * max(ef, TUNING_K) / np.maximum(share, 1e-12))
     wanted = np.maximum(wanted, max(ef, depth))
     wanted[(share <= 0) | (wanted > EF_CAP)] = 0
     return wanted.astype(np.int64)
