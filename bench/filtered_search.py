@@ -3,6 +3,12 @@
     python bench/filtered_search.py [--items 50000] [--dim 128] [--types flat ivf ...]
                                     [--shares 0.001 0.01 0.1 0.5] [--queries 200] [--k 10]
                                     [--shapes random cap category] [--json FILE] [--workdir DIR]
+                                    [--reuse DIR [--build-only] [--recalibrate]] [--compare]
+
+--reuse keeps the built galleries (and the filters' true neighbours) in DIR between runs: a
+1M HNSW gallery takes minutes to build. Each filter's rows time the whole ``search_vector``
+call (wall and the thread's CPU time, the first search apart) and its facets; the load
+average is recorded at the start and the end.
 
 Galleries of --items vectors drawn like bench/index_scale.py's (:func:`embedding_like`), one per
 index type, written with write_gallery (tuned as a build tunes them). Each filter allows a share
