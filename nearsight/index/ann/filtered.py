@@ -54,6 +54,7 @@ from nearsight.index.ann.filtered_exact import (  # the exact way, here for its 
     complete_rows,
     exact_search,
 )
+from nearsight.index.ann.filtered_exact import rows_in as rows_in  # Gallery's, re-exported
 from nearsight.index.ann.tuning import refine, refine_candidates
 
 # "exact" / "index": every filtered query that way (tests and bench/filtered_search.py compare

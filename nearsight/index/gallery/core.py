@@ -29,7 +29,7 @@ import numpy as np
 
 from nearsight.core.errors import NearsightError
 from nearsight.data.metrics.exclude import without_keys
-from nearsight.index.ann import filtered, filtered_exact
+from nearsight.index.ann import filtered
 from nearsight.index.ann.faiss_index import (
     HNSW_EF_SEARCH,
     IVF_TYPES,
@@ -385,7 +385,7 @@ class Gallery:
         )
 
     def _rows_of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        return filtered_exact.rows_in(*self._base, ids)
+        return filtered.rows_in(*self._base, ids)
 
     def _calibrate_filters(self) -> Costs:
         """This machine's costs of filtered searches, measured once (index.ann.filter_tuning)."""
