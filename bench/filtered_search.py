@@ -3,6 +3,12 @@
     python bench/filtered_search.py [--items 50000] [--dim 128] [--types flat ivf ...]
                                     [--shares 0.001 0.01 0.1 0.5] [--queries 200] [--k 10]
                                     [--shapes random cap category] [--json FILE] [--workdir DIR]
+                                    [--reuse DIR [--build-only] [--recalibrate]] [--compare]
+
+--reuse keeps the built galleries (and the filters' true neighbours) in DIR between runs: a
+1M HNSW gallery takes minutes to build. Each filter's rows time the whole ``search_vector``
+call (wall and the thread's CPU time, the first search apart) and its facets; the load
+average is recorded at the start and the end.
 
 Galleries of --items vectors drawn like bench/index_scale.py's (:func:`embedding_like`), one per
 index type, written with write_gallery (tuned as a build tunes them). Each filter allows a share
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import itertools
 import json
 import re
@@ -163,16 +170,20 @@ def columns(vectors: np.ndarray, queries: np.ndarray, shares: list[float], seed:
 
 
 def time_facets(searcher: Searcher, strings: tuple[str, ...], repeats: int = 5) -> dict:
-    """The facets of a filter's items (every column), timed ``repeats`` times after one warm
-    call: the filter's evaluation and the counting together."""
-    searcher.facets(filters=list(strings))
-    times = []
+    """The facets of a filter's items (every column, read from the gallery's memory-mapped
+    payload index), timed ``repeats`` times after one warm call, wall and thread CPU time:
+    the filter's evaluation and the counting together."""
+    searcher.facets(filters=list(strings) or None)
+    times, cpu = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
-        searcher.facets(filters=list(strings))
+        start, work = time.perf_counter(), time.thread_time()
+        searcher.facets(filters=list(strings) or None)
         times.append(time.perf_counter() - start)
+        cpu.append(time.thread_time() - work)
     return {"p50_ms": round(float(np.median(times)) * 1000, 2),
-            "max_ms": round(max(times) * 1000, 2)}  # fmt: skip
+            "max_ms": round(max(times) * 1000, 2),
+            "cpu_p50_ms": round(float(np.median(cpu)) * 1000, 2),
+            "cpu_max_ms": round(max(cpu) * 1000, 2)}  # fmt: skip
 
 
 def allowed_by(values: dict[str, np.ndarray], strings: tuple[str, ...]) -> np.ndarray:
@@ -418,15 +429,21 @@ def end_to_end(searcher: Searcher, queries: np.ndarray, strings: tuple[str, ...]
 
 def truths(queries: np.ndarray, data: Path | np.ndarray, items: int, named: dict,
            allowed: dict, k: int, cache: Path | None) -> dict[str, np.ndarray]:  # fmt: skip
-    """Each filter's true top-k per query, kept in ``cache`` (a .npz) when given."""
+    """Each filter's true top-k per query, kept in ``cache`` (a .npz) when given, beside a
+    fingerprint of each filter's allowed ids (a category's k-means clusters differ with the
+    FAISS thread count: a truth made for other ids is made again)."""
+    prints = {f"{name}#ids": np.frombuffer(hashlib.sha256(allowed[name].tobytes()).digest(),
+                                           np.uint8) for name in named}  # fmt: skip
     if cache is not None and cache.is_file():
         with np.load(cache) as stored:
-            if set(stored.files) == set(named):
+            if set(stored.files) == {*named, *prints} and all(
+                np.array_equal(stored[key], value) for key, value in prints.items()
+            ):
                 return {name: stored[name] for name in named}
     vectors = opened(data)[:items]
     found = {name: truth(queries, vectors, allowed[name], k) for name in named}
     if cache is not None:
-        np.savez(cache, **found)
+        np.savez(cache, **found, **prints)
     return found
 
 
@@ -466,6 +483,8 @@ def bench(args: argparse.Namespace, workdir: Path, memory: PeakMemory) -> dict:
         with open_gallery(folder) as searcher:
             opened_s = time.perf_counter() - start
             gallery = searcher.gallery
+            if args.recalibrate:  # this run's own costs (threads, load), in memory
+                gallery._filters.costs = gallery._calibrate_filters()
             # the vectors read once before timing (into the page cache), as in a server that
             # has run a while: a gallery left unread since its build times its disk otherwise
             float(np.asarray(gallery.embeddings[:: max(1, 4096 // (4 * args.dim))]).sum())
@@ -484,7 +503,9 @@ def bench(args: argparse.Namespace, workdir: Path, memory: PeakMemory) -> dict:
                                             "filters": rows,
                                             "meta": {key: gallery.meta.get(key) for key in
                                                      ("nlist", "nprobe", "ef_search",
-                                                      "filter_route")}}  # fmt: skip
+                                                      "filter_route")},
+                                            "costs_used": gallery._filters.machine_costs()
+                                            .as_meta()}  # fmt: skip
         results["types"][index_type]["memory"] = memory.report()
         print(index_type, "built and measured", json.dumps(memory.report()), file=sys.stderr,
               flush=True)  # fmt: skip
@@ -536,6 +557,13 @@ def main(argv: list[str] | None = None) -> int:
         "index, forced exact) given the allowed ids, through Gallery.search",
     )
     parser.add_argument(
+        "--recalibrate",
+        action="store_true",
+        help="measure the filter route's costs again on opening each gallery, with this "
+        "run's FAISS threads (a gallery reused from a build with --threads 2 timed its "
+        "one-query searches with OpenMP's second thread spinning: gate and plan 30x dearer)",
+    )
+    parser.add_argument(
         "--build-only", action="store_true", help="build the galleries (into --reuse) and stop"
     )
     parser.add_argument(
@@ -546,15 +574,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     faiss.omp_set_num_threads(args.threads)
-    if args.workdir is not None:
-        args.workdir.mkdir(parents=True, exist_ok=True)
+    for folder in (args.workdir, args.reuse):
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="filtered-bench-", dir=args.workdir))
     memory = PeakMemory()
+    loadavg_start = Path("/proc/loadavg").read_text().split()[:3]
     try:
         results = bench(args, workdir, memory)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     results["memory"] = memory.report()
+    # the load average at the start and at the end (a shared machine: the wall times carry it)
+    results["loadavg_start"] = loadavg_start
     results["loadavg"] = Path("/proc/loadavg").read_text().split()[:3]
     text = json.dumps(results, indent=1)
     if args.json:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from nearsight.index.ann import filtered
-from nearsight.index.ann.filter_plan import Costs
+from nearsight.index.ann.filter_plan import TARGET_RECALL, Costs
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.gallery.write import write_gallery
 from nearsight.search.searcher import open_gallery
@@ -76,6 +76,14 @@ def brute_force(queries: np.ndarray, vectors: np.ndarray, allowed: np.ndarray) -
 
 def recall(found: np.ndarray, truth: np.ndarray) -> float:
     return float(np.mean([len(set(a) & set(b)) / K for a, b in zip(found, truth, strict=True)]))
+
+
+def walk_per_ef(folder) -> float:
+    """ms per efSearch that makes a walk as dear as the exact search (1 ms) past ef 475 when
+    the rule's alpha is 2, scaled by the gallery's alpha: the same local share is the break-even
+    whatever alpha the build tuned (efSearch grows with alpha / local share)."""
+    with Gallery.open(folder) as gallery:
+        return 0.002 * 2 / float(gallery.meta["filter_route"]["alpha"])
 
 
 def search(folder, data, name: str, costs: Costs | None = None) -> tuple[np.ndarray, dict]:
@@ -152,9 +160,9 @@ def test_a_filter_whose_typical_query_does_not_repay_its_plan_stops_planning(
     random filter, whose every query walks, keeps planning. The answers are the true ones."""
     from nearsight.index.ann.filter_plan import EXPLORE_EVERY
 
-    # exact 1 ms; a walk 0.05 ms + 2 us per efSearch (past ef 475 it costs more than exact);
-    # the gate 0.01 ms and the probe 0.1 ms
-    costs = Costs(1.0, 0.0, 0.05, 0.002, plan=0.1, gate=0.01)
+    # exact 1 ms; a walk 0.05 ms + 2 us per efSearch at alpha 2 (past ef 475 it costs more
+    # than exact; walk_per_ef); the gate 0.01 ms and the probe 0.1 ms
+    costs = Costs(1.0, 0.0, 0.05, walk_per_ef(galleries["hnsw"]), plan=0.1, gate=0.01)
     queries, category = data["queries"], data["filters"]["category"]
     truth = brute_force(queries, data["vectors"], category)
     with Gallery.open(galleries["hnsw"]) as gallery:
@@ -188,7 +196,7 @@ def test_filters_seen_once_each_stop_planning_once_their_family_shows_it_does_no
     the rest go exact but for every EXPLORE_EVERY-th search. The answers are the true ones."""
     from nearsight.index.ann.filter_plan import EXPLORE_EVERY, MIN_PLANNED
 
-    costs = Costs(1.0, 0.0, 0.05, 0.002, plan=0.1, gate=0.01)  # as in the test above
+    costs = Costs(1.0, 0.0, 0.05, walk_per_ef(galleries["hnsw"]), plan=0.1, gate=0.01)
     queries, category = data["queries"], data["filters"]["category"]
     hits = 0
     with Gallery.open(galleries["hnsw"]) as gallery:
@@ -221,8 +229,9 @@ def test_gate_misses_go_exact_without_a_probe_once_their_probes_do_not_pay(
         probes.append((len(queries), probe))
         return local_share(index, queries, allowed, probe)
 
-    # exact 1 ms; a walk 0.05 ms + 2 us per efSearch (past ef 475 it costs more than exact)
-    costs = Costs(1.0, 0.0, 0.05, 0.002, plan=0.2, gate=0.01)
+    # exact 1 ms; a walk 0.05 ms + 2 us per efSearch at alpha 2 (past ef 475 it costs more
+    # than exact; walk_per_ef)
+    costs = Costs(1.0, 0.0, 0.05, walk_per_ef(galleries["hnsw"]), plan=0.2, gate=0.01)
     cap = data["filters"]["cap"]
     with Gallery.open(galleries["hnsw"]) as gallery:
         hit = local_share(gallery._index, data["queries"], cap, filter_plan.GATE_PROBE) > 0
@@ -251,7 +260,7 @@ def test_costs_stored_before_the_plan_was_timed_are_measured_again():
 def test_the_costs_are_stored_at_build_time_and_measured_again_elsewhere(galleries, data):
     with Gallery.open(galleries["hnsw"]) as gallery:
         route = gallery.meta["filter_route"]
-        assert route["alpha"] > 0 and route["tuned_recall"] >= route["target"] == 0.95
+        assert route["alpha"] > 0 and route["tuned_recall"] >= route["target"] == TARGET_RECALL
         assert route["costs"]["exact_ms_per_item"] > 0 and route["costs"]["walk_ms_per_unit"] > 0
         assert gallery._filters.costs is not None  # this machine's: no calibration on open
     moved = {**gallery.meta["filter_route"]["costs"], "host": "another-machine"}
@@ -363,6 +372,53 @@ def test_the_tuning_walks_a_group_only_for_the_queries_outside_it(data, monkeypa
         if counts.any():
             assert after[0] == "walk" and after[1] == key and np.array_equal(after[2], counts)
         else:
-            assert after[0] == "plan"  # nothing walked for a filter no counted query walks
+            # nothing walked for a filter no counted query walks (a walk of another filter
+            # may follow: a PQ type's next refine, on the plans it made)
+            assert after[0] == "plan" or after[1] != key
         inside_would_walk += int((plans & ~counted_by[key]).sum()) if key in groups else 0
     assert inside_would_walk > 0  # queries inside a group that the old tuning counted
+
+
+def test_a_pq_walk_reranks_the_tuned_multiple_of_its_candidates(galleries, data, monkeypatch):
+    """Forced through the index (no exact search), an IVF-PQ walk re-ranks ``refine`` x
+    refine_candidates(k) of the codes' candidates by the exact vectors, ``refine`` as the build
+    tuned it (filter_plan.REFINES; HNSW keeps no such rule). Re-ranking more keeps every true
+    neighbour the fewer found (a superset of the same walk's candidates) and, on the cap away
+    from the queries walked at alpha 8, finds more of them."""
+    from nearsight.index.ann.filter_plan import REFINES
+
+    monkeypatch.setattr(filtered, "FORCE", "index")
+    cap, queries = data["filters"]["cap"], data["queries"]
+    truth = brute_force(queries, data["vectors"], cap)
+    with Gallery.open(galleries["hnsw"]) as gallery:
+        assert "refine" not in gallery.meta["filter_route"]
+    hits = {}
+    with Gallery.open(galleries["ivfpq"]) as gallery:
+        assert gallery.meta["filter_route"]["refine"] in REFINES
+        for refine in REFINES:
+            gallery.meta["filter_route"] = {**gallery.meta["filter_route"], "alpha": 8.0,
+                                            "refine": refine}  # fmt: skip
+            info: dict = {}
+            _, ids = gallery.search(queries, K, ids=cap, info=info)
+            assert info["index"] == len(queries) and np.isin(ids, cap).all()
+            hits[refine] = np.array([len(set(a) & set(b)) for a, b in zip(ids, truth, strict=True)])
+    fewer, more = hits[REFINES[0]], hits[REFINES[-1]]
+    assert (more >= fewer).all() and more.sum() > fewer.sum()
+
+
+def test_a_gallery_tuned_under_the_filter_target_says_so(galleries, data, monkeypatch):
+    """The route promises filter_plan.TARGET_RECALL where it walks: a gallery whose rule was
+    tuned to less (built for 0.95 before the target was raised) answers with a note naming
+    the target and what its walks were tuned to; one tuned to the target has no note."""
+    monkeypatch.setattr(filtered, "FORCE", "index")
+    with Gallery.open(galleries["hnsw"]) as gallery:
+        info: dict = {}
+        gallery.search(data["queries"][:5], K, ids=data["filters"]["random"], info=info)
+        assert info["notes"] == []
+        gallery.meta["filter_route"] = {**gallery.meta["filter_route"], "target": 0.95,
+                                        "tuned_recall": 0.9727}  # fmt: skip
+        gallery.search(data["queries"][:5], K, ids=data["filters"]["random"], info=info)
+    assert info["notes"] == [
+        f"recall target {TARGET_RECALL:g} not promised: the gallery's filtered walks were "
+        "tuned to recall@10 0.9727"
+    ]

@@ -5,7 +5,7 @@ Two stored, measured parts (gallery meta ``filter_route``, written at build time
 :func:`nearsight.index.ann.filter_tuning.tune_filters`):
 
 - **the widening rule** (``alpha``): how much wider than the unfiltered efSearch / nprobe a
-  filtered walk must be for recall@10 >= the target, as a function of the filter's share *and*
+  filtered walk must be for recall@10 >= TARGET_RECALL, as a function of the filter's share *and*
   spread near the query (below), tuned on held-out queries with random and clustered filters;
 - **the costs** (``costs``): milliseconds of one query's exact search as ``a + b x allowed
   items``, of a walk as ``a + b x work`` (HNSW: efSearch; IVF: list entries scanned), and of
@@ -52,6 +52,13 @@ from typing import Any, NamedTuple
 import faiss
 import numpy as np
 
+from nearsight.index.ann.tuning import TUNING_K
+
+# the recall@10 a filtered search promises where it walks an index (an exact search gives the
+# true top-k): the widening rule is tuned to it at build (filter_tuning.tune_filters), whatever
+# the unfiltered search's target, and an answer from a gallery whose rule stayed under it says
+# so (filtered.search_allowed)
+TARGET_RECALL = 0.99
 # fewer items: every filtered search is exact (it costs next to nothing, and the answer is the
 # same in every process, whatever each one's timings)
 MIN_PLAN_ITEMS = 1000
@@ -59,7 +66,12 @@ EF_CAP = 4096  # the widest filtered HNSW walk: past it an exact search is cheap
 LOCAL_PROBE = 128  # HNSW: nearest items whose allowed share estimates the spread
 GATE_PROBE = 16  # HNSW: nearest items first looked at for any allowed one (the gate)
 DEFAULT_ALPHA = 2.0  # a gallery built before the rule was tuned
-ALPHAS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)  # the tuning's grid
+ALPHAS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)  # the tuning's grid
+# PQ types: how many times tuning.refine_candidates a filtered walk re-ranks by the exact
+# vectors, tuned beside alpha (the codes' order among a walk's many allowed items can leave a
+# true neighbour past the unfiltered search's candidates; re-ranking more costs microseconds
+# where widening the walk costs milliseconds, so each alpha tries them all first)
+REFINES = (1, 4)
 MIN_PLANNED = 16  # queries of a filter planned before its history may skip the plan
 EXPLORE_EVERY = 8  # a filter whose plan is skipped plans again every this many searches
 HISTORY_FILTERS = 256  # filters an open gallery remembers (least recently used dropped)
@@ -128,22 +140,33 @@ class Costs:
 
 @dataclass
 class Rule:
-    """The stored widening rule (``alpha``) and the recall it gave at tuning time."""
+    """The stored widening rule (``alpha``; PQ types: ``refine``, REFINES) and the recall it
+    gave at tuning time."""
 
     alpha: float = DEFAULT_ALPHA
     tuned_recall: float | None = None
+    refine: int = 1
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any]) -> Rule:
         record = meta.get("filter_route") or {}
-        return cls(float(record.get("alpha", DEFAULT_ALPHA)), record.get("tuned_recall"))
+        return cls(float(record.get("alpha", DEFAULT_ALPHA)), record.get("tuned_recall"),
+                   int(record.get("refine", 1)))  # fmt: skip
 
 
 def hnsw_ef(ef: int, local_share: np.ndarray, alpha: float, depth: int) -> np.ndarray:
     """Per query, the widened efSearch of a filtered walk, or 0 where no walk within EF_CAP
-    promises the target (no allowed item near the query)."""
+    promises the target (no allowed item near the query).
+
+    The width is the one the rule was tuned for, ``alpha x efSearch / local share`` (its
+    recall@TUNING_K, the promise), whatever ``depth`` the walk returns (at least that many
+    wide): the search route asks HNSW for a whole window of ranks (route.candidate_window,
+    128) so that pages agree, and widening by the window (alpha x 128 / share, 4x the tuned
+    efSearch of 32) made a 20% filter's walk cost 15 ms of CPU where its first 10 ranks
+    need 4. FAISS's walk explores by efSearch alone, so its first ranks are those of the
+    narrower walk; ranks the walk leaves short are filled exactly (filtered.complete_rows)."""
     share = np.asarray(local_share, np.float64)
-    wanted = np.ceil(alpha * max(ef, depth) / np.maximum(share, 1e-12))
+    wanted = np.ceil(alpha * max(ef, TUNING_K) / np.maximum(share, 1e-12))
     wanted = np.maximum(wanted, max(ef, depth))
     wanted[(share <= 0) | (wanted > EF_CAP)] = 0
     return wanted.astype(np.int64)

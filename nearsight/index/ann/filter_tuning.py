@@ -1,8 +1,9 @@
 """The measured parts of the filtered-search plan (nearsight.index.ann.filter_plan), made at build
 time and stored in the gallery meta as ``filter_route``:
 
-- :func:`tune_filters`: the widening rule's ``alpha``, the smallest of filter_plan.ALPHAS for
-  which the filtered walks reach the recall target on held-out queries (index.ann.tuning's
+- :func:`tune_filters`: the widening rule's ``alpha``, the smallest of filter_plan.ALPHAS (and
+  for PQ types, with it, the smallest of filter_plan.REFINES) for which the filtered walks reach
+  filter_plan.TARGET_RECALL on held-out queries (index.ann.tuning's
   sample, before it is added) under every tuning filter: random items and items clustered away
   from the query (a cap along a random direction, groups of coarse and of fine k-means
   clusters counted on the queries outside them), each at 1%, 10% and 50% of the items. Every
@@ -22,7 +23,7 @@ import faiss
 import numpy as np
 
 from nearsight.index.ann import filter_plan, filtered
-from nearsight.index.ann.faiss_index import IVF_TYPES
+from nearsight.index.ann.faiss_index import IVF_TYPES, PQ_TYPES
 from nearsight.index.ann.filter_plan import Costs
 from nearsight.index.ann.tuning import TUNING_K, recall_at_k
 
@@ -45,11 +46,12 @@ def tune_filters(
     vectors: np.ndarray,
     ids: np.ndarray,
     held_out: np.ndarray,
-    target: float,
+    target: float = filter_plan.TARGET_RECALL,
 ) -> dict[str, Any]:
     """``{"alpha", "tuned_recall", "target"}`` for the meta's ``filter_route``; {} for types
     searched exactly (flat) or galleries too small to need it. ``held_out``: the positions of
-    ``vectors`` not in ``index`` yet, the queries."""
+    ``vectors`` not in ``index`` yet, the queries; ``target``: the recall@10 the walks must
+    reach (filter_plan.TARGET_RECALL, what a filtered search promises; tests pass others)."""
     if index_type not in (*IVF_TYPES, "hnsw") or len(held_out) < 20:
         return {}
     if len(vectors) < filter_plan.MIN_PLAN_ITEMS:
@@ -67,24 +69,34 @@ def tune_filters(
     for allowed, counted in tuning_filters(vectors, inside, in_index, queries, seed=0):
         tests.append((allowed, counted, exact_top(queries, vectors_of, allowed, TUNING_K)))
     state = filtered.FilterState()
+    refines = filter_plan.REFINES if index_type in PQ_TYPES else (1,)
     worst = 0.0
     for alpha in filter_plan.ALPHAS:
         trial = {**meta, "filter_route": {"alpha": alpha}}
-        worst = 1.0
-        for allowed, counted, truth in tests:
-            plan, work = filtered.plan_walk(index, index_type, trial, queries, TUNING_K,
-                                            allowed, len(in_index), state)  # fmt: skip
-            walk = (work > 0) & counted
-            if not walk.any():
-                continue
-            _, found = filtered.walk_index(index, index_type, queries, TUNING_K, allowed,
-                                           vectors_of, plan, walk)  # fmt: skip
-            worst = min(worst, recall_at_k(found[:, :TUNING_K], truth[walk]))
-            if worst < target:
-                break
-        if worst >= target:
-            return {"alpha": alpha, "tuned_recall": round(worst, 4), "target": target}
-    return {"alpha": filter_plan.ALPHAS[-1], "tuned_recall": round(worst, 4), "target": target}
+        plans: dict[int, tuple[Any, np.ndarray]] = {}  # by test, made once for every refine
+        for refine in refines:
+            worst = 1.0
+            for number, (allowed, counted, truth) in enumerate(tests):
+                if number not in plans:
+                    plans[number] = filtered.plan_walk(index, index_type, trial, queries,
+                                                       TUNING_K, allowed, len(in_index), state)  # fmt: skip
+                plan, work = plans[number]
+                walk = (work > 0) & counted
+                if not walk.any():
+                    continue
+                _, found = filtered.walk_index(index, index_type, queries, TUNING_K, allowed,
+                                               vectors_of, plan, walk, refine)  # fmt: skip
+                worst = min(worst, recall_at_k(found[:, :TUNING_K], truth[walk]))
+                if worst < target:
+                    break
+            if worst >= target:
+                return _rule(alpha, refine, worst, target, index_type)
+    return _rule(filter_plan.ALPHAS[-1], refines[-1], worst, target, index_type)
+
+
+def _rule(alpha: float, refine: int, worst: float, target: float, index_type: str) -> dict:
+    rule = {"alpha": alpha, "tuned_recall": round(worst, 4), "target": target}
+    return {**rule, "refine": refine} if index_type in PQ_TYPES else rule
 
 
 def tuning_filters(
@@ -294,6 +306,7 @@ def _walk_points(
     list_sizes = state.list_sizes
     assert list_sizes is not None, "filtered.lists_of sets it"
     nprobe = int(meta.get("nprobe", 8))
+    refine = filter_plan.Rule.from_meta(meta).refine  # PQ: as many re-ranked as it walks with
     for width in (nprobe, min(int(ivf.nlist), 16 * nprobe)):
         works: list[int] = []
 
@@ -303,7 +316,7 @@ def _walk_points(
             lists = [order[0, :width]]
             works.append(int(list_sizes[lists[0]].sum()))
             filtered.walk_index(index, index_type, q, TUNING_K, allowed, vectors_of,
-                                (rotated, scores, order, lists), one)  # fmt: skip
+                                (rotated, scores, order, lists), one, refine)  # fmt: skip
 
         ms = _per_query(run, queries)
         points.append((float(np.mean(works)), ms))

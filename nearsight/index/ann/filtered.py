@@ -20,8 +20,9 @@ repaid their plan so far, filter_plan.PlanHistory):
     ``SearchParametersIVF(sel)`` (opq: the query rotated first, the IVF index behind it);
   - flat: always exact (a selector scan reads every item).
 
-  PQ types take REFINE_FACTOR x k candidates (at least REFINE_MIN) in the codes' order and
-  re-rank them by the exact vectors, as their unfiltered searches do (index.ann.tuning.refine).
+  PQ types take REFINE_FACTOR x k candidates (at least REFINE_MIN), times the rule's tuned
+  ``refine`` (filter_plan.REFINES), in the codes' order and re-rank them by the exact vectors,
+  as their unfiltered searches do (index.ann.tuning.refine).
   A query that still came back with fewer than min(k, allowed) items is searched again exactly.
 
 Distances are the exact inner products of the items returned, except in a PQ gallery without
@@ -46,12 +47,16 @@ import numpy as np
 
 from nearsight.index.ann import filter_plan
 from nearsight.index.ann.faiss_index import IVF_TYPES, PQ_TYPES
-from nearsight.index.ann.filter_plan import Costs, Rule
+from nearsight.index.ann.filter_plan import TARGET_RECALL, Costs, Rule
+from nearsight.index.ann.filtered_exact import (  # the exact way, here for its callers
+    RowsOf,
+    VectorsOf,
+    complete_rows,
+    exact_search,
+)
+from nearsight.index.ann.filtered_exact import rows_in as rows_in  # Gallery's, re-exported
 from nearsight.index.ann.tuning import refine, refine_candidates
 
-VectorsOf = Callable[[np.ndarray], np.ndarray]
-# (matrix, row positions) of the given sorted ids when they are rows of one float32 array
-RowsOf = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray] | None]
 # "exact" / "index": every filtered query that way (tests and bench/filtered_search.py compare
 # the two ways); None: the plan's choice
 FORCE: str | None = None
@@ -151,16 +156,18 @@ def search_allowed(
         inner[~walk], found[~walk] = exact_search(queries[~walk], vectors_of, allowed, depth,
                                                   rows_of)  # fmt: skip
     if walk.any():
-        got = walk_index(index, index_type, queries, depth, allowed, vectors_of, plan, walk)
+        got = walk_index(index, index_type, queries, depth, allowed, vectors_of, plan, walk,
+                         Rule.from_meta(meta).refine)  # fmt: skip
         inner[walk], found[walk] = complete_rows(*got, queries[walk], vectors_of, allowed,
                                                  rows_of)  # fmt: skip
     info.update(exact=int((~walk).sum()), index=int(walk.sum()))
     rule = Rule.from_meta(meta)
-    target = float((meta.get("filter_route") or {}).get("target", 0.95))
-    if walk.any() and rule.tuned_recall is not None and rule.tuned_recall < target:
+    # a rule tuned to a lower target (a gallery built before it was raised) or that stayed
+    # under it: the walks' measured recall is what is known
+    if walk.any() and rule.tuned_recall is not None and rule.tuned_recall < TARGET_RECALL:
         info["notes"].append(
-            f"recall target {target:g} not promised: the widest filtered walk tuned reached "
-            f"recall@10 {rule.tuned_recall:g}"
+            f"recall target {TARGET_RECALL:g} not promised: the gallery's filtered walks were "
+            f"tuned to recall@10 {rule.tuned_recall:g}"
         )
     state.last = info
     return inner, found
@@ -222,10 +229,12 @@ def walk_index(
     vectors_of: VectorsOf,
     plan: Any,
     walk: np.ndarray,
+    refine_times: int = 1,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The walk of the queries ``walk`` marks, as planned."""
+    """The walk of the queries ``walk`` marks, as planned; PQ types re-rank ``refine_times``
+    x refine_candidates(depth) candidates (the rule's ``refine``)."""
     rerank = index_type in PQ_TYPES
-    wanted = min(len(allowed), refine_candidates(depth)) if rerank else depth
+    wanted = min(len(allowed), refine_times * refine_candidates(depth)) if rerank else depth
     selector, bits = id_bitmap(allowed)
     picked = np.flatnonzero(walk)
     inner = np.full((len(picked), wanted), -np.inf, np.float32)
@@ -341,70 +350,3 @@ def id_bitmap(allowed: np.ndarray) -> tuple[faiss.IDSelector, np.ndarray]:
     packed = np.packbits(bits, bitorder="little")  # FAISS reads bit i of byte i >> 3
     # its n is the bitmap's size in bytes: ids past them are out, never read past the end
     return faiss.IDSelectorBitmap(len(packed), faiss.swig_ptr(packed)), packed
-
-
-def exact_search(
-    queries: np.ndarray,
-    vectors_of: VectorsOf,
-    allowed: np.ndarray,
-    depth: int,
-    rows_of: RowsOf | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """(inner products, ids) [Q, depth] of an exact search over the allowed items only: on
-    their stored rows in place where ``rows_of`` finds them all in one array, else over a
-    gathered copy (``vectors_of(ids)``, Gallery.vectors_of)."""
-    queries = np.ascontiguousarray(queries, dtype=np.float32)
-    held = rows_of(allowed) if rows_of is not None and len(queries) < 16 else None
-    if held is None:
-        vectors = np.ascontiguousarray(vectors_of(allowed), dtype=np.float32)
-        inner, positions = faiss.knn(queries, vectors, depth, metric=faiss.METRIC_INNER_PRODUCT)
-        ids = np.where(positions >= 0, allowed[np.maximum(positions, 0)], -1)
-        return inner, ids.astype(np.int64)
-    matrix, positions = held
-    count, dim = matrix.shape
-    inner = np.empty((len(queries), depth), np.float32)
-    rows = np.empty((len(queries), depth), np.int64)
-    for q in range(len(queries)):
-        # in faiss's SWIG module, missing from its stubs
-        faiss.knn_inner_products_by_idx(  # type: ignore[attr-defined]
-            faiss.swig_ptr(queries[q]), faiss.swig_ptr(matrix), faiss.swig_ptr(positions),
-            dim, 1, count, len(positions), depth, faiss.swig_ptr(inner[q]),
-            faiss.swig_ptr(rows[q]), len(positions),
-        )  # fmt: skip
-    # positions rise with the ids (both sorted): each row's position names its id
-    ids = allowed[np.clip(np.searchsorted(positions, rows), 0, len(allowed) - 1)]
-    return inner, np.where(rows >= 0, ids, -1)
-
-
-def rows_in(
-    base_ids: np.ndarray, rows: np.ndarray | None, ids: np.ndarray
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """(``rows``, the positions of ``ids`` in it) when every one of the sorted ``ids`` is one
-    of ``base_ids`` (sorted; row i of ``rows`` is ``base_ids[i]``), else None (some were added
-    since, in segments, or there are no stored rows: exact_search gathers a copy)."""
-    if rows is None or not len(ids) or not len(base_ids):
-        return None
-    if base_ids[0] == 0 and base_ids[-1] == len(base_ids) - 1:  # ids 0..N-1: no search
-        return (rows, ids) if ids[0] >= 0 and ids[-1] < len(base_ids) else None
-    position = np.minimum(np.searchsorted(base_ids, ids), len(base_ids) - 1)
-    if not (base_ids[position] == ids).all():
-        return None
-    return rows, position
-
-
-def complete_rows(
-    found_inner: np.ndarray,
-    found_ids: np.ndarray,
-    queries: np.ndarray,
-    vectors_of: VectorsOf,
-    allowed: np.ndarray,
-    rows_of: RowsOf | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Re-search exactly the queries whose approximate filtered search came back short."""
-    short = (found_ids < 0).any(axis=1)
-    if short.any():
-        depth = found_ids.shape[1]
-        inner, ids = exact_search(queries[short], vectors_of, allowed, depth, rows_of)
-        found_inner, found_ids = found_inner.copy(), found_ids.copy()
-        found_inner[short], found_ids[short] = inner, ids
-    return found_inner, found_ids

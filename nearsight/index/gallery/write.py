@@ -158,12 +158,13 @@ def index_in_build_order(
             tune(index, index_type, vectors, ids, target_recall, rerank=rerank, held_out=held_out)
         )
         if rerank:  # filtered searches of a codes-only gallery promise nothing (filtered.py)
+            # to the filtered search's own target (filter_plan.TARGET_RECALL)
             route = tune_filters(index, index_type, {"index_type": index_type, **params},
-                                 vectors, ids, held_out, target_recall)  # fmt: skip
+                                 vectors, ids, held_out)  # fmt: skip
     add_vectors(index, vectors[held_out], ids[held_out])
     if route:  # this machine's costs, timed on the whole index
-        costs = calibrate(index, index_type, params, ids, lambda wanted: vectors[wanted],
-                          lambda wanted: (vectors, wanted))  # fmt: skip
+        costs = calibrate(index, index_type, {**params, "filter_route": route}, ids,
+                          lambda wanted: vectors[wanted], lambda wanted: (vectors, wanted))  # fmt: skip
         params["filter_route"] = {**route, "costs": costs.as_meta()}
     return index, params
 
