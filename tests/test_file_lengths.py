@@ -12,7 +12,6 @@ SPLITTING = {
     "nearsight/search/searcher.py",
     "nearsight/app/page/layout.py",
     "nearsight/app/page/handlers.py",
-    "nearsight/index/ann/filtered.py",
 }
 
 
