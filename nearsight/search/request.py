@@ -168,7 +168,7 @@ def check_request(
 def _checked_query(searcher: Searcher, query: Any) -> CheckedQuery:
     if isinstance(query, ItemQuery):
         item = check_item_id(query.item_id)
-        searcher.item_vector(item)  # a one-line error for an unknown item
+        searcher.check_item(item)  # a one-line error for an unknown item
         return ItemQuery(item)
     if isinstance(query, KeyQuery):
         return ItemQuery(searcher.id_of_key(query.key))

@@ -267,6 +267,10 @@ class Searcher(KeywordSearches):
         one-line error when the gallery has no such item)."""
         return route.item_vector(self.gallery, int(item_id))[0]
 
+    def check_item(self, item_id: int) -> None:
+        """A one-line NearsightError when the gallery has no item ``item_id``."""
+        self.item_vector(item_id)
+
     def vector(self, item_id: int) -> np.ndarray:
         """:meth:`item_vector`, as a copy the caller may change."""
         return np.array(self.item_vector(item_id), dtype=np.float32)

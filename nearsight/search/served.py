@@ -169,6 +169,9 @@ class ServedGallery(Searcher):
         )
         return found
 
+    def check_item(self, item_id: int) -> None:
+        self.row(item_id)  # one-line error for an unknown id
+
     def item_vector(self, item_id: int) -> np.ndarray:
         self.row(item_id)  # one-line error for an unknown id
         return self.gallery.vectors_of([int(item_id)])[0]
