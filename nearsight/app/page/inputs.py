@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import gradio as gr
 
@@ -81,7 +81,7 @@ class page_errors:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind, error, traceback) -> bool:
+    def __exit__(self, kind, error, traceback) -> Literal[False]:
         if isinstance(error, NearsightError):
             # the toast renders HTML: names from uploads must not become markup
             raise gr.Error(html.escape(str(error), quote=False), print_exception=False) from None
