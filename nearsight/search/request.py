@@ -153,6 +153,8 @@ def check_request(
     NearsightError (a FilterError for a filter) when a part is bad."""
     if not isinstance(request, SearchRequest):
         raise NearsightError(f"a search request is a SearchRequest, not {type(request).__name__}")
+    if request.gallery not in (None, searcher.name) and searcher.name is not None:
+        raise NearsightError(f"a request for gallery {request.gallery!r} reached {searcher.name!r}")
     gallery = searcher.gallery
     query = _checked_query(searcher, request.query)
     k = check_k(request.k, limits.max_k)

@@ -71,6 +71,7 @@ class Searcher(KeywordSearches):
 
     # what built it, when nearsight.build_gallery did
     build_report: BuildReport | None = None
+    name: str | None = None  # a server's name for it (a request may name its gallery)
 
     def __init__(
         self,

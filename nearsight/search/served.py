@@ -31,6 +31,8 @@ class ServedGallery(Searcher):
     """One gallery as a server holds it: catalog rows in memory, the embedder loaded. Safe to
     use from several threads."""
 
+    name: str  # the server's name for it (the dropdown's, REST's ``gallery``)
+
     def __init__(self, name: str, gallery: Gallery, embedder: Embedder):
         super().__init__(gallery, embedder)
         self.name = name

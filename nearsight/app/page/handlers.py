@@ -25,6 +25,8 @@ from nearsight.app.page.inputs import (
     label_value,
     no_search,
     page_errors,
+    rerank_toggle,
+    toggled_rerank,
 )
 from nearsight.app.page.tables import (
     FAILURE_ROWS,
@@ -44,7 +46,6 @@ from nearsight.data.meta import FilterError
 from nearsight.search.checks import DEFAULT_K
 from nearsight.search.request import ImageQuery, ItemQuery, Limits, SearchRequest
 from nearsight.search.rerank.changes import MAX_COMPARED_ITEMS, rerank_changes
-from nearsight.search.rerank.spec import NONE, RerankSpec, parse_rerank
 from nearsight.search.results import SearchResults
 from nearsight.search.route import NO_FILTER
 from nearsight.search.served import Neighbour
@@ -52,8 +53,6 @@ from nearsight.search.verdicts import thumbnail_uri
 
 MAX_K = 64
 ANY_CLASS = "-1"
-# the page's re-rank toggle where neither serve --rerank nor the gallery chose one
-PAGE_RERANK = "dba+aqe:k=5,alpha=3"  # chosen on validation classes in bench/rerank.py
 
 
 class Page:
@@ -310,20 +309,9 @@ class Page:
         key = key_of(view, item)
         return str(item) if key is None else key
 
-    @classmethod
-    def rerank_spec(cls, view: GalleryView, on: bool | None) -> RerankSpec | None:
-        """The page's re-rank toggle: None (not given) uses the view's default; on uses it, or
-        :data:`PAGE_RERANK` where the gallery stores none (:meth:`rerank_on`); off searches
-        plainly."""
-        if on is None:
-            return None
-        return cls.rerank_on(view) if on else NONE
-
-    @staticmethod
-    def rerank_on(view: GalleryView) -> RerankSpec:
-        """The re-ranking the page's toggle turns on: the view's default, or
-        :data:`PAGE_RERANK` where the gallery stores none."""
-        return view.rerank if view.rerank.active else parse_rerank(PAGE_RERANK)
+    # the re-rank toggle (nearsight/app/page/inputs.py)
+    rerank_spec = staticmethod(rerank_toggle)
+    rerank_on = staticmethod(toggled_rerank)
 
     def rerank_changes(self, gallery: str):
         """The Failures tab's table of the queries re-ranking fixes and breaks."""
