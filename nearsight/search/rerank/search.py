@@ -44,14 +44,13 @@ def reranked_search(
     stage features [Q, F] of the queries that are not gallery items (query images, from the
     gallery's stage model: nearsight.search.rerank.stage_query); rows of item queries are
     ignored. ``built``: ``spec`` made ready for this gallery once (nearsight.search.rerank.
-    rerankers), else its files are opened here."""
+    rerankers), else made ready here, for this search."""
+    if built is None:
+        from nearsight.search.rerank.rerankers import build_reranker
+
+        built = build_reranker(gallery, spec)
     query_side, item_keys, store, reranker = _query_side(
-        gallery,
-        spec,
-        exclude if query_ids is None else query_ids,
-        len(queries),
-        query_side,
-        built,
+        built, exclude if query_ids is None else query_ids, len(queries), query_side
     )
     depth = min(spec.depth if fixed_depth else max(k, spec.depth), MAX_DEPTH)
     extra = 0 if exclude is None else 1
@@ -62,8 +61,7 @@ def reranked_search(
     if found.shape[1] == 0:
         return np.zeros(found.shape, np.float32), found
     head, tail = found[:, :depth], found[:, depth:k]
-    opened = reranker if reranker is not None else (built.pairwise if built else None)
-    source = OpenGallerySource(gallery, store, opened)
+    source = OpenGallerySource(gallery, store, built.pairwise)
     keys, distances = rerank(spec, source, queries, head, exclude, query_side, item_keys)
     if tail.shape[1]:  # beyond the re-ranked depth: the index's order, after it
         keys = np.concatenate([keys, tail], axis=1)
@@ -72,31 +70,21 @@ def reranked_search(
 
 
 def _query_side(
-    gallery: Gallery,
-    spec: RerankSpec,
+    built: Reranker,
     query_ids: np.ndarray | Sequence[int] | None,
     count: int,
     given: np.ndarray | None,
-    built: Reranker | None = None,
 ) -> tuple[np.ndarray | None, np.ndarray | None, StageStore | None, PairwiseReranker | None]:
     """For a re-ranker that needs stage features (else Nones): the queries' features (an
     image's ``given`` ones, an item's stored ones) or, when every query is a gallery item,
     their ids instead (read with the candidates' rows, in one lookup); the gallery's store
-    they come from, checked (the candidates' come from it too); and that re-ranker, opened
-    once for the whole search (or, ``built``, once for the gallery)."""
+    they come from, checked (the candidates' come from it too); and that re-ranker, as
+    ``built`` opened it."""
     from nearsight.core.errors import NearsightError
-    from nearsight.search.rerank.pairwise import stage_reranker
 
-    if built is not None:
-        reranker, store = built.pairwise, built.store
-        if reranker is None or store is None:
-            return None, None, None, None
-    else:
-        reranker = stage_reranker(spec)
-        if reranker is None:
-            return None, None, None, None
-        store = reranker.check_gallery(gallery.path, gallery.model_sha256)
-    assert store is not None  # a stage re-ranker gets its store or an error
+    reranker, store = built.pairwise, built.store
+    if reranker is None or store is None:
+        return None, None, None, None
     ids = np.full(count, -1) if query_ids is None else np.asarray(query_ids, dtype=np.int64)
     items = ids >= 0
     if not items.all() and given is None:
