@@ -7,7 +7,6 @@ import json
 import random
 import threading
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import gradio as gr
@@ -25,6 +24,7 @@ from nearsight.app.page.inputs import (
     label_value,
     no_search,
     page_errors,
+    read_upload,
     rerank_toggle,
     toggled_rerank,
 )
@@ -41,9 +41,9 @@ from nearsight.app.page.tables import (
 )
 from nearsight.app.page.view import GalleryView
 from nearsight.app.serve.galleries import Galleries, UnknownGallery
-from nearsight.data.image_input import QueryImage, query_from_bytes
+from nearsight.core.errors import NearsightError
 from nearsight.data.meta import FilterError
-from nearsight.search.checks import DEFAULT_K
+from nearsight.search.checks import DEFAULT_K, check_k
 from nearsight.search.request import ImageQuery, ItemQuery, Limits, SearchRequest
 from nearsight.search.rerank.changes import MAX_COMPARED_ITEMS, rerank_changes
 from nearsight.search.results import SearchResults
@@ -83,6 +83,14 @@ class Page:
         """What a page search may ask: k up to the slider's end, the server's filter bound."""
         return Limits(max_k=MAX_K, max_filter_conditions=self.max_filter_conditions)
 
+    @staticmethod
+    def check_k(k: Any) -> int:
+        """k as the page takes it (the slider's range), a one-line PageError otherwise."""
+        try:
+            return check_k(k, MAX_K)
+        except NearsightError as error:
+            raise PageError(str(error)) from None
+
     # -- helpers -----------------------------------------------------------------------------
 
     def view(self, name: str | None) -> GalleryView:
@@ -91,22 +99,7 @@ class Page:
         except UnknownGallery as error:
             raise PageError(str(error)) from None
 
-    @staticmethod
-    def read_upload(path: str | bytes | None, embedder: Any) -> QueryImage:
-        """The uploaded file (its path in Gradio's upload folder, or a pasted image's bytes),
-        decoded in the decode box and fitted to ``embedder``'s resize."""
-        if not path:
-            raise PageError("no query image: upload, paste or drop one")
-        if isinstance(path, bytes):
-            data, name = path, "pasted image"
-        else:
-            file = Path(path)
-            name = file.name
-            try:
-                data = file.read_bytes()
-            except OSError as error:
-                raise PageError(f"cannot read the upload: {error.strerror or error}") from None
-        return query_from_bytes(data, name, embedder.resize, embedder.spec.interpolation)
+    read_upload = staticmethod(read_upload)  # nearsight/app/page/inputs.py
 
     def start_analysis(self) -> None:
         """Compute every gallery's leave-one-out analysis in a background thread."""
