@@ -24,7 +24,6 @@ from nearsight.app.page.inputs import (
     label_value,
     no_search,
     page_errors,
-    read_upload,
     rerank_toggle,
     toggled_rerank,
 )
@@ -39,6 +38,7 @@ from nearsight.app.page.tables import (
     pairs_frame,
     summary_markdown,
 )
+from nearsight.app.page.uploads import read_upload
 from nearsight.app.page.view import GalleryView
 from nearsight.app.serve.galleries import Galleries, UnknownGallery
 from nearsight.core.errors import NearsightError
@@ -99,7 +99,7 @@ class Page:
         except UnknownGallery as error:
             raise PageError(str(error)) from None
 
-    read_upload = staticmethod(read_upload)  # nearsight/app/page/inputs.py
+    read_upload = staticmethod(read_upload)  # nearsight/app/page/uploads.py
 
     def start_analysis(self) -> None:
         """Compute every gallery's leave-one-out analysis in a background thread."""

@@ -5,15 +5,14 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any, Literal
+from types import TracebackType
+from typing import Any
 
 import gradio as gr
 
 from nearsight.app.page.html import message_html
 from nearsight.app.page.view import GalleryView
 from nearsight.core.errors import NearsightError
-from nearsight.data.image_input import QueryImage, query_from_bytes
 from nearsight.search.rerank.spec import NONE, RerankSpec, parse_rerank
 
 UNKNOWN_CLASS = "-1"
@@ -86,11 +85,15 @@ class page_errors:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind, error, traceback) -> Literal[False]:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
         if isinstance(error, NearsightError):
             # the toast renders HTML: names from uploads must not become markup
             raise gr.Error(html.escape(str(error), quote=False), print_exception=False) from None
-        return False
 
 
 def filter_help(view: GalleryView) -> str:
@@ -153,20 +156,3 @@ def toggled_rerank(view: GalleryView) -> RerankSpec:
     """The re-ranking the page's toggle turns on: the view's default, or :data:`PAGE_RERANK`
     where the gallery stores none."""
     return view.rerank if view.rerank.active else parse_rerank(PAGE_RERANK)
-
-
-def read_upload(path: str | bytes | None, embedder: Any) -> QueryImage:
-    """The uploaded file (its path in Gradio's upload folder, or a pasted image's bytes),
-    decoded in the decode box and fitted to ``embedder``'s resize."""
-    if not path:
-        raise PageError("no query image: upload, paste or drop one")
-    if isinstance(path, bytes):
-        data, name = path, "pasted image"
-    else:
-        file = Path(path)
-        name = file.name
-        try:
-            data = file.read_bytes()
-        except OSError as error:
-            raise PageError(f"cannot read the upload: {error.strerror or error}") from None
-    return query_from_bytes(data, name, embedder.resize, embedder.spec.interpolation)
