@@ -14,9 +14,10 @@ query vectors -> candidates from the index (only the items the filters allow, in
 - A query that is a gallery item (``self_ids``) gets the item itself first, at distance exactly
   0, before any byte-identical duplicate, when the filters allow it. ``exclude`` leaves an item
   out instead (the page's and the evaluation's leave-one-out).
-- Checks of a caller's input (``k``, the re-rank spec, the filters, a vector's shape) are made
-  once, by whoever receives the request, with :func:`check_k`, :func:`resolve_rerank`,
-  :func:`allowed_ids` and :func:`check_vector`; :func:`search` trusts what it is given.
+- A caller's input (``k``, the re-rank spec, the filters, a vector's shape) is checked once,
+  in one place, as a search request (nearsight.search.request, with :func:`check_k`,
+  :func:`parse_conditions`, :func:`check_vector` and the re-ranker registry); :func:`search`
+  trusts what it is given.
 """
 
 from __future__ import annotations
