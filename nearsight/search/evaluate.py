@@ -21,7 +21,7 @@ from nearsight.data.metrics.retrieval import CUB_KS, SOP_KS
 from nearsight.data.metrics.retrieval import default_ks as ks_by_size
 from nearsight.index.vector_store import ApproximateVectorsWarning
 from nearsight.search.rerank.evaluate import evaluate_reranked
-from nearsight.search.rerank.pairwise import stage_reranker
+from nearsight.search.rerank.rerankers import build_reranker
 from nearsight.search.rerank.spec import RerankSpec, parse_rerank
 
 if TYPE_CHECKING:  # index.gallery imports this module
@@ -79,10 +79,8 @@ def evaluate_gallery(
     init = "k-means++" if classes <= EXACT_KMEANSPP_MAX_CLASSES else "afk-mc2"
     ks = tuple(ks or default_ks(gallery))
     side = None
-    reranker = stage_reranker(spec)
-    if reranker is not None:  # the labelled items' stored stage features, in their order
-        store = reranker.check_gallery(gallery.path, gallery.model_sha256)
-        assert store is not None  # a stage re-ranker gets its store or an error
+    store = build_reranker(gallery, spec).store  # a re-ranker of stage features: their store
+    if store is not None:  # the labelled items' stored stage features, in their order
         side = store.side_of(gallery.ids[labelled])
     return evaluate_reranked(
         vectors,

@@ -25,6 +25,7 @@ from nearsight.index.gallery.core import Gallery
 from nearsight.index.gallery.keys import key_column
 from nearsight.search import route
 from nearsight.search.neighbour import Neighbour, neighbour
+from nearsight.search.rerank.rerankers import Reranker
 from nearsight.search.rerank.spec import RerankSpec
 
 GROUP_COLUMN_META = "group_column"  # the catalog meta key of a gallery's default group column
@@ -96,7 +97,7 @@ def search_groups(
     group_size: int = 1,
     offset: int = 0,
     allowed: np.ndarray | None = None,
-    rerank: RerankSpec,
+    rerank: RerankSpec | Reranker,
     self_ids: Sequence[int | None] | None = None,
     exclude: Sequence[int] | np.ndarray | None = None,
     query_side: np.ndarray | None = None,

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from nearsight.data.image_input import QueryImage
-from nearsight.search.rerank.spec import RerankSpec
+from nearsight.search.rerank.rerankers import Reranker
 
 
 class QuerySearcher(Protocol):
@@ -30,11 +30,11 @@ class QuerySearcher(Protocol):
 
     def item_vector(self, item_id: int) -> np.ndarray: ...
 
-    def stage_model(self, rerank: RerankSpec) -> Any: ...
+    def stage_model(self, rerank: Reranker) -> Any: ...
 
 
 def embed_queries(
-    searcher: QuerySearcher, decoded: Sequence[QueryImage], rerank: RerankSpec
+    searcher: QuerySearcher, decoded: Sequence[QueryImage], rerank: Reranker
 ) -> tuple[np.ndarray, list[int | None], np.ndarray | None]:
     """(vectors [Q, D], the gallery item each query is or None, stage features [Q, F] or None).
 

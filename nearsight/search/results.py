@@ -26,6 +26,8 @@ from nearsight.data.decode_box import fit_file
 from nearsight.data.image_input import as_image
 from nearsight.search.groups import Group
 from nearsight.search.neighbour import FIELDS, Neighbour
+from nearsight.search.rerank.spec import RerankSpec
+from nearsight.search.route import Filtered
 from nearsight.search.verdicts import FRAME_COLOURS, QUERY_COLOUR, correctness, thumbnail_uri
 
 NOTEBOOK_THUMBNAIL = 96  # pixels, the longer side of a notebook grid's thumbnails
@@ -56,7 +58,10 @@ class SearchResults(list):
     why the query gave no neighbours (``search_many`` only); ``notes``: what the search says
     about its answer (a recall target a filtered search cannot promise), empty when none;
     ``groups``: a grouped search's :class:`~nearsight.search.groups.Group` s (the list holds
-    their hits, group after group), None when not grouped."""
+    their hits, group after group), None when not grouped; ``query_item``: the gallery item
+    the query is (an item's search, or an image with an item's bytes), else None;
+    ``filtered``: the filters as read (the ids they allow, their keys), None without;
+    ``rerank``: the re-ranking the search ran."""
 
     def __init__(
         self,
@@ -68,6 +73,9 @@ class SearchResults(list):
         query_class: str | None = None,
         notes: list[str] | None = None,
         groups: list[Group] | None = None,
+        query_item: int | None = None,
+        filtered: Filtered | None = None,
+        rerank: RerankSpec | None = None,
     ) -> None:
         super().__init__(rows)
         self.groups = groups  # a grouped search's groups (search(group_by=...)), else None
@@ -76,6 +84,9 @@ class SearchResults(list):
         self.query_class = query_class  # the query's class name, when known
         self.error = error
         self.notes = list(notes or [])
+        self.query_item = query_item
+        self.filtered = filtered
+        self.rerank = rerank
 
     def records(self, reserved: Iterable[str] = ()) -> list[dict[str, Any]]:
         """One flat dict per neighbour: the fixed columns, then ``meta``'s keys (a key that

@@ -14,9 +14,10 @@ query vectors -> candidates from the index (only the items the filters allow, in
 - A query that is a gallery item (``self_ids``) gets the item itself first, at distance exactly
   0, before any byte-identical duplicate, when the filters allow it. ``exclude`` leaves an item
   out instead (the page's and the evaluation's leave-one-out).
-- Checks of a caller's input (``k``, the re-rank spec, the filters, a vector's shape) are made
-  once, by whoever receives the request, with :func:`check_k`, :func:`resolve_rerank`,
-  :func:`allowed_ids` and :func:`check_vector`; :func:`search` trusts what it is given.
+- A caller's input (``k``, the re-rank spec, the filters, a vector's shape) is checked once,
+  in one place, as a search request (nearsight.search.request, with :func:`check_k`,
+  :func:`parse_conditions`, :func:`check_vector` and the re-ranker registry); :func:`search`
+  trusts what it is given.
 """
 
 from __future__ import annotations
@@ -34,11 +35,12 @@ from nearsight.index.gallery.core import Gallery
 from nearsight.index.gallery.keys import key_column
 from nearsight.search.checks import check_k, check_offset
 from nearsight.search.neighbour import Neighbour, neighbour
+from nearsight.search.rerank.rerankers import Reranker, build_reranker
 from nearsight.search.rerank.search import reranked_search
 from nearsight.search.rerank.spec import RerankSpec, parse_rerank
 
-__all__ = ["Filtered", "allowed_ids", "check_filters", "check_k", "check_offset", "check_vector", "item_vector",
-           "neighbours", "ranking", "resolve_rerank", "search"]  # fmt: skip
+__all__ = ["Filtered", "allowed_ids", "apply_conditions", "check_filters", "check_k", "check_offset", "check_vector", "item_vector",
+           "neighbours", "parse_conditions", "ranking", "resolve_rerank", "search"]  # fmt: skip
 
 Filters = str | Sequence[str | Condition] | Mapping[str, Any] | None
 HNSW_WINDOW = 128  # ranks an HNSW gallery explores for any shorter search (candidate_window)
@@ -106,17 +108,29 @@ def check_filters(
     """A caller's filters checked once (:class:`Filtered`): typed by their columns
     (nearsight.index.catalog.filters), repeated conditions counted once; more than
     ``max_conditions`` distinct ones is a FilterError."""
+    return apply_conditions(gallery, parse_conditions(filters, max_conditions))
+
+
+def parse_conditions(filters: Filters, max_conditions: int | None = None) -> tuple[Condition, ...]:
+    """A caller's filters parsed and merged, without reading the gallery (repeats count once;
+    more than ``max_conditions`` distinct ones is a FilterError)."""
     if filters is None:
-        return NO_FILTER
+        return ()
     if isinstance(filters, str | Mapping):
         conditions = parse_filters(filters)
     else:
         conditions = [
             c for f in filters for c in ([f] if isinstance(f, Condition) else parse_filters(f))
         ]
-    conditions = merge_conditions(conditions, max_conditions)
+    return tuple(merge_conditions(conditions, max_conditions))
+
+
+def apply_conditions(gallery: Gallery, conditions: Sequence[Condition]) -> Filtered:
+    """Parsed conditions (:func:`parse_conditions`) read against the gallery: the ids they
+    allow, typed by their columns, and notes on values no item holds (:class:`Filtered`)."""
     if not conditions:
         return NO_FILTER
+    conditions = list(conditions)
     allowed = gallery.filter_ids(conditions)
     # != holds for every item of another value, and an any-of for one of its values: a value
     # nobody holds is then silent in the count
@@ -150,16 +164,12 @@ def resolve_rerank(gallery: Gallery, rerank: RerankSpec | str | None) -> RerankS
     return spec
 
 
-def check_rerank(gallery: Gallery, spec: RerankSpec) -> None:
+def check_rerank(gallery: Gallery, spec: RerankSpec) -> Reranker:
     """A one-line NearsightError now, before any search, when ``spec`` cannot re-rank this
     gallery: a pairwise re-ranker that is missing, trained for another embedding model, or one
-    that needs trunk-stage features the gallery does not store."""
-    if spec.method == "pairwise":
-        from nearsight.search.rerank.pairwise import load_reranker
-
-        reranker = load_reranker(str(spec.params["model"]))
-        reranker.check_for(gallery.model_sha256, gallery.dim)
-        reranker.check_gallery(gallery.path, gallery.model_sha256)
+    that needs trunk-stage features the gallery does not store. Returns it made ready
+    (nearsight.search.rerank.rerankers)."""
+    return build_reranker(gallery, spec)
 
 
 def _query_ids(
@@ -180,7 +190,7 @@ def search(
     k: int,
     *,
     allowed: np.ndarray | None = None,
-    rerank: RerankSpec,
+    rerank: RerankSpec | Reranker,
     self_ids: Sequence[int | None] | None = None,
     exclude: Sequence[int] | np.ndarray | None = None,
     query_side: np.ndarray | None = None,
@@ -216,7 +226,7 @@ def ranking(
     depth: int,
     *,
     allowed: np.ndarray | None = None,
-    rerank: RerankSpec,
+    rerank: RerankSpec | Reranker,
     self_ids: Sequence[int | None] | None = None,
     exclude: Sequence[int] | np.ndarray | None = None,
     query_side: np.ndarray | None = None,
@@ -224,6 +234,8 @@ def ranking(
 ) -> list[Ranking]:
     """Per query, the ids and exact distances of its first ``depth`` items in the order
     :func:`search` answers (its arguments), without reading their catalog rows."""
+    built = rerank if isinstance(rerank, Reranker) else None
+    rerank = rerank.spec if isinstance(rerank, Reranker) else rerank
     queries = np.ascontiguousarray(vectors, dtype=np.float32)
     if queries.ndim == 1:
         queries = queries[None, :]
@@ -233,7 +245,7 @@ def ranking(
         query_ids = _query_ids(self_ids, exclude, len(queries))
         _, found = reranked_search(gallery, queries, window, rerank, ids=allowed, exclude=exclude,
                                    info=info, query_ids=query_ids, query_side=query_side,
-                                   fixed_depth=True)  # fmt: skip
+                                   fixed_depth=True, built=built)  # fmt: skip
     else:
         _, found = gallery.search(queries, window, ids=allowed, exclude=exclude, info=info)
     found = found[:, :depth]

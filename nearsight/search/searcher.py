@@ -1,9 +1,13 @@
 """The :class:`Searcher`: a gallery and the embedder of its queries, the one object that the CLI,
 REST, the page and the Python API (``nearsight.open_gallery``) search through.
 
-Its public methods take a caller's input, check it once (``k``, the filters, the re-rank spec,
-the query) and call the one route, :func:`nearsight.search.route.search`; their answers are
-:class:`~nearsight.search.neighbour.Neighbour` lists (``SearchResults``).
+Every face hands it one :class:`~nearsight.search.request.SearchRequest` (the query, ``k``, the
+filters, the re-ranking, the page): :meth:`Searcher.run` checks it once
+(nearsight.search.request) and answers it through the one route
+(nearsight.search.answer, nearsight.search.route); the answers are
+:class:`~nearsight.search.neighbour.Neighbour` lists (``SearchResults``) with their notes. The
+keyword methods (:meth:`~Searcher.search`, ``search_vector``, ``search_item``, ``search_many``)
+are the Python API: each builds that request. A re-ranker is built once per gallery and reused.
 
 ``search_item`` means one thing everywhere: the item itself comes first, at distance 0 (unless
 a filter leaves it out). ``leave_out=True`` asks for the other items only (the page's
@@ -18,8 +22,8 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,27 +33,36 @@ from nearsight.index.catalog.facets import BINS, TOP_VALUES, Facets
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.gallery.keys import ids_of_keys, key_column
 from nearsight.search import route
+from nearsight.search.answer import answer
 from nearsight.search.evaluate import evaluate_gallery
 from nearsight.search.facets import gallery_facets
 from nearsight.search.groups import Group, default_group_column, search_groups
-from nearsight.search.labels import query_label
+from nearsight.search.keywords import FilterNote, KeywordSearches, Rerank
 from nearsight.search.neighbour import Neighbour
-from nearsight.search.paging import FIRST_PAGE, Page, check_page
+from nearsight.search.paging import Page
 from nearsight.search.query_embed import embed_queries
+from nearsight.search.request import (
+    NO_LIMITS,
+    CheckedRequest,
+    Limits,
+    SearchRequest,
+    check_request,
+)
+from nearsight.search.rerank.rerankers import Reranker, Rerankers
 from nearsight.search.rerank.spec import NONE, RerankSpec
-from nearsight.search.results import ResultsList, SearchResults
+from nearsight.search.results import SearchResults
 
 if TYPE_CHECKING:  # typing only: the embedders' modules load onnxruntime
     from nearsight.index.gallery.build import BuildReport
     from nearsight.models.embedder import Embedder
+    from nearsight.search.rerank.stage_query import StageEmbedder
 
 Filters = route.Filters
 Filtered = route.Filtered
-Rerank = RerankSpec | str | None
-SEARCH_BATCH = 64  # search_many: images decoded, embedded and searched at a time
+__all__ = ["FilterNote", "Searcher", "open_gallery"]
 
 
-class Searcher:
+class Searcher(KeywordSearches):
     """An open gallery and (given, or loaded on first use) its embedder.
 
     ``len(s)`` is the number of items; :meth:`search` gives the nearest items of an image;
@@ -58,6 +71,7 @@ class Searcher:
 
     # what built it, when nearsight.build_gallery did
     build_report: BuildReport | None = None
+    name: str | None = None  # a server's name for it (a request may name its gallery)
 
     def __init__(
         self,
@@ -71,6 +85,7 @@ class Searcher:
         self.gallery = gallery
         self.path = gallery.path
         self._rerank_override: RerankSpec | None = None  # serve --rerank
+        self._rerankers = Rerankers()  # built once per gallery, by spec
         self._embedder = embedder
         self._model_override = model
         self._device = device
@@ -96,7 +111,7 @@ class Searcher:
     @rerank_override.setter
     def rerank_override(self, spec: RerankSpec | None) -> None:
         if spec is not None:  # refused when set (serve's start), not on the first search
-            route.check_rerank(self.gallery, spec)
+            self.reranker(spec)
         self._rerank_override = spec
 
     @property
@@ -170,173 +185,41 @@ class Searcher:
 
     def resolve_rerank(self, rerank: Rerank) -> RerankSpec:
         """``rerank`` parsed (a one-line error when bad); None: :attr:`rerank`."""
-        if rerank is None:
-            return self.rerank
-        return route.resolve_rerank(self.gallery, rerank)
+        return self.reranker(rerank).spec
 
-    # -- searching ---------------------------------------------------------------------------
+    def reranker(self, rerank: Rerank | Reranker) -> Reranker:
+        """``rerank`` made ready for this gallery (nearsight.search.rerank.rerankers): built
+        on first use, then reused until the gallery changes; None: :attr:`rerank`'s. A
+        one-line NearsightError when it is bad or cannot re-rank this gallery."""
+        return self._rerankers.get(self.gallery, self.rerank if rerank is None else rerank)
 
-    def search(
-        self,
-        image: ImageLike,
-        k: int = 8,
-        *,
-        filters: Filters = None,
-        label: int | str | None = None,
-        rerank: Rerank = None,
-        offset: int = 0,
-        group_by: str | None = None,
-        group_size: int = 1,
-    ) -> SearchResults:
-        """The ``k`` nearest gallery items of ``image`` (a file path, a PIL image, or an array
-        H x W x 3 / H x W of uint8, or of floats in [0, 1]), nearest first. ``filters``: search
-        only items matching all of them (``"shop=north"``, ``["price>=10", "price<20"]``;
-        inside FAISS, so k items come back whenever k match). ``label``: the query's class, if
-        known, as a number or a class name (colours the HTML grid, adds a ``correct`` column
-        to ``to_pandas()``). ``rerank``: re-rank the candidates (``"aqe:k=2,alpha=3"``,
-        nearsight.search.rerank; ``"none"`` for off); default: the gallery's stored choice.
-        ``offset``: a page, ranks ``offset + 1`` to ``offset + k`` of the search of
-        ``offset + k``. ``group_by``: a column (a SKU): at most ``k`` groups of items holding
-        one value, ordered by their best distance, each with its best ``group_size`` items
-        (``.groups``; the results list their hits in that order; nearsight.search.groups).
-        An unreadable image raises NearsightError; several images go to :meth:`search_many`."""
-        if isinstance(image, list | tuple) or (isinstance(image, np.ndarray) and image.ndim == 4):
-            raise NearsightError(
-                "search takes one image; for several, use search_many(images) (one result "
-                "per image, an unreadable one reported in its entry instead of stopping)"
-            )
-        k, allowed, spec = self._request(k, filters, rerank)
-        page = check_page(self.gallery, offset, group_by, group_size)
-        wanted = query_label(self.gallery, label)
-        decoded = self._read(image)
-        notes: list[str] = []
-        (found,) = self._search_images([decoded], k, allowed, spec, notes, page)
-        return self._results(found, page, query=image, label=wanted, notes=notes)
+    def label_of(self, item_id: int) -> int | None:
+        """The class label of gallery item ``item_id`` (None: unlabelled)."""
+        label = self.gallery.items([int(item_id)])[0]["label"]
+        return None if label is None else int(label)
 
-    def search_many(
-        self,
-        images: Iterable[ImageLike] | np.ndarray,
-        k: int = 8,
-        *,
-        filters: Filters = None,
-        labels: Sequence[int | str | None] | None = None,
-        batch_size: int = SEARCH_BATCH,
-        rerank: Rerank = None,
-        offset: int = 0,
-        group_by: str | None = None,
-        group_size: int = 1,
-    ) -> ResultsList:
-        """:meth:`search` of many images (an iterable, or an array N x H x W x 3), embedded
-        ``batch_size`` at a time (memory stays bounded however many there are). One entry per
-        image, in order; an image that cannot be read gives an empty entry whose ``.error``
-        says why, and the others go on (``.errors`` lists them). ``labels``: each query's
-        class, if known. ``offset``, ``group_by``, ``group_size``: as in :meth:`search`.
-        ``to_pandas()`` gives one table of all of them."""
-        if isinstance(images, str | os.PathLike) or not isinstance(images, Iterable):
-            raise NearsightError("search_many takes a list of images; for one, use search")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise NearsightError(
-                f"batch_size must be a whole number of at least 1, got {batch_size!r}"
-            )
-        k, allowed, spec = self._request(k, filters, rerank)  # bad input fails before any image
-        page = check_page(self.gallery, offset, group_by, group_size)
-        queries = list(images)
-        given = [None] * len(queries) if labels is None else list(labels)
-        if len(given) != len(queries):
-            raise NearsightError(f"{len(given)} labels for {len(queries)} images")
-        wanted = [query_label(self.gallery, label) for label in given]
-        results = ResultsList()
-        for start in range(0, len(queries), batch_size):
-            chunk = queries[start : start + batch_size]
-            entries: list[SearchResults | None] = [None] * len(chunk)
-            decoded, positions = [], []
-            for position, image in enumerate(chunk):
-                try:
-                    decoded.append(self._read(image))
-                    positions.append(position)
-                except NearsightError as error:  # this image only: the others go on
-                    entries[position] = SearchResults(query=image, error=str(error))
-            notes: list[str] = []
-            found: list[list[Neighbour]] | list[list[Group]] = (
-                self._search_images(decoded, k, allowed, spec, notes, page) if decoded else []
-            )
-            for index, position in enumerate(positions):
-                neighbours = found[index]
-                label = wanted[start + position]
-                entries[position] = self._results(neighbours, page, query=chunk[position],
-                                                  label=label, notes=notes)  # fmt: skip
-            results.extend(entries)
-        return results
-
-    def search_vector(
-        self,
-        vector: Any,
-        k: int = 8,
-        *,
-        filters: Filters = None,
-        label: int | str | None = None,
-        rerank: Rerank = None,
-        offset: int = 0,
-        group_by: str | None = None,
-        group_size: int = 1,
-    ) -> SearchResults:
-        """:meth:`search` by an embedding of the gallery's dim (made unit length here), e.g.
-        one from :meth:`vector`, from :func:`load_embedder` or from another system that uses
-        the same model."""
-        k, allowed, spec = self._request(k, filters, rerank)
-        page = check_page(self.gallery, offset, group_by, group_size)
-        wanted = query_label(self.gallery, label)
-        vectors = route.check_vector(self.gallery, vector)[:1]
-        notes: list[str] = []
-        (found,) = self.search_page(vectors, k, page, allowed=allowed, rerank=spec, notes=notes)
-        return self._results(found, page, query=vector, label=wanted, notes=notes)
-
-    def search_item(
-        self,
-        item_id: int | None = None,
-        k: int = 8,
-        *,
-        key: str | None = None,
-        filters: Filters = None,
-        rerank: Rerank = None,
-        leave_out: bool = False,
-        offset: int = 0,
-        group_by: str | None = None,
-        group_size: int = 1,
-    ) -> SearchResults:
-        """:meth:`search` by a gallery item's stored embedding, the item named by its id or
-        by its ``key`` (the gallery's key column, e.g. a SKU): the item itself comes first, at
-        distance 0 (unless a filter leaves it out); ``leave_out``: the other items only. The
-        item's class is the query's."""
-        if (item_id is None) == (key is None):
-            raise NearsightError("search_item takes an item id or a key=, not both")
-        item = self.id_of_key(key) if key is not None else route.check_item_id(item_id)
-        k, allowed, spec = self._request(k, filters, rerank)
-        page = check_page(self.gallery, offset, group_by, group_size)
-        vector = self.item_vector(item)
-        notes: list[str] = []
-        found = self.search_page(vector[None, :], k, page, allowed=allowed, rerank=spec,
-                                 notes=notes, **_as_item(item, leave_out))  # fmt: skip
-        label = self.gallery.items([item])[0]["label"]
-        return self._results(found[0], page, query=item, label=label, notes=notes)
-
-    def _class_name(self, label: int | None) -> str | None:
+    def label_name(self, label: int | None) -> str | None:
+        """The class name of ``label``, when the gallery knows it."""
         return None if label is None else self.gallery.class_names().get(int(label))
 
-    def _results(
-        self, found: list[Neighbour] | list[Group], page: Page, *, query: Any,
-        label: int | None, notes: list[str],
-    ) -> SearchResults:  # fmt: skip
-        """One query's answer: its neighbours, or its groups and their hits in order."""
-        groups = None if page.group_by is None else [g for g in found if isinstance(g, Group)]
-        # without group_by the route answers neighbours
-        hits = (
-            cast(list[Neighbour], found)
-            if groups is None
-            else [hit for g in groups for hit in g.neighbours]
-        )
-        return SearchResults(hits, query=query, query_label=label, notes=notes, groups=groups,
-                             query_class=self._class_name(label))  # fmt: skip
+    # -- the one entry point ------------------------------------------------------------------
+
+    def check(self, request: SearchRequest, limits: Limits = NO_LIMITS) -> CheckedRequest:
+        """``request`` checked once against this gallery (nearsight.search.request): a
+        one-line NearsightError when a part is bad. ``limits``: what the face allows."""
+        return check_request(self, request, limits)
+
+    def run(
+        self, request: SearchRequest | CheckedRequest, limits: Limits = NO_LIMITS
+    ) -> SearchResults:
+        """The answer to one search request (:class:`~nearsight.search.request.SearchRequest`,
+        or one :meth:`check` ed already), what every face asks through: its neighbours (or
+        groups), with ``notes`` on values no item holds of a filter and on what the route
+        could not promise. ``limits``: what the face allows (:meth:`check`)."""
+        checked = request if isinstance(request, CheckedRequest) else self.check(request, limits)
+        return answer(self, checked)
+
+    # -- the route, for a checked request ----------------------------------------------------
 
     def search_vectors(
         self,
@@ -344,23 +227,21 @@ class Searcher:
         k: int,
         *,
         allowed: np.ndarray | None = None,
-        rerank: RerankSpec,
+        rerank: RerankSpec | Reranker,
         self_ids: Sequence[int | None] | None = None,
         exclude: Sequence[int] | np.ndarray | None = None,
         notes: list[str] | None = None,
         query_side: np.ndarray | None = None,
         offset: int = 0,
     ) -> list[list[Neighbour]]:
-        """The route itself, for callers that checked their request already (REST, the page,
-        the CLI's batch): unit query vectors [Q, D], a checked ``k``, the allowed ids, a
-        parsed spec; ``self_ids`` / ``exclude`` / ``query_side`` / ``offset`` as in
-        :func:`nearsight.search.route.search`."""
+        """The route itself (:func:`nearsight.search.route.search`), for a request checked
+        already: unit query vectors [Q, D], a checked ``k``, the allowed ids, a re-ranker."""
         return route.search(
             self.gallery,
             vectors,
             k,
             allowed=allowed,
-            rerank=rerank,
+            rerank=self.reranker(rerank),
             self_ids=self_ids,
             exclude=exclude,
             query_side=query_side,
@@ -373,10 +254,11 @@ class Searcher:
     def search_page(
         self, vectors: np.ndarray, k: int, page: Page, **route_args: Any
     ) -> list[list[Neighbour]] | list[list[Group]]:
-        """:meth:`search_vectors` of a checked ``page`` (:func:`check_page`): its offset, and
+        """:meth:`search_vectors` of a checked ``page`` (nearsight.search.paging): its offset, and
         groups (nearsight.search.groups) when it groups."""
         if page.group_by is None:
             return self.search_vectors(vectors, k, offset=page.offset, **route_args)
+        route_args["rerank"] = self.reranker(route_args["rerank"])
         return search_groups(self.gallery, vectors, k, group_by=page.group_by,
                              group_size=page.group_size, offset=page.offset, rows=self.rows(),
                              shown_path=self.shown_path, **route_args)  # fmt: skip
@@ -386,24 +268,22 @@ class Searcher:
         one-line error when the gallery has no such item)."""
         return route.item_vector(self.gallery, int(item_id))[0]
 
+    def check_item(self, item_id: int) -> None:
+        """A one-line NearsightError when the gallery has no item ``item_id``."""
+        self.item_vector(item_id)
+
     def vector(self, item_id: int) -> np.ndarray:
         """:meth:`item_vector`, as a copy the caller may change."""
         return np.array(self.item_vector(item_id), dtype=np.float32)
 
-    def _request(
-        self, k: Any, filters: Filters, rerank: Rerank
-    ) -> tuple[int, np.ndarray | None, RerankSpec]:
-        """A Python caller's request, checked once: k, the allowed ids, the re-rank spec; a
-        filter value no item holds is a warning naming the closest values held."""
-        k = route.check_k(k)
-        filtered = self.filtered(filters)
-        for note in filtered.notes:
-            warnings.warn(note, FilterNote, stacklevel=3)
-        return k, filtered.allowed, self.resolve_rerank(rerank)
-
-    def _read(self, image: ImageLike) -> QueryImage:
-        """A query decoded (a file in the decode box) at the model's resize."""
+    def read_image(self, image: ImageLike | QueryImage) -> QueryImage:
+        """A query decoded (a file in the decode box) at the model's resize; one decoded
+        already passes through."""
+        if isinstance(image, QueryImage):
+            return image
         return read_query(image, self.embedder.resize, self.embedder.spec.interpolation)
+
+    _read = read_image
 
     def query_vector(self, query: QueryImage) -> tuple[np.ndarray, int | None]:
         """One query image's vector, and the gallery item it is when its bytes are an item's
@@ -412,38 +292,19 @@ class Searcher:
         return vector, twin
 
     def query_embedding(
-        self, query: QueryImage, rerank: RerankSpec
+        self, query: QueryImage, rerank: RerankSpec | Reranker
     ) -> tuple[np.ndarray, int | None, np.ndarray | None]:
         """:meth:`query_vector`, and the query's stage features [1, F] when ``rerank`` is a
         pairwise re-ranker that takes them (else None): then the vector and the features
         come from one run of the gallery's stage model (:meth:`stage_model`)."""
-        vectors, twins, side = embed_queries(self, [query], rerank)
+        vectors, twins, side = embed_queries(self, [query], self.reranker(rerank))
         return vectors[0], twins[0], side
 
-    def stage_model(self, rerank: RerankSpec):
+    def stage_model(self, rerank: RerankSpec | Reranker) -> StageEmbedder | None:
         """The gallery's stage model (nearsight.search.rerank.stage_query.StageEmbedder) when
         ``rerank`` scores query images by a trunk stage's features too, else None; on the
         embedder's providers. A one-line NearsightError when the gallery cannot give them."""
-        if rerank.method != "pairwise":
-            return None
-        from nearsight.search.rerank.stage_query import stage_query_model
-
-        return stage_query_model(self.gallery, rerank, self.embedder, self._optimization)
-
-    def _search_images(
-        self,
-        decoded: Sequence[QueryImage],
-        k: int,
-        allowed: np.ndarray | None,
-        spec: RerankSpec,
-        notes: list[str] | None = None,
-        page: Page = FIRST_PAGE,
-    ) -> list[list[Neighbour]] | list[list[Group]]:
-        """Decoded query images searched: embedded together, one whose bytes are a gallery
-        item's searched as that item (nearsight.search.query_embed)."""
-        vectors, twins, side = embed_queries(self, decoded, spec)
-        return self.search_page(vectors, k, page, allowed=allowed, rerank=spec, self_ids=twins,
-                                notes=notes, query_side=side)  # fmt: skip
+        return self.reranker(rerank).stage_model(self.embedder, self._optimization)
 
     # -- evaluating --------------------------------------------------------------------------
 
@@ -471,15 +332,6 @@ class Searcher:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self.path)!r}, items={len(self)})"
-
-
-class FilterNote(UserWarning):
-    """A filter value no item holds (the message names the closest values held)."""
-
-
-def _as_item(item: int, leave_out: bool) -> dict[str, Any]:
-    """The route's arguments for a query that is gallery item ``item``."""
-    return {"exclude": [item]} if leave_out else {"self_ids": [item]}
 
 
 def open_gallery(

@@ -31,6 +31,8 @@ class ServedGallery(Searcher):
     """One gallery as a server holds it: catalog rows in memory, the embedder loaded. Safe to
     use from several threads."""
 
+    name: str  # the server's name for it (the dropdown's, REST's ``gallery``)
+
     def __init__(self, name: str, gallery: Gallery, embedder: Embedder):
         super().__init__(gallery, embedder)
         self.name = name
@@ -168,6 +170,9 @@ class ServedGallery(Searcher):
             query_side=query_side,
         )
         return found
+
+    def check_item(self, item_id: int) -> None:
+        self.row(item_id)  # one-line error for an unknown id
 
     def item_vector(self, item_id: int) -> np.ndarray:
         self.row(item_id)  # one-line error for an unknown id

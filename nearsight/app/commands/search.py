@@ -154,26 +154,18 @@ def run_search(args: argparse.Namespace) -> int:
 
 
 def _search_one(args: argparse.Namespace, conditions: list) -> list[dict[str, Any]]:
-    import warnings
-
     from nearsight.data.decode_box import shared_box
-    from nearsight.search.searcher import FilterNote, open_gallery
+    from nearsight.search.searcher import open_gallery
 
     if args.image is not None:
         shared_box(1)  # the query file is decoded there: its worker starts while the model loads
     # one query per process: the lighter onnxruntime session (docs/decisions.md)
-    with (
-        open_gallery(
-            args.gallery, args.model, device=args.device, optimization="extended"
-        ) as gallery,
-        warnings.catch_warnings(record=True) as notes,
-    ):
-        warnings.simplefilter("always", FilterNote)
-        found = _search(gallery, args, conditions)
-    for note in notes:
-        if issubclass(note.category, FilterNote):
-            print(f"nearsight: note: {note.message}", file=sys.stderr)
-    for line in found.notes:  # what the route says of its answer (a recall it can't promise)
+    with open_gallery(
+        args.gallery, args.model, device=args.device, optimization="extended"
+    ) as gallery:
+        found = gallery.run(search_request(gallery, args, conditions))
+    # a filter value no item holds, what the route says of its answer (a recall it can't promise)
+    for line in found.notes:
         print(f"nearsight: note: {line}", file=sys.stderr)
     if found.groups is not None:
         return [group.as_json() for group in found.groups]
@@ -193,17 +185,31 @@ def _page(searcher, args: argparse.Namespace) -> dict[str, Any]:
     return {"offset": args.offset, "group_by": group_by, "group_size": args.group_size}
 
 
-def _search(gallery, args: argparse.Namespace, conditions: list):
-    """The one query the flags name, through the Python API."""
-    asked = {"filters": conditions, "rerank": args.rerank, **_page(gallery, args)}
+def search_request(searcher: Any, args: argparse.Namespace, conditions: list | None = None):
+    """The search the flags ask for, as one SearchRequest (nearsight.search.request): the
+    query (IMAGE, --id, --key or --vector; an ImageQuery of nothing for --queries, whose
+    images are read in batches), k, the filters (``conditions``: the --filter flags parsed
+    already), --rerank and the page."""
+    from nearsight.search.request import (
+        ImageQuery,
+        ItemQuery,
+        KeyQuery,
+        Query,
+        SearchRequest,
+        VectorQuery,
+    )
+
+    query: Query
     if args.id is not None:
-        return gallery.search_item(args.id, args.k, **asked)
-    if args.key is not None:
-        return gallery.search_item(key=args.key, k=args.k, **asked)
-    if args.vector is not None:
-        vector = _vector_file(args.vector, gallery.gallery.dim)
-        return gallery.search_vector(vector, args.k, **asked)
-    return gallery.search(args.image, args.k, **asked)
+        query = ItemQuery(args.id)
+    elif args.key is not None:
+        query = KeyQuery(args.key)
+    elif args.vector is not None:
+        query = VectorQuery(_vector_file(args.vector, searcher.gallery.dim))
+    else:
+        query = ImageQuery(None if args.queries is not None else args.image)
+    filters = args.filter if conditions is None else conditions
+    return SearchRequest(query, args.k, filters or None, args.rerank, **_page(searcher, args))
 
 
 def _vector_file(path: Path, dim: int):
@@ -288,19 +294,21 @@ def _run_batch(args: argparse.Namespace, conditions: list) -> int:
     from nearsight.core.digest import file_sha256
     from nearsight.data.embed import embed_files
     from nearsight.index.gallery.core import Gallery
-    from nearsight.search.paging import check_page
+    from nearsight.search.answer import search_vectors
+    from nearsight.search.route import apply_conditions
     from nearsight.search.searcher import Searcher
 
     paths = query_paths(args.queries)
     with Gallery.open(args.gallery) as gallery:
-        page = check_page(gallery, **_page(Searcher(gallery), args))
+        # the terms checked once for every query, before the model loads
+        checked = Searcher(gallery).check(search_request(Searcher(gallery), args, conditions))
+        page = checked.page
         searcher = Searcher(gallery, load_gallery_model(gallery, args.model, args.device))
-        filtered = searcher.filtered(conditions)
-        allowed = filtered.allowed
+        filtered = apply_conditions(gallery, checked.conditions)
         for note in filtered.notes:
             print(f"nearsight: note: {note}", file=sys.stderr)
-        spec = searcher.resolve_rerank(args.rerank)
-        stage = searcher.stage_model(spec)  # a re-ranker of stage features: one run gives both
+        # a re-ranker of stage features: one run of the stage model gives both
+        stage = checked.reranker.stage_model(searcher.embedder)
         result = embed_files(
             searcher.embedder if stage is None else _with_stage(stage), paths,
             batch_size=args.batch_size, workers=args.workers, desc="searching",
@@ -317,8 +325,8 @@ def _run_batch(args: argparse.Namespace, conditions: list) -> int:
         for row, twin in enumerate(twins):
             if twin is not None:
                 vectors[row] = searcher.item_vector(twin)
-        found = searcher.search_page(vectors, args.k, page, allowed=allowed, rerank=spec,
-                                     self_ids=twins, query_side=side) if read else []  # fmt: skip
+        found = search_vectors(searcher, checked, vectors, filtered, twins,
+                               side) if read else []  # fmt: skip
         answers = [[hit.as_json() for hit in row] for row in found]
     good = iter(answers)
     errors = iter(result.errors)  # in the order of the unreadable paths

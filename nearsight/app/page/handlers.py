@@ -7,7 +7,6 @@ import json
 import random
 import threading
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import gradio as gr
@@ -25,6 +24,8 @@ from nearsight.app.page.inputs import (
     label_value,
     no_search,
     page_errors,
+    rerank_toggle,
+    toggled_rerank,
 )
 from nearsight.app.page.tables import (
     FAILURE_ROWS,
@@ -37,22 +38,21 @@ from nearsight.app.page.tables import (
     pairs_frame,
     summary_markdown,
 )
+from nearsight.app.page.uploads import read_upload
 from nearsight.app.page.view import GalleryView
 from nearsight.app.serve.galleries import Galleries, UnknownGallery
 from nearsight.core.errors import NearsightError
-from nearsight.data.image_input import QueryImage, query_from_bytes
 from nearsight.data.meta import FilterError
 from nearsight.search.checks import DEFAULT_K, check_k
+from nearsight.search.request import ImageQuery, ItemQuery, Limits, SearchRequest
 from nearsight.search.rerank.changes import MAX_COMPARED_ITEMS, rerank_changes
-from nearsight.search.rerank.spec import NONE, RerankSpec, parse_rerank
-from nearsight.search.route import Filtered
+from nearsight.search.results import SearchResults
+from nearsight.search.route import NO_FILTER
 from nearsight.search.served import Neighbour
 from nearsight.search.verdicts import thumbnail_uri
 
 MAX_K = 64
 ANY_CLASS = "-1"
-# the page's re-rank toggle where neither serve --rerank nor the gallery chose one
-PAGE_RERANK = "dba+aqe:k=5,alpha=3"  # chosen on validation classes in bench/rerank.py
 
 
 class Page:
@@ -78,6 +78,19 @@ class Page:
     def max_filter_conditions(self) -> int | None:
         return self.galleries.max_filter_conditions
 
+    @property
+    def limits(self) -> Limits:
+        """What a page search may ask: k up to the slider's end, the server's filter bound."""
+        return Limits(max_k=MAX_K, max_filter_conditions=self.max_filter_conditions)
+
+    @staticmethod
+    def check_k(k: Any) -> int:
+        """k as the page takes it (the slider's range), a one-line PageError otherwise."""
+        try:
+            return check_k(k, MAX_K)
+        except NearsightError as error:
+            raise PageError(str(error)) from None
+
     # -- helpers -----------------------------------------------------------------------------
 
     def view(self, name: str | None) -> GalleryView:
@@ -86,29 +99,7 @@ class Page:
         except UnknownGallery as error:
             raise PageError(str(error)) from None
 
-    @staticmethod
-    def check_k(k: Any) -> int:
-        try:
-            return check_k(k, MAX_K)
-        except NearsightError as error:
-            raise PageError(str(error)) from None
-
-    @staticmethod
-    def read_upload(path: str | bytes | None, embedder: Any) -> QueryImage:
-        """The uploaded file (its path in Gradio's upload folder, or a pasted image's bytes),
-        decoded in the decode box and fitted to ``embedder``'s resize."""
-        if not path:
-            raise PageError("no query image: upload, paste or drop one")
-        if isinstance(path, bytes):
-            data, name = path, "pasted image"
-        else:
-            file = Path(path)
-            name = file.name
-            try:
-                data = file.read_bytes()
-            except OSError as error:
-                raise PageError(f"cannot read the upload: {error.strerror or error}") from None
-        return query_from_bytes(data, name, embedder.resize, embedder.spec.interpolation)
+    read_upload = staticmethod(read_upload)  # nearsight/app/page/uploads.py
 
     def start_analysis(self) -> None:
         """Compute every gallery's leave-one-out analysis in a background thread."""
@@ -142,10 +133,11 @@ class Page:
         images (which this server refuses to serve)."""
         with page_errors():
             view = self.view(gallery)
-            k = self.check_k(DEFAULT_K if k is None else k)
+            asked = SearchRequest(ImageQuery(image), DEFAULT_K if k is None else k,
+                                  gallery=view.name)  # fmt: skip
+            checked = view.check(asked, self.limits)
             query = self.read_upload(image, view.embedder)
-            vector, twin, side = view.query_embedding(query, view.rerank)
-            found = view.search_one(vector, k, self_id=twin, query_side=side)
+            found = view.run(checked.with_query(ImageQuery(query)))
             return json.dumps([n.as_json() for n in found])
 
     def image_changed(
@@ -175,24 +167,23 @@ class Page:
         gallery file when the dropdown says unknown."""
         with page_errors():
             view = self.view(gallery)
-            k = self.check_k(k)
-            query = self.read_upload(image_path, view.embedder)
             label = label_value(query_class)
-            note = ""
+            asked = SearchRequest(ImageQuery(image_path), k, filters or None,
+                                  self.rerank_spec(view, rerank), label=label,
+                                  gallery=view.name)  # fmt: skip
             try:
-                filtered = view.filtered(filters, self.max_filter_conditions)
+                checked = view.check(asked, self.limits)
+                query = self.read_upload(image_path, view.embedder)
+                found = view.run(checked.with_query(ImageQuery(query)))
             except FilterError as error:  # no stale grid under a filter that was not applied
                 return no_search(error), filter_error(error), {"kind": "upload"}
-            spec = self.rerank_spec(view, rerank)
-            vector, twin, side = view.query_embedding(query, view.rerank if spec is None else spec)
+            note = ""
+            twin = found.query_item
             if twin is not None:
                 twin_label = view.label_of(twin)
                 note = f"identical to gallery item #{twin} ({view.class_name(twin_label)})"
                 if label is None:
                     label = twin_label
-            notes = list(filtered.notes)
-            neighbours = view.search_one(vector, k, allowed=filtered.allowed, self_id=twin,
-                                         rerank=spec, notes=notes, query_side=side)  # fmt: skip
             card = QueryCard(
                 title="uploaded image",
                 thumbnail=thumbnail_uri(query.image),
@@ -201,8 +192,8 @@ class Page:
                 kind="upload",
                 note=note,
             )
-            grid = self._render(view, card, neighbours, filtered)
-            return grid, filter_note(filters, notes), {"kind": "upload"}
+            grid = self._render(view, card, found)
+            return grid, filter_note(filters, found.notes), {"kind": "upload"}
 
     def item_grid(
         self, gallery: str, item_id: Any, k: Any, filters: str = "", rerank: bool | None = None
@@ -210,18 +201,16 @@ class Page:
         """The leave-one-out grid of a gallery item, named by its id or its key."""
         with page_errors():
             view = self.view(gallery)
-            k = self.check_k(k)
             item = item_of(view, item_id)
             state = {"kind": "item", "id": item}
+            # leave-one-out: the item is the query, its neighbours are the others
+            asked = SearchRequest(ItemQuery(item), k, filters or None,
+                                  self.rerank_spec(view, rerank), leave_out=True,
+                                  gallery=view.name)  # fmt: skip
             try:
-                filtered = view.filtered(filters, self.max_filter_conditions)
+                found = view.run(asked, self.limits)
             except FilterError as error:  # no stale grid under a filter that was not applied
                 return no_search(error), filter_error(error), state
-            # leave-one-out: the item is the query, its neighbours are the others
-            notes = list(filtered.notes)
-            neighbours = view.search_one(view.item_vector(item), k, allowed=filtered.allowed,
-                                         exclude_id=item, rerank=self.rerank_spec(view, rerank),
-                                         notes=notes)  # fmt: skip
             label = view.label_of(item)
             card = QueryCard(
                 title=f"gallery item #{item}",
@@ -232,12 +221,12 @@ class Page:
                 item_id=item,
                 key=key_of(view, item),
             )
-            grid = self._render(view, card, neighbours, filtered)
-            return grid, filter_note(filters, notes), state
+            grid = self._render(view, card, found)
+            return grid, filter_note(filters, found.notes), state
 
-    def _render(
-        self, view: GalleryView, card: QueryCard, neighbours: list[Neighbour], filtered: Filtered
-    ) -> str:
+    def _render(self, view: GalleryView, card: QueryCard, found: SearchResults) -> str:
+        neighbours: list[Neighbour] = list(found)
+        filtered = found.filtered or NO_FILTER
         return result_html(
             card,
             neighbours,
@@ -314,21 +303,15 @@ class Page:
         key = key_of(view, item)
         return str(item) if key is None else key
 
-    @staticmethod
-    def rerank_spec(view: GalleryView, on: bool | None) -> RerankSpec | None:
-        """The page's re-rank toggle: None (not given) uses the view's default; on uses it, or
-        :data:`PAGE_RERANK` where the gallery stores none; off searches plainly."""
-        if on is None:
-            return None
-        if not on:
-            return NONE
-        return view.rerank if view.rerank.active else parse_rerank(PAGE_RERANK)
+    # the re-rank toggle (nearsight/app/page/inputs.py)
+    rerank_spec = staticmethod(rerank_toggle)
+    rerank_on = staticmethod(toggled_rerank)
 
     def rerank_changes(self, gallery: str):
         """The Failures tab's table of the queries re-ranking fixes and breaks."""
         with page_errors():
             view = self.view(gallery)
-            spec = self.rerank_spec(view, True)
+            spec = self.rerank_on(view)
             labelled = len(view.labelled_ids)
             if labelled > MAX_COMPARED_ITEMS:
                 raise PageError(

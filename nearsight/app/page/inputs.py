@@ -13,8 +13,11 @@ import gradio as gr
 from nearsight.app.page.html import message_html
 from nearsight.app.page.view import GalleryView
 from nearsight.core.errors import NearsightError
+from nearsight.search.rerank.spec import NONE, RerankSpec, parse_rerank
 
 UNKNOWN_CLASS = "-1"
+# the page's re-rank toggle where neither serve --rerank nor the gallery chose one
+PAGE_RERANK = "dba+aqe:k=5,alpha=3"  # chosen on validation classes in bench/rerank.py
 
 
 class PageError(NearsightError):
@@ -139,3 +142,17 @@ def key_of(view: GalleryView, item: int) -> str | None:
     column = view.key_column
     value = view.row(item)["meta"].get(column) if column else None
     return None if value is None else str(value)
+
+
+def rerank_toggle(view: GalleryView, on: bool | None) -> RerankSpec | None:
+    """The page's re-rank toggle: None (not given) uses the view's default; on uses
+    :func:`toggled_rerank`; off searches plainly."""
+    if on is None:
+        return None
+    return toggled_rerank(view) if on else NONE
+
+
+def toggled_rerank(view: GalleryView) -> RerankSpec:
+    """The re-ranking the page's toggle turns on: the view's default, or :data:`PAGE_RERANK`
+    where the gallery stores none."""
+    return view.rerank if view.rerank.active else parse_rerank(PAGE_RERANK)

@@ -424,5 +424,5 @@ def build_app(
 
 
 def _rerank_info(page: Page) -> str:
-    chosen = {page.rerank_spec(view, True).shown for view in page.views.values()}
+    chosen = {page.rerank_on(view).shown for view in page.views.values()}
     return "alpha-QE / DBA / k-reciprocal over the top candidates: " + ", ".join(sorted(chosen))

@@ -196,14 +196,6 @@ def load_reranker(path: str | os.PathLike[str]) -> PairwiseReranker:
     return opened
 
 
-def stage_reranker(spec: Any) -> PairwiseReranker | None:
-    """The re-ranker of a pairwise ``spec`` when it scores by stage features, else None."""
-    if getattr(spec, "method", None) != "pairwise":
-        return None
-    reranker = load_reranker(str(spec.params["model"]))
-    return reranker if reranker.side_dim else None
-
-
 def pairwise_distances(
     params: dict[str, Any],
     queries: np.ndarray,

@@ -15,6 +15,7 @@ from nearsight.search.rerank.spec import MAX_DEPTH, RerankSpec
 if TYPE_CHECKING:  # the gallery imports the re-ranking layer
     from nearsight.index.gallery.core import Gallery
     from nearsight.search.rerank.pairwise import PairwiseReranker
+    from nearsight.search.rerank.rerankers import Reranker
     from nearsight.search.rerank.stage_store import StageStore
 
 
@@ -30,6 +31,7 @@ def reranked_search(
     query_ids: np.ndarray | Sequence[int] | None = None,
     query_side: np.ndarray | None = None,
     fixed_depth: bool = False,
+    built: Reranker | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(distances, ids) [Q, k'] as :meth:`Gallery.search` gives them, after re-ranking the top
     ``spec.depth`` candidates (at least ``k`` of them, and at most :data:`MAX_DEPTH` whatever
@@ -41,9 +43,14 @@ def reranked_search(
     pairwise re-ranker of stage features needs (default: ``exclude``). ``query_side``: the
     stage features [Q, F] of the queries that are not gallery items (query images, from the
     gallery's stage model: nearsight.search.rerank.stage_query); rows of item queries are
-    ignored."""
+    ignored. ``built``: ``spec`` made ready for this gallery once (nearsight.search.rerank.
+    rerankers), else made ready here, for this search."""
+    if built is None:
+        from nearsight.search.rerank.rerankers import build_reranker
+
+        built = build_reranker(gallery, spec)
     query_side, item_keys, store, reranker = _query_side(
-        gallery, spec, exclude if query_ids is None else query_ids, len(queries), query_side
+        built, exclude if query_ids is None else query_ids, len(queries), query_side
     )
     depth = min(spec.depth if fixed_depth else max(k, spec.depth), MAX_DEPTH)
     extra = 0 if exclude is None else 1
@@ -54,7 +61,7 @@ def reranked_search(
     if found.shape[1] == 0:
         return np.zeros(found.shape, np.float32), found
     head, tail = found[:, :depth], found[:, depth:k]
-    source = OpenGallerySource(gallery, store, reranker)
+    source = OpenGallerySource(gallery, store, built.pairwise)
     keys, distances = rerank(spec, source, queries, head, exclude, query_side, item_keys)
     if tail.shape[1]:  # beyond the re-ranked depth: the index's order, after it
         keys = np.concatenate([keys, tail], axis=1)
@@ -63,8 +70,7 @@ def reranked_search(
 
 
 def _query_side(
-    gallery: Gallery,
-    spec: RerankSpec,
+    built: Reranker,
     query_ids: np.ndarray | Sequence[int] | None,
     count: int,
     given: np.ndarray | None,
@@ -72,16 +78,13 @@ def _query_side(
     """For a re-ranker that needs stage features (else Nones): the queries' features (an
     image's ``given`` ones, an item's stored ones) or, when every query is a gallery item,
     their ids instead (read with the candidates' rows, in one lookup); the gallery's store
-    they come from, checked (the candidates' come from it too); and that re-ranker, opened
-    once for the whole search."""
+    they come from, checked (the candidates' come from it too); and that re-ranker, as
+    ``built`` opened it."""
     from nearsight.core.errors import NearsightError
-    from nearsight.search.rerank.pairwise import stage_reranker
 
-    reranker = stage_reranker(spec)
-    if reranker is None:
+    reranker, store = built.pairwise, built.store
+    if reranker is None or store is None:
         return None, None, None, None
-    store = reranker.check_gallery(gallery.path, gallery.model_sha256)
-    assert store is not None  # a stage re-ranker gets its store or an error
     ids = np.full(count, -1) if query_ids is None else np.asarray(query_ids, dtype=np.int64)
     items = ids >= 0
     if not items.all() and given is None:

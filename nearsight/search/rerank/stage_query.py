@@ -12,20 +12,18 @@ only: no onnx package, no torch). A raw vector has no image and so no stage feat
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from nearsight.core.digest import file_sha256
 from nearsight.core.errors import NearsightError
 from nearsight.models.embedder import INPUT_NAME, OUTPUT_NAME, OnnxEmbedder
-from nearsight.search.rerank.pairwise import stage_reranker
 from nearsight.search.rerank.stage_features import OUTPUT
 
 if TYPE_CHECKING:
     from PIL import Image
 
-    from nearsight.index.gallery.core import Gallery
     from nearsight.search.rerank.stage_store import StageStore
 
 
@@ -83,22 +81,6 @@ class StageEmbedder(OnnxEmbedder):
             for s in range(0, len(images), batch_size)
         ]
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
-
-
-def stage_query_model(
-    gallery: Gallery, spec: Any, embedder: Any = None, optimization: str = "all"
-) -> StageEmbedder | None:
-    """The stage model that embeds query images for re-ranker ``spec`` on ``gallery``, or
-    None when ``spec`` needs no stage features; on the providers of ``embedder`` (the
-    gallery's own model, where it runs), else onnxruntime's default. One-line NearsightError
-    when the gallery cannot give them (no stored features, an old store)."""
-    reranker = stage_reranker(spec)
-    if reranker is None:
-        return None
-    store = reranker.check_gallery(gallery.path, gallery.model_sha256)
-    assert store is not None  # a re-ranker of stage features gets their store or an error
-    providers = getattr(embedder, "providers", None)
-    return query_model(store, providers, optimization)
 
 
 def query_model(

@@ -7,7 +7,8 @@ and ``rerank`` go beside the query. A query by a gallery item (``id`` or ``key``
 itself first, at distance 0. The answer's ``notes`` name, for a filter value no item holds,
 the closest values its column does hold.
 
-The request is checked once here, then searched through the gallery's Searcher. Uploads are
+The fields become one SearchRequest (nearsight.search.request), checked once in a worker thread
+and run by the gallery's Searcher (``Searcher.run``), whose notes are the answer's. Uploads are
 decoded in the decode box (nearsight.data.decode_box) and embedded by the gallery model's
 :class:`~nearsight.app.serve.batcher.EmbedBatcher` (concurrent requests share one model call;
 a lone upload of a plain search is embedded and searched by the thread that decoded it, with
@@ -26,7 +27,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol, cast
 
 import numpy as np
 from fastapi import APIRouter, Depends, Request
@@ -41,8 +42,18 @@ from nearsight.app.serve.batcher import BatcherFull, EmbedBatcher
 from nearsight.core.errors import NearsightError
 from nearsight.data.decode_box import fit_bytes
 from nearsight.data.images import ImageLoadError
-from nearsight.search.paging import FIRST_PAGE, check_page
-from nearsight.search.rerank.spec import RerankSpec, request_rerank
+from nearsight.search.request import (
+    CheckedRequest,
+    EmbeddedQuery,
+    ImageQuery,
+    ItemQuery,
+    Limits,
+    Query,
+    SearchRequest,
+    VectorQuery,
+)
+from nearsight.search.rerank.spec import request_rerank
+from nearsight.search.results import SearchResults
 from nearsight.search.route import check_vector
 from nearsight.search.served import ServedGallery
 
@@ -94,65 +105,56 @@ async def search(
         sent = f" (sent: {', '.join(present)})" if present else ""
         raise ApiError(422, f"send exactly one of: image (a file), id, key, vector{sent}")
     view = state.view(fields.get("gallery"))
-    k = fields["k"]
     rerank = fields.get("rerank")
-    try:
+    try:  # a request may run only the server's own pairwise file (request_rerank)
         spec = view.rerank if rerank is None else request_rerank(rerank, view.rerank)
     except ValueError as error:
         raise ApiError(422, str(error)) from None
-    filters = fields.get("filter")
-    page = check_page(view.gallery, fields["offset"], fields["group_by"], fields["group_size"])
-    heavy = bool(filters) or spec.active or page.group_by is not None
-    route_notes: list[str] = []  # what the route says of its answer (a recall it can't promise)
-
-    def work(query: Any, self_id: int | None, side: np.ndarray | None) -> tuple[Any, Any]:
-        filtered = view.filtered(filters, state.max_filter_conditions)
-        if page != FIRST_PAGE:
-            (found,) = view.search_page(
-                np.asarray(query, np.float32).reshape(1, -1), k, page, allowed=filtered.allowed,
-                rerank=spec, self_ids=None if self_id is None else [self_id], notes=route_notes,
-                query_side=side,
-            )  # fmt: skip
-            return filtered, found
-        found = view.search_one(query, k, allowed=filtered.allowed, rerank=spec, self_id=self_id,
-                                notes=route_notes, query_side=side)  # fmt: skip
-        return filtered, found
-
-    self_id = None  # a query that is a gallery item comes first, at distance 0
-    side = None  # an image's stage features, for a re-ranker that takes them
-    done = None  # work() already run, by the thread that embedded the upload
+    query: Query
     if image is not None:
-        then = None if heavy else work
-        query, self_id, side, done = await _embed_upload(image, view, state, spec, then)
+        query = ImageQuery(image)  # embedded below, by the server's batched model calls
     elif fields.get("id") is not None or fields.get("key") is not None:
-        self_id = _item_of(view, fields.get("id"), fields.get("key"))
-        query = view.item_vector(self_id)
+        query = ItemQuery(_item_of(view, fields.get("id"), fields.get("key")))
     else:
         try:
-            query = check_vector(view.gallery, fields["vector"])
+            query = VectorQuery(check_vector(view.gallery, fields["vector"]))
         except NearsightError as error:  # the wrong length, zeros: a bad field
             raise ApiError(422, f"vector: {error}") from None
+    asked = SearchRequest(query, fields["k"], fields.get("filter"), spec, fields["offset"],
+                          fields["group_by"], fields["group_size"], gallery=view.name)  # fmt: skip
+    limits = Limits(max_filter_conditions=state.max_filter_conditions)
+    heavy = bool(asked.filters) or spec.active or asked.group_by is not None
+
+    def work(checked: CheckedRequest | None, embedded: EmbeddedQuery | None) -> SearchResults:
+        """The request checked (in a worker thread: filters are parsed here), and run."""
+        if checked is None:
+            checked = view.check(asked, limits)
+        return view.run(checked if embedded is None else checked.with_query(embedded))
+
+    if image is not None:
+        then = None if heavy else work
+        checked, embedded, done = await _embed_upload(image, view, state, asked, limits, then)
+    else:
+        checked, embedded, done = None, None, None
     if done is None:
-        args = (query, self_id, side)
         gate = state.heavy if heavy else state.plain  # every search waits its turn, fairly
-        done = await gate.run(lambda: work(*args))
-    filtered, found = done
+        done = await gate.run(lambda: work(checked, embedded))
+    found: SearchResults = done
 
     def shown(hit: Any) -> dict[str, Any]:
         return hit.as_json() | {"image_url": image_url(request, view.name, hit.id)}
 
     groups = None
-    if page.group_by is not None:
+    if found.groups is not None:
         groups = [{"value": g.value, "count": g.count,
-                   "neighbours": [shown(hit) for hit in g.neighbours]} for g in found]  # fmt: skip
-        found = [hit for g in found for hit in g.neighbours]
+                   "neighbours": [shown(hit) for hit in g.neighbours]} for g in found.groups]  # fmt: skip
     return {
         "gallery": view.name,
-        "k": k,
+        "k": asked.k,
         "rerank": spec.shown,
-        "notes": [*filtered.notes, *route_notes],
-        "offset": page.offset,
-        "group_by": page.group_by,
+        "notes": found.notes,
+        "offset": asked.offset,
+        "group_by": asked.group_by,
         "groups": groups,
         "neighbours": [shown(n) for n in found],
     }
@@ -244,19 +246,27 @@ def _checked(raw: dict[str, Any]) -> dict[str, Any]:
     return fields
 
 
+class _Preprocessing(Protocol):
+    """A served embedder: it turns a decoded image into the model's input."""
+
+    def preprocess(self, image: Any) -> np.ndarray: ...
+
+
 async def _embed_upload(
     upload: UploadFile,
     view: ServedGallery,
     state: RestState,
-    spec: RerankSpec,
-    then: Callable[[Any, int | None, None], Any] | None = None,
-) -> tuple[Any, int | None, np.ndarray | None, Any]:
-    """The upload's query vector, the gallery item it is when its bytes are an item's, its
-    stage features [1, F] when ``spec`` is a re-ranker that takes them (then the vector and
-    the features come from one run of the gallery's stage model, in the pool of re-ranked
-    searches, not the embedding batcher), and ``then(vector, item, None)``'s answer when the
-    decoding thread found the model idle, embedded the upload itself and so ran ``then`` too
-    (None otherwise: the caller runs it)."""
+    asked: SearchRequest,
+    limits: Limits,
+    then: Callable[[CheckedRequest, EmbeddedQuery], Any] | None = None,
+) -> tuple[CheckedRequest, EmbeddedQuery, Any]:
+    """The request checked (in the decoding thread, before the decode: bad input costs no
+    decoding), the upload embedded as an EmbeddedQuery (its vector; the gallery item it is
+    when its bytes are an item's; its stage features [1, F] when the request's re-ranker takes
+    them: then the vector and the features come from one run of the gallery's stage model, in
+    the pool of re-ranked searches, not the embedding batcher), and ``then(checked,
+    embedded)``'s answer when the decoding thread found the model idle, embedded the upload
+    itself and so ran ``then`` too (None otherwise: the caller runs it)."""
     max_bytes = state.max_upload_bytes
     data = await upload.read(max_bytes + 1)
     if len(data) > max_bytes:
@@ -264,61 +274,64 @@ async def _embed_upload(
         raise ApiError(413, f"the upload is larger than the server's limit ({limit:g} MB)")
     name = echo(upload.filename or "<upload>")
     batcher = state.batchers[id(view.embedder)]
-    pairwise = spec.method == "pairwise"
     submitted: list[Future] = []
+    checks: list[CheckedRequest] = []
 
-    def prepare() -> tuple[Any, int | None, Any]:
-        """(vector, twin, then's answer) or, not yet embedded, (model input, None, None)."""
+    def prepare() -> tuple[EmbeddedQuery | np.ndarray, Any]:
+        """(the embedded query, then's answer) or, not yet embedded, (model input, None)."""
+        checked = view.check(asked, limits)
+        checks.append(checked)
         twins: list[int | None] = []
 
         def find_twin() -> None:  # while the box decodes: the hash is off the critical path
             twins.append(view.identical_item(hashlib.sha256(data).hexdigest()))
 
         embedder = view.embedder
+        failed: ImageLoadError | None = None
         try:
             # in the decode box: this process only ever holds the fitted pixels
             fitted = fit_bytes(
                 data, name, embedder.resize, embedder.spec.interpolation, meanwhile=find_twin
             )
         except ImageLoadError as error:
-            fitted, failed = None, error
+            failed = error
         if not twins:
             find_twin()
         if twins[0] is not None:  # a gallery item's own file: searched as that item
-            twin = twins[0]
-            vector = view.item_vector(twin)
-            return vector, twin, None if then is None else then(vector, twin, None)
-        if fitted is None:
+            embedded = EmbeddedQuery(view.item_vector(twins[0]), twins[0])
+            return embedded, None if then is None else then(checked, embedded)
+        if failed is not None:
             raise ApiError(415, one_line(str(failed))) from None
-        model_input = embedder.preprocess(fitted.image)
-        if pairwise:
-            return model_input, None, None
+        model_input = cast(_Preprocessing, embedder).preprocess(fitted.image)
+        if checked.reranker.takes_query_features:
+            return model_input, None
         vector = batcher.embed_now(model_input)  # a lone request: no trip to the batcher
         if vector is not None:
-            return vector, None, None if then is None else then(vector, None, None)
+            embedded = EmbeddedQuery(vector)
+            return embedded, None if then is None else then(checked, embedded)
         submitted.append(_submit(batcher, model_input))  # straight from this thread
-        return model_input, None, None
+        return model_input, None
 
     try:
-        query, twin, done = await state.decoding.run(prepare)
+        query, done = await state.decoding.run(prepare)
     except BaseException:  # cancelled (a deadline, a client gone) after the thread submitted
         for future in submitted:
             future.cancel()  # the batcher skips it
         raise
-    if twin is not None or (not submitted and not pairwise):
-        return query, twin, None, done
-    if pairwise:
-        model_input = query
+    checked = checks[0]
+    if isinstance(query, EmbeddedQuery):
+        return checked, query, done
+    if submitted:
+        return checked, EmbeddedQuery(await asyncio.wrap_future(submitted[0])), None
+    model_input = query
 
-        def with_stage() -> tuple[np.ndarray, np.ndarray] | None:
-            stage = view.stage_model(spec)  # a one-line error (400) when the gallery has none
-            return None if stage is None else stage.embed_with_stage(model_input[None])
+    def with_stage() -> tuple[np.ndarray, np.ndarray]:
+        stage = view.stage_model(checked.reranker)  # a one-line error (400) without one
+        assert stage is not None  # the re-ranker takes stage features
+        return stage.embed_with_stage(model_input[None])
 
-        both = await state.heavy.run(with_stage)
-        if both is not None:
-            return both[0][0], None, both[1], None
-        submitted.append(_submit(batcher, model_input))
-    return await asyncio.wrap_future(submitted[0]), None, None, None
+    vectors, features = await state.heavy.run(with_stage)
+    return checked, EmbeddedQuery(vectors[0], None, features), None
 
 
 def _submit(batcher: EmbedBatcher, model_input: np.ndarray) -> Future:
