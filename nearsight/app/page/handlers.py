@@ -27,6 +27,7 @@ from nearsight.app.page.inputs import (
     rerank_toggle,
     toggled_rerank,
 )
+from nearsight.app.page.products import grid_of, grid_request
 from nearsight.app.page.tables import (
     FAILURE_ROWS,
     changes_frame,
@@ -48,7 +49,6 @@ from nearsight.search.request import ImageQuery, ItemQuery, Limits, SearchReques
 from nearsight.search.rerank.changes import MAX_COMPARED_ITEMS, rerank_changes
 from nearsight.search.results import SearchResults
 from nearsight.search.route import NO_FILTER
-from nearsight.search.served import Neighbour
 from nearsight.search.verdicts import thumbnail_uri
 
 MAX_K = 64
@@ -135,10 +135,10 @@ class Page:
             view = self.view(gallery)
             asked = SearchRequest(ImageQuery(image), DEFAULT_K if k is None else k,
                                   gallery=view.name)  # fmt: skip
-            checked = view.check(asked, self.limits)
+            checked = view.check(grid_request(view, asked), self.limits)
             query = self.read_upload(image, view.embedder)
             found = view.run(checked.with_query(ImageQuery(query)))
-            return json.dumps([n.as_json() for n in found])
+            return json.dumps([n.as_json() for n in grid_of(found)])
 
     def image_changed(
         self,
@@ -172,7 +172,7 @@ class Page:
                                   self.rerank_spec(view, rerank), label=label,
                                   gallery=view.name)  # fmt: skip
             try:
-                checked = view.check(asked, self.limits)
+                checked = view.check(grid_request(view, asked), self.limits)
                 query = self.read_upload(image_path, view.embedder)
                 found = view.run(checked.with_query(ImageQuery(query)))
             except FilterError as error:  # no stale grid under a filter that was not applied
@@ -208,7 +208,7 @@ class Page:
                                   self.rerank_spec(view, rerank), leave_out=True,
                                   gallery=view.name)  # fmt: skip
             try:
-                found = view.run(asked, self.limits)
+                found = view.run(grid_request(view, asked), self.limits)
             except FilterError as error:  # no stale grid under a filter that was not applied
                 return no_search(error), filter_error(error), state
             label = view.label_of(item)
@@ -225,7 +225,7 @@ class Page:
             return grid, filter_note(filters, found.notes), state
 
     def _render(self, view: GalleryView, card: QueryCard, found: SearchResults) -> str:
-        neighbours: list[Neighbour] = list(found)
+        neighbours = grid_of(found)  # one card per product where the gallery groups by one
         filtered = found.filtered or NO_FILTER
         return result_html(
             card,

@@ -11,10 +11,10 @@ click searches each shown page again by its offset (the grid is not kept on the 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import gradio as gr
-import numpy as np
 
 from nearsight.app.page.handlers import Page
 from nearsight.app.page.html import QueryCard, result_html, title_columns
@@ -27,11 +27,19 @@ from nearsight.app.page.inputs import (
     no_search,
     page_errors,
 )
-from nearsight.app.page.products import grid_hits
+from nearsight.app.page.products import grid_of, grid_request
 from nearsight.app.page.view import GalleryView
 from nearsight.data.meta import FilterError
 from nearsight.search.neighbour import Neighbour
-from nearsight.search.rerank.spec import RerankSpec
+from nearsight.search.request import (
+    CheckedQuery,
+    CheckedRequest,
+    EmbeddedQuery,
+    ImageQuery,
+    ItemQuery,
+    SearchRequest,
+)
+from nearsight.search.route import NO_FILTER
 from nearsight.search.verdicts import thumbnail_uri
 
 MAX_SHOWN = 256  # cards one grid may grow to (each carries an inline thumbnail)
@@ -64,21 +72,27 @@ class More:
             if pages * k > MAX_SHOWN:
                 raise PageError(f"the grid shows at most {MAX_SHOWN} cards: search again, or "
                                 "narrow the search with a filter")  # fmt: skip
+            item = state["kind"] == "item"
+            asked = grid_request(view, SearchRequest(
+                ItemQuery(int(state["id"])) if item else ImageQuery(image_path), k,
+                filters or None, page.rerank_spec(view, rerank), leave_out=item,
+                gallery=view.name))  # fmt: skip
             try:
-                filtered = view.filtered(filters, page.max_filter_conditions)
+                checked = view.check(asked, page.limits)
+                card, query = self._query(view, state, image_path, query_class, checked)
+                hits: list[Neighbour] = []
+                notes: list[str] = []
+                for number in range(pages):  # page N: offset N*k, as the long search ranks it
+                    shown = view.check(replace(asked, offset=number * k), page.limits)
+                    answer = view.run(shown.with_query(query))
+                    found = grid_of(answer)
+                    hits += found
+                    notes += [note for note in answer.notes if note not in notes]
+                    if len(found) < k:  # the search has no more
+                        break
             except FilterError as error:
                 return no_search(error), filter_error(error), state
-            spec = page.rerank_spec(view, rerank)
-            spec = view.rerank if spec is None else spec
-            card, vector, route = self._query(view, state, image_path, query_class, spec)
-            notes = list(filtered.notes)
-            hits: list[Neighbour] = []
-            for number in range(pages):  # page N: offset N*k, as the long search ranks it
-                found = grid_hits(view, vector, k, number * k, allowed=filtered.allowed,
-                                  rerank=spec, notes=notes, **route)  # fmt: skip
-                hits += found
-                if len(found) < k:  # the search has no more
-                    break
+            filtered = answer.filtered or NO_FILTER
             grid = result_html(
                 card,
                 hits,
@@ -103,10 +117,11 @@ class More:
         state: dict,
         image_path: str | bytes | None,
         query_class: str | None,
-        spec: RerankSpec,
-    ) -> tuple[QueryCard, np.ndarray, dict[str, Any]]:
-        """The grid's query card, its vector and the route's arguments for it, as the first
-        page had them (nearsight/app/page/handlers.py: ``upload_grid``, ``item_grid``)."""
+        checked: CheckedRequest,
+    ) -> tuple[QueryCard, CheckedQuery]:
+        """The grid's query card and its query as every page searches it (an upload embedded
+        once), as the first page had them (nearsight/app/page/handlers.py: ``upload_grid``,
+        ``item_grid``)."""
         if state["kind"] == "item":
             item = int(state["id"])
             label = view.label_of(item)
@@ -119,9 +134,9 @@ class More:
                 item_id=item,
                 key=key_of(view, item),
             )
-            return card, view.item_vector(item), {"exclude_id": item}
+            return card, checked.query
         query = self.page.read_upload(image_path, view.embedder)
-        vector, twin, side = view.query_embedding(query, spec)
+        vector, twin, side = view.query_embedding(query, checked.reranker)
         label = label_value(query_class)
         note = ""
         if twin is not None:
@@ -136,4 +151,4 @@ class More:
             kind="upload",
             note=note,
         )
-        return card, vector, {"self_id": twin, "query_side": side}
+        return card, EmbeddedQuery(vector, twin, side)

@@ -9,14 +9,18 @@ the same search, filters and re-ranking included: the searcher's offset does the
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, fields
 
 import numpy as np
 
 from nearsight.data.meta import MetaValue
+from nearsight.search.groups import Group
 from nearsight.search.neighbour import Neighbour
 from nearsight.search.paging import check_page
+from nearsight.search.request import SearchRequest
 from nearsight.search.rerank.spec import RerankSpec
+from nearsight.search.results import SearchResults
 from nearsight.search.served import ServedGallery
 
 _NEIGHBOUR_FIELDS = tuple(f.name for f in fields(Neighbour))
@@ -62,9 +66,27 @@ def grid_hits(
         (found,) = view.search_vectors(vectors, k, offset=offset, **route)
         return list(found)
     (groups,) = view.search_page(vectors, k, check_page(view.gallery, offset, column), **route)
-    hits: list[Neighbour] = []
-    for group in groups:
-        best = group.neighbours[0]
-        same = {name: getattr(best, name) for name in _NEIGHBOUR_FIELDS}
-        hits.append(ProductHit(**same, group=group.value, photos=group.count))
-    return hits
+    return [_product(group) for group in groups]
+
+
+def grid_request(view: ServedGallery, request: SearchRequest) -> SearchRequest:
+    """``request`` as the page's grid asks it: grouped by the gallery's group column, one
+    photo a product, where the gallery records one."""
+    column = view.group_column
+    if column is None:
+        return request
+    return dataclasses.replace(request, group_by=column, group_size=1)
+
+
+def grid_of(found: SearchResults) -> list[Neighbour]:
+    """The grid's cards of an answer to a :func:`grid_request`: its hits, or each product's
+    best photo as a :class:`ProductHit`."""
+    if found.groups is None:
+        return list(found)
+    return [_product(group) for group in found.groups]
+
+
+def _product(group: Group) -> ProductHit:
+    best = group.neighbours[0]
+    same = {name: getattr(best, name) for name in _NEIGHBOUR_FIELDS}
+    return ProductHit(**same, group=group.value, photos=group.count)
