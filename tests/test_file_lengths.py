@@ -7,10 +7,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 400
-# over the limit while other branches split them; the lead empties this list on merging them
-SPLITTING = {
-    "nearsight/app/page/layout.py",
-}
 
 
 def line_counts(root: Path = ROOT) -> dict[str, int]:
@@ -23,15 +19,7 @@ def line_counts(root: Path = ROOT) -> dict[str, int]:
 
 def test_no_module_is_over_the_line_limit():
     over = {path: count for path, count in line_counts().items() if count > MAX_LINES}
-    unexpected = {path: count for path, count in over.items() if path not in SPLITTING}
-    assert not unexpected, f"over {MAX_LINES} lines (split along a real seam): {unexpected}"
-
-
-def test_the_allow_list_holds_only_modules_still_over_the_limit():
-    """A module split since (or gone) leaves the list, so the list only ever shrinks."""
-    counts = line_counts()
-    done = sorted(path for path in SPLITTING if counts.get(path, 0) <= MAX_LINES)
-    assert not done, f"no longer over {MAX_LINES} lines: remove from SPLITTING: {done}"
+    assert not over, f"over {MAX_LINES} lines (split along a real seam): {over}"
 
 
 def test_the_count_sees_a_long_module(tmp_path):

@@ -39,6 +39,12 @@ from typing import Any
 
 import gradio as gr
 
+from nearsight.app.page.analysis_tabs import (
+    analysis_outputs,
+    failures_tab_layout,
+    summary_tab_layout,
+    wire_failures_tab,
+)
 from nearsight.app.page.facets_box import facet_dropdown, wire_facets
 from nearsight.app.page.gated import PageGates
 from nearsight.app.page.handlers import ANY_CLASS, DEFAULT_K, MAX_K, UNKNOWN_CLASS, Page
@@ -48,10 +54,6 @@ from nearsight.app.page.inspect_tab import inspect_tab
 from nearsight.app.page.map_tab import MapTab, map_tab_layout, wire_map_tab
 from nearsight.app.page.more import More
 from nearsight.app.page.tables import (
-    CHANGE_COLUMNS,
-    FAILURE_COLUMNS,
-    FAILURE_TYPES,
-    PAIR_COLUMNS,
     gallery_header,
 )
 from nearsight.app.page.view import GalleryView
@@ -217,68 +219,12 @@ def build_app(
                     )
                     more_button = gr.Button("More", size="sm", elem_id="ns-more")
 
-            with gr.Tab("Failures", id="failures"):
-                failure_info = gr.Markdown("Computing the leave-one-out failures...")
-                failure_table = gr.Dataframe(
-                    headers=FAILURE_COLUMNS,
-                    datatype=FAILURE_TYPES,
-                    interactive=False,
-                    label="Queries whose top-1 is of another class (leave-one-out)",
-                    max_height=360,
-                    wrap=True,
-                    elem_id="ns-failures",
-                )
-                all_button = gr.Button("Show all failures", size="sm", elem_id="ns-all-failures")
-                failure_results = gr.HTML(
-                    message_html("Select a row of the failure table to see its grid."),
-                    elem_id="ns-failure-results",
-                    js_on_load=None,
-                )
-                with gr.Accordion("What re-ranking changes", open=False):
-                    changes_button = gr.Button(
-                        "List the queries re-ranking fixes and breaks",
-                        size="sm",
-                        elem_id="ns-rerank-changes",
-                    )
-                    changes_info = gr.Markdown(elem_id="ns-changes-info")
-                    changes_table = gr.Dataframe(
-                        headers=CHANGE_COLUMNS,
-                        interactive=False,
-                        max_height=300,
-                        wrap=True,
-                        elem_id="ns-changes",
-                    )
-                pairs_table = gr.Dataframe(
-                    headers=PAIR_COLUMNS,
-                    interactive=False,
-                    label="Class pairs most often confused (select one to list its failures)",
-                    max_height=300,
-                    wrap=True,
-                    elem_id="ns-pairs",
-                )
+            failures = failures_tab_layout()
 
             map_parts = map_tab_layout()
             inspect_tab(page, gallery_choice, k_slider)
 
-            with gr.Tab("Summary", id="summary"):
-                summary = gr.Markdown("Computing the leave-one-out evaluation...")
-                metrics_table = gr.Dataframe(
-                    headers=["metric", "value"],
-                    interactive=False,
-                    label="Recall@k, NMI, MAP@R (leave-one-out, stored embeddings)",
-                    elem_id="ns-metrics",
-                )
-                distance_plot = gr.LinePlot(
-                    x="distance",
-                    y="density",
-                    color="pairs",
-                    color_map={"matching": "#16a34a", "non-matching": "#dc2626"},
-                    title="Distances of matching vs non-matching pairs (RankMI, Fig. 1)",
-                    x_title="Euclidean distance between embeddings",
-                    y_title="density",
-                    height=320,
-                    elem_id="ns-distances",
-                )
+            summary = summary_tab_layout()
 
         # the documented API: image file in, JSON neighbours out (hidden from the page)
         with gr.Row(visible=False):
@@ -367,50 +313,17 @@ def build_app(
         gallery_outputs = [
             query_class, pick_class, header, results, status, state, filter_box, item_id,
         ]  # fmt: skip
-        analysis_out = [
-            failure_table,
-            pairs_table,
-            failure_info,
-            failure_results,
-            summary,
-            metrics_table,
-            distance_plot,
-        ]
         for trigger in (demo.load, gallery_choice.change):
             trigger(
                 page.gallery_changed, gallery_choice, gallery_outputs, **private, queue=False
-            ).then(page.analysis_outputs, gallery_choice, analysis_out, **private).then(
-                maps.outputs, [gallery_choice, map_parts.method], map_parts.outputs, **private
-            )
+            ).then(
+                page.analysis_outputs,
+                gallery_choice,
+                analysis_outputs(failures, summary),
+                **private,
+            ).then(maps.outputs, [gallery_choice, map_parts.method], map_parts.outputs, **private)
         wire_map_tab(map_parts, maps, page, gallery_choice, k_slider, private)
-        failure_table.select(
-            page.failure_selected,
-            [gallery_choice, k_slider],
-            failure_results,
-            api_name="failure_selected",
-            **private,
-        )
-        pairs_table.select(
-            page.pair_selected,
-            [gallery_choice, k_slider],
-            [failure_table, failure_info, failure_results],
-            api_name="pair_selected",
-            **private,
-        )
-        changes_button.click(
-            page.rerank_changes,
-            gallery_choice,
-            [changes_table, changes_info],
-            api_name="rerank_changes",
-            **private,
-        )
-        all_button.click(
-            page.all_failures,
-            gallery_choice,
-            [failure_table, failure_info],
-            api_name="all_failures",
-            **private,
-        )
+        wire_failures_tab(failures, page, gallery_choice, k_slider, private)
 
     # api_open=False: Gradio's /run/ routes would run a queued event at once, past the gates;
     # every client joins the queue. Its size bounds what no gate holds (the gated events move
