@@ -30,7 +30,7 @@ from concurrent.futures import Future
 from typing import Annotated, Any, Protocol, cast
 
 import numpy as np
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
@@ -94,9 +94,7 @@ _BODY = {
     responses=ERRORS,  # type: ignore[arg-type]
     openapi_extra=_BODY,
 )
-async def search(
-    request: Request, state: Annotated[RestState, Depends(rest_state)]
-) -> dict[str, Any]:
+async def search(request: Request, state: Annotated[RestState, Depends(rest_state)]) -> Response:
     """The k nearest gallery items of an image, an item (by ``id`` or ``key``) or a vector."""
     fields, image = await _read_body(request)
     present = [name for name in QUERY_FIELDS if (image if name == "image" else fields.get(name))
@@ -125,11 +123,35 @@ async def search(
     limits = Limits(max_filter_conditions=state.max_filter_conditions)
     heavy = bool(asked.filters) or spec.active or asked.group_by is not None
 
-    def work(checked: CheckedRequest | None, embedded: EmbeddedQuery | None) -> SearchResults:
-        """The request checked (in a worker thread: filters are parsed here), and run."""
+    def answer(found: SearchResults) -> Response:
+        """The answer, checked against its schema and written as JSON by the worker thread
+        that searched: a k=1000 answer's rows cost the event loop nothing."""
+
+        def shown(hit: Any) -> dict[str, Any]:
+            return hit.as_json() | {"image_url": image_url(request, view.name, hit.id)}
+
+        groups = None
+        if found.groups is not None:
+            groups = [{"value": g.value, "count": g.count,
+                       "neighbours": [shown(hit) for hit in g.neighbours]} for g in found.groups]  # fmt: skip
+        body = SearchAnswer.model_validate({
+            "gallery": view.name,
+            "k": asked.k,
+            "rerank": spec.shown,
+            "notes": found.notes,
+            "offset": asked.offset,
+            "group_by": asked.group_by,
+            "groups": groups,
+            "neighbours": [shown(n) for n in found],
+        })  # fmt: skip
+        return Response(body.model_dump_json(), media_type="application/json")
+
+    def work(checked: CheckedRequest | None, embedded: EmbeddedQuery | None) -> Response:
+        """The request checked (in a worker thread: filters are parsed here), run, and its
+        answer written."""
         if checked is None:
             checked = view.check(asked, limits)
-        return view.run(checked if embedded is None else checked.with_query(embedded))
+        return answer(view.run(checked if embedded is None else checked.with_query(embedded)))
 
     if image is not None:
         then = None if heavy else work
@@ -139,25 +161,7 @@ async def search(
     if done is None:
         gate = state.heavy if heavy else state.plain  # every search waits its turn, fairly
         done = await gate.run(lambda: work(checked, embedded))
-    found: SearchResults = done
-
-    def shown(hit: Any) -> dict[str, Any]:
-        return hit.as_json() | {"image_url": image_url(request, view.name, hit.id)}
-
-    groups = None
-    if found.groups is not None:
-        groups = [{"value": g.value, "count": g.count,
-                   "neighbours": [shown(hit) for hit in g.neighbours]} for g in found.groups]  # fmt: skip
-    return {
-        "gallery": view.name,
-        "k": asked.k,
-        "rerank": spec.shown,
-        "notes": found.notes,
-        "offset": asked.offset,
-        "group_by": asked.group_by,
-        "groups": groups,
-        "neighbours": [shown(n) for n in found],
-    }
+    return cast(Response, done)
 
 
 def _item_of(view: ServedGallery, item_id: int | None, key: str | None) -> int:
