@@ -45,7 +45,7 @@ from typing import Any, cast
 import faiss
 import numpy as np
 
-from nearsight.index.ann import filter_plan
+from nearsight.index.ann import coarse, filter_plan
 from nearsight.index.ann.faiss_index import IVF_TYPES, PQ_TYPES
 from nearsight.index.ann.filter_plan import TARGET_RECALL, Costs, Rule
 from nearsight.index.ann.filtered_exact import (  # the exact way, here for its callers
@@ -57,7 +57,7 @@ from nearsight.index.ann.filtered_exact import (  # the exact way, here for its 
 from nearsight.index.ann.filtered_exact import rows_in as rows_in  # Gallery's, re-exported
 from nearsight.index.ann.tuning import refine, refine_candidates
 
-# "exact" / "index": every filtered query that way (tests and bench/filtered_search.py compare
+# "exact" / "index" / "coarse": every filtered query that way (tests and bench/filtered_search.py compare
 # the two ways); None: the plan's choice
 FORCE: str | None = None
 CODES_ONLY_NOTE = (
@@ -77,6 +77,7 @@ class FilterState:
     calibrate: Callable[[], Costs] | None = None
     list_of: np.ndarray | None = None  # list number by id (-1: none)
     list_sizes: np.ndarray | None = None
+    partition: coarse.Partition | None = None  # HNSW: the stored coarse partition, if any
     last: dict[str, Any] = field(default_factory=dict)
     history: filter_plan.PlanHistory = field(default_factory=filter_plan.PlanHistory)
 
@@ -124,15 +125,25 @@ def search_allowed(
     state = state or FilterState()
     walk = np.zeros(len(queries), bool)
     plan: Any = None
+    # HNSW with a stored partition: the exact way reads only the lists nearest the query
+    # (nearsight.index.ann.coarse), where that reads well under the allowed items
+    partition = state.partition if index_type == "hnsw" and FORCE != "exact" else None
+    near: coarse.CoarsePlan | None = None
+    if partition is not None and (FORCE == "coarse" or (
+            total >= filter_plan.MIN_PLAN_ITEMS and partition.can_pay(len(allowed)))):  # fmt: skip
+        near = partition.plan(queries, allowed, depth)
     walkable = index_type == "hnsw" or index_type in IVF_TYPES
-    if walkable and FORCE != "exact" and (total >= filter_plan.MIN_PLAN_ITEMS or FORCE):
+    if walkable and FORCE not in ("exact", "coarse") and (
+            total >= filter_plan.MIN_PLAN_ITEMS or FORCE):  # fmt: skip
         costs = state.machine_costs()
         exact_ms, count = costs.exact(len(allowed)), len(allowed)
+        if near is not None:  # per query, the cheaper exact way
+            exact_ms = np.minimum(exact_ms, coarse_ms(costs, near, count))
         narrowest = costs.gate + costs.plan + costs.walk(narrowest_walk(index_type, meta, total),
                                                          count)  # fmt: skip
         # the filter's history, where a plan can pay at all (FORCE is None or "index" here)
         key = (filter_plan.PlanHistory.key(allowed, total)
-               if not FORCE and exact_ms > narrowest else None)  # fmt: skip
+               if not FORCE and np.max(exact_ms) > narrowest else None)  # fmt: skip
         if FORCE == "index" or (key and state.history.worth_planning(key, len(queries))):
             gate = None
             if index_type == "hnsw" and key:
@@ -152,15 +163,29 @@ def search_allowed(
         walk[:] = False
     inner = np.full((len(queries), depth), -np.inf, np.float32)
     found = np.full((len(queries), depth), -1, np.int64)
-    if (~walk).any():
-        inner[~walk], found[~walk] = exact_search(queries[~walk], vectors_of, allowed, depth,
+    lists = np.zeros(len(queries), bool)
+    if near is not None and FORCE != "index":
+        costs = state.machine_costs()
+        lists = ~walk & (FORCE == "coarse" or
+                         coarse_ms(costs, near, len(allowed)) < costs.exact(len(allowed)))  # fmt: skip
+    if lists.any():
+
+        def scan(rows: np.ndarray, ids: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
+            return exact_search(rows, vectors_of, ids, depth, rows_of)
+
+        assert partition is not None and near is not None
+        inner[lists], found[lists] = coarse.scan(partition, near, np.flatnonzero(lists),
+                                                 queries, allowed, depth, scan)  # fmt: skip
+    plain = ~walk & ~lists
+    if plain.any():
+        inner[plain], found[plain] = exact_search(queries[plain], vectors_of, allowed, depth,
                                                   rows_of)  # fmt: skip
     if walk.any():
         got = walk_index(index, index_type, queries, depth, allowed, vectors_of, plan, walk,
                          Rule.from_meta(meta).refine)  # fmt: skip
         inner[walk], found[walk] = complete_rows(*got, queries[walk], vectors_of, allowed,
                                                  rows_of)  # fmt: skip
-    info.update(exact=int((~walk).sum()), index=int(walk.sum()))
+    info.update(exact=int(plain.sum()), index=int(walk.sum()), coarse=int(lists.sum()))
     rule = Rule.from_meta(meta)
     # a rule tuned to a lower target (a gallery built before it was raised) or that stayed
     # under it: the walks' measured recall is what is known
@@ -171,6 +196,12 @@ def search_allowed(
         )
     state.last = info
     return inner, found
+
+
+def coarse_ms(costs: Costs, near: coarse.CoarsePlan, allowed: int) -> np.ndarray:
+    """Per query, the cost of reading the planned lists: an exact search of the items read,
+    with a pass over every allowed id (its list) as a walk's selector makes."""
+    return np.asarray(costs.exact(near.scanned)) + costs.walk_per_allowed * allowed
 
 
 def narrowest_walk(index_type: str, meta: dict[str, Any], total: int) -> float:

@@ -1,0 +1,212 @@
+"""A coarse partition stored with an HNSW gallery, for the exact way of its filtered searches.
+
+Where a filter's allowed items lie away from the query (a category far from the photo's own,
+a region of the space), HNSW's filtered walk cannot promise the recall target and the query is
+searched exactly over every allowed item (nearsight.index.ann.filtered). With a partition, that
+scan reads only the allowed items of the lists nearest the query: an IVF-Flat walk over the
+stored float vectors restricted to the allowed ids (FAISS's IVF search with an IDSelector and
+``SearchParametersIVF``, with the lists ordered by the query's inner product with their
+centroids and the count of allowed items in each known before any is read, as Qdrant plans from
+its payload index's cardinalities), then the exact top-k of what it read.
+
+The partition: spherical k-means centroids (about sqrt(N) lists) and each item's list, no
+second copy of the vectors, in ``partition.npz`` beside the index (:func:`partition_for` at
+build, tuned there; :func:`read_partition` on open). A query reads the lists holding allowed
+items, nearest first, until they hold ``beta x`` the mean list's size of allowed items (and at
+least the depth asked); ``beta`` is the smallest of BETAS for which those scans reach
+filter_plan.TARGET_RECALL on the build's held-out queries under every tuning filter of
+filter_tuning.tuning_filters. No beta reaching it: no partition is stored. Items added after the
+build are in no list and always read; a gallery without the file searches as before.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+from nearsight.index.ann.filter_plan import TARGET_RECALL
+from nearsight.index.ann.tuning import TUNING_K, recall_at_k
+
+PARTITION_FILE = "partition.npz"
+BETAS = (4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
+MIN_LISTS = 8
+KMEANS_ITERATIONS = 10
+KMEANS_POINTS_PER_LIST = 64  # k-means trains on a sample of this many items per list
+BLOCK = 65_536  # items assigned at a time
+# (queries [1, D], sorted ids, depth) -> their exact top: filtered_exact.exact_search, bound
+ExactSearch = Callable[[np.ndarray, np.ndarray, int], tuple[np.ndarray, np.ndarray]]
+
+
+@dataclass
+class Partition:
+    """``centroids`` [nlist, D]; ``list_of``: each id's list (index = id, -1: none);
+    ``beta``: the tuned rule; ``tuned_recall``: the recall@10 it gave at build."""
+
+    centroids: np.ndarray
+    list_of: np.ndarray
+    beta: float = BETAS[-1]
+    tuned_recall: float | None = None
+
+    @property
+    def nlist(self) -> int:
+        return len(self.centroids)
+
+    def mean_list(self) -> float:
+        return max(1.0, float((self.list_of >= 0).sum()) / self.nlist)
+
+    def can_pay(self, allowed: int) -> bool:
+        """Whether a scan of the nearest lists reads well under the allowed count."""
+        return 2 * self.beta * self.mean_list() < allowed
+
+    def plan(self, queries: np.ndarray, allowed: np.ndarray, depth: int) -> CoarsePlan:
+        """Per query, the lists to read (nearest first, holding allowed items, until they
+        hold ``beta x mean list`` of them and at least ``depth``) and how many items that is."""
+        lists = self.lists(allowed)
+        held = np.bincount(lists, minlength=self.nlist + 1)
+        scores = np.asarray(queries, np.float32) @ self.centroids.T
+        order = np.argsort(-scores, axis=1)
+        covered = np.cumsum(held[order], axis=1)
+        target = max(self.beta * self.mean_list(), float(depth))
+        count = np.minimum((covered < target).sum(axis=1) + 1, self.nlist)
+        scanned = covered[np.arange(len(order)), count - 1] + held[self.nlist]
+        return CoarsePlan(lists, order, count, scanned.astype(np.int64))
+
+    def lists(self, allowed: np.ndarray) -> np.ndarray:
+        """Each allowed id's list; nlist for ids in none (added after the build)."""
+        out = np.full(len(allowed), self.nlist, np.int64)
+        known = allowed < len(self.list_of)
+        out[known] = self.list_of[allowed[known]]
+        out[out < 0] = self.nlist
+        return out
+
+
+@dataclass
+class CoarsePlan:
+    lists: np.ndarray  # each allowed id's list (nlist: always read)
+    order: np.ndarray  # [Q, nlist] the lists, nearest first
+    count: np.ndarray  # [Q] how many of them each query reads
+    scanned: np.ndarray  # [Q] the allowed items each query reads
+
+    def ids(self, query: int, allowed: np.ndarray) -> np.ndarray:
+        """The sorted allowed ids query ``query`` reads."""
+        chosen = np.zeros(self.order.shape[1] + 1, bool)
+        chosen[self.order[query, : self.count[query]]] = True
+        chosen[-1] = True
+        return allowed[chosen[self.lists]]
+
+
+def build_partition(vectors: np.ndarray, ids: np.ndarray, seed: int = 0) -> Partition:
+    """Spherical k-means of ``vectors`` (row i: id ``ids[i]``) into about sqrt(N) lists, and
+    each item's list (untuned: the widest rule)."""
+    count, dim = vectors.shape
+    nlist = max(MIN_LISTS, round(math.sqrt(count)))
+    nlist = min(nlist, max(1, count // 4))
+    rng = np.random.default_rng(seed)
+    most = nlist * KMEANS_POINTS_PER_LIST
+    rows = np.sort(rng.choice(count, most, replace=False)) if count > most else np.arange(count)
+    kmeans = faiss.Kmeans(dim, nlist, niter=KMEANS_ITERATIONS, seed=seed, spherical=True,
+                          max_points_per_centroid=KMEANS_POINTS_PER_LIST)  # fmt: skip
+    kmeans.train(np.ascontiguousarray(vectors[rows], np.float32))
+    assigned = np.concatenate([
+        kmeans.index.search(np.ascontiguousarray(vectors[start : start + BLOCK], np.float32),
+                            1)[1][:, 0]
+        for start in range(0, count, BLOCK)
+    ])  # fmt: skip
+    list_of = np.full(int(ids.max()) + 1 if len(ids) else 0, -1, np.int32)
+    list_of[ids] = assigned
+    return Partition(np.ascontiguousarray(kmeans.centroids, np.float32), list_of)
+
+
+def scan(
+    partition: Partition,
+    plan: CoarsePlan,
+    rows: np.ndarray,
+    queries: np.ndarray,
+    allowed: np.ndarray,
+    depth: int,
+    search: ExactSearch,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(inner products, ids) [len(rows), depth]: the exact top ``depth`` of what each query
+    of ``rows`` (positions in ``queries``) reads, by ``search`` (filtered_exact.exact_search
+    with the gallery's vectors bound)."""
+    inner = np.full((len(rows), depth), -np.inf, np.float32)
+    found = np.full((len(rows), depth), -1, np.int64)
+    for out, q in enumerate(rows):
+        inner[out], found[out] = search(queries[q : q + 1], plan.ids(int(q), allowed), depth)
+    return inner, found
+
+
+def tune(
+    partition: Partition,
+    vectors: np.ndarray,
+    ids: np.ndarray,
+    held_out: np.ndarray,
+    target: float = TARGET_RECALL,
+) -> Partition | None:
+    """The partition with the smallest of BETAS whose scans reach ``target`` recall@10 on the
+    held-out queries under every tuning filter (filter_tuning.tuning_filters), or None where
+    none does."""
+    from nearsight.index.ann import filter_tuning  # it imports filtered, which imports this
+
+    inside = np.ones(len(vectors), bool)
+    inside[held_out] = False
+    in_index = ids[inside]
+    queries = np.ascontiguousarray(vectors[held_out[: filter_tuning.FILTER_QUERIES]], np.float32)
+
+    def vectors_of(wanted: np.ndarray) -> np.ndarray:
+        return np.asarray(vectors[np.searchsorted(ids, wanted)], np.float32)
+
+    tests = [
+        (allowed, counted, filter_tuning.exact_top(queries, vectors_of, allowed, TUNING_K))
+        for allowed, counted in filter_tuning.tuning_filters(vectors, inside, in_index, queries, 0)
+    ]
+    for beta in BETAS:
+        trial = Partition(partition.centroids, partition.list_of, beta)
+        worst = 1.0
+        for allowed, counted, truth in tests:
+            plan = trial.plan(queries[counted], allowed, TUNING_K)
+            found = np.stack([
+                filter_tuning.exact_top(queries[counted][q : q + 1], vectors_of,
+                                        plan.ids(q, allowed), TUNING_K)[0]
+                for q in range(int(counted.sum()))
+            ])  # fmt: skip
+            worst = min(worst, recall_at_k(found, truth[counted]))
+            if worst < target:
+                break
+        if worst >= target:
+            return Partition(partition.centroids, partition.list_of, beta, round(worst, 4))
+    return None
+
+
+def partition_for(
+    vectors: np.ndarray, ids: np.ndarray, held_out: np.ndarray, target: float = TARGET_RECALL
+) -> Partition | None:
+    """The tuned partition of a gallery's items (module docstring), or None."""
+    if len(held_out) < 20:
+        return None
+    return tune(build_partition(vectors, ids), vectors, ids, held_out, target)
+
+
+def write_partition(folder: str | os.PathLike[str], partition: Partition) -> None:
+    path = Path(folder) / PARTITION_FILE
+    with open(path, "wb") as handle:
+        np.savez(handle, centroids=partition.centroids, list_of=partition.list_of,
+                 rule=np.array([partition.beta, partition.tuned_recall or 0.0]))  # fmt: skip
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def read_partition(folder: str | os.PathLike[str]) -> Partition | None:
+    """The folder's partition, or None where it has none (built before partitions)."""
+    path = Path(folder) / PARTITION_FILE
+    if not path.is_file():
+        return None
+    with np.load(path) as stored:
+        rule = stored["rule"]
+        return Partition(stored["centroids"], stored["list_of"], float(rule[0]), float(rule[1]))
