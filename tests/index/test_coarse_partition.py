@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from nearsight.index.ann import coarse, filtered
-from nearsight.index.ann.filter_plan import TARGET_RECALL
+from nearsight.index.ann.filter_plan import TARGET_RECALL, Costs
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.gallery.write import write_gallery
 
@@ -157,3 +157,24 @@ def test_items_added_after_the_build_are_always_read_and_compaction_keeps_it(
     assert (copy / coarse.PARTITION_FILE).is_file()
     _, ids, _ = coarse_search(copy, queries[1:], np.setdiff1d(allowed, added[:1]), monkeypatch)
     np.testing.assert_array_equal(ids[:, 0], added[1:])
+
+
+def test_the_route_reads_the_nearest_lists_where_they_cost_less(folder, data, monkeypatch):
+    """Costs where a walk never pays and an exact search costs its items: every query reads
+    the lists nearest it, and the answer keeps the target against the brute force."""
+    partition = coarse.read_partition(folder)
+    assert partition is not None
+    along = data["vectors"] @ data["vectors"][0]  # a cap, away from most queries
+    count = int(2.5 * partition.beta * partition.mean_list())
+    assert count < COUNT // 2
+    allowed = np.sort(np.argsort(-along, kind="stable")[:count])
+    monkeypatch.setattr(filtered, "FORCE", None)
+    with Gallery.open(folder) as gallery:
+        gallery._filters.costs = Costs(0.0, 1.0, 1e6, 1.0)
+        info: dict = {}
+        _, ids = gallery.search(data["queries"], K, ids=allowed, info=info)
+        assert info["coarse"] == len(data["queries"]) and info["exact"] == 0
+        gallery._filters.partition.beta = 1e9  # a rule that reads every list: never taken
+        gallery.search(data["queries"], K, ids=allowed, info=info)
+        assert info["coarse"] == 0 and info["exact"] == len(data["queries"])
+    assert recall(ids, brute_force(data["queries"], data["vectors"], allowed)) >= 0.99

@@ -34,7 +34,7 @@ from nearsight.index.ann.filter_plan import TARGET_RECALL
 from nearsight.index.ann.tuning import TUNING_K, recall_at_k
 
 PARTITION_FILE = "partition.npz"
-BETAS = (4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
+BETAS = (4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0)  # x the mean list
 MIN_LISTS = 8
 KMEANS_ITERATIONS = 10
 KMEANS_POINTS_PER_LIST = 64  # k-means trains on a sample of this many items per list
@@ -60,6 +60,10 @@ class Partition:
     def mean_list(self) -> float:
         return max(1.0, float((self.list_of >= 0).sum()) / self.nlist)
 
+    def reads(self, depth: int) -> float:
+        """The allowed items a query's rule reads (its lists' last one may add more)."""
+        return max(self.beta * self.mean_list(), float(depth))
+
     def can_pay(self, allowed: int) -> bool:
         """Whether a scan of the nearest lists reads well under the allowed count."""
         return 2 * self.beta * self.mean_list() < allowed
@@ -72,7 +76,7 @@ class Partition:
         scores = np.asarray(queries, np.float32) @ self.centroids.T
         order = np.argsort(-scores, axis=1)
         covered = np.cumsum(held[order], axis=1)
-        target = max(self.beta * self.mean_list(), float(depth))
+        target = self.reads(depth)
         count = np.minimum((covered < target).sum(axis=1) + 1, self.nlist)
         scanned = covered[np.arange(len(order)), count - 1] + held[self.nlist]
         return CoarsePlan(lists, order, count, scanned.astype(np.int64))
@@ -124,21 +128,15 @@ def build_partition(vectors: np.ndarray, ids: np.ndarray, seed: int = 0) -> Part
 
 
 def scan(
-    partition: Partition,
-    plan: CoarsePlan,
-    rows: np.ndarray,
-    queries: np.ndarray,
-    allowed: np.ndarray,
-    depth: int,
-    search: ExactSearch,
+    plan: CoarsePlan, queries: np.ndarray, allowed: np.ndarray, depth: int, search: ExactSearch
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(inner products, ids) [len(rows), depth]: the exact top ``depth`` of what each query
-    of ``rows`` (positions in ``queries``) reads, by ``search`` (filtered_exact.exact_search
-    with the gallery's vectors bound)."""
-    inner = np.full((len(rows), depth), -np.inf, np.float32)
-    found = np.full((len(rows), depth), -1, np.int64)
-    for out, q in enumerate(rows):
-        inner[out], found[out] = search(queries[q : q + 1], plan.ids(int(q), allowed), depth)
+    """(inner products, ids) [Q, depth]: the exact top ``depth`` of what each query reads as
+    ``plan`` (made for these queries) says, by ``search`` (filtered_exact.exact_search with
+    the gallery's vectors bound)."""
+    inner = np.full((len(queries), depth), -np.inf, np.float32)
+    found = np.full((len(queries), depth), -1, np.int64)
+    for q in range(len(queries)):
+        inner[q], found[q] = search(queries[q : q + 1], plan.ids(q, allowed), depth)
     return inner, found
 
 

@@ -126,24 +126,24 @@ def search_allowed(
     walk = np.zeros(len(queries), bool)
     plan: Any = None
     # HNSW with a stored partition: the exact way reads only the lists nearest the query
-    # (nearsight.index.ann.coarse), where that reads well under the allowed items
+    # (nearsight.index.ann.coarse), where that reads well under the allowed items; planned
+    # only for the queries that take it
     partition = state.partition if index_type == "hnsw" and FORCE != "exact" else None
-    near: coarse.CoarsePlan | None = None
-    if partition is not None and (FORCE == "coarse" or (
+    if partition is not None and not (FORCE == "coarse" or (
             total >= filter_plan.MIN_PLAN_ITEMS and partition.can_pay(len(allowed)))):  # fmt: skip
-        near = partition.plan(queries, allowed, depth)
+        partition = None
     walkable = index_type == "hnsw" or index_type in IVF_TYPES
     if walkable and FORCE not in ("exact", "coarse") and (
             total >= filter_plan.MIN_PLAN_ITEMS or FORCE):  # fmt: skip
         costs = state.machine_costs()
         exact_ms, count = costs.exact(len(allowed)), len(allowed)
-        if near is not None:  # per query, the cheaper exact way
-            exact_ms = np.minimum(exact_ms, coarse_ms(costs, near, count))
+        if partition is not None:  # the cheaper exact way
+            exact_ms = min(exact_ms, coarse_ms(costs, partition, count, depth))
         narrowest = costs.gate + costs.plan + costs.walk(narrowest_walk(index_type, meta, total),
                                                          count)  # fmt: skip
         # the filter's history, where a plan can pay at all (FORCE is None or "index" here)
         key = (filter_plan.PlanHistory.key(allowed, total)
-               if not FORCE and np.max(exact_ms) > narrowest else None)  # fmt: skip
+               if not FORCE and exact_ms > narrowest else None)  # fmt: skip
         if FORCE == "index" or (key and state.history.worth_planning(key, len(queries))):
             gate = None
             if index_type == "hnsw" and key:
@@ -164,18 +164,18 @@ def search_allowed(
     inner = np.full((len(queries), depth), -np.inf, np.float32)
     found = np.full((len(queries), depth), -1, np.int64)
     lists = np.zeros(len(queries), bool)
-    if near is not None and FORCE != "index":
+    if partition is not None and FORCE != "index":
         costs = state.machine_costs()
-        lists = ~walk & (FORCE == "coarse" or
-                         coarse_ms(costs, near, len(allowed)) < costs.exact(len(allowed)))  # fmt: skip
+        cheaper = coarse_ms(costs, partition, len(allowed), depth) < costs.exact(len(allowed))
+        lists = ~walk & (FORCE == "coarse" or cheaper)
     if lists.any():
+        assert partition is not None
 
         def scan(rows: np.ndarray, ids: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
             return exact_search(rows, vectors_of, ids, depth, rows_of)
 
-        assert partition is not None and near is not None
-        inner[lists], found[lists] = coarse.scan(partition, near, np.flatnonzero(lists),
-                                                 queries, allowed, depth, scan)  # fmt: skip
+        inner[lists], found[lists] = coarse.scan(partition.plan(queries[lists], allowed, depth),
+                                                 queries[lists], allowed, depth, scan)  # fmt: skip
     plain = ~walk & ~lists
     if plain.any():
         inner[plain], found[plain] = exact_search(queries[plain], vectors_of, allowed, depth,
@@ -198,10 +198,11 @@ def search_allowed(
     return inner, found
 
 
-def coarse_ms(costs: Costs, near: coarse.CoarsePlan, allowed: int) -> np.ndarray:
-    """Per query, the cost of reading the planned lists: an exact search of the items read,
-    with a pass over every allowed id (its list) as a walk's selector makes."""
-    return np.asarray(costs.exact(near.scanned)) + costs.walk_per_allowed * allowed
+def coarse_ms(costs: Costs, partition: coarse.Partition, allowed: int, depth: int) -> float:
+    """A query's cost of reading the lists nearest it (the items its rule reads, and up to a
+    list more), with a pass over every allowed id (its list) as a walk's selector makes."""
+    read = partition.reads(depth) + partition.mean_list()
+    return float(costs.exact(int(min(read, allowed)))) + costs.walk_per_allowed * allowed
 
 
 def narrowest_walk(index_type: str, meta: dict[str, Any], total: int) -> float:
