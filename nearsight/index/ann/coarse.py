@@ -10,13 +10,14 @@ centroids and the count of allowed items in each known before any is read, as Qd
 its payload index's cardinalities), then the exact top-k of what it read.
 
 The partition: spherical k-means centroids (about sqrt(N) lists) and each item's list, no
-second copy of the vectors, in ``partition.npz`` beside the index (:func:`partition_for` at
-build, tuned there; :func:`read_partition` on open). A query reads the lists holding allowed
-items, nearest first, until they hold ``beta x`` the mean list's size of allowed items (and at
-least the depth asked); ``beta`` is the smallest of BETAS for which those scans reach
-filter_plan.TARGET_RECALL on the build's held-out queries under every tuning filter of
-filter_tuning.tuning_filters. No beta reaching it: no partition is stored. Items added after the
-build are in no list and always read; a gallery without the file searches as before.
+second copy of the vectors, in ``partition.npz`` beside the index (:func:`build_partition`,
+tuned by filter_tuning.partition_for at build; :func:`read_partition` on open). A query reads
+the lists holding allowed items, nearest first, until they hold ``beta x`` the mean list's size
+of allowed items (and at least the depth asked); ``beta`` is the smallest of BETAS for which
+those scans reach filter_plan.TARGET_RECALL on the build's held-out queries under every tuning
+filter of filter_tuning.tuning_filters. No beta reaching it: no partition is stored. Items
+added after the build are in no list and always read; a gallery without the file searches as
+before.
 """
 
 from __future__ import annotations
@@ -24,14 +25,13 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import faiss
 import numpy as np
 
-from nearsight.index.ann.filter_plan import TARGET_RECALL
-from nearsight.index.ann.tuning import TUNING_K, recall_at_k
+from nearsight.index.ann import filter_plan
 
 PARTITION_FILE = "partition.npz"
 BETAS = (4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0)  # x the mean list
@@ -52,13 +52,23 @@ class Partition:
     list_of: np.ndarray
     beta: float = BETAS[-1]
     tuned_recall: float | None = None
+    # ms per allowed id of a query's passes over them (planning its lists, selecting what it
+    # reads), measured on this machine on first use (:meth:`selection_ms`)
+    per_allowed_ms: float | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        listed = self.list_of >= 0
+        self._listed = int(listed.sum())
+        # each id's list, nlist for none: one gather per search (a narrower type, fewer bytes)
+        kind = np.int16 if self.nlist < np.iinfo(np.int16).max else np.int32
+        self._list_index = np.where(listed, self.list_of, self.nlist).astype(kind)
 
     @property
     def nlist(self) -> int:
         return len(self.centroids)
 
     def mean_list(self) -> float:
-        return max(1.0, float((self.list_of >= 0).sum()) / self.nlist)
+        return max(1.0, self._listed / self.nlist)
 
     def reads(self, depth: int) -> float:
         """The allowed items a query's rule reads (its lists' last one may add more)."""
@@ -83,11 +93,29 @@ class Partition:
 
     def lists(self, allowed: np.ndarray) -> np.ndarray:
         """Each allowed id's list; nlist for ids in none (added after the build)."""
-        out = np.full(len(allowed), self.nlist, np.int64)
-        known = allowed < len(self.list_of)
-        out[known] = self.list_of[allowed[known]]
-        out[out < 0] = self.nlist
+        if not len(allowed) or allowed[-1] < len(self._list_index):
+            return self._list_index[allowed]
+        out = np.full(len(allowed), self.nlist, self._list_index.dtype)
+        known = allowed < len(self._list_index)
+        out[known] = self._list_index[allowed[known]]
         return out
+
+    def selection_ms(self) -> float:
+        """ms per allowed id of a query's passes over the allowed ids, timed once on a random
+        tenth of the listed items (the stored costs were timed before the partition)."""
+        if self.per_allowed_ms is None:
+            listed = np.flatnonzero(self.list_of >= 0)
+            rng = np.random.default_rng(0)
+            allowed = np.sort(rng.choice(listed, max(1, len(listed) // 10), replace=False))
+            query = self.centroids[:1]
+
+            def run() -> None:
+                self.plan(query, allowed, 1).ids(0, allowed)
+
+            run()
+            best = min(filter_plan.median_ms(run, 1) for _ in range(3))
+            self.per_allowed_ms = best / len(allowed)
+        return self.per_allowed_ms
 
 
 @dataclass
@@ -138,57 +166,6 @@ def scan(
     for q in range(len(queries)):
         inner[q], found[q] = search(queries[q : q + 1], plan.ids(q, allowed), depth)
     return inner, found
-
-
-def tune(
-    partition: Partition,
-    vectors: np.ndarray,
-    ids: np.ndarray,
-    held_out: np.ndarray,
-    target: float = TARGET_RECALL,
-) -> Partition | None:
-    """The partition with the smallest of BETAS whose scans reach ``target`` recall@10 on the
-    held-out queries under every tuning filter (filter_tuning.tuning_filters), or None where
-    none does."""
-    from nearsight.index.ann import filter_tuning  # it imports filtered, which imports this
-
-    inside = np.ones(len(vectors), bool)
-    inside[held_out] = False
-    in_index = ids[inside]
-    queries = np.ascontiguousarray(vectors[held_out[: filter_tuning.FILTER_QUERIES]], np.float32)
-
-    def vectors_of(wanted: np.ndarray) -> np.ndarray:
-        return np.asarray(vectors[np.searchsorted(ids, wanted)], np.float32)
-
-    tests = [
-        (allowed, counted, filter_tuning.exact_top(queries, vectors_of, allowed, TUNING_K))
-        for allowed, counted in filter_tuning.tuning_filters(vectors, inside, in_index, queries, 0)
-    ]
-    for beta in BETAS:
-        trial = Partition(partition.centroids, partition.list_of, beta)
-        worst = 1.0
-        for allowed, counted, truth in tests:
-            plan = trial.plan(queries[counted], allowed, TUNING_K)
-            found = np.stack([
-                filter_tuning.exact_top(queries[counted][q : q + 1], vectors_of,
-                                        plan.ids(q, allowed), TUNING_K)[0]
-                for q in range(int(counted.sum()))
-            ])  # fmt: skip
-            worst = min(worst, recall_at_k(found, truth[counted]))
-            if worst < target:
-                break
-        if worst >= target:
-            return Partition(partition.centroids, partition.list_of, beta, round(worst, 4))
-    return None
-
-
-def partition_for(
-    vectors: np.ndarray, ids: np.ndarray, held_out: np.ndarray, target: float = TARGET_RECALL
-) -> Partition | None:
-    """The tuned partition of a gallery's items (module docstring), or None."""
-    if len(held_out) < 20:
-        return None
-    return tune(build_partition(vectors, ids), vectors, ids, held_out, target)
 
 
 def write_partition(folder: str | os.PathLike[str], partition: Partition) -> None:

@@ -199,10 +199,10 @@ def search_allowed(
 
 
 def coarse_ms(costs: Costs, partition: coarse.Partition, allowed: int, depth: int) -> float:
-    """A query's cost of reading the lists nearest it (the items its rule reads, and up to a
-    list more), with a pass over every allowed id (its list) as a walk's selector makes."""
+    """A query's cost of reading the lists nearest it: an exact search of the items its rule
+    reads (and up to a list more), and its passes over every allowed id."""
     read = partition.reads(depth) + partition.mean_list()
-    return float(costs.exact(int(min(read, allowed)))) + costs.walk_per_allowed * allowed
+    return float(costs.exact(int(min(read, allowed)))) + partition.selection_ms() * allowed
 
 
 def narrowest_walk(index_type: str, meta: dict[str, Any], total: int) -> float:

@@ -28,7 +28,7 @@ from nearsight.index.ann.faiss_index import (
     apply_search_parameters,
     make_index,
 )
-from nearsight.index.ann.filter_tuning import calibrate, tune_filters
+from nearsight.index.ann.filter_tuning import calibrate, partition_for, tune_filters
 from nearsight.index.ann.index_choice import parse_memory, resolve_index_type
 from nearsight.index.ann.tuning import TARGET_RECALL, tune, tuning_sample
 from nearsight.index.catalog.create import create_catalog
@@ -175,7 +175,7 @@ def index_in_build_order(
 def write_partition_into(folder: Path, vectors: np.ndarray, ids: np.ndarray) -> None:
     """An HNSW gallery's coarse partition for its filtered searches (index.ann.coarse), tuned
     on the same held-out queries as the index; none where no rule reaches the target."""
-    partition = coarse.partition_for(vectors, ids, tuning_sample(len(ids), "hnsw"))
+    partition = partition_for(vectors, ids, tuning_sample(len(ids), "hnsw"))
     if partition is not None:
         coarse.write_partition(folder, partition)
 
