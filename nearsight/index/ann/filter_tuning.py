@@ -188,8 +188,9 @@ def partition_for(
     held_out: np.ndarray,
     target: float = filter_plan.TARGET_RECALL,
 ) -> coarse.Partition | None:
-    """The tuned coarse partition of a gallery's items (index.ann.coarse), or None."""
-    if len(held_out) < 20:
+    """The tuned coarse partition of a gallery's items (index.ann.coarse), or None (also for
+    galleries whose filtered searches are all exact: under filter_plan.MIN_PLAN_ITEMS)."""
+    if len(held_out) < 20 or len(vectors) < filter_plan.MIN_PLAN_ITEMS:
         return None
     return tune_partition(coarse.build_partition(vectors, ids), vectors, ids, held_out, target)
 
