@@ -9,7 +9,9 @@ repaid their plan so far, filter_plan.PlanHistory):
   (``knn_inner_products_by_idx`` on the stored rows, no copy; a gathered copy where the
   vectors are not one array): the true top-k, at a cost linear in the allowed count (Qdrant's
   full scan under its cardinality threshold, Weaviate's ``flatSearchCutoff``, without their
-  fixed count);
+  fixed count); for HNSW with a stored coarse partition (nearsight.index.ann.coarse), the
+  same over only the allowed items of the k-means lists nearest the query, where that costs
+  less (info ``coarse``): the recall target by the partition's rule, tuned at build;
 - **the index**, with an ``IDSelectorBitmap`` so that it skips the other items while it
   searches (not a post-filter that would leave fewer than k):
 
@@ -57,8 +59,8 @@ from nearsight.index.ann.filtered_exact import (  # the exact way, here for its 
 from nearsight.index.ann.filtered_exact import rows_in as rows_in  # Gallery's, re-exported
 from nearsight.index.ann.tuning import refine, refine_candidates
 
-# "exact" / "index" / "coarse": every filtered query that way (tests and bench/filtered_search.py compare
-# the two ways); None: the plan's choice
+# "exact" / "index" / "coarse" (HNSW's partition): every filtered query that way (tests and
+# bench/filtered_search.py compare the ways); None: the plan's choice
 FORCE: str | None = None
 CODES_ONLY_NOTE = (
     "recall target not promised: a filtered search of a PQ gallery without its exact vectors "
