@@ -393,7 +393,7 @@ def end_to_end(searcher: Searcher, queries: np.ndarray, strings: tuple[str, ...]
     the payload index, then the route), the filter's first search apart; recall@k against
     the float64 brute force; and the filter's evaluation alone (``Searcher.filtered``)."""
     filters = list(strings) or None
-    times, cpu, hits, exact = [], [], 0, 0
+    times, cpu, hits, exact, lists = [], [], 0, 0, 0
     for query, wanted in zip(queries, want.tolist(), strict=True):
         start, work = time.perf_counter(), time.thread_time()
         found = searcher.search_vector(query, k=k, filters=filters)
@@ -401,6 +401,7 @@ def end_to_end(searcher: Searcher, queries: np.ndarray, strings: tuple[str, ...]
         cpu.append(time.thread_time() - work)
         hits += len({hit.id for hit in found} & set(wanted))
         exact += searcher.gallery._filters.last.get("exact", 0) if filters else 0
+        lists += searcher.gallery._filters.last.get("coarse", 0) if filters else 0
     evaluation, evaluation_cpu = [], []
     for _ in range(EVALUATIONS if filters else 0):
         start, work = time.perf_counter(), time.thread_time()
@@ -420,11 +421,21 @@ def end_to_end(searcher: Searcher, queries: np.ndarray, strings: tuple[str, ...]
         "cpu_p50_ms": round(float(np.median(cpu_ms)), 3),
         "cpu_p99_ms": round(float(np.percentile(cpu_ms, 99)), 3),
         "went_exact": exact,
+        "went_coarse": lists,  # HNSW: the exact way over the partition's nearest lists
         **({"eval_p50_ms": round(float(np.median(evaluation) * 1000), 3),
             "eval_max_ms": round(float(np.max(evaluation) * 1000), 3),
             "eval_cpu_max_ms": round(float(np.max(evaluation_cpu) * 1000), 3)}
            if evaluation else {}),
     }  # fmt: skip
+
+
+def partition_meta(gallery: Gallery) -> dict | None:
+    """An HNSW gallery's coarse partition (index.ann.coarse), if it has one."""
+    partition = gallery._filters.partition
+    if partition is None:
+        return None
+    return {"nlist": partition.nlist, "beta": partition.beta,
+            "tuned_recall": partition.tuned_recall}  # fmt: skip
 
 
 def truths(queries: np.ndarray, data: Path | np.ndarray, items: int, named: dict,
@@ -484,7 +495,7 @@ def bench(args: argparse.Namespace, workdir: Path, memory: PeakMemory) -> dict:
             opened_s = time.perf_counter() - start
             gallery = searcher.gallery
             if args.recalibrate:  # this run's own costs (threads, load), in memory
-                gallery._filters.costs = gallery._calibrate_filters()
+                gallery._filters.costs = gallery._search._calibrate_filters()
             # the vectors read once before timing (into the page cache), as in a server that
             # has run a while: a gallery left unread since its build times its disk otherwise
             float(np.asarray(gallery.embeddings[:: max(1, 4096 // (4 * args.dim))]).sum())
@@ -505,7 +516,8 @@ def bench(args: argparse.Namespace, workdir: Path, memory: PeakMemory) -> dict:
                                                      ("nlist", "nprobe", "ef_search",
                                                       "filter_route")},
                                             "costs_used": gallery._filters.machine_costs()
-                                            .as_meta()}  # fmt: skip
+                                            .as_meta(),
+                                            "partition": partition_meta(gallery)}  # fmt: skip
         results["types"][index_type]["memory"] = memory.report()
         print(index_type, "built and measured", json.dumps(memory.report()), file=sys.stderr,
               flush=True)  # fmt: skip

@@ -9,6 +9,8 @@ time and stored in the gallery meta as ``filter_route``:
   clusters counted on the queries outside them), each at 1%, 10% and 50% of the items. Every
   query whose plan walks counts; one the plan sends to the exact search does not (it gets the
   true answer).
+- :func:`partition_for`: an HNSW gallery's coarse partition (nearsight.index.ann.coarse), its
+  rule ``beta`` the smallest that reaches filter_plan.TARGET_RECALL under the same filters.
 - :func:`calibrate`: this machine's costs of one query's exact search (at two allowed counts)
   and of one filtered walk (at two widths), fitted as ``a + b x size`` and recorded with the
   host's name; a gallery opened elsewhere measures them again in memory on first use.
@@ -22,7 +24,7 @@ from typing import Any
 import faiss
 import numpy as np
 
-from nearsight.index.ann import filter_plan, filtered
+from nearsight.index.ann import coarse, filter_plan, filtered
 from nearsight.index.ann.faiss_index import IVF_TYPES, PQ_TYPES
 from nearsight.index.ann.filter_plan import Costs
 from nearsight.index.ann.tuning import TUNING_K, recall_at_k
@@ -138,6 +140,59 @@ def tuning_filters(
             if len(members) >= TUNING_K and away.any():
                 out.append((np.sort(members), away))
     return out
+
+
+def tune_partition(
+    partition: coarse.Partition,
+    vectors: np.ndarray,
+    ids: np.ndarray,
+    held_out: np.ndarray,
+    target: float = filter_plan.TARGET_RECALL,
+) -> coarse.Partition | None:
+    """The partition with the smallest of coarse.BETAS whose scans reach ``target`` recall@10
+    on the held-out queries under every tuning filter (:func:`tuning_filters`; every query
+    counts, whether or not the route would send it there), or None where none does."""
+    inside = np.ones(len(vectors), bool)
+    inside[held_out] = False
+    in_index = ids[inside]
+    queries = np.ascontiguousarray(vectors[held_out[:FILTER_QUERIES]], np.float32)
+
+    def vectors_of(wanted: np.ndarray) -> np.ndarray:
+        return np.asarray(vectors[np.searchsorted(ids, wanted)], np.float32)
+
+    tests = [
+        (allowed, counted, exact_top(queries, vectors_of, allowed, TUNING_K))
+        for allowed, counted in tuning_filters(vectors, inside, in_index, queries, 0)
+    ]
+    for beta in coarse.BETAS:
+        trial = coarse.Partition(partition.centroids, partition.list_of, beta)
+        worst = 1.0
+        for allowed, counted, truth in tests:
+            plan = trial.plan(queries[counted], allowed, TUNING_K)
+            found = np.stack([
+                exact_top(queries[counted][q : q + 1], vectors_of, plan.ids(q, allowed),
+                          TUNING_K)[0]
+                for q in range(int(counted.sum()))
+            ])  # fmt: skip
+            worst = min(worst, recall_at_k(found, truth[counted]))
+            if worst < target:
+                break
+        if worst >= target:
+            return coarse.Partition(partition.centroids, partition.list_of, beta, round(worst, 4))
+    return None
+
+
+def partition_for(
+    vectors: np.ndarray,
+    ids: np.ndarray,
+    held_out: np.ndarray,
+    target: float = filter_plan.TARGET_RECALL,
+) -> coarse.Partition | None:
+    """The tuned coarse partition of a gallery's items (index.ann.coarse), or None (also for
+    galleries whose filtered searches are all exact: under filter_plan.MIN_PLAN_ITEMS)."""
+    if len(held_out) < 20 or len(vectors) < filter_plan.MIN_PLAN_ITEMS:
+        return None
+    return tune_partition(coarse.build_partition(vectors, ids), vectors, ids, held_out, target)
 
 
 def _clusters(

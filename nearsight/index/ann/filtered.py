@@ -9,7 +9,9 @@ repaid their plan so far, filter_plan.PlanHistory):
   (``knn_inner_products_by_idx`` on the stored rows, no copy; a gathered copy where the
   vectors are not one array): the true top-k, at a cost linear in the allowed count (Qdrant's
   full scan under its cardinality threshold, Weaviate's ``flatSearchCutoff``, without their
-  fixed count);
+  fixed count); for HNSW with a stored coarse partition (nearsight.index.ann.coarse), the
+  same over only the allowed items of the k-means lists nearest the query, where that costs
+  less (info ``coarse``): the recall target by the partition's rule, tuned at build;
 - **the index**, with an ``IDSelectorBitmap`` so that it skips the other items while it
   searches (not a post-filter that would leave fewer than k):
 
@@ -45,7 +47,7 @@ from typing import Any, cast
 import faiss
 import numpy as np
 
-from nearsight.index.ann import filter_plan
+from nearsight.index.ann import coarse, filter_plan
 from nearsight.index.ann.faiss_index import IVF_TYPES, PQ_TYPES
 from nearsight.index.ann.filter_plan import TARGET_RECALL, Costs, Rule
 from nearsight.index.ann.filtered_exact import (  # the exact way, here for its callers
@@ -57,8 +59,8 @@ from nearsight.index.ann.filtered_exact import (  # the exact way, here for its 
 from nearsight.index.ann.filtered_exact import rows_in as rows_in  # Gallery's, re-exported
 from nearsight.index.ann.tuning import refine, refine_candidates
 
-# "exact" / "index": every filtered query that way (tests and bench/filtered_search.py compare
-# the two ways); None: the plan's choice
+# "exact" / "index" / "coarse" (HNSW's partition): every filtered query that way (tests and
+# bench/filtered_search.py compare the ways); None: the plan's choice
 FORCE: str | None = None
 CODES_ONLY_NOTE = (
     "recall target not promised: a filtered search of a PQ gallery without its exact vectors "
@@ -77,6 +79,7 @@ class FilterState:
     calibrate: Callable[[], Costs] | None = None
     list_of: np.ndarray | None = None  # list number by id (-1: none)
     list_sizes: np.ndarray | None = None
+    partition: coarse.Partition | None = None  # HNSW: the stored coarse partition, if any
     last: dict[str, Any] = field(default_factory=dict)
     history: filter_plan.PlanHistory = field(default_factory=filter_plan.PlanHistory)
 
@@ -124,10 +127,20 @@ def search_allowed(
     state = state or FilterState()
     walk = np.zeros(len(queries), bool)
     plan: Any = None
+    # HNSW with a stored partition: the exact way reads only the lists nearest the query
+    # (nearsight.index.ann.coarse), where that reads well under the allowed items; planned
+    # only for the queries that take it
+    partition = state.partition if index_type == "hnsw" and FORCE != "exact" else None
+    if partition is not None and not (FORCE == "coarse" or (
+            total >= filter_plan.MIN_PLAN_ITEMS and partition.can_pay(len(allowed)))):  # fmt: skip
+        partition = None
     walkable = index_type == "hnsw" or index_type in IVF_TYPES
-    if walkable and FORCE != "exact" and (total >= filter_plan.MIN_PLAN_ITEMS or FORCE):
+    if walkable and FORCE not in ("exact", "coarse") and (
+            total >= filter_plan.MIN_PLAN_ITEMS or FORCE):  # fmt: skip
         costs = state.machine_costs()
         exact_ms, count = costs.exact(len(allowed)), len(allowed)
+        if partition is not None:  # the cheaper exact way
+            exact_ms = min(exact_ms, coarse_ms(costs, partition, count, depth))
         narrowest = costs.gate + costs.plan + costs.walk(narrowest_walk(index_type, meta, total),
                                                          count)  # fmt: skip
         # the filter's history, where a plan can pay at all (FORCE is None or "index" here)
@@ -152,15 +165,29 @@ def search_allowed(
         walk[:] = False
     inner = np.full((len(queries), depth), -np.inf, np.float32)
     found = np.full((len(queries), depth), -1, np.int64)
-    if (~walk).any():
-        inner[~walk], found[~walk] = exact_search(queries[~walk], vectors_of, allowed, depth,
+    lists = np.zeros(len(queries), bool)
+    if partition is not None and FORCE != "index":
+        costs = state.machine_costs()
+        cheaper = coarse_ms(costs, partition, len(allowed), depth) < costs.exact(len(allowed))
+        lists = ~walk & (FORCE == "coarse" or cheaper)
+    if lists.any():
+        assert partition is not None
+
+        def scan(rows: np.ndarray, ids: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
+            return exact_search(rows, vectors_of, ids, depth, rows_of)
+
+        inner[lists], found[lists] = coarse.scan(partition.plan(queries[lists], allowed, depth),
+                                                 queries[lists], allowed, depth, scan)  # fmt: skip
+    plain = ~walk & ~lists
+    if plain.any():
+        inner[plain], found[plain] = exact_search(queries[plain], vectors_of, allowed, depth,
                                                   rows_of)  # fmt: skip
     if walk.any():
         got = walk_index(index, index_type, queries, depth, allowed, vectors_of, plan, walk,
                          Rule.from_meta(meta).refine)  # fmt: skip
         inner[walk], found[walk] = complete_rows(*got, queries[walk], vectors_of, allowed,
                                                  rows_of)  # fmt: skip
-    info.update(exact=int((~walk).sum()), index=int(walk.sum()))
+    info.update(exact=int(plain.sum()), index=int(walk.sum()), coarse=int(lists.sum()))
     rule = Rule.from_meta(meta)
     # a rule tuned to a lower target (a gallery built before it was raised) or that stayed
     # under it: the walks' measured recall is what is known
@@ -171,6 +198,13 @@ def search_allowed(
         )
     state.last = info
     return inner, found
+
+
+def coarse_ms(costs: Costs, partition: coarse.Partition, allowed: int, depth: int) -> float:
+    """A query's cost of reading the lists nearest it: an exact search of the items its rule
+    reads (and up to a list more), and its passes over every allowed id."""
+    read = partition.reads(depth) + partition.mean_list()
+    return float(costs.exact(int(min(read, allowed)))) + partition.selection_ms() * allowed
 
 
 def narrowest_walk(index_type: str, meta: dict[str, Any], total: int) -> float:

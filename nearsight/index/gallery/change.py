@@ -16,6 +16,7 @@ functions here.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -26,6 +27,7 @@ import faiss
 import numpy as np
 
 from nearsight.core.atomic import recover_dir
+from nearsight.index.ann import coarse
 from nearsight.index.catalog.store import CATALOG_FILE, Catalog, GalleryError
 from nearsight.index.gallery.files import check_consistent, gallery_writer
 from nearsight.index.gallery.graph import GRAPH_VERSION
@@ -209,6 +211,9 @@ def _rewrite(gallery: Gallery, change: Change) -> None:
                 check_consistent(folder, meta, ids, index, embeddings, [], ids[:0])
                 write_payload_into(tmp)
                 write_arrays(tmp, index, embeddings)
+                # the ids stay: the partition still holds (items added since are in no list)
+                if (folder / coarse.PARTITION_FILE).is_file():
+                    shutil.copy2(folder / coarse.PARTITION_FILE, tmp / coarse.PARTITION_FILE)
                 if meta.get("neighbour_graph"):
                     vectors = current.vector_rows(ids) if embeddings is None else embeddings
                     write_graph_into(tmp, index, meta, np.asarray(vectors), ids)

@@ -28,6 +28,7 @@ import numpy as np
 
 from nearsight.core.errors import NearsightError
 from nearsight.data.metrics.exclude import without_keys
+from nearsight.index.ann import coarse
 from nearsight.index.ann.faiss_index import unit_distance
 from nearsight.index.ann.index_choice import parse_memory
 from nearsight.index.catalog.facets import BINS, TOP_VALUES, Facets, column_facets
@@ -116,6 +117,8 @@ class Gallery:
                                    serving=not locked)  # fmt: skip
         self._index = index  # segments added, removed ids dropped (not for HNSW)
         self._filters = self._search.filters  # the filtered searches' costs and history
+        if self.index_type == "hnsw":  # its filtered searches' coarse partition, if built
+            self._filters.partition = coarse.read_partition(self.path)
 
     def model_path(self, override: str | os.PathLike[str] | None = None) -> Path:
         """The model to embed queries with: ``override``, else the one the gallery records

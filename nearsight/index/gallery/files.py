@@ -11,6 +11,9 @@ Layout (DESIGN.md)::
     GALLERY/payload.idx     the payload index: the filterable columns as sorted arrays, mapped
                             (nearsight/index/gallery/payload.py; rebuilt from the catalog when
                             missing)
+    GALLERY/partition.npz   HNSW of 1,000 items or more: k-means lists of the items, read by the
+                            exact way of filtered searches (nearsight/index/ann/coarse.py;
+                            optional: a gallery without it searches as before)
 
 A gallery folder is written whole into a temporary folder and renamed into place
 (:func:`gallery_writer`); the catalog, the FAISS index and the embeddings are all written into

@@ -20,6 +20,7 @@ import faiss
 import numpy as np
 
 from nearsight.core.errors import NearsightError
+from nearsight.index.ann import coarse
 from nearsight.index.ann.faiss_index import (
     METRIC,
     PQ_TYPES,
@@ -27,7 +28,7 @@ from nearsight.index.ann.faiss_index import (
     apply_search_parameters,
     make_index,
 )
-from nearsight.index.ann.filter_tuning import calibrate, tune_filters
+from nearsight.index.ann.filter_tuning import calibrate, partition_for, tune_filters
 from nearsight.index.ann.index_choice import parse_memory, resolve_index_type
 from nearsight.index.ann.tuning import TARGET_RECALL, tune, tuning_sample
 from nearsight.index.catalog.create import create_catalog
@@ -124,6 +125,8 @@ def write_gallery(
             create_catalog(tmp / CATALOG_FILE, rows, full_meta)
             write_payload_into(tmp)
             write_arrays(tmp, index, array if keep else None)
+            if resolved == "hnsw" and rerank and target_recall is not None:
+                write_partition_into(tmp, array, ids)
             if neighbour_graph:
                 write_graph_into(tmp, index, full_meta, array, ids)
     return final
@@ -167,6 +170,14 @@ def index_in_build_order(
                           lambda wanted: vectors[wanted], lambda wanted: (vectors, wanted))  # fmt: skip
         params["filter_route"] = {**route, "costs": costs.as_meta()}
     return index, params
+
+
+def write_partition_into(folder: Path, vectors: np.ndarray, ids: np.ndarray) -> None:
+    """An HNSW gallery's coarse partition for its filtered searches (index.ann.coarse), tuned
+    on the same held-out queries as the index; none where no rule reaches the target."""
+    partition = partition_for(vectors, ids, tuning_sample(len(ids), "hnsw"))
+    if partition is not None:
+        coarse.write_partition(folder, partition)
 
 
 def write_arrays(folder: Path, index: faiss.Index, embeddings: np.ndarray | None) -> None:
