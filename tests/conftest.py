@@ -24,6 +24,15 @@ from helpers import (
 )
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files holding slow tests run first. pytest-xdist (``--dist loadfile``) hands whole files
+    to its workers in collection order; started last, a long file ran alone at the end while
+    the other core idled. Longest first is the classic remedy; the order inside each group,
+    and inside each file, is kept."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def decode_box_closed_at_the_end() -> Iterator[None]:
     """The decode box's warm workers (started by whatever test decodes an upload in this
