@@ -458,7 +458,24 @@ def truths(queries: np.ndarray, data: Path | np.ndarray, items: int, named: dict
     return found
 
 
+def columns_record(args: argparse.Namespace) -> tuple[Path | None, dict]:
+    """Where a --reuse folder records what its galleries' catalog columns were made from (the
+    shares, and whether categories were drawn), and that record for this run: a gallery built
+    with other shares holds other ``shop``/``cat`` values than this run's truths filter."""
+    wanted = {"shares": sorted(args.shares), "categories": "category" in args.shapes}
+    if args.reuse is None:
+        return None, wanted
+    return args.reuse / f"columns-{args.items}-{args.dim}.json", wanted
+
+
 def bench(args: argparse.Namespace, workdir: Path, memory: PeakMemory) -> dict:
+    record, columns_wanted = columns_record(args)
+    if record is not None and record.is_file():
+        built_with = json.loads(record.read_text())
+        if built_with != columns_wanted:
+            raise SystemExit(f"--reuse {args.reuse}: its galleries' columns were made with "
+                             f"{built_with}, not {columns_wanted}: run with those --shares and "
+                             "--shapes, or give another --reuse folder")  # fmt: skip
     data = make_data(args, workdir)
     vectors = opened(data)[: args.items]
     queries = np.array(opened(data)[args.items :])
@@ -485,6 +502,8 @@ def bench(args: argparse.Namespace, workdir: Path, memory: PeakMemory) -> dict:
             write_gallery(folder, opened(data)[: args.items], items, model_sha256="b" * 64,
                           index_type=index_type, embeddings="keep",
                           meta={"list_columns": ["tags"], "meta_types": {"tags": "str"}})  # fmt: skip
+            if record is not None:
+                record.write_text(json.dumps(columns_wanted) + "\n")
         built = time.perf_counter() - start
         if args.build_only:
             print(index_type, "built in", round(built, 1), "s", file=sys.stderr, flush=True)
