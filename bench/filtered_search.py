@@ -78,6 +78,7 @@ from nearsight.search.searcher import Searcher, open_gallery  # noqa: E402
 TYPES = ("flat", "ivf", "hnsw", "ivfpq", "opq")
 SHARES = (0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5)
 SHAPES = ("random", "equal", "cap", "category")
+CATEGORY_THREADS = 1  # FAISS threads of the categories' k-means (its clusters depend on it)
 WAYS = {"route": None, "index": "index", "exact": "exact"}  # filtered.FORCE
 CATEGORIES = 256  # k-means clusters standing in for a catalog's categories
 TAG_COUNT = 20  # the tag column's distinct tags
@@ -131,13 +132,20 @@ def columns(vectors: np.ndarray, queries: np.ndarray, shares: list[float], seed:
                             for row, n in zip(held.tolist(), many.tolist(), strict=True)])  # fmt: skip
     named: dict[str, tuple[str, ...]] = {"none": ()}
     if categories:  # whole clusters, ranked so that the clusters away from every query come first
-        kmeans = faiss.Kmeans(vectors.shape[1], CATEGORIES, niter=10, seed=seed, spherical=True,
-                              max_points_per_centroid=64)  # fmt: skip
-        kmeans.train(np.ascontiguousarray(vectors[:: max(1, count // (CATEGORIES * 64))]))
-        label = np.concatenate([kmeans.index.search(np.ascontiguousarray(vectors[s : s + BLOCK]),
-                                                    1)[1][:, 0]
-                                for s in range(0, count, BLOCK)])  # fmt: skip
-        own = set(kmeans.index.search(queries, 1)[1][:, 0].tolist())
+        # on one FAISS thread whatever --threads: the clusters differ with the thread count,
+        # and a --reuse'd gallery's catalog holds the ones of its build
+        threads = faiss.omp_get_max_threads()
+        faiss.omp_set_num_threads(CATEGORY_THREADS)
+        try:
+            kmeans = faiss.Kmeans(vectors.shape[1], CATEGORIES, niter=10, seed=seed,
+                                  spherical=True, max_points_per_centroid=64)  # fmt: skip
+            kmeans.train(np.ascontiguousarray(vectors[:: max(1, count // (CATEGORIES * 64))]))
+            label = np.concatenate([kmeans.index.search(
+                np.ascontiguousarray(vectors[s : s + BLOCK]), 1)[1][:, 0]
+                for s in range(0, count, BLOCK)])  # fmt: skip
+            own = set(kmeans.index.search(queries, 1)[1][:, 0].tolist())
+        finally:
+            faiss.omp_set_num_threads(threads)
         away = [c for c in rng.permutation(CATEGORIES) if c not in own]
         ranked = [*away, *(c for c in range(CATEGORIES) if c in own)]
         rank = np.empty(CATEGORIES, np.int64)
@@ -462,7 +470,8 @@ def columns_record(args: argparse.Namespace) -> tuple[Path | None, dict]:
     """Where a --reuse folder records what its galleries' catalog columns were made from (the
     shares, and whether categories were drawn), and that record for this run: a gallery built
     with other shares holds other ``shop``/``cat`` values than this run's truths filter."""
-    wanted = {"shares": sorted(args.shares), "categories": "category" in args.shapes}
+    wanted = {"shares": sorted(args.shares), "categories": "category" in args.shapes,
+              "category_threads": CATEGORY_THREADS}  # fmt: skip
     if args.reuse is None:
         return None, wanted
     return args.reuse / f"columns-{args.items}-{args.dim}.json", wanted
