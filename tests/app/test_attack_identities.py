@@ -122,5 +122,8 @@ def test_four_networks_of_32_connections_flooding_plain_searches_wait_behind_the
     # a flood's connection may be closed too (0): past --max-unauthenticated idle ones
     assert set(flood.statuses) <= {0, 200, 503}, (sorted(set(flood.statuses)), flood.errors[:5])
     assert 503 in flood.statuses  # the flood filled its shares of the queue
+    # in arrival order it would wait for the MAX_QUEUE searches the flood keeps waiting (and
+    # those running); served first it sees only those running and what ends while its own
+    # request is parsed, searched and written (about 4-12 here, with the load of the suite)
     meanwhile = sorted(count for _, count in tries)
-    assert meanwhile[TRIES // 2] <= MAX_QUEUE // 2, tries
+    assert meanwhile[TRIES // 2] < MAX_QUEUE, tries
