@@ -11,7 +11,7 @@ from typing import Any
 
 import gradio as gr
 
-from nearsight.app.page.html import QueryCard, message_html, result_html, title_columns
+from nearsight.app.page.html import QueryCard, message_html
 from nearsight.app.page.inputs import (
     UNKNOWN_CLASS,
     PageError,
@@ -225,21 +225,8 @@ class Page:
             return grid, filter_note(filters, found.notes), state
 
     def _render(self, view: GalleryView, card: QueryCard, found: SearchResults) -> str:
-        neighbours = grid_of(found)  # one card per product where the gallery groups by one
-        filtered = found.filtered or NO_FILTER
-        return result_html(
-            card,
-            neighbours,
-            [view.thumbnail(n.id) for n in neighbours],
-            [view.class_name(n.label) for n in neighbours],
-            gallery=view.name,
-            gallery_size=len(view),
-            matching=None if filtered.allowed is None else len(filtered.allowed),
-            lead_fields=view.shown_fields(),
-            filtered_fields=filtered.keys,
-            title_fields=title_columns(view.gallery.column_types()),
-            list_fields=view.list_columns,
-        )
+        # one card per product where the gallery groups by one
+        return view.result_grid(card, grid_of(found), found.filtered or NO_FILTER)
 
     def random_item(
         self,

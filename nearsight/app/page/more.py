@@ -17,7 +17,7 @@ from typing import Any
 import gradio as gr
 
 from nearsight.app.page.handlers import Page
-from nearsight.app.page.html import QueryCard, result_html, title_columns
+from nearsight.app.page.html import QueryCard
 from nearsight.app.page.inputs import (
     PageError,
     filter_error,
@@ -92,20 +92,7 @@ class More:
                         break
             except FilterError as error:
                 return no_search(error), filter_error(error), state
-            filtered = answer.filtered or NO_FILTER
-            grid = result_html(
-                card,
-                hits,
-                [view.thumbnail(hit.id) for hit in hits],
-                [view.class_name(hit.label) for hit in hits],
-                gallery=view.name,
-                gallery_size=len(view),
-                matching=None if filtered.allowed is None else len(filtered.allowed),
-                lead_fields=view.shown_fields(),
-                filtered_fields=filtered.keys,
-                title_fields=title_columns(view.gallery.column_types()),
-                list_fields=view.list_columns,
-            )
+            grid = view.result_grid(card, hits, answer.filtered or NO_FILTER)
             status = filter_note(filters, notes)
             if len(hits) < pages * k:
                 status = (status + "\n\n" if status else "") + "No more results."

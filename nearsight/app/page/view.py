@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from nearsight.app.page.html import QueryCard, result_html, title_columns
 from nearsight.app.page.products import grid_hits
 from nearsight.core.errors import NearsightError
 from nearsight.data.decode_box import fit_file
@@ -34,6 +35,7 @@ from nearsight.models.embedder import Embedder
 from nearsight.search.analysis import ANALYSIS_MAX_ITEMS, Analysis, analyse
 from nearsight.search.neighbour import Neighbour
 from nearsight.search.rerank.spec import RerankSpec
+from nearsight.search.route import Filtered
 from nearsight.search.served import ServedGallery, open_served
 from nearsight.search.verdicts import THUMBNAIL_SIDE, thumbnail_uri
 
@@ -117,6 +119,23 @@ class GalleryView(ServedGallery):
                 if self._analysis is None:
                     self._analysis = analyse(self.gallery, self.analysis_max_items)
         return self._analysis
+
+    def result_grid(self, card: QueryCard, hits: list[Neighbour], filtered: Filtered) -> str:
+        """The result grid of ``hits`` for the query ``card``, its fields led as this gallery
+        shows them (the first page and the More button's pages alike)."""
+        return result_html(
+            card,
+            hits,
+            [self.thumbnail(hit.id) for hit in hits],
+            [self.class_name(hit.label) for hit in hits],
+            gallery=self.name,
+            gallery_size=len(self),
+            matching=None if filtered.allowed is None else len(filtered.allowed),
+            lead_fields=self.shown_fields(),
+            filtered_fields=filtered.keys,
+            title_fields=title_columns(self.gallery.column_types()),
+            list_fields=self.list_columns,
+        )
 
 
 def open_views(
