@@ -40,6 +40,9 @@ lint: venv
 # One torch / onnxruntime / FAISS thread per worker (and its subprocesses) unless set: with a
 # worker per core, a thread per core in each worker made the training tests wait on each
 # other (tests/training's two slowest files: 163 s on 2 cores, 79 s with one thread each).
+# Bytecode is written even where PYTHONDONTWRITEBYTECODE is set (as on this workplace's machines):
+# without it each worker re-rewrote every test module and pytest plugin at collection, and
+# each of the suite's subprocesses recompiled nearsight (the caches are git-ignored).
 PYTEST_WORKERS ?= auto
 # The type checker covers the whole package; pyproject.toml's [tool.mypy] holds its settings.
 TYPED := nearsight
@@ -47,7 +50,7 @@ test: venv browser
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy $(TYPED)
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/pytest -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile
+	PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/pytest -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile
 
 # The page's browser tests drive Debian's chromium through Playwright (never `playwright
 # install`: no internet). Installed here when missing; without apt-get they are skipped.
