@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nearsight.index.ann import filtered
+from nearsight.index.ann import filter_plan, filtered
 from nearsight.index.ann.filter_plan import TARGET_RECALL, Costs
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.gallery.write import write_gallery
@@ -46,13 +46,34 @@ def data() -> dict:
 
 @pytest.fixture(scope="module")
 def galleries(tmp_path_factory, data) -> dict:
+    """The two galleries, and in ``"tuned"`` each build's index as the build handed it to
+    tune_filters (built without the held-out sample, nprobe / efSearch tuned), with that
+    call's meta and held-out sample: what test_the_tuning_walks_a_group_only_for_the_queries_
+    outside_it would otherwise build again."""
+    import copy
+
+    import faiss
+
+    from nearsight.index.gallery import write
+
     root = tmp_path_factory.mktemp("plan")
     items = [{"path": f"/shop/{i}.jpg"} for i in range(COUNT)]
-    return {
-        index_type: write_gallery(root / index_type, data["vectors"], items,
-                                  model_sha256="e" * 64, index_type=index_type)
-        for index_type in ("hnsw", "ivfpq")
-    }  # fmt: skip
+    tuned: dict[str, tuple] = {}
+    tune_filters = write.tune_filters
+
+    def recorded(index, index_type, meta, vectors, ids, held_out, *args, **kwargs):
+        tuned[index_type] = (faiss.serialize_index(index), copy.deepcopy(meta), held_out.copy())
+        return tune_filters(index, index_type, meta, vectors, ids, held_out, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(write, "tune_filters", recorded)
+        built = {
+            index_type: write_gallery(root / index_type, data["vectors"], items,
+                                      model_sha256="e" * 64, index_type=index_type)
+            for index_type in ("hnsw", "ivfpq")
+        }  # fmt: skip
+    assert set(tuned) == set(built)
+    return {**built, "tuned": tuned}
 
 
 @pytest.fixture
@@ -270,12 +291,18 @@ def test_the_costs_are_stored_at_build_time_and_measured_again_elsewhere(galleri
 def test_a_search_that_cannot_promise_the_target_says_so(tmp_path, data):
     """A PQ gallery of codes only (no exact vectors to search or re-rank by): its filtered
     answers carry a note, through Gallery.search and through the Python API's results."""
-    items = [{"path": f"/s/{i}.jpg", "label": i % 3} for i in range(COUNT)]
-    folder = write_gallery(tmp_path / "g", data["vectors"], items, model_sha256="e" * 64,
+    # a fifth of the catalog: codes only whatever the size, and still past MIN_PLAN_ITEMS
+    # (smaller galleries search every filter exactly), so the filtered route is the same one
+    count = COUNT // 5
+    assert count >= 4 * filter_plan.MIN_PLAN_ITEMS
+    items = [{"path": f"/s/{i}.jpg", "label": i % 3} for i in range(count)]
+    folder = write_gallery(tmp_path / "g", data["vectors"][:count], items, model_sha256="e" * 64,
                            index_type="ivfpq", embeddings="drop")  # fmt: skip
+    cap = data["filters"]["cap"]
     with Gallery.open(folder) as gallery:
+        assert not gallery.vectors_exact
         info: dict = {}
-        gallery.search(data["queries"][:3], K, ids=data["filters"]["cap"], info=info)
+        gallery.search(data["queries"][:3], K, ids=cap[cap < count], info=info)
         assert info["notes"] == [filtered.CODES_ONLY_NOTE]
         assert info["index"] == 3 and info["exact"] == 0  # every query ranked by the codes
         gallery.search(data["queries"][:3], K, info=info)  # unfiltered: nothing to say here
@@ -321,21 +348,27 @@ def test_the_tuning_counts_a_group_of_clusters_on_the_queries_outside_it(data):
 
 
 @pytest.mark.parametrize("index_type", ["ivfpq", "hnsw"])
-def test_the_tuning_walks_a_group_only_for_the_queries_outside_it(data, monkeypatch, index_type):
+def test_the_tuning_walks_a_group_only_for_the_queries_outside_it(
+    galleries, data, monkeypatch, index_type
+):
     """tune_filters counts, for a group of clusters, only the queries tuning_filters marks as
     outside it: the queries it walks are exactly those whose plan walks and that count. The
     old tuning counted every query that walked, those inside the group too (an easy case:
     the query's own neighbours are allowed), and so tuned a narrower rule; here some query
     inside a group would walk, so counting it would show."""
+    import faiss
+
     from nearsight.index.ann import filter_tuning
-    from nearsight.index.ann.faiss_index import make_index
-    from nearsight.index.ann.tuning import tune, tuning_sample
+    from nearsight.index.ann.tuning import TARGET_RECALL, tuning_sample
 
     vectors = data["vectors"]
     ids = np.arange(len(vectors), dtype=np.int64)
-    held_out = tuning_sample(len(ids), index_type)
-    index, params = make_index(vectors, ids, index_type, skip=held_out)
-    params.update(tune(index, index_type, vectors, ids, 0.95, rerank=True, held_out=held_out))
+    # the gallery build's index before its held-out sample went in, tuned (make_index, then
+    # tune to tuning.TARGET_RECALL with re-ranking): the same index this test once built
+    blob, meta, held_out = galleries["tuned"][index_type]
+    assert TARGET_RECALL == 0.95 and meta["index_type"] == index_type
+    assert np.array_equal(held_out, tuning_sample(len(ids), index_type))
+    index = faiss.deserialize_index(blob)
     counted_by: dict[bytes, np.ndarray] = {}
     calls: list[tuple[str, bytes, np.ndarray]] = []  # ("plan" | "walk", allowed, queries)
     tuning_filters, plan_walk, walk_index = (
@@ -359,7 +392,6 @@ def test_the_tuning_walks_a_group_only_for_the_queries_outside_it(data, monkeypa
     monkeypatch.setattr(filter_tuning, "tuning_filters", spy_filters)
     monkeypatch.setattr(filtered, "plan_walk", spy_plan)
     monkeypatch.setattr(filtered, "walk_index", spy_walk)
-    meta = {"index_type": index_type, **params}
     filter_tuning.tune_filters(index, index_type, meta, vectors, ids, held_out, 0.95)
     groups = {key for key, counted in counted_by.items() if not counted.all()}
     assert len(groups) >= 2

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 
 import pytest
-from helpers import assert_one_line_error, cli_argv, free_port, run, server_settings
+from helpers import assert_one_line_error, free_port, run, server_settings
 
 from nearsight.core.errors import NearsightError
 from nearsight.search.rerank.spec import parse_rerank, request_rerank
@@ -65,6 +64,20 @@ def scored_order(reranker, vectors_of, side_of=None):
         return candidates[np.argsort(-scores, kind="stable")]
 
     return reorder
+
+
+def serve_refused(capsys, monkeypatch, *argv) -> tuple[int, str, str]:
+    """``nearsight serve *argv`` in this process, where it must refuse at start (before any
+    server): were it to start one, the test fails at once instead of serving. The process's
+    exit status and stderr are ``main``'s (tests/app/test_reliability_cli.py refuses serve
+    flags the same way)."""
+    from nearsight.app import server_app
+
+    def launched(*args, **kwargs):
+        raise AssertionError("serve started a server instead of refusing at start")
+
+    monkeypatch.setattr(server_app, "launch_app", launched)
+    return run(capsys, "serve", *argv, "--port", free_port())
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +154,7 @@ def test_eval_search_and_python_rerank_with_it(trained, capsys):
     assert found != plain  # the reversing file did re-order
 
 
-def test_a_reranker_of_another_model_is_refused_in_one_line(trained, tmp_path, capsys):
+def test_a_reranker_of_another_model_is_refused_in_one_line(trained, tmp_path, capsys, monkeypatch):
     from nearsight.training.pairwise import PairScorer, export_scorer
 
     other = tmp_path / "other.onnx"
@@ -153,10 +166,9 @@ def test_a_reranker_of_another_model_is_refused_in_one_line(trained, tmp_path, c
     ):
         code, _, err = run(capsys, *argv)
         assert_one_line_error(code, err, "trained for model ffffffffffff", "rerank train")
-    serve = cli_argv("serve", "--gallery", trained["gallery"], "--rerank", spec,
-                     "--port", free_port())  # fmt: skip
-    done = subprocess.run(serve, capture_output=True, text=True, timeout=180)  # refused at start
-    assert_one_line_error(done.returncode, done.stderr, "trained for model ffffffffffff")
+    code, _, err = serve_refused(capsys, monkeypatch, "--gallery", trained["gallery"],
+                                 "--rerank", spec)  # fmt: skip
+    assert_one_line_error(code, err, "trained for model ffffffffffff")
     import nearsight
 
     with nearsight.open_gallery(trained["gallery"]) as gallery:
@@ -166,7 +178,7 @@ def test_a_reranker_of_another_model_is_refused_in_one_line(trained, tmp_path, c
             gallery.rerank_override = parse_rerank(spec)  # serve --rerank, at start
 
 
-def test_a_stage_reranker_runs_on_a_gallery_that_stores_its_features(trained, capsys):
+def test_a_stage_reranker_runs_on_a_gallery_that_stores_its_features(trained, capsys, monkeypatch):
     """rerank train --stage layer3 writes a format-2 file of the same model; a gallery without
     stored layer3 features refuses it in one line (eval, search, serve at start); rerank
     features stores them, and then eval and searches by item id re-rank with it."""
@@ -187,9 +199,8 @@ def test_a_stage_reranker_runs_on_a_gallery_that_stores_its_features(trained, ca
     for argv in (evaluate, by_id):
         code, _, err = run(capsys, *argv)
         assert_one_line_error(code, err, "stores none", "rerank features --gallery")
-    serve = cli_argv("serve", "--gallery", gallery, "--rerank", spec, "--port", free_port())
-    done = subprocess.run(serve, capture_output=True, text=True, timeout=180)  # refused at start
-    assert_one_line_error(done.returncode, done.stderr, "stores none")
+    code, _, err = serve_refused(capsys, monkeypatch, "--gallery", gallery, "--rerank", spec)
+    assert_one_line_error(code, err, "stores none")
 
     code, out_text, err = run(capsys, "rerank", "features", "--gallery", gallery, "--stage",
                               "layer3")  # fmt: skip

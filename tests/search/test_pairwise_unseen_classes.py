@@ -2,10 +2,15 @@
 (scikit-learn's digits at 32 px, a short RLL run, so its training classes are easy), a
 re-ranker trained on its training split by the CLI, and the unseen digits 5-9 searched
 leave-one-out. For each variant (the default, ``--stage layer3``) and three seeds, the file
-either keeps the base order (the same Recall@1) or lifts it; never a drop over 0.005."""
+either keeps the base order (the same Recall@1) or lifts it; never a drop over 0.005.
+
+The training split's features are computed once for the module (``features_once``): the
+seven ``rerank train`` runs here embed the same files with the same model, and the fits,
+not the embedding, are what the test is about."""
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 
@@ -19,6 +24,36 @@ pytest.importorskip("torch")
 MAX_DROP = 0.005
 SEEDS = (0, 1, 2)
 VARIANTS = {"default": (), "layer3": ("--stage", "layer3")}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def features_once():
+    """``embed_files`` and ``embed_with_stage`` remembered by (model, stage, files): a
+    ``rerank train`` run after the first gets a copy of the first's result (the same ONNX
+    model on the same files gives the same numbers); anything else is embedded as usual."""
+    from nearsight.data import embed
+    from nearsight.search.rerank import stage_features
+
+    seen: dict[tuple, object] = {}
+    real_files, real_stage = embed.embed_files, stage_features.embed_with_stage
+
+    def remembered(key: tuple, compute):
+        if key not in seen:
+            seen[key] = compute()
+        return copy.deepcopy(seen[key])
+
+    def embed_files(embedder, paths, **options):
+        key = ("files", embedder.model_sha256, tuple(map(str, paths)), options.get("untrusted"))
+        return remembered(key, lambda: real_files(embedder, paths, **options))
+
+    def embed_with_stage(model_path, stage, paths, **options):
+        key = ("stage", str(model_path), stage, tuple(map(str, paths)))
+        return remembered(key, lambda: real_stage(model_path, stage, paths, **options))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(embed, "embed_files", embed_files)
+        patch.setattr(stage_features, "embed_with_stage", embed_with_stage)
+        yield
 
 
 @pytest.fixture(scope="module")
