@@ -166,7 +166,7 @@ def test_rankmi_schedule_advances_on_embedding_updates_only(synth, tmp_path):
 
 
 @pytest.mark.slow
-def test_two_process_ddp_proxies_follow_the_single_process_run(synth, tmp_path, capsys):
+def test_two_process_ddp_proxies_follow_the_single_process_run(synth, tmp_path):
     """torchrun with 2 CPU processes (gloo), plain SGD (scale-sensitive, unlike Adam): the
     proxies' gradient is the full batch's, so loss curve and proxies match one process (run
     here, in this process: only the two-process run needs processes of its own)."""
