@@ -222,7 +222,7 @@ def onnx_actions(onnx_gallery, tmp_path_factory) -> dict[str, dict]:
                                                *extra[action]]])
              for action in ONNX_ACTIONS]  # fmt: skip
     done = subprocess.run([sys.executable, "-c", RUN_ACTIONS, json.dumps(steps)],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
