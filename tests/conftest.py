@@ -160,3 +160,67 @@ def hf_cache(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     return cache
+
+
+# -- the browser (appended: shared by the page's browser tests) ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    """Debian's chromium (/usr/bin/chromium) under Playwright, launched once per test module
+    (module, not session: a file that starts Playwright itself must find none running);
+    skips when either is missing (`make test` installs both)."""
+    from helpers import CHROMIUM, CHROMIUM_ARGS
+
+    if not CHROMIUM.exists():
+        pytest.skip("no /usr/bin/chromium (Debian package chromium; `make test` installs it)")
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="the playwright package is missing"
+    )
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def browser_context(chromium):
+    """One browsing context of :func:`chromium` per module, the tests' tabs opened in it
+    (helpers.open_tab): they share its HTTP cache, so the page's scripts load once.
+    ``context.requests``: the URL of every request any of its tabs made."""
+    from helpers.browser import VIEWPORT
+
+    context = chromium.new_context(viewport=VIEWPORT)
+    context.requests = []
+    context.on("request", lambda req: context.requests.append(req.url))
+    yield context
+    context.close()
+
+
+# -- galleries built once per session (appended) -------------------------------------------------
+# For test modules that only read them: such a module overrides ``tiny``, ``product`` or
+# ``shop`` with one of these (a module that changes a gallery keeps the module's own build).
+
+
+@pytest.fixture(scope="session")
+def tiny_once(tmp_path_factory) -> Iterator[TinyGallery]:
+    """:func:`helpers.make_tiny_gallery`, built once per session."""
+    root = tmp_path_factory.mktemp("tiny-once")
+    yield make_tiny_gallery(root)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def product_once(tmp_path_factory) -> Iterator[dict]:
+    """:func:`helpers.make_product`, built once per session."""
+    root = tmp_path_factory.mktemp("product-once")
+    yield make_product(root)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def shop_once(tmp_path_factory) -> Iterator[dict]:
+    """:func:`helpers.make_shop`, built once per session."""
+    root = tmp_path_factory.mktemp("shop-once")
+    yield make_shop(root)
+    shutil.rmtree(root, ignore_errors=True)

@@ -80,6 +80,7 @@ class ServedApp:
     thread: threading.Thread
     page: PageBlocks
     decode_shares: DecodeShares | None = None  # what the decode box charges each client
+    page_app: Any = None  # Gradio's app mounted at /: its stop_event ends the heartbeat streams
 
 
 _RUNNING: dict[int, ServedApp] = {}  # id(page) -> its server, while it runs
@@ -162,12 +163,14 @@ def build_server_app(page: PageBlocks, settings: Settings) -> tuple[FastAPI, dic
         mcp_server=False,
         theme=system_theme(),
     )
+    page_app = next(route.app for route in app.routes
+                    if isinstance(route, Mount) and hasattr(route.app, "stop_event"))  # fmt: skip
     # mounted, Gradio checks a payload's file paths only once it thinks itself launched (its
     # own reload sets this too): the page's inputs come from its upload folder alone
     page.has_launched = True
     app.add_middleware(QueueJoinFiles, budget=uploads)
     app.add_middleware(Guard, settings=guard)  # added last: outermost
-    return app, {"rest": rest, "guard": guard, "connections": connections}
+    return app, {"rest": rest, "guard": guard, "connections": connections, "page_app": page_app}
 
 
 def launch_app(page: PageBlocks, settings: Settings) -> str:
@@ -214,7 +217,7 @@ def launch_app(page: PageBlocks, settings: Settings) -> str:
         charge_with(shares)
     _RUNNING[id(page)] = ServedApp(url, settings, app, galleries, parts["rest"], parts["guard"],
                                    parts["connections"], server, thread, page,
-                                   shares)  # fmt: skip
+                                   shares, parts["page_app"])  # fmt: skip
     galleries.watch(settings.watch_interval)
     return url
 
@@ -230,6 +233,12 @@ def stop_app(page: PageBlocks) -> None:
     if running is None:
         page.nearsight.galleries.close()
         return
+    # an open tab's (or gradio_client's) heartbeat stream ends only on Gradio's stop_event, and
+    # uvicorn waits for every open stream before it stops: set it first, or each open page held
+    # the stop for up to the thread's 30 s. Set from this thread, the loop sees it on its next
+    # tick (uvicorn's main loop wakes every 0.1 s), as Gradio's own close() does.
+    if running.page_app is not None:
+        running.page_app.stop_event.set()
     running.server.should_exit = True
     running.thread.join(30)
     if running.decode_shares is not None and charged_by() is running.decode_shares:

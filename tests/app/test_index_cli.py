@@ -51,6 +51,20 @@ def setup(tmp_path_factory) -> Iterator[dict]:
     shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def onnx_built(setup) -> dict:
+    """The module's model exported to ONNX and its gallery built again with it (a process
+    that searches or adds with it imports no torch)."""
+    from nearsight.models.export import export_onnx
+
+    model = setup["root"] / "model.onnx"
+    export_onnx(setup["model"], model)
+    gallery = setup["root"] / "gallery-onnx"
+    assert main(["index", "build", "--model", str(model), "--dataset", "folder", "--root",
+                 str(setup["data"]), "--out", str(gallery), *FAST]) == 0  # fmt: skip
+    return {"model": model, "gallery": gallery}
+
+
 @pytest.fixture
 def gallery_copy(setup, tmp_path) -> Path:
     """A private copy of the module's gallery, for tests that change it."""
@@ -249,15 +263,8 @@ def test_bad_input_is_one_line_and_exit_2(setup, tmp_path, capsys):
     assert not (tmp_path / "g").exists()
 
 
-def test_search_through_the_exported_onnx_model(setup, tmp_path, capsys):
-    from nearsight.models.export import export_onnx
-
-    onnx_path = tmp_path / "model.onnx"
-    export_onnx(setup["model"], onnx_path)
-    gallery = tmp_path / "g"
-    code, _, err = run(capsys, "index", "build", "--model", onnx_path, "--dataset", "folder",
-                       "--root", setup["data"], "--out", gallery, *FAST)  # fmt: skip
-    assert code == 0, err
+def test_search_through_the_exported_onnx_model(setup, onnx_built, capsys):
+    gallery = onnx_built["gallery"]  # built by the CLI from the exported model
     query = load_dataset("folder", setup["data"], "test").paths[4]
     results = search_json(capsys, gallery, query, k=3)
     assert results[0]["id"] == 4 and results[0]["distance"] < 1e-3
@@ -313,7 +320,9 @@ def test_killing_a_build_part_way_leaves_the_previous_gallery(setup, tmp_path, c
 
 
 @pytest.mark.slow  # two CLI processes
-def test_two_concurrent_adds_both_land(setup, gallery_copy):
+def test_two_concurrent_adds_both_land(setup, onnx_built, tmp_path):
+    gallery_copy = tmp_path / "gallery"  # the ONNX model's: the processes need no torch
+    shutil.copytree(onnx_built["gallery"], gallery_copy)
     extra = load_dataset("folder", setup["data"], "train").paths
     add = ("index", "add", "--gallery", gallery_copy)
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}

@@ -187,32 +187,50 @@ def test_bad_input_is_one_line_and_exit_2(capsys, keyed, tmp_path, argv, fragmen
     assert_one_line_error(code, err, fragment)
 
 
-RUN_CLI = """
-import json, sys
+# One fresh interpreter runs the four actions in turn and reports the modules loaded after each
+# (an interpreter start costs seconds). Modules only pile up: an action's report holds what it and
+# the actions before it loaded, at least as strict a check as a fresh interpreter of its own.
+RUN_ACTIONS = """
+import contextlib, io, json, sys
 from nearsight.app.cli import main
-code = main(sys.argv[1:])
-print(json.dumps({"code": code, "modules": sorted(m for m in sys.modules if "." not in m)}))
+reports = {}
+for action, argv in json.loads(sys.argv[1]):
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = main(argv)
+    reports[action] = {"code": code, "modules": sorted(m for m in sys.modules if "." not in m)}
+print(json.dumps(reports))
 """
+ONNX_ACTIONS = ("failures", "compare", "report", "duplicates")
 
 
-@pytest.mark.parametrize("action", ["failures", "compare", "report", "duplicates"])
-def test_inspecting_an_onnx_gallery_loads_no_torch(onnx_gallery, tmp_path, action):
-    """The serving path never imports torch: only `inspect explain` needs it."""
+@pytest.fixture(scope="module")
+def onnx_actions(onnx_gallery, tmp_path_factory) -> dict[str, dict]:
+    """Each of :data:`ONNX_ACTIONS` on the session's ONNX gallery, in one fresh interpreter:
+    action -> {"code", "modules"}."""
     import subprocess
     import sys
 
     gallery = onnx_gallery.gallery
+    out = tmp_path_factory.mktemp("inspect-onnx") / "r.html"
     extra = {
         "failures": ["--json"],
         "compare": ["--against", gallery, "--json"],
-        "report": ["--out", tmp_path / "r.html"],
+        "report": ["--out", out],
         "duplicates": ["--json"],
-    }[action]
-    argv = ["inspect", action, "--gallery", gallery, *extra]
-    done = subprocess.run([sys.executable, "-c", RUN_CLI, *map(str, argv)],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    }
+    steps = [(action, [str(arg) for arg in ["inspect", action, "--gallery", gallery,
+                                               *extra[action]]])
+             for action in ONNX_ACTIONS]  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", RUN_ACTIONS, json.dumps(steps)],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("action", ONNX_ACTIONS)
+def test_inspecting_an_onnx_gallery_loads_no_torch(onnx_actions, action):
+    """The serving path never imports torch: only `inspect explain` needs it."""
+    report = onnx_actions[action]
     assert report["code"] == 0
     assert not {"torch", "torchvision", "onnx", "tensorboard"} & set(report["modules"])
 

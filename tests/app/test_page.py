@@ -33,6 +33,14 @@ from nearsight.search.evaluate import evaluate_gallery
 from nearsight.search.neighbour import FIELDS
 from nearsight.search.served import gallery_names
 
+
+@pytest.fixture(scope="module")
+def tiny(tiny_once):
+    """The session's tiny gallery (helpers.make_tiny_gallery): this module only reads it
+    (and writes new files beside it)."""
+    return tiny_once
+
+
 MAX_UPLOAD_MB = 0.25  # small, so that the oversized upload in the test is small too
 
 
@@ -386,10 +394,13 @@ def test_a_gallery_past_the_analysis_limit_is_not_analysed(tiny):
 
 
 @pytest.mark.slow
-def test_nearsight_serve_prints_the_url_and_serves(tiny):
+def test_nearsight_serve_prints_the_url_and_serves(onnx_gallery):
+    """The process itself: its URL line, the page, /search, and a clean stop on SIGTERM (an
+    ONNX gallery: the process imports no torch)."""
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, "-m", "nearsight.app.cli", "serve", "--gallery", str(tiny.gallery)]
+    gallery = str(onnx_gallery.gallery)
+    command = [sys.executable, "-m", "nearsight.app.cli", "serve", "--gallery", gallery]
     with started(
         [*command, "--port", port, "--device", "cpu"],
         stdout=subprocess.PIPE,
@@ -403,10 +414,12 @@ def test_nearsight_serve_prints_the_url_and_serves(tiny):
         assert response.status_code == 200 and "nearsight" in response.text
         rows = json.loads(
             Client(f"http://127.0.0.1:{port}/", verbose=False).predict(
-                handle_file(tiny.items[2]["path"]), 2, api_name="/search"
+                handle_file(onnx_gallery.query), 2, api_name="/search"
             )
         )
-        assert [row["id"] for row in rows][0] == tiny.items[2]["id"]
+        with Gallery.open(onnx_gallery.gallery) as opened:
+            own = next(i for i in opened.all_items() if i["path"] == str(onnx_gallery.query))
+        assert [row["id"] for row in rows][0] == own["id"]
         code = stop_process(process)
         err = process.stderr.read()
     assert code == 0 and "nearsight: stopped" in err, err  # SIGTERM closes it cleanly

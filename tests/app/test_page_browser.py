@@ -6,55 +6,36 @@ test-artifacts/."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
-from helpers import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, upload
+from helpers import CHROMIUM, upload
+from helpers.browser import open_tab
 from PIL import Image
 
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+
+@pytest.fixture(scope="module")
+def tiny(tiny_once):
+    """The session's tiny gallery (helpers.make_tiny_gallery): this module only reads it
+    (and writes new files beside it)."""
+    return tiny_once
+
+
 GREEN, RED, GREY = "rgb(22, 163, 74)", "rgb(220, 38, 38)", "rgb(156, 163, 175)"
 
 pytestmark = pytest.mark.skipif(
     not CHROMIUM.exists(),
     reason="no /usr/bin/chromium (Debian package chromium; `make test` installs it)",
 )
-sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is missing")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
+pytest.importorskip("playwright.sync_api", reason="the playwright package is missing")
 
 
 @pytest.fixture
-def page(browser, tiny_page, request):
-    """A fresh tab on the page; ``page.outside`` lists requests that left 127.0.0.1. On a
-    failure the tab's screenshot is saved to test-artifacts/<test>.png."""
-    url = tiny_page[0]
-    context = browser.new_context(viewport={"width": 1400, "height": 1100})
-    tab = context.new_page()
-    tab.set_default_timeout(TIMEOUT_MS)
-    tab.outside = []
-    local = url.rstrip("/")
-
-    def watch(req) -> None:
-        if not req.url.startswith((local, "data:", "blob:")):
-            tab.outside.append(req.url)
-
-    tab.on("request", watch)
-    failed_before = request.session.testsfailed
-    tab.goto(url)
-    tab.wait_for_selector("#ns-results .ns-message")
-    yield tab
-    if request.session.testsfailed > failed_before:  # the call phase has been reported
-        ARTIFACTS.mkdir(exist_ok=True)
-        name = re.sub(r"[^A-Za-z0-9_.-]", "_", request.node.name)
-        tab.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
-    context.close()
+def page(browser_context, tiny_page, request):
+    """A fresh tab on the page (the module's one browser context); ``page.outside`` lists
+    requests that left 127.0.0.1. On a failure the tab's screenshot is saved to
+    test-artifacts/<test>.png."""
+    with open_tab(browser_context, request, tiny_page[0], ready="#ns-results .ns-message") as tab:
+        yield tab
 
 
 def border_colour(locator) -> str:

@@ -8,16 +8,15 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import CHROMIUM, CHROMIUM_ARGS, FAST, TIMEOUT_MS, running_page, tiny_model
+from helpers import CHROMIUM, FAST, running_page, tiny_model
+from helpers.browser import open_tab
 
 from nearsight.app.cli import main
 from nearsight.search.inspect.compare import compare_galleries
 from nearsight.search.inspect.labels import suspected_labels
 
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
-
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium")
-sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is missing")
+pytest.importorskip("playwright.sync_api", reason="the playwright package is missing")
 pytest.importorskip("torch")  # the second gallery's model is a checkpoint
 
 
@@ -35,20 +34,10 @@ def two(onnx_gallery, tmp_path_factory):
 
 
 @pytest.fixture
-def tab(two, request):
+def tab(browser_context, two, request):
     (url, _), _, _ = two
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1100})
-        page.set_default_timeout(TIMEOUT_MS)
-        failed_before = request.session.testsfailed
-        page.goto(url)
+    with open_tab(browser_context, request, url) as page:
         yield page
-        if request.session.testsfailed > failed_before:
-            ARTIFACTS.mkdir(exist_ok=True)
-            name = re.sub(r"[^A-Za-z0-9_.-]", "_", request.node.name)
-            page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
-        browser.close()
 
 
 def test_the_failure_table_shows_thumbnails(tab, two):

@@ -12,11 +12,18 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, running_page
+from helpers import CHROMIUM, running_page
+from helpers.browser import open_tab
 
 from nearsight.app.page.more import More
 
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+
+@pytest.fixture(scope="module")
+def shop(shop_once):
+    """The session's shop catalog (helpers.make_shop): this module only reads it."""
+    return shop_once
+
+
 GROUP = "class_name"  # a product: the photos of one class (a SKU in a real shop)
 
 
@@ -139,28 +146,9 @@ browser_only = pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chr
 
 
 @pytest.fixture
-def tab(served, request):
-    sync_api = pytest.importorskip("playwright.sync_api")
-    url = served[0]
-    with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        context = chromium.new_context(viewport={"width": 1400, "height": 1100})
-        page = context.new_page()
-        page.set_default_timeout(TIMEOUT_MS)
-        page.outside = []
-        local = url.rstrip("/")
-        page.on("request", lambda req: None if req.url.startswith((local, "data:", "blob:"))
-                else page.outside.append(req.url))  # fmt: skip
-        failed_before = request.session.testsfailed
-        page.goto(url)
-        page.wait_for_selector("#ns-results .ns-message")
+def tab(browser_context, served, request):
+    with open_tab(browser_context, request, served[0], ready="#ns-results .ns-message") as page:
         yield page
-        if request.session.testsfailed > failed_before:
-            ARTIFACTS.mkdir(exist_ok=True)
-            name = re.sub(r"[^A-Za-z0-9_.-]", "_", request.node.name)
-            page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
-        context.close()
-        chromium.close()
 
 
 def _grid_ids(tab) -> list[int]:

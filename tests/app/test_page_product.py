@@ -8,10 +8,18 @@ import re
 
 import numpy as np
 import pytest
-from helpers import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, upload
+from helpers import CHROMIUM, upload
+from helpers.browser import open_tab
 
 from nearsight.app.page.map_tab import CLICK_RADIUS, PCA, build_map, project, recall_chart_html
 from nearsight.app.page.tables import summary_markdown
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_once):
+    """The session's tiny gallery (helpers.make_tiny_gallery): this module only reads it
+    (and writes new files beside it)."""
+    return tiny_once
 
 
 def test_pca_projection_keeps_the_two_widest_directions():
@@ -56,24 +64,10 @@ def test_summary_shows_folder_names_unless_asked(tiny_page, tiny):
 browser_only = pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium")
 
 
-@pytest.fixture(scope="module")
-def browser():
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
-
-
 @pytest.fixture
-def tab(browser, tiny_page):
-    context = browser.new_context(viewport={"width": 1400, "height": 1100})
-    page = context.new_page()
-    page.set_default_timeout(TIMEOUT_MS)
-    page.goto(tiny_page[0])
-    page.wait_for_selector("#ns-results .ns-message")
-    yield page
-    context.close()
+def tab(browser_context, tiny_page, request):
+    with open_tab(browser_context, request, tiny_page[0], ready="#ns-results .ns-message") as page:
+        yield page
 
 
 @browser_only

@@ -7,15 +7,25 @@ query box, the Map legend). The same in Debian's chromium at the end."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
-from helpers import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, free_port, run, running_page, upload
+from helpers import CHROMIUM, free_port, run, running_page, upload
+from helpers.browser import open_tab
 
 from nearsight.app.page.html import META_SHOWN
 from nearsight.app.page.map_tab import legend_html
 
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+
+@pytest.fixture(scope="module")
+def shop(shop_once):
+    """The session's shop catalog (helpers.make_shop): this module only reads it."""
+    return shop_once
+
+
+@pytest.fixture(scope="module")
+def product(product_once):
+    """The session's product gallery (helpers.make_product): this module only reads it."""
+    return product_once
 
 
 @pytest.fixture(scope="module")
@@ -128,26 +138,10 @@ browser_only = pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chr
 
 
 @pytest.fixture
-def tab(served, request):
-    sync_api = pytest.importorskip("playwright.sync_api")
-    url = served[0]
-    with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        context = chromium.new_context(viewport={"width": 1400, "height": 1100})
-        page = context.new_page()
-        page.set_default_timeout(TIMEOUT_MS)
-        page.outside = []
-        local = url.rstrip("/")
-        page.on("request", lambda req: None if req.url.startswith((local, "data:", "blob:"))
-                else page.outside.append(req.url))  # fmt: skip
-        failed_before = request.session.testsfailed
+def tab(browser_context, served, request):
+    """A tab (not yet on any page) whose ``outside`` lists requests that left the server."""
+    with open_tab(browser_context, request, served[0], navigate=False) as page:
         yield page
-        if request.session.testsfailed > failed_before:
-            ARTIFACTS.mkdir(exist_ok=True)
-            name = re.sub(r"[^A-Za-z0-9_.-]", "_", request.node.name)
-            page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
-        context.close()
-        chromium.close()
 
 
 @browser_only

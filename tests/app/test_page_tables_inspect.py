@@ -3,8 +3,16 @@ frame the page sends)."""
 
 from __future__ import annotations
 
+import pytest
+
 from nearsight.app.page.tables import FAILURE_COLUMNS, FAILURE_TYPES, THUMBNAIL_ROWS, failure_frame
 from nearsight.app.page.view import open_views
+
+
+@pytest.fixture(scope="module")
+def shop(shop_once):
+    """The session's shop catalog (helpers.make_shop): this module only reads it."""
+    return shop_once
 
 
 def test_the_failure_table_has_keys_and_thumbnails(shop):

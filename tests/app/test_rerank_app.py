@@ -16,6 +16,13 @@ from nearsight.search.rerank import parse_rerank
 from nearsight.search.rerank.search import reranked_search
 from nearsight.search.route import stored_rerank
 
+
+@pytest.fixture(scope="module")
+def product(product_once):
+    """The session's product gallery (helpers.make_product): this module only reads it."""
+    return product_once
+
+
 SPEC = "dba+aqe:k=2,alpha=3,depth=20"
 
 

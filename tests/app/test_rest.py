@@ -22,6 +22,13 @@ from nearsight.app.serve.batcher import EmbedBatcher
 from nearsight.app.server_app import served as served_app
 from nearsight.index.gallery.core import Gallery
 
+
+@pytest.fixture(scope="module")
+def product(product_once):
+    """The session's product gallery (helpers.make_product): this module only reads it."""
+    return product_once
+
+
 MAX_UPLOAD_MB = 0.25
 KEY = "s3cret-key"
 

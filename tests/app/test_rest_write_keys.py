@@ -18,6 +18,13 @@ from PIL import Image
 from nearsight.app.serve.auth import ApiKeys, parse_keys_file
 from nearsight.core.errors import NearsightError
 
+
+@pytest.fixture(scope="module")
+def shop(shop_once):
+    """The session's shop catalog (helpers.make_shop): this module only reads it."""
+    return shop_once
+
+
 WRITER, READER, OLD_STYLE = "writer-key-0123456789", "reader-key-0123456789", "older-key-0123456789"
 KEYS = f"# the shop\nadmin {WRITER} write\nfront {READER} read\nbefore {OLD_STYLE}\n"
 

@@ -15,6 +15,13 @@ import pytest
 from helpers import running_page
 from PIL import Image
 
+
+@pytest.fixture(scope="module")
+def shop(shop_once):
+    """The session's shop catalog (helpers.make_shop): this module only reads it."""
+    return shop_once
+
+
 KEY = "writes-test-key"
 
 

@@ -15,6 +15,12 @@ from helpers import FAST, assert_one_line_error, run
 from nearsight.app.cli import main
 
 
+@pytest.fixture(scope="module")
+def product(product_once):
+    """The session's product gallery (helpers.make_product): this module only reads it."""
+    return product_once
+
+
 def _search(capsys, *argv) -> list[dict]:
     code, out, err = run(capsys, "search", *argv, "--json")
     assert code == 0, err

@@ -7,7 +7,14 @@ from __future__ import annotations
 import csv
 import json
 
+import pytest
 from helpers import FAST, assert_one_line_error, run
+
+
+@pytest.fixture(scope="module")
+def shop(shop_once):
+    """The session's shop catalog (helpers.make_shop): this module only reads it."""
+    return shop_once
 
 
 def test_out_csv_holds_what_jsonl_holds(capsys, shop, tmp_path):

@@ -10,11 +10,18 @@ import shutil
 import sys
 
 import numpy as np
+import pytest
 from helpers import FAST, run
 
 from nearsight.search.neighbour import Neighbour
 from nearsight.search.results import ResultsList, SearchResults
 from nearsight.search.searcher import open_gallery
+
+
+@pytest.fixture(scope="module")
+def shop(shop_once):
+    """The session's shop catalog (helpers.make_shop): this module only reads it."""
+    return shop_once
 
 
 def one_line_error(code: int, err: str, fragment: str) -> None:

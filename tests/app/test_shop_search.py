@@ -16,6 +16,13 @@ from helpers import SHOP_SINCE, run, running_page
 from nearsight.core.errors import NearsightError
 from nearsight.search.searcher import FilterNote, open_gallery
 
+
+@pytest.fixture(scope="module")
+def shop(shop_once):
+    """The session's shop catalog (helpers.make_shop): this module only reads it."""
+    return shop_once
+
+
 KEY = "00007"
 
 
