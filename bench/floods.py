@@ -25,7 +25,8 @@ Goals (issue 51): under each of the first two floods, each search's p50 within 3
 p50 + 100 ms (printed as the ratio to that bound: at most 1 meets it); no wait over 1 s during
 ``bodies``; every pipelining connection closed within the write deadline. ``--smoke``: 300
 items, 3 tries, 8 flooding networks, 2 x 4 connections, one round of bodies, 8 pipelining
-connections. A script, not a test; run it under ``flock /tmp/nearsight-bench.lock`` on a
+connections, floods of 0.5 s before the victim's searches (1 s of bodies) and a 2 s write
+deadline. A script, not a test; run it under ``flock /tmp/nearsight-bench.lock`` on a
 shared machine, and note the load average (written to the results).
 """
 
@@ -80,13 +81,13 @@ def build(root: Path, items: int) -> Path:
 
 
 @contextlib.contextmanager
-def served(gallery: Path):
+def served(gallery: Path, write_timeout_s: float = WRITE_TIMEOUT_S):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     command = [sys.executable, "-m", "nearsight.app.cli", "serve", "--gallery", str(gallery),
                "--port", str(port), "--no-access-log", "--analysis-max-items", "0",
-               "--write-timeout", str(WRITE_TIMEOUT_S)]  # fmt: skip
+               "--write-timeout", str(write_timeout_s)]  # fmt: skip
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -193,8 +194,10 @@ def flood_main(kind: str, url: str, identities: int, connections: int, items: in
 
 
 @contextlib.contextmanager
-def flooding(kind: str, url: str, identities: int, connections: int, items: int):
-    """The flood running in its own process; yields a dict that holds its statuses after."""
+def flooding(kind: str, url: str, identities: int, connections: int, items: int,
+             fill_s: float = 3.0):  # fmt: skip
+    """The flood running in its own process, ``fill_s`` after it started (the flood fills the
+    queues); yields a dict that holds its statuses after."""
     command = [sys.executable, __file__, "--flood", kind, url, str(identities),
                str(connections), str(items)]  # fmt: skip
     process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -202,7 +205,7 @@ def flooding(kind: str, url: str, identities: int, connections: int, items: int)
     assert process.stdout.readline().strip() == "started"
     summary: dict = {}
     try:
-        time.sleep(3)  # the flood fills the queues
+        time.sleep(fill_s)
         yield summary
     finally:
         process.stdin.close()
@@ -227,9 +230,11 @@ def longest_waits(url: str, seconds: float) -> dict[str, float]:
     return {name: round(value, 3) for name, value in longest.items()}
 
 
-def pipelining(url: str, identities: int, connections: int) -> dict:
+def pipelining(url: str, identities: int, connections: int,
+               write_timeout_s: float = WRITE_TIMEOUT_S, waits_s: float = 5.0) -> dict:  # fmt: skip
     """Connections that pipeline 200 GET /api/health and never read: the seconds until the
-    server closes each (watched with poll, nothing read), and the longest waits meanwhile."""
+    server (its ``--write-timeout`` ``write_timeout_s``) closes each (watched with poll,
+    nothing read), and the longest waits over ``waits_s`` meanwhile."""
     host, port = url.rsplit("/", 1)[-1].split(":")
     request = b"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" * 200
     socks, opened = [], {}
@@ -248,9 +253,9 @@ def pipelining(url: str, identities: int, connections: int) -> dict:
             socks.append(sock)
     closed: dict[int, float] = {}
     waits: dict = {}
-    waiter = threading.Thread(target=lambda: waits.update(longest_waits(url, 5.0)))
+    waiter = threading.Thread(target=lambda: waits.update(longest_waits(url, waits_s)))
     waiter.start()
-    deadline = time.monotonic() + 3 * WRITE_TIMEOUT_S
+    deadline = time.monotonic() + 3 * write_timeout_s
     while len(closed) < len(socks) and time.monotonic() < deadline:
         for fd, _ in watcher.poll(200):
             if fd not in closed:
@@ -265,9 +270,9 @@ def pipelining(url: str, identities: int, connections: int) -> dict:
         "closed": len(closed),
         "close_p50_s": round(float(np.median(seconds)), 3) if seconds else None,
         "close_max_s": round(seconds[-1], 3) if seconds else None,
-        "write_timeout_s": WRITE_TIMEOUT_S,
+        "write_timeout_s": write_timeout_s,
         "all_closed_within_write_deadline": len(closed) == len(socks)
-        and seconds[-1] <= WRITE_TIMEOUT_S,
+        and seconds[-1] <= write_timeout_s,
         "longest_wait_meanwhile_s": waits,
     }
 
@@ -288,22 +293,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args(argv)
     sizes = {"networks": (80, 1), "connections": (4, 32), "bodies": (4, 1), "pipelining": (8, 28)}
-    rounds_s = 20.0
+    rounds_s, fill_s, write_timeout_s, waits_s = 20.0, 3.0, WRITE_TIMEOUT_S, 5.0
     if args.smoke:
         args.items, args.tries, args.pause = 300, 3, min(args.pause, 0.05)
         sizes = {"networks": (8, 1), "connections": (2, 4), "bodies": (4, 1),
                  "pipelining": (2, 4)}  # fmt: skip
-        rounds_s = 4.0
+        # it runs, not how long the floods last: short floods, a short write deadline
+        rounds_s, fill_s, write_timeout_s, waits_s = 1.0, 0.5, 2.0, 1.0
     report: dict = {"load_before": os.getloadavg(), "sizes": sizes, "victim_pause_s": args.pause}
     with tempfile.TemporaryDirectory() as folder:
         gallery = build(Path(folder), args.items)
-        with served(gallery) as url:
+        with served(gallery, write_timeout_s) as url:
             victim_p50s(url, 2, args.items)  # warm: the model, the re-ranker, the decoder
             idle = victim_p50s(url, args.tries, args.items, args.pause)
             report["idle_p50_s"] = idle
             print("idle p50 s", json.dumps(idle), flush=True)
             for kind in ("networks", "connections"):
-                with flooding(kind, url, *sizes[kind], args.items) as statuses:
+                with flooding(kind, url, *sizes[kind], args.items, fill_s) as statuses:
                     flooded = victim_p50s(url, args.tries, args.items, args.pause)
                 report[kind] = {"p50_s": flooded, "ratio_to_goal": ratios(idle, flooded),
                                 "flood_statuses": statuses}  # fmt: skip
@@ -312,12 +318,12 @@ def main(argv: list[str] | None = None) -> int:
                     f"{json.dumps(report[kind]['ratio_to_goal'])}",
                     flush=True,
                 )
-            with flooding("bodies", url, *sizes["bodies"], args.items) as statuses:
+            with flooding("bodies", url, *sizes["bodies"], args.items, fill_s) as statuses:
                 waits = longest_waits(url, rounds_s)
             report["bodies"] = {"longest_wait_s": waits, "flood_statuses": statuses,
                                 "goal_met": max(waits.values()) <= 1.0}  # fmt: skip
             print(f"bodies: longest wait s {json.dumps(waits)}", flush=True)
-            report["pipelining"] = pipelining(url, *sizes["pipelining"])
+            report["pipelining"] = pipelining(url, *sizes["pipelining"], write_timeout_s, waits_s)
             print(f"pipelining: {json.dumps(report['pipelining'])}", flush=True)
     report["load_after"] = os.getloadavg()
     print(json.dumps(report, indent=1))

@@ -40,8 +40,10 @@ Parts (``--parts``, comma-separated; default all):
 
 Without a CUDA device the GPU rows are skipped with the reason, and the CPU halves of data,
 search and eval still run at full size. ``--cpu-smoke`` runs every part at a tiny size on the
-CPU (GPU rows measured on the CPU instead), to test the script itself. Output: a table on
-stdout, ``--json FILE`` for the same as one JSON object; exit status 1 when a part failed.
+CPU (GPU rows measured on the CPU instead; the train part trains ICE eager and RankMI compiled,
+the timm part one family, the other rows skipped with the reason), to test the script itself.
+Output: a table on stdout, ``--json FILE`` for the same as one JSON object; exit status 1 when
+a part failed.
 """
 
 from __future__ import annotations

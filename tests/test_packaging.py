@@ -7,6 +7,7 @@ reachable through importlib.resources, and a wheel holds nothing but ``nearsight
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 import subprocess
@@ -48,9 +49,16 @@ def test_nearsight_imports_from_anywhere(tmp_path):
     assert Path(done.stdout.strip()).parent.name == "nearsight"
 
 
+@functools.cache
+def _parsed(path: Path) -> ast.Module:
+    """The file's syntax tree, parsed once for every test of the module."""
+    return ast.parse(path.read_text(), filename=str(path))
+
+
+@functools.cache
 def _imports(path: Path) -> list[tuple[int, str]]:
     """Every module an import statement names, with its line (relative imports resolved)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = _parsed(path)
     parts = path.relative_to(ROOT).with_suffix("").parts
     found = []
     for node in ast.walk(tree):
@@ -93,7 +101,7 @@ def _module_graph() -> dict[str, set[str]]:
         modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
-        tree = ast.parse(path.read_text())
+        tree = _parsed(path)
         typing_only = {
             id(child)
             for node in ast.walk(tree)
