@@ -31,6 +31,7 @@ from typing import Any
 import gradio as gr
 import uvicorn
 from fastapi import FastAPI
+from gradio.routes import App as GradioApp
 from gradio.utils import get_upload_folder
 from starlette.routing import Mount
 
@@ -230,6 +231,12 @@ def stop_app(page: PageBlocks) -> None:
     if running is None:
         page.nearsight.galleries.close()
         return
+    # Gradio's heartbeat streams end on its stop event only: uvicorn waits for every open
+    # connection before the lifespan that would set it, so a connected client held the stop
+    # for the whole join below
+    for route in running.app.routes:
+        if isinstance(route, Mount) and isinstance(route.app, GradioApp):
+            route.app.stop_event.set()
     running.server.should_exit = True
     running.thread.join(30)
     if running.decode_shares is not None and charged_by() is running.decode_shares:

@@ -137,18 +137,37 @@ def test_metrics_count_requests_and_gallery_sizes(keyed):
     assert "nearsight_gallery_items" in text and "nearsight_embed_queue" in text
 
 
-def test_the_key_can_come_from_a_file_or_the_environment(onnx_gallery, tmp_path):
+@pytest.fixture(scope="module")
+def env_keyed_process(onnx_gallery):
+    """(url, stderr lines): `nearsight serve` in a process of its own with its defaults, its key
+    from NEARSIGHT_API_KEY; its stderr (the access log) read as it comes. Shared by the key and
+    access log tests: neither changes it."""
+    env = {"NEARSIGHT_API_KEY": KEY}
+    args = ["--gallery", onnx_gallery.gallery]
+    with serve_process(args, env=env, stderr=subprocess.PIPE) as (url, server):
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(iter(server.stderr.readline, "")),
+                                  daemon=True)  # fmt: skip
+        reader.start()
+        yield url, lines
+    reader.join(30)
+
+
+def test_the_key_can_come_from_a_file_or_the_environment(env_keyed_process, onnx_gallery,
+                                                         tmp_path):  # fmt: skip
     key_file = tmp_path / "key"
     key_file.write_text(KEY + "\n")
-    for extra, env in ((["--api-key-file", str(key_file)], {}), ([], {"NEARSIGHT_API_KEY": KEY})):
-        with serve_process(["--gallery", onnx_gallery.gallery, *extra], env=env) as (url, _):
+    args = ["--gallery", onnx_gallery.gallery, "--api-key-file", key_file]
+    with serve_process(args) as (from_file, _):
+        for url in (from_file, env_keyed_process[0]):
             assert httpx.get(f"{url}/api/items/0", timeout=10).status_code == 401
             ok = httpx.get(f"{url}/api/items/0", headers={"X-API-Key": KEY}, timeout=10)
             assert ok.status_code == 200
-    assert (
-        shutil.which("ps") is None
-        or KEY not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    )
+        assert (  # while both servers run: on no process's command line
+            shutil.which("ps") is None
+            or KEY not in subprocess.run(["ps", "-eo", "args"], capture_output=True,
+                                         text=True).stdout
+        )  # fmt: skip
 
 
 def test_slow_headers_and_stalled_bodies_are_cut_off(onnx_gallery):
@@ -308,25 +327,20 @@ def test_a_short_key_is_refused_beyond_loopback(onnx_gallery, tmp_path):
     assert len(lines) == 1 and "at least 16" in lines[0], done.stderr
 
 
-def test_the_access_log_is_on_by_default(onnx_gallery):
+def test_the_access_log_is_on_by_default(env_keyed_process):
+    url, lines = env_keyed_process
+    key = {"X-API-Key": KEY}
     wanted = (
         "nearsight: 127.0.0.1 GET /api/health 200 ",
         "nearsight: 127.0.0.1 GET /api/items/999 404 ",
     )
-    with serve_process(["--gallery", onnx_gallery.gallery], stderr=subprocess.PIPE) as served:
-        url, server = served
-        lines: list[str] = []
-        reader = threading.Thread(target=lambda: lines.extend(iter(server.stderr.readline, "")),
-                                  daemon=True)  # fmt: skip
-        reader.start()
-        httpx.get(f"{url}/api/health?secret=x", timeout=10)
-        assert httpx.get(f"{url}/api/items/999", timeout=10).status_code == 404
-        deadline = time.monotonic() + 30  # the lines reach the pipe as the answers leave
-        while time.monotonic() < deadline and not all(
-            any(line.startswith(w) for line in list(lines)) for w in wanted
-        ):
-            time.sleep(0.1)
-    reader.join(30)
+    httpx.get(f"{url}/api/health?secret=x", timeout=10)
+    assert httpx.get(f"{url}/api/items/999", headers=key, timeout=10).status_code == 404
+    deadline = time.monotonic() + 30  # the lines reach the pipe as the answers leave
+    while time.monotonic() < deadline and not all(
+        any(line.startswith(w) for line in list(lines)) for w in wanted
+    ):
+        time.sleep(0.1)
     err = "".join(lines)
     for line in wanted:
         assert line in err, err
