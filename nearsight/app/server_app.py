@@ -233,10 +233,14 @@ def stop_app(page: PageBlocks) -> None:
         return
     # Gradio's heartbeat streams end on its stop event only: uvicorn waits for every open
     # connection before the lifespan that would set it, so a connected client held the stop
-    # for the whole join below
+    # for the whole join below. The event is the server loop's: set there.
+    loops = [listening.get_loop() for listening in getattr(running.server, "servers", [])]
     for route in running.app.routes:
         if isinstance(route, Mount) and isinstance(route.app, GradioApp):
-            route.app.stop_event.set()
+            try:
+                loops[0].call_soon_threadsafe(route.app.stop_event.set)
+            except (IndexError, RuntimeError):  # no loop, or closed: nothing waits on it
+                route.app.stop_event.set()
     running.server.should_exit = True
     running.thread.join(30)
     if running.decode_shares is not None and charged_by() is running.decode_shares:
