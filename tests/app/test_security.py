@@ -39,6 +39,13 @@ def keyed(onnx_gallery):
         yield url
 
 
+@pytest.fixture(scope="module")
+def keyless(onnx_gallery):
+    """The no-key loopback server with its defaults (its tests only read it)."""
+    with serving([onnx_gallery.gallery]) as url:
+        yield url
+
+
 def test_every_route_but_health_needs_the_key(keyed):
     open_routes = {"/api/health"}
     for path in ("/", "/config", "/gradio_api/info", "/gradio_api/upload", "/api/docs",
@@ -114,13 +121,13 @@ def test_a_chunked_body_over_the_limit_with_the_key_is_refused_while_it_streams(
     assert pulled[0] < 32 * 1024 * 1024
 
 
-def test_results_name_items_below_the_gallery_unless_show_paths(onnx_gallery):
+def test_results_name_items_below_the_gallery_unless_show_paths(keyless, onnx_gallery):
     root = str(onnx_gallery.data)
-    with serving([onnx_gallery.gallery]) as url:
-        found = httpx.post(f"{url}/api/search", data={"id": 0, "k": 3}).json()["neighbours"]
-        item = httpx.get(f"{url}/api/items/0").json()
-        client = Client(url, verbose=False)
-        gradio = client.predict(handle_file(str(onnx_gallery.query)), 3, None, api_name="/search")
+    url = keyless
+    found = httpx.post(f"{url}/api/search", data={"id": 0, "k": 3}).json()["neighbours"]
+    item = httpx.get(f"{url}/api/items/0").json()
+    client = Client(url, verbose=False)
+    gradio = client.predict(handle_file(str(onnx_gallery.query)), 3, None, api_name="/search")
     assert found and not any(root in n["path"] or n["path"].startswith("/") for n in found)
     assert not item["path"].startswith("/") and root not in gradio
     with serving([onnx_gallery.gallery], show_paths=True) as url:
@@ -199,27 +206,27 @@ def _from(address: str) -> httpx.Client:
     return httpx.Client(transport=httpx.HTTPTransport(local_address=address), timeout=30)
 
 
-def test_other_hosts_and_origins_are_refused_before_any_route(onnx_gallery):
+def test_other_hosts_and_origins_are_refused_before_any_route(keyless, onnx_gallery):
     """DNS rebinding: a no-key server on loopback answered any Host, and Gradio's CORS handling
     reflected any Origin with credentials for a non-local Host."""
-    with serving([onnx_gallery.gallery]) as url:
-        port = url.rsplit(":", 1)[1]
-        rebound = httpx.get(f"{url}/api/health", headers={"Host": f"evil.example:{port}"})
-        assert rebound.status_code == 400 and "evil.example" in rebound.json()["error"]
-        config = httpx.get(f"{url}/config", headers={"Host": "evil.example"})
-        assert config.status_code == 400 and "access-control-allow-origin" not in config.headers
-        for origin in ("http://evil.example", "null"):
-            cross = httpx.get(f"{url}/config", headers={"Origin": origin})
-            assert cross.status_code == 403, origin
-            assert "access-control-allow-origin" not in cross.headers
-            preflight = httpx.options(f"{url}/gradio_api/queue/join", headers={
-                "Origin": origin, "Access-Control-Request-Method": "POST"})  # fmt: skip
-            assert preflight.status_code == 403
-            assert "access-control-allow-origin" not in preflight.headers
-        for host in ("localhost", f"127.0.0.1:{port}", "[::1]"):
-            assert httpx.get(f"{url}/api/health", headers={"Host": host}).status_code == 200
-        same = httpx.get(f"{url}/config", headers={"Origin": f"http://localhost:{port}"})
-        assert same.status_code == 200
+    url = keyless
+    port = url.rsplit(":", 1)[1]
+    rebound = httpx.get(f"{url}/api/health", headers={"Host": f"evil.example:{port}"})
+    assert rebound.status_code == 400 and "evil.example" in rebound.json()["error"]
+    config = httpx.get(f"{url}/config", headers={"Host": "evil.example"})
+    assert config.status_code == 400 and "access-control-allow-origin" not in config.headers
+    for origin in ("http://evil.example", "null"):
+        cross = httpx.get(f"{url}/config", headers={"Origin": origin})
+        assert cross.status_code == 403, origin
+        assert "access-control-allow-origin" not in cross.headers
+        preflight = httpx.options(f"{url}/gradio_api/queue/join", headers={
+            "Origin": origin, "Access-Control-Request-Method": "POST"})  # fmt: skip
+        assert preflight.status_code == 403
+        assert "access-control-allow-origin" not in preflight.headers
+    for host in ("localhost", f"127.0.0.1:{port}", "[::1]"):
+        assert httpx.get(f"{url}/api/health", headers={"Host": host}).status_code == 200
+    same = httpx.get(f"{url}/config", headers={"Origin": f"http://localhost:{port}"})
+    assert same.status_code == 200
     with serving([onnx_gallery.gallery], allowed_hosts="search.example") as url:
         named = httpx.get(f"{url}/api/health", headers={"Host": "search.example"})
         assert named.status_code == 200
