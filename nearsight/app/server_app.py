@@ -31,6 +31,7 @@ from typing import Any
 import gradio as gr
 import uvicorn
 from fastapi import FastAPI
+from gradio.routes import App as GradioApp
 from gradio.utils import get_upload_folder
 from starlette.routing import Mount
 
@@ -80,7 +81,6 @@ class ServedApp:
     thread: threading.Thread
     page: PageBlocks
     decode_shares: DecodeShares | None = None  # what the decode box charges each client
-    page_app: Any = None  # Gradio's app mounted at /: its stop_event ends the heartbeat streams
 
 
 _RUNNING: dict[int, ServedApp] = {}  # id(page) -> its server, while it runs
@@ -163,14 +163,12 @@ def build_server_app(page: PageBlocks, settings: Settings) -> tuple[FastAPI, dic
         mcp_server=False,
         theme=system_theme(),
     )
-    page_app = next(route.app for route in app.routes
-                    if isinstance(route, Mount) and hasattr(route.app, "stop_event"))  # fmt: skip
     # mounted, Gradio checks a payload's file paths only once it thinks itself launched (its
     # own reload sets this too): the page's inputs come from its upload folder alone
     page.has_launched = True
     app.add_middleware(QueueJoinFiles, budget=uploads)
     app.add_middleware(Guard, settings=guard)  # added last: outermost
-    return app, {"rest": rest, "guard": guard, "connections": connections, "page_app": page_app}
+    return app, {"rest": rest, "guard": guard, "connections": connections}
 
 
 def launch_app(page: PageBlocks, settings: Settings) -> str:
@@ -217,7 +215,7 @@ def launch_app(page: PageBlocks, settings: Settings) -> str:
         charge_with(shares)
     _RUNNING[id(page)] = ServedApp(url, settings, app, galleries, parts["rest"], parts["guard"],
                                    parts["connections"], server, thread, page,
-                                   shares, parts["page_app"])  # fmt: skip
+                                   shares)  # fmt: skip
     galleries.watch(settings.watch_interval)
     return url
 
@@ -233,12 +231,16 @@ def stop_app(page: PageBlocks) -> None:
     if running is None:
         page.nearsight.galleries.close()
         return
-    # an open tab's (or gradio_client's) heartbeat stream ends only on Gradio's stop_event, and
-    # uvicorn waits for every open stream before it stops: set it first, or each open page held
-    # the stop for up to the thread's 30 s. Set from this thread, the loop sees it on its next
-    # tick (uvicorn's main loop wakes every 0.1 s), as Gradio's own close() does.
-    if running.page_app is not None:
-        running.page_app.stop_event.set()
+    # Gradio's heartbeat streams end on its stop event only: uvicorn waits for every open
+    # connection before the lifespan that would set it, so a connected client held the stop
+    # for the whole join below. The event is the server loop's: set there.
+    loops = [listening.get_loop() for listening in getattr(running.server, "servers", [])]
+    for route in running.app.routes:
+        if isinstance(route, Mount) and isinstance(route.app, GradioApp):
+            try:
+                loops[0].call_soon_threadsafe(route.app.stop_event.set)
+            except (IndexError, RuntimeError):  # no loop, or closed: nothing waits on it
+                route.app.stop_event.set()
     running.server.should_exit = True
     running.thread.join(30)
     if running.decode_shares is not None and charged_by() is running.decode_shares:

@@ -159,28 +159,49 @@ def test_tag_bombs_given_to_nearsight_search_stay_under_800_mb(onnx_gallery, tmp
     assert batch_peak - normal_peak < GROWTH_LIMIT_MB
 
 
+@pytest.fixture(scope="module")
+def reranking_server(onnx_gallery, tmp_path_factory):
+    """(url, secret folder): `nearsight serve` in a process of its own re-ranking by a
+    pairwise re-ranker trained here into a folder whose name must not leak, decodes cut at
+    --decode-timeout 2; shared by the scans and the re-ranker tests (neither changes it)."""
+    from nearsight.app.cli import main
+    from nearsight.data.datasets.synthetic import write_synthetic
+
+    root = tmp_path_factory.mktemp("reranking-server")
+    write_synthetic(root / "d", classes=8, per_class=4, size=32, seed=3)
+    secret = root / "secret-folder"
+    secret.mkdir()
+    assert main(["rerank", "train", "--model", str(onnx_gallery.model), "--dataset", "folder",
+                 "--root", str(root / "d"), "--out", str(secret / "reranker.onnx"),
+                 "--depth", "4", "--epochs", "1"]) == 0  # fmt: skip
+    args = ["--gallery", onnx_gallery.gallery, "--no-access-log", "--decode-timeout", "2",
+            "--rerank", f"pairwise:model={secret / 'reranker.onnx'},depth=4"]  # fmt: skip
+    with serve_process(args) as (url, _):
+        yield url, secret
+
+
 @pytest.mark.slow
-def test_a_jpeg_of_thousands_of_scans_is_refused_before_decoding(onnx_gallery, tmp_path):
+def test_a_jpeg_of_thousands_of_scans_is_refused_before_decoding(reranking_server, onnx_gallery,
+                                                                 tmp_path):  # fmt: skip
     """A ~500 KB progressive JPEG whose flat AC scan repeats 6,000 times (about a minute of one
     core's CPU to decode: before, a request thread of the server spent it, then a decode
     worker for the whole --decode-timeout): the upload is answered 415 from its scan count,
     and a search sent meanwhile is answered."""
     path = tmp_path / "scans.jpg"
     path.write_bytes(jpeg_scan_bomb(6000, 6000))
-    args = ["--gallery", onnx_gallery.gallery, "--decode-timeout", "2"]
-    with serve_process(args) as (url, _):
-        assert _search_upload(url, onnx_gallery.query).status_code == 200
-        answers: list = []
+    url = reranking_server[0]
+    assert _search_upload(url, onnx_gallery.query).status_code == 200
+    answers: list = []
 
-        def bomb() -> None:
-            start = time.monotonic()
-            answers.append((_search_upload(url, path), time.monotonic() - start))
+    def bomb() -> None:
+        start = time.monotonic()
+        answers.append((_search_upload(url, path), time.monotonic() - start))
 
-        thread = threading.Thread(target=bomb)
-        thread.start()
-        time.sleep(0.5)
-        meanwhile = _search_upload(url, onnx_gallery.query)
-        thread.join()
+    thread = threading.Thread(target=bomb)
+    thread.start()
+    time.sleep(0.5)
+    meanwhile = _search_upload(url, onnx_gallery.query)
+    thread.join()
     ((answer, seconds),) = answers
     assert answer.status_code == 415, answer.text
     assert "scans; an encoder writes at most" in answer.json()["error"]
@@ -248,32 +269,21 @@ def test_index_build_skips_and_names_a_bomb_and_trusts_on_request(onnx_gallery, 
 
 
 @pytest.mark.slow
-def test_the_servers_reranker_file_is_named_not_its_path(onnx_gallery, tmp_path):
+def test_the_servers_reranker_file_is_named_not_its_path(reranking_server):
     """serve --rerank pairwise:model=/abs/path/reranker.onnx: the REST answer's ``rerank`` and
     the page's config name the file only (before: the server's absolute path), and a client
     that sends the spec it was shown back is served with the server's file."""
-    from nearsight.app.cli import main
-    from nearsight.data.datasets.synthetic import write_synthetic
-
-    write_synthetic(tmp_path / "d", classes=8, per_class=4, size=32, seed=3)
-    secret = tmp_path / "secret-folder"
-    secret.mkdir()
-    assert main(["rerank", "train", "--model", str(onnx_gallery.model), "--dataset", "folder",
-                 "--root", str(tmp_path / "d"), "--out", str(secret / "reranker.onnx"),
-                 "--depth", "4", "--epochs", "1"]) == 0  # fmt: skip
-    args = ["--gallery", onnx_gallery.gallery, "--no-access-log",
-            "--rerank", f"pairwise:model={secret / 'reranker.onnx'},depth=4"]  # fmt: skip
-    with serve_process(args) as (url, _):
-        answer = httpx.post(f"{url}/api/search", data={"id": "2", "k": "3"}, timeout=60)
-        echoed = httpx.post(f"{url}/api/search", timeout=60,
-                            data={"id": "2", "k": "3", "rerank": answer.json()["rerank"]})  # fmt: skip
-        shown = [httpx.get(f"{url}{path}", timeout=60).text
-                 for path in ("/config", "/api/galleries", "/api/health")]  # fmt: skip
+    url, secret = reranking_server
+    answer = httpx.post(f"{url}/api/search", data={"id": "2", "k": "3"}, timeout=60)
+    echoed = httpx.post(f"{url}/api/search", timeout=60,
+                        data={"id": "2", "k": "3", "rerank": answer.json()["rerank"]})  # fmt: skip
+    shown = [httpx.get(f"{url}{path}", timeout=60).text
+             for path in ("/config", "/api/galleries", "/api/health")]  # fmt: skip
     assert answer.status_code == 200, answer.text
     assert answer.json()["rerank"] == "pairwise:model=reranker.onnx,depth=4"
     assert echoed.status_code == 200 and echoed.json() == answer.json(), echoed.text
     for text in [answer.text, *shown]:
-        assert "secret-folder" not in text and str(tmp_path) not in text
+        assert "secret-folder" not in text and str(secret.parent) not in text
     assert "pairwise:model=reranker.onnx" in shown[0]  # the page's re-rank toggle says which
 
 

@@ -80,20 +80,30 @@ def _victim_tries(url: str, body: dict, flood: Flood) -> list[tuple[int, int]]:
     return tries
 
 
+@pytest.fixture(scope="module")
+def server(onnx_gallery):
+    """One server for both floods (each ends with its clients' answers, leaving nothing in
+    flight): --max-queue 16, and 40 connections per client, room for a network of 32 (the
+    eighty networks' two connections each are under either cap)."""
+    args = ["--gallery", onnx_gallery.gallery, "--max-queue", str(MAX_QUEUE),
+            "--max-client-connections", "40"]  # fmt: skip
+    with serve_process(args) as (url, _):
+        yield url
+
+
 @pytest.mark.slow
-def test_eighty_networks_flooding_filtered_searches_leave_another_answered(onnx_gallery):
+def test_eighty_networks_flooding_filtered_searches_leave_another_answered(server):
     """80 identities, two connections each, loop a filtered search (the heavy gate: one at
     a time, at most --max-queue 16 waiting): the flood is refused in part (503), and another
     identity's filtered search is answered 200 on each of its tries (an identity with nothing
     in flight always gets a waiting place)."""
-    args = ["--gallery", onnx_gallery.gallery, "--max-queue", str(MAX_QUEUE)]
-    with serve_process(args) as (url, _):
+    url = server
 
-        def filtered(n: int) -> dict:
-            return {"id": n % 12, "k": 8, "filter": "label=1"}
+    def filtered(n: int) -> dict:
+        return {"id": n % 12, "k": 8, "filter": "label=1"}
 
-        with Flood(url, 80, 2, filtered) as flood:
-            tries = _victim_tries(url, filtered(3), flood)
+    with Flood(url, 80, 2, filtered) as flood:
+        tries = _victim_tries(url, filtered(3), flood)
     assert [status for status, _ in tries] == [200] * TRIES, tries
     # a flood's connection may be closed too (0): past --max-unauthenticated idle ones
     assert set(flood.statuses) <= {0, 200, 503}, (sorted(set(flood.statuses)), flood.errors[:5])
@@ -101,23 +111,19 @@ def test_eighty_networks_flooding_filtered_searches_leave_another_answered(onnx_
 
 
 @pytest.mark.slow
-def test_four_networks_of_32_connections_flooding_plain_searches_wait_behind_their_own(
-    onnx_gallery,
-):
+def test_four_networks_of_32_connections_flooding_plain_searches_wait_behind_their_own(server):
     """4 identities x 32 connections loop k=1000 plain searches (two at a time, a quarter of
     --max-queue 16 waiting per identity): another identity's plain search is answered 200
     each time, ahead of the flood's queue: while it is in flight, far fewer flood searches
     are answered than the flood has waiting (in arrival order it would wait for all of
     them)."""
-    args = ["--gallery", onnx_gallery.gallery, "--max-queue", str(MAX_QUEUE),
-            "--max-client-connections", "40"]  # fmt: skip
-    with serve_process(args) as (url, _):
+    url = server
 
-        def plain(n: int) -> dict:
-            return {"id": n % 12, "k": 1000}
+    def plain(n: int) -> dict:
+        return {"id": n % 12, "k": 1000}
 
-        with Flood(url, 4, 32, plain) as flood:
-            tries = _victim_tries(url, plain(5), flood)
+    with Flood(url, 4, 32, plain) as flood:
+        tries = _victim_tries(url, plain(5), flood)
     assert [status for status, _ in tries] == [200] * TRIES, tries
     # a flood's connection may be closed too (0): past --max-unauthenticated idle ones
     assert set(flood.statuses) <= {0, 200, 503}, (sorted(set(flood.statuses)), flood.errors[:5])

@@ -39,11 +39,12 @@ def test_serve_and_live_do_not_import_the_page():
     assert out.stdout.strip() == "[]"
 
 
-def test_the_api_answers_from_the_servers_first_request(product):
-    """Poll /api/health from the moment the port accepts connections: never a 404."""
+def test_the_api_answers_from_the_servers_first_request(onnx_gallery):
+    """Poll /api/health from the moment the port accepts connections: never a 404. (An ONNX
+    gallery, as served: no torch to import before the port opens.)"""
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "nearsight.app.cli", "serve", "--gallery", str(product["gallery"]),
+        [sys.executable, "-m", "nearsight.app.cli", "serve", "--gallery", str(onnx_gallery.gallery),
          "--port", str(port), "--analysis-max-items", "0"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip

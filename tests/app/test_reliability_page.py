@@ -66,13 +66,29 @@ def rss_mb(pid: int) -> float:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory) -> Server:
-    from helpers import make_tiny_gallery, started  # the page tests' gallery, secret and symlink
+def server(onnx_gallery, tmp_path_factory) -> Server:
+    """The page tests' gallery, secret and symlink (6 classes x 4 synthetic images, a secret
+    beside them, a link to it in an image folder), embedded by the session's ONNX ResNet-18:
+    400 queries in a test, and the page code is the same for any network; an ONNX model keeps
+    torch out of the server, as it is served."""
+    from helpers import started
 
-    # ResNet-18: 400 queries in a test; the page code is the same for any network
-    tiny = make_tiny_gallery(tmp_path_factory.mktemp("reliability-page"), "resnet18", seed=0)
-    root, items, secret, link, gallery = tiny.root, tiny.items, tiny.secret, tiny.link, tiny.gallery
-    assert secret.read_text() == SECRET + "\n"
+    from nearsight.app.cli import main
+    from nearsight.data.datasets.synthetic import write_synthetic
+    from nearsight.index.gallery.core import Gallery
+
+    root = tmp_path_factory.mktemp("reliability-page")
+    write_synthetic(root / "data", classes=6, per_class=4, size=32)
+    gallery = root / "gallery"
+    assert main(["index", "build", "--model", str(onnx_gallery.model), "--dataset", "folder",
+                 "--root", str(root / "data"), "--split", "all", "--out", str(gallery),
+                 "--workers", "0"]) == 0  # fmt: skip
+    with Gallery.open(gallery) as opened:
+        items = opened.all_items()
+    secret = root / "secret.txt"
+    secret.write_text(SECRET + "\n")
+    link = Path(items[0]["path"]).parent / "link-to-secret.png"
+    link.symlink_to(secret)
     bad = root / "notes.png"
     bad.write_text("this is not an image\n")
     cache = root / "gradio-cache"

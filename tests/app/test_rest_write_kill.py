@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import numpy as np
 import pytest
-from helpers import serve_process
+from helpers import running_page, serve_process
 from PIL import Image
 
 from nearsight.index.catalog.store import CATALOG_FILE
@@ -114,10 +114,10 @@ def test_a_server_killed_mid_write_leaves_a_whole_gallery(shop, tmp_path):
     temporary = [path.name for path in images.iterdir() if path.name.startswith(".")]
     assert len(temporary) <= 1 and all(n.endswith(".tmp") for n in temporary)  # the one stopped
 
-    # the next REST write (a server started again) sweeps the stray segment and image file
-    with serve_process(["--gallery", folder, "--allow-writes", "--no-access-log",
-                        "--watch-interval", "0"]) as (url, _):  # fmt: skip
-        again = httpx.post(f"{url}/api/items", timeout=60, data={"key": "AFTER"},
+    # the next REST write (a server started again; in this process, as the kill is behind us)
+    # sweeps the stray segment and image file
+    with running_page([folder], analyse=False, allow_writes=True) as (url, _):
+        again = httpx.post(f"{url}api/items", timeout=60, data={"key": "AFTER"},
                            files={"image": ("after.png", _png(POSTS + 1), "image/png")})  # fmt: skip
         assert again.status_code == 201, again.text
     with Gallery.open(folder) as gallery:

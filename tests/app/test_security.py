@@ -39,6 +39,13 @@ def keyed(onnx_gallery):
         yield url
 
 
+@pytest.fixture(scope="module")
+def keyless(onnx_gallery):
+    """The no-key loopback server with its defaults (its tests only read it)."""
+    with serving([onnx_gallery.gallery]) as url:
+        yield url
+
+
 def test_every_route_but_health_needs_the_key(keyed):
     open_routes = {"/api/health"}
     for path in ("/", "/config", "/gradio_api/info", "/gradio_api/upload", "/api/docs",
@@ -114,13 +121,13 @@ def test_a_chunked_body_over_the_limit_with_the_key_is_refused_while_it_streams(
     assert pulled[0] < 32 * 1024 * 1024
 
 
-def test_results_name_items_below_the_gallery_unless_show_paths(onnx_gallery):
+def test_results_name_items_below_the_gallery_unless_show_paths(keyless, onnx_gallery):
     root = str(onnx_gallery.data)
-    with serving([onnx_gallery.gallery]) as url:
-        found = httpx.post(f"{url}/api/search", data={"id": 0, "k": 3}).json()["neighbours"]
-        item = httpx.get(f"{url}/api/items/0").json()
-        client = Client(url, verbose=False)
-        gradio = client.predict(handle_file(str(onnx_gallery.query)), 3, None, api_name="/search")
+    url = keyless
+    found = httpx.post(f"{url}/api/search", data={"id": 0, "k": 3}).json()["neighbours"]
+    item = httpx.get(f"{url}/api/items/0").json()
+    client = Client(url, verbose=False)
+    gradio = client.predict(handle_file(str(onnx_gallery.query)), 3, None, api_name="/search")
     assert found and not any(root in n["path"] or n["path"].startswith("/") for n in found)
     assert not item["path"].startswith("/") and root not in gradio
     with serving([onnx_gallery.gallery], show_paths=True) as url:
@@ -137,18 +144,37 @@ def test_metrics_count_requests_and_gallery_sizes(keyed):
     assert "nearsight_gallery_items" in text and "nearsight_embed_queue" in text
 
 
-def test_the_key_can_come_from_a_file_or_the_environment(onnx_gallery, tmp_path):
+@pytest.fixture(scope="module")
+def env_keyed_process(onnx_gallery):
+    """(url, stderr lines): `nearsight serve` in a process of its own with its defaults, its key
+    from NEARSIGHT_API_KEY; its stderr (the access log) read as it comes. Shared by the key and
+    access log tests: neither changes it."""
+    env = {"NEARSIGHT_API_KEY": KEY}
+    args = ["--gallery", onnx_gallery.gallery]
+    with serve_process(args, env=env, stderr=subprocess.PIPE) as (url, server):
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(iter(server.stderr.readline, "")),
+                                  daemon=True)  # fmt: skip
+        reader.start()
+        yield url, lines
+    reader.join(30)
+
+
+def test_the_key_can_come_from_a_file_or_the_environment(env_keyed_process, onnx_gallery,
+                                                         tmp_path):  # fmt: skip
     key_file = tmp_path / "key"
     key_file.write_text(KEY + "\n")
-    for extra, env in ((["--api-key-file", str(key_file)], {}), ([], {"NEARSIGHT_API_KEY": KEY})):
-        with serve_process(["--gallery", onnx_gallery.gallery, *extra], env=env) as (url, _):
+    args = ["--gallery", onnx_gallery.gallery, "--api-key-file", key_file]
+    with serve_process(args) as (from_file, _):
+        for url in (from_file, env_keyed_process[0]):
             assert httpx.get(f"{url}/api/items/0", timeout=10).status_code == 401
             ok = httpx.get(f"{url}/api/items/0", headers={"X-API-Key": KEY}, timeout=10)
             assert ok.status_code == 200
-    assert (
-        shutil.which("ps") is None
-        or KEY not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    )
+        assert (  # while both servers run: on no process's command line
+            shutil.which("ps") is None
+            or KEY not in subprocess.run(["ps", "-eo", "args"], capture_output=True,
+                                         text=True).stdout
+        )  # fmt: skip
 
 
 def test_slow_headers_and_stalled_bodies_are_cut_off(onnx_gallery):
@@ -180,27 +206,27 @@ def _from(address: str) -> httpx.Client:
     return httpx.Client(transport=httpx.HTTPTransport(local_address=address), timeout=30)
 
 
-def test_other_hosts_and_origins_are_refused_before_any_route(onnx_gallery):
+def test_other_hosts_and_origins_are_refused_before_any_route(keyless, onnx_gallery):
     """DNS rebinding: a no-key server on loopback answered any Host, and Gradio's CORS handling
     reflected any Origin with credentials for a non-local Host."""
-    with serving([onnx_gallery.gallery]) as url:
-        port = url.rsplit(":", 1)[1]
-        rebound = httpx.get(f"{url}/api/health", headers={"Host": f"evil.example:{port}"})
-        assert rebound.status_code == 400 and "evil.example" in rebound.json()["error"]
-        config = httpx.get(f"{url}/config", headers={"Host": "evil.example"})
-        assert config.status_code == 400 and "access-control-allow-origin" not in config.headers
-        for origin in ("http://evil.example", "null"):
-            cross = httpx.get(f"{url}/config", headers={"Origin": origin})
-            assert cross.status_code == 403, origin
-            assert "access-control-allow-origin" not in cross.headers
-            preflight = httpx.options(f"{url}/gradio_api/queue/join", headers={
-                "Origin": origin, "Access-Control-Request-Method": "POST"})  # fmt: skip
-            assert preflight.status_code == 403
-            assert "access-control-allow-origin" not in preflight.headers
-        for host in ("localhost", f"127.0.0.1:{port}", "[::1]"):
-            assert httpx.get(f"{url}/api/health", headers={"Host": host}).status_code == 200
-        same = httpx.get(f"{url}/config", headers={"Origin": f"http://localhost:{port}"})
-        assert same.status_code == 200
+    url = keyless
+    port = url.rsplit(":", 1)[1]
+    rebound = httpx.get(f"{url}/api/health", headers={"Host": f"evil.example:{port}"})
+    assert rebound.status_code == 400 and "evil.example" in rebound.json()["error"]
+    config = httpx.get(f"{url}/config", headers={"Host": "evil.example"})
+    assert config.status_code == 400 and "access-control-allow-origin" not in config.headers
+    for origin in ("http://evil.example", "null"):
+        cross = httpx.get(f"{url}/config", headers={"Origin": origin})
+        assert cross.status_code == 403, origin
+        assert "access-control-allow-origin" not in cross.headers
+        preflight = httpx.options(f"{url}/gradio_api/queue/join", headers={
+            "Origin": origin, "Access-Control-Request-Method": "POST"})  # fmt: skip
+        assert preflight.status_code == 403
+        assert "access-control-allow-origin" not in preflight.headers
+    for host in ("localhost", f"127.0.0.1:{port}", "[::1]"):
+        assert httpx.get(f"{url}/api/health", headers={"Host": host}).status_code == 200
+    same = httpx.get(f"{url}/config", headers={"Origin": f"http://localhost:{port}"})
+    assert same.status_code == 200
     with serving([onnx_gallery.gallery], allowed_hosts="search.example") as url:
         named = httpx.get(f"{url}/api/health", headers={"Host": "search.example"})
         assert named.status_code == 200
@@ -308,25 +334,20 @@ def test_a_short_key_is_refused_beyond_loopback(onnx_gallery, tmp_path):
     assert len(lines) == 1 and "at least 16" in lines[0], done.stderr
 
 
-def test_the_access_log_is_on_by_default(onnx_gallery):
+def test_the_access_log_is_on_by_default(env_keyed_process):
+    url, lines = env_keyed_process
+    key = {"X-API-Key": KEY}
     wanted = (
         "nearsight: 127.0.0.1 GET /api/health 200 ",
         "nearsight: 127.0.0.1 GET /api/items/999 404 ",
     )
-    with serve_process(["--gallery", onnx_gallery.gallery], stderr=subprocess.PIPE) as served:
-        url, server = served
-        lines: list[str] = []
-        reader = threading.Thread(target=lambda: lines.extend(iter(server.stderr.readline, "")),
-                                  daemon=True)  # fmt: skip
-        reader.start()
-        httpx.get(f"{url}/api/health?secret=x", timeout=10)
-        assert httpx.get(f"{url}/api/items/999", timeout=10).status_code == 404
-        deadline = time.monotonic() + 30  # the lines reach the pipe as the answers leave
-        while time.monotonic() < deadline and not all(
-            any(line.startswith(w) for line in list(lines)) for w in wanted
-        ):
-            time.sleep(0.1)
-    reader.join(30)
+    httpx.get(f"{url}/api/health?secret=x", timeout=10)
+    assert httpx.get(f"{url}/api/items/999", headers=key, timeout=10).status_code == 404
+    deadline = time.monotonic() + 30  # the lines reach the pipe as the answers leave
+    while time.monotonic() < deadline and not all(
+        any(line.startswith(w) for line in list(lines)) for w in wanted
+    ):
+        time.sleep(0.1)
     err = "".join(lines)
     for line in wanted:
         assert line in err, err

@@ -69,6 +69,9 @@ class Catalog:
         self._meta_keys: list[str] | None = None
         self._column_types: dict[str, str] | None = None
         self._class_names: dict[int, str] | None = None
+        # what a filter reads before its query (tag columns, the item_meta table): once per
+        # open catalog and write through it, so a warm filter never waits for the lock
+        self._filter_schema: tuple[list[str], bool] | None = None
         self._columns = ColumnCache(path)  # filters' columns, per version of the file
 
     @classmethod
@@ -196,14 +199,16 @@ class Catalog:
         From a column's second filter on (per version of the catalog file) the columns are
         read into arrays once and the filter is evaluated on them
         (nearsight/index/catalog/column_filter.py), with the SQL query's answer."""
-        tags = self.list_columns()
+        if self._filter_schema is None:
+            self._filter_schema = (self.list_columns(), self.has_item_meta())
+        tags, has_item_meta = self._filter_schema
         typed = typed_conditions(conditions, self.column_types(), self.class_names(), tags)
         # the column arrays list an id once per value: a tag column's filters stay in SQL
         if supported(typed) and not any(c.key in tags for c in typed):
             snapshot = self._columns.snapshot(list(dict.fromkeys(c.key for c in typed)))
             if snapshot is not None:  # reading the columns is the catalog's, not the budget's
                 return evaluate(typed, snapshot, budget(time_limit_s)[1])
-        return run_filter(self.path, typed, self.has_item_meta(), time_limit_s, tags)
+        return run_filter(self.path, typed, has_item_meta, time_limit_s, tags)
 
     def payload_snapshot(self, after: int | None = None) -> Snapshot:
         """Every filterable column as arrays (``after``: of the items after that id only),
@@ -305,7 +310,7 @@ class Catalog:
     # -- writing (each call is one transaction) ----------------------------------------------
 
     def set_meta(self, **values: object) -> None:
-        self._column_types = None  # meta_types may change
+        self._column_types = self._filter_schema = None  # meta_types may change
         with self._guard(writing=True), self._db.conn:
             self._db.conn.executemany(UPSERT_META, meta_values(values))
 
@@ -320,7 +325,7 @@ class Catalog:
         """Insert ``items`` (without ids) and return the ids given to them: after every id the
         catalog has ever held, so ids of removed items are not reused. ``meta`` is updated in
         the same transaction."""
-        self._meta_keys = self._column_types = self._class_names = None
+        self._meta_keys = self._column_types = self._class_names = self._filter_schema = None
         new = list(items)
         with self._guard(writing=True), self._db.conn:
             return insert_items(self._db.conn, new, meta)
@@ -328,7 +333,7 @@ class Catalog:
     def remove(self, ids: Iterable[int], *, meta: dict[str, object] | None = None) -> None:
         """Delete the items with ``ids``; all of them must exist (else nothing is deleted).
         ``meta`` is updated in the same transaction."""
-        self._meta_keys = self._column_types = self._class_names = None
+        self._meta_keys = self._column_types = self._class_names = self._filter_schema = None
         wanted = sorted({int(i) for i in ids})
         with self._guard(writing=True), self._db.conn:
             delete_items(self._db.conn, self.path, wanted, meta, self.has_item_meta())
