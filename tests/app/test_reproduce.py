@@ -22,10 +22,10 @@ from nearsight.app.reproduce.table import render
 from nearsight.core.errors import NearsightError
 from nearsight.data.datasets.synthetic import write_synthetic
 
-# a tiny size from the command line: 32 px, 16-d, 8 steps of 3 classes x 2 images, from scratch
-# (--pretrained none: the config's ImageNet weights are not at hand)
+# a tiny size from the command line: ResNet-18, 32 px, 16-d, 8 steps of 3 classes x 2 images,
+# from scratch (--pretrained none: the config's ImageNet weights are not at hand)
 TINY = {
-    "data.image_size": 32, "data.resize": 32, "model.dim": 16,
+    "model.arch": "resnet18", "data.image_size": 32, "data.resize": 32, "model.dim": 16,
     "steps": 8, "eval_every": 4, "save_every": 1, "log_every": 1,
     "sampler.classes_per_batch": 3, "sampler.per_class": 2, "data.workers": 0,
     "data.eval_batch_size": 16, "amp": "false", "channels_last": "false",
@@ -90,6 +90,7 @@ def test_reproduce_writes_both_rows_and_a_killed_run_resumes_to_the_same_table(c
     assert 'Table 1 (CUB-200-2011), row "RankMI (Ours) 128R"' in markdown
     assert "`--set steps=8` (the config: 3000)" in markdown
     assert "`--set model.pretrained=none` (the config: imagenet)" in markdown  # --pretrained
+    assert "`--set model.arch=resnet18` (the config: resnet50)" in markdown
     # the network after the last step, from the training's final evaluation, beside best.pt
     final = json.loads((straight / "train" / "metrics.jsonl").read_text().splitlines()[-1])
     assert final["step"] == 8

@@ -17,6 +17,7 @@ from nearsight.training.schedule import LRSchedule
 
 TINY = {
     **TINY_TRAIN,
+    "model.arch": "resnet18",  # the smallest torchvision trunk: no test here is of the trunk
     "eval_every": 3,
     "save_every": 1,
     "log_every": 1,
@@ -183,6 +184,8 @@ def test_cli_train_and_bad_input(synth, tmp_path, capsys):
         "0",
         "--set",
         "data.eval_batch_size=16",
+        "--set",
+        "model.arch=resnet18",
     ]
     assert main(args) == 0
     printed = capsys.readouterr().out
@@ -257,6 +260,8 @@ def test_two_process_ddp_follows_the_single_process_loss_curve(synth, tmp_path):
         "4",
         "--device",
         "cpu",
+        "--set",
+        "model.arch=resnet18",
         "--set",
         "model.freeze_bn=true",
         "--set",
