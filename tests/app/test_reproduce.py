@@ -203,10 +203,10 @@ def test_model_selection_protocols(tmp_path):
 
 def test_missing_imagenet_weights_name_the_way_out_before_any_file(cub, tmp_path, empty_hub,
                                                                     no_network, capsys):  # fmt: skip
-    sets = SETS[: SETS.index("--pretrained")]  # the config's own: ImageNet weights
+    sets = SETS[: SETS.index("--pretrained")]  # the config's own: ImageNet weights (of TINY's arch)
     out = tmp_path / "run"
     code, _, err = run(capsys, "reproduce", "rankmi_cub", "--root", cub, "--out", out, *sets)
-    assert_one_line_error(code, err, "ImageNet weights for resnet50", "--pretrained none",
+    assert_one_line_error(code, err, "ImageNet weights for resnet18", "--pretrained none",
                           "--pretrained FILE.pth")  # fmt: skip
     assert not out.exists()
     # the way out the error names is an option of reproduce
