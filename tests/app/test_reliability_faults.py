@@ -106,7 +106,7 @@ def test_sigkill_during_train_then_resume_matches_an_uninterrupted_run(data, tmp
     common = ["train", "--dataset", "folder", "--root", data, "--loss", "ice",
               "--image-size", "32", "--dim", "16", "--classes-per-batch", "3", "--per-class", "2",
               "--steps", TRAIN_STEPS, "--eval-every", "3", "--device", "cpu", *FAST,
-              "--set", "save_every=1", "--set", "log_every=1", "--set", "model.arch=resnet18",
+              "--set", "save_every=1", "--set", "log_every=1",
               "--set", "data.eval_batch_size=16"]  # fmt: skip
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "env": CHILD_ENV}

@@ -22,10 +22,10 @@ from nearsight.app.reproduce.table import render
 from nearsight.core.errors import NearsightError
 from nearsight.data.datasets.synthetic import write_synthetic
 
-# a tiny size from the command line: ResNet-18, 32 px, 16-d, 8 steps of 3 classes x 2 images,
-# from scratch (--pretrained none: the config's ImageNet weights are not at hand)
+# a tiny size from the command line: 32 px, 16-d, 8 steps of 3 classes x 2 images, from scratch
+# (--pretrained none: the config's ImageNet weights are not at hand)
 TINY = {
-    "model.arch": "resnet18", "data.image_size": 32, "data.resize": 32, "model.dim": 16,
+    "data.image_size": 32, "data.resize": 32, "model.dim": 16,
     "steps": 8, "eval_every": 4, "save_every": 1, "log_every": 1,
     "sampler.classes_per_batch": 3, "sampler.per_class": 2, "data.workers": 0,
     "data.eval_batch_size": 16, "amp": "false", "channels_last": "false",
@@ -90,7 +90,6 @@ def test_reproduce_writes_both_rows_and_a_killed_run_resumes_to_the_same_table(c
     assert 'Table 1 (CUB-200-2011), row "RankMI (Ours) 128R"' in markdown
     assert "`--set steps=8` (the config: 3000)" in markdown
     assert "`--set model.pretrained=none` (the config: imagenet)" in markdown  # --pretrained
-    assert "`--set model.arch=resnet18` (the config: resnet50)" in markdown
     # the network after the last step, from the training's final evaluation, beside best.pt
     final = json.loads((straight / "train" / "metrics.jsonl").read_text().splitlines()[-1])
     assert final["step"] == 8
@@ -203,10 +202,10 @@ def test_model_selection_protocols(tmp_path):
 
 def test_missing_imagenet_weights_name_the_way_out_before_any_file(cub, tmp_path, empty_hub,
                                                                     no_network, capsys):  # fmt: skip
-    sets = SETS[: SETS.index("--pretrained")]  # the config's own: ImageNet weights (of TINY's arch)
+    sets = SETS[: SETS.index("--pretrained")]  # the config's own: ImageNet weights
     out = tmp_path / "run"
     code, _, err = run(capsys, "reproduce", "rankmi_cub", "--root", cub, "--out", out, *sets)
-    assert_one_line_error(code, err, "ImageNet weights for resnet18", "--pretrained none",
+    assert_one_line_error(code, err, "ImageNet weights for resnet50", "--pretrained none",
                           "--pretrained FILE.pth")  # fmt: skip
     assert not out.exists()
     # the way out the error names is an option of reproduce
