@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,19 +28,24 @@ class TrainingCrash(Exception):
 
 
 def train_one_and_two_processes(args: list[str], out: Path) -> tuple[Path, Path]:
-    """``nearsight train *args`` once in one process and once under torchrun with 2 CPU
-    processes (gloo), one thread each; returns the two run folders (OUT/single, OUT/ddp)."""
+    """``nearsight train *args`` once in one process (this one: a second interpreter would
+    only add its imports) and once under torchrun with 2 CPU processes (gloo), one thread
+    each; returns the two run folders (OUT/single, OUT/ddp)."""
+    import torch
+
+    from nearsight.app.cli import main
+
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     # fp32: the comparison is of DDP's arithmetic, where the two runs agree to float rounding
     # (bf16 autocast, the default on CPUs with native bf16, rounds the two batch splits apart)
     args = [*args, "--set", "amp=false", "--set", "channels_last=false"]
     single, ddp = out / "single", out / "ddp"
-    subprocess.run(
-        [sys.executable, "-m", "nearsight.app.cli", "train", *args, "--out", str(single)],
-        check=True,
-        env=env,
-        capture_output=True,
-    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each torchrun process
+    try:
+        assert main(["train", *args, "--out", str(single)]) == 0
+    finally:
+        torch.set_num_threads(threads)
     result = torchrun(["-m", "nearsight.app.cli", "train", *args, "--out", str(ddp)],
                       out / "tmp", env=env, capture_output=True, text=True)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

@@ -17,6 +17,7 @@ from nearsight.training.schedule import LRSchedule
 
 TINY = {
     **TINY_TRAIN,
+    "model.arch": "resnet18",  # the smallest torchvision trunk: no test here is of the trunk
     "eval_every": 3,
     "save_every": 1,
     "log_every": 1,
@@ -70,8 +71,10 @@ def test_clip_grad_value_bounds_every_update(synth, tmp_path):
                 "optim.warmup_steps": 0, "eval_every": 10}  # fmt: skip
     clip = 1e-4
     out = tmp_path / "clipped"
+    # ResNet-50: on it the step-1 evaluation does not beat step 0's, so best.pt stays step 0's
     train(tiny_config(synth, steps=1, eval_at_start=True, **settings,
-                      **{"optim.clip_grad_value": clip}), out)  # fmt: skip
+                      **{"optim.clip_grad_value": clip, "model.arch": "resnet50"}), out)  # fmt: skip
+    assert load(out / "best.pt")["training"]["step"] == 0
     before = load(out / "best.pt")["state_dict"]  # step 0, the untrained network
     after = load(out / "last.pt")["state_dict"]
     # parameters only: BatchNorm's running statistics are buffers, not updates
@@ -183,6 +186,8 @@ def test_cli_train_and_bad_input(synth, tmp_path, capsys):
         "0",
         "--set",
         "data.eval_batch_size=16",
+        "--set",
+        "model.arch=resnet18",
     ]
     assert main(args) == 0
     printed = capsys.readouterr().out
@@ -257,6 +262,8 @@ def test_two_process_ddp_follows_the_single_process_loss_curve(synth, tmp_path):
         "4",
         "--device",
         "cpu",
+        "--set",
+        "model.arch=resnet18",
         "--set",
         "model.freeze_bn=true",
         "--set",

@@ -9,11 +9,13 @@ import pytest
 import yaml
 from helpers import read_jsonl, write_digits
 
+from nearsight.core.progress import RateMeter
 from nearsight.data.datasets import load_dataset
 from nearsight.models.checkpoint import load_checkpoint
 from nearsight.training import trainer as trainer_module
 from nearsight.training.config import ConfigError, load_config
 from nearsight.training.data import hold_out_classes
+from nearsight.training.progress import SLOW_CHECK_MIN_SECONDS
 from nearsight.training.run import train
 from nearsight.training.schedule import LRSchedule
 from nearsight.training.trainer import Trainer
@@ -23,6 +25,7 @@ TINY = {
     "data.image_size": 32,
     "data.workers": 0,
     "data.eval_batch_size": 32,
+    "model.arch": "resnet18",  # the smallest torchvision trunk: no test here is of the trunk
     "model.dim": 16,
     "model.pretrained": "none",
     "sampler.classes_per_batch": 3,
@@ -82,6 +85,7 @@ def test_from_scratch_without_settings_resolves_the_tuned_settings_and_learns(tm
     root = write_digits(tmp_path / "digits", size=32, test_per_class=80)
     common = {
         "data.image_size": 32,
+        "model.arch": "resnet50",  # the default trunk, whose settings the defaults are
         "loss.name": "rll",
         "sampler.classes_per_batch": 5,
         "sampler.per_class": 8,
@@ -108,16 +112,16 @@ class Interrupt(Exception):
 REAL_STEP = Trainer._train_step
 
 
-def fake_clock(monkeypatch, die_at: int | None = None) -> None:
-    """Training time advances by exactly one second per batch (evaluations take none), so a
-    time-based schedule is reproducible; optionally die inside batch ``die_at``."""
+def fake_clock(monkeypatch, die_at: int | None = None, seconds_per_batch: float = 1.0) -> None:
+    """Training time advances by exactly ``seconds_per_batch`` per batch (evaluations take
+    none), so a time-based schedule is reproducible; optionally die inside batch ``die_at``."""
     now = {"t": 0.0, "calls": 0}
 
     def step(self, *args, **kwargs):
         now["calls"] += 1
         if die_at is not None and now["calls"] == die_at:
             raise Interrupt
-        now["t"] += 1.0
+        now["t"] += seconds_per_batch
         return REAL_STEP(self, *args, **kwargs)
 
     monkeypatch.setattr(trainer_module, "clock", lambda: now["t"])
@@ -206,22 +210,24 @@ def test_cosine_with_decay_start_holds_the_rate_then_decays_over_the_rest():
 
 
 def test_a_run_slower_than_its_recipe_expects_says_so_once(synth, tmp_path, monkeypatch, capsys):
-    # one second per batch (the fake clock) where the recipe expects 3 steps/s: the note comes
-    # once the rate stands on 20 s past start-up (step 25), and only once
-    quick = {"steps": 30, "eval_every": 1000, "model.arch": "resnet18"}
-    config = config_for(synth, **quick, expected_steps_per_s=3.0)
-    fake_clock(monkeypatch)
+    # five seconds per batch (the fake clock) where the recipe expects 0.6 steps/s: the rate is
+    # measured after the 5 start-up steps and judged once it stands on 20 s (step 9); the note
+    # comes then, and not again in the 3 steps after it
+    assert (SLOW_CHECK_MIN_SECONDS, RateMeter().skip) == (20.0, 5)  # the step 9 below
+    quick = {"steps": 12, "eval_every": 1000, "save_every": 1000}
+    config = config_for(synth, **quick, expected_steps_per_s=0.6)
+    fake_clock(monkeypatch, seconds_per_batch=5.0)
     train(config, tmp_path / "slow")
     err = capsys.readouterr().err
     notes = [line for line in err.splitlines() if "slower than" in line]
     assert notes == [
-        "nearsight: note: training runs at 1.00 steps/s, 3.0x slower than the 3.00 steps/s "
-        "this recipe expects (other work on this machine, or a slower one): the 30 steps take "
-        "about 5s more. It learns the same, only later; --steps 10 ends in the 10s the recipe "
+        "nearsight: note: training runs at 0.20 steps/s, 3.0x slower than the 0.60 steps/s "
+        "this recipe expects (other work on this machine, or a slower one): the 12 steps take "
+        "about 15s more. It learns the same, only later; --steps 4 ends in the 20s the recipe "
         "was sized for, with a less trained network."
     ]
-    assert "train: 30 steps in 30.0s of training (1.00 steps/s after start-up)" in err
+    assert "train: 12 steps in 60.0s of training (0.20 steps/s after start-up)" in err
     # the same run where the machine keeps the expected pace hears nothing
-    fake_clock(monkeypatch)
-    train(config_for(synth, **quick, expected_steps_per_s=1.5), tmp_path / "ok")
+    fake_clock(monkeypatch, seconds_per_batch=5.0)
+    train(config_for(synth, **quick, expected_steps_per_s=0.3), tmp_path / "ok")
     assert "slower than" not in capsys.readouterr().err
