@@ -183,11 +183,12 @@ def chromium():
         browser.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def browser_context(chromium):
-    """One browsing context of :func:`chromium` per module, the tests' tabs opened in it
-    (helpers.open_tab): they share its HTTP cache, so the page's scripts load once.
-    ``context.requests``: the URL of every request any of its tabs made."""
+    """A browsing context of the module's :func:`chromium` for one test, its tabs opened in it
+    (helpers.open_tab); per test, not per module: a tab in a context shared with the module's
+    earlier tabs once never showed a random item's results (cause not found).
+    ``context.requests``: the URL of every request its tabs made."""
     from helpers.browser import VIEWPORT
 
     context = chromium.new_context(viewport=VIEWPORT)

@@ -9,7 +9,7 @@ import re
 
 import pytest
 from helpers import CHROMIUM, upload
-from helpers.browser import VIEWPORT, open_tab
+from helpers.browser import open_tab
 from PIL import Image
 
 
@@ -30,17 +30,12 @@ pytest.importorskip("playwright.sync_api", reason="the playwright package is mis
 
 
 @pytest.fixture
-def page(chromium, tiny_page, request):
-    """A fresh tab on the page, in a browsing context of its own (the module's one chromium):
-    one context shared by the module's tests failed once to show a random item's results;
-    ``page.outside`` lists requests that left 127.0.0.1. On a failure the tab's screenshot is
-    saved to test-artifacts/<test>.png."""
-    context = chromium.new_context(viewport=VIEWPORT)
-    try:
-        with open_tab(context, request, tiny_page[0], ready="#ns-results .ns-message") as tab:
-            yield tab
-    finally:
-        context.close()
+def page(browser_context, tiny_page, request):
+    """A fresh tab on the page, in the test's own browsing context; ``page.outside`` lists
+    requests that left 127.0.0.1. On a failure the tab's screenshot is saved to
+    test-artifacts/<test>.png."""
+    with open_tab(browser_context, request, tiny_page[0], ready="#ns-results .ns-message") as tab:
+        yield tab
 
 
 def border_colour(locator) -> str:

@@ -35,10 +35,9 @@ def open_tab(
     """A new tab of the Playwright browser context ``context`` for one test (``request``: the
     test's pytest request), patient (:data:`TIMEOUT_MS`); ``tab.outside`` lists the requests
     that left ``url``'s server (data: and blob: URLs stay inside), those of the context's
-    earlier tabs included (``context.requests``, kept by the ``browser_context`` fixture): a
-    tab of a shared context may take a file from its cache, without a request, only if an
-    earlier tab requested it. With ``url`` (and ``navigate``) it opens it, and waits for the
-    selector ``ready`` when given. If the test failed, the tab's screenshot is saved to
+    earlier tabs included (``context.requests``, kept by the ``browser_context`` fixture).
+    With ``url`` (and ``navigate``) it opens it, and waits for the selector ``ready`` when
+    given. If the test failed, the tab's screenshot is saved to
     test-artifacts/<test>.png; the tab is closed either way."""
     tab = context.new_page()
     tab.set_default_timeout(TIMEOUT_MS)
