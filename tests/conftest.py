@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from helpers import (
@@ -22,6 +23,15 @@ from helpers import (
     make_tiny_gallery,
     running_page,
 )
+
+T = TypeVar("T")
+
+
+def built_in(tmp_path_factory, name: str, make: Callable[[Path], T]) -> Iterator[T]:
+    """``make(root)`` in a new folder named after ``name``, deleted when the fixture ends."""
+    root = tmp_path_factory.mktemp(name)
+    yield make(root)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -46,9 +56,7 @@ def decode_box_closed_at_the_end() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def onnx_gallery(tmp_path_factory) -> Iterator[OnnxGallery]:
     """:func:`helpers.make_onnx_gallery`, built once per session."""
-    root = tmp_path_factory.mktemp("onnx-gallery")
-    yield make_onnx_gallery(root)
-    shutil.rmtree(root, ignore_errors=True)
+    yield from built_in(tmp_path_factory, "onnx-gallery", make_onnx_gallery)
 
 
 @pytest.fixture(scope="module")
@@ -80,9 +88,7 @@ def synth(synthetic_folder) -> Path:
 @pytest.fixture(scope="session")
 def nearsight_wheel(tmp_path_factory) -> Iterator[Path]:
     """A wheel of the checkout, built once per session."""
-    root = tmp_path_factory.mktemp("wheel")
-    yield build_wheel(root)
-    shutil.rmtree(root, ignore_errors=True)
+    yield from built_in(tmp_path_factory, "wheel", build_wheel)
 
 
 @pytest.fixture(scope="module")
@@ -98,9 +104,7 @@ def staged(onnx_gallery, tmp_path_factory) -> Iterator[dict]:
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Iterator[TinyGallery]:
     """:func:`helpers.make_tiny_gallery`, built once per test module that asks for it."""
-    root = tmp_path_factory.mktemp("tiny")
-    yield make_tiny_gallery(root)
-    shutil.rmtree(root, ignore_errors=True)
+    yield from built_in(tmp_path_factory, "tiny", make_tiny_gallery)
 
 
 @pytest.fixture(scope="module")
@@ -113,17 +117,13 @@ def tiny_page(tiny):
 @pytest.fixture(scope="module")
 def product(tmp_path_factory) -> Iterator[dict]:
     """:func:`helpers.make_product`: a gallery with shop, price and sku columns."""
-    root = tmp_path_factory.mktemp("product")
-    yield make_product(root)
-    shutil.rmtree(root, ignore_errors=True)
+    yield from built_in(tmp_path_factory, "product", make_product)
 
 
 @pytest.fixture(scope="module")
 def shop(tmp_path_factory) -> Iterator[dict]:
     """:func:`helpers.make_shop`: a shop's catalog with a key column, dates and unicode."""
-    root = tmp_path_factory.mktemp("shop")
-    yield make_shop(root)
-    shutil.rmtree(root, ignore_errors=True)
+    yield from built_in(tmp_path_factory, "shop", make_shop)
 
 
 @pytest.fixture()
@@ -206,22 +206,16 @@ def browser_context(chromium):
 @pytest.fixture(scope="session")
 def tiny_once(tmp_path_factory) -> Iterator[TinyGallery]:
     """:func:`helpers.make_tiny_gallery`, built once per session."""
-    root = tmp_path_factory.mktemp("tiny-once")
-    yield make_tiny_gallery(root)
-    shutil.rmtree(root, ignore_errors=True)
+    yield from built_in(tmp_path_factory, "tiny-once", make_tiny_gallery)
 
 
 @pytest.fixture(scope="session")
 def product_once(tmp_path_factory) -> Iterator[dict]:
     """:func:`helpers.make_product`, built once per session."""
-    root = tmp_path_factory.mktemp("product-once")
-    yield make_product(root)
-    shutil.rmtree(root, ignore_errors=True)
+    yield from built_in(tmp_path_factory, "product-once", make_product)
 
 
 @pytest.fixture(scope="session")
 def shop_once(tmp_path_factory) -> Iterator[dict]:
     """:func:`helpers.make_shop`, built once per session."""
-    root = tmp_path_factory.mktemp("shop-once")
-    yield make_shop(root)
-    shutil.rmtree(root, ignore_errors=True)
+    yield from built_in(tmp_path_factory, "shop-once", make_shop)
