@@ -86,17 +86,20 @@ def test_clicking_a_map_point_shows_that_items_grid(tab, tiny_page):
     image = tab.wait_for_selector("#ns-map img")
     tab.wait_for_function("() => document.querySelector('#ns-map img')?.naturalWidth > 0")
     tab.wait_for_selector("#ns-recall .ns-recall-row")
-    # where Gradio's click handler maps a pixel of the natural image (a scaled-down <img>)
+    # the page may still be laid out as the map's panel fills: click once the image is still
+    image.wait_for_element_state("stable")
+    # where Gradio's click handler maps a pixel of the natural image (a scaled-down <img>),
+    # from the image's own corner: Playwright clicks there once its box holds still
     left, top = image.evaluate(
         """(img, [x, y]) => {
             const box = img.getBoundingClientRect();
             const s = Math.min(box.width / img.naturalWidth, box.height / img.naturalHeight, 1);
-            return [box.left + (box.width - img.naturalWidth * s) / 2 + (x + 0.5) * s,
-                    box.top + (box.height - img.naturalHeight * s) / 2 + (y + 0.5) * s];
+            return [(box.width - img.naturalWidth * s) / 2 + (x + 0.5) * s,
+                    (box.height - img.naturalHeight * s) / 2 + (y + 0.5) * s];
         }""",
         [x, y],
     )
-    tab.mouse.click(left, top)
+    image.click(position={"x": left, "y": top})
     query = tab.wait_for_selector("#ns-map-results .ns-query")
     assert f"gallery item #{item}" in query.inner_text()
     assert tab.locator("#ns-map-results .ns-cell").count() == 8
