@@ -31,6 +31,8 @@ from typing import Any
 from nearsight.core.errors import NearsightError
 
 MetaValue = int | float | str
+# a value as answers give it (search results, REST's items): a tag column's as its tags
+AnswerValue = MetaValue | list[str]
 # keys the catalog's items table holds itself; metadata may not reuse them
 BUILTIN_KEYS = ("id", "path", "label", "class_name", "split", "sha256", "width", "height")
 KEY_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,63}")

@@ -21,6 +21,7 @@ import numpy as np
 from nearsight.core.errors import NearsightError, closest_names
 from nearsight.data.meta import MetaValue
 from nearsight.index.catalog.filters import Condition
+from nearsight.index.catalog.list_columns import gallery_list_columns
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.gallery.keys import key_column
 from nearsight.search import route
@@ -65,6 +66,11 @@ def check_group_column(gallery: Gallery, column: Any) -> str:
         raise NearsightError(
             f"group_by {column[:100]!r}: the gallery has no such column; "
             f"{closest_names(column, known)}"
+        )
+    if column in gallery_list_columns(gallery.meta):
+        raise NearsightError(
+            f"group_by {column!r} is a tag column, whose items each hold several values: "
+            "group by a column of one value an item (a product id)"
         )
     return column
 
@@ -134,7 +140,7 @@ def search_groups(
         depth = min(total, MAX_DEPTH, depth * 4)
     if notes is not None:
         notes.extend(note for note in said if note not in notes)
-    column = key_column(gallery)
+    column, tags = key_column(gallery), gallery_list_columns(gallery.meta)
     show = shown_path or (lambda row: str(row["path"]))
     answer = []
     for (_, distances), groups in zip(ranked, grouped, strict=True):
@@ -144,7 +150,9 @@ def search_groups(
                     value=value,
                     count=count(value),
                     neighbours=tuple(
-                        neighbour(at + 1, held[i], float(distances[at]), show(held[i]), column)
+                        neighbour(
+                            at + 1, held[i], float(distances[at]), show(held[i]), column, tags
+                        )
                         for at, i in hits[:group_size]
                     ),
                 )

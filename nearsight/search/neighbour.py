@@ -3,7 +3,7 @@ CLI's ``--json``, REST, the page and the Python API).
 
 A neighbour is an item of the gallery found for a query: its rank (1 first), id, key (the
 gallery's key column, when it has one), path as shown to whoever asked, label, class name,
-distance and metadata. The distance is the exact Euclidean distance between the query's unit
+distance and metadata (a tag column's value as its list of tags). The distance is the exact Euclidean distance between the query's unit
 vector and the item's stored one (0 to 2), whatever index or re-ranking found the item; a
 gallery item searched by its id is its own first neighbour at distance exactly 0.
 """
@@ -11,11 +11,12 @@ gallery item searched by its id is its own first neighbour at distance exactly 0
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from nearsight.data.meta import MetaValue
+from nearsight.data.meta import AnswerValue
+from nearsight.index.catalog.list_columns import listed_tags
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class Neighbour:
     label: int | None
     class_name: str | None
     distance: float | None  # None only where an approximate index found fewer than asked
-    meta: Mapping[str, MetaValue] = field(default_factory=dict)
+    meta: Mapping[str, AnswerValue] = field(default_factory=dict)  # a tag column's: a list
 
     def as_json(self) -> dict[str, Any]:
         """The JSON object of this neighbour: every field, in order."""
@@ -60,10 +61,16 @@ FIELDS = tuple(f.name for f in fields(Neighbour))
 
 
 def neighbour(
-    rank: int, row: Mapping[str, Any], distance: float, path: str, key_column: str | None
+    rank: int,
+    row: Mapping[str, Any],
+    distance: float,
+    path: str,
+    key_column: str | None,
+    tag_columns: Collection[str] = (),
 ) -> Neighbour:
-    """A catalog ``row`` found at ``distance`` as the ``rank``-th neighbour, shown as ``path``."""
-    meta = dict(row.get("meta") or {})
+    """A catalog ``row`` found at ``distance`` as the ``rank``-th neighbour, shown as ``path``;
+    a value of ``tag_columns`` as its list of tags."""
+    meta = listed_tags(row.get("meta") or {}, tag_columns)
     key = meta.get(key_column) if key_column else None
     return Neighbour(
         rank=rank,

@@ -31,6 +31,7 @@ import numpy as np
 from nearsight.core.errors import NearsightError
 from nearsight.index.ann.faiss_index import HNSW_EF_SEARCH
 from nearsight.index.catalog.filters import Condition, merge_conditions, parse_filters
+from nearsight.index.catalog.list_columns import gallery_list_columns
 from nearsight.index.gallery.core import Gallery
 from nearsight.index.gallery.keys import key_column
 from nearsight.search.checks import check_k, check_offset
@@ -296,11 +297,11 @@ def neighbours(
     if rows is None:
         wanted = sorted({i for ids, _ in ranked for i in ids})
         rows = {row["id"]: row for row in gallery.items(wanted)} if wanted else {}
-    column = key_column(gallery)
+    column, tags = key_column(gallery), gallery_list_columns(gallery.meta)
     show = shown_path or (lambda row: str(row["path"]))
     return [
         [
-            neighbour(rank, rows[i], float(d), show(rows[i]), column)
+            neighbour(rank, rows[i], float(d), show(rows[i]), column, tags)
             for rank, (i, d) in enumerate(zip(ids, distances, strict=True), start=first_rank)
         ]
         for ids, distances in ranked

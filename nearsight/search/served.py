@@ -20,10 +20,12 @@ import faiss
 import numpy as np
 
 from nearsight.core.errors import NearsightError
+from nearsight.index.catalog.list_columns import gallery_list_columns, listed_tags
 from nearsight.index.gallery.core import Gallery
 from nearsight.models.embedder import Embedder
 from nearsight.search.neighbour import Neighbour
 from nearsight.search.rerank.spec import RerankSpec
+from nearsight.search.route import item_row
 from nearsight.search.searcher import Searcher
 
 
@@ -123,10 +125,14 @@ class ServedGallery(Searcher):
                 return relative
         return os.path.basename(text) or f"item {row['id']}"
 
-    def public_row(self, item_id: int) -> dict[str, Any]:
-        """The item's catalog row with :meth:`shown_path`."""
+    def item_json(self, item_id: int) -> dict[str, Any]:
+        """The item as REST gives it (``GET /api/items/{id}``): its catalog row with
+        :meth:`shown_path`, a tag column's value as its list of tags, and its key."""
         row = self.row(item_id)
-        return {**row, "path": self.shown_path(row)}
+        answer = item_row(row, self.shown_path(row))
+        answer["meta"] = listed_tags(answer["meta"], gallery_list_columns(self.gallery.meta))
+        key = row["meta"].get(self.key_column) if self.key_column else None
+        return answer | {"key": None if key is None else str(key)}
 
     def identical_item(self, sha256: str) -> int | None:
         """The id of a gallery item whose file has these bytes (by sha256), if any."""

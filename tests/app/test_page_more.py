@@ -133,10 +133,9 @@ def test_tag_values_show_as_lists_on_the_cards():
     from nearsight.app.page.html import QueryCard, result_html
     from nearsight.search.neighbour import Neighbour
 
-    hit = Neighbour(1, 3, None, "a.png", 0, "a", 0.5, {"tags": "red|blue", "note": "a|b"})
+    hit = Neighbour(1, 3, None, "a.png", 0, "a", 0.5, {"tags": ["red", "blue"], "note": "a|b"})
     card = QueryCard("q", None, None, "unknown", "upload")
-    grid = result_html(card, [hit], [None], ["a"], gallery="g", gallery_size=1,
-                       list_fields=["tags"])  # fmt: skip
+    grid = result_html(card, [hit], [None], ["a"], gallery="g", gallery_size=1)
     assert "tags=[red, blue]" in grid and "note=a|b" in grid
 
 

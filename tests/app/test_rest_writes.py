@@ -94,14 +94,20 @@ def test_bad_writes_are_one_line(writable):
     for files, data, status in (
         ({"image": ("x.png", b"not an image", "image/png")}, {"key": "X"}, 415),
         ({"image": ("x.png", _new_image(3), "image/png")}, {"meta": "[1]"}, 422),
+        ({"image": ("x.png", _new_image(3), "image/png")}, {"meta": '{"tags": [1]}'}, 422),
+        # a list is a tag column's value (--list-column); this shop has none
+        ({"image": ("x.png", _new_image(3), "image/png")}, {"meta": '{"shop": ["a"]}'}, 400),
         (None, {"key": "X"}, 422),
     ):
         answer = _call("POST", f"{url}/api/items", files=files, data=data)
         assert answer.status_code == status and set(answer.json()) == {"error"}, answer.text
-        assert str(folder) not in answer.text
+        assert str(folder) not in answer.text and "\n" not in answer.json()["error"]
     assert httpx.post(f"{url}/api/items", timeout=30).status_code == 401  # behind the key
     bad = _call("PATCH", f"{url}/api/items/by-key", json={"key": "00001", "meta": [1]})
     assert bad.status_code == 422 and set(bad.json()) == {"error"}
+    listed = _call("PATCH", f"{url}/api/items/by-key", json={"key": "00001",
+                   "meta": {"shop": ["a", "b"]}})  # fmt: skip
+    assert listed.status_code == 400 and "a list of values is for a tag column" in listed.text
 
 
 def test_writes_are_off_unless_allowed(shop):

@@ -198,7 +198,15 @@ def exact(vectors: np.ndarray, query: np.ndarray, ids: np.ndarray) -> np.ndarray
 # -- the routes ------------------------------------------------------------------------------
 
 
-def python_route(folder: Path, query: dict, vector: np.ndarray):
+def _tags_listed(catalog: Catalog, hits) -> None:
+    """Each hit's ``meta`` (``(id, meta)`` pairs) gives its tag column as the list of the tags
+    its item holds, in their order (no tags: no entry)."""
+    for item_id, meta in hits:
+        held = [tag for tag in catalog.rows[item_id]["tags"].split("|") if tag]
+        assert meta.get("tags", []) == held, (item_id, meta, held)
+
+
+def python_route(folder: Path, query: dict, vector: np.ndarray, catalog: Catalog):
     rerank = RERANK if query["rerank"] else "none"
     asked = {"filters": query["filters"], "rerank": rerank, "offset": query["offset"]}
     with open_gallery(folder) as gallery:
@@ -206,10 +214,11 @@ def python_route(folder: Path, query: dict, vector: np.ndarray):
             found = gallery.search_item(query["id"], query["k"], **asked)
         else:
             found = gallery.search_vector(vector, query["k"], **asked)
+    _tags_listed(catalog, [(n.id, n.meta) for n in found])
     return [(n.id, n.distance) for n in found]
 
 
-def cli_route(folder: Path, query: dict, vector_file: Path, capsys):
+def cli_route(folder: Path, query: dict, vector_file: Path, catalog: Catalog, capsys):
     argv = ["search", "--gallery", str(folder), "--k", str(query["k"]), "--json",
             "--rerank", RERANK if query["rerank"] else "none", "--offset", str(query["offset"])]  # fmt: skip
     argv += (
@@ -222,10 +231,11 @@ def cli_route(folder: Path, query: dict, vector_file: Path, capsys):
     if code != 0:
         assert code == 2 and "Traceback" not in err and err.count("\n") == 1, err
         raise NearsightError(err)
+    _tags_listed(catalog, [(row["id"], row["meta"]) for row in json.loads(out)])
     return [(row["id"], row["distance"]) for row in json.loads(out)]
 
 
-def rest_route(url: str, name: str, query: dict, vector: np.ndarray):
+def rest_route(url: str, name: str, query: dict, vector: np.ndarray, catalog: Catalog):
     data = {"k": str(query["k"]), "gallery": name, "filter": ";".join(query["filters"]),
             "rerank": RERANK if query["rerank"] else "none", "offset": str(query["offset"])}  # fmt: skip
     if query["id"] is not None:
@@ -236,7 +246,9 @@ def rest_route(url: str, name: str, query: dict, vector: np.ndarray):
     if answer.status_code != 200:
         assert answer.status_code == 400 and set(answer.json()) == {"error"}, answer.text
         raise NearsightError(answer.json()["error"])
-    return [(row["id"], row["distance"]) for row in answer.json()["neighbours"]]
+    neighbours = answer.json()["neighbours"]
+    _tags_listed(catalog, [(row["id"], row["meta"]) for row in neighbours])
+    return [(row["id"], row["distance"]) for row in neighbours]
 
 
 def page_route(page, name: str, query: dict) -> list[int]:
@@ -313,9 +325,9 @@ def test_every_route_answers_the_brute_force(catalog, data, model, tmp_path_fact
             for index_type, gallery in galleries.items():
                 name = _name(page, gallery)
                 routes = {
-                    "python": partial(python_route, gallery, query, vector),
-                    "cli": partial(cli_route, gallery, query, vector_file, capsys),
-                    "rest": partial(rest_route, url, name, query, vector),
+                    "python": partial(python_route, gallery, query, vector, catalog),
+                    "cli": partial(cli_route, gallery, query, vector_file, catalog, capsys),
+                    "rest": partial(rest_route, url, name, query, vector, catalog),
                 }
                 if allowed is None:  # every route refuses, in one line
                     for call in routes.values():
@@ -333,7 +345,7 @@ def test_every_route_answers_the_brute_force(catalog, data, model, tmp_path_fact
                 whole, longer = query, first
                 if query["offset"]:  # a page: the long search's ranks after the offset
                     whole = {**query, "k": query["offset"] + query["k"], "offset": 0}
-                    longer = python_route(gallery, whole, vector)
+                    longer = python_route(gallery, whole, vector, catalog)
                     assert first == longer[query["offset"] :], query
                 recall = _check(catalog, whole, vector, allowed, longer, index_type)
                 if recall is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Sequence
 
 
 def add_catalog_options(parser: argparse.ArgumentParser, *, key_column: bool = True) -> None:
@@ -76,9 +77,11 @@ def add_embeddings_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def check_group_column(column: str | None, fields: list[dict]) -> None:
+def check_group_column(
+    column: str | None, fields: list[dict], list_columns: Sequence[str] | None = None
+) -> None:
     """A one-line error, before any embedding, when ``--group-column`` names a column the
-    source's rows do not have."""
+    source's rows do not have, or a tag column (``--list-column``)."""
     from nearsight.core.errors import NearsightError, closest_names
     from nearsight.search.groups import ROW_COLUMNS
 
@@ -88,6 +91,11 @@ def check_group_column(column: str | None, fields: list[dict]) -> None:
     if column not in columns:
         hint = closest_names(column, columns)
         raise NearsightError(f"--group-column {column}: the source has no such column; {hint}")
+    if column in (list_columns or ()):
+        raise NearsightError(
+            f"--group-column {column}: a tag column (--list-column), whose items each hold "
+            "several values; group by a column of one value an item (a product id)"
+        )
 
 
 def record_group_column(column: str | None, out: str | os.PathLike[str]) -> None:

@@ -41,7 +41,7 @@ def _run_build(args: argparse.Namespace) -> int:
         source = images_source(args.images)
     else:
         source = list_source(args.list)
-    check_group_column(args.group_column, source.fields)
+    check_group_column(args.group_column, source.fields, args.list_column)
     embedder = load_index_model(args)  # a timm:NAME model: its exported ONNX file
     report = build_gallery(
         embedder,

@@ -78,7 +78,7 @@ def run_import(args: argparse.Namespace) -> int:
         raise NearsightError(
             f"{args.meta} has {len(rows)} rows but {args.vectors} has {len(vectors)} vectors"
         )
-    check_group_column(args.group_column, rows)
+    check_group_column(args.group_column, rows, args.list_column)
     embedder = None
     if args.model is not None:
         from nearsight.app.commands.model_options import load_index_model

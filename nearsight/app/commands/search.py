@@ -236,13 +236,17 @@ def _vector_file(path: Path, dim: int):
 
 
 def _print_table(results: list[dict[str, Any]]) -> None:
+    from nearsight.index.catalog.list_columns import cell_text
+
     meta_keys = sorted({key for row in results for key in row["meta"]})
     print(f"{'rank':>4}  {'id':>8}  {'distance':>8}  {'label':>6}  class / path")
     for row in results:
         label = "-" if row["label"] is None else str(row["label"])
         name = f"{row['class_name']}  " if row["class_name"] else ""
         distance = "-" if row["distance"] is None else f"{row['distance']:.4f}"
-        meta = "  ".join(f"{key}={row['meta'][key]}" for key in meta_keys if key in row["meta"])
+        meta = "  ".join(
+            f"{key}={cell_text(row['meta'][key])}" for key in meta_keys if key in row["meta"]
+        )
         print(
             f"{row['rank']:>4}  {row['id']:>8}  {distance:>8}  {label:>6}  {name}{row['path']}"
             + (f"  [{meta}]" if meta else "")
@@ -355,10 +359,12 @@ def _run_batch(args: argparse.Namespace, conditions: list) -> int:
 
 def write_csv(handle: Any, entries: list[dict[str, Any]]) -> None:
     """The batch's answers as CSV: one row per neighbour (a ``group`` column holding its
-    group's value when grouped), the metadata columns after the fixed ones, an unreadable
+    group's value when grouped), the metadata columns after the fixed ones (a tag column's
+    tags as ``a|b``), an unreadable
     query as one row with its ``error``."""
     import csv
 
+    from nearsight.index.catalog.list_columns import cell_text
     from nearsight.search.neighbour import FIELDS
 
     rows: list[dict[str, Any]] = []
@@ -371,7 +377,7 @@ def write_csv(handle: Any, entries: list[dict[str, Any]]) -> None:
         for value, hit in hits:
             row = {"query": entry["query"], **({"group": value} if "groups" in entry else {})}
             row |= {name: hit[name] for name in FIELDS if name != "meta"}
-            rows.append(row | {f"meta.{key}" if key in row else key: v
+            rows.append(row | {f"meta.{key}" if key in row else key: cell_text(v)
                                for key, v in hit["meta"].items()})  # fmt: skip
     fixed = ["query", *(["group"] if any("group" in row for row in rows) else []),
              *(name for name in FIELDS if name != "meta")]  # fmt: skip

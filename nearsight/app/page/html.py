@@ -15,7 +15,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from nearsight.app.page.products import ProductHit
-from nearsight.index.catalog.list_columns import SEPARATOR as TAG_SEPARATOR
 from nearsight.search.served import Neighbour
 from nearsight.search.verdicts import FRAME_COLOURS, QUERY_COLOUR, correctness
 
@@ -68,7 +67,6 @@ def result_html(
     lead_fields: Sequence[str] = (),
     filtered_fields: Sequence[str] = (),
     title_fields: Sequence[str] = (),
-    list_fields: Sequence[str] = (),
 ) -> str:
     """The query card and its top-k grid. ``matching``: how many items the filter allows (None:
     no filter). Each card leads with ``lead_fields`` (the key column, or the fields the
@@ -76,7 +74,7 @@ def result_html(
     :func:`title_columns`, that the search did not filter on), then ``filtered_fields`` (what
     the search filtered on), then as many others as fit :data:`META_SHOWN`, then the rank,
     class and distance; every field is in the card's tooltip and its "all fields" list. A
-    tag column's value (``list_fields``; stored as ``a|b``) shows as a list, ``[a, b]``. A
+    tag column's value (a list of tags) shows as ``[a, b]``. A
     product's card (a :class:`~nearsight.app.page.products.ProductHit`: a grid grouped by the
     gallery's group column) shows its best photo and how many photos the product has."""
     e = html.escape
@@ -122,7 +120,7 @@ def result_html(
         distance = "n/a" if neighbour.distance is None else f"{neighbour.distance:.4f}"
         label = "" if neighbour.label is None else str(neighbour.label)
         style = _CELL_STYLE.format(colour=FRAME_COLOURS[verdict], side=CELL_SIDE)
-        meta = shown_meta(neighbour.meta or {}, list_fields)
+        meta = shown_meta(neighbour.meta or {})
         title = "\n".join(
             [f"id {neighbour.id}: {neighbour.path}", *(f"{k}={v}" for k, v in meta.items())]
         )
@@ -175,10 +173,10 @@ def card_fields(
     return chosen + others[: max(0, room - len(chosen))]
 
 
-def shown_meta(meta: Mapping[str, object], list_fields: Sequence[str] = ()) -> dict:
-    """An item's fields as a card shows them: a tag column's ``a|b`` as ``[a, b]``."""
+def shown_meta(meta: Mapping[str, object]) -> dict:
+    """An item's fields as a card shows them: a tag column's list of tags as ``[a, b]``."""
     return {
-        name: f"[{', '.join(str(value).split(TAG_SEPARATOR))}]" if name in list_fields else value
+        name: f"[{', '.join(map(str, value))}]" if isinstance(value, list) else value
         for name, value in meta.items()
     }
 

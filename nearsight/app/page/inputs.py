@@ -13,6 +13,7 @@ import gradio as gr
 from nearsight.app.page.html import message_html
 from nearsight.app.page.view import GalleryView
 from nearsight.core.errors import NearsightError
+from nearsight.index.catalog.list_columns import gallery_list_columns
 from nearsight.search.rerank.spec import NONE, RerankSpec, parse_rerank
 
 UNKNOWN_CLASS = "-1"
@@ -99,7 +100,7 @@ class page_errors:
 def filter_help(view: GalleryView) -> str:
     """The filter box's help: the syntax, and this gallery's columns with their types."""
     types = view.gallery.column_types()
-    tags = set(view.gallery.meta.get("list_columns") or [])  # tag columns: KEY=TAG tests a set
+    tags = gallery_list_columns(view.gallery.meta)  # tag columns: KEY=TAG tests a set
     columns = ", ".join(
         [*(f"{name} ({'tags' if name in tags else kind})" for name, kind in sorted(types.items())),
          "label", "class_name", "split"]

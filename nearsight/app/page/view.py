@@ -29,7 +29,6 @@ from nearsight.app.page.html import QueryCard, result_html, title_columns
 from nearsight.app.page.products import grid_hits
 from nearsight.core.errors import NearsightError
 from nearsight.data.decode_box import fit_file
-from nearsight.index.catalog.list_columns import META_KEY as LIST_COLUMNS_META
 from nearsight.index.gallery.core import Gallery
 from nearsight.models.embedder import Embedder
 from nearsight.search.analysis import ANALYSIS_MAX_ITEMS, Analysis, analyse
@@ -80,11 +79,6 @@ class GalleryView(ServedGallery):
         return grid_hits(self, vector, k, 0, allowed=allowed, rerank=rerank, self_id=self_id,
                          exclude_id=exclude_id, notes=notes, query_side=query_side)  # fmt: skip
 
-    @property
-    def list_columns(self) -> list[str]:
-        """The gallery's tag columns (``--list-column``): a card shows their values as lists."""
-        return [str(column) for column in self.gallery.meta.get(LIST_COLUMNS_META) or []]
-
     # -- thumbnails --------------------------------------------------------------------------
 
     def thumbnail(self, item_id: int) -> str | None:
@@ -134,7 +128,6 @@ class GalleryView(ServedGallery):
             lead_fields=self.shown_fields(),
             filtered_fields=filtered.keys,
             title_fields=title_columns(self.gallery.column_types()),
-            list_fields=self.list_columns,
         )
 
 

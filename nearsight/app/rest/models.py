@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-MetaValue = int | float | str
+from nearsight.data.meta import AnswerValue, MetaValue
 
 
 class Neighbour(BaseModel):
@@ -21,7 +21,9 @@ class Neighbour(BaseModel):
     label: int | None
     class_name: str | None
     distance: float | None = Field(description="Euclidean distance between unit embeddings, 0 to 2")
-    meta: dict[str, MetaValue] = Field(description="the item's metadata columns")
+    meta: dict[str, AnswerValue] = Field(
+        description="the item's metadata columns (a tag column's value: its list of tags)"
+    )
     image_url: str = Field(
         description="the item's image, behind the API key like every route (GET; ?size=N for "
         "a thumbnail)"
@@ -72,7 +74,9 @@ class Item(BaseModel):
     sha256: str | None
     width: int | None
     height: int | None
-    meta: dict[str, MetaValue]
+    meta: dict[str, AnswerValue] = Field(
+        description="its metadata columns (a tag column's value: its list of tags)"
+    )
 
 
 class GallerySummary(BaseModel):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -49,6 +49,26 @@ def stored_cell(value: Any, column: str) -> str | None:
     """The catalog's text for a cell of tag column ``column`` (None: no tags)."""
     tags = tags_of(value, column)
     return SEPARATOR.join(tags) if tags else None
+
+
+def listed_tags(meta: Mapping[str, Any], columns: Collection[str]) -> dict[str, Any]:
+    """An item's metadata as answers give it: each tag column's stored ``a|b`` as its list of
+    tags, ``["a", "b"]``; other columns as stored."""
+    return {
+        name: value.split(SEPARATOR) if name in columns and isinstance(value, str) else value
+        for name, value in meta.items()
+    }
+
+
+def cell_text(value: Any) -> Any:
+    """A value as a CSV cell or a line of text gives it: a list of tags as ``a|b`` (the form
+    a CSV's tag cell is read from), anything else as it is."""
+    return SEPARATOR.join(map(str, value)) if isinstance(value, list) else value
+
+
+def gallery_list_columns(meta: Mapping[str, Any]) -> frozenset[str]:
+    """The tag columns a gallery's (or catalog's) ``meta`` records."""
+    return frozenset(str(column) for column in meta.get(META_KEY) or ())
 
 
 def check_list_columns(columns: Sequence[str], fields: Iterable[str]) -> list[str]:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from nearsight.index.catalog.list_columns import META_KEY as LIST_COLUMNS_META
+from nearsight.index.catalog.list_columns import gallery_list_columns
 
 if TYPE_CHECKING:
     from nearsight.index.gallery.core import Gallery
@@ -25,7 +25,7 @@ def gallery_summary(gallery: Gallery) -> dict[str, Any]:
     metadata column's type, by name, sorted: a tag column, ``--list-column``, is
     :data:`TAG_TYPE`), ``created``, ``dataset`` and ``split`` (None when not recorded)."""
     meta = gallery.meta
-    tags = set(meta.get(LIST_COLUMNS_META) or [])
+    tags = gallery_list_columns(meta)
     types = {
         name: TAG_TYPE if name in tags else kind for name, kind in gallery.column_types().items()
     }

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,6 +23,7 @@ import numpy as np
 from nearsight.core.errors import NearsightError
 from nearsight.data.embed import check_batching, embed_files
 from nearsight.data.meta import FilterError, typed_row
+from nearsight.index.catalog.list_columns import gallery_list_columns, stored_cell
 from nearsight.index.chunks import meta_types_of
 from nearsight.index.gallery.build import describe_files, report_unreadable
 from nearsight.index.gallery.change import set_meta
@@ -191,6 +192,23 @@ def _embedder(gallery: Gallery, model: PathLike | Embedder | None, device: str) 
     return model
 
 
+def tag_cells(raw: dict[str, Any], tag_columns: Collection[str]) -> dict[str, Any]:
+    """``raw`` with each tag column's value (a list, or ``a|b`` text) as the catalog stores
+    it; a list given to a column of one value is an error."""
+    cells = {}
+    for name, value in raw.items():
+        if name in tag_columns:
+            cells[name] = stored_cell(value, name)
+        elif isinstance(value, list | tuple):
+            raise NearsightError(
+                f"meta {name!r}: a list of values is for a tag column (--list-column at "
+                "build); this column holds one value an item"
+            )
+        else:
+            cells[name] = value
+    return cells
+
+
 def _added_meta(
     gallery: Gallery, raw: dict[str, Any], key: str | None, declared_types: Mapping[str, str]
 ) -> tuple[dict[str, Any], str | None, dict[str, str]]:
@@ -214,6 +232,7 @@ def _added_meta(
         raw = {**raw, column: key}
     elif column is not None and column in raw and raw[column] is not None:
         raw = {**raw, column: normal_key(raw[column])}
+    raw = tag_cells(raw, gallery_list_columns(gallery.meta))
     stored = dict(gallery.meta.get("meta_types") or {})
     declared = dict(declared_types)
     for name, kind in declared.items():

@@ -11,8 +11,6 @@ from nearsight.app.rest.deps import ApiError, RestState, rest_state
 from nearsight.app.rest.models import ERRORS, Item
 from nearsight.core.errors import NearsightError
 from nearsight.index.gallery.keys import ids_of_keys, key_column, normal_key
-from nearsight.search.route import item_row
-from nearsight.search.served import ServedGallery
 
 KEY_RULE = "the key rule of every route: spaces around it dropped, Unicode NFC, 1 to 200 characters"
 
@@ -35,13 +33,7 @@ def _keyed_item(state: RestState, key: str, gallery: str | None) -> dict[str, An
     found = ids_of_keys(view.gallery, [key])
     if key not in found or found[key] not in view.rows():
         raise ApiError(404, f"gallery {view.name} has no item with that key")
-    return _item(view, found[key])
-
-
-def _item(view: ServedGallery, item_id: int) -> dict[str, Any]:
-    row = item_row(view.public_row(item_id))
-    key = row["meta"].get(view.key_column) if view.key_column else None
-    return {**row, "key": None if key is None else str(key)}
+    return view.item_json(found[key])
 
 
 # before /items/{item_id}, which would read "by-key" as an id
@@ -73,4 +65,4 @@ def item(state: State, item_id: int, gallery: str | None = None) -> dict[str, An
     view = state.view(gallery)
     if item_id not in view.rows():  # the message names the gallery, never its folder
         raise ApiError(404, f"gallery {view.name} has no item with id {item_id}")
-    return _item(view, item_id)
+    return view.item_json(item_id)

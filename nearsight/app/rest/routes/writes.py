@@ -28,16 +28,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import UploadFile
 
 from nearsight.app.rest.deps import ApiError, RestState, echo, one_line, rest_state
-from nearsight.app.rest.models import ERRORS, Item, MetaValue
+from nearsight.app.rest.models import ERRORS, Item
 from nearsight.app.rest.routes.images import image_kind, image_url
 from nearsight.app.serve.auth import presented_key
 from nearsight.core.atomic import atomic_file
 from nearsight.core.errors import NearsightError
 from nearsight.data.decode_box import fit_bytes
 from nearsight.data.images import ImageLoadError
+from nearsight.data.meta import AnswerValue
 from nearsight.index.gallery.keys import ids_of_keys, key_column, normal_key
 from nearsight.index.gallery.lock import gallery_lock
-from nearsight.search.route import item_row
 from nearsight.search.served import ServedGallery
 
 UPLOADS_SUFFIX = ".images"  # GALLERY.images/: the files of items posted over REST
@@ -76,7 +76,7 @@ class MetaPatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     key: str = Field(min_length=1, max_length=200)
-    meta: dict[str, MetaValue | None]
+    meta: dict[str, AnswerValue | None]
     gallery: str | None = None
 
 
@@ -113,10 +113,8 @@ def _swap(state: RestState, view: ServedGallery) -> ServedGallery:
 
 
 def _answer(request: Request, view: ServedGallery, item_id: int, replaced: int | None) -> dict:
-    row = item_row(view.public_row(item_id))
-    key = row["meta"].get(view.key_column) if view.key_column else None
-    return {**row, "key": None if key is None else str(key), "replaced": replaced,
-            "image_url": image_url(request, view.name, item_id)}  # fmt: skip
+    return view.item_json(item_id) | {"replaced": replaced,
+                                      "image_url": image_url(request, view.name, item_id)}  # fmt: skip
 
 
 _POST_FORM = {
@@ -125,7 +123,10 @@ _POST_FORM = {
     "properties": {
         "image": {"type": "string", "format": "binary", "description": "the item's image"},
         "key": {"type": "string", "description": "its key: an item with this key is replaced"},
-        "meta": {"type": "string", "description": 'its fields, a JSON object: {"price": 9.5}'},
+        "meta": {
+            "type": "string",
+            "description": 'its fields, a JSON object: {"price": 9.5, "tags": ["sale"]}',
+        },
         "label": {"type": "string", "description": "its class: a label number or a class name"},
         "gallery": {"type": "string"},
     },
@@ -243,18 +244,26 @@ def _text(fields: dict[str, Any], name: str) -> str | None:
 
 
 def _meta(text: str | None) -> dict[str, Any]:
-    """The ``meta`` field: a JSON object of text and numbers."""
+    """The ``meta`` field: a JSON object of text and numbers (a tag column's: a list of
+    texts)."""
     if text is None:
         return {}
     try:
         value = json.loads(text)
     except (ValueError, RecursionError):
         raise ApiError(422, 'meta: a JSON object of fields, e.g. {"price": 9.5}') from None
-    if not isinstance(value, dict) or not all(
-        isinstance(v, str | int | float) and not isinstance(v, bool) for v in value.values()
-    ):
-        raise ApiError(422, "meta: a JSON object of text and numbers")
+    if not isinstance(value, dict) or not all(map(_field_value, value.values())):
+        raise ApiError(
+            422, "meta: a JSON object of text and numbers (a tag column's: a list of texts)"
+        )
     return value
+
+
+def _field_value(value: Any) -> bool:
+    """A value ``meta`` may hold: text, a number, or a list of texts (a tag column's)."""
+    if isinstance(value, list):
+        return all(isinstance(tag, str) for tag in value)
+    return isinstance(value, str | int | float) and not isinstance(value, bool)
 
 
 def _check_image(data: bytes, name: str) -> None:
