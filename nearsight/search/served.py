@@ -14,7 +14,7 @@ import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Self, TypeVar
+from typing import Any, Self, TypedDict, TypeVar, Unpack
 
 import faiss
 import numpy as np
@@ -27,6 +27,18 @@ from nearsight.search.neighbour import Neighbour
 from nearsight.search.rerank.spec import RerankSpec
 from nearsight.search.route import item_row
 from nearsight.search.searcher import Searcher
+
+
+class OneQuery(TypedDict, total=False):
+    """How a server asks for one query's neighbours, the request checked already
+    (:meth:`ServedGallery.search_one`; the page's grid, nearsight/app/page/products.py)."""
+
+    allowed: np.ndarray | None  # the ids a filter allows (None: every item)
+    rerank: RerankSpec | None  # None: the gallery's default re-ranking
+    self_id: int | None  # a query that is a gallery item: it comes first, at 0
+    exclude_id: int | None  # left out: the page's leave-one-out
+    notes: list[str] | None  # collects what the route says of the answer
+    query_side: np.ndarray | None  # a query image's stage features [1, F]
 
 
 class ServedGallery(Searcher):
@@ -148,34 +160,25 @@ class ServedGallery(Searcher):
         with one_openmp_thread():
             return super().search_page(vectors, k, page, **route)
 
-    def search_one(
-        self,
-        vector: np.ndarray,
-        k: int,
-        *,
-        allowed: np.ndarray | None = None,
-        rerank: RerankSpec | None = None,
-        self_id: int | None = None,
-        exclude_id: int | None = None,
-        notes: list[str] | None = None,
-        query_side: np.ndarray | None = None,
-    ) -> list[Neighbour]:
-        """The k nearest items of one unit query vector, for a request checked already:
-        ``self_id`` first at 0 (a query that is a gallery item), ``exclude_id`` left out (the
-        page's leave-one-out); ``rerank`` default :attr:`rerank`; ``notes`` collects what the
-        route says of the answer (a filtered search that cannot promise its recall);
-        ``query_side``: a query image's stage features [1, F] (:meth:`query_embedding`)."""
-        (found,) = self.search_vectors(
-            np.asarray(vector, np.float32).reshape(1, -1),
-            k,
-            allowed=allowed,
-            rerank=self.rerank if rerank is None else rerank,
-            self_ids=None if self_id is None else [self_id],
-            exclude=None if exclude_id is None else [exclude_id],
-            notes=notes,
-            query_side=query_side,
-        )
+    def search_one(self, vector: np.ndarray, k: int, **query: Unpack[OneQuery]) -> list[Neighbour]:
+        """The k nearest items of one unit query vector, for a request checked already
+        (:class:`OneQuery`; ``query_side`` from :meth:`query_embedding`)."""
+        vectors = np.asarray(vector, np.float32).reshape(1, -1)
+        (found,) = self.search_vectors(vectors, k, **self.route_of(query))
         return found
+
+    def route_of(self, query: OneQuery) -> dict[str, Any]:
+        """``query`` as the search route's keywords (:meth:`search_vectors`)."""
+        rerank, self_id, exclude_id = (query.get(name) for name in ("rerank", "self_id",
+                                                                    "exclude_id"))  # fmt: skip
+        return {
+            "allowed": query.get("allowed"),
+            "rerank": self.rerank if rerank is None else rerank,
+            "self_ids": None if self_id is None else [self_id],
+            "exclude": None if exclude_id is None else [exclude_id],
+            "notes": query.get("notes"),
+            "query_side": query.get("query_side"),
+        }
 
     def check_item(self, item_id: int) -> None:
         self.row(item_id)  # one-line error for an unknown id

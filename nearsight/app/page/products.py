@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, fields
+from typing import Unpack
 
 import numpy as np
 
@@ -19,9 +20,8 @@ from nearsight.search.groups import Group
 from nearsight.search.neighbour import Neighbour
 from nearsight.search.paging import check_page
 from nearsight.search.request import SearchRequest
-from nearsight.search.rerank.spec import RerankSpec
 from nearsight.search.results import SearchResults
-from nearsight.search.served import ServedGallery
+from nearsight.search.served import OneQuery, ServedGallery
 
 _NEIGHBOUR_FIELDS = tuple(f.name for f in fields(Neighbour))
 
@@ -40,27 +40,13 @@ def grid_hits(
     vector: np.ndarray,
     k: int,
     offset: int = 0,
-    *,
-    allowed: np.ndarray | None = None,
-    rerank: RerankSpec | None = None,
-    self_id: int | None = None,
-    exclude_id: int | None = None,
-    notes: list[str] | None = None,
-    query_side: np.ndarray | None = None,
+    **query: Unpack[OneQuery],
 ) -> list[Neighbour]:
     """One page of the grid of one unit query vector: ranks ``offset + 1`` to ``offset + k``,
     or, where the gallery records a group column, products ``offset + 1`` to ``offset + k``
-    as :class:`ProductHit` (the other arguments as
-    :meth:`~nearsight.search.served.ServedGallery.search_one`'s)."""
+    as :class:`ProductHit` (``query`` as :meth:`~nearsight.search.served.ServedGallery.search_one`'s)."""
     vectors = np.asarray(vector, np.float32).reshape(1, -1)
-    route = {
-        "allowed": allowed,
-        "rerank": view.rerank if rerank is None else rerank,
-        "self_ids": None if self_id is None else [self_id],
-        "exclude": None if exclude_id is None else [exclude_id],
-        "notes": notes,
-        "query_side": query_side,
-    }
+    route = view.route_of(query)
     column = view.group_column
     if column is None:
         (found,) = view.search_vectors(vectors, k, offset=offset, **route)

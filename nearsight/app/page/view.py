@@ -22,6 +22,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Unpack
 
 import numpy as np
 
@@ -33,9 +34,8 @@ from nearsight.index.gallery.core import Gallery
 from nearsight.models.embedder import Embedder
 from nearsight.search.analysis import ANALYSIS_MAX_ITEMS, Analysis, analyse
 from nearsight.search.neighbour import Neighbour
-from nearsight.search.rerank.spec import RerankSpec
 from nearsight.search.route import Filtered
-from nearsight.search.served import ServedGallery, open_served
+from nearsight.search.served import OneQuery, ServedGallery, open_served
 from nearsight.search.verdicts import THUMBNAIL_SIDE, thumbnail_uri
 
 THUMBNAIL_CACHE_ITEMS = 4096  # per gallery; ~6 KB each as base64 JPEG
@@ -62,22 +62,10 @@ class GalleryView(ServedGallery):
     def _same_kind(self, gallery: Gallery) -> GalleryView:
         return GalleryView(self.name, gallery, self.embedder, self.analysis_max_items)
 
-    def search_one(
-        self,
-        vector: np.ndarray,
-        k: int,
-        *,
-        allowed: np.ndarray | None = None,
-        rerank: RerankSpec | None = None,
-        self_id: int | None = None,
-        exclude_id: int | None = None,
-        notes: list[str] | None = None,
-        query_side: np.ndarray | None = None,
-    ) -> list[Neighbour]:
+    def search_one(self, vector: np.ndarray, k: int, **query: Unpack[OneQuery]) -> list[Neighbour]:
         """The first page of the page's grid: the k nearest items, or, where the gallery
         records a group column, the k nearest products (module docstring)."""
-        return grid_hits(self, vector, k, 0, allowed=allowed, rerank=rerank, self_id=self_id,
-                         exclude_id=exclude_id, notes=notes, query_side=query_side)  # fmt: skip
+        return grid_hits(self, vector, k, 0, **query)
 
     # -- thumbnails --------------------------------------------------------------------------
 
