@@ -25,11 +25,8 @@ the load average.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -39,53 +36,11 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling bench modules
+from served_bench import random_gallery, served  # noqa: E402
+
 SPEC = "kreciprocal:k1=200,k2=200,depth=400"
 FLOOD, VICTIM = "127.0.0.2", "127.0.0.3"
-
-
-def build(root: Path, items: int) -> Path:
-    """An ONNX model and a flat gallery of ``items`` random unit vectors; the gallery's folder."""
-    import torch
-
-    from nearsight.app.cli import main
-    from nearsight.models.checkpoint import save_checkpoint
-    from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
-    from nearsight.models.export import export_onnx
-
-    torch.manual_seed(0)
-    config = EmbeddingConfig(dim=8, image_size=32, arch="resnet18")
-    save_checkpoint(root / "model.pt", build_embedding_net(config))
-    export_onnx(root / "model.pt", root / "model.onnx")
-    vectors = np.random.default_rng(0).normal(size=(items, 8)).astype(np.float32)
-    np.save(root / "v.npy", vectors / np.linalg.norm(vectors, axis=1, keepdims=True))
-    (root / "m.csv").write_text("path\n" + "".join(f"/x/{i}.jpg\n" for i in range(items)))
-    code = main(["index", "import", "--vectors", str(root / "v.npy"), "--meta",
-                 str(root / "m.csv"), "--model", str(root / "model.onnx"), "--out",
-                 str(root / "g"), "--index-type", "flat"])  # fmt: skip
-    assert code == 0
-    return root / "g"
-
-
-@contextlib.contextmanager
-def served(gallery: Path):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "nearsight.app.cli", "serve", "--gallery", str(gallery),
-               "--port", str(port), "--no-access-log", "--analysis-max-items", "0",
-               "--rerank", SPEC]  # fmt: skip
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(600):
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{url}/api/health", timeout=1).status_code == 200:
-                    break
-            time.sleep(0.2)
-        yield url
-    finally:
-        server.terminate()
-        server.wait(30)
 
 
 def rest_search(client: httpx.Client, url: str, item: int) -> tuple[float, bool]:
@@ -181,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         args.items, args.flood, args.searches, fill_s = 300, 4, 3, 0.5
     report: dict = {"load_before": os.getloadavg()}
     with tempfile.TemporaryDirectory() as folder:
-        gallery = build(Path(folder), args.items)
-        with served(gallery) as url:
+        gallery = random_gallery(Path(folder), args.items)
+        with served(gallery, ["--rerank", SPEC]) as url:
             for route in ("rest", "page"):
                 report[route] = measure(url, route, args.flood, args.searches, args.items, fill_s)
                 print(route, json.dumps(report[route]), flush=True)

@@ -49,57 +49,13 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling bench modules
+from served_bench import random_gallery, served  # noqa: E402
+
 VICTIM = "127.0.250.2"
 WRITE_TIMEOUT_S = 10.0
 SHOPS = 4
 KINDS = ("plain", "filtered", "reranked", "upload")
-
-
-def build(root: Path, items: int) -> Path:
-    """An ONNX model and a flat gallery of ``items`` random unit vectors, each in one of
-    :data:`SHOPS` shops; the gallery's folder."""
-    import torch
-
-    from nearsight.app.cli import main
-    from nearsight.models.checkpoint import save_checkpoint
-    from nearsight.models.embedding import EmbeddingConfig, build_embedding_net
-    from nearsight.models.export import export_onnx
-
-    torch.manual_seed(0)
-    config = EmbeddingConfig(dim=8, image_size=32, arch="resnet18")
-    save_checkpoint(root / "model.pt", build_embedding_net(config))
-    export_onnx(root / "model.pt", root / "model.onnx")
-    vectors = np.random.default_rng(0).normal(size=(items, 8)).astype(np.float32)
-    np.save(root / "v.npy", vectors / np.linalg.norm(vectors, axis=1, keepdims=True))
-    rows = "".join(f"/x/{i}.jpg,s{i % SHOPS}\n" for i in range(items))
-    (root / "m.csv").write_text("path,shop\n" + rows)
-    code = main(["index", "import", "--vectors", str(root / "v.npy"), "--meta",
-                 str(root / "m.csv"), "--model", str(root / "model.onnx"), "--out",
-                 str(root / "g"), "--index-type", "flat"])  # fmt: skip
-    assert code == 0
-    return root / "g"
-
-
-@contextlib.contextmanager
-def served(gallery: Path, write_timeout_s: float = WRITE_TIMEOUT_S):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "nearsight.app.cli", "serve", "--gallery", str(gallery),
-               "--port", str(port), "--no-access-log", "--analysis-max-items", "0",
-               "--write-timeout", str(write_timeout_s)]  # fmt: skip
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(600):
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{url}/api/health", timeout=1).status_code == 200:
-                    break
-            time.sleep(0.2)
-        yield url
-    finally:
-        server.terminate()
-        server.wait(30)
 
 
 def photo() -> bytes:
@@ -302,8 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         rounds_s, fill_s, write_timeout_s, waits_s = 1.0, 0.5, 2.0, 1.0
     report: dict = {"load_before": os.getloadavg(), "sizes": sizes, "victim_pause_s": args.pause}
     with tempfile.TemporaryDirectory() as folder:
-        gallery = build(Path(folder), args.items)
-        with served(gallery, write_timeout_s) as url:
+        gallery = random_gallery(Path(folder), args.items, SHOPS)
+        with served(gallery, ["--write-timeout", str(write_timeout_s)]) as url:
             victim_p50s(url, 2, args.items)  # warm: the model, the re-ranker, the decoder
             idle = victim_p50s(url, args.tries, args.items, args.pause)
             report["idle_p50_s"] = idle
