@@ -19,6 +19,7 @@ from nearsight.app.page.inputs import (
     filter_help,
     filter_note,
     item_box_label,
+    item_card,
     item_of,
     key_of,
     label_value,
@@ -211,16 +212,7 @@ class Page:
                 found = view.run(grid_request(view, asked), self.limits)
             except FilterError as error:  # no stale grid under a filter that was not applied
                 return no_search(error), filter_error(error), state
-            label = view.label_of(item)
-            card = QueryCard(
-                title=f"gallery item #{item}",
-                thumbnail=view.thumbnail(item),
-                label=label,
-                class_name=view.class_name(label),
-                kind="item",
-                item_id=item,
-                key=key_of(view, item),
-            )
+            card = item_card(view, item)
             grid = self._render(view, card, found)
             return grid, filter_note(filters, found.notes), state
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import gradio as gr
 
-from nearsight.app.page.html import message_html
+from nearsight.app.page.html import QueryCard, message_html
 from nearsight.app.page.view import GalleryView
 from nearsight.core.errors import NearsightError
 from nearsight.index.catalog.list_columns import gallery_list_columns
@@ -143,6 +143,20 @@ def key_of(view: GalleryView, item: int) -> str | None:
     column = view.key_column
     value = view.row(item)["meta"].get(column) if column else None
     return None if value is None else str(value)
+
+
+def item_card(view: GalleryView, item: int) -> QueryCard:
+    """The query card of a gallery item searched by (its leave-one-out grid, and its pages)."""
+    label = view.label_of(item)
+    return QueryCard(
+        title=f"gallery item #{item}",
+        thumbnail=view.thumbnail(item),
+        label=label,
+        class_name=view.class_name(label),
+        kind="item",
+        item_id=item,
+        key=key_of(view, item),
+    )
 
 
 def rerank_toggle(view: GalleryView, on: bool | None) -> RerankSpec | None:

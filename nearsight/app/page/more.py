@@ -22,7 +22,7 @@ from nearsight.app.page.inputs import (
     PageError,
     filter_error,
     filter_note,
-    key_of,
+    item_card,
     label_value,
     no_search,
     page_errors,
@@ -111,16 +111,7 @@ class More:
         ``item_grid``)."""
         if state["kind"] == "item":
             item = int(state["id"])
-            label = view.label_of(item)
-            card = QueryCard(
-                title=f"gallery item #{item}",
-                thumbnail=view.thumbnail(item),
-                label=label,
-                class_name=view.class_name(label),
-                kind="item",
-                item_id=item,
-                key=key_of(view, item),
-            )
+            card = item_card(view, item)
             return card, checked.query
         query = self.page.read_upload(image_path, view.embedder)
         vector, twin, side = view.query_embedding(query, checked.reranker)
