@@ -158,7 +158,8 @@ def get_item(
 ) -> dict[str, Any]:
     """The catalog row (id, path, label, class_name, split, sha256, width, height, meta) of
     the item ``item_id``, or of the item whose key (any text) is ``key``: what ``nearsight index
-    show`` prints."""
+    show`` prints (a tag column's value as its list of tags)."""
+    from nearsight.index.catalog.list_columns import listed_row
     from nearsight.index.gallery.core import Gallery
     from nearsight.index.gallery.keys import item_of_key
 
@@ -173,9 +174,8 @@ def get_item(
     else:
         opened, owned = Gallery.open(gallery), True
     try:
-        if isinstance(wanted, str):
-            return item_of_key(opened, wanted)
-        return opened.items([wanted])[0]
+        row = item_of_key(opened, wanted) if isinstance(wanted, str) else opened.items([wanted])[0]
+        return listed_row(row, opened.meta)
     finally:
         if owned:
             opened.close()

@@ -20,7 +20,7 @@ import faiss
 import numpy as np
 
 from nearsight.core.errors import NearsightError
-from nearsight.index.catalog.list_columns import gallery_list_columns, listed_tags
+from nearsight.index.catalog.list_columns import listed_row
 from nearsight.index.gallery.core import Gallery
 from nearsight.models.embedder import Embedder
 from nearsight.search.neighbour import Neighbour
@@ -141,8 +141,7 @@ class ServedGallery(Searcher):
         """The item as REST gives it (``GET /api/items/{id}``): its catalog row with
         :meth:`shown_path`, a tag column's value as its list of tags, and its key."""
         row = self.row(item_id)
-        answer = item_row(row, self.shown_path(row))
-        answer["meta"] = listed_tags(answer["meta"], gallery_list_columns(self.gallery.meta))
+        answer = listed_row(item_row(row, self.shown_path(row)), self.gallery.meta)
         key = row["meta"].get(self.key_column) if self.key_column else None
         return answer | {"key": None if key is None else str(key)}
 

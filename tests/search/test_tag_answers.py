@@ -1,5 +1,5 @@
-"""A tag column (``--list-column``) in answers: a list of tags in Python's ``Neighbour.meta``,
-``search --json`` and REST's items; ``a|b`` in the CLI's table and CSV answers (the form a
+"""A tag column (``--list-column``) in answers: a list of tags in Python's ``Neighbour.meta``
+and ``get_item``, ``search --json``, ``index show`` and REST's items; ``a|b`` in the CLI's table and CSV answers (the form a
 CSV's tag cell is read from); added items' tags stored as the build stores them; a tag column
 refused as a group column, and a list refused by a column of one value, in one line."""
 
@@ -48,6 +48,16 @@ def test_python_and_json_answers_give_the_tags_as_lists(tagged, capsys):
                  "--json"]) == 0  # fmt: skip
     answer = json.loads(capsys.readouterr().out)
     assert {row["id"]: row["meta"].get("tags", []) for row in answer} == dict(enumerate(HELD))
+
+
+def test_an_item_read_by_id_gives_its_tags_as_a_list(tagged, capsys):
+    import nearsight
+
+    root, _ = tagged
+    assert nearsight.get_item(root / "gallery", 3)["meta"]["tags"] == HELD[3]
+    capsys.readouterr()
+    assert main(["index", "show", "--gallery", str(root / "gallery"), "--id", "0"]) == 0
+    assert json.loads(capsys.readouterr().out)["meta"]["tags"] == HELD[0]
 
 
 def test_the_table_and_csv_answers_write_tags_as_a_csv_cell_does(tagged, capsys):

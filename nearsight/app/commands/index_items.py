@@ -53,6 +53,7 @@ def run_remove(args: argparse.Namespace) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
+    from nearsight.index.catalog.list_columns import listed_row
     from nearsight.index.gallery.core import Gallery
     from nearsight.index.gallery.keys import item_of_key
 
@@ -60,6 +61,7 @@ def run_show(args: argparse.Namespace) -> int:
         row = (
             item_of_key(gallery, args.key) if args.key is not None else gallery.items([args.id])[0]
         )
+        row = listed_row(row, gallery.meta)
     print(json.dumps(row, ensure_ascii=False))
     return 0
 

@@ -60,6 +60,12 @@ def listed_tags(meta: Mapping[str, Any], columns: Collection[str]) -> dict[str, 
     }
 
 
+def listed_row(row: Mapping[str, Any], catalog_meta: Mapping[str, Any]) -> dict[str, Any]:
+    """A catalog row as answers give it (``index show``, ``get_item``, REST's items): its
+    ``meta`` with each tag column the catalog's meta records as a list."""
+    return {**row, "meta": listed_tags(row.get("meta") or {}, gallery_list_columns(catalog_meta))}
+
+
 def cell_text(value: Any) -> Any:
     """A value as a CSV cell or a line of text gives it: a list of tags as ``a|b`` (the form
     a CSV's tag cell is read from), anything else as it is."""
