@@ -3,9 +3,10 @@ CLI's ``--json``, REST, the page and the Python API).
 
 A neighbour is an item of the gallery found for a query: its rank (1 first), id, key (the
 gallery's key column, when it has one), path as shown to whoever asked, label, class name,
-distance and metadata (a tag column's value as its list of tags). The distance is the exact Euclidean distance between the query's unit
-vector and the item's stored one (0 to 2), whatever index or re-ranking found the item; a
-gallery item searched by its id is its own first neighbour at distance exactly 0.
+distance and metadata (a tag column's value as its list of tags). The distance is the exact
+Euclidean distance between the query's unit vector and the item's stored one (0 to 2), whatever
+index or re-ranking found the item; a gallery item searched by its id is its own first
+neighbour at distance exactly 0.
 """
 
 from __future__ import annotations

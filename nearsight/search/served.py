@@ -142,8 +142,13 @@ class ServedGallery(Searcher):
         :meth:`shown_path`, a tag column's value as its list of tags, and its key."""
         row = self.row(item_id)
         answer = listed_row(item_row(row, self.shown_path(row)), self.gallery.meta)
-        key = row["meta"].get(self.key_column) if self.key_column else None
-        return answer | {"key": None if key is None else str(key)}
+        return answer | {"key": self.key_of(item_id)}
+
+    def key_of(self, item_id: int) -> str | None:
+        """The item's key, None when the gallery has no key column."""
+        column = self.key_column
+        value = self.row(item_id)["meta"].get(column) if column else None
+        return None if value is None else str(value)
 
     def identical_item(self, sha256: str) -> int | None:
         """The id of a gallery item whose file has these bytes (by sha256), if any."""
@@ -168,8 +173,11 @@ class ServedGallery(Searcher):
 
     def route_of(self, query: OneQuery) -> dict[str, Any]:
         """``query`` as the search route's keywords (:meth:`search_vectors`)."""
-        rerank, self_id, exclude_id = (query.get(name) for name in ("rerank", "self_id",
-                                                                    "exclude_id"))  # fmt: skip
+        rerank, self_id, exclude_id = (
+            query.get("rerank"),
+            query.get("self_id"),
+            query.get("exclude_id"),
+        )
         return {
             "allowed": query.get("allowed"),
             "rerank": self.rerank if rerank is None else rerank,

@@ -21,7 +21,6 @@ from nearsight.app.page.inputs import (
     item_box_label,
     item_card,
     item_of,
-    key_of,
     label_value,
     no_search,
     page_errors,
@@ -279,7 +278,7 @@ class Page:
 
     def item_box(self, view: GalleryView, item: int) -> str:
         """What the item box shows for ``item``: its key when the gallery has keys."""
-        key = key_of(view, item)
+        key = view.key_of(item)
         return str(item) if key is None else key
 
     # the re-rank toggle (nearsight/app/page/inputs.py)

@@ -138,13 +138,6 @@ def item_of(view: GalleryView, value: Any) -> int:
     return item
 
 
-def key_of(view: GalleryView, item: int) -> str | None:
-    """The item's key, None when the gallery has no key column."""
-    column = view.key_column
-    value = view.row(item)["meta"].get(column) if column else None
-    return None if value is None else str(value)
-
-
 def item_card(view: GalleryView, item: int) -> QueryCard:
     """The query card of a gallery item searched by (its leave-one-out grid, and its pages)."""
     label = view.label_of(item)
@@ -155,7 +148,7 @@ def item_card(view: GalleryView, item: int) -> QueryCard:
         class_name=view.class_name(label),
         kind="item",
         item_id=item,
-        key=key_of(view, item),
+        key=view.key_of(item),
     )
 
 

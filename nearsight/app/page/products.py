@@ -44,7 +44,8 @@ def grid_hits(
 ) -> list[Neighbour]:
     """One page of the grid of one unit query vector: ranks ``offset + 1`` to ``offset + k``,
     or, where the gallery records a group column, products ``offset + 1`` to ``offset + k``
-    as :class:`ProductHit` (``query`` as :meth:`~nearsight.search.served.ServedGallery.search_one`'s)."""
+    as :class:`ProductHit` (``query`` as
+    :meth:`~nearsight.search.served.ServedGallery.search_one`'s)."""
     vectors = np.asarray(vector, np.float32).reshape(1, -1)
     route = view.route_of(query)
     column = view.group_column

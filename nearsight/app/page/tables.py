@@ -148,8 +148,7 @@ def failure_frame(view: GalleryView, failures: list[Failure]) -> pd.DataFrame:
         return f'<img src="{uri}" alt="#{item_id}" height="{TABLE_THUMBNAIL_PX}">' if uri else ""
 
     def key(item_id: int) -> str:
-        column = view.key_column
-        return str((view.row(item_id).get("meta") or {}).get(column, "")) if column else ""
+        return view.key_of(item_id) or ""
 
     rows = [
         (
